@@ -1,0 +1,29 @@
+"""The policy interface every generation backend implements (torch engine, vLLM)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from .types import Completion, SamplingParams
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """An async token-in, token-out sampler with swappable weights.
+
+    `generate` returns `len(prompts) * params.n` Completions in prompt-major order:
+    [p0 s0, p0 s1, ..., p0 s(n-1), p1 s0, ...]. Concurrent calls may be served in one batch.
+    `load_weights` takes Hugging Face-named tensors (the names `save_hf_checkpoint` writes) and
+    the new policy version; later samples use the new weights and carry the new version.
+    """
+
+    policy_version: int
+
+    async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]: ...
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
+
+    def close(self) -> None: ...

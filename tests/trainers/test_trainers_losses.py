@@ -1,0 +1,323 @@
+"""Losses against hand-computed values; masking, ratio-1, clip thresholds, micro-batching."""
+
+import math
+
+import msgspec
+import pytest
+import torch
+
+from toolgym.trainers.losses import (
+    LossConfig,
+    LossNormaliser,
+    aggregate,
+    combine_metrics,
+    policy_loss,
+    token_logprobs_and_entropy,
+)
+
+torch.set_default_dtype(torch.float32)
+
+
+def _leaf(values):
+    return torch.tensor(values, dtype=torch.float64, requires_grad=True)
+
+
+def _run(config, logp, sampler, adv, mask, **kw):
+    logp = _leaf(logp)
+    loss, metrics = policy_loss(
+        config,
+        logp,
+        torch.tensor(sampler, dtype=torch.float64),
+        torch.tensor(adv, dtype=torch.float64),
+        torch.tensor(mask),
+        **kw,
+    )
+    loss.backward()
+    return loss.item(), logp.grad, metrics
+
+
+# One sequence, log-ratios log(1.1), log(1.3), log(0.7), advantages +1, +1, -1.
+LOGP = [[math.log(1.1) - 1.0, math.log(1.3) - 2.0, math.log(0.7) - 0.5]]
+SAMPLER = [[-1.0, -2.0, -0.5]]
+ADV = [[1.0, 1.0, -1.0]]
+MASK = [[1, 1, 1]]
+
+
+def test_config_defaults_and_validation():
+    assert (LossConfig(name="grpo").eps_low, LossConfig(name="grpo").eps_high) == (0.2, 0.2)
+    dapo = LossConfig(name="dapo")
+    assert (dapo.eps_low, dapo.eps_high, dapo.aggregation) == (0.2, 0.28, "token-mean")
+    assert LossConfig(name="gspo").eps_high == 4e-4
+    assert LossConfig(name="grpo").aggregation == "seq-mean-token-mean"
+    assert msgspec.convert({"name": "dapo", "eps_high": 0.3}, LossConfig).eps_high == 0.3
+    with pytest.raises(ValueError, match="name"):
+        LossConfig(name="ppo")
+    with pytest.raises(ValueError, match="dual_clip"):
+        LossConfig(dual_clip=0.5)
+    with pytest.raises(ValueError, match="constant_normaliser"):
+        LossConfig(aggregation="seq-mean-token-sum-norm")
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.convert({"name": "grpo", "epsilon": 0.1}, LossConfig)
+
+
+def test_grpo_hand_computed():
+    loss, grad, m = _run(LossConfig(name="grpo"), LOGP, SAMPLER, ADV, MASK)
+    # token losses: -1.1 (inside), -1.2 (clipped high), +0.8 (clipped low, A<0); seq-mean-token-mean
+    assert loss == pytest.approx((-1.1 - 1.2 + 0.8) / 3)
+    torch.testing.assert_close(grad, torch.tensor([[-1.1 / 3, 0.0, 0.0]], dtype=torch.float64))
+    assert m["clip_frac_high"].item() == pytest.approx(1 / 3)
+    assert m["clip_frac_low"].item() == pytest.approx(1 / 3)
+    assert m["ratio_max"].item() == pytest.approx(1.3)
+    assert m["ratio_min"].item() == pytest.approx(0.7)
+    assert m["ratio_mean"].item() == pytest.approx((1.1 + 1.3 + 0.7) / 3)
+    assert m["num_tokens"].item() == 3
+
+
+def test_dapo_clip_higher_hand_computed():
+    loss, grad, _m = _run(LossConfig(name="dapo"), LOGP, SAMPLER, ADV, MASK)
+    assert loss == pytest.approx((-1.1 - 1.28 + 0.8) / 3)
+    torch.testing.assert_close(grad, torch.tensor([[-1.1 / 3, 0.0, 0.0]], dtype=torch.float64))
+    # ratio 1.25 is clipped by GRPO's 0.2 but not by DAPO's 0.28
+    logp = [[math.log(1.25)]]
+    _, g_dapo, _ = _run(LossConfig(name="dapo"), logp, [[0.0]], [[1.0]], [[1]])
+    _, g_grpo, _ = _run(LossConfig(name="grpo"), logp, [[0.0]], [[1.0]], [[1]])
+    assert g_dapo.item() == pytest.approx(-1.25) and g_grpo.item() == 0.0
+
+
+def test_dual_clip_bounds_negative_advantage():
+    # ratio 5, A = -1: PPO loss 5, dual-clip c=3 bounds it at 3 with zero gradient
+    loss, grad, m = _run(LossConfig(name="grpo", dual_clip=3.0), [[math.log(5.0)]], [[0.0]], [[-1.0]], [[1]])
+    assert loss == pytest.approx(3.0) and grad.item() == 0.0 and m["dual_clip_frac"].item() == 1.0
+    loss, grad, _ = _run(LossConfig(name="grpo"), [[math.log(5.0)]], [[0.0]], [[-1.0]], [[1]])
+    assert loss == pytest.approx(5.0) and grad.item() == pytest.approx(5.0)
+    # ratio 2 < c: the dual clip leaves it alone
+    loss, _, _ = _run(LossConfig(name="grpo", dual_clip=3.0), [[math.log(2.0)]], [[0.0]], [[-1.0]], [[1]])
+    assert loss == pytest.approx(2.0)
+
+
+def test_reinforce_hand_computed():
+    logp, adv = [[-1.0, -2.0, -3.0]], [[2.0, -1.0, 5.0]]
+    loss, grad, _ = _run(LossConfig(name="reinforce"), logp, [[0.0] * 3], adv, [[1, 1, 0]])
+    assert loss == pytest.approx(-(2.0 * -1.0 + -1.0 * -2.0) / 2)
+    torch.testing.assert_close(grad, torch.tensor([[-1.0, 0.5, 0.0]], dtype=torch.float64))
+
+
+def test_gspo_sequence_ratio_hand_computed():
+    # seq 0: log-ratios 0.1, 0.3 (mean 0.2); seq 1: one token, log-ratio -0.0001 (ratio inside clip)
+    logp = [[0.1, 0.3], [-0.0001, 9.0]]
+    config = LossConfig(name="gspo", eps_low=0.5, eps_high=0.5)
+    loss, grad, m = _run(config, logp, [[0.0, 0.0], [0.0, 0.0]], [[1.0, 1.0], [2.0, 0.0]], [[1, 1], [1, 0]])
+    s0, s1 = math.exp(0.2), math.exp(-0.0001)
+    assert loss == pytest.approx((-s0 + -2 * s1) / 2)
+    torch.testing.assert_close(
+        grad, torch.tensor([[-s0 / 4, -s0 / 4], [-2 * s1 / 2, 0.0]], dtype=torch.float64)
+    )
+    # the default (paper) range clips seq 0 (ratio 1.22 > 1 + 4e-4) and not seq 1
+    loss, grad, m = _run(
+        LossConfig(name="gspo"), logp, [[0.0, 0.0], [0.0, 0.0]], [[1.0, 1.0], [2.0, 0.0]], [[1, 1], [1, 0]]
+    )
+    assert grad[0].abs().sum().item() == 0.0 and grad[1, 0].item() != 0.0
+    assert m["clip_frac_high"].item() == pytest.approx(2 / 3)
+
+
+def test_aggregation_modes_hand_computed():
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 100.0, 100.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    norm = LossNormaliser.from_mask(mask)
+    assert norm == LossNormaliser(4.0, 2.0)
+    assert aggregate(values, mask, "token-mean", norm).item() == pytest.approx(10 / 4)
+    assert aggregate(values, mask, "seq-mean-token-mean", norm).item() == pytest.approx((2 + 4) / 2)
+    assert aggregate(values, mask, "seq-mean-token-sum", norm).item() == pytest.approx((6 + 4) / 2)
+    assert aggregate(values, mask, "seq-mean-token-sum-norm", norm, 8.0).item() == pytest.approx(10 / (2 * 8))
+    # a sequence with no valid tokens does not count as a sequence
+    mask0 = torch.tensor([[1, 1, 1], [0, 0, 0]])
+    assert LossNormaliser.from_mask(mask0).num_sequences == 1.0
+
+
+def test_kl_and_entropy_terms():
+    logp, ref = [[-1.0, -2.0]], [[-1.5, -1.0]]
+    base = LossConfig(name="reinforce")
+    loss0, _, _ = _run(base, logp, [[0.0, 0.0]], [[0.0, 0.0]], [[1, 1]])
+    assert loss0 == 0.0
+    loss, _, m = _run(
+        LossConfig(name="reinforce", kl_coef=0.1, kl_estimator="k1"),
+        logp,
+        [[0.0, 0.0]],
+        [[0.0, 0.0]],
+        [[1, 1]],
+        ref_logprobs=torch.tensor(ref, dtype=torch.float64),
+    )
+    assert loss == pytest.approx(0.1 * ((0.5) + (-1.0)) / 2)
+    loss, _grad, m = _run(
+        LossConfig(name="reinforce", kl_coef=0.1),
+        logp,
+        [[0.0, 0.0]],
+        [[0.0, 0.0]],
+        [[1, 1]],
+        ref_logprobs=torch.tensor(ref, dtype=torch.float64),
+    )
+    k3 = [math.exp(d) - d - 1 for d in (-0.5, 1.0)]
+    assert loss == pytest.approx(0.1 * sum(k3) / 2)
+    assert m["kl_ref"].item() == pytest.approx(sum(k3) / 2)
+    ent = torch.tensor([[1.0, 3.0]], dtype=torch.float64, requires_grad=True)
+    loss, _ = policy_loss(
+        LossConfig(name="reinforce", entropy_coef=0.01),
+        torch.tensor(logp, dtype=torch.float64),
+        torch.zeros(1, 2, dtype=torch.float64),
+        torch.zeros(1, 2, dtype=torch.float64),
+        torch.tensor([[1, 1]]),
+        entropy=ent,
+    )
+    assert loss.item() == pytest.approx(-0.01 * 2.0)
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        _run(LossConfig(kl_coef=0.1), logp, [[0.0, 0.0]], [[0.0, 0.0]], [[1, 1]])
+
+
+def test_truncated_importance_sampling_weights():
+    # trainer logp - sampler logp = log 2 and log 10; cap 3 -> weights 2 and 3
+    logp = [[math.log(2.0), math.log(10.0)]]
+    loss, grad, m = _run(LossConfig(name="grpo", tis_cap=3.0), logp, [[0.0, 0.0]], [[1.0, 1.0]], [[1, 1]])
+    # ratio is 1 (old = trainer's own logprob): loss = -(2 + 3) / 2 (one sequence, token mean)
+    assert loss == pytest.approx(-2.5)
+    torch.testing.assert_close(grad, torch.tensor([[-1.0, -1.5]], dtype=torch.float64))
+    assert m["tis_truncated_frac"].item() == 0.5
+    assert m["tis_weight_mean"].item() == pytest.approx(2.5)
+
+
+def test_sampler_metrics():
+    logp, sampler = [[-1.0, -2.0, 7.0]], [[-1.5, -1.0, 0.0]]
+    _, _, m = _run(LossConfig(name="grpo"), logp, sampler, [[1.0, -3.0, 9.0]], [[1, 1, 0]])
+    gaps = [0.5, -1.0]
+    assert m["sampler_kl_k1"].item() == pytest.approx(-sum(gaps) / 2)
+    assert m["sampler_kl_k3"].item() == pytest.approx(sum(math.exp(g) - g - 1 for g in gaps) / 2)
+    assert m["logprob_gap_max"].item() == pytest.approx(1.0)
+    assert m["advantage_mean"].item() == pytest.approx(-1.0)
+    assert m["advantage_std"].item() == pytest.approx(2.0)
+
+
+def _random_batch(seed, b=4, t=7):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(b, t, generator=g) > 0.35
+    mask[:, 0] = True
+    sampler = -torch.rand(b, t, generator=g) * 3
+    logp = sampler + 0.3 * torch.randn(b, t, generator=g)
+    adv = torch.randn(b, 1, generator=g).expand(b, t).clone()
+    return logp, sampler, adv, mask
+
+
+ALL_CONFIGS = [
+    LossConfig(name="reinforce"),
+    LossConfig(name="grpo"),
+    LossConfig(name="grpo", dual_clip=1.5, aggregation="seq-mean-token-sum"),
+    LossConfig(name="dapo"),
+    LossConfig(name="dapo", tis_cap=2.0, kl_coef=0.05),
+    LossConfig(name="gspo", eps_low=0.1, eps_high=0.1),
+    LossConfig(name="grpo", aggregation="seq-mean-token-sum-norm", constant_normaliser=16.0),
+]
+
+
+@pytest.mark.parametrize("config", ALL_CONFIGS, ids=lambda c: f"{c.name}-{c.aggregation}")
+def test_masked_tokens_have_no_effect(config):
+    logp, sampler, adv, mask = _random_batch(0)
+    ref = sampler - 0.1
+
+    def run(lp, sp, ad, rf):
+        lp = lp.clone().requires_grad_(True)
+        loss, m = policy_loss(config, lp, sp, ad, mask, ref_logprobs=rf)
+        loss.backward()
+        return loss, lp.grad, m
+
+    loss_a, grad_a, m_a = run(logp, sampler, adv, ref)
+    noise = torch.where(mask, 0.0, 1.0)
+    poisoned = torch.where(mask, logp, torch.tensor(float("nan")))
+    loss_b, grad_b, m_b = run(
+        poisoned, sampler + 5 * noise, adv - 50 * noise, torch.where(mask, ref, torch.tensor(float("inf")))
+    )
+    assert torch.equal(loss_a, loss_b)
+    assert torch.equal(grad_a, grad_b)
+    assert torch.all(grad_a[~mask] == 0)
+    for key in m_a:
+        assert torch.equal(m_a[key], m_b[key]), key
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo"])
+def test_ratio_one_reduces_to_policy_gradient(name):
+    logp, _, adv, mask = _random_batch(1)
+    for aggregation in ("token-mean", "seq-mean-token-mean"):
+        grads = []
+        for loss_name in (name, "reinforce"):
+            lp = logp.clone().requires_grad_(True)
+            config = LossConfig(name=loss_name, aggregation=aggregation)
+            loss, m = policy_loss(config, lp, logp.detach(), adv, mask)  # sampler == trainer: ratio 1
+            loss.backward()
+            grads.append(lp.grad)
+            if loss_name == name:
+                assert m["ratio_min"].item() == m["ratio_max"].item() == 1.0
+                assert m["clip_frac_low"].item() == m["clip_frac_high"].item() == 0.0
+        torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("name,eps_low,eps_high", [("grpo", 0.2, 0.2), ("dapo", 0.2, 0.28)])
+def test_clipping_engages_exactly_beyond_thresholds(name, eps_low, eps_high):
+    config = LossConfig(name=name)
+    delta = 1e-6
+    cases = [
+        (1 + eps_high - delta, 1.0, True),
+        (1 + eps_high + delta, 1.0, False),
+        (1 - eps_low + delta, -1.0, True),
+        (1 - eps_low - delta, -1.0, False),
+        # clipping never zeroes the gradient on the side that makes the update smaller
+        (1 + eps_high + 0.5, -1.0, True),
+        (1 - eps_low - 0.5, 1.0, True),
+    ]
+    for ratio, adv, has_grad in cases:
+        _, grad, _ = _run(config, [[math.log(ratio)]], [[0.0]], [[adv]], [[1]])
+        assert (grad.item() != 0.0) == has_grad, (ratio, adv)
+        if has_grad:
+            assert grad.item() == pytest.approx(-adv * ratio)
+
+
+@pytest.mark.parametrize("config", ALL_CONFIGS, ids=lambda c: f"{c.name}-{c.aggregation}")
+def test_micro_batched_accumulation_equals_full_batch(config):
+    logp, sampler, adv, mask = _random_batch(2, b=6, t=9)
+    ref = sampler - 0.2
+    full = logp.clone().requires_grad_(True)
+    loss_full, m_full = policy_loss(config, full, sampler, adv, mask, ref_logprobs=ref)
+    loss_full.backward()
+
+    norm = LossNormaliser.from_mask(mask)
+    micro = logp.clone().requires_grad_(True)
+    total, parts = 0.0, []
+    for rows in (slice(0, 1), slice(1, 4), slice(4, 6)):
+        loss, m = policy_loss(
+            config, micro[rows], sampler[rows], adv[rows], mask[rows], normaliser=norm, ref_logprobs=ref[rows]
+        )
+        loss.backward()
+        total += loss.item()
+        parts.append({k: v.item() for k, v in m.items()})
+    assert total == pytest.approx(loss_full.item(), abs=1e-6)
+    torch.testing.assert_close(micro.grad, full.grad, rtol=0, atol=1e-7)
+    combined = combine_metrics(parts)
+    for key, value in m_full.items():
+        assert combined[key] == pytest.approx(value.item(), abs=1e-5), key
+
+
+def test_logprobs_and_entropy_helper():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 5, 11, generator=g, dtype=torch.bfloat16)
+    targets = torch.randint(0, 11, (2, 5), generator=g)
+    for temperature in (1.0, 0.7):
+        logp, ent = token_logprobs_and_entropy(logits, targets, temperature)
+        assert logp.dtype == torch.float32 and ent.dtype == torch.float32
+        ref = torch.log_softmax(logits.float() / temperature, -1)
+        torch.testing.assert_close(logp, ref.gather(-1, targets[..., None])[..., 0])
+        torch.testing.assert_close(ent, torch.distributions.Categorical(logits=ref).entropy())
+    logp, ent = token_logprobs_and_entropy(logits, targets, with_entropy=False)
+    assert ent is None
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs_and_entropy(logits, targets, 0.0)
+
+
+def test_shape_mismatch_is_a_clear_error():
+    with pytest.raises(ValueError, match="advantages"):
+        policy_loss(LossConfig(), torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3))

@@ -1,0 +1,196 @@
+"""Build the shipped CPU-default tokenizer, `configs/assets/tokenizer.json`, from the repo's own envs.
+
+    python -m toolgym.configs.build_tokenizer            # rewrite configs/assets/
+    python -m toolgym.configs.build_tokenizer --check    # exit 1 if the committed files differ
+    python -m toolgym.configs.build_tokenizer --out DIR  # write elsewhere
+
+A byte-level BPE in the Qwen2 style (NFC, Qwen's split regex so digits are single tokens, byte-level
+alphabet) with the ChatML special tokens at fixed ids, `<|endoftext|>` 0, `<|im_start|>` 1,
+`<|im_end|>` 2, and at most `VOCAB_SIZE` tokens in all (the "tiny" model has 1024 embedding rows).
+It is trained offline on the text the runner shows the model: the envs' system prompts and
+questions, oracle actions, tool observations, error observations after malformed actions, and
+untagged answers, rendered as ChatML for every Zorplex tier and SumDigits over fixed seeds.
+
+The output is deterministic (fixed seeds, fixed order; the BPE trainer breaks frequency ties by the
+pair itself), so the script regenerates the committed file byte for byte, and a test checks that.
+When env texts change, that test fails: rebuild with this script and commit both files.
+`tokenizer.fingerprint` holds `tokenizer_fingerprint()` of the result (what recordings carry).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from toolgym.agents.tokenizer import tokenizer_fingerprint
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+SHIPPED_TOKENIZER_PATH = ASSETS_DIR / "tokenizer.json"
+FINGERPRINT_FILENAME = "tokenizer.fingerprint"
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
+VOCAB_SIZE = 1000
+# Qwen2's pre-tokenizer split: words with an optional leading non-letter, single digits,
+# punctuation runs, newline runs, spaces.
+QWEN2_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# (env id, make kwargs, seeds). Seeds are fixed so the corpus, and so the file, never changes
+# unless the envs' texts do.
+ENV_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("toolgym/Zorplex-v0", {"tier": "simple"}),
+    ("toolgym/Zorplex-v0", {"tier": "compositional", "difficulty": "easy"}),
+    ("toolgym/Zorplex-v0", {"tier": "compositional", "difficulty": "medium"}),
+    ("toolgym/Zorplex-v0", {"tier": "compositional", "difficulty": "hard"}),
+    ("toolgym/Zorplex-v0", {"tier": "multi_step"}),
+    ("toolgym/Zorplex-v0", {"tier": "recursive"}),
+    ("toolgym/SumDigits-v0", {}),
+)
+SEEDS_PER_CONFIG = 200
+# Actions a policy gets wrong, so error observations are in the corpus too.
+MALFORMED_ACTIONS = ("LOOKUP[", "FOO[x]", "", "LOOKUP[]", "[ANSWER]", "I am not sure.")
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int = VOCAB_SIZE, min_frequency: int = 2) -> Tokenizer:
+    """Train a Qwen2-style byte-level BPE with the ChatML special tokens at ids 0, 1, 2.
+
+    `texts` are the plain-text pieces between control tokens (what `ChatRenderer` encodes).
+    """
+    if vocab_size < len(SPECIAL_TOKENS) + 256:
+        raise ValueError(f"vocab_size must be >= {len(SPECIAL_TOKENS) + 256} (specials + bytes)")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    for expected_id, token in enumerate(SPECIAL_TOKENS):
+        assert tokenizer.token_to_id(token) == expected_id, (token, tokenizer.token_to_id(token))
+    return tokenizer
+
+
+def chatml_text_pieces(messages: Sequence[tuple[str, str]]) -> Iterator[str]:
+    """The text between control tokens of a ChatML rendering, split the way `ChatRenderer`
+    encodes it: "{role}\\n{content}" for non-assistant turns, "assistant\\n" and the content
+    apart for assistant turns, and the "\\n" after each `<|im_end|>`."""
+    for role, content in messages:
+        if role == "assistant":
+            yield "assistant\n"
+            yield content
+        else:
+            yield f"{role}\n{content}"
+        yield "\n"
+
+
+def env_conversations(seeds_per_config: int = SEEDS_PER_CONFIG) -> Iterator[list[tuple[str, str]]]:
+    """Conversations as the runner shows them to the model, from the envs' public API only:
+    oracle episodes (tagged and untagged final answers) and episodes with malformed actions."""
+    import gymnasium
+
+    import toolgym.envs  # noqa: F401  (registers the toolgym/ envs)
+
+    for env_id, kwargs in ENV_CONFIGS:
+        env = gymnasium.make(env_id, **kwargs)
+        try:
+            for seed in range(seeds_per_config):
+                yield _oracle_episode(env, seed, untagged=False)
+                if seed % 4 == 0:
+                    yield _oracle_episode(env, seed, untagged=True)
+                if seed % 8 == 0:
+                    yield _malformed_episode(env, seed)
+        finally:
+            env.close()
+
+
+def _oracle_episode(env: Any, seed: int, untagged: bool) -> list[tuple[str, str]]:
+    obs, info = env.reset(seed=seed)
+    messages = [("system", info["system_prompt"]), ("user", obs)]
+    actions = list(env.unwrapped.oracle_actions())
+    if untagged:
+        actions[-1] = f"The answer is {info['answer']}."
+    for action in actions:
+        messages.append(("assistant", action))
+        obs, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            break
+        messages.append(("tool", obs))
+    return messages
+
+
+def _malformed_episode(env: Any, seed: int) -> list[tuple[str, str]]:
+    obs, info = env.reset(seed=seed)
+    messages = [("system", info["system_prompt"]), ("user", obs)]
+    for action in MALFORMED_ACTIONS:
+        messages.append(("assistant", action))
+        obs, _, terminated, truncated, _ = env.step(action)
+        if terminated or truncated:
+            break
+        messages.append(("tool", obs))
+    return messages
+
+
+def corpus_texts(seeds_per_config: int = SEEDS_PER_CONFIG) -> Iterator[str]:
+    for conversation in env_conversations(seeds_per_config):
+        yield from chatml_text_pieces(conversation)
+
+
+def build(out_dir: str | Path = ASSETS_DIR) -> Path:
+    """Train on the env corpus and write `tokenizer.json` and `tokenizer.fingerprint` to `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_bpe(corpus_texts())
+    path = out_dir / "tokenizer.json"
+    path.write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    (out_dir / FINGERPRINT_FILENAME).write_text(tokenizer_fingerprint(tokenizer) + "\n", encoding="utf-8")
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ASSETS_DIR, help="output directory")
+    parser.add_argument(
+        "--check", action="store_true", help="build into a temporary directory and compare with --out"
+    )
+    args = parser.parse_args(argv)
+    if not args.check:
+        path = build(args.out)
+        print(f"wrote {path} and {path.with_name(FINGERPRINT_FILENAME)}")
+        return 0
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        build(tmp)
+        stale = [
+            name
+            for name in ("tokenizer.json", FINGERPRINT_FILENAME)
+            if not (args.out / name).is_file()
+            or (args.out / name).read_bytes() != (Path(tmp) / name).read_bytes()
+        ]
+    if stale:
+        print(f"out of date in {args.out}: {', '.join(stale)} (rerun without --check)", file=sys.stderr)
+        return 1
+    print(f"{args.out} is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

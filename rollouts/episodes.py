@@ -1,0 +1,147 @@
+"""Trajectory -> Episode: one token-exact, loss-masked training sequence per episode.
+
+    tokens           = obs_0 + act_0 + obs_1 + act_1 + ... + obs_k + act_k
+    loss_mask        =  0..0 + 1..1  +  0..0 + 1..1  + ... +  0..0 + 1..1
+    sampler_logprobs =  0..0 + lp_0  +  0..0 + lp_1  + ...            (0.0 where masked)
+    advantages       =  0..0 + A..A  +  0..0 + A..A  + ...            (0.0 where masked)
+
+obs_0 is the whole rendered turn-0 prompt (system + first user message + assistant header);
+obs_i (i > 0) is only the delta the renderer appended (end of turn if the model did not close it,
+the env message, the next assistant header). The env's reply to the LAST action (the
+trajectory's final_observation) is not part of the Episode: nothing follows it to train on.
+
+A truncated last turn (the action hit a token limit, finish_reason "length"): its sampled tokens
+are kept verbatim and trained on (mask 1), and nothing is added after them; no synthetic
+end-of-turn token is invented, since the policy did not sample one. A turn cut mid-episode cannot
+happen (the runner ends the episode at a truncated turn; see runner.py).
+
+Episodes longer than the trainer's sequence limit (rule `OverlongEpisodeRule`):
+  - TRUNCATE_TURNS (default): keep the longest prefix of WHOLE turns (obs_i + act_i) that fits
+    and drop the later turns. Each kept token keeps its exact context, so its policy-gradient term
+    is unchanged; only later terms are lost. If not even turn 0 fits, the episode is dropped.
+    Dropping long episodes outright would hide exactly the behaviour (tool spam, rambling) that
+    the reward is meant to punish.
+  - DROP: drop the whole episode.
+Both are counted in `EpisodeStats` (truncated, dropped, tokens_dropped); nothing is ever cut
+mid-turn.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+import msgspec
+
+from .types import Episode, StopReason, Trajectory
+
+# Episodes that ended because the infrastructure failed (an env or tool raised, a generation error
+# or the wall clock): their outcome says nothing about the policy, so they are not trained on.
+INFRA_STOP_REASONS = frozenset({StopReason.ENV_ERROR, StopReason.TIMEOUT})
+
+
+class OverlongEpisodeRule(enum.StrEnum):
+    TRUNCATE_TURNS = "truncate_turns"
+    DROP = "drop"
+
+
+class EpisodeStats(msgspec.Struct):
+    """Counts from building a batch of Episodes (they go into the step's metrics)."""
+
+    built: int = 0
+    truncated: int = 0  # over the sequence limit: later whole turns dropped
+    dropped_overlong: int = 0  # over the sequence limit: episode dropped
+    dropped_infra: int = 0  # env_error / timeout: not trained on
+    tokens_dropped: int = 0  # tokens lost to the sequence limit
+
+    def as_metrics(self, prefix: str = "episodes/") -> dict[str, float]:
+        return {f"{prefix}{k}": float(v) for k, v in msgspec.structs.asdict(self).items()}
+
+
+def sampled_length(trajectory: Trajectory) -> int:
+    """Number of tokens the policy sampled in the episode (DAPO's response length)."""
+    return sum(len(t.action.tokens) for t in trajectory.transitions)
+
+
+def turn_segments(trajectory: Trajectory) -> list[tuple[list[int], list[int], list[float]]]:
+    """Per turn: (observation tokens, sampled tokens, sampler logprobs)."""
+    return [(t.observation_tokens, t.action.tokens, t.action.logprobs) for t in trajectory.transitions]
+
+
+def trajectory_to_episode(
+    trajectory: Trajectory,
+    advantage: float,
+    max_seq_len: int | None = None,
+    rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
+    stats: EpisodeStats | None = None,
+) -> Episode | None:
+    """Build the Episode, or None when the sequence-limit rule drops it (counted in `stats`)."""
+    stats = stats if stats is not None else EpisodeStats()
+    segments = turn_segments(trajectory)
+    lengths = [len(o) + len(a) for o, a, _ in segments]
+    total = sum(lengths)
+    keep = len(segments)
+    if max_seq_len is not None and total > max_seq_len:
+        if rule == OverlongEpisodeRule.DROP:
+            keep = 0
+        else:
+            running, keep = 0, 0
+            for n in lengths:
+                if running + n > max_seq_len:
+                    break
+                running, keep = running + n, keep + 1
+        if keep == 0:
+            stats.dropped_overlong += 1
+            stats.tokens_dropped += total
+            return None
+        stats.truncated += 1
+        stats.tokens_dropped += total - sum(lengths[:keep])
+    if keep == 0:  # no turn at all (e.g. the env failed at reset): nothing to train on
+        return None
+
+    tokens: list[int] = []
+    loss_mask: list[int] = []
+    logprobs: list[float] = []
+    advantages: list[float] = []
+    for obs, act, lps in segments[:keep]:
+        tokens += obs
+        loss_mask += [0] * len(obs)
+        logprobs += [0.0] * len(obs)
+        advantages += [0.0] * len(obs)
+        tokens += act
+        loss_mask += [1] * len(act)
+        logprobs += [float(x) for x in lps]
+        advantages += [float(advantage)] * len(act)
+    stats.built += 1
+    return Episode(
+        tokens=tokens,
+        loss_mask=loss_mask,
+        sampler_logprobs=logprobs,
+        advantages=advantages,
+        policy_version=trajectory.policy_version,
+        group_id=trajectory.group_id,
+        reward=trajectory.total_reward,
+        task_seed=trajectory.task_seed,
+    )
+
+
+def build_episodes(
+    trajectories: Sequence[Trajectory],
+    advantages: Sequence[float],
+    max_seq_len: int | None = None,
+    rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
+    skip_infra_failures: bool = True,
+) -> tuple[list[Episode], EpisodeStats]:
+    """Episodes for a batch of trajectories with their (already computed) advantages."""
+    if len(trajectories) != len(advantages):
+        raise ValueError(f"{len(trajectories)} trajectories but {len(advantages)} advantages")
+    stats = EpisodeStats()
+    episodes: list[Episode] = []
+    for trajectory, advantage in zip(trajectories, advantages, strict=True):
+        if skip_infra_failures and trajectory.stop_reason in INFRA_STOP_REASONS:
+            stats.dropped_infra += 1
+            continue
+        episode = trajectory_to_episode(trajectory, advantage, max_seq_len, rule, stats)
+        if episode is not None:
+            episodes.append(episode)
+    return episodes, stats

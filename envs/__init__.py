@@ -1,1 +1,86 @@
-"""toolgym.envs."""
+"""toolgym.envs: Gymnasium text environments with tools.
+
+Importing this package registers the toolgym envs with Gymnasium:
+
+    import gymnasium, toolgym.envs
+    env = gymnasium.make("toolgym/Zorplex-v0", tier="compositional", difficulty="hard")
+    question, info = env.reset(seed=0)   # info: system_prompt, question, answer, ...
+    obs, reward, terminated, truncated, info = env.step("LOOKUP[apple]")
+
+`list_envs()` lists the registered toolgym envs with their default keyword arguments.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+import gymnasium
+
+from .base import TextEnv, ToolEnv
+from .spaces import UnicodeText
+from .sum_digits import SumDigitsEnv
+from .tools import Task, Tool, ToolError, parse_action
+from .zorplex import ZorplexEnv
+
+__all__ = [
+    "SumDigitsEnv",
+    "Task",
+    "TextEnv",
+    "Tool",
+    "ToolEnv",
+    "ToolError",
+    "UnicodeText",
+    "ZorplexEnv",
+    "list_envs",
+    "parse_action",
+    "register_envs",
+]
+
+NAMESPACE = "toolgym"
+_ENVS = {
+    f"{NAMESPACE}/Zorplex-v0": "toolgym.envs.zorplex:ZorplexEnv",
+    f"{NAMESPACE}/SumDigits-v0": "toolgym.envs.sum_digits:SumDigitsEnv",
+}
+
+
+def register_envs() -> None:
+    """Register the toolgym envs (idempotent: ids already registered are left alone)."""
+    for env_id, entry_point in _ENVS.items():
+        if env_id not in gymnasium.registry:
+            # No max_episode_steps: the env enforces its own max_turns (and reports why it ended).
+            gymnasium.register(id=env_id, entry_point=entry_point)
+
+
+def _constructor_defaults(cls: type) -> dict[str, Any]:
+    """Keyword defaults of `cls.__init__` and of the base initialisers its **kwargs reach."""
+    defaults: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object or not issubclass(klass, TextEnv):
+            continue
+        for name, param in inspect.signature(init).parameters.items():
+            if param.default is not inspect.Parameter.empty and name not in ("tools", "render_mode"):
+                defaults[name] = param.default
+    defaults.pop("instructions", None)
+    defaults.pop("example", None)
+    return defaults
+
+
+def list_envs() -> dict[str, dict[str, Any]]:
+    """Registered `toolgym/` env ids -> their default keyword arguments (registration kwargs win)."""
+    envs: dict[str, dict[str, Any]] = {}
+    for env_id, spec in sorted(gymnasium.registry.items()):
+        if spec.namespace != NAMESPACE:
+            continue
+        entry = spec.entry_point
+        if isinstance(entry, str):
+            module_name, _, attr = entry.partition(":")
+            entry = getattr(importlib.import_module(module_name), attr)
+        defaults = _constructor_defaults(entry) if isinstance(entry, type) else {}
+        envs[env_id] = {**defaults, **spec.kwargs}
+    return envs
+
+
+register_envs()

@@ -1,0 +1,415 @@
+"""Text environments: `TextEnv` (the Gymnasium interface) and `ToolEnv` (tools, grading, limits).
+
+A new tool environment subclasses `ToolEnv`, passes its tools and a prompt to `__init__`, and
+implements `new_task()`; see tests/envs/test_envs_custom_example.py for a 30-line one.
+
+How `ToolEnv.step` treats an action (the grammar is in tools.py):
+
+- `[ANSWER] <int>` anywhere: the answer is graded and the episode terminates. Tool calls in the
+  same action are ignored. Without the tag, an action that has no tool call but states an integer
+  ("The answer is 42.") is graded too (`accept_untagged_answer`): correct credit, no format
+  credit, failure_mode `wrong_format` when right.
+- Tool calls: every call in the action is handled IN ORDER and each counts toward
+  `max_tool_calls`; the observation has one line per call, `NAME[arg] = result`. The call that
+  would exceed `max_tool_calls` is not run: the episode is truncated (failure_mode `tool_spam`).
+- Errors (each is a line in the observation, one count in info `errors`, and costs
+  `error_penalty` at the step it happens):
+    unknown_tool      `NAME[arg] = UNKNOWN_TOOL`
+    empty_argument    `NAME[] = EMPTY_ARGUMENT`
+    tool_error        `NAME[arg] = <message>` (the tool raised ToolError/ValueError)
+    malformed_call    `ERROR: malformed tool call. ...` (`LOOKUP[`, `LOOKUP (x)`)
+    malformed_answer  `ERROR: [ANSWER] must be followed by an integer, ...`
+    no_call_no_answer `ERROR: no tool call and no answer. ...`
+    empty_action      `ERROR: empty action. ...`
+  An action that runs no tool but has an error extends the error streak (info
+  `consecutive_errors`); at `max_consecutive_errors` the episode is truncated.
+- Limits end the episode in this order: tool budget, error streak, `max_turns`. When the episode
+  ends without an answer, `incorrect_reward` is added to the `correct` component.
+- Rewards: `correct_reward` if right, `format_reward` if tagged (right or wrong),
+  `incorrect_reward` if neither; `-tool_call_penalty` per call beyond the task's
+  `needed_tool_calls`; `-error_penalty` per error. Each lands at the step it happens, so the sum
+  of step rewards equals the sum of info `reward_components`.
+
+Final-step info adds `failure_mode` (success, wrong_format, wrong_answer, tool_spam, no_answer),
+`end_reason` and `error_counts`. end_reason is `answered` (an answer was graded), `max_turns`
+(turn or tool budget), `parse_error` (error streak with a malformed action in it) or
+`no_tool_call` (error streak of actions with neither a call nor an answer, or a single-turn env
+whose one action had neither). A single-turn env (`max_turns=1`) always TERMINATES after its one
+step: that step is the whole episode, not a cut-short one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import gymnasium
+
+from .spaces import UnicodeText
+from .tools import (
+    ANSWER,
+    BAD_ANSWER,
+    BAD_CALL,
+    CALLS,
+    EMPTY,
+    NOTHING,
+    UNTAGGED,
+    Task,
+    Tool,
+    ToolError,
+    clean_argument,
+    near_miss_pattern,
+    parse_action,
+)
+
+_SHOWN_ARG_CHARS = 40  # arguments echoed in observations are cut to this (observations stay short)
+_SHOWN_NAME_CHARS = 24
+
+
+class TextEnv(gymnasium.Env[str, str]):
+    """A Gymnasium env whose observations and actions are Unicode strings.
+
+    Subclasses provide `system_prompt`, `question`, `answer` (after `reset`) and
+    `oracle_actions()`. Randomness comes only from `self.np_random` (seeded by `reset(seed=...)`).
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (Gymnasium's class attribute)
+
+    def __init__(self, *, max_action_chars: int = 4096, max_observation_chars: int = 8192):
+        self.action_space = UnicodeText(max_action_chars)
+        self.observation_space = UnicodeText(max_observation_chars)
+
+    @property
+    def system_prompt(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def question(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def answer(self) -> int:
+        raise NotImplementedError
+
+    def oracle_actions(self) -> list[str]:
+        """The ideal actions for the current task; the last is `[ANSWER] <answer>`."""
+        raise NotImplementedError
+
+
+def _check_count(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def _check_magnitude(name: str, value: Any) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{name} is a magnitude (subtracted per occurrence): a float >= 0, got {value!r}")
+
+
+class ToolEnv(TextEnv):
+    """A text env with tools, `[ANSWER]` grading, and error/turn limits (see the module doc).
+
+    Subclasses call `super().__init__(tools=..., instructions=..., example=..., **knobs)` and
+    implement `new_task() -> Task`, drawing from `self.np_random` only.
+
+    Knobs: max_turns, max_tool_calls, max_consecutive_errors (None: never), correct_reward,
+    format_reward, incorrect_reward, tool_call_penalty, error_penalty, accept_untagged_answer,
+    max_action_chars (the action space; longer actions are parsed up to this many characters),
+    max_observation_chars.
+    """
+
+    def __init__(
+        self,
+        *,
+        tools: Sequence[Tool] = (),
+        instructions: str,
+        example: str = "",
+        max_turns: int = 5,
+        max_tool_calls: int = 8,
+        max_consecutive_errors: int | None = 3,
+        correct_reward: float = 1.0,
+        format_reward: float = 0.2,
+        incorrect_reward: float = 0.0,
+        tool_call_penalty: float = 0.1,
+        error_penalty: float = 0.1,
+        accept_untagged_answer: bool = True,
+        max_action_chars: int = 4096,
+        max_observation_chars: int = 8192,
+        render_mode: str | None = None,
+    ):
+        super().__init__(max_action_chars=max_action_chars, max_observation_chars=max_observation_chars)
+        if render_mode is not None:
+            raise ValueError(f"{type(self).__name__} has no render modes, got render_mode={render_mode!r}")
+        _check_count("max_turns", max_turns, 1)
+        _check_count("max_tool_calls", max_tool_calls, 0)
+        if max_consecutive_errors is not None:
+            _check_count("max_consecutive_errors", max_consecutive_errors, 1)
+        for name in ("correct_reward", "format_reward", "incorrect_reward"):
+            value = locals()[name]
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise ValueError(f"{name} must be a float, got {value!r}")
+        _check_magnitude("tool_call_penalty", tool_call_penalty)
+        _check_magnitude("error_penalty", error_penalty)
+        self.tools: dict[str, Tool] = {}
+        for tool in tools:
+            if not isinstance(tool, Tool):
+                raise TypeError(f"tools must be Tool instances, got {tool!r}")
+            if tool.name in self.tools:
+                raise ValueError(f"two tools are named {tool.name}")
+            self.tools[tool.name] = tool
+        self.max_turns = max_turns
+        self.max_tool_calls = max_tool_calls
+        self.max_consecutive_errors = max_consecutive_errors
+        self.correct_reward = float(correct_reward)
+        self.format_reward = float(format_reward)
+        self.incorrect_reward = float(incorrect_reward)
+        self.tool_call_penalty = float(tool_call_penalty)
+        self.error_penalty = float(error_penalty)
+        self.accept_untagged_answer = bool(accept_untagged_answer)
+        self._max_action_chars = max_action_chars
+        self._max_observation_chars = max_observation_chars
+        self._near_miss = near_miss_pattern(self.tools)
+        self._system_prompt = self.build_system_prompt(instructions, example)
+
+        finish = "finish with [ANSWER] <number>."
+        hint = f"Call a tool or {finish}" if self.tools else finish.capitalize()
+        self._error_lines = {
+            EMPTY: f"ERROR: empty action. {hint}",
+            NOTHING: f"ERROR: no tool call and no answer. {hint}"
+            if self.tools
+            else f"ERROR: no answer. {hint}",
+            BAD_CALL: "ERROR: malformed tool call. Write it like "
+            + (next(iter(self.tools.values())).usage if self.tools else "NAME[x]")
+            + ".",
+            BAD_ANSWER: "ERROR: [ANSWER] must be followed by an integer, like [ANSWER] 42.",
+        }
+        self._error_kinds = {
+            EMPTY: "empty_action",
+            NOTHING: "no_call_no_answer",
+            BAD_CALL: "malformed_call",
+            BAD_ANSWER: "malformed_answer",
+        }
+        self._task: Task | None = None
+        self._done = True
+
+    # ---- what subclasses provide -------------------------------------------------------------
+
+    def new_task(self) -> Task:
+        """Draw this episode's task (and any per-episode tool state) from `self.np_random`."""
+        raise NotImplementedError(f"{type(self).__name__} must implement new_task()")
+
+    def build_system_prompt(self, instructions: str, example: str) -> str:
+        lines = [instructions.strip()]
+        if self.tools:
+            lines.append("Tools:")
+            lines += [f"{tool.usage}: {tool.description}" for tool in self.tools.values()]
+            lines.append("Call one tool per turn and wait for its result. Finish with [ANSWER] <number>.")
+        else:
+            lines.append("Finish with [ANSWER] <number>.")
+        if example:
+            lines += ["Example:", example.strip()]
+        return "\n".join(lines)
+
+    # ---- the task ------------------------------------------------------------------------------
+
+    def _current_task(self) -> Task:
+        if self._task is None:
+            raise RuntimeError(f"{type(self).__name__}: call reset() first; there is no task yet")
+        return self._task
+
+    @property
+    def system_prompt(self) -> str:
+        return self._system_prompt
+
+    @property
+    def question(self) -> str:
+        return self._current_task().question
+
+    @property
+    def answer(self) -> int:
+        return self._current_task().answer
+
+    @property
+    def needed_tool_calls(self) -> int:
+        return self._current_task().needed_tool_calls
+
+    def oracle_actions(self) -> list[str]:
+        return list(self._current_task().oracle_actions)
+
+    # ---- Gymnasium API -------------------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        if options:
+            raise ValueError(f"{type(self).__name__}.reset takes no options, got {sorted(options)}")
+        task = self.new_task()
+        if not isinstance(task, Task):
+            raise TypeError(f"{type(self).__name__}.new_task() must return a Task, got {task!r}")
+        if len(task.question) > self._max_observation_chars:
+            raise ValueError(f"question is longer than max_observation_chars={self._max_observation_chars}")
+        self._task = task
+        self._done = False
+        self._turn = 0
+        self._tool_calls = 0
+        self._errors = 0
+        self._error_counts: dict[str, int] = {}
+        self._consecutive_errors = 0
+        self._consecutive_no_call = 0
+        self._correct = 0.0
+        self._format = 0.0
+        self._tool_penalty = 0.0
+        self._error_penalty = 0.0
+        info = {
+            "system_prompt": self._system_prompt,
+            "question": task.question,
+            "answer": task.answer,
+            "needed_tool_calls": task.needed_tool_calls,
+            "max_turns": self.max_turns,
+        }
+        return task.question, info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            if self._task is None:
+                raise RuntimeError(f"{type(self).__name__}: call reset() before step()")
+            raise RuntimeError(
+                f"{type(self).__name__}: step() called after the episode ended "
+                "(terminated or truncated); call reset() to start a new one"
+            )
+        if type(action) is not str:
+            if not isinstance(action, str | bytes | bytearray):
+                raise TypeError(f"action must be a str, got {type(action).__name__}")
+            action = action.decode("utf-8", "replace") if not isinstance(action, str) else str(action)
+        if len(action) > self._max_action_chars:
+            action = action[: self._max_action_chars]
+        self._turn += 1
+        parsed = parse_action(action, self._near_miss, self.accept_untagged_answer)
+        kind = parsed.kind
+        if kind in (ANSWER, UNTAGGED):
+            return self._grade(parsed.answer, tagged=kind == ANSWER)
+
+        reward = 0.0
+        lines: list[str] = []
+        step_errors: list[str] = []
+        ran_a_tool = False
+        out_of_calls = False
+        if kind == CALLS:
+            for name, raw_arg in parsed.calls:  # type: ignore[union-attr]
+                if self._tool_calls >= self.max_tool_calls:
+                    out_of_calls = True
+                    break
+                self._tool_calls += 1
+                if self._tool_calls > self._task.needed_tool_calls:  # type: ignore[union-attr]
+                    self._tool_penalty -= self.tool_call_penalty
+                    reward -= self.tool_call_penalty
+                arg = clean_argument(raw_arg)
+                shown = arg if len(arg) <= _SHOWN_ARG_CHARS else arg[: _SHOWN_ARG_CHARS - 3] + "..."
+                tool = self.tools.get(name.upper())
+                if tool is None:
+                    reward -= self._count_error("unknown_tool", step_errors)
+                    lines.append(f"{name[:_SHOWN_NAME_CHARS]}[{shown}] = UNKNOWN_TOOL")
+                elif not arg:
+                    reward -= self._count_error("empty_argument", step_errors)
+                    lines.append(f"{tool.name}[] = EMPTY_ARGUMENT")
+                else:
+                    try:
+                        result = tool.fn(arg)
+                        ran_a_tool = True
+                    except (ToolError, ValueError) as rejected:
+                        reward -= self._count_error("tool_error", step_errors)
+                        result = str(rejected) or "ERROR"
+                    lines.append(f"{tool.name}[{shown}] = {result}")
+        else:
+            reward -= self._count_error(self._error_kinds[kind], step_errors)
+            lines.append(self._error_lines[kind])
+
+        if ran_a_tool:
+            self._consecutive_errors = 0
+        elif step_errors:
+            self._consecutive_errors += 1
+        no_call = kind in (NOTHING, EMPTY)
+        self._consecutive_no_call = self._consecutive_no_call + 1 if no_call else 0
+
+        end_reason = None
+        failure_mode = "no_answer"
+        limit = self.max_consecutive_errors
+        if out_of_calls:
+            end_reason, failure_mode = "max_turns", "tool_spam"
+            lines.append("STOP: tool call limit reached.")
+        elif limit is not None and self._consecutive_errors >= limit:
+            end_reason = "no_tool_call" if self._consecutive_no_call >= limit else "parse_error"
+            lines.append("STOP: too many errors in a row.")
+        elif self._turn >= self.max_turns:
+            if self.max_turns == 1 and no_call:
+                end_reason = "no_tool_call"
+            elif self.max_turns == 1 and step_errors:
+                end_reason = "parse_error"
+            else:
+                end_reason = "max_turns"
+            lines.append("STOP: turn limit reached.")
+
+        observation = "\n".join(lines)
+        if len(observation) > self._max_observation_chars:
+            observation = observation[: self._max_observation_chars]
+        info = self._info(step_errors)
+        if end_reason is None:
+            return observation, reward, False, False, info
+        self._done = True
+        self._correct += self.incorrect_reward
+        reward += self.incorrect_reward
+        info["reward_components"]["correct"] = self._correct
+        info["failure_mode"] = failure_mode
+        info["end_reason"] = end_reason
+        info["error_counts"] = dict(self._error_counts)
+        single_turn = self.max_turns == 1
+        return observation, reward, single_turn, not single_turn, info
+
+    # ---- helpers -------------------------------------------------------------------------------
+
+    def _count_error(self, kind: str, step_errors: list[str]) -> float:
+        """Record one error; returns the penalty magnitude (the caller subtracts it)."""
+        self._errors += 1
+        self._error_counts[kind] = self._error_counts.get(kind, 0) + 1
+        self._error_penalty -= self.error_penalty
+        step_errors.append(kind)
+        return self.error_penalty
+
+    def _grade(self, value: int | None, *, tagged: bool) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        truth = self._task.answer  # type: ignore[union-attr]
+        correct = value == truth
+        reward = 0.0
+        if correct:
+            self._correct += self.correct_reward
+            reward += self.correct_reward
+        if tagged:
+            self._format += self.format_reward
+            reward += self.format_reward
+        if not correct and not tagged:
+            self._correct += self.incorrect_reward
+            reward += self.incorrect_reward
+        self._done = True
+        info = self._info([])
+        info["failure_mode"] = ("success" if tagged else "wrong_format") if correct else "wrong_answer"
+        info["end_reason"] = "answered"
+        info["error_counts"] = dict(self._error_counts)
+        if value is not None:
+            info["graded_answer"] = value
+        observation = "CORRECT" if correct else f"INCORRECT (answer: {truth})"
+        return observation, reward, True, False, info
+
+    def _info(self, step_errors: list[str]) -> dict[str, Any]:
+        return {
+            "reward_components": {
+                "correct": self._correct,
+                "format": self._format,
+                "tool_penalty": self._tool_penalty,
+                "error_penalty": self._error_penalty,
+            },
+            "tool_calls": self._tool_calls,
+            "errors": self._errors,
+            "consecutive_errors": self._consecutive_errors,
+            "turn": self._turn,
+            "step_errors": step_errors,
+        }

@@ -1,0 +1,216 @@
+"""Zorplex: words with arbitrary values that a policy can only learn through tools.
+
+The 26 words apple..zebra have values drawn uniformly from 1..100. By default every episode
+draws a fresh table from its own seed, so values cannot be memorised. `table_seed=n` fixes the
+table to `numpy.random.default_rng(n).integers(1, 101, size=26)` in word order; that is OUR
+definition of "the original experiment's table" for n=42.
+
+Tiers (question -> ideal actions):
+- simple:        "What is the zorplex value of 'cat'?"         LOOKUP[cat], [ANSWER] v
+- compositional: "What is zorplex('cat') + zorplex('sun')?"    one LOOKUP per word, then the
+                 arithmetic evaluated left to right. easy: 2 words, +; medium: 2 words, + - *;
+                 hard: 3 words, + - *.
+- multi_step:    same question as simple; GETKEY[word] -> a key `ZK_` + 6 upper-case hex digits,
+                 FETCH[key] -> the value. Keys are unique within a table and drawn from the
+                 table's RNG right after the values (so they follow from the seed).
+- recursive:     same question; LOOKUP on the asked word returns `SEE: other` along a chain of
+                 1-3 redirects (easy 1, medium 2, hard 3) that ends at a word with a number.
+difficulty=None draws the difficulty per episode (compositional, recursive); simple and
+multi_step have none.
+
+Tool results: `LOOKUP[cat] = 17`, `LOOKUP[cat] = SEE: sun`, `LOOKUP[xyz] = UNKNOWN`,
+`GETKEY[cat] = ZK_3F9A01`, `GETKEY[xyz] = UNKNOWN_WORD`, `FETCH[ZK_000000] = INVALID_KEY`.
+Unknown words and keys are ordinary results (they cost a tool call, not an error).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from .base import ToolEnv
+from .tools import Task, Tool
+
+WORDS: tuple[str, ...] = (
+    "apple", "banana", "cat", "dog", "elephant", "fish", "grape", "house", "ice", "jungle",
+    "kite", "lemon", "moon", "night", "ocean", "piano", "queen", "river", "sun", "tree",
+    "umbrella", "violet", "water", "xray", "yellow", "zebra",
+)  # fmt: skip
+TIERS: tuple[str, ...] = ("simple", "compositional", "multi_step", "recursive")
+DIFFICULTIES: dict[str, tuple[str | None, ...]] = {
+    "simple": (None,),
+    "compositional": (None, "easy", "medium", "hard"),
+    "multi_step": (None,),
+    "recursive": (None, "easy", "medium", "hard"),
+}
+_LEVELS = ("easy", "medium", "hard")
+_OPS = ("+", "-", "*")
+
+_INTRO = "Every word has a secret zorplex value. Only the tools know it."
+_INSTRUCTIONS = {
+    "simple": _INTRO,
+    "compositional": _INTRO + " Do the arithmetic left to right.",
+    "multi_step": "Every word has a secret zorplex value, stored under a key. Only the tools know them.",
+    "recursive": _INTRO + " A word may point to another word (SEE: word); follow it until you get a number.",
+}
+_Q = "User: What is the zorplex value of 'cat'?\n"
+_EXAMPLES = {
+    "simple": _Q + "Assistant: LOOKUP[cat]\nTool: LOOKUP[cat] = 17\nAssistant: [ANSWER] 17",
+    ("compositional", "easy"): "User: What is zorplex('cat') + zorplex('sun')?\n"
+    "Assistant: LOOKUP[cat]\nTool: LOOKUP[cat] = 17\n"
+    "Assistant: LOOKUP[sun]\nTool: LOOKUP[sun] = 5\nAssistant: [ANSWER] 22",
+    ("compositional", "medium"): "User: What is zorplex('cat') - zorplex('sun')?\n"
+    "Assistant: LOOKUP[cat]\nTool: LOOKUP[cat] = 17\n"
+    "Assistant: LOOKUP[sun]\nTool: LOOKUP[sun] = 5\nAssistant: [ANSWER] 12",
+    ("compositional", "hard"): "User: What is zorplex('cat') - zorplex('sun') * zorplex('ice')?\n"
+    "Assistant: LOOKUP[cat]\nTool: LOOKUP[cat] = 17\n"
+    "Assistant: LOOKUP[sun]\nTool: LOOKUP[sun] = 5\n"
+    "Assistant: LOOKUP[ice]\nTool: LOOKUP[ice] = 3\nAssistant: [ANSWER] 36",
+    "multi_step": _Q + "Assistant: GETKEY[cat]\nTool: GETKEY[cat] = ZK_3F9A01\n"
+    "Assistant: FETCH[ZK_3F9A01]\nTool: FETCH[ZK_3F9A01] = 17\nAssistant: [ANSWER] 17",
+    "recursive": _Q + "Assistant: LOOKUP[cat]\nTool: LOOKUP[cat] = SEE: sun\n"
+    "Assistant: LOOKUP[sun]\nTool: LOOKUP[sun] = 17\nAssistant: [ANSWER] 17",
+}
+
+
+def fixed_table(table_seed: int) -> tuple[dict[str, int], np.random.Generator]:
+    """The table for `table_seed`, and its RNG positioned just after the values (for keys)."""
+    rng = np.random.default_rng(table_seed)
+    return dict(zip(WORDS, rng.integers(1, 101, size=len(WORDS)).tolist(), strict=True)), rng
+
+
+def draw_keys(rng: np.random.Generator) -> dict[str, str]:
+    """One distinct `ZK_XXXXXX` key per word, drawn from `rng`."""
+    codes = rng.integers(0, 1 << 24, size=len(WORDS)).tolist()
+    while len(set(codes)) < len(codes):  # p ~ 2e-5 per table
+        codes = rng.integers(0, 1 << 24, size=len(WORDS)).tolist()
+    return {word: f"ZK_{code:06X}" for word, code in zip(WORDS, codes, strict=True)}
+
+
+def _evaluate(values: list[int], ops: list[str]) -> int:
+    total = values[0]
+    for op, value in zip(ops, values[1:], strict=True):
+        total = total + value if op == "+" else total - value if op == "-" else total * value
+    return total
+
+
+class ZorplexEnv(ToolEnv):
+    """`gymnasium.make("toolgym/Zorplex-v0", tier="compositional", difficulty="hard")`.
+
+    tier: simple, compositional, multi_step or recursive. difficulty: see the module doc.
+    table_seed: fix the table (None: a new table per episode). Other keyword arguments are the
+    ToolEnv knobs (max_turns=5, rewards, limits).
+    """
+
+    def __init__(
+        self, tier: str = "simple", difficulty: str | None = None, table_seed: int | None = None, **knobs: Any
+    ):
+        if tier not in TIERS:
+            raise ValueError(f"Zorplex tier must be one of {TIERS}, got {tier!r}")
+        if difficulty not in DIFFICULTIES[tier]:
+            raise ValueError(
+                f"Zorplex tier {tier!r} takes difficulty in {DIFFICULTIES[tier]}, got {difficulty!r}"
+            )
+        if table_seed is not None and (not isinstance(table_seed, int) or table_seed < 0):
+            raise ValueError(f"table_seed must be None or an int >= 0, got {table_seed!r}")
+        self.tier = tier
+        self.difficulty = difficulty
+        self.table_seed = table_seed
+        self._fixed_table: dict[str, int] | None = None
+        self._fixed_keys: dict[str, str] | None = None
+        if table_seed is not None:
+            self._fixed_table, table_rng = fixed_table(table_seed)
+            self._fixed_keys = draw_keys(table_rng)
+        self.table: dict[str, int] = {}
+        self.redirects: dict[str, str] = {}
+        self.keys: dict[str, str] = {}
+        self._key_values: dict[str, int] = {}
+
+        if tier == "multi_step":
+            tools = [
+                Tool("GETKEY", "the key of a word", self._getkey, arg="word"),
+                Tool("FETCH", "the zorplex value stored under a key", self._fetch, arg="key"),
+            ]
+        else:
+            tools = [Tool("LOOKUP", "the zorplex value of a word", self._lookup, arg="word")]
+        level = difficulty or "hard"
+        example = _EXAMPLES[(tier, level)] if tier == "compositional" else _EXAMPLES[tier]
+        super().__init__(tools=tools, instructions=_INSTRUCTIONS[tier], example=example, **knobs)
+
+        most_calls = {"simple": 1, "multi_step": 2}.get(tier) or (
+            {"easy": 2, "medium": 2, "hard": 3}[level]
+            if tier == "compositional"
+            else {"easy": 2, "medium": 3, "hard": 4}[level]
+        )
+        if self.max_turns < most_calls + 1 or self.max_tool_calls < most_calls:
+            raise ValueError(
+                f"Zorplex {tier}/{difficulty} needs up to {most_calls} tool calls and an answer: "
+                f"max_turns >= {most_calls + 1} and max_tool_calls >= {most_calls}, got "
+                f"max_turns={self.max_turns}, max_tool_calls={self.max_tool_calls}"
+            )
+
+    # ---- tools (per-episode state: table, redirects, keys) -------------------------------------
+
+    def _lookup(self, word: str) -> str:
+        word = word.lower()
+        target = self.redirects.get(word)
+        if target is not None:
+            return f"SEE: {target}"
+        value = self.table.get(word)
+        return "UNKNOWN" if value is None else str(value)
+
+    def _getkey(self, word: str) -> str:
+        return self.keys.get(word.lower(), "UNKNOWN_WORD")
+
+    def _fetch(self, key: str) -> str:
+        value = self._key_values.get(key.upper())
+        return "INVALID_KEY" if value is None else str(value)
+
+    # ---- tasks ---------------------------------------------------------------------------------
+
+    def new_task(self) -> Task:
+        rng = self.np_random
+        if self._fixed_table is None:
+            self.table = dict(zip(WORDS, rng.integers(1, 101, size=len(WORDS)).tolist(), strict=True))
+        else:
+            self.table = self._fixed_table
+        self.redirects = {}
+        order = rng.permutation(len(WORDS)).tolist()
+        word = WORDS[order[0]]
+        question = f"What is the zorplex value of '{word}'?"
+
+        if self.tier == "simple":
+            value = self.table[word]
+            return Task(question, value, (f"LOOKUP[{word}]", f"[ANSWER] {value}"))
+
+        if self.tier == "compositional":
+            level = self.difficulty or _LEVELS[int(rng.integers(3))]
+            n_words = 3 if level == "hard" else 2
+            words = [WORDS[i] for i in order[:n_words]]
+            if level == "easy":
+                ops = ["+"]
+            else:
+                ops = [_OPS[i] for i in rng.integers(3, size=n_words - 1).tolist()]
+            expression = " ".join(
+                f"{op} zorplex('{w}')" for op, w in zip(["", *ops], words, strict=True)
+            ).lstrip()
+            answer = _evaluate([self.table[w] for w in words], ops)
+            return Task(
+                f"What is {expression}?", answer, (*(f"LOOKUP[{w}]" for w in words), f"[ANSWER] {answer}")
+            )
+
+        if self.tier == "multi_step":
+            self.keys = self._fixed_keys if self._fixed_keys is not None else draw_keys(rng)
+            self._key_values = {key: self.table[w] for w, key in self.keys.items()}
+            value, key = self.table[word], self.keys[word]
+            return Task(question, value, (f"GETKEY[{word}]", f"FETCH[{key}]", f"[ANSWER] {value}"))
+
+        # recursive: order[0] -> order[1] -> ... -> order[depth], which holds the number.
+        level = self.difficulty or _LEVELS[int(rng.integers(3))]
+        depth = {"easy": 1, "medium": 2, "hard": 3}[level]
+        chain = [WORDS[i] for i in order[: depth + 1]]
+        self.redirects = dict(itertools.pairwise(chain))
+        value = self.table[chain[-1]]
+        return Task(question, value, (*(f"LOOKUP[{w}]" for w in chain), f"[ANSWER] {value}"))

@@ -153,6 +153,15 @@ def token_logprobs_and_entropy(
     return logprobs, entropy
 
 
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Per-position entropy of softmax(logits / temperature), in float32 ([..., V] -> [...])."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
+
+
 def aggregate(
     values: Tensor,
     loss_mask: Tensor,

@@ -1,0 +1,198 @@
+"""Batching (shift, budget, sharding) and the one-process FSDP2 trainer."""
+
+import copy
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from trainers_testlib import full_grads, full_params, random_episodes
+
+from toolgym.agents.model import build_model, causal_lm_logprobs
+from toolgym.rollouts.types import Episode
+from toolgym.trainers.batching import make_micro_batches, shard_episodes, split_by_token_budget
+from toolgym.trainers.config import OptimizerConfig, TrainerConfig
+from toolgym.trainers.losses import LossConfig, LossNormaliser, policy_loss, token_logprobs_and_entropy
+from toolgym.trainers.trainer import Trainer, lr_factor
+
+torch.set_num_threads(1)
+
+
+def _episode(tokens, mask, adv=1.0):
+    return Episode(
+        tokens=tokens,
+        loss_mask=mask,
+        sampler_logprobs=[-0.5 * m for m in mask],
+        advantages=[adv * m for m in mask],
+    )
+
+
+def test_shift_is_applied_once_and_padding_is_on_the_right():
+    episodes = [_episode([5, 6, 7, 8], [0, 0, 1, 1], 2.0), _episode([9, 10, 11], [1, 0, 1], -1.0)]
+    (mb,) = make_micro_batches(episodes, token_budget=100, pad_token_id=3)
+    assert mb.input_ids.tolist() == [[5, 6, 7], [9, 10, 3]]
+    assert mb.targets.tolist() == [[6, 7, 8], [10, 11, 3]]
+    # token 0's mask is dropped (nothing predicts it); position t carries token t+1's fields
+    assert mb.loss_mask.tolist() == [[False, True, True], [False, True, False]]
+    assert mb.advantages.tolist() == [[0.0, 2.0, 2.0], [0.0, -1.0, 0.0]]
+    assert mb.sampler_logprobs.tolist() == [[0.0, -0.5, -0.5], [0.0, -0.5, 0.0]]
+    assert mb.lengths.tolist() == [3, 2] and mb.episode_index.tolist() == [0, 1]
+
+
+def test_token_budget_groups_sorted_and_complete():
+    lengths = [3, 50, 7, 7, 20, 1, 120, 8]
+    groups = split_by_token_budget(lengths, token_budget=40)
+    flat = [i for g in groups for i in g]
+    assert sorted(flat) == list(range(len(lengths)))
+    assert [lengths[i] for i in flat] == sorted(lengths, reverse=True)
+    for g in groups:
+        assert len(g) == 1 or len(g) * max(lengths[i] for i in g) <= 40
+    assert [6] in groups and [1] in groups  # longer than the budget: alone, not cut
+    with pytest.raises(ValueError, match="token_budget"):
+        split_by_token_budget(lengths, 0)
+
+
+def test_shard_episodes_partitions_and_balances():
+    lengths = [30, 5, 17, 17, 2, 40, 9, 11, 23]
+    shards = [shard_episodes(lengths, r, 3) for r in range(3)]
+    assert sorted(i for s in shards for i in s) == list(range(len(lengths)))
+    loads = [sum(lengths[i] for i in s) for s in shards]
+    assert max(loads) - min(loads) <= max(lengths) // 2
+    assert shard_episodes(lengths, 1, 3) == shards[1]  # deterministic
+    assert shard_episodes([4], 1, 2) == []  # more ranks than episodes: some get none
+
+
+def test_bad_episodes_are_clear_errors():
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        make_micro_batches([_episode([1], [1])], 64)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        make_micro_batches([_episode([1, 300], [0, 1])], 64, vocab_size=256)
+
+
+def test_lr_schedule():
+    warm = OptimizerConfig(warmup_steps=4, decay="linear", total_steps=14, min_lr_ratio=0.1)
+    assert [lr_factor(s, warm) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_factor(9, warm) == pytest.approx(1 - 0.9 * 0.5)
+    assert lr_factor(14, warm) == pytest.approx(0.1) and lr_factor(100, warm) == pytest.approx(0.1)
+    cos = OptimizerConfig(decay="cosine", total_steps=10)
+    assert lr_factor(5, cos) == pytest.approx(0.5) and lr_factor(10, cos) == pytest.approx(0.0)
+    assert lr_factor(7, OptimizerConfig()) == 1.0
+    with pytest.raises(ValueError, match="total_steps"):
+        OptimizerConfig(decay="cosine")
+
+
+def _trainer(loss="grpo", budget=160, lr=1e-3, **kw):
+    config = TrainerConfig(
+        loss=LossConfig(name=loss), micro_batch_tokens=budget, optimizer=OptimizerConfig(lr=lr), **kw
+    )
+    return Trainer(build_model("test", seed=0), config, device="cpu")
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dapo", "gspo"])
+def test_micro_batched_gradient_equals_direct_full_batch(loss):
+    episodes = random_episodes(9, seed=3)
+    reference = build_model("test", seed=0)
+    trainer = _trainer(loss, budget=90)  # several micro-batches
+    metrics = trainer._forward_backward(episodes, trainer.policy_loss, sharded=False)
+    assert metrics["num_micro_batches"] > 2
+
+    (mb,) = make_micro_batches(episodes, 10_000)  # one batch, computed by hand
+    logprobs, _ = token_logprobs_and_entropy(reference(mb.input_ids), mb.targets, with_entropy=False)
+    expected, _ = policy_loss(
+        LossConfig(name=loss), logprobs, mb.sampler_logprobs, mb.advantages, mb.loss_mask
+    )
+    expected.backward()
+    assert metrics["loss"] == pytest.approx(expected.item(), abs=1e-6)
+    assert metrics["num_tokens"] == mb.loss_mask.sum().item()
+    got = full_grads(trainer.model)
+    for name, p in reference.named_parameters():
+        assert (got[name] - p.grad).abs().max().item() <= 1e-6, name
+
+
+def test_non_finite_loss_skips_the_update_and_keeps_weights():
+    trainer = _trainer()
+    good = random_episodes(6, seed=4)
+    trainer.train_step(good)
+    params, state = full_params(trainer.model), copy.deepcopy(trainer.optimizer.state_dict())
+    last = good[-1]
+    poisoned = Episode(
+        tokens=last.tokens,
+        loss_mask=last.loss_mask,
+        sampler_logprobs=last.sampler_logprobs,
+        advantages=[math.nan if m else 0.0 for m in last.loss_mask],
+    )
+    bad = [*good[:-1], poisoned]
+    metrics = trainer.train_step(bad)
+    assert metrics["skipped"] == 1.0 and not math.isfinite(metrics["loss"])
+    assert trainer.step == 1 and trainer.skipped_steps == 1
+    for name, value in full_params(trainer.model).items():
+        assert torch.equal(value, params[name]), name
+    after = trainer.optimizer.state_dict()
+    for key, per_param in state["state"].items():
+        for field, value in per_param.items():
+            assert torch.equal(torch.as_tensor(after["state"][key][field]), torch.as_tensor(value))
+    metrics = trainer.train_step(good)  # and training goes on
+    assert metrics["skipped"] == 0.0 and trainer.step == 2
+
+
+def test_sft_step_learns_the_masked_tokens():
+    trainer = _trainer(lr=3e-3)
+    episodes = random_episodes(4, seed=5, max_len=12)
+    losses = [trainer.sft_step(episodes)["loss"] for _ in range(15)]
+    assert losses[-1] < losses[0] - 1.0
+    assert losses[0] == pytest.approx(math.log(256), abs=0.3)  # random init: ~uniform over the vocab
+
+
+def test_compute_logprobs_matches_the_model():
+    trainer = _trainer()
+    episodes = random_episodes(5, seed=6)
+    got = trainer.compute_logprobs(episodes, temperature=0.8)
+    reference = build_model("test", seed=0)
+    for episode, row in zip(episodes, got, strict=True):
+        tokens = torch.tensor([episode.tokens])
+        expected = causal_lm_logprobs(reference, tokens, temperature=0.8)[0]
+        assert row[0] == 0.0 and len(row) == len(episode.tokens)
+        assert max(abs(a - b) for a, b in zip(row[1:], expected.tolist(), strict=True)) <= 1e-5
+
+
+def test_bf16_mixed_precision_keeps_fp32_master_weights():
+    episodes = random_episodes(6, seed=7)
+    fp32 = _trainer(loss="dapo").train_step(episodes)
+    trainer = _trainer(loss="dapo", precision="bf16")
+    bf16 = trainer.train_step(episodes)
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+    assert bf16["skipped"] == 0.0 and math.isfinite(bf16["grad_norm"])
+    assert bf16["loss"] == pytest.approx(fp32["loss"], abs=2e-2)
+    assert bf16["sampler_kl_k1"] == pytest.approx(fp32["sampler_kl_k1"], abs=2e-2)
+
+
+def test_kl_to_reference_model_and_nothing_to_train():
+    config = TrainerConfig(loss=LossConfig(name="grpo", kl_coef=0.1), micro_batch_tokens=128)
+    with pytest.raises(ValueError, match="reference_model"):
+        Trainer(build_model("test", seed=0), config, device="cpu")
+    trainer = Trainer(
+        build_model("test", seed=0), config, reference_model=build_model("test", seed=0), device="cpu"
+    )
+    metrics = trainer.train_step(random_episodes(4, seed=8))
+    assert metrics["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # same weights before the first update
+    second = trainer.train_step(random_episodes(4, seed=8))
+    assert second["kl_ref"] > 0.0
+    silent = [_episode([1, 2, 3], [0, 0, 0])]
+    metrics = trainer.train_step(silent)
+    assert metrics["loss"] == 0.0 and metrics["grad_norm"] == 0.0
+
+
+def test_normaliser_counts_are_step_wide():
+    episodes = random_episodes(7, seed=9)
+    metrics = _trainer(budget=60)._forward_backward(
+        episodes, lambda mb, logits, norm: _probe(mb, logits, norm), False
+    )
+    assert metrics["norm_tokens_max"] == sum(sum(e.loss_mask[1:]) for e in episodes)
+
+
+def _probe(mb, logits, norm: LossNormaliser):
+    loss = logits.sum() * 0.0
+    return loss, {"norm_tokens_max": torch.tensor(norm.num_tokens), "num_tokens": mb.loss_mask.sum().float()}

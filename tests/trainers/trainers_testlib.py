@@ -1,0 +1,87 @@
+"""Shared helpers for the trainer tests, and a worker they launch under torchrun.
+
+As a script (`python -m torch.distributed.run --nproc_per_node N trainers_testlib.py OUT LOSS`,
+or plainly with `python trainers_testlib.py OUT LOSS` for one process) it trains the "test" model
+on fixed random Episodes and saves, from rank 0, what the tests compare: the first step's loss
+and full gradients, then the parameters and metrics after a few steps.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import torch
+
+from toolgym.rollouts.types import Episode
+
+
+def random_episodes(
+    n: int, seed: int = 0, vocab: int = 256, min_len: int = 5, max_len: int = 40
+) -> list[Episode]:
+    """Episodes with a prompt (masked) then a sampled part, a per-episode advantage, and sampler
+    logprobs near what a random "test" model gives (about -log(vocab))."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        length = rng.randint(min_len, max_len)
+        prompt = rng.randint(2, length - 1)
+        tokens = [rng.randrange(vocab) for _ in range(length)]
+        mask = [0] * prompt + [1] * (length - prompt)
+        advantage = rng.gauss(0.0, 1.0)
+        out.append(
+            Episode(
+                tokens=tokens,
+                loss_mask=mask,
+                sampler_logprobs=[(-5.545 + 0.05 * rng.gauss(0, 1)) if m else 0.0 for m in mask],
+                advantages=[advantage if m else 0.0 for m in mask],
+            )
+        )
+    return out
+
+
+def full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient, gathered whole (DTensor shards joined)."""
+    out = {}
+    for name, p in model.named_parameters():
+        grad = p.grad
+        if grad is None:
+            continue
+        out[name] = (grad.full_tensor() if hasattr(grad, "full_tensor") else grad).detach().cpu().clone()
+    return out
+
+
+def full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, p in model.named_parameters():
+        data = p.data
+        out[name] = (data.full_tensor() if hasattr(data, "full_tensor") else data).detach().cpu().clone()
+    return out
+
+
+def _worker(out_path: str, loss_name: str) -> None:
+    from toolgym.agents.model import build_model
+    from toolgym.trainers.config import OptimizerConfig, TrainerConfig
+    from toolgym.trainers.losses import LossConfig
+    from toolgym.trainers.trainer import Trainer
+
+    torch.set_num_threads(1)
+    config = TrainerConfig(
+        loss=LossConfig(name=loss_name),
+        micro_batch_tokens=200,
+        optimizer=OptimizerConfig(lr=1e-3, warmup_steps=1, decay="linear", total_steps=6),
+    )
+    trainer = Trainer(build_model("test", seed=0), config, device="cpu")
+    episodes = random_episodes(13, seed=1)
+    first = trainer._forward_backward(episodes, trainer.policy_loss, sharded=False)
+    grads = full_grads(trainer.model)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    history = [trainer.train_step(random_episodes(13, seed=10 + step)) for step in range(3)]
+    params = full_params(trainer.model)
+    if trainer.dist.is_main:
+        torch.save({"first": first, "grads": grads, "history": history, "params": params}, out_path)
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2])

@@ -1,0 +1,146 @@
+"""Episodes -> padded micro-batches of tensors, with the next-token shift applied here, once.
+
+An Episode of L tokens gives L - 1 training positions: the logits at position t predict token
+t + 1, so position t carries token t + 1's target, loss mask, advantage and sampler logprob. Token
+0 is never predicted (its loss mask, if set, is dropped: nothing sampled it).
+
+Micro-batches are built by a token budget on the padded size (rows x longest row): episodes are
+sorted longest first, so rows of similar length share a batch and padding stays small. Padding is
+on the right (harmless for a causal model). An episode longer than the budget gets a micro-batch
+of its own rather than being cut.
+
+Why padding and not packing: the model's training call is `model(input_ids)` with plain causal
+attention, so packing several episodes into one row would let them attend to each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from toolgym.rollouts.types import Episode
+
+
+@dataclass
+class MicroBatch:
+    """One forward/backward worth of padded, shifted tensors ([B, T] unless noted)."""
+
+    input_ids: Tensor  # long: tokens[:-1], right-padded with pad_token_id
+    targets: Tensor  # long: tokens[1:] (pad_token_id on padding)
+    loss_mask: Tensor  # bool: loss_mask[1:], False on padding
+    advantages: Tensor  # float32: advantages[1:]
+    sampler_logprobs: Tensor  # float32: sampler_logprobs[1:]
+    episode_index: Tensor  # long [B]: the row's index in the list given to make_micro_batches
+    lengths: Tensor  # long [B]: real positions per row (episode length - 1)
+
+    @property
+    def num_padded_tokens(self) -> int:
+        return self.input_ids.numel()
+
+    @property
+    def num_real_tokens(self) -> int:
+        return int(self.lengths.sum())
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        return MicroBatch(*(t.to(device, non_blocking=True) for t in vars(self).values()))
+
+
+def validate_episode(episode: Episode, index: int, vocab_size: int | None = None) -> None:
+    """Raise a clear error for an Episode the trainer cannot use."""
+    n = len(episode.tokens)
+    if not (len(episode.loss_mask) == len(episode.sampler_logprobs) == len(episode.advantages) == n):
+        raise ValueError(f"episode {index}: field lengths disagree (tokens={n})")
+    if n < 2:
+        raise ValueError(f"episode {index}: needs at least 2 tokens to predict one, has {n}")
+    if vocab_size is not None:
+        bad = [t for t in episode.tokens if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"episode {index}: token ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
+
+
+def split_by_token_budget(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
+    """Group indices (longest first) so that len(group) x max length <= token_budget."""
+    if token_budget < 1:
+        raise ValueError(f"token_budget must be >= 1, got {token_budget}")
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = lengths[current[0]] if current else lengths[i]
+        if current and (len(current) + 1) * longest > token_budget:
+            groups.append(current)
+            current = []
+        current.append(i)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def collate(episodes: Sequence[Episode], indices: Sequence[int], pad_token_id: int = 0) -> MicroBatch:
+    """Pad and shift the given episodes into one MicroBatch (rows in the order of `indices`)."""
+    lengths = [len(episodes[i].tokens) - 1 for i in indices]
+    rows, width = len(indices), max(lengths)
+    input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    targets = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    loss_mask = torch.zeros((rows, width), dtype=torch.bool)
+    advantages = torch.zeros((rows, width), dtype=torch.float32)
+    sampler_logprobs = torch.zeros((rows, width), dtype=torch.float32)
+    for row, (i, n) in enumerate(zip(indices, lengths, strict=True)):
+        episode = episodes[i]
+        tokens = torch.tensor(episode.tokens, dtype=torch.long)
+        input_ids[row, :n] = tokens[:-1]
+        targets[row, :n] = tokens[1:]
+        loss_mask[row, :n] = torch.tensor(episode.loss_mask[1:], dtype=torch.bool)
+        advantages[row, :n] = torch.tensor(episode.advantages[1:], dtype=torch.float32)
+        sampler_logprobs[row, :n] = torch.tensor(episode.sampler_logprobs[1:], dtype=torch.float32)
+    return MicroBatch(
+        input_ids=input_ids,
+        targets=targets,
+        loss_mask=loss_mask,
+        advantages=advantages,
+        sampler_logprobs=sampler_logprobs,
+        episode_index=torch.tensor(list(indices), dtype=torch.long),
+        lengths=torch.tensor(lengths, dtype=torch.long),
+    )
+
+
+def make_micro_batches(
+    episodes: Sequence[Episode], token_budget: int, pad_token_id: int = 0, vocab_size: int | None = None
+) -> list[MicroBatch]:
+    """All episodes as padded, shifted micro-batches of at most `token_budget` padded positions."""
+    for index, episode in enumerate(episodes):
+        validate_episode(episode, index, vocab_size)
+    lengths = [len(e.tokens) - 1 for e in episodes]
+    return [collate(episodes, group, pad_token_id) for group in split_by_token_budget(lengths, token_budget)]
+
+
+def empty_micro_batch(pad_token_id: int = 0) -> MicroBatch:
+    """A one-position batch with nothing to train: keeps a rank in step with the others' collectives."""
+    return MicroBatch(
+        input_ids=torch.full((1, 1), pad_token_id, dtype=torch.long),
+        targets=torch.full((1, 1), pad_token_id, dtype=torch.long),
+        loss_mask=torch.zeros((1, 1), dtype=torch.bool),
+        advantages=torch.zeros((1, 1)),
+        sampler_logprobs=torch.zeros((1, 1)),
+        episode_index=torch.full((1,), -1, dtype=torch.long),
+        lengths=torch.zeros((1,), dtype=torch.long),
+    )
+
+
+def shard_episodes(lengths: Sequence[int], rank: int, world_size: int) -> list[int]:
+    """This rank's share of episode indices, balanced by tokens (longest first to the lightest rank).
+
+    Deterministic, and the same on every rank. Every episode goes to exactly one rank.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    loads = [0] * world_size
+    owner = [0] * len(lengths)
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = min(range(world_size), key=lambda r: (loads[r], r))
+        owner[i] = r
+        loads[r] += lengths[i]
+    return [i for i in range(len(lengths)) if owner[i] == rank]

@@ -1,0 +1,98 @@
+"""Typed configuration of the trainer (optimizer, schedule, batching, precision, checkpoints)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from .losses import LossConfig
+
+Decay = Literal["constant", "linear", "cosine"]
+Precision = Literal["fp32", "bf16"]
+
+
+class OptimizerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """AdamW with gradient-norm clipping and a warmup + decay learning-rate schedule.
+
+    The schedule: linear warmup from 0 over `warmup_steps`, then `decay` down to
+    lr x min_lr_ratio at `total_steps` (linear or cosine; constant keeps lr). Steps count
+    optimizer updates.
+    """
+
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    warmup_steps: int = 0
+    decay: Decay = "constant"
+    total_steps: int = 0
+    min_lr_ratio: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"OptimizerConfig.lr must be > 0, got {self.lr}")
+        if not all(0.0 <= b < 1.0 for b in self.betas) or len(self.betas) != 2:
+            raise ValueError(f"OptimizerConfig.betas must be two numbers in [0, 1), got {self.betas}")
+        if self.eps <= 0 or self.weight_decay < 0:
+            raise ValueError("OptimizerConfig.eps must be > 0 and weight_decay >= 0")
+        if self.max_grad_norm <= 0:
+            raise ValueError(f"OptimizerConfig.max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"OptimizerConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.decay not in ("constant", "linear", "cosine"):
+            raise ValueError(f"OptimizerConfig.decay must be constant, linear or cosine, got {self.decay!r}")
+        if self.decay != "constant" and self.total_steps <= self.warmup_steps:
+            raise ValueError(
+                f"decay {self.decay!r} needs total_steps > warmup_steps "
+                f"(got total_steps={self.total_steps}, warmup_steps={self.warmup_steps})"
+            )
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"OptimizerConfig.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+
+
+class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything the Trainer needs besides the model.
+
+    micro_batch_tokens: padded positions (rows x longest row) per forward/backward; bounds the
+        activation memory and the one float32 logits tensor [micro-batch, vocab].
+    precision: fp32, or bf16 (parameters and activations bf16 in compute, fp32 master weights,
+        optimizer state and gradient reduction).
+    temperature: the sampler's temperature; trainer logprobs use logits / temperature so the
+        ratio compares like with like.
+    compute_entropy: log the per-token entropy (a softmax pass over the vocab per micro-batch).
+    """
+
+    loss: LossConfig = msgspec.field(default_factory=LossConfig)
+    optimizer: OptimizerConfig = msgspec.field(default_factory=OptimizerConfig)
+    micro_batch_tokens: int = 4096
+    precision: Precision = "fp32"
+    temperature: float = 1.0
+    compute_entropy: bool = True
+    pad_token_id: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_tokens < 1:
+            raise ValueError(f"TrainerConfig.micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"TrainerConfig.precision must be fp32 or bf16, got {self.precision!r}")
+        if self.temperature <= 0:
+            raise ValueError(f"TrainerConfig.temperature must be > 0, got {self.temperature}")
+        if self.pad_token_id < 0:
+            raise ValueError(f"TrainerConfig.pad_token_id must be >= 0, got {self.pad_token_id}")
+
+
+class CheckpointConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where and how often to checkpoint. keep_last: how many step checkpoints to keep."""
+
+    directory: str = "checkpoints"
+    every_steps: int = 0  # 0: only when asked
+    keep_last: int = 2
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 1:
+            raise ValueError(f"CheckpointConfig.keep_last must be >= 1, got {self.keep_last}")
+        if self.every_steps < 0:
+            raise ValueError(f"CheckpointConfig.every_steps must be >= 0, got {self.every_steps}")

@@ -1,0 +1,268 @@
+"""The FSDP2 policy trainer: Episodes in, one optimizer step, metrics out.
+
+Every rank calls `train_step` with the same list of Episodes and trains on its own share
+(`sharded=True` when each rank passes only its own). Loss counts are all-reduced first, so the
+summed gradient over micro-batches and ranks is the gradient of the whole batch's loss.
+
+    trainer = Trainer(model, TrainerConfig(loss=LossConfig(name="dapo")))
+    metrics = trainer.train_step(episodes)      # RL step
+    metrics = trainer.sft_step(episodes)        # cross-entropy on loss_mask tokens
+
+A non-finite loss or gradient norm skips the update (weights and optimizer state untouched) and
+is reported as metrics["skipped"] = 1. `trainer.step` counts applied updates: it is the policy
+version of the current weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
+
+from toolgym.rollouts.types import Episode
+
+from .batching import MicroBatch, empty_micro_batch, make_micro_batches, shard_episodes
+from .config import OptimizerConfig, TrainerConfig
+from .distributed import all_gather_objects, all_reduce, device_mesh, init_distributed, shard_model
+from .losses import (
+    LossNormaliser,
+    combine_metrics,
+    entropy_from_logits,
+    policy_loss,
+    token_logprobs_and_entropy,
+)
+
+log = logging.getLogger(__name__)
+
+# (micro-batch, its logits, normaliser) -> (loss, metrics)
+MicroBatchLoss = Callable[[MicroBatch, Tensor, LossNormaliser], tuple[Tensor, dict[str, Tensor]]]
+
+
+def lr_factor(step: int, config: OptimizerConfig) -> float:
+    """The learning-rate multiplier for update number `step` (0-based): warmup then decay."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    if config.decay == "constant":
+        return 1.0
+    progress = min(1.0, (step - config.warmup_steps) / max(1, config.total_steps - config.warmup_steps))
+    floor = config.min_lr_ratio
+    if config.decay == "linear":
+        return 1.0 - (1.0 - floor) * progress
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class Trainer:
+    """Owns the sharded model, the optimizer and the schedule. See the module doc."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrainerConfig,
+        *,
+        reference_model: nn.Module | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        self.config = config
+        self.dist = init_distributed(device)
+        self.device = self.dist.device
+        self.mesh = device_mesh(self.dist)
+        self.model_config = getattr(model, "config", None)
+        self.vocab_size = getattr(self.model_config, "vocab_size", None)
+        self.model = shard_model(model.to(self.device), self.mesh, config.precision)
+        self.reference_model = None
+        if config.loss.kl_coef > 0:
+            if reference_model is None:
+                raise ValueError("loss.kl_coef > 0 needs a reference_model")
+            reference_model.requires_grad_(False)
+            self.reference_model = shard_model(reference_model.to(self.device), self.mesh, config.precision)
+        opt = config.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=opt.lr,
+            betas=opt.betas,
+            eps=opt.eps,
+            weight_decay=opt.weight_decay,
+            foreach=True,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, opt))
+        self.step = 0  # applied optimizer updates == policy version
+        self.skipped_steps = 0
+
+    # ---- public API -------------------------------------------------------------------------
+
+    def train_step(self, episodes: Sequence[Episode], *, sharded: bool = False) -> dict[str, float]:
+        """One policy-gradient update on `episodes` with the configured loss."""
+        return self._step(episodes, self.policy_loss, sharded)
+
+    def sft_step(self, episodes: Sequence[Episode], *, sharded: bool = False) -> dict[str, float]:
+        """One supervised update: mean cross-entropy over all loss_mask tokens of the batch."""
+        return self._step(episodes, self.sft_loss, sharded)
+
+    def policy_loss(
+        self, mb: MicroBatch, logits: Tensor, norm: LossNormaliser
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The configured RL loss of one micro-batch (a MicroBatchLoss)."""
+        loss_config, temperature = self.config.loss, self.config.temperature
+        entropy_grad = loss_config.entropy_coef > 0
+        logprobs, entropy = token_logprobs_and_entropy(
+            logits, mb.targets, temperature, with_entropy=entropy_grad
+        )
+        if entropy is None and self.config.compute_entropy:
+            with torch.no_grad():  # a metric only: no softmax copy kept for backward
+                entropy = entropy_from_logits(logits.detach(), temperature)
+        ref_logprobs = None
+        if self.reference_model is not None:
+            with torch.no_grad():
+                ref_logits = self.reference_model(mb.input_ids)
+                ref_logprobs, _ = token_logprobs_and_entropy(ref_logits, mb.targets, temperature, False)
+        return policy_loss(
+            loss_config,
+            logprobs,
+            mb.sampler_logprobs,
+            mb.advantages,
+            mb.loss_mask,
+            normaliser=norm,
+            ref_logprobs=ref_logprobs,
+            entropy=entropy,
+        )
+
+    def sft_loss(
+        self, mb: MicroBatch, logits: Tensor, norm: LossNormaliser
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """Cross-entropy on loss_mask tokens over the step's token count (a MicroBatchLoss)."""
+        logprobs, _ = token_logprobs_and_entropy(logits, mb.targets, with_entropy=False)
+        mask = mb.loss_mask
+        loss = -torch.where(mask, logprobs, torch.zeros_like(logprobs)).sum() / max(norm.num_tokens, 1.0)
+        with torch.no_grad():
+            correct = (logits.detach().argmax(dim=-1) == mb.targets) & mask
+            metrics = {
+                "loss": loss.detach(),
+                "token_accuracy": correct.sum() / mask.sum().clamp(min=1),
+                "num_tokens": mask.sum().float(),
+                "num_sequences": mask.any(dim=-1).sum().float(),
+            }
+        return loss, metrics
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self, episodes: Sequence[Episode], temperature: float | None = None
+    ) -> list[list[float]]:
+        """Current-policy logprob of every token of every episode (0.0 for token 0), all on every rank.
+
+        Collective: every rank must call it with the same episodes.
+        """
+        temperature = self.config.temperature if temperature is None else temperature
+        out: list[list[float]] = [[0.0] * len(e.tokens) for e in episodes]
+        for mb in make_micro_batches(
+            episodes, self.config.micro_batch_tokens, self.config.pad_token_id, self.vocab_size
+        ):
+            mb = mb.to(self.device)
+            logprobs, _ = token_logprobs_and_entropy(self.model(mb.input_ids), mb.targets, temperature, False)
+            for row, (index, n) in enumerate(
+                zip(mb.episode_index.tolist(), mb.lengths.tolist(), strict=True)
+            ):
+                out[index][1:] = logprobs[row, :n].tolist()
+        return out
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+    # ---- one step ---------------------------------------------------------------------------
+
+    def _local_batches(self, episodes: Sequence[Episode], sharded: bool) -> list[MicroBatch]:
+        if not sharded:
+            mine = shard_episodes([len(e.tokens) for e in episodes], self.dist.rank, self.dist.world_size)
+            episodes = [episodes[i] for i in mine]
+        batches = make_micro_batches(
+            episodes, self.config.micro_batch_tokens, self.config.pad_token_id, self.vocab_size
+        )
+        # FSDP forward/backward are collectives: every rank runs the same number of micro-batches.
+        (most,) = all_reduce([float(len(batches))], torch.distributed.ReduceOp.MAX)
+        batches += [empty_micro_batch(self.config.pad_token_id) for _ in range(int(most) - len(batches))]
+        return batches
+
+    def _step(self, episodes: Sequence[Episode], loss_fn: MicroBatchLoss, sharded: bool) -> dict[str, float]:
+        start = time.perf_counter()
+        metrics = self._forward_backward(episodes, loss_fn, sharded)
+        grad_norm = self._clip_grad_norm()
+        skipped = not (math.isfinite(metrics["loss"]) and math.isfinite(grad_norm))
+        lr = self.lr
+        if skipped:
+            self.skipped_steps += 1
+            log.warning("non-finite loss %s or grad norm %s: update skipped", metrics["loss"], grad_norm)
+        else:
+            self.optimizer.step()
+            self.scheduler.step()
+            self.step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        elapsed = time.perf_counter() - start
+        metrics.update(
+            grad_norm=grad_norm,
+            lr=lr,
+            skipped=float(skipped),
+            step=float(self.step),
+            step_time_s=elapsed,
+            tokens_per_s=metrics["num_positions"] / elapsed,
+        )
+        return metrics
+
+    def _forward_backward(
+        self, episodes: Sequence[Episode], loss_fn: MicroBatchLoss, sharded: bool
+    ) -> dict[str, float]:
+        """Accumulate this rank's gradients of the whole batch's loss; return the step's metrics."""
+        self.model.train()
+        batches = self._local_batches(episodes, sharded)
+        local_counts = [
+            sum(float(mb.loss_mask.sum()) for mb in batches),
+            sum(float(mb.loss_mask.any(dim=-1).sum()) for mb in batches),
+            sum(float(mb.num_real_tokens) for mb in batches),
+            sum(float(mb.num_padded_tokens) for mb in batches),
+        ]
+        num_tokens, num_sequences, positions, padded = all_reduce(local_counts)
+        normaliser = LossNormaliser(num_tokens, num_sequences)
+
+        parts: list[dict[str, Tensor]] = []
+        local_loss = torch.zeros((), dtype=torch.float64)
+        for i, mb in enumerate(batches):
+            self.model.set_requires_gradient_sync(i == len(batches) - 1)
+            mb = mb.to(self.device)
+            logits = self.model(mb.input_ids)
+            loss, metrics = loss_fn(mb, logits, normaliser)
+            del logits
+            loss.backward()
+            local_loss += loss.detach().double().cpu()
+            if mb.num_real_tokens > 0:
+                parts.append(metrics)
+
+        (global_loss,) = all_reduce([float(local_loss)])
+        local = combine_metrics([{k: float(v) for k, v in m.items()} for m in parts])
+        metrics = combine_metrics([m for m in all_gather_objects(local) if m])
+        metrics.update(
+            loss=global_loss,
+            num_micro_batches=float(len(batches)),
+            num_positions=positions,
+            padding_frac=1.0 - positions / max(padded, 1.0),
+        )
+        return metrics
+
+    def _clip_grad_norm(self) -> float:
+        """Clip to max_grad_norm; return the global norm before clipping (nan/inf if non-finite)."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
+        if not grads:
+            return 0.0
+        total = torch.nn.utils.get_total_norm(grads, foreach=True)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
+        norm = float(total)
+        if math.isfinite(norm):
+            torch.nn.utils.clip_grads_with_norm_(
+                params, self.config.optimizer.max_grad_norm, total, foreach=True
+            )
+        return norm

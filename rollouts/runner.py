@@ -1,0 +1,307 @@
+"""The rollout runner: many multi-turn episodes at once (asyncio), token in, token out.
+
+One episode: `gymnasium.make(env_id, **env_kwargs)` (one env instance per episode), reset with
+the task seed, render the system prompt (`info["system_prompt"]`) and the first observation (a
+user message) into the turn-0 prompt, then loop: generate one turn on the whole token history,
+give the completion's text to `env.step`, render only the observation delta and append it, until
+the env terminates/truncates or a limit ends the episode.
+
+Limits, each ending the episode with its StopReason (checked in this order every turn):
+- max_tokens_per_episode spent, or a turn cut by a token budget (finish_reason "length"):
+  MAX_TOKENS. A cut turn is recorded (its tokens were sampled) but never given to the env.
+- context_length: when the next prompt leaves no room for a single new token, or a turn is cut
+  because the context room (not a token budget) ran out: CONTEXT_OVERFLOW. Each turn's
+  max_tokens is min(per-turn budget, episode budget left, context room).
+- max_turns: MAX_TURNS (the env's own turn limit maps to the same reason via its end_reason).
+- episode_timeout_s (asyncio.wait_for around the episode): TIMEOUT.
+The env's `info["end_reason"]` (answered, no_tool_call, max_turns, parse_error) becomes the
+StopReason when the env ends the episode.
+
+Fault isolation: an env that raises in make/reset/step (or its oracle, for a scripted policy)
+ends that episode with ENV_ERROR; a generation error or an aborted generation ends it with
+TIMEOUT (the engine's ContextOverflowError, if raised, with CONTEXT_OVERFLOW). The episode keeps
+what it had, `Trajectory.error` holds "ExceptionType: message", and the rest go on.
+
+Concurrency: all episodes of a call run as asyncio tasks, so their `generate` calls arrive
+together and the engine micro-batches them. Env steps are fast Python and run inline.
+
+Sampling seeds: each turn's SamplingParams.seed is derived from (config.seed, task seed, sample
+index, turn), so the G samples of a group differ and a rerun reproduces them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import gymnasium
+import msgspec
+import numpy as np
+
+import toolgym.envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
+from toolgym.agents.chat import ChatRenderer
+from toolgym.agents.policy import Policy
+from toolgym.agents.types import Completion, Message, SamplingParams
+
+from .metrics import episode_metrics
+from .types import StopReason, Trajectory, Transition
+
+try:  # the torch engine's "prompt does not fit" error, when it defines one
+    from toolgym.agents.engine import ContextOverflowError as _EngineContextOverflow
+except ImportError:  # pragma: no cover - depends on the engine version
+
+    class _EngineContextOverflow(Exception):  # type: ignore[no-redef]
+        pass
+
+
+class RolloutConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """How to roll out one env. Token limits count tokens of the policy's tokenizer."""
+
+    env_id: str
+    env_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
+    group_size: int = 8  # G: samples per task seed
+    max_turns: int = 8
+    max_tokens_per_turn: int = 128  # SamplingParams.max_tokens of each turn
+    max_tokens_per_episode: int = 1024  # sampled tokens over the whole episode
+    context_length: int | None = None  # None: the policy's `context_length` attribute, if any
+    episode_timeout_s: float | None = 300.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    observation_role: str = "tool"  # the chat role of env replies after the first observation
+    max_concurrent_episodes: int | None = None  # None: all at once
+    seed: int = 0  # mixed into every per-turn sampling seed
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "max_turns", "max_tokens_per_turn", "max_tokens_per_episode"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError(f"RolloutConfig.context_length must be >= 2, got {self.context_length}")
+        if self.episode_timeout_s is not None and self.episode_timeout_s <= 0:
+            raise ValueError(f"RolloutConfig.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
+        if self.seed < 0:
+            raise ValueError(f"RolloutConfig.seed must be >= 0, got {self.seed}")
+
+
+@runtime_checkable
+class EpisodePolicyFactory(Protocol):
+    """A policy with privileged access to the episode's env (a scripted expert).
+
+    The runner calls `for_episode(env, seed)` right after `env.reset` and sends that episode's
+    generate calls to the Policy it returns; everything else (rendering, limits, env steps) is
+    the same path a model takes.
+    """
+
+    def for_episode(self, env: gymnasium.Env, seed: int) -> Policy: ...
+
+
+def sampling_seed(*parts: int) -> int:
+    """A 31-bit seed mixed from non-negative ints (SeedSequence hashing: no collisions by
+    arithmetic coincidence, unlike sums or products)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, np.uint32)[0] >> 1)
+
+
+def _end_reason(info: dict[str, Any], terminated: bool) -> StopReason:
+    try:
+        return StopReason(info.get("end_reason"))
+    except ValueError:
+        return StopReason.ANSWERED if terminated else StopReason.MAX_TURNS
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _EpisodeState:
+    """What an episode has so far; a timeout cancels the play loop but keeps this."""
+
+    def __init__(self) -> None:
+        self.transitions: list[Transition] = []
+        self.stop_reason: StopReason | None = None
+        self.error: str | None = None
+        self.system_prompt = ""
+        self.final_observation = ""
+        self.reward_components: dict[str, float] = {}
+        self.sampled_tokens = 0
+        self.generate_s = 0.0
+        self.env: gymnasium.Env | None = None
+
+    def end(self, reason: StopReason, error: str | None = None) -> None:
+        if self.stop_reason is None:
+            self.stop_reason, self.error = reason, error
+
+
+class RolloutRunner:
+    """Rolls out `policy` on `config.env_id`. Reusable across batches and policy versions."""
+
+    def __init__(self, policy: Policy, renderer: ChatRenderer, config: RolloutConfig):
+        self.policy = policy
+        self.renderer = renderer
+        self.config = config
+        self.context_length = config.context_length or getattr(policy, "context_length", None)
+
+    # ---- one episode ------------------------------------------------------------------------
+
+    async def run_episode(self, task_seed: int, group_id: int = 0, sample_index: int = 0) -> Trajectory:
+        state = _EpisodeState()
+        started = time.perf_counter()
+        timeout = self.config.episode_timeout_s
+        try:
+            await asyncio.wait_for(self._play(state, task_seed, sample_index), timeout)
+        except TimeoutError:
+            state.end(StopReason.TIMEOUT, f"TimeoutError: episode exceeded the {timeout}s wall-clock limit")
+        finally:
+            if state.env is not None:
+                try:
+                    state.env.close()
+                except Exception as exc:
+                    state.end(StopReason.ENV_ERROR, _describe(exc))
+        trajectory = Trajectory(
+            env_id=self.config.env_id,
+            env_kwargs=dict(self.config.env_kwargs),
+            task_seed=task_seed,
+            group_id=group_id,
+            transitions=state.transitions,
+            stop_reason=state.stop_reason or StopReason.MAX_TURNS,
+            system_prompt=state.system_prompt,
+            final_observation=state.final_observation,
+            total_reward=float(sum(t.reward for t in state.transitions)),
+            reward_components=state.reward_components,
+            policy_version=min(
+                (t.action.policy_version for t in state.transitions), default=self.policy.policy_version
+            ),
+            sample_index=sample_index,
+            error=state.error,
+        )
+        trajectory.metrics = episode_metrics(trajectory, time.perf_counter() - started, state.generate_s)
+        return trajectory
+
+    async def _play(self, state: _EpisodeState, task_seed: int, sample_index: int) -> None:
+        config, renderer = self.config, self.renderer
+        try:
+            env = state.env = gymnasium.make(config.env_id, **config.env_kwargs)
+            observation, info = env.reset(seed=task_seed)
+        except Exception as exc:
+            return state.end(StopReason.ENV_ERROR, _describe(exc))
+        state.system_prompt = str(info.get("system_prompt", ""))
+        messages = [Message("system", state.system_prompt)] if state.system_prompt else []
+        observation_tokens = renderer.render_prompt([*messages, Message("user", observation)])
+        history = list(observation_tokens)
+
+        episode_seed = sampling_seed(config.seed, task_seed, sample_index)
+        policy: Policy = self.policy
+        if isinstance(policy, EpisodePolicyFactory):
+            try:
+                policy = policy.for_episode(env, episode_seed)
+            except Exception as exc:
+                return state.end(StopReason.ENV_ERROR, _describe(exc))
+
+        for turn in range(config.max_turns):
+            episode_left = config.max_tokens_per_episode - state.sampled_tokens
+            room = None if self.context_length is None else self.context_length - len(history)
+            if episode_left <= 0 or (room is not None and room <= 0):
+                if turn > 0:  # the env's reply to the last action, never shown to the model
+                    state.final_observation = observation
+                return state.end(StopReason.MAX_TOKENS if episode_left <= 0 else StopReason.CONTEXT_OVERFLOW)
+            budget = min(config.max_tokens_per_turn, episode_left)
+            max_tokens = budget if room is None else min(budget, room)
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=config.temperature,
+                top_p=config.top_p,
+                top_k=config.top_k,
+                stop_token_ids=renderer.stop_token_ids,
+                seed=sampling_seed(episode_seed, turn),
+            )
+            completion = await self._generate(state, policy, history, params)
+            if completion is None:
+                return
+            transition = Transition(observation, observation_tokens, completion)
+            state.transitions.append(transition)
+            state.sampled_tokens += len(completion.tokens)
+            history += completion.tokens
+            if completion.finish_reason == "length":
+                context_bound = room is not None and room < budget
+                return state.end(StopReason.CONTEXT_OVERFLOW if context_bound else StopReason.MAX_TOKENS)
+            if completion.finish_reason == "abort":
+                return state.end(StopReason.TIMEOUT, "GenerationAborted: the engine aborted the request")
+
+            try:
+                observation, reward, terminated, truncated, info = env.step(completion.text)
+            except Exception as exc:
+                transition.info = {"error": _describe(exc)}
+                return state.end(StopReason.ENV_ERROR, _describe(exc))
+            transition.reward = float(reward)
+            transition.terminated, transition.truncated = bool(terminated), bool(truncated)
+            transition.info = dict(info)
+            state.reward_components = {k: float(v) for k, v in info.get("reward_components", {}).items()}
+            if terminated or truncated:
+                state.final_observation = observation
+                return state.end(_end_reason(info, terminated))
+            if turn + 1 == config.max_turns:
+                state.final_observation = observation
+                return state.end(StopReason.MAX_TURNS)
+            message = Message(config.observation_role, observation)
+            observation_tokens = renderer.render_observation(message, completion.tokens)
+            history += observation_tokens
+        return state.end(StopReason.MAX_TURNS)  # unreachable unless max_turns == 0
+
+    async def _generate(
+        self, state: _EpisodeState, policy: Policy, history: list[int], params: SamplingParams
+    ) -> Completion | None:
+        started = time.perf_counter()
+        try:
+            completions = await policy.generate([list(history)], params)
+        except _EngineContextOverflow as exc:
+            state.end(StopReason.CONTEXT_OVERFLOW, _describe(exc))
+            return None
+        except Exception as exc:
+            state.end(StopReason.TIMEOUT, _describe(exc))
+            return None
+        finally:
+            state.generate_s += time.perf_counter() - started
+        if len(completions) != 1:
+            state.end(StopReason.TIMEOUT, f"PolicyError: expected 1 completion, got {len(completions)}")
+            return None
+        return completions[0]
+
+    # ---- many episodes ----------------------------------------------------------------------
+
+    async def run_groups(
+        self,
+        task_seeds: Sequence[int],
+        group_ids: Sequence[int] | None = None,
+        on_episode: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """G episodes per task seed, all concurrently. Returns them group-major
+        ([seed0 s0..s(G-1), seed1 s0, ...]); group_ids (default 0, 1, ...) name the groups.
+        `on_episode` is called as each episode finishes (progress bars, streaming recorders)."""
+        group_ids = range(len(task_seeds)) if group_ids is None else group_ids
+        if len(group_ids) != len(task_seeds):
+            raise ValueError(f"{len(task_seeds)} task seeds but {len(group_ids)} group ids")
+        limit = self.config.max_concurrent_episodes
+        semaphore = asyncio.Semaphore(limit) if limit else None
+
+        async def one(seed: int, group_id: int, sample: int) -> Trajectory:
+            if semaphore is None:
+                trajectory = await self.run_episode(seed, group_id, sample)
+            else:
+                async with semaphore:
+                    trajectory = await self.run_episode(seed, group_id, sample)
+            if on_episode is not None:
+                on_episode(trajectory)
+            return trajectory
+
+        jobs = [
+            one(seed, group_id, s)
+            for seed, group_id in zip(task_seeds, group_ids, strict=True)
+            for s in range(self.config.group_size)
+        ]
+        return list(await asyncio.gather(*jobs))
+
+    def run(self, task_seeds: Sequence[int], **kwargs: Any) -> list[Trajectory]:
+        """Synchronous wrapper around `run_groups` (not callable from inside a running loop)."""
+        return asyncio.run(self.run_groups(task_seeds, **kwargs))

@@ -1,0 +1,176 @@
+"""The rollout runner on a toy env: oracle play, groups, fault isolation, limits, concurrency."""
+
+import asyncio
+
+import pytest
+from rollouts_fakes import TOY_ENV_ID, PerSeedPolicy, TextPolicy, ToyEnv
+
+from toolgym.agents.types import Message
+from toolgym.rollouts.metrics import batch_metrics
+from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
+from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
+from toolgym.rollouts.types import StopReason
+
+
+def config(**kw) -> RolloutConfig:
+    base = {"env_id": TOY_ENV_ID, "group_size": 1, "max_turns": 6, "episode_timeout_s": 10.0}
+    return RolloutConfig(**{**base, **kw})
+
+
+def run(policy, renderer, seeds, **kw):
+    return RolloutRunner(policy, renderer, config(**kw)).run(seeds)
+
+
+def test_oracle_episode_is_token_exact(renderer):
+    (t,) = run(OraclePolicy(renderer), renderer, [5])
+    assert t.stop_reason == StopReason.ANSWERED and t.error is None
+    assert t.total_reward == pytest.approx(1.2) and t.reward_components == {"correct": 1.0, "format": 0.2}
+    answer = ToyEnv().reset(seed=5)[1]["answer"]
+    assert [tr.action.text for tr in t.transitions] == ["LOOKUP[magic]", f"[ANSWER] {answer}"]
+    assert t.transitions[0].observation_tokens == renderer.render_prompt(
+        [Message("system", "Use LOOKUP[magic]."), Message("user", "What is the magic number?")]
+    )
+    first, second = t.transitions
+    assert first.action.tokens == [*renderer.encode("LOOKUP[magic]"), renderer.im_end_id]
+    expected_delta = renderer.render_observation(Message("tool", second.observation), first.action.tokens)
+    assert second.observation_tokens == expected_delta
+    assert second.observation.startswith("LOOKUP[magic] = ")
+    assert t.final_observation == "graded" and t.system_prompt == "Use LOOKUP[magic]."
+    assert (
+        t.metrics["correct"]
+        and t.metrics["tagged"]
+        and t.metrics["tool_calls"] == 1
+        and t.metrics["turns"] == 2
+    )
+
+
+def test_groups_have_distinct_sampling_seeds(renderer):
+    policy = TextPolicy(renderer, text="[ANSWER] 1")
+    trajectories = RolloutRunner(policy, renderer, config(group_size=3)).run([10, 11], group_ids=[7, 8])
+    assert [(t.task_seed, t.group_id, t.sample_index) for t in trajectories] == [
+        (10, 7, 0), (10, 7, 1), (10, 7, 2), (11, 8, 0), (11, 8, 1), (11, 8, 2),
+    ]  # fmt: skip
+    seeds = [params.seed for _, params in policy.requests]
+    assert len(set(seeds)) == 6
+    assert all(p.stop_token_ids == renderer.stop_token_ids for _, p in policy.requests)
+    # reproducible: the same config gives the same seeds
+    again = TextPolicy(renderer, text="[ANSWER] 1")
+    RolloutRunner(again, renderer, config(group_size=3)).run([10, 11])
+    assert sorted(p.seed for _, p in again.requests) == sorted(seeds)
+
+
+def test_episodes_run_concurrently(renderer):
+    policy = TextPolicy(renderer, delay=0.01)
+    run(policy, renderer, list(range(8)), max_turns=2)
+    assert policy.max_in_flight == 8  # all episodes' generate calls are in flight together
+    limited = TextPolicy(renderer, delay=0.01)
+    run(limited, renderer, list(range(8)), max_turns=2, max_concurrent_episodes=3)
+    assert limited.max_in_flight == 3
+
+
+def test_failing_env_ends_only_its_episode(renderer):
+    kwargs = {"fail_reset_seeds": [2], "fail_step_seeds": [3]}
+    trajectories = run(OraclePolicy(renderer), renderer, [1, 2, 3, 4], env_kwargs=kwargs)
+    by_seed = {t.task_seed: t for t in trajectories}
+    assert by_seed[1].stop_reason == by_seed[4].stop_reason == StopReason.ANSWERED
+    assert by_seed[2].stop_reason == StopReason.ENV_ERROR and by_seed[2].transitions == []
+    assert by_seed[2].error == "RuntimeError: reset exploded"
+    broken = by_seed[3]
+    assert broken.stop_reason == StopReason.ENV_ERROR and broken.error == "ValueError: tool exploded"
+    assert len(broken.transitions) == 2 and broken.transitions[-1].info == {
+        "error": "ValueError: tool exploded"
+    }
+    metrics = batch_metrics(trajectories, elapsed_s=1.0)
+    assert metrics["rollout/errors"] == 2.0
+    assert metrics["rollout/errors/env_error:RuntimeError"] == 1.0
+    assert metrics["rollout/errors/env_error:ValueError"] == 1.0
+    assert metrics["rollout/stop_reason/answered"] == 0.5 and metrics["rollout/accuracy"] == 0.5
+
+
+def test_generation_error_and_timeout_end_only_their_episode(renderer):
+    ok = TextPolicy(renderer, text="[ANSWER] 1")
+    policy = PerSeedPolicy(ok, {2: TextPolicy(renderer, fail=True), 3: TextPolicy(renderer, delay=30.0)})
+    trajectories = run(policy, renderer, [1, 2, 3, 4], episode_timeout_s=0.5)
+    reasons = {t.task_seed: t.stop_reason for t in trajectories}
+    assert reasons == {1: "answered", 2: "timeout", 3: "timeout", 4: "answered"}
+    assert trajectories[1].error == "RuntimeError: CUDA fell over"
+    assert "wall-clock" in trajectories[2].error
+
+
+def test_oracle_knobs_go_through_the_env(renderer):
+    untagged = OraclePolicy(renderer, OracleConfig(p_omit_tag=1.0))
+    (t,) = run(untagged, renderer, [5])
+    assert (
+        t.transitions[-1].action.text.startswith("The answer is ")
+        and t.transitions[-1].info["failure_mode"] == "wrong_format"
+    )
+    assert t.metrics["correct"] and not t.metrics["tagged"]
+    (t,) = run(OraclePolicy(renderer, OracleConfig(p_skip_lookup=1.0)), renderer, [5])
+    assert len(t.transitions) == 1 and t.transitions[0].info["failure_mode"] == "wrong_answer"
+    (t,) = run(OraclePolicy(renderer, OracleConfig(p_malformed_call=1.0)), renderer, [5])
+    assert [tr.action.text for tr in t.transitions][:2] == ["LOOKUP(magic)", "LOOKUP[magic]"]
+    assert t.metrics["env_errors"] == 1 and t.stop_reason == StopReason.ANSWERED
+
+
+@pytest.mark.parametrize(
+    ("kw", "text", "reason", "turns"),
+    [
+        ({"max_turns": 3}, "hmm", StopReason.MAX_TURNS, 3),  # the runner's limit
+        ({"env_kwargs": {"max_turns": 2}}, "hmm", StopReason.MAX_TURNS, 2),  # the env's own limit
+        ({"max_tokens_per_turn": 3}, "LOOKUP[magic]", StopReason.MAX_TOKENS, 1),
+    ],
+)
+def test_limits(renderer, kw, text, reason, turns):
+    (t,) = run(TextPolicy(renderer, text=text), renderer, [1], **kw)
+    assert t.stop_reason == reason and len(t.transitions) == turns and t.error is None
+
+
+def test_token_budget_limits(renderer):
+    k = len(renderer.encode("LOOKUP[magic]")) + 1
+    # episode budget of exactly two turns: the third turn has no budget left
+    (t,) = run(TextPolicy(renderer), renderer, [1], max_tokens_per_episode=2 * k)
+    assert t.stop_reason == StopReason.MAX_TOKENS and len(t.transitions) == 2
+    assert t.final_observation.startswith("LOOKUP[magic] = ")
+    # a budget that runs out inside turn 2: that turn is cut (finish "length") and not stepped
+    (t,) = run(TextPolicy(renderer), renderer, [1], max_tokens_per_episode=2 * k - 2)
+    assert t.stop_reason == StopReason.MAX_TOKENS and t.transitions[-1].action.finish_reason == "length"
+    assert t.transitions[-1].info == {} and t.metrics["sampled_tokens"] == 2 * k - 2
+
+
+def test_context_limits(renderer):
+    prompt = len(
+        renderer.render_prompt(
+            [Message("system", "Use LOOKUP[magic]."), Message("user", "What is the magic number?")]
+        )
+    )
+    k = len(renderer.encode("LOOKUP[magic]")) + 1
+    # room for turn 0 but not for the delta after it
+    (t,) = run(TextPolicy(renderer), renderer, [1], context_length=prompt + k + 3)
+    assert t.stop_reason == StopReason.CONTEXT_OVERFLOW and len(t.transitions) == 1
+    # the context room, not a token budget, cuts turn 0
+    (t,) = run(TextPolicy(renderer), renderer, [1], context_length=prompt + 2)
+    assert t.stop_reason == StopReason.CONTEXT_OVERFLOW and t.transitions[0].action.tokens.__len__() == 2
+    # the prompt itself does not fit
+    (t,) = run(TextPolicy(renderer), renderer, [1], context_length=prompt)
+    assert t.stop_reason == StopReason.CONTEXT_OVERFLOW and t.transitions == []
+
+
+def test_context_length_from_policy(renderer):
+    policy = TextPolicy(renderer)
+    policy.context_length = 5
+    (t,) = run(policy, renderer, [1])
+    assert t.stop_reason == StopReason.CONTEXT_OVERFLOW
+
+
+def test_run_groups_calls_back_per_episode(renderer):
+    seen = []
+    runner = RolloutRunner(TextPolicy(renderer, text="[ANSWER] 1"), renderer, config(group_size=2))
+    out = asyncio.run(runner.run_groups([1, 2], on_episode=seen.append))
+    assert sorted(id(t) for t in seen) == sorted(id(t) for t in out)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="group_size"):
+        RolloutConfig(env_id="x", group_size=0)
+    with pytest.raises(ValueError, match="episode_timeout_s"):
+        RolloutConfig(env_id="x", episode_timeout_s=0)

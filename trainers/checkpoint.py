@@ -1,0 +1,226 @@
+"""Resumable training checkpoints (torch.distributed.checkpoint) and Hugging Face export.
+
+Layout of `directory`:
+
+    latest                      text file naming the newest complete checkpoint ("step_00000004")
+    step_00000004/
+        dcp/                    model and optimizer, sharded as trained (DCP reshards on load)
+        rank0.pt ...            per rank: step, scheduler, RNG states (python, numpy, torch, cuda)
+        meta.json               step, world size, the loop's data position (written last)
+
+A checkpoint is written under `step_N.tmp/` and renamed into place only when every rank has
+finished; then `latest` is replaced atomically (write a temp file, fsync, rename, fsync the
+directory). A crash at any moment leaves `latest` naming a complete checkpoint. Only the newest
+`keep_last` checkpoints are kept.
+
+All functions here are collectives: every rank calls them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from .distributed import all_gather_objects, barrier
+
+if TYPE_CHECKING:
+    from .trainer import Trainer
+
+LATEST = "latest"
+STEP_PREFIX = "step_"
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_path(path.parent)
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _order(path: Path) -> tuple[int, int]:
+    step, _, suffix = path.name.removeprefix(STEP_PREFIX).partition("_")
+    return int(step), int(suffix or 0)
+
+
+class CheckpointManager:
+    """Save and restore a Trainer (and the loop's data position) under one directory."""
+
+    def __init__(self, directory: str | Path, keep_last: int = 2) -> None:
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint, or None."""
+        pointer = self.directory / LATEST
+        if not pointer.is_file():
+            return None
+        path = self.directory / pointer.read_text().strip()
+        if not (path / "meta.json").is_file():
+            raise FileNotFoundError(f"{pointer} names {path}, which is not a complete checkpoint")
+        return path
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints, oldest first."""
+        found = [
+            p
+            for p in self.directory.glob(f"{STEP_PREFIX}*")
+            if p.is_dir() and not p.name.endswith(".tmp") and (p / "meta.json").is_file()
+        ]
+        return sorted(found, key=_order)
+
+    def save(self, trainer: Trainer, data_position: dict[str, Any] | None = None) -> Path:
+        """Write a checkpoint of `trainer` at its current step; return its path."""
+        rank = trainer.dist.rank
+        name = f"{STEP_PREFIX}{trainer.step:08d}"
+        # Saving the same step twice (skipped updates, the data moved on): a new name, so the
+        # checkpoint `latest` names is never touched.
+        suffix = 0
+        while (self.directory / name).exists():
+            suffix += 1
+            name = f"{STEP_PREFIX}{trainer.step:08d}_{suffix}"
+        name = all_gather_objects(name)[0]  # rank 0's view of the directory decides
+        final, tmp = self.directory / name, self.directory / f"{name}.tmp"
+        if rank == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        barrier()
+
+        model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / "dcp"))
+        local = {
+            "step": trainer.step,
+            "skipped_steps": trainer.skipped_steps,
+            "scheduler": trainer.scheduler.state_dict(),
+            "rng": rng_state(),
+        }
+        with open(tmp / f"rank{rank}.pt", "wb") as f:
+            torch.save(local, f)
+            f.flush()
+            os.fsync(f.fileno())
+        barrier()
+
+        if rank == 0:
+            meta = {
+                "step": trainer.step,
+                "world_size": trainer.dist.world_size,
+                "data_position": data_position or {},
+            }
+            _write_atomic(tmp / "meta.json", json.dumps(meta, indent=2))
+            for file in (tmp / "dcp").iterdir():
+                _fsync_path(file)
+            os.replace(tmp, final)
+            _fsync_path(self.directory)
+            _write_atomic(self.directory / LATEST, name)
+            self._prune(keep=final)
+        barrier()
+        return final
+
+    def _prune(self, keep: Path) -> None:
+        complete = self.checkpoints()
+        for old in complete[: max(0, len(complete) - self.keep_last)]:
+            if old != keep:
+                shutil.rmtree(old, ignore_errors=True)
+        for stale in self.directory.glob(f"{STEP_PREFIX}*.tmp"):  # left by a crash mid-save
+            shutil.rmtree(stale, ignore_errors=True)
+
+    def load(self, trainer: Trainer, path: str | Path | None = None) -> dict[str, Any] | None:
+        """Restore `trainer` from `path` (default: latest); return the data position, or None if
+        there is no checkpoint yet."""
+        path = Path(path) if path is not None else self.latest()
+        if path is None:
+            return None
+        meta_file = path / "meta.json"
+        if not meta_file.is_file():
+            raise FileNotFoundError(f"{path} is not a complete checkpoint (no meta.json)")
+        meta = json.loads(meta_file.read_text())
+
+        model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=str(path / "dcp"))
+        set_state_dict(
+            trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        )
+        rank_file = path / f"rank{trainer.dist.rank}.pt"
+        if not rank_file.is_file():  # more ranks than when saved: rank 0's step/schedule, its RNG too
+            rank_file = path / "rank0.pt"
+        local = torch.load(rank_file, weights_only=False)
+        trainer.step = local["step"]
+        trainer.skipped_steps = local["skipped_steps"]
+        trainer.scheduler.load_state_dict(local["scheduler"])
+        set_rng_state(local["rng"])
+        if local["step"] != meta["step"]:
+            raise ValueError(f"{path}: rank state step {local['step']} != meta step {meta['step']}")
+        return meta["data_position"]
+
+
+def full_state_dict(trainer: Trainer, cpu: bool = True) -> dict[str, torch.Tensor]:
+    """The whole model's weights (unsharded, HF names). Collective; every rank gets it unless
+    `cpu` is set, then only rank 0 (the others get {})."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=cpu)
+    return get_model_state_dict(trainer.model, options=options)
+
+
+def export_hf(
+    trainer: Trainer,
+    directory: str | Path,
+    tokenizer_path: str | Path | None = None,
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write the policy as a Hugging Face directory (config.json, model.safetensors[, tokenizer])
+    that `toolgym.agents.checkpoint.load_hf_checkpoint`, transformers and vLLM load. Rank 0 writes."""
+    from toolgym.agents.checkpoint import save_hf_checkpoint
+
+    if trainer.model_config is None:
+        raise ValueError("export_hf needs a model with a `config` (agents' Transformer)")
+    state = full_state_dict(trainer, cpu=True)
+    if trainer.dist.is_main:
+        save_hf_checkpoint(state, trainer.model_config, directory, tokenizer_path, dtype=dtype)
+    barrier()  # everyone waits until the directory is written
+    return Path(directory)

@@ -64,6 +64,12 @@ from .tools import (
 
 _SHOWN_ARG_CHARS = 40  # arguments echoed in observations are cut to this (observations stay short)
 _SHOWN_NAME_CHARS = 24
+_ERROR_KINDS = {
+    EMPTY: "empty_action",
+    NOTHING: "no_call_no_answer",
+    BAD_CALL: "malformed_call",
+    BAD_ANSWER: "malformed_answer",
+}
 
 
 class TextEnv(gymnasium.Env[str, str]):
@@ -144,8 +150,8 @@ class ToolEnv(TextEnv):
         _check_count("max_tool_calls", max_tool_calls, 0)
         if max_consecutive_errors is not None:
             _check_count("max_consecutive_errors", max_consecutive_errors, 1)
-        for name in ("correct_reward", "format_reward", "incorrect_reward"):
-            value = locals()[name]
+        rewards = {"correct_reward": correct_reward, "format_reward": format_reward}
+        for name, value in {**rewards, "incorrect_reward": incorrect_reward}.items():
             if not isinstance(value, int | float) or isinstance(value, bool):
                 raise ValueError(f"{name} must be a float, got {value!r}")
         _check_magnitude("tool_call_penalty", tool_call_penalty)
@@ -171,23 +177,18 @@ class ToolEnv(TextEnv):
         self._near_miss = near_miss_pattern(self.tools)
         self._system_prompt = self.build_system_prompt(instructions, example)
 
-        finish = "finish with [ANSWER] <number>."
-        hint = f"Call a tool or {finish}" if self.tools else finish.capitalize()
+        first_usage = next(iter(self.tools.values())).usage if self.tools else "NAME[x]"
+        hint = (
+            "Call a tool or finish with [ANSWER] <number>."
+            if self.tools
+            else "Finish with [ANSWER] <number>."
+        )
+        nothing = "no tool call and no answer" if self.tools else "no answer"
         self._error_lines = {
             EMPTY: f"ERROR: empty action. {hint}",
-            NOTHING: f"ERROR: no tool call and no answer. {hint}"
-            if self.tools
-            else f"ERROR: no answer. {hint}",
-            BAD_CALL: "ERROR: malformed tool call. Write it like "
-            + (next(iter(self.tools.values())).usage if self.tools else "NAME[x]")
-            + ".",
+            NOTHING: f"ERROR: {nothing}. {hint}",
+            BAD_CALL: f"ERROR: malformed tool call. Write it like {first_usage}.",
             BAD_ANSWER: "ERROR: [ANSWER] must be followed by an integer, like [ANSWER] 42.",
-        }
-        self._error_kinds = {
-            EMPTY: "empty_action",
-            NOTHING: "no_call_no_answer",
-            BAD_CALL: "malformed_call",
-            BAD_ANSWER: "malformed_answer",
         }
         self._task: Task | None = None
         self._done = True
@@ -322,7 +323,7 @@ class ToolEnv(TextEnv):
                         result = str(rejected) or "ERROR"
                     lines.append(f"{tool.name}[{shown}] = {result}")
         else:
-            reward -= self._count_error(self._error_kinds[kind], step_errors)
+            reward -= self._count_error(_ERROR_KINDS[kind], step_errors)
             lines.append(self._error_lines[kind])
 
         if ran_a_tool:

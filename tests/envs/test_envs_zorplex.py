@@ -1,0 +1,221 @@
+"""Zorplex: every tier and difficulty passes check_env, its oracle earns the max reward, it is
+deterministic under a seed, and its tools answer in the documented formats."""
+
+import json
+import re
+import warnings
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from toolgym.envs import ZorplexEnv
+from toolgym.envs.zorplex import DIFFICULTIES, WORDS, fixed_table
+
+TIER_CONFIGS = [(tier, difficulty) for tier, levels in DIFFICULTIES.items() for difficulty in levels]
+MAX_REWARD = 1.2  # correct 1.0 + format 0.2, no penalties
+
+
+def make(tier="simple", difficulty=None, **kwargs):
+    return gymnasium.make("toolgym/Zorplex-v0", tier=tier, difficulty=difficulty, **kwargs)
+
+
+def run(env, actions):
+    """Step through `actions`; returns [(obs, reward, terminated, truncated, info)]."""
+    return [env.step(action) for action in actions]
+
+
+@pytest.mark.parametrize(("tier", "difficulty"), TIER_CONFIGS)
+def test_check_env_without_warnings(tier, difficulty):
+    env = make(tier, difficulty)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any Gymnasium checker warning fails the test
+        check_env(env.unwrapped)
+
+
+@pytest.mark.parametrize(("tier", "difficulty"), TIER_CONFIGS)
+def test_oracle_reaches_max_reward(tier, difficulty):
+    env = make(tier, difficulty)
+    for seed in range(30):
+        question, info = env.reset(seed=seed)
+        assert info["question"] == question == env.unwrapped.question
+        assert info["answer"] == env.unwrapped.answer and isinstance(info["answer"], int)
+        assert info["system_prompt"] == env.unwrapped.system_prompt
+        oracle = env.unwrapped.oracle_actions()
+        assert oracle[-1] == f"[ANSWER] {info['answer']}"
+        steps = run(env, oracle)
+        rewards = [step[1] for step in steps]
+        obs, _, terminated, truncated, final = steps[-1]
+        assert (obs, terminated, truncated) == ("CORRECT", True, False)
+        assert sum(rewards) == pytest.approx(MAX_REWARD)
+        assert final["reward_components"] == pytest.approx(
+            {"correct": 1.0, "format": 0.2, "tool_penalty": 0.0, "error_penalty": 0.0}
+        )
+        assert final["failure_mode"] == "success" and final["end_reason"] == "answered"
+        assert final["tool_calls"] == len(oracle) - 1 == info["needed_tool_calls"]
+        assert final["turn"] == len(oracle) <= info["max_turns"] == 5
+        assert all(not step[2] and not step[3] for step in steps[:-1])
+
+
+@pytest.mark.parametrize(("tier", "difficulty"), TIER_CONFIGS)
+def test_same_seed_same_actions_same_everything(tier, difficulty):
+    actions = ["LOOKUP[apple]", "GETKEY[cat]", "junk", "FETCH[ZK_000000]", "[ANSWER] 7"]
+    transcripts = []
+    for _ in range(2):
+        env = make(tier, difficulty)
+        transcript = [env.reset(seed=11)]
+        for action in actions:
+            transcript.append(env.step(action))
+            if transcript[-1][2] or transcript[-1][3]:
+                break
+        transcript.append(env.unwrapped.oracle_actions())
+        transcripts.append(json.dumps(transcript))  # infos are JSON-serialisable, too
+    assert transcripts[0] == transcripts[1]
+
+
+@pytest.mark.parametrize(("tier", "difficulty"), TIER_CONFIGS)
+def test_different_seeds_give_different_tables_and_tasks(tier, difficulty):
+    env = make(tier, difficulty).unwrapped
+    tables, questions = set(), set()
+    for seed in range(20):
+        question, _ = env.reset(seed=seed)
+        questions.add(question)
+        tables.add(tuple(env.table[w] for w in WORDS))
+    assert len(tables) == 20
+    assert len(questions) >= 10
+
+
+def test_reset_without_seed_continues_the_seeded_stream():
+    env_a, env_b = make().unwrapped, make().unwrapped
+    env_a.reset(seed=5)
+    env_b.reset(seed=5)
+    assert [env_a.reset()[0] for _ in range(5)] == [env_b.reset()[0] for _ in range(5)]
+
+
+def test_no_global_random_state_is_used():
+    np.random.seed(0)
+    before = np.random.get_state()[1].copy()
+    env = make("compositional", "hard")
+    env.reset(seed=1)
+    run(env, env.unwrapped.oracle_actions())
+    assert np.array_equal(np.random.get_state()[1], before)
+
+
+def test_table_seed_42_is_the_documented_table():
+    expected = np.random.default_rng(42).integers(1, 101, size=26).tolist()
+    env = make(table_seed=42).unwrapped
+    for seed in (0, 1, 2):
+        env.reset(seed=seed)
+        assert [env.table[w] for w in WORDS] == expected
+    assert fixed_table(42)[0] == dict(zip(WORDS, expected, strict=True))
+    assert all(1 <= v <= 100 for v in expected)
+
+
+def test_per_episode_values_cover_1_to_100():
+    env = make().unwrapped
+    values = []
+    for seed in range(100):
+        env.reset(seed=seed)
+        values += env.table.values()
+    assert min(values) == 1 and max(values) == 100
+
+
+def test_lookup_results_and_unknowns():
+    env = make().unwrapped
+    env.reset(seed=0)
+    obs, reward, *_ = env.step("LOOKUP[Apple] lookup['banana'] LOOKUP[ \"cat\" ] LOOKUP[kiwi]")
+    assert obs.splitlines() == [
+        f"LOOKUP[Apple] = {env.table['apple']}",
+        f"LOOKUP[banana] = {env.table['banana']}",
+        f"LOOKUP[cat] = {env.table['cat']}",
+        "LOOKUP[kiwi] = UNKNOWN",
+    ]
+    assert reward == pytest.approx(-0.3)  # 4 calls, 1 needed; UNKNOWN is a result, not an error
+    obs, *_, info = env.step("SEARCH[apple]")
+    assert obs == "SEARCH[apple] = UNKNOWN_TOOL" and info["step_errors"] == ["unknown_tool"]
+
+
+def test_multi_step_keys_and_errors():
+    env = make("multi_step").unwrapped
+    env.reset(seed=3)
+    assert len(set(env.keys.values())) == 26
+    assert all(re.fullmatch(r"ZK_[0-9A-F]{6}", key) for key in env.keys.values())
+    key = env.keys["dog"]
+    obs, *_ = env.step(f"GETKEY[dog] FETCH[{key.lower()}] GETKEY[kiwi] FETCH[ZK_XYZ] LOOKUP[dog]")
+    assert obs.splitlines() == [
+        f"GETKEY[dog] = {key}",
+        f"FETCH[{key.lower()}] = {env.table['dog']}",
+        "GETKEY[kiwi] = UNKNOWN_WORD",
+        "FETCH[ZK_XYZ] = INVALID_KEY",
+        "LOOKUP[dog] = UNKNOWN_TOOL",
+    ]
+    fixed = make("multi_step", table_seed=42).unwrapped
+    fixed.reset(seed=0)
+    keys = dict(fixed.keys)
+    fixed.reset(seed=1)
+    assert fixed.keys == keys  # keys follow the table seed
+
+
+@pytest.mark.parametrize(
+    ("difficulty", "depths"), [("easy", {1}), ("medium", {2}), ("hard", {3}), (None, {1, 2, 3})]
+)
+def test_recursive_chains(difficulty, depths):
+    env = make("recursive", difficulty).unwrapped
+    seen = set()
+    for seed in range(40):
+        question, _ = env.reset(seed=seed)
+        word = re.search(r"'(\w+)'", question).group(1)
+        depth = 0
+        while word in env.redirects:
+            obs, *_ = env.step(f"LOOKUP[{word}]")
+            assert obs == f"LOOKUP[{word}] = SEE: {env.redirects[word]}"
+            word, depth = env.redirects[word], depth + 1
+        obs, *_ = env.step(f"LOOKUP[{word}]")
+        assert obs == f"LOOKUP[{word}] = {env.answer}"
+        seen.add(depth)
+    assert seen == depths
+
+
+def test_compositional_ops_and_left_to_right():
+    env = make("compositional", "hard").unwrapped
+    ops = set()
+    for seed in range(60):
+        question, _ = env.reset(seed=seed)
+        words = re.findall(r"zorplex\('(\w+)'\)", question)
+        found = re.findall(r"\) ([-+*]) zorplex", question)
+        assert len(words) == 3 == len(found) + 1 and len(set(words)) == 3
+        a, b, c = (env.table[w] for w in words)
+        step1 = eval(f"{a} {found[0]} {b}")
+        assert env.answer == eval(f"{step1} {found[1]} {c}")
+        ops.update(found)
+    assert ops == {"+", "-", "*"}
+    easy = make("compositional", "easy").unwrapped
+    easy.reset(seed=0)
+    assert re.fullmatch(r"What is zorplex\('\w+'\) \+ zorplex\('\w+'\)\?", easy.question)
+
+
+def test_system_prompt_describes_tools_rules_and_example():
+    prompt = make("multi_step").unwrapped.system_prompt
+    assert "GETKEY[word]: the key of a word" in prompt
+    assert "FETCH[key]: the zorplex value stored under a key" in prompt
+    assert "one tool per turn" in prompt and "[ANSWER] <number>" in prompt and "Example:" in prompt
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tier": "nope"}, "tier must be one of"),
+        ({"tier": "simple", "difficulty": "hard"}, "takes difficulty in"),
+        ({"tier": "compositional", "difficulty": "extreme"}, "takes difficulty in"),
+        ({"table_seed": -1}, "table_seed"),
+        ({"tier": "recursive", "max_turns": 4}, "max_turns >= 5"),
+        ({"tier": "compositional", "difficulty": "hard", "max_tool_calls": 2}, "max_tool_calls >= 3"),
+        ({"max_turns": 0}, "max_turns must be an int >= 1"),
+        ({"error_penalty": -0.1}, "error_penalty is a magnitude"),
+        ({"render_mode": "human"}, "no render modes"),
+    ],
+)
+def test_bad_configuration_is_a_clear_error(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ZorplexEnv(**kwargs)

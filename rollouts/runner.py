@@ -142,6 +142,11 @@ class RolloutRunner:
         self.renderer = renderer
         self.config = config
         self.context_length = config.context_length or getattr(policy, "context_length", None)
+        # A wrong env id or kwargs is a configuration error, not an episode failure: fail now.
+        try:
+            gymnasium.make(config.env_id, **config.env_kwargs).close()
+        except Exception as exc:
+            raise ValueError(f"cannot make env {config.env_id!r} with {config.env_kwargs}: {exc}") from exc
 
     # ---- one episode ------------------------------------------------------------------------
 

@@ -1,0 +1,230 @@
+"""The `toolgym` command line: argument parsing only; the work is in rollouts/commands.py (and,
+for later subcommands, the modules they call).
+
+    toolgym envs
+    toolgym record --env toolgym/Zorplex-v0 --env-kwargs '{"tier": "simple"}' --policy oracle \\
+        --tasks 64 --group-size 4 --out runs/oracle.jsonl
+    toolgym replay runs/oracle.jsonl --verify --limit 3
+    toolgym eval --env toolgym/Zorplex-v0 --policy runs/ckpt/hf --tasks 64
+
+A subcommand is a function `add_<name>(subparsers)` in `SUBCOMMANDS` that adds its parser and
+sets `func` (args -> exit code); `train` and `plot` plug in the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+DEFAULT_TOKENIZER = Path(__file__).resolve().parent / "assets" / "tokenizer.json"
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f'expected a JSON object like \'{{"tier": "simple"}}\', got {text!r}'
+        )
+    return value
+
+
+def _add_policy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--env", required=True, help="a registered env id, e.g. toolgym/Zorplex-v0 (see `toolgym envs`)"
+    )
+    p.add_argument("--env-kwargs", type=_json_object, default={}, help="JSON object of env keyword arguments")
+    p.add_argument("--policy", default="oracle", help="'oracle' or a Hugging Face checkpoint directory")
+    p.add_argument(
+        "--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer.json (default: the shipped one)"
+    )
+    oracle = p.add_argument_group("oracle knobs (with --policy oracle)")
+    oracle.add_argument("--p-omit-tag", type=float, default=0.0, help="answer without the [ANSWER] tag")
+    oracle.add_argument(
+        "--p-skip-lookup", type=float, default=0.0, help="guess without calling tools (wrong)"
+    )
+    oracle.add_argument(
+        "--p-malformed-call", type=float, default=0.0, help="per call: a malformed call first"
+    )
+    limits = p.add_argument_group("rollout limits and sampling")
+    limits.add_argument("--max-turns", type=int, default=8)
+    limits.add_argument("--max-tokens-per-turn", type=int, default=128)
+    limits.add_argument("--max-tokens-per-episode", type=int, default=1024)
+    limits.add_argument("--context-length", type=int, default=None, help="default: the model's")
+    limits.add_argument("--timeout", type=float, default=300.0, help="wall-clock seconds per episode")
+    limits.add_argument("--temperature", type=float, default=1.0)
+    limits.add_argument("--top-p", type=float, default=1.0)
+    limits.add_argument("--top-k", type=int, default=0)
+    limits.add_argument("--seed", type=int, default=0, help="sampling seed (and the task stream for record)")
+    limits.add_argument("--observation-role", default="tool", choices=["tool", "user"])
+
+
+def _rollout_config(args: argparse.Namespace, group_size: int) -> Any:
+    from toolgym.rollouts.runner import RolloutConfig
+
+    return RolloutConfig(
+        env_id=args.env,
+        env_kwargs=args.env_kwargs,
+        group_size=group_size,
+        max_turns=args.max_turns,
+        max_tokens_per_turn=args.max_tokens_per_turn,
+        max_tokens_per_episode=args.max_tokens_per_episode,
+        context_length=args.context_length,
+        episode_timeout_s=args.timeout,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        observation_role=args.observation_role,
+        seed=args.seed,
+    )
+
+
+def _oracle_config(args: argparse.Namespace) -> Any:
+    from toolgym.rollouts.scripted import OracleConfig
+
+    return OracleConfig(
+        p_omit_tag=args.p_omit_tag, p_skip_lookup=args.p_skip_lookup, p_malformed_call=args.p_malformed_call
+    )
+
+
+# ---- subcommands --------------------------------------------------------------------------------
+
+
+def add_envs(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("envs", help="list the registered toolgym envs and their default arguments")
+
+    def run(args: argparse.Namespace) -> int:
+        from toolgym.rollouts.commands import envs_command
+
+        return envs_command(Console())
+
+    p.set_defaults(func=run)
+
+
+def add_record(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("record", help="roll out a policy and append the episodes to a JSONL recording")
+    _add_policy_args(p)
+    p.add_argument("--tasks", type=int, required=True, help="number of task seeds (from the training stream)")
+    p.add_argument("--group-size", type=int, default=1, help="episodes per task seed")
+    p.add_argument("--out", required=True, help="recording file (appended to if it exists)")
+    p.add_argument(
+        "--start", type=int, default=None, help="first task index (default: after the file's last)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    def run(args: argparse.Namespace) -> int:
+        from toolgym.rollouts.commands import record_command
+
+        return record_command(
+            Console(),
+            _rollout_config(args, args.group_size),
+            args.policy,
+            _oracle_config(args),
+            args.tokenizer,
+            args.out,
+            args.tasks,
+            stream=args.seed,
+            start=args.start,
+            progress=not args.no_progress,
+        )
+
+    p.set_defaults(func=run)
+
+
+def add_replay(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("replay", help="show a recording as transcripts and a summary; --verify re-runs it")
+    p.add_argument("file")
+    p.add_argument("--verify", action="store_true", help="re-run every episode's actions in a fresh env")
+    p.add_argument("--limit", type=int, default=None, help="show only the first K transcripts")
+    p.add_argument("--summary-only", action="store_true", help="no transcripts")
+    p.add_argument(
+        "--tokenizer", default=str(DEFAULT_TOKENIZER), help="the tokenizer the file was recorded with"
+    )
+
+    def run(args: argparse.Namespace) -> int:
+        from toolgym.rollouts.commands import replay_command
+
+        return replay_command(
+            Console(),
+            args.file,
+            args.tokenizer,
+            verify=args.verify,
+            limit=args.limit,
+            show=not args.summary_only,
+        )
+
+    p.set_defaults(func=run)
+
+
+def add_eval(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate a policy on the fixed held-out task seeds (greedy by default)")
+    _add_policy_args(p)
+    p.add_argument("--tasks", type=int, default=64, help="number of held-out task seeds")
+    p.add_argument("--sample", action="store_true", help="sample with --temperature instead of greedy")
+    p.add_argument("--samples-per-task", type=int, default=1, help="with --sample")
+    p.add_argument("--examples", type=int, default=3, help="example transcripts to print")
+    p.add_argument("--out", default=None, help="also write the metrics as JSON here")
+
+    def run(args: argparse.Namespace) -> int:
+        from toolgym.rollouts.commands import eval_command
+        from toolgym.rollouts.evaluation import EvalConfig
+
+        config = EvalConfig(
+            num_tasks=args.tasks,
+            greedy=not args.sample,
+            samples_per_task=args.samples_per_task,
+            num_examples=args.examples,
+        )
+        return eval_command(
+            Console(),
+            _rollout_config(args, 1),
+            args.policy,
+            _oracle_config(args),
+            args.tokenizer,
+            config,
+            args.out,
+        )
+
+    p.set_defaults(func=run)
+
+
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_envs, add_record, add_replay, add_eval]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="toolgym", description="Train LLM policies on multi-turn tool use with RL."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    import gymnasium
+
+    from toolgym.rollouts.recording import RecordingError
+
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (RecordingError, FileNotFoundError, ValueError, gymnasium.error.Error) as exc:
+        print(f"toolgym {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""What the `toolgym envs|record|replay|eval` commands do (configs/cli.py only parses arguments).
+
+Each function prints to `console` and returns a process exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from toolgym.agents.chat import ChatRenderer
+from toolgym.agents.policy import Policy
+from toolgym.agents.tokenizer import load_tokenizer, tokenizer_fingerprint
+from toolgym.envs import list_envs
+
+from .evaluation import EvalConfig, evaluate_sync
+from .recording import RecordingHeader, RecordingReader, RecordingWriter
+from .replay import format_transcript, rich_transcript, summarize, verify_trajectory
+from .runner import RolloutConfig, RolloutRunner
+from .sampling import TaskSeedStream
+from .scripted import OracleConfig, OraclePolicy
+
+ORACLE = "oracle"
+
+
+def load_renderer(policy_spec: str, tokenizer_path: str | os.PathLike) -> ChatRenderer:
+    """The renderer for a policy: a checkpoint directory's own tokenizer.json if it has one."""
+    own = Path(policy_spec) / "tokenizer.json"
+    return ChatRenderer(load_tokenizer(own if policy_spec != ORACLE and own.is_file() else tokenizer_path))
+
+
+def load_policy(
+    policy_spec: str, renderer: ChatRenderer, oracle: OracleConfig | None = None, device: str = "cpu"
+) -> tuple[Policy, str]:
+    """`oracle` (the env's scripted oracle with `oracle` knobs) or a Hugging Face checkpoint
+    directory served by the torch engine. Returns the policy and an id for recording headers."""
+    if policy_spec == ORACLE:
+        policy = OraclePolicy(renderer, oracle)
+        return policy, policy.policy_id
+    path = Path(policy_spec)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"--policy must be 'oracle' or a checkpoint directory with config.json, got {policy_spec}"
+        )
+    from toolgym.agents.checkpoint import load_hf_checkpoint
+    from toolgym.agents.engine import TorchEngine
+
+    model = load_hf_checkpoint(path, device=device)
+    return TorchEngine(model), f"checkpoint:{path.resolve()}"
+
+
+def envs_command(console: Console) -> int:
+    table = Table("env id", "default keyword arguments")
+    for env_id, kwargs in list_envs().items():
+        table.add_row(env_id, json.dumps(kwargs, default=str))
+    console.print(table)
+    return 0
+
+
+def record_command(
+    console: Console,
+    rollout: RolloutConfig,
+    policy_spec: str,
+    oracle: OracleConfig,
+    tokenizer_path: str | os.PathLike,
+    out: str | os.PathLike,
+    num_tasks: int,
+    stream: int = 0,
+    start: int | None = None,
+    progress: bool = True,
+) -> int:
+    """Roll out `num_tasks` training task seeds x group_size episodes and append them to `out`.
+
+    Task seeds come from the training stream (never eval seeds). When `out` already exists and
+    `start` is None, the stream continues after the largest group id in the file.
+    """
+    renderer = load_renderer(policy_spec, tokenizer_path)
+    policy, policy_id = load_policy(policy_spec, renderer, oracle)
+    fingerprint = tokenizer_fingerprint(renderer.tokenizer)
+    if start is None:
+        start = 0
+        if Path(out).exists() and Path(out).stat().st_size > 0:
+            start = 1 + max((t.group_id for t in RecordingReader(out, fingerprint)), default=-1)
+    header = RecordingHeader(
+        tokenizer_fingerprint=fingerprint,
+        env_id=rollout.env_id,
+        env_kwargs=rollout.env_kwargs,
+        policy_id=policy_id,
+        extra={"rollout_config": msgspec.to_builtins(rollout), "task_stream": stream},
+    )
+    seeds, group_ids = TaskSeedStream(stream=stream, position=start).take(num_tasks)
+    runner = RolloutRunner(policy, renderer, rollout)
+    with (
+        RecordingWriter(out, header) as writer,
+        tqdm(total=num_tasks * rollout.group_size, unit="ep", desc="record", disable=not progress) as bar,
+    ):
+
+        def done(trajectory: Any) -> None:
+            writer.write(trajectory)
+            bar.update(1)
+
+        trajectories = runner.run(seeds, group_ids=group_ids, on_episode=done)
+    policy.close()
+    _print_summary(console, summarize(trajectories), f"recorded {len(trajectories)} episodes to {out}")
+    return 0
+
+
+def replay_command(
+    console: Console,
+    path: str | os.PathLike,
+    tokenizer_path: str | os.PathLike,
+    verify: bool = False,
+    limit: int | None = None,
+    show: bool = True,
+) -> int:
+    """Print transcripts (first `limit`) and a summary; with `verify`, re-run every episode.
+    Returns 1 when verification finds a difference."""
+    renderer = ChatRenderer(load_tokenizer(tokenizer_path))
+    reader = RecordingReader(path, tokenizer_fingerprint(renderer.tokenizer))
+    head = reader.header
+    console.print(
+        f"{path}: {head.env_id} {head.env_kwargs}  policy {head.policy_id}  created {head.created}",
+        markup=False,
+        soft_wrap=True,
+    )
+    if show and not console.is_terminal:
+        console.print("(⟦ ⟧ marks the tokens the policy sampled, the ones it is trained on)")
+    trajectories, mismatches = [], 0
+    for i, trajectory in enumerate(reader):
+        trajectories.append(trajectory)
+        if show and (limit is None or i < limit):
+            if console.is_terminal:
+                console.print(rich_transcript(trajectory, renderer), soft_wrap=True)
+            else:
+                console.print(
+                    format_transcript(trajectory, renderer), markup=False, highlight=False, soft_wrap=True
+                )
+        if verify and (problems := verify_trajectory(trajectory)):
+            mismatches += 1
+            console.print(f"episode {i} (task seed {trajectory.task_seed}) does not replay:", markup=False)
+            for problem in problems:
+                console.print(f"  {problem}", markup=False, highlight=False)
+    if reader.torn_lines:
+        console.print(f"skipped {reader.torn_lines} torn last line")
+    _print_summary(console, summarize(trajectories), f"{len(trajectories)} episodes")
+    if verify:
+        console.print(
+            f"verify: {len(trajectories) - mismatches}/{len(trajectories)} episodes replay exactly"
+            + ("" if not mismatches else f", {mismatches} differ")
+        )
+    return 1 if mismatches else 0
+
+
+def eval_command(
+    console: Console,
+    rollout: RolloutConfig,
+    policy_spec: str,
+    oracle: OracleConfig,
+    tokenizer_path: str | os.PathLike,
+    eval_config: EvalConfig,
+    out: str | os.PathLike | None = None,
+) -> int:
+    renderer = load_renderer(policy_spec, tokenizer_path)
+    policy, policy_id = load_policy(policy_spec, renderer, oracle)
+    report = evaluate_sync(policy, renderer, rollout, eval_config)
+    policy.close()
+    for example in report.examples:
+        console.print(example, markup=False, highlight=False, soft_wrap=True)
+    metrics = {k.removeprefix("eval/"): v for k, v in report.metrics.items()}
+    _print_summary(console, metrics, f"eval of {policy_id} on {rollout.env_id} {rollout.env_kwargs}")
+    if out is not None:
+        Path(out).write_text(json.dumps({"policy": policy_id, "metrics": report.metrics}, indent=2) + "\n")
+    return 0
+
+
+def _print_summary(console: Console, metrics: dict[str, float], title: str) -> None:
+    table = Table("metric", "value", title=title)
+    for key in (
+        "episodes",
+        "reward_mean",
+        "accuracy",
+        "tag_rate",
+        "turns_mean",
+        "tool_calls_mean",
+        "tokens_generated",
+    ):
+        if key in metrics:
+            table.add_row(key, f"{metrics[key]:.4g}")
+    for key, value in metrics.items():
+        if key.startswith(("stop_reason/", "failure_mode/")) and value > 0:
+            table.add_row(key, f"{value:.3f}")
+        elif key.startswith("errors"):
+            table.add_row(key, f"{value:g}")
+    console.print(table)

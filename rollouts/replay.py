@@ -1,0 +1,189 @@
+"""Replaying recordings: readable transcripts, summaries, verification, and Episodes to train on.
+
+Transcripts show the exact token stream the model saw, decoded turn by turn: the prompt and env
+spans as they are, and the spans the policy SAMPLED (the loss-masked, trained tokens) marked:
+in colour on a terminal (rich), and between `⟦` and `⟧` in plain text. A line after each turn
+gives the step's reward and the env's counters; the header gives the stop reason, reward and its
+components.
+
+Verification re-runs each episode's actions in a fresh env made from the recorded id and
+kwargs, reset with the recorded task seed, and reports every observation, reward or end flag
+that differs. Actions the runner never gave the env (a turn cut by a token limit, or one the env
+raised on) are handled as the runner handled them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+
+import gymnasium
+from rich.text import Text
+
+import toolgym.envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
+from toolgym.agents.chat import ChatRenderer
+
+from .advantages import AdvantageConfig, batch_advantages
+from .episodes import INFRA_STOP_REASONS, EpisodeStats, OverlongEpisodeRule, build_episodes, sampled_length
+from .metrics import batch_metrics
+from .types import Episode, StopReason, Trajectory
+
+SAMPLED_OPEN, SAMPLED_CLOSE = "⟦", "⟧"
+_STYLES = {"prompt": "", "sampled": "bold green", "note": "dim italic", "header": "bold cyan"}
+
+
+def transcript_segments(trajectory: Trajectory, renderer: ChatRenderer) -> list[tuple[str, str]]:
+    """(text, kind) pieces of one episode's transcript; kind: header, prompt, sampled, note."""
+    t = trajectory
+    components = ", ".join(f"{k} {v:+.2f}" for k, v in t.reward_components.items())
+    header = (
+        f"=== {t.env_id} {t.env_kwargs}  task seed {t.task_seed}  group {t.group_id}"
+        f"  sample {t.sample_index}  policy v{t.policy_version}\n"
+        f"stop: {t.stop_reason.value}  reward {t.total_reward:+.3f} ({components or 'no components'})"
+        f"  turns {len(t.transitions)}  tool calls {t.metrics.get('tool_calls', '?')}"
+        f"  failure mode: {t.metrics.get('failure_mode')}\n"
+    )
+    if t.error:
+        header += f"error: {t.error}\n"
+    pieces: list[tuple[str, str]] = [(header, "header")]
+    for i, transition in enumerate(t.transitions):
+        pieces.append((renderer.decode(transition.observation_tokens), "prompt"))
+        pieces.append((renderer.decode(transition.action.tokens), "sampled"))
+        info = transition.info
+        if _raised_when_recorded(t, i):
+            note = f"env raised: {info['error']}"
+        elif not _was_stepped(t, i):
+            note = f"not given to the env (finish: {transition.action.finish_reason})"
+        else:
+            note = f"reward {transition.reward:+.3f}  tool calls {info.get('tool_calls', '?')}  errors {info.get('errors', '?')}"
+        pieces.append((f"\n    [turn {i}: {note}]\n", "note"))
+    if t.final_observation:
+        pieces.append((f"    [env's last reply, not shown to the model: {t.final_observation!r}]\n", "note"))
+    return pieces
+
+
+def format_transcript(trajectory: Trajectory, renderer: ChatRenderer) -> str:
+    """Plain text: sampled spans between ⟦ and ⟧."""
+    return "".join(
+        f"{SAMPLED_OPEN}{text}{SAMPLED_CLOSE}" if kind == "sampled" else text
+        for text, kind in transcript_segments(trajectory, renderer)
+    )
+
+
+def rich_transcript(trajectory: Trajectory, renderer: ChatRenderer) -> Text:
+    """For a terminal: sampled spans in colour."""
+    out = Text()
+    for text, kind in transcript_segments(trajectory, renderer):
+        out.append(text, style=_STYLES[kind])
+    return out
+
+
+def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """Reward mean, accuracy, tag rate, turns, tool calls, stop reasons, failure modes."""
+    return {k.removeprefix("rollout/"): v for k, v in batch_metrics(trajectories).items()}
+
+
+# ---- verification ------------------------------------------------------------------------------
+
+
+def _was_stepped(trajectory: Trajectory, index: int) -> bool:
+    """Whether the runner gave transition `index`'s action to the env: all but a last turn that
+    did not end on a stop token (cut by a limit, or aborted)."""
+    last = index == len(trajectory.transitions) - 1
+    return not (last and trajectory.transitions[index].action.finish_reason != "stop")
+
+
+def _raised_when_recorded(trajectory: Trajectory, index: int) -> bool:
+    last = index == len(trajectory.transitions) - 1
+    return (
+        last
+        and trajectory.stop_reason == StopReason.ENV_ERROR
+        and "error" in trajectory.transitions[index].info
+    )
+
+
+def verify_trajectory(trajectory: Trajectory) -> list[str]:
+    """Differences between the recording and a fresh env fed the recorded actions ([] if none)."""
+    t, problems = trajectory, []
+    try:
+        env = gymnasium.make(t.env_id, **t.env_kwargs)
+        observation, info = env.reset(seed=t.task_seed)
+    except Exception as exc:
+        if t.stop_reason == StopReason.ENV_ERROR and not t.transitions:
+            return []  # it failed at reset when recorded, and still does
+        return [f"env make/reset raised {type(exc).__name__}: {exc}"]
+    try:
+        if t.transitions and observation != t.transitions[0].observation:
+            problems.append(f"reset observation differs: {observation!r} != {t.transitions[0].observation!r}")
+        if str(info.get("system_prompt", "")) != t.system_prompt:
+            problems.append("system prompt differs")
+        for i, transition in enumerate(t.transitions):
+            if not _was_stepped(t, i):
+                break
+            recorded_error = _raised_when_recorded(t, i)
+            try:
+                observation, reward, terminated, truncated, _ = env.step(transition.action.text)
+            except Exception as exc:
+                if not recorded_error:
+                    problems.append(f"turn {i}: step raised {type(exc).__name__}: {exc}")
+                break
+            if recorded_error:
+                problems.append(f"turn {i}: the env raised when recorded, not now")
+                break
+            expected = t.transitions[i + 1].observation if i + 1 < len(t.transitions) else t.final_observation
+            if (i + 1 < len(t.transitions) or t.final_observation) and observation != expected:
+                problems.append(f"turn {i}: observation differs: {observation!r} != {expected!r}")
+            if reward != transition.reward:
+                problems.append(f"turn {i}: reward differs: {reward!r} != {transition.reward!r}")
+            if (terminated, truncated) != (transition.terminated, transition.truncated):
+                problems.append(
+                    f"turn {i}: (terminated, truncated) differs: {(terminated, truncated)} != "
+                    f"{(transition.terminated, transition.truncated)}"
+                )
+    finally:
+        env.close()
+    return problems
+
+
+def verify_trajectories(trajectories: Iterable[Trajectory]) -> list[tuple[int, Trajectory, list[str]]]:
+    """(index, trajectory, problems) for every trajectory that does not replay exactly."""
+    return [(i, t, p) for i, t in enumerate(trajectories) if (p := verify_trajectory(t))]
+
+
+# ---- Episodes from a recording -----------------------------------------------------------------
+
+
+class OfflineMode(enum.StrEnum):
+    SFT = "sft"  # advantage 1.0 on every sampled token: the policy-gradient loss becomes NLL
+    PG = "pg"  # group advantages from the recorded rewards (offline policy gradient)
+
+
+def episodes_from_trajectories(
+    trajectories: Sequence[Trajectory],
+    mode: OfflineMode = OfflineMode.SFT,
+    advantage: AdvantageConfig | None = None,
+    only_successful: bool = False,
+    max_seq_len: int | None = None,
+    rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
+) -> tuple[list[Episode], EpisodeStats]:
+    """Training Episodes from recorded trajectories.
+
+    SFT (warm start): every kept trajectory gets advantage 1.0; `only_successful` keeps those
+    whose final failure_mode is success. PG: GRPO/Dr. GRPO advantages over the recorded groups
+    (group ids as recorded). env_error / timeout episodes are left out either way.
+    """
+    if only_successful:
+        trajectories = [t for t in trajectories if t.metrics.get("failure_mode") == "success"]
+    advantages = [1.0] * len(trajectories)
+    if mode == OfflineMode.PG:  # failed episodes stay out of the group statistics
+        members = [i for i, t in enumerate(trajectories) if t.stop_reason not in INFRA_STOP_REASONS]
+        group_advs = batch_advantages(
+            [trajectories[i].total_reward for i in members],
+            [trajectories[i].group_id for i in members],
+            advantage or AdvantageConfig(),
+            [sampled_length(trajectories[i]) for i in members],
+        )
+        advantages = [0.0] * len(trajectories)
+        for i, a in zip(members, group_advs, strict=True):
+            advantages[i] = a
+    return build_episodes(trajectories, advantages, max_seq_len, rule)

@@ -50,12 +50,15 @@ ENV_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("toolgym/Zorplex-v0", {"tier": "compositional", "difficulty": "medium"}),
     ("toolgym/Zorplex-v0", {"tier": "compositional", "difficulty": "hard"}),
     ("toolgym/Zorplex-v0", {"tier": "multi_step"}),
-    ("toolgym/Zorplex-v0", {"tier": "recursive"}),
+    ("toolgym/Zorplex-v0", {"tier": "recursive", "difficulty": "easy"}),
+    ("toolgym/Zorplex-v0", {"tier": "recursive", "difficulty": "hard"}),
     ("toolgym/SumDigits-v0", {}),
+    ("toolgym/SumDigits-v0", {"max_count": 8, "max_value": 999}),
 )
 SEEDS_PER_CONFIG = 200
-# Actions a policy gets wrong, so error observations are in the corpus too.
-MALFORMED_ACTIONS = ("LOOKUP[", "FOO[x]", "", "LOOKUP[]", "[ANSWER]", "I am not sure.")
+# Actions a policy gets wrong, so error observations are in the corpus too. Each malformed
+# episode puts one before every oracle action (three errors in a row end an episode).
+MALFORMED_ACTIONS = ("LOOKUP[", "FOO[x]", "", "LOOKUP[]", "[ANSWER]", "I am not sure.", "lookup apple")
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = VOCAB_SIZE, min_frequency: int = 2) -> Tokenizer:
@@ -139,13 +142,19 @@ def _oracle_episode(env: Any, seed: int, untagged: bool) -> list[tuple[str, str]
 def _malformed_episode(env: Any, seed: int) -> list[tuple[str, str]]:
     obs, info = env.reset(seed=seed)
     messages = [("system", info["system_prompt"]), ("user", obs)]
-    for action in MALFORMED_ACTIONS:
+    oracle = list(env.unwrapped.oracle_actions())
+    actions = [a for i, good in enumerate(oracle) for a in (_nth_malformed(seed + i), good)]
+    for action in actions:
         messages.append(("assistant", action))
         obs, _, terminated, truncated, _ = env.step(action)
         if terminated or truncated:
             break
         messages.append(("tool", obs))
     return messages
+
+
+def _nth_malformed(n: int) -> str:
+    return MALFORMED_ACTIONS[n % len(MALFORMED_ACTIONS)]
 
 
 def corpus_texts(seeds_per_config: int = SEEDS_PER_CONFIG) -> Iterator[str]:

@@ -53,7 +53,7 @@ def load_policy(
     from toolgym.agents.engine import TorchEngine
 
     model = load_hf_checkpoint(path, device=device)
-    return TorchEngine(model), f"checkpoint:{path.resolve()}"
+    return TorchEngine(model, tokenizer=renderer.tokenizer), f"checkpoint:{path.resolve()}"
 
 
 def envs_command(console: Console) -> int:

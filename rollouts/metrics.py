@@ -23,7 +23,9 @@ def is_tagged(components: Mapping[str, float]) -> bool:
     return float(components.get("format", 0.0)) > 0.0
 
 
-def episode_metrics(trajectory: Trajectory, wall_s: float, generate_s: float) -> dict[str, Any]:
+def episode_metrics(
+    trajectory: Trajectory, wall_s: float, generate_s: float, env_s: float = 0.0
+) -> dict[str, Any]:
     """What goes into Trajectory.metrics (JSON-serialisable)."""
     last_info = trajectory.transitions[-1].info if trajectory.transitions else {}
     return {
@@ -38,7 +40,8 @@ def episode_metrics(trajectory: Trajectory, wall_s: float, generate_s: float) ->
             len(t.observation_tokens) + len(t.action.tokens) for t in trajectory.transitions
         ),
         "wall_s": wall_s,
-        "generate_s": generate_s,
+        "generate_s": generate_s,  # awaiting the policy (includes waiting for other episodes' batches)
+        "env_s": env_s,  # env reset/step + chat rendering (the runner's own work)
     }
 
 

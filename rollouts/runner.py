@@ -48,9 +48,9 @@ from toolgym.agents.types import Completion, Message, SamplingParams
 from .metrics import episode_metrics
 from .types import StopReason, Trajectory, Transition
 
-try:  # the torch engine's "prompt does not fit" error, when it defines one
-    from toolgym.agents.engine import ContextOverflowError as _EngineContextOverflow
-except ImportError:  # pragma: no cover - depends on the engine version
+try:  # the backends' "prompt does not fit" error
+    from toolgym.agents.errors import ContextOverflowError as _EngineContextOverflow
+except ImportError:  # pragma: no cover - agents/errors.py not there yet
 
     class _EngineContextOverflow(Exception):  # type: ignore[no-redef]
         pass
@@ -65,7 +65,7 @@ class RolloutConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_turns: int = 8
     max_tokens_per_turn: int = 128  # SamplingParams.max_tokens of each turn
     max_tokens_per_episode: int = 1024  # sampled tokens over the whole episode
-    context_length: int | None = None  # None: the policy's `context_length` attribute, if any
+    context_length: int | None = None  # None: the policy's (`max_seq_len` / `context_length`)
     episode_timeout_s: float | None = 300.0
     temperature: float = 1.0
     top_p: float = 1.0
@@ -126,7 +126,8 @@ class _EpisodeState:
         self.final_observation = ""
         self.reward_components: dict[str, float] = {}
         self.sampled_tokens = 0
-        self.generate_s = 0.0
+        self.generate_s = 0.0  # awaiting the policy
+        self.env_s = 0.0  # env reset/step and chat rendering: the runner's own work
         self.env: gymnasium.Env | None = None
 
     def end(self, reason: StopReason, error: str | None = None) -> None:
@@ -141,7 +142,13 @@ class RolloutRunner:
         self.policy = policy
         self.renderer = renderer
         self.config = config
-        self.context_length = config.context_length or getattr(policy, "context_length", None)
+        limits = [
+            config.context_length,
+            getattr(policy, "max_seq_len", None),
+            getattr(policy, "context_length", None),
+        ]
+        known = [int(n) for n in limits if isinstance(n, int)]
+        self.context_length = min(known) if known else None
         # A wrong env id or kwargs is a configuration error, not an episode failure: fail now.
         try:
             gymnasium.make(config.env_id, **config.env_kwargs).close()
@@ -181,11 +188,14 @@ class RolloutRunner:
             sample_index=sample_index,
             error=state.error,
         )
-        trajectory.metrics = episode_metrics(trajectory, time.perf_counter() - started, state.generate_s)
+        trajectory.metrics = episode_metrics(
+            trajectory, time.perf_counter() - started, state.generate_s, state.env_s
+        )
         return trajectory
 
     async def _play(self, state: _EpisodeState, task_seed: int, sample_index: int) -> None:
         config, renderer = self.config, self.renderer
+        tick = time.perf_counter()
         try:
             env = state.env = gymnasium.make(config.env_id, **config.env_kwargs)
             observation, info = env.reset(seed=task_seed)
@@ -195,6 +205,7 @@ class RolloutRunner:
         messages = [Message("system", state.system_prompt)] if state.system_prompt else []
         observation_tokens = renderer.render_prompt([*messages, Message("user", observation)])
         history = list(observation_tokens)
+        state.env_s += time.perf_counter() - tick
 
         episode_seed = sampling_seed(config.seed, task_seed, sample_index)
         policy: Policy = self.policy
@@ -224,35 +235,68 @@ class RolloutRunner:
             completion = await self._generate(state, policy, history, params)
             if completion is None:
                 return
-            transition = Transition(observation, observation_tokens, completion)
-            state.transitions.append(transition)
-            state.sampled_tokens += len(completion.tokens)
-            history += completion.tokens
-            if completion.finish_reason == "length":
-                context_bound = room is not None and room < budget
-                return state.end(StopReason.CONTEXT_OVERFLOW if context_bound else StopReason.MAX_TOKENS)
-            if completion.finish_reason == "abort":
-                return state.end(StopReason.TIMEOUT, "GenerationAborted: the engine aborted the request")
-
+            tick = time.perf_counter()
             try:
-                observation, reward, terminated, truncated, info = env.step(completion.text)
-            except Exception as exc:
-                transition.info = {"error": _describe(exc)}
-                return state.end(StopReason.ENV_ERROR, _describe(exc))
-            transition.reward = float(reward)
-            transition.terminated, transition.truncated = bool(terminated), bool(truncated)
-            transition.info = dict(info)
-            state.reward_components = {k: float(v) for k, v in info.get("reward_components", {}).items()}
-            if terminated or truncated:
-                state.final_observation = observation
-                return state.end(_end_reason(info, terminated))
-            if turn + 1 == config.max_turns:
-                state.final_observation = observation
-                return state.end(StopReason.MAX_TURNS)
-            message = Message(config.observation_role, observation)
-            observation_tokens = renderer.render_observation(message, completion.tokens)
-            history += observation_tokens
+                turn_result = self._step(
+                    state, env, turn, observation, observation_tokens, completion, history
+                )
+            finally:
+                state.env_s += time.perf_counter() - tick
+            if turn_result is None:
+                if completion.finish_reason == "length":
+                    context_bound = room is not None and room < budget
+                    state.end(StopReason.CONTEXT_OVERFLOW if context_bound else StopReason.MAX_TOKENS)
+                return
+            observation, observation_tokens = turn_result
         return state.end(StopReason.MAX_TURNS)  # unreachable unless max_turns == 0
+
+    def _step(
+        self,
+        state: _EpisodeState,
+        env: gymnasium.Env,
+        turn: int,
+        observation: str,
+        observation_tokens: list[int],
+        completion: Completion,
+        history: list[int],
+    ) -> tuple[str, list[int]] | None:
+        """Record the turn, step the env, render the delta (appended to `history`). Returns the
+        next (observation, observation tokens), or None when the episode ends here (a turn cut
+        by a token limit ends it without a stop reason: the caller knows which limit)."""
+        if not completion.text and completion.tokens:  # a backend without a tokenizer
+            completion.text = self.renderer.decode(completion.tokens, skip_special_tokens=True)
+        transition = Transition(observation, observation_tokens, completion)
+        state.transitions.append(transition)
+        state.sampled_tokens += len(completion.tokens)
+        history += completion.tokens
+        if completion.finish_reason == "length":
+            return None
+        if completion.finish_reason == "abort":
+            state.end(StopReason.TIMEOUT, "GenerationAborted: the engine aborted the request")
+            return None
+        try:
+            observation, reward, terminated, truncated, info = env.step(completion.text)
+        except Exception as exc:
+            transition.info = {"error": _describe(exc)}
+            state.end(StopReason.ENV_ERROR, _describe(exc))
+            return None
+        transition.reward = float(reward)
+        transition.terminated, transition.truncated = bool(terminated), bool(truncated)
+        transition.info = dict(info)
+        state.reward_components = {k: float(v) for k, v in info.get("reward_components", {}).items()}
+        if terminated or truncated:
+            state.final_observation = observation
+            state.end(_end_reason(info, terminated))
+            return None
+        if turn + 1 == self.config.max_turns:
+            state.final_observation = observation
+            state.end(StopReason.MAX_TURNS)
+            return None
+        delta = self.renderer.render_observation(
+            Message(self.config.observation_role, observation), completion.tokens
+        )
+        history += delta
+        return observation, delta
 
     async def _generate(
         self, state: _EpisodeState, policy: Policy, history: list[int], params: SamplingParams

@@ -1,0 +1,443 @@
+"""A Qwen2 / Qwen3 decoder in plain torch, read top to bottom (gpt-fast style).
+
+Both families: GQA attention with RoPE, RMSNorm (pre-norm), SwiGLU MLP, tied or untied
+embeddings. Qwen2 has a bias on q/k/v; Qwen3 has no bias (unless `attention_bias`) and an
+RMSNorm over each head of q and k before RoPE.
+
+Module names and `state_dict()` keys are exactly Hugging Face's (`model.embed_tokens.weight`,
+`model.layers.{i}.self_attn.q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`), so HF
+checkpoints load without renaming and trained weights export directly. With tied embeddings
+`lm_head.weight` IS `model.embed_tokens.weight` (one Parameter).
+
+Two ways in:
+- training: `model(input_ids [B, T]) -> logits [B, T, V]`, causal (right padding is harmless).
+  Every decoder block is called as a module, so `fully_shard` on each `model.model.layers[i]` and
+  on the root works (FSDP2).
+- inference: `model.model(input_ids, positions, cache=..., rope=...)` returns hidden states; the
+  cache object (agents/kv_cache.py) stores k/v and does the attention (`cache.attend`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal, Protocol
+
+import msgspec
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ModelType = Literal["qwen2", "qwen3"]
+
+
+class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Shape of a Qwen2/Qwen3 decoder; field names are Hugging Face's config.json names.
+
+    `attention_bias` is Qwen3's flag (bias on q/k/v/o); Qwen2 always has a q/k/v bias and no o bias.
+    Token ids are only carried so that a saved config.json is complete; the model ignores them.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = True
+    model_type: ModelType = "qwen2"
+    attention_bias: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.model_type not in ("qwen2", "qwen3"):
+            raise ValueError(f"ModelConfig.model_type must be 'qwen2' or 'qwen3', got {self.model_type!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads}) for grouped-query attention"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if not self.rope_theta > 0 or not self.rms_norm_eps > 0:
+            raise ValueError(
+                f"rope_theta and rms_norm_eps must be > 0, got {self.rope_theta}, {self.rms_norm_eps}"
+            )
+        if self.model_type == "qwen2" and self.attention_bias:
+            raise ValueError(
+                "attention_bias is a qwen3 field; qwen2 always has a q/k/v bias and no o_proj bias"
+            )
+
+    # Which optional pieces this family has.
+    @property
+    def qkv_bias(self) -> bool:
+        return self.model_type == "qwen2" or self.attention_bias
+
+    @property
+    def o_bias(self) -> bool:
+        return self.model_type == "qwen3" and self.attention_bias
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.model_type == "qwen3"
+
+    def num_params(self, include_embedding: bool = True) -> int:
+        """Parameter count (tied embeddings counted once)."""
+        h, d = self.hidden_size, self.head_dim
+        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
+        attn = (
+            h * (q + 2 * kv) + q * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias + 2 * d * self.qk_norm
+        )
+        per_layer = attn + 3 * h * self.intermediate_size + 2 * h
+        body = self.num_hidden_layers * per_layer + h
+        embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
+        return body + (embed if include_embedding else 0)
+
+    # ---- Hugging Face config.json ----
+    _ARCHITECTURES: ClassVar[dict[str, str]] = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """Build from a Hugging Face config.json dict; unsupported features raise a clear error."""
+        model_type = d.get("model_type")
+        if model_type not in cls._ARCHITECTURES:
+            raise ValueError(f"config.json model_type must be 'qwen2' or 'qwen3', got {model_type!r}")
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")  # fmt: skip
+        missing = [k for k in required if k not in d]
+        if missing:
+            raise ValueError(f"config.json is missing required fields: {missing}")
+        if d.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"only hidden_act='silu' is supported, got {d['hidden_act']!r}")
+        if d.get("use_sliding_window"):
+            raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
+        rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"only the default RoPE is supported, got rope_type={rope_type!r}")
+        heads = d["num_attention_heads"]
+        eos = d.get("eos_token_id")
+        if isinstance(eos, list):  # HF allows a list; the first is the canonical one
+            eos = eos[0] if eos else None
+        return cls(
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_hidden_layers=d["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=d.get("num_key_value_heads") or heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            rope_theta=float(rope.get("rope_theta", d.get("rope_theta", 10_000.0))),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=d.get("max_position_embeddings", 32768),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            model_type=model_type,
+            attention_bias=bool(d.get("attention_bias", False)) if model_type == "qwen3" else False,
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=eos,
+        )
+
+    def to_hf_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
+        """A config.json dict that transformers and vLLM load as Qwen2ForCausalLM/Qwen3ForCausalLM."""
+        d: dict[str, Any] = {
+            "architectures": [self._ARCHITECTURES[self.model_type]],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": None,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": self.num_hidden_layers,
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "use_cache": True,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "torch_dtype": str(dtype).removeprefix("torch."),
+        }
+        if self.model_type == "qwen3":
+            d["attention_bias"] = self.attention_bias
+        return d
+
+    # ---- named configs ----
+    @classmethod
+    def named(cls, name: str) -> ModelConfig:
+        """A named config: 'tiny' (CPU default), 'bench-3m', 'small-25m', 'test', 'test-qwen3',
+        'qwen2.5-0.5b', 'qwen3-0.6b' (the real shapes, random weights)."""
+        if name not in NAMED_CONFIGS:
+            raise KeyError(f"unknown model config {name!r}; known: {sorted(NAMED_CONFIGS)}")
+        return cls(**NAMED_CONFIGS[name])
+
+
+_SMALL = dict(vocab_size=1024, max_position_embeddings=2048, tie_word_embeddings=True, model_type="qwen2")
+NAMED_CONFIGS: dict[str, dict[str, Any]] = {
+    # ~3.2M params: the CPU default policy.
+    "tiny": dict(_SMALL, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+    # The generation benchmark's model (issue 6): same shape as tiny, pinned so tiny may change.
+    "bench-3m": dict(_SMALL, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=64),
+    # ~24.6M params, for trainer benchmarks.
+    "small-25m": dict(_SMALL, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=64),
+    # Test-size models (fast on CPU; head_dim 32 is the smallest vLLM CPU accepts).
+    "test": dict(_SMALL, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512),
+    "test-qwen3": dict(_SMALL, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                       model_type="qwen3", tie_word_embeddings=False),
+    # Real shapes (random weights unless loaded), for GPU benchmarks.
+    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, head_dim=64, rope_theta=1_000_000.0,
+                         max_position_embeddings=32768, tie_word_embeddings=True, model_type="qwen2",
+                         bos_token_id=151643, eos_token_id=151645),
+    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0,
+                       max_position_embeddings=40960, tie_word_embeddings=True, model_type="qwen3",
+                       bos_token_id=151643, eos_token_id=151645),
+}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """HF's Qwen2RMSNorm: normalise in float32, cast back, then scale (same rounding as HF)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos and sign-folded sin for `positions` (any shape) -> each [*positions.shape, head_dim].
+
+    HF rotates with rotate_half(x) = cat(-x2, x1); we use roll(x, D/2) * sign instead, and fold
+    the sign into sin, so `apply_rope` is 4 ops and bit-identical to HF's.
+    """
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
+    inv_freq = 1.0 / (theta**exponent)
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    sin = emb.sin()
+    sin = torch.cat((-sin[..., : head_dim // 2], sin[..., head_dim // 2 :]), dim=-1)
+    return emb.cos().to(dtype), sin.to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, heads, D]; cos/sin [B or 1, T, 1, D] (sin already carries rotate_half's sign)."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
+
+
+class AttentionCache(Protocol):
+    """What an inference cache provides (agents/kv_cache.py): store k/v for `layer`, attend."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [B, H, T, D], k/v [B, Hkv, T, D] (new tokens, RoPE applied) -> [B, H, T, D]."""
+        ...
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.head_dim = cfg.head_dim
+        q_dim, kv_dim = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, q_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, -1, self.head_dim)
+        k = self.k_proj(x).view(B, T, -1, self.head_dim)
+        v = self.v_proj(x).view(B, T, -1, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cache is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            out = cache.attend(self.layer_idx, q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)). The FSDP2 wrap unit."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_idx)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """HF's `Qwen2Model`: embeddings, the decoder layers, the final norm (the `model.` prefix)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: AttentionCache | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """input_ids [B, T] -> hidden [B, T, hidden]. positions [B, T] or [T] (default arange(T));
+        `rope` (cos, sin) [B or 1, T, 1, D] may be passed precomputed instead of positions."""
+        x = self.embed_tokens(input_ids)
+        if rope is None:
+            if positions is None:
+                positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+            if cos.dim() == 2:  # [T, D] -> [1, T, 1, D]
+                cos, sin = cos[None], sin[None]
+            cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+        else:
+            cos, sin = rope
+        for layer in self.layers:
+            x = layer(x, cos, sin, cache)
+        return self.norm(x)
+
+
+class Transformer(nn.Module):
+    """HF's `Qwen2ForCausalLM` / `Qwen3ForCausalLM`: `model` (DecoderStack) + `lm_head`."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderStack(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.reset_parameters()
+
+    def tie_weights(self) -> None:
+        """With tied embeddings, make lm_head.weight the same Parameter as embed_tokens.weight."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+        """HF's init: weights ~ N(0, std), biases 0, norms 1 (no-op on the meta device)."""
+        for name, p in self.named_parameters():
+            if p.is_meta:
+                continue
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, std, generator=generator)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Training / scoring: input_ids [B, T] -> logits [B, T, V] (causal)."""
+        return self.lm_head(self.model(input_ids, positions))
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+
+def build_model(
+    config: ModelConfig | str,
+    *,
+    seed: int | None = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> Transformer:
+    """A randomly initialised model (HF's init, drawn on CPU: the same seed gives the same weights
+    on every device)."""
+    cfg = ModelConfig.named(config) if isinstance(config, str) else config
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.to_empty(device="cpu")
+    model.tie_weights()  # to_empty gives the two tied names separate storage
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    model.reset_parameters(generator=generator)
+    return model.to(dtype=dtype, device=device)
+
+
+def causal_lm_logprobs(model: Transformer, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Teacher-forced log p(tokens[:, t+1] | tokens[:, :t+1]) under log_softmax(logits / T): [B, T-1]."""
+    logits = model(tokens)[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+
+
+__all__ = [
+    "NAMED_CONFIGS",
+    "DecoderLayer",
+    "ModelConfig",
+    "Transformer",
+    "build_model",
+    "causal_lm_logprobs",
+    "rope_cos_sin",
+]

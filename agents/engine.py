@@ -1,0 +1,482 @@
+"""TorchEngine: the default `Policy`, a batched, continuously batching torch sampler.
+
+How a request flows:
+- `await generate(prompts, params)` validates, queues one request per prompt and returns when all
+  their samples are done. Calls made in the same event-loop tick are handed to the worker
+  together (micro-batching), so `asyncio.gather` of many one-prompt calls is one prefill.
+- One worker thread owns the model and the KV cache (agents/kv_cache.py). Between decode steps
+  it admits waiting samples into free slots (continuous batching): one prefill forward per
+  admission (the n samples of a prompt share one prefill row), then every running sample
+  advances by one token per decode step. Finished samples free their slot at once.
+- Sampling (agents/sampling.py) is per row: each request keeps its own temperature, top-k,
+  top-p, max_tokens, stop ids and seed inside a mixed batch.
+
+Seeds: sample j of a request with seed s draws its t-th token from u(s, j, t), a counter-based
+hash, so what it samples does not depend on the batch it shares or when it was admitted (see
+agents/sampling.py for the exact guarantee). Requests without a seed get one from the engine's
+own generator (`seed=` at construction).
+
+Weights: `load_weights` waits for running samples to finish (admission pauses), copies the new
+tensors into the existing parameters in place, and bumps `policy_version`; every Completion was
+sampled by one version and carries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+import torch
+
+from .errors import ContextOverflowError
+from .kv_cache import KVCache
+from .model import Transformer
+from .sampling import sample_tokens, seed_to_u64, uniform_draws
+from .types import Completion, SamplingParams
+
+
+class EngineStats(msgspec.Struct):
+    """Counters since construction (read them to see how requests were batched)."""
+
+    prefill_forwards: int = 0
+    decode_steps: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    requests: int = 0
+    max_running: int = 0
+    prefill_seconds: float = 0.0  # wall time inside prefill forwards + first-token sampling
+    decode_seconds: float = 0.0  # wall time inside decode steps (forward + sampling + bookkeeping)
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    seed: int
+    future: concurrent.futures.Future
+    stop_ids: frozenset[int]
+    limit: int  # max completion tokens: min(max_tokens, max_seq_len - len(prompt))
+    results: list[Completion | None] = field(default_factory=list)
+    unadmitted: int = 0
+    unfinished: int = 0
+
+
+@dataclass(eq=False)
+class _Sample:
+    request: _Request
+    index: int
+    version: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+def _as_decode_fn(tokenizer: Any) -> Callable[[list[int]], str] | None:
+    if tokenizer is None or callable(getattr(tokenizer, "decode", None)):
+        return None if tokenizer is None else tokenizer.decode
+    if callable(tokenizer):
+        return tokenizer
+    raise TypeError("tokenizer must have .decode(ids) or be a callable ids -> str")
+
+
+class TorchEngine:
+    """Batched sampling from a `Transformer` with a preallocated KV cache (implements `Policy`).
+
+    model: copied (in `dtype` on `device`, default: the model's); the copy changes only through
+    `load_weights`, never when the caller trains `model`. max_batch_size: KV-cache
+    slots (samples decoded together). max_seq_len: prompt + completion tokens per sample (default
+    min(max_position_embeddings, 4096)); a prompt with no room left raises ContextOverflowError,
+    a completion that reaches it finishes with "length". max_prefill_tokens: padded prompt
+    tokens per prefill forward (bounds its memory). tokenizer: anything with .decode(ids), or a
+    callable, for `Completion.text`.
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        max_batch_size: int = 64,
+        max_seq_len: int | None = None,
+        max_prefill_tokens: int = 16384,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        tokenizer: Any = None,
+        seed: int = 0,
+        policy_version: int = 0,
+    ) -> None:
+        cfg = model.config
+        self.config = cfg
+        dtype, device = dtype or model.dtype, torch.device(device) if device is not None else model.device
+        # The engine samples from its own copy: weights change only through load_weights.
+        self.model = copy.deepcopy(model).to(dtype=dtype, device=device).eval().requires_grad_(False)
+        self.max_seq_len = max_seq_len or min(cfg.max_position_embeddings, 4096)
+        if not 2 <= self.max_seq_len <= cfg.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_len must be in [2, {cfg.max_position_embeddings}], got {self.max_seq_len}"
+            )
+        if max_batch_size < 1 or max_prefill_tokens < 1:
+            raise ValueError("max_batch_size and max_prefill_tokens must be >= 1")
+        self.max_batch_size, self.max_prefill_tokens = max_batch_size, max_prefill_tokens
+        self.device, self.dtype = device, dtype
+        self.policy_version = policy_version
+        self.stats = EngineStats()
+        self._decode_text = _as_decode_fn(tokenizer)
+        self._seed_rng = np.random.default_rng(seed)
+        self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        with torch.inference_mode():
+            self.cache = KVCache(cfg, max_batch_size, self.max_seq_len, dtype=dtype, device=device)
+        # Per-slot sampling state, host side (slot i = self._running[i]).
+        b = max_batch_size
+        self._pos = np.zeros(b, np.int64)  # where the slot's next input token goes
+        self._next = np.zeros(b, np.int64)  # the slot's next input token (last sampled)
+        self._seed = np.zeros(b, np.uint64)
+        self._sample_index = np.zeros(b, np.uint64)
+        self._step = np.zeros(b, np.uint64)  # tokens sampled so far
+        self._temperature = np.zeros(b, np.float32)
+        self._top_p = np.ones(b, np.float32)
+        self._top_k = np.zeros(b, np.int64)
+        self._running: list[_Sample] = []
+        self._waiting: deque[_Request] = deque()
+        # Threading: the worker owns everything above; others talk through _cv-guarded fields.
+        self._cv = threading.Condition()
+        self._incoming: list[_Request] = []
+        self._paused = False
+        self._closed = False
+        self._buffer: list[_Request] = []
+        self._buffer_lock = threading.Lock()
+        self._flush_scheduled = False
+        self._worker = threading.Thread(target=self._work, name="TorchEngine", daemon=True)
+        self._worker.start()
+
+    # ---- public API -----------------------------------------------------------------------------
+    async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """len(prompts) * params.n Completions, prompt-major. Raises ContextOverflowError."""
+        requests = self._make_requests(prompts, params)
+        with self._buffer_lock:
+            self._buffer.extend(requests)
+            schedule = not self._flush_scheduled
+            self._flush_scheduled = True
+        if schedule:  # runs after every task that is ready now has queued its request
+            asyncio.get_running_loop().call_soon(self._flush)
+        results = await asyncio.gather(*(asyncio.wrap_future(r.future) for r in requests))
+        return [c for per_prompt in results for c in per_prompt]
+
+    def generate_sync(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Blocking `generate` for scripts and benchmarks (do not call it from the event loop)."""
+        requests = self._make_requests(prompts, params)
+        self._submit(requests)
+        return [c for r in requests for c in r.future.result()]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy HF-named tensors into the parameters in place; later samples carry `version`.
+
+        All names and shapes are checked before anything is copied. Waits for running samples to
+        finish first (no admission meanwhile), so no Completion mixes two versions.
+        """
+        updates = list(named_tensors)
+        for name, tensor in updates:
+            param = self._params.get(name)
+            if param is None:
+                raise KeyError(f"load_weights: unknown parameter {name!r} for {self.config.model_type}")
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"load_weights: {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+                )
+        with self._cv:
+            self._check_open()
+            self._paused = True
+            try:
+                self._cv.wait_for(lambda: self._idle or self._closed)
+                self._check_open()
+                with torch.no_grad():
+                    for name, tensor in updates:
+                        self._params[name].copy_(tensor)
+                self.policy_version = version
+            finally:
+                self._paused = False
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        """Stop the worker; requests still queued or running fail with RuntimeError."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._worker.is_alive() and threading.current_thread() is not self._worker:
+            self._worker.join()
+
+    def __enter__(self) -> TorchEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- submission -----------------------------------------------------------------------------
+    def _make_requests(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[_Request]:
+        self._check_open()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        vocab = self.config.vocab_size
+        requests = []
+        for i, prompt in enumerate(prompts):
+            prompt = [int(t) for t in prompt]
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty")
+            if len(prompt) >= self.max_seq_len:
+                raise ContextOverflowError(
+                    f"prompt {i} has {len(prompt)} tokens; max_seq_len {self.max_seq_len} leaves no room to generate",
+                    prompt_len=len(prompt),
+                    max_seq_len=self.max_seq_len,
+                )
+            if min(prompt) < 0 or max(prompt) >= vocab:
+                raise ValueError(f"prompt {i} has token ids outside [0, {vocab})")
+            seed = params.seed if params.seed is not None else int(self._seed_rng.integers(2**63))
+            request = _Request(
+                prompt=prompt,
+                params=params,
+                seed=seed_to_u64(seed),
+                future=concurrent.futures.Future(),
+                stop_ids=frozenset(params.stop_token_ids),
+                limit=min(params.max_tokens, self.max_seq_len - len(prompt)),
+                results=[None] * params.n,
+                unadmitted=params.n,
+                unfinished=params.n,
+            )
+            requests.append(request)
+        return requests
+
+    def _flush(self) -> None:
+        with self._buffer_lock:
+            requests, self._buffer = self._buffer, []
+            self._flush_scheduled = False
+        self._submit(requests)
+
+    def _submit(self, requests: list[_Request]) -> None:
+        with self._cv:
+            if self._closed:
+                for r in requests:
+                    r.future.set_exception(RuntimeError("TorchEngine is closed"))
+                return
+            self._incoming.extend(requests)
+            self._cv.notify_all()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("TorchEngine is closed")
+
+    @property
+    def _idle(self) -> bool:  # read under _cv: nothing running in the worker
+        return not self._running and not self._busy
+
+    # ---- worker ---------------------------------------------------------------------------------
+    _busy = False
+
+    def _work(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cv:
+                self._cv.wait_for(
+                    lambda: (
+                        self._closed
+                        or self._running
+                        or (self._incoming and not self._paused)
+                        or (self._waiting and not self._paused)
+                    )
+                )
+                if self._closed:
+                    break
+                self._waiting.extend(self._incoming)
+                self.stats.requests += len(self._incoming)
+                self._incoming.clear()
+                admit = not self._paused
+                self._busy = True
+            try:
+                with torch.inference_mode():
+                    self._drop_cancelled()
+                    if admit:
+                        self._admit()
+                    if self._running:
+                        self._decode_step()
+            except Exception as error:  # fail what is in flight, keep serving
+                self._fail_all(error)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+        self._fail_all(RuntimeError("TorchEngine is closed"))
+        with self._cv:
+            for r in self._incoming:
+                r.future.set_exception(RuntimeError("TorchEngine is closed"))
+            self._incoming.clear()
+
+    def _fail_all(self, error: BaseException) -> None:
+        requests = {id(s.request): s.request for s in self._running}
+        requests.update((id(r), r) for r in self._waiting)
+        self._running.clear()
+        self._waiting.clear()
+        for r in requests.values():
+            if not r.future.done():
+                r.future.set_exception(error)
+
+    def _drop_cancelled(self) -> None:
+        if any(r.future.cancelled() for r in self._waiting):
+            self._waiting = deque(r for r in self._waiting if not r.future.cancelled())
+        gone = [i for i, s in enumerate(self._running) if s.request.future.cancelled()]
+        self._remove_slots(gone)
+
+    # ---- admission + prefill --------------------------------------------------------------------
+    def _admit(self) -> None:
+        groups: list[tuple[_Request, int, int]] = []  # (request, first sample index, count)
+        free = self.max_batch_size - len(self._running)
+        while self._waiting and free:
+            request = self._waiting[0]
+            count = min(free, request.unadmitted)
+            groups.append((request, request.params.n - request.unadmitted, count))
+            request.unadmitted -= count
+            free -= count
+            if not request.unadmitted:
+                self._waiting.popleft()
+        groups.sort(key=lambda g: len(g[0].prompt))  # similar lengths share a padded prefill
+        chunk: list[tuple[_Request, int, int]] = []
+        for group in groups:
+            width = len(group[0].prompt)  # the longest so far: groups are sorted by length
+            if chunk and width * (len(chunk) + 1) > self.max_prefill_tokens:
+                self._prefill(chunk)
+                chunk = []
+            chunk.append(group)
+        if chunk:
+            self._prefill(chunk)
+
+    def _prefill(self, groups: list[tuple[_Request, int, int]]) -> None:
+        start = time.perf_counter()
+        lengths = [len(r.prompt) for r, _, _ in groups]
+        width, rows = max(lengths), len(groups)
+        ids = np.zeros((rows, width), np.int64)
+        for i, (request, _, _) in enumerate(groups):
+            ids[i, : lengths[i]] = request.prompt
+        counts = [count for _, _, count in groups]
+        first = len(self._running)
+        source_rows = None
+        if any(c != 1 for c in counts):
+            source_rows = torch.repeat_interleave(torch.arange(rows), torch.tensor(counts)).to(self.device)
+        ids_t = torch.from_numpy(ids).to(self.device)
+        rope = self.cache.start_prefill(width, first, source_rows)
+        hidden = self.model.model(ids_t, cache=self.cache, rope=rope)
+        last = torch.tensor([n - 1 for n in lengths], device=self.device)
+        logits = self.model.lm_head(hidden[torch.arange(rows, device=self.device), last])
+        if source_rows is not None:
+            logits = logits[source_rows]
+        self.stats.prefill_forwards += 1
+        self.stats.prompt_tokens += sum(lengths)
+        for (request, first_sample, count), length in zip(groups, lengths, strict=True):
+            p = request.params
+            for j in range(first_sample, first_sample + count):
+                slot = len(self._running)
+                self._running.append(_Sample(request, j, self.policy_version))
+                self._pos[slot], self._seed[slot], self._sample_index[slot], self._step[slot] = (
+                    length,
+                    request.seed,
+                    j,
+                    0,
+                )
+                self._temperature[slot], self._top_p[slot], self._top_k[slot] = (
+                    p.temperature,
+                    p.top_p,
+                    p.top_k,
+                )
+        self.stats.max_running = max(self.stats.max_running, len(self._running))
+        self._sample_and_record(logits, first, len(self._running))
+        self.stats.prefill_seconds += time.perf_counter() - start
+
+    # ---- decode ---------------------------------------------------------------------------------
+    def _decode_step(self) -> None:
+        start = time.perf_counter()
+        n = len(self._running)
+        positions = torch.from_numpy(self._pos[:n]).to(self.device)
+        tokens = torch.from_numpy(self._next[:n]).to(self.device)
+        rope = self.cache.start_decode(positions, int(self._pos[:n].max()) + 1)
+        hidden = self.model.model(tokens[:, None], cache=self.cache, rope=rope)
+        logits = self.model.lm_head(hidden[:, 0])
+        self.stats.decode_steps += 1
+        self._pos[:n] += 1
+        self._sample_and_record(logits, 0, n)
+        self.stats.decode_seconds += time.perf_counter() - start
+
+    def _sample_and_record(self, logits: torch.Tensor, lo: int, hi: int) -> None:
+        """Sample slots lo..hi-1 from their logits rows, append, finish what is done."""
+        temperature, top_p, top_k = self._temperature[lo:hi], self._top_p[lo:hi], self._top_k[lo:hi]
+        greedy = temperature == 0
+        u = uniform_draws(self._seed[lo:hi], self._sample_index[lo:hi], self._step[lo:hi])
+        device = self.device
+        tokens_t, logprobs_t = sample_tokens(
+            logits,
+            torch.from_numpy(temperature).to(device),
+            torch.from_numpy(top_k).to(device),
+            torch.from_numpy(top_p).to(device),
+            torch.from_numpy(u).to(device),
+            any_filter=bool(((top_k > 0) | (top_p < 1)).any()),
+            any_greedy=bool(greedy.any()),
+            all_greedy=bool(greedy.all()),
+        )
+        tokens, logprobs = tokens_t.tolist(), logprobs_t.tolist()
+        self._step[lo:hi] += 1
+        self._next[lo:hi] = tokens
+        self.stats.generated_tokens += hi - lo
+        done: list[tuple[int, str]] = []
+        for slot, sample, token, logprob in zip(
+            range(lo, hi), self._running[lo:hi], tokens, logprobs, strict=True
+        ):
+            sample.tokens.append(token)
+            sample.logprobs.append(logprob)
+            if token in sample.request.stop_ids:
+                done.append((slot, "stop"))
+            elif len(sample.tokens) >= sample.request.limit:
+                done.append((slot, "length"))
+        for slot, reason in done:
+            self._complete(self._running[slot], reason)
+        self._remove_slots([slot for slot, _ in done])
+
+    def _complete(self, sample: _Sample, reason: str) -> None:
+        request = sample.request
+        text = self._decode_text(sample.tokens) if self._decode_text is not None else ""
+        request.results[sample.index] = Completion(
+            tokens=sample.tokens,
+            logprobs=sample.logprobs,
+            finish_reason=reason,  # type: ignore[arg-type]
+            text=text,
+            policy_version=sample.version,
+        )
+        request.unfinished -= 1
+        if not request.unfinished and not request.future.done():
+            request.future.set_result(request.results)
+
+    def _remove_slots(self, slots: list[int]) -> None:
+        """Free slots; the last running sample moves into each hole so slots stay 0..n-1."""
+        arrays = (
+            self._pos,
+            self._next,
+            self._seed,
+            self._sample_index,
+            self._step,
+            self._temperature,
+            self._top_p,
+            self._top_k,
+        )
+        for slot in sorted(slots, reverse=True):
+            last = len(self._running) - 1
+            if slot != last:
+                self.cache.move_slot(last, slot, int(self._pos[last]))
+                for a in arrays:
+                    a[slot] = a[last]
+                self._running[slot] = self._running[last]
+            self._running.pop()
+
+
+__all__ = ["ContextOverflowError", "EngineStats", "TorchEngine"]

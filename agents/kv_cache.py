@@ -1,0 +1,114 @@
+"""A preallocated slot-based KV cache for the torch engine, and the attention that reads it.
+
+Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]; k is stored transposed,
+[layers, slots, kv_heads, head_dim, max_seq_len], so that q @ k^T is a plain batched matmul over
+a strided block (bf16 batched matmuls on CPU are several times slower on a transposed operand).
+A running sequence owns one slot; its tokens sit at positions 0..len-1 of that slot. The engine
+keeps the running sequences in slots 0..n-1 (it moves the last one into a hole when a sequence
+finishes), so a decode step reads the block [:n, ..., :span] with no gather.
+
+The model calls `cache.attend(layer, q, k, v)` (see agents/model.py); what happens depends on
+the mode the engine set before the forward:
+- prefill: fresh prompts (right-padded to one length) attend causally among themselves; their
+  k/v are written to their slots (one source row may fill several slots: n samples, one prefill);
+- decode: one new token per running slot is written at that slot's position, then it attends
+  over positions 0..pos of its own slot (an additive mask hides the rest of the span).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .model import ModelConfig, rope_cos_sin
+
+
+class KVCache:
+    def __init__(
+        self,
+        config: ModelConfig,
+        max_slots: int,
+        max_seq_len: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        layers, heads, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+        self.k = torch.zeros((layers, max_slots, heads, d, max_seq_len), dtype=dtype, device=device)
+        self.v = torch.zeros((layers, max_slots, heads, max_seq_len, d), dtype=dtype, device=device)
+        self.max_slots, self.max_seq_len = max_slots, max_seq_len
+        self.kv_heads, self.head_dim = config.num_key_value_heads, config.head_dim
+        self.groups = config.num_attention_heads // config.num_key_value_heads
+        self.scale = config.head_dim**-0.5
+        # RoPE for every position a slot can hold, looked up by position each step.
+        positions = torch.arange(max_seq_len, device=device)
+        self.rope_cos, self.rope_sin = rope_cos_sin(positions, config.head_dim, config.rope_theta, dtype)
+        # Flat offsets of (slot, head, 0) in a layer's v, and of (slot, head, dim, 0) in its k.
+        self._k_base = torch.arange(max_slots * heads * d, device=device).view(max_slots, -1) * max_seq_len
+        self._v_base = torch.arange(max_slots * heads, device=device).view(max_slots, -1) * max_seq_len
+        self._mode = ""
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    # ---- prefill -------------------------------------------------------------------------------
+    def start_prefill(self, length: int, first_slot: int, source_rows: torch.Tensor | None) -> tuple:
+        """Prompts padded to `length` go to slots first_slot.. (row source_rows[i] fills slot
+        first_slot + i; None means row i fills slot first_slot + i). Returns the RoPE (cos, sin)."""
+        self._mode = "prefill"
+        self._first_slot, self._source_rows = first_slot, source_rows
+        return self.rope_cos[None, :length, None], self.rope_sin[None, :length, None]
+
+    # ---- decode --------------------------------------------------------------------------------
+    def start_decode(self, positions: torch.Tensor, span: int) -> tuple:
+        """One token per slot 0..n-1 at `positions` [n] (int64); span = max(positions) + 1.
+        Returns the RoPE (cos, sin) [n, 1, 1, D]."""
+        self._mode = "decode"
+        n = positions.shape[0]
+        self._k_index = (self._k_base[:n] + positions[:, None]).view(-1)  # into k.view(-1)
+        self._v_index = (self._v_base[:n] + positions[:, None]).view(-1)  # into v.view(-1, D)
+        # Additive mask per (slot, kv head): positions after the slot's own are -inf.
+        cols = torch.arange(span, device=positions.device)
+        hidden = (cols[None, :] > positions[:, None]).repeat_interleave(self.kv_heads, dim=0)
+        self._bias = torch.zeros((n * self.kv_heads, 1, span), dtype=self.k.dtype, device=self.k.device)
+        self._bias.masked_fill_(hidden[:, None], float("-inf"))
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        return cos[:, None, None], sin[:, None, None]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self._mode == "decode":
+            return self._attend_decode(layer, q, k, v)
+        if self._mode == "prefill":
+            return self._attend_prefill(layer, q, k, v)
+        raise RuntimeError("KVCache.attend called outside start_prefill/start_decode")
+
+    def _attend_prefill(self, layer: int, q, k, v) -> torch.Tensor:
+        length, first, rows = k.shape[2], self._first_slot, self._source_rows
+        if rows is not None:
+            k_rows, v_rows = k[rows], v[rows]
+        else:
+            k_rows, v_rows = k, v
+        last = first + k_rows.shape[0]
+        self.k[layer, first:last, :, :, :length] = k_rows.transpose(-1, -2)
+        self.v[layer, first:last, :, :length] = v_rows
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    def _attend_decode(self, layer: int, q, k, v) -> torch.Tensor:
+        # Sizes come from tensor shapes (not Python ints) so a compiled step stays shape-generic.
+        n, span, heads, d = q.shape[0], self._bias.shape[-1], self.kv_heads, self.head_dim
+        k_layer, v_layer = self.k[layer], self.v[layer]
+        k_layer.view(-1).index_copy_(0, self._k_index, k.reshape(-1))
+        v_layer.view(-1, d).index_copy_(0, self._v_index, v.reshape(n * heads, d))
+        keys = k_layer[:n, :, :, :span].reshape(n * heads, d, span)  # strided views, no copy
+        values = v_layer[:n, :, :span].reshape(n * heads, span, d)
+        # GQA without repeating k/v: the G query heads of a kv head are the rows of one matmul.
+        q = q.reshape(n * heads, self.groups, d)
+        scores = torch.baddbmm(self._bias, q, keys, alpha=self.scale)  # [n*Hkv, G, span]
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+        return torch.bmm(probs, values).view(n, heads * self.groups, 1, d)
+
+    def move_slot(self, source: int, target: int, length: int) -> None:
+        """Copy a running sequence's first `length` positions from slot `source` to `target`."""
+        self.k[:, target, ..., :length] = self.k[:, source, ..., :length]
+        self.v[:, target, :, :length] = self.v[:, source, :, :length]

@@ -1,0 +1,111 @@
+"""Next-token sampling for a batch of rows with per-row parameters, reproducible per seed.
+
+Each row (one sample of one request) has its own temperature, top-k, top-p and a uniform draw
+`u`. The token is drawn by inverse CDF from the row's distribution
+    p = softmax(filter(logits / T))     (top-k first, then top-p, as vLLM and HF order them)
+i.e. the first token (in vocabulary order) whose cumulative probability exceeds `u`. The
+cumulative sum is done in float64 so that no token with positive probability is skipped.
+Greedy rows (T == 0) take the argmax of the unscaled logits and report the unscaled log-softmax.
+
+The draw `u` comes from a counter-based hash (`uniform_draws`) of (seed, sample index, step):
+no generator state, so a row's samples do not depend on which other rows share the batch, on
+their order, or on how many steps ran before it joined. What is and is not guaranteed: given the
+same logits, the same (seed, sample index, step) picks the same token. The logits of a row can
+differ in the last bits between batch compositions (BLAS picks kernels by batch shape), which
+changes a token only if `u` lands within that rounding error of a CDF boundary (probability
+~1e-7 per token in float32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser over a uint64 array (wrapping arithmetic)."""
+    z = x + _GOLDEN
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def seed_to_u64(seed: int) -> int:
+    """Any Python int (negative, huge) -> a uint64 seed."""
+    return int(seed) & 0xFFFFFFFFFFFFFFFF
+
+
+def uniform_draws(seeds: np.ndarray, sample_index: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """u in (0, 1) per row: a pure function of (seed, sample index, step), float64.
+
+    40 random bits, centred in their bucket: u * total stays below the CDF's total in float64,
+    so the inverse CDF never runs off the end.
+    """
+    with np.errstate(over="ignore"):
+        h = _splitmix64(seeds.astype(np.uint64))
+        h = _splitmix64(h ^ sample_index.astype(np.uint64))
+        h = _splitmix64(h ^ step.astype(np.uint64))
+    return ((h >> np.uint64(24)).astype(np.float64) + 0.5) * 2.0**-40
+
+
+def filter_top_k_top_p(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Set logits outside each row's top-k, then outside its top-p nucleus, to -inf.
+
+    z [n, V] (already divided by temperature); top_k [n] int (0 = off); top_p [n] float (1 = off).
+    The nucleus is the smallest set of most likely tokens whose mass reaches top_p (computed on the
+    top-k-renormalised distribution); the most likely token is always kept.
+    """
+    vocab = z.shape[-1]
+    sorted_z, order = z.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=z.device)
+    k = torch.where(top_k > 0, top_k, vocab)
+    keep = rank[None, :] < k[:, None]
+    sorted_z = sorted_z.masked_fill(~keep, float("-inf"))
+    probs = torch.softmax(sorted_z, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    keep &= (mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0)
+    mask = torch.empty_like(keep).scatter_(1, order, keep)
+    return z.masked_fill(~mask, float("-inf"))
+
+
+def sample_tokens(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    u: torch.Tensor,
+    *,
+    any_filter: bool,
+    any_greedy: bool,
+    all_greedy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row -> (tokens [n] int64, logprobs [n] float32).
+
+    logits [n, V]; temperature [n] (0 = greedy); top_k [n]; top_p [n]; u [n] float64 in (0, 1).
+    The flags (computed by the caller from its host-side copy of the parameters) skip work that
+    no row needs; they never change a result.
+    """
+    logits = logits.float()
+    if all_greedy:
+        tokens = logits.argmax(dim=-1)
+        logp = torch.log_softmax(logits, dim=-1)
+        return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+    greedy = temperature == 0
+    z = logits / torch.where(greedy, 1.0, temperature)[:, None]
+    if any_filter:
+        # Greedy rows are never filtered: their logprob is the unscaled, unfiltered one.
+        z = filter_top_k_top_p(z, torch.where(greedy, 0, top_k), torch.where(greedy, 1.0, top_p))
+    logp = torch.log_softmax(z, dim=-1)
+    cdf = torch.cumsum(logp.exp().double(), dim=-1)
+    threshold = u[:, None] * cdf[:, -1:]
+    tokens = (cdf <= threshold).sum(dim=-1).clamp_(max=logits.shape[-1] - 1)
+    if any_greedy:
+        tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
+    return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+
+
+__all__ = ["filter_top_k_top_p", "sample_tokens", "seed_to_u64", "uniform_draws"]

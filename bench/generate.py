@@ -1,0 +1,225 @@
+"""Generation throughput: the torch engine vs transformers' `generate` vs vLLM, same checkpoint.
+
+    python bench/generate.py                       # CPU: bench-3m, batch 64, prompt 128, 64 new
+    python bench/generate.py --dtypes float32 --backends engine,transformers --repeats 3
+    python bench/generate.py --device cuda --model qwen2.5-0.5b --batch 256 --dtypes bfloat16
+
+One random Qwen2-architecture model (`--model`, a ModelConfig name; seed 0) is saved once as a
+HF directory; every backend loads that directory in the same dtype. Every request samples at
+temperature 1 with no top-k/top-p, and exactly `--new-tokens` tokens (no stop token), from
+random prompts of `--prompt-len` tokens, `--batch` at once. The figure is new tokens per second
+of one whole batched call (prefill included), best of `--repeats` after a warm-up call.
+
+- engine: TorchEngine.generate_sync, one SamplingParams for the batch (seeded), logprobs returned.
+- transformers: model.generate(do_sample=True, top_k=0, min_new_tokens=max_new_tokens).
+- vllm: LLM.generate with TokensPrompt, SamplingParams(logprobs=0, ignore_eos=True), in its own
+  process per configuration (in-process engine, VLLM_ENABLE_V1_MULTIPROCESSING=0, small
+  VLLM_CPU_KVCACHE_SPACE), enforce_eager on and off (off = torch.compile'd); the best is its figure.
+  vLLM runs after the in-process backends, so its numbers see the same machine a little later.
+
+Also printed: the matmul peak of this machine per dtype (bench/_common.py) and the share of it
+that the engine's decode steps reach (model FLOPs of decode / engine decode time).
+Target (issue 6, CPU): engine >= 4x transformers and >= 1.5x vLLM, same dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import format_table, machine_summary, matmul_peak_flops, time_repeats
+
+from toolgym.agents.checkpoint import load_hf_checkpoint, save_hf_checkpoint
+from toolgym.agents.engine import TorchEngine
+from toolgym.agents.model import ModelConfig, build_model
+from toolgym.agents.types import SamplingParams
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def decode_flops(cfg: ModelConfig, batch: int, prompt_len: int, new_tokens: int) -> float:
+    """Model FLOPs of the decode steps (tokens 2..new_tokens; the first comes from the prefill)."""
+    matmul_params = cfg.num_params(include_embedding=False) + cfg.vocab_size * cfg.hidden_size
+    attention_per_position = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim
+    total = 0.0
+    for step in range(1, new_tokens):
+        context = prompt_len + step + 1
+        total += batch * (2 * matmul_params + attention_per_position * context)
+    return total
+
+
+def bench_engine(directory, prompts, args, dtype) -> dict:
+    model = load_hf_checkpoint(directory, dtype=dtype, device=args.device)
+    params = SamplingParams(max_tokens=args.new_tokens, temperature=1.0, seed=0)
+    with TorchEngine(
+        model, max_batch_size=len(prompts), max_seq_len=args.prompt_len + args.new_tokens
+    ) as engine:
+        run = lambda: engine.generate_sync(prompts, params)  # noqa: E731
+        run()  # warm-up
+        before = (engine.stats.decode_seconds, engine.stats.prefill_seconds)
+        timings = time_repeats(run, args.repeats, warmup=0, device=args.device)
+        decode_s = (engine.stats.decode_seconds - before[0]) / args.repeats
+        prefill_s = (engine.stats.prefill_seconds - before[1]) / args.repeats
+        outputs = run()
+    assert all(len(c.tokens) == args.new_tokens for c in outputs)
+    return {"best": timings.best, "median": timings.median, "decode_s": decode_s, "prefill_s": prefill_s}
+
+
+def bench_transformers(directory, prompts, args, dtype) -> dict:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=dtype).to(args.device).eval()
+    input_ids = torch.tensor(prompts, device=args.device)
+    kwargs = dict(
+        do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens, pad_token_id=0, attention_mask=torch.ones_like(input_ids),
+    )  # fmt: skip
+
+    def run():
+        with torch.inference_mode():
+            out = model.generate(input_ids, **kwargs)
+        assert out.shape[1] == args.prompt_len + args.new_tokens
+
+    timings = time_repeats(run, args.repeats, device=args.device)
+    return {"best": timings.best, "median": timings.median}
+
+
+VLLM_CHILD = r"""
+import json, os, sys, time
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+def main():
+    spec = json.loads(sys.argv[1])
+    prompts = json.load(open(spec["prompts"]))
+    llm = LLM(spec["dir"], skip_tokenizer_init=True, dtype=spec["dtype"], enforce_eager=spec["eager"], seed=0,
+              max_model_len=spec["max_len"], max_num_seqs=len(prompts), max_num_batched_tokens=max(8192, len(prompts) * len(prompts[0])))
+    params = SamplingParams(max_tokens=spec["new"], temperature=1.0, top_p=1.0, top_k=0, ignore_eos=True,
+                            logprobs=0, detokenize=False, seed=0)
+    inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    seconds = []
+    for i in range(spec["repeats"] + 2):  # two warm-ups: the first calls compile/capture shapes
+        start = time.perf_counter()
+        out = llm.generate(inputs, params, use_tqdm=False)
+        if i >= 2:
+            seconds.append(time.perf_counter() - start)
+        assert all(len(o.outputs[0].token_ids) == spec["new"] for o in out)
+    print("RESULT " + json.dumps({"seconds": seconds}), flush=True)
+if __name__ == "__main__":
+    main()
+"""
+
+
+def bench_vllm(directory, prompts_file, args, dtype_name: str, eager: bool) -> dict:
+    spec = dict(dir=str(directory), prompts=str(prompts_file), dtype=dtype_name, eager=eager, repeats=args.repeats,
+                new=args.new_tokens, max_len=args.prompt_len + args.new_tokens)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", VLLM_CHILD, json.dumps(spec)], capture_output=True, text=True, timeout=1800
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            seconds = json.loads(line[len("RESULT ") :])["seconds"]
+            return {"best": min(seconds), "median": sorted(seconds)[len(seconds) // 2]}
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    raise RuntimeError("vLLM run failed: " + " | ".join(tail))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="bench-3m", help="a ModelConfig name (random weights, seed 0)")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--backends", default="engine,transformers,vllm")
+    parser.add_argument("--vllm-modes", default="eager,compiled", help="vLLM enforce_eager on/off")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+    dtypes = args.dtypes.split(",")
+    backends = args.backends.split(",")
+
+    config = ModelConfig.named(args.model)
+    generator = torch.Generator().manual_seed(1)
+    prompts = torch.randint(0, config.vocab_size, (args.batch, args.prompt_len), generator=generator).tolist()
+    print(f"{machine_summary()}; model {args.model} ({config.num_params() / 1e6:.1f}M params), batch {args.batch}, "
+          f"prompt {args.prompt_len}, {args.new_tokens} new tokens, temperature 1, best of {args.repeats}")  # fmt: skip
+    peaks = {d: matmul_peak_flops(DTYPES[d], args.device) for d in dtypes}
+    print("matmul peak: " + ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" for d, p in peaks.items()))
+
+    new_tokens = args.batch * args.new_tokens
+    results: dict[tuple[str, str], dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp) / "model"
+        save_hf_checkpoint(build_model(config, seed=0), config, directory)
+        prompts_file = Path(tmp) / "prompts.json"
+        prompts_file.write_text(json.dumps(prompts))
+        for dtype_name in dtypes:
+            dtype = DTYPES[dtype_name]
+            if "engine" in backends:
+                results[("engine", dtype_name)] = bench_engine(directory, prompts, args, dtype)
+            if "transformers" in backends:
+                results[("transformers", dtype_name)] = bench_transformers(directory, prompts, args, dtype)
+        if "vllm" in backends:
+            for dtype_name in dtypes:
+                for mode in args.vllm_modes.split(","):
+                    try:
+                        results[(f"vllm {mode}", dtype_name)] = bench_vllm(
+                            directory, prompts_file, args, dtype_name, mode == "eager"
+                        )
+                    except Exception as error:  # vLLM missing or failing: say so, keep the rest
+                        print(f"vllm {mode} {dtype_name}: {error}")
+
+    rows = []
+    flops = decode_flops(config, args.batch, args.prompt_len, args.new_tokens)
+    for (backend, dtype_name), r in results.items():
+        r["tok_s"] = new_tokens / r["best"]
+        extra = ""
+        if backend == "engine":
+            r["decode_share_of_peak"] = flops / r["decode_s"] / peaks[dtype_name]
+            extra = f"prefill {r['prefill_s'] * 1e3:.0f} ms, decode {r['decode_s'] * 1e3:.0f} ms ({r['decode_share_of_peak']:.0%} of peak)"
+        rows.append([backend, dtype_name, f"{r['tok_s']:,.0f}", f"{new_tokens / r['median']:,.0f}", extra])
+    print(format_table(["backend", "dtype", "new tok/s (best)", "(median)", "engine split"], rows))
+    for dtype_name in dtypes:
+        engine = results.get(("engine", dtype_name))
+        if engine is None:
+            continue
+        for (backend, d), r in results.items():
+            if d == dtype_name and backend != "engine":
+                print(f"{dtype_name}: engine / {backend} = {engine['tok_s'] / r['tok_s']:.2f}x")
+    vllm_best = {
+        d: max(
+            (r["tok_s"] for (b, dd), r in results.items() if b.startswith("vllm") and dd == d), default=None
+        )
+        for d in dtypes
+    }
+    for d, best in vllm_best.items():
+        if best and ("engine", d) in results:
+            print(
+                f"{d}: engine / vLLM (fastest mode) = {results[('engine', d)]['tok_s'] / best:.2f}x  (target >= 1.5x)"
+            )
+        if ("transformers", d) in results and ("engine", d) in results:
+            print(
+                f"{d}: engine / transformers = {results[('engine', d)]['tok_s'] / results[('transformers', d)]['tok_s']:.2f}x  (target >= 4x)"
+            )
+    if args.json:
+        Path(args.json).write_text(json.dumps({f"{b} {d}": r for (b, d), r in results.items()}, indent=2))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()

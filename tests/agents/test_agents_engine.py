@@ -1,0 +1,326 @@
+"""TorchEngine: logprobs equal the teacher-forced ones, seeded sampling is batch-invariant, stop /
+length / context limits, n samples, micro-batching of concurrent callers, in-place weight loads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+import torch
+
+from toolgym.agents.checkpoint import hf_named_tensors
+from toolgym.agents.engine import TorchEngine
+from toolgym.agents.errors import ContextOverflowError
+from toolgym.agents.model import Transformer, build_model, causal_lm_logprobs
+from toolgym.agents.sampling import filter_top_k_top_p
+from toolgym.agents.types import SamplingParams
+
+torch.set_num_threads(1)
+
+
+def make_model(name: str = "test", seed: int = 0) -> Transformer:
+    """HF init x4: peaked enough that tokens repeat, flat enough that sampling varies."""
+    model = build_model(name, seed=seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(4.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model() -> Transformer:
+    return make_model()
+
+
+def prompts_of(lengths, seed: int = 0, vocab: int = 256) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def generate(engine: TorchEngine, prompts, params: SamplingParams):
+    return asyncio.run(engine.generate(prompts, params))
+
+
+def teacher_forced(model, prompt, tokens, temperature: float = 1.0) -> torch.Tensor:
+    with torch.no_grad():
+        return causal_lm_logprobs(model, torch.tensor([prompt + tokens]), temperature)[0, len(prompt) - 1 :]
+
+
+@pytest.mark.parametrize("name", ["test", "test-qwen3"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.6])
+def test_logprobs_equal_teacher_forced(name: str, temperature: float) -> None:
+    model = make_model(name)
+    prompts = prompts_of([5, 13, 1, 30])
+    with TorchEngine(model, max_batch_size=8, max_seq_len=128) as engine:
+        out = generate(engine, prompts, SamplingParams(max_tokens=24, temperature=temperature, n=2, seed=11))
+    assert len(out) == 8
+    for i, completion in enumerate(out):
+        prompt = prompts[i // 2]
+        assert len(completion.tokens) == len(completion.logprobs) == 24
+        reference = teacher_forced(model, prompt, completion.tokens, temperature)
+        assert (torch.tensor(completion.logprobs) - reference).abs().max().item() <= 1e-5
+
+
+def test_top_k_top_p_logprobs_are_of_the_filtered_distribution(model) -> None:
+    prompts = prompts_of([7, 12])
+    params = SamplingParams(max_tokens=16, temperature=0.8, top_k=20, top_p=0.9, n=3, seed=5)
+    with TorchEngine(model, max_batch_size=8, max_seq_len=64) as engine:
+        out = generate(engine, prompts, params)
+    for i, completion in enumerate(out):
+        prompt = prompts[i // 3]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion.tokens]))[0, len(prompt) - 1 : -1] / 0.8
+        n = logits.shape[0]
+        filtered = filter_top_k_top_p(logits, torch.full((n,), 20), torch.full((n,), 0.9))
+        logp = torch.log_softmax(filtered, dim=-1)
+        chosen = logp.gather(1, torch.tensor(completion.tokens)[:, None]).squeeze(1)
+        assert torch.isfinite(chosen).all()  # every sampled token is inside top-k and the nucleus
+        assert (torch.tensor(completion.logprobs) - chosen).abs().max().item() <= 1e-5
+        assert ((filtered > float("-inf")).sum(-1) <= 20).all()
+
+
+def test_greedy_equals_argmax_loop(model) -> None:
+    prompts = prompts_of([3, 9, 17])
+    with TorchEngine(model, max_batch_size=4, max_seq_len=64) as engine:
+        out = generate(engine, prompts, SamplingParams(max_tokens=12, temperature=0.0))
+    for prompt, completion in zip(prompts, out, strict=True):
+        tokens = list(prompt)
+        with torch.no_grad():
+            for _ in range(12):
+                tokens.append(int(model(torch.tensor([tokens]))[0, -1].argmax()))
+        assert completion.tokens == tokens[len(prompt) :]
+        reference = teacher_forced(model, prompt, completion.tokens)  # unscaled log-softmax
+        assert (torch.tensor(completion.logprobs) - reference).abs().max().item() <= 1e-5
+
+
+def test_seeded_sampling_is_batch_invariant(model) -> None:
+    """The same request alone, in a mixed batch, and admitted while others decode: same tokens."""
+    target = prompts_of([11], seed=1)[0]
+    params = SamplingParams(max_tokens=20, temperature=1.0, seed=1234, n=2)
+    others = [
+        (prompts_of([4], seed=2)[0], SamplingParams(max_tokens=30, temperature=0.0)),
+        (prompts_of([25], seed=3)[0], SamplingParams(max_tokens=7, top_k=5, seed=9)),
+        (prompts_of([2], seed=4)[0], SamplingParams(max_tokens=40, temperature=1.3, top_p=0.8, n=3)),
+    ]
+    with TorchEngine(model, max_batch_size=16, max_seq_len=96) as engine:
+        alone = generate(engine, [target], params)
+
+        async def mixed():
+            calls = [engine.generate([p], sp) for p, sp in others[:2]]
+            calls.insert(1, engine.generate([target], params))
+            return await asyncio.gather(*calls, engine.generate([others[2][0]], others[2][1]))
+
+        together = asyncio.run(mixed())[1]
+
+        async def late():  # admitted after the others have been decoding for a while
+            first = asyncio.gather(*(engine.generate([p], sp) for p, sp in others))
+            while engine.stats.decode_steps < steps_before + 5:
+                await asyncio.sleep(0.001)
+            return await engine.generate([target], params), await first
+
+        steps_before = engine.stats.decode_steps
+        admitted_late, _ = asyncio.run(late())
+    for a, b, c in zip(alone, together, admitted_late, strict=True):
+        assert a.tokens == b.tokens == c.tokens
+        assert max(abs(x - y) for x, y in zip(a.logprobs, c.logprobs, strict=True)) <= 1e-5
+    assert alone[0].tokens != alone[1].tokens  # the n samples are distinct streams
+
+
+def test_seeds_reproduce_and_differ(model) -> None:
+    prompt = prompts_of([6])
+    with TorchEngine(model, max_batch_size=4, max_seq_len=64, seed=0) as engine:
+        a = generate(engine, prompt, SamplingParams(max_tokens=15, seed=7))
+        b = generate(engine, prompt, SamplingParams(max_tokens=15, seed=7))
+        c = generate(engine, prompt, SamplingParams(max_tokens=15, seed=8))
+        unseeded = [generate(engine, prompt, SamplingParams(max_tokens=15))[0].tokens for _ in range(2)]
+    assert a[0].tokens == b[0].tokens and a[0].tokens != c[0].tokens
+    assert unseeded[0] != unseeded[1]
+    with TorchEngine(model, max_batch_size=4, max_seq_len=64, seed=0) as engine:  # engine seed: same stream
+        assert generate(engine, prompt, SamplingParams(max_tokens=15))[0].tokens == unseeded[0]
+
+
+def test_n_samples_share_one_prefill(model) -> None:
+    prompt = prompts_of([20])
+    with TorchEngine(model, max_batch_size=8, max_seq_len=64) as engine:
+        out = generate(engine, prompt, SamplingParams(max_tokens=10, n=5, seed=3))
+        assert engine.stats.prefill_forwards == 1 and engine.stats.prompt_tokens == 20
+    assert len(out) == 5 and len({tuple(c.tokens) for c in out}) == 5
+
+
+def test_stop_tokens_end_the_sample_and_are_kept(model) -> None:
+    prompt = prompts_of([8])
+    with TorchEngine(model, max_batch_size=4, max_seq_len=64) as engine:
+        (free,) = generate(engine, prompt, SamplingParams(max_tokens=20, seed=21))
+        stop = free.tokens[4]
+        first = free.tokens.index(stop)
+        (stopped,) = generate(
+            engine, prompt, SamplingParams(max_tokens=20, seed=21, stop_token_ids=(999, stop))
+        )
+    assert stopped.finish_reason == "stop" and free.finish_reason == "length"
+    assert stopped.tokens == free.tokens[: first + 1] and stopped.tokens[-1] == stop
+    assert stopped.logprobs == free.logprobs[: first + 1]
+
+
+def test_max_tokens_and_context_limit(model) -> None:
+    with TorchEngine(model, max_batch_size=4, max_seq_len=32) as engine:
+        (one,) = generate(engine, prompts_of([5]), SamplingParams(max_tokens=1, seed=0))
+        assert len(one.tokens) == 1 and one.finish_reason == "length"
+        (capped,) = generate(engine, prompts_of([20]), SamplingParams(max_tokens=100, seed=0))
+        assert len(capped.tokens) == 12 and capped.finish_reason == "length"  # 20 + 12 == max_seq_len
+        (last,) = generate(engine, prompts_of([31]), SamplingParams(max_tokens=5, seed=0))
+        assert len(last.tokens) == 1
+        with pytest.raises(ContextOverflowError) as info:
+            generate(engine, prompts_of([3, 32]), SamplingParams(max_tokens=5))
+        assert info.value.prompt_len == 32 and info.value.max_seq_len == 32
+        assert engine.stats.requests == 3  # the overflowing call queued nothing
+
+
+def test_concurrent_callers_are_served_in_one_batch(model) -> None:
+    prompts = prompts_of([3, 8, 5, 12, 7, 9, 4, 6])
+    with TorchEngine(model, max_batch_size=16, max_seq_len=64) as engine:
+
+        async def many():
+            return await asyncio.gather(
+                *(engine.generate([p], SamplingParams(max_tokens=6, seed=i)) for i, p in enumerate(prompts))
+            )
+
+        results = asyncio.run(many())
+        stats = engine.stats
+    assert [len(r) for r in results] == [1] * 8
+    assert stats.prefill_forwards == 1 and stats.max_running == 8
+    assert stats.decode_steps == 5  # the first token comes from the prefill
+
+
+def test_more_requests_than_slots(model) -> None:
+    prompts = prompts_of([4, 9, 6, 13, 2, 8, 5])
+    params = SamplingParams(max_tokens=9, seed=4)
+    with TorchEngine(model, max_batch_size=16, max_seq_len=64) as engine:
+        reference = [generate(engine, [p], params)[0].tokens for p in prompts]
+    with TorchEngine(model, max_batch_size=3, max_seq_len=64) as engine:
+        out = generate(engine, prompts, params)
+        assert engine.stats.max_running == 3
+    assert [c.tokens for c in out] == reference
+
+
+def test_load_weights_in_place(model) -> None:
+    other = make_model(seed=1)
+    prompt = prompts_of([9])[0]
+    params = SamplingParams(max_tokens=12, seed=5)
+    with TorchEngine(model, max_batch_size=4, max_seq_len=64) as engine:
+        (before,) = generate(engine, [prompt], params)
+        cache = (engine.cache.k.data_ptr(), engine.cache.v.data_ptr())
+        pointers = {n: p.data_ptr() for n, p in engine.model.named_parameters()}
+        engine.load_weights(hf_named_tensors(other), version=3)
+        (after,) = generate(engine, [prompt], params)
+        assert (engine.cache.k.data_ptr(), engine.cache.v.data_ptr()) == cache
+        assert {n: p.data_ptr() for n, p in engine.model.named_parameters()} == pointers
+        with pytest.raises(KeyError, match="unknown parameter"):
+            engine.load_weights([("model.norm.weight", torch.zeros(64)), ("nope", torch.zeros(1))], version=4)
+        with pytest.raises(ValueError, match="shape"):
+            engine.load_weights([("model.norm.weight", torch.zeros(3))], version=4)
+        assert engine.policy_version == 3 and torch.equal(
+            engine.model.model.norm.weight, other.model.norm.weight
+        )
+    assert before.policy_version == 0 and after.policy_version == 3
+    assert before.tokens != after.tokens
+    assert (torch.tensor(after.logprobs) - teacher_forced(other, prompt, after.tokens)).abs().max() <= 1e-5
+
+
+def test_load_weights_waits_for_running_samples(model) -> None:
+    other = make_model(seed=2)
+    prompt = prompts_of([5])[0]
+    with TorchEngine(model, max_batch_size=4, max_seq_len=256) as engine:
+
+        async def scenario():
+            running = asyncio.ensure_future(engine.generate([prompt], SamplingParams(max_tokens=150, seed=1)))
+            while engine.stats.decode_steps < 3:
+                await asyncio.sleep(0.001)
+            await asyncio.to_thread(engine.load_weights, hf_named_tensors(other), 1)
+            return await running, await engine.generate([prompt], SamplingParams(max_tokens=5, seed=1))
+
+        (old,), (new,) = asyncio.run(scenario())
+    assert old.policy_version == 0 and len(old.tokens) == 150 and new.policy_version == 1
+    assert (torch.tensor(old.logprobs) - teacher_forced(model, prompt, old.tokens)).abs().max() <= 1e-5
+
+
+def test_engine_owns_a_copy_of_the_weights() -> None:
+    model = make_model()
+    prompt = prompts_of([6])
+    with TorchEngine(model, max_batch_size=2, max_seq_len=32) as engine:
+        (a,) = generate(engine, prompt, SamplingParams(max_tokens=8, seed=0))
+        with torch.no_grad():
+            model.model.norm.weight.mul_(3.0)  # the caller keeps training its model
+        (b,) = generate(engine, prompt, SamplingParams(max_tokens=8, seed=0))
+    assert a.tokens == b.tokens and a.logprobs == b.logprobs
+
+
+def test_text_is_decoded(model) -> None:
+    class Tok:
+        def decode(self, ids):
+            return "/".join(map(str, ids))
+
+    prompt = prompts_of([4])
+    for tokenizer in (Tok(), lambda ids: "/".join(map(str, ids))):
+        with TorchEngine(model, max_batch_size=2, max_seq_len=32, tokenizer=tokenizer) as engine:
+            (c,) = generate(engine, prompt, SamplingParams(max_tokens=4, seed=0))
+        assert c.text == "/".join(map(str, c.tokens))
+    with pytest.raises(TypeError, match="decode"):
+        TorchEngine(model, tokenizer=3)
+
+
+def test_bad_requests_raise_and_queue_nothing(model) -> None:
+    with TorchEngine(model, max_batch_size=2, max_seq_len=32) as engine:
+        with pytest.raises(ValueError, match="empty"):
+            generate(engine, [[1, 2], []], SamplingParams())
+        with pytest.raises(ValueError, match="outside"):
+            generate(engine, [[1, 256]], SamplingParams())
+        with pytest.raises(TypeError, match="SamplingParams"):
+            generate(engine, [[1]], {"max_tokens": 3})
+        assert engine.stats.requests == 0
+    with pytest.raises(ValueError, match="max_seq_len"):
+        TorchEngine(model, max_seq_len=10_000)
+
+
+def test_close_fails_waiters_and_later_calls(model) -> None:
+    engine = TorchEngine(model, max_batch_size=1, max_seq_len=512)
+    failures = []
+
+    def waiter():
+        try:
+            engine.generate_sync([[1, 2, 3]], SamplingParams(max_tokens=500, seed=0))
+        except RuntimeError as error:
+            failures.append(error)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    while engine.stats.decode_steps < 2:
+        pass
+    engine.close()
+    thread.join(timeout=10)
+    assert failures and "closed" in str(failures[0])
+    with pytest.raises(RuntimeError, match="closed"):
+        generate(engine, [[1]], SamplingParams())
+
+
+def test_cancelled_request_frees_its_slot(model) -> None:
+    with TorchEngine(model, max_batch_size=1, max_seq_len=512) as engine:
+
+        async def scenario():
+            long = asyncio.ensure_future(engine.generate([[1, 2]], SamplingParams(max_tokens=500, seed=0)))
+            while engine.stats.decode_steps < 2:
+                await asyncio.sleep(0.001)
+            long.cancel()
+            return await asyncio.wait_for(engine.generate([[3]], SamplingParams(max_tokens=3, seed=0)), 30)
+
+        (short,) = asyncio.run(scenario())
+        assert len(short.tokens) == 3 and engine.stats.decode_steps < 400
+
+
+def test_bfloat16_engine_is_close_to_float32(model) -> None:
+    prompt = prompts_of([10])[0]
+    with TorchEngine(model, max_batch_size=2, max_seq_len=64, dtype=torch.bfloat16) as engine:
+        (c,) = generate(engine, [prompt], SamplingParams(max_tokens=16, seed=0))
+    assert engine.model.dtype == torch.bfloat16 and model.dtype == torch.float32
+    assert (torch.tensor(c.logprobs) - teacher_forced(model, prompt, c.tokens)).abs().max() <= 0.25

@@ -42,18 +42,12 @@ import numpy as np
 
 import toolgym.envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
 from toolgym.agents.chat import ChatRenderer
+from toolgym.agents.errors import ContextOverflowError
 from toolgym.agents.policy import Policy
 from toolgym.agents.types import Completion, Message, SamplingParams
 
 from .metrics import episode_metrics
 from .types import StopReason, Trajectory, Transition
-
-try:  # the backends' "prompt does not fit" error
-    from toolgym.agents.errors import ContextOverflowError as _EngineContextOverflow
-except ImportError:  # pragma: no cover - agents/errors.py not there yet
-
-    class _EngineContextOverflow(Exception):  # type: ignore[no-redef]
-        pass
 
 
 class RolloutConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -304,7 +298,7 @@ class RolloutRunner:
         started = time.perf_counter()
         try:
             completions = await policy.generate([list(history)], params)
-        except _EngineContextOverflow as exc:
+        except ContextOverflowError as exc:
             state.end(StopReason.CONTEXT_OVERFLOW, _describe(exc))
             return None
         except Exception as exc:

@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import random
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -70,8 +71,9 @@ class VLLMConfig(msgspec.Struct, frozen=True, kw_only=True):
         default on GPU.
     seed_all_requests: give requests without a seed one drawn from `seed`, so that runs repeat.
         On GPU each seeded request costs a per-row generator call per step; turn it off for speed.
-    multiprocess: run the engine in its own process (vLLM's default; ~10 s slower to start on
-        CPU). In process (default) starts in ~2 s and takes weight updates without a copy.
+    multiprocess: run the engine in its own process (vLLM's default; ~10-20 s slower to start on
+        CPU; weight updates go through a temporary safetensors directory). In process (default)
+        starts in a few seconds and takes weight updates without a copy; one per process.
     engine_args: any other vllm EngineArgs fields, passed through.
     """
 
@@ -200,6 +202,30 @@ def caller_owns_process_group(multiprocess: bool) -> bool:
     return True
 
 
+_in_process_lock = threading.Lock()
+_in_process_owner: object | None = None
+
+
+def claim_in_process_engine(owner: object) -> None:
+    """At most one in-process engine per process: vLLM keeps its parallel state in module globals,
+    and shutting one engine down tears that state down under any other."""
+    global _in_process_owner
+    with _in_process_lock:
+        if _in_process_owner is not None:
+            raise RuntimeError(
+                "another in-process vLLM engine is running in this process; close it first or use "
+                "VLLMConfig(multiprocess=True)"
+            )
+        _in_process_owner = owner
+
+
+def release_in_process_engine(owner: object) -> None:
+    global _in_process_owner
+    with _in_process_lock:
+        if _in_process_owner is owner:
+            _in_process_owner = None
+
+
 def build_engine(directory: Path, engine_kwargs: dict[str, Any], multiprocess: bool) -> Any:
     """A vLLM `LLMEngine` (v1) for `directory`. Call it on the thread that will drive the engine."""
     import_vllm()
@@ -321,9 +347,11 @@ __all__ = [
     "VLLMUnavailableError",
     "build_engine",
     "caller_owns_process_group",
+    "claim_in_process_engine",
     "engine_kwargs",
     "import_vllm",
     "is_cpu_platform",
+    "release_in_process_engine",
     "sample_seed",
     "shutdown_engine",
     "to_completion",

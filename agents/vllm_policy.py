@@ -91,6 +91,8 @@ class VLLMPolicy:
         self._seed_rng = np.random.default_rng(config.seed)
         self._ids = itertools.count()
         self._keep_default_group = vllm_engine.caller_owns_process_group(config.multiprocess)
+        if not config.multiprocess:
+            vllm_engine.claim_in_process_engine(self)
         # Threading: the driver owns the engine and the maps below; others go through _cv.
         self._cv = threading.Condition()
         self._incoming: list[_Request] = []
@@ -133,6 +135,7 @@ class VLLMPolicy:
         is accepted and ignored: the embedding is its weight). Waits for running requests to finish
         (no admission meanwhile), so no Completion mixes two versions; then resets the prefix cache.
         """
+        self._check_open()
         updates = []
         for name, tensor in named_tensors:
             shape = self._param_shapes.get(name)
@@ -236,6 +239,7 @@ class VLLMPolicy:
             kwargs = vllm_engine.engine_kwargs(self.config, self.directory, self.max_seq_len)
             self._engine = vllm_engine.build_engine(self.directory, kwargs, self.config.multiprocess)
         except BaseException as exc:
+            vllm_engine.release_in_process_engine(self)
             started.set_exception(exc)
             return
         started.set_result(None)
@@ -246,7 +250,10 @@ class VLLMPolicy:
                 self._error = exc
         finally:
             self._fail_pending(self._closed_error())
-            vllm_engine.shutdown_engine(self._engine, self._keep_default_group)
+            try:
+                vllm_engine.shutdown_engine(self._engine, self._keep_default_group)
+            finally:
+                vllm_engine.release_in_process_engine(self)
 
     def _serve(self) -> None:
         from . import vllm_engine
@@ -283,28 +290,39 @@ class VLLMPolicy:
     def _add(self, engine: Any, request: _Request, vllm_engine: Any) -> None:
         if request.future.cancelled():
             return
-        prompt = vllm_engine.tokens_prompt(request.prompt)
-        for j in range(request.params.n):
-            request_id = f"{next(self._ids)}"
-            params = vllm_engine.to_vllm_params(request.params, vllm_engine.sample_seed(request.seed, j))
-            engine.add_request(request_id, prompt, params)
-            request.ids.append(request_id)
-            self._running[request_id] = (request, j)
+        try:
+            prompt = vllm_engine.tokens_prompt(request.prompt)
+            for j in range(request.params.n):
+                request_id = f"{next(self._ids)}"
+                params = vllm_engine.to_vllm_params(request.params, vllm_engine.sample_seed(request.seed, j))
+                engine.add_request(request_id, prompt, params)  # raises on what vLLM rejects
+                request.ids.append(request_id)
+                self._running[request_id] = (request, j)
+        except Exception as exc:  # this request only: the engine keeps serving the others
+            self._drop(engine, request, exc)
 
     def _finish(self, output: Any, vllm_engine: Any) -> None:
-        request, j = self._running.pop(output.request_id)
+        entry = self._running.pop(output.request_id, None)
+        if entry is None:  # dropped already (its request failed or was cancelled)
+            return
+        request, j = entry
         try:
             sample = output.outputs[0]
             text = self._decode_text(list(sample.token_ids)) if self._decode_text is not None else ""
             request.results[j] = vllm_engine.to_completion(sample, text, self.policy_version)
-        except Exception as exc:  # fail this request only; its other samples are dropped
-            self._running = {k: v for k, v in self._running.items() if v[0] is not request}
-            self._engine.abort_request([i for i in request.ids if i != output.request_id])
-            _resolve(request.future, exception=exc)
+        except Exception as exc:
+            self._drop(self._engine, request, exc)
             return
         request.unfinished -= 1
         if not request.unfinished:
             _resolve(request.future, result=request.results)
+
+    def _drop(self, engine: Any, request: _Request, error: BaseException) -> None:
+        """Fail one request and abort its samples still in the engine."""
+        live = [i for i in request.ids if self._running.pop(i, None) is not None]
+        if live:
+            engine.abort_request(live)
+        _resolve(request.future, exception=error)
 
     def _abort_cancelled(self, engine: Any) -> None:
         cancelled = [rid for rid, (request, _) in self._running.items() if request.future.cancelled()]

@@ -265,6 +265,14 @@ def test_bad_prompts_raise_before_reaching_the_engine(served):
     assert c.finish_reason == "length" and len(c.tokens) == 3
 
 
+def test_a_second_in_process_engine_is_refused_while_one_runs(served):
+    from toolgym.agents.vllm_policy import VLLMConfig, VLLMPolicy
+
+    with pytest.raises(RuntimeError, match="another in-process vLLM engine"):
+        VLLMPolicy(served.directory, VLLMConfig(dtype="float32", max_model_len=64, kv_cache_gib=1 / 64))
+    assert served.policy.generate_sync(PROMPTS[:1], SamplingParams(max_tokens=2))[0].finish_reason == "length"
+
+
 def test_close_ends_the_engine_and_keeps_the_callers_process_group(served):
     """Last in this module: closes the shared policy."""
     policy = served.policy

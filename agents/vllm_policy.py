@@ -43,7 +43,7 @@ import torch
 from .checkpoint import load_config
 from .errors import ContextOverflowError
 from .types import Completion, SamplingParams
-from .vllm_engine import VLLMConfig
+from .vllm_engine import INSTALL_HINT, VLLMConfig, VLLMUnavailableError
 
 
 @dataclass(eq=False)
@@ -414,4 +414,4 @@ def build_vllm_policy(
     return VLLMPolicy(directory, config, tokenizer=tokenizer, policy_version=policy_version)
 
 
-__all__ = ["VLLMConfig", "VLLMPolicy", "build_vllm_policy"]
+__all__ = ["INSTALL_HINT", "VLLMConfig", "VLLMPolicy", "VLLMUnavailableError", "build_vllm_policy"]

@@ -40,6 +40,7 @@ import torch
 from .errors import ContextOverflowError
 from .kv_cache import KVCache
 from .model import Transformer
+from .packed_linear import pack_model, packing_available, repack
 from .sampling import sample_tokens, seed_to_u64, uniform_draws
 from .types import Completion, SamplingParams
 
@@ -96,7 +97,8 @@ class TorchEngine:
     min(max_position_embeddings, 4096)); a prompt with no room left raises ContextOverflowError,
     a completion that reaches it finishes with "length". max_prefill_tokens: padded prompt
     tokens per prefill forward (bounds its memory). tokenizer: anything with .decode(ids), or a
-    callable, for `Completion.text`.
+    callable, for `Completion.text`. pack_weights: run the linears with oneDNN-packed weights
+    (agents/packed_linear.py; default: on CPU when available).
     """
 
     def __init__(
@@ -111,6 +113,7 @@ class TorchEngine:
         tokenizer: Any = None,
         seed: int = 0,
         policy_version: int = 0,
+        pack_weights: bool | None = None,
     ) -> None:
         cfg = model.config
         self.config = cfg
@@ -126,6 +129,9 @@ class TorchEngine:
             raise ValueError("max_batch_size and max_prefill_tokens must be >= 1")
         self.max_batch_size, self.max_prefill_tokens = max_batch_size, max_prefill_tokens
         self.device, self.dtype = device, dtype
+        self.packed = packing_available(device) if pack_weights is None else pack_weights
+        if self.packed:
+            pack_model(self.model, batch_hint=max_batch_size)
         self.policy_version = policy_version
         self.stats = EngineStats()
         self._decode_text = _as_decode_fn(tokenizer)
@@ -199,6 +205,8 @@ class TorchEngine:
                 with torch.no_grad():
                     for name, tensor in updates:
                         self._params[name].copy_(tensor)
+                    if self.packed:
+                        repack(self.model)
                 self.policy_version = version
             finally:
                 self._paused = False

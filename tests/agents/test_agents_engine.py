@@ -13,6 +13,7 @@ from toolgym.agents.checkpoint import hf_named_tensors
 from toolgym.agents.engine import TorchEngine
 from toolgym.agents.errors import ContextOverflowError
 from toolgym.agents.model import Transformer, build_model, causal_lm_logprobs
+from toolgym.agents.packed_linear import packing_available, reference_mlp
 from toolgym.agents.sampling import filter_top_k_top_p
 from toolgym.agents.types import SamplingParams
 
@@ -324,3 +325,20 @@ def test_bfloat16_engine_is_close_to_float32(model) -> None:
         (c,) = generate(engine, [prompt], SamplingParams(max_tokens=16, seed=0))
     assert engine.model.dtype == torch.bfloat16 and model.dtype == torch.float32
     assert (torch.tensor(c.logprobs) - teacher_forced(model, prompt, c.tokens)).abs().max() <= 0.25
+
+
+@pytest.mark.skipif(not packing_available(torch.device("cpu")), reason="no oneDNN in this torch build")
+def test_packed_linears_keep_names_and_results(model) -> None:
+    with TorchEngine(model, max_batch_size=2, max_seq_len=32, pack_weights=True) as packed:
+        assert list(packed.model.state_dict()) == list(model.state_dict())
+        x = torch.randn(3, 5, model.config.hidden_size)
+        layer = packed.model.model.layers[0]
+        with torch.no_grad():
+            assert torch.allclose(layer.mlp(x), reference_mlp(layer.mlp, x), atol=1e-5)
+            q = layer.self_attn.q_proj
+            assert torch.allclose(q(x), torch.nn.functional.linear(x, q.weight, q.bias), atol=1e-5)
+        with TorchEngine(model, max_batch_size=2, max_seq_len=32, pack_weights=False) as plain:
+            params = SamplingParams(max_tokens=10, seed=3)
+            a, b = generate(packed, prompts_of([7]), params), generate(plain, prompts_of([7]), params)
+    assert a[0].tokens == b[0].tokens
+    assert max(abs(x - y) for x, y in zip(a[0].logprobs, b[0].logprobs, strict=True)) <= 1e-5

@@ -129,39 +129,6 @@ class LossNormaliser(NamedTuple):
         return cls(float(mask.sum()), float(mask.any(dim=-1).sum()))
 
 
-def token_logprobs_and_entropy(
-    logits: Tensor, targets: Tensor, temperature: float = 1.0, with_entropy: bool = True
-) -> tuple[Tensor, Tensor | None]:
-    """Log-probabilities of `targets` and the entropy of each position, in float32.
-
-    logits [..., V], targets [...] -> (logprobs [...], entropy [...] or None). `temperature`
-    divides the logits first, as the sampler did. Memory: autograd keeps only the float32 logits
-    (gather + logsumexp), not a log-softmax copy; the entropy keeps a softmax copy only when it is
-    computed with grad enabled, so compute it under torch.no_grad() when it is only a metric.
-    """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0 for logprobs, got {temperature}")
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    log_normaliser = torch.logsumexp(logits, dim=-1)
-    logprobs = logits.gather(-1, targets.unsqueeze(-1).long()).squeeze(-1) - log_normaliser
-    entropy = None
-    if with_entropy:
-        probs = torch.softmax(logits, dim=-1)
-        entropy = log_normaliser - (probs * logits).sum(-1)
-    return logprobs, entropy
-
-
-def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """Per-position entropy of softmax(logits / temperature), in float32 ([..., V] -> [...])."""
-    logits = logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
-
-
 def aggregate(
     values: Tensor,
     loss_mask: Tensor,

@@ -29,13 +29,8 @@ from toolgym.rollouts.types import Episode
 from .batching import MicroBatch, empty_micro_batch, make_micro_batches, shard_episodes
 from .config import OptimizerConfig, TrainerConfig
 from .distributed import all_gather_objects, all_reduce, device_mesh, init_distributed, shard_model
-from .losses import (
-    LossNormaliser,
-    combine_metrics,
-    entropy_from_logits,
-    policy_loss,
-    token_logprobs_and_entropy,
-)
+from .logprobs import entropy_from_logits, token_logprobs
+from .losses import LossNormaliser, combine_metrics, policy_loss
 
 log = logging.getLogger(__name__)
 
@@ -108,18 +103,18 @@ class Trainer:
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The configured RL loss of one micro-batch (a MicroBatchLoss)."""
         loss_config, temperature = self.config.loss, self.config.temperature
-        entropy_grad = loss_config.entropy_coef > 0
-        logprobs, entropy = token_logprobs_and_entropy(
-            logits, mb.targets, temperature, with_entropy=entropy_grad
-        )
-        if entropy is None and self.config.compute_entropy:
-            with torch.no_grad():  # a metric only: no softmax copy kept for backward
-                entropy = entropy_from_logits(logits.detach(), temperature)
+        logprobs = token_logprobs(logits, mb.targets, temperature)
+        entropy = None
+        if loss_config.entropy_coef > 0:
+            entropy = entropy_from_logits(logits, temperature)  # with grad: the bonus trains it
+        elif self.config.compute_entropy:
+            with torch.no_grad():  # a metric only
+                entropy = entropy_from_logits(logits, temperature)
         ref_logprobs = None
         if self.reference_model is not None:
             with torch.no_grad():
                 ref_logits = self.reference_model(mb.input_ids)
-                ref_logprobs, _ = token_logprobs_and_entropy(ref_logits, mb.targets, temperature, False)
+                ref_logprobs = token_logprobs(ref_logits, mb.targets, temperature)
         return policy_loss(
             loss_config,
             logprobs,
@@ -135,7 +130,7 @@ class Trainer:
         self, mb: MicroBatch, logits: Tensor, norm: LossNormaliser
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """Cross-entropy on loss_mask tokens over the step's token count (a MicroBatchLoss)."""
-        logprobs, _ = token_logprobs_and_entropy(logits, mb.targets, with_entropy=False)
+        logprobs = token_logprobs(logits, mb.targets)
         mask = mb.loss_mask
         loss = -torch.where(mask, logprobs, torch.zeros_like(logprobs)).sum() / max(norm.num_tokens, 1.0)
         with torch.no_grad():
@@ -162,7 +157,7 @@ class Trainer:
             episodes, self.config.micro_batch_tokens, self.config.pad_token_id, self.vocab_size
         ):
             mb = mb.to(self.device)
-            logprobs, _ = token_logprobs_and_entropy(self.model(mb.input_ids), mb.targets, temperature, False)
+            logprobs = token_logprobs(self.model(mb.input_ids), mb.targets, temperature)
             for row, (index, n) in enumerate(
                 zip(mb.episode_index.tolist(), mb.lengths.tolist(), strict=True)
             ):

@@ -12,7 +12,6 @@ from toolgym.trainers.losses import (
     aggregate,
     combine_metrics,
     policy_loss,
-    token_logprobs_and_entropy,
 )
 
 torch.set_default_dtype(torch.float32)
@@ -300,22 +299,6 @@ def test_micro_batched_accumulation_equals_full_batch(config):
     combined = combine_metrics(parts)
     for key, value in m_full.items():
         assert combined[key] == pytest.approx(value.item(), abs=1e-5), key
-
-
-def test_logprobs_and_entropy_helper():
-    g = torch.Generator().manual_seed(3)
-    logits = torch.randn(2, 5, 11, generator=g, dtype=torch.bfloat16)
-    targets = torch.randint(0, 11, (2, 5), generator=g)
-    for temperature in (1.0, 0.7):
-        logp, ent = token_logprobs_and_entropy(logits, targets, temperature)
-        assert logp.dtype == torch.float32 and ent.dtype == torch.float32
-        ref = torch.log_softmax(logits.float() / temperature, -1)
-        torch.testing.assert_close(logp, ref.gather(-1, targets[..., None])[..., 0])
-        torch.testing.assert_close(ent, torch.distributions.Categorical(logits=ref).entropy())
-    logp, ent = token_logprobs_and_entropy(logits, targets, with_entropy=False)
-    assert ent is None
-    with pytest.raises(ValueError, match="temperature"):
-        token_logprobs_and_entropy(logits, targets, 0.0)
 
 
 def test_shape_mismatch_is_a_clear_error():

@@ -15,7 +15,8 @@ from toolgym.agents.model import build_model, causal_lm_logprobs
 from toolgym.rollouts.types import Episode
 from toolgym.trainers.batching import make_micro_batches, shard_episodes, split_by_token_budget
 from toolgym.trainers.config import OptimizerConfig, TrainerConfig
-from toolgym.trainers.losses import LossConfig, LossNormaliser, policy_loss, token_logprobs_and_entropy
+from toolgym.trainers.logprobs import token_logprobs
+from toolgym.trainers.losses import LossConfig, LossNormaliser, policy_loss
 from toolgym.trainers.trainer import Trainer, lr_factor
 
 torch.set_num_threads(1)
@@ -100,7 +101,7 @@ def test_micro_batched_gradient_equals_direct_full_batch(loss):
     assert metrics["num_micro_batches"] > 2
 
     (mb,) = make_micro_batches(episodes, 10_000)  # one batch, computed by hand
-    logprobs, _ = token_logprobs_and_entropy(reference(mb.input_ids), mb.targets, with_entropy=False)
+    logprobs = token_logprobs(reference(mb.input_ids), mb.targets)
     expected, _ = policy_loss(
         LossConfig(name=loss), logprobs, mb.sampler_logprobs, mb.advantages, mb.loss_mask
     )

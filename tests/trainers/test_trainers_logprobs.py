@@ -1,0 +1,76 @@
+"""Chunked logprob/entropy from logits: values, gradients, memory kept for backward."""
+
+import pytest
+import torch
+
+from toolgym.trainers import logprobs as logprobs_module
+from toolgym.trainers.logprobs import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
+
+
+def _reference(logits, targets, temperature):
+    logp = torch.log_softmax(logits.float() / temperature, -1)
+    return logp.gather(-1, targets[..., None])[..., 0], torch.distributions.Categorical(logits=logp).entropy()
+
+
+@pytest.fixture(params=[False, True], ids=["one-chunk", "chunked"])
+def chunking(request, monkeypatch):
+    if request.param:
+        monkeypatch.setattr(logprobs_module, "CHUNK_ELEMENTS", 3 * 11)  # 3 rows per chunk
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_values_match_log_softmax(chunking, dtype, temperature):
+    g = torch.Generator().manual_seed(3)
+    logits = (3 * torch.randn(2, 5, 11, generator=g)).to(dtype)
+    targets = torch.randint(0, 11, (2, 5), generator=g)
+    logp, ent = token_logprobs_and_entropy(logits, targets, temperature)
+    ref_logp, ref_ent = _reference(logits, targets, temperature)
+    assert logp.dtype == ent.dtype == torch.float32
+    torch.testing.assert_close(logp, ref_logp)
+    torch.testing.assert_close(ent, ref_ent)
+    assert token_logprobs_and_entropy(logits, targets, with_entropy=False)[1] is None
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_gradient_matches_autograd_and_leaves_logits_alone(chunking, temperature):
+    g = torch.Generator().manual_seed(4)
+    base = 2 * torch.randn(3, 4, 11, generator=g)
+    targets = torch.randint(0, 11, (3, 4), generator=g)
+    weights = torch.randn(3, 4, generator=g)
+    logits = base.clone().requires_grad_(True)
+    (token_logprobs(logits, targets, temperature) * weights).sum().backward()
+    reference = base.clone().requires_grad_(True)
+    (_reference(reference, targets, temperature)[0] * weights).sum().backward()
+    torch.testing.assert_close(logits.grad, reference.grad)
+    assert torch.equal(logits.detach(), base)  # backward recomputes the softmax without touching them
+
+
+def test_gradcheck_float64(chunking):
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, 3, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 7, (2, 3), generator=g)
+    assert torch.autograd.gradcheck(lambda x: token_logprobs(x, targets, 0.9), (logits,))
+    assert torch.autograd.gradcheck(lambda x: entropy_from_logits(x, 0.9), (logits,))
+
+
+def test_backward_keeps_only_the_logits():
+    logits = torch.randn(4, 6, 50, requires_grad=True)
+    z = logits * 1.0  # a non-leaf, like a model's output
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        token_logprobs(z, torch.zeros(4, 6, dtype=torch.long))
+    assert sum(saved) <= logits.numel() + 2 * 4 * 6  # the logits + targets + one float per position
+
+
+def test_bad_temperature():
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(torch.zeros(1, 3), torch.zeros(1, dtype=torch.long), 0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        entropy_from_logits(torch.zeros(1, 3), -1.0)

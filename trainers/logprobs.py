@@ -1,0 +1,109 @@
+"""Per-token log-probabilities and entropies from logits, in float32, a chunk of rows at a time.
+
+The vocabulary can be large (152k for Qwen2.5), so [positions x vocab] float32 tensors are the
+trainer's biggest. `token_logprobs` is a custom autograd function that keeps only the logits
+themselves for backward (plus one float per position) and recomputes the softmax in backward,
+row-chunk by row-chunk, writing straight into the logits' gradient; no log-softmax, softmax or
+float32 copy of the whole micro-batch is kept. The entropy metric is computed the same way under
+no_grad. Only an entropy *bonus* (entropy with grad) uses plain autograd and its softmax copy.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+CHUNK_ELEMENTS = 1 << 26  # 64M float32 (256 MiB) of temporaries per chunk of rows
+
+
+def _rows_per_chunk(vocab: int) -> int:
+    return max(1, CHUNK_ELEMENTS // vocab)
+
+
+def _compute_dtype(logits: Tensor) -> torch.dtype:
+    return torch.float64 if logits.dtype == torch.float64 else torch.float32  # float64 for gradcheck
+
+
+class _TokenLogprob(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float) -> Tensor:
+        vocab = logits.shape[-1]
+        flat, flat_targets = logits.reshape(-1, vocab), targets.reshape(-1, 1).long()
+        dtype = _compute_dtype(logits)
+        out = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
+        log_normaliser = torch.empty_like(out)
+        step = _rows_per_chunk(vocab)
+        for lo in range(0, flat.shape[0], step):
+            z = flat[lo : lo + step].to(dtype)
+            if temperature != 1.0:
+                z = z / temperature
+            log_normaliser[lo : lo + step] = torch.logsumexp(z, dim=-1)
+            out[lo : lo + step] = z.gather(1, flat_targets[lo : lo + step]).squeeze(1)
+        out -= log_normaliser
+        ctx.save_for_backward(logits, flat_targets, log_normaliser)
+        ctx.temperature = temperature
+        return out.view(targets.shape)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, None, None]:
+        logits, flat_targets, log_normaliser = ctx.saved_tensors
+        temperature = ctx.temperature
+        vocab = logits.shape[-1]
+        flat = logits.reshape(-1, vocab)
+        dtype = log_normaliser.dtype
+        grad_flat = grad_out.reshape(-1, 1).to(dtype)
+        grad = torch.empty_like(flat)
+        step = _rows_per_chunk(vocab)
+        for lo in range(0, flat.shape[0], step):
+            z = flat[lo : lo + step].to(dtype)
+            if temperature != 1.0:
+                z = z / temperature
+            g = grad_flat[lo : lo + step]
+            # d logp / d logits = (onehot(target) - softmax(z)) / temperature
+            chunk = torch.sub(z, log_normaliser[lo : lo + step, None]).exp_().mul_(-g)  # z may view logits
+            chunk.scatter_add_(1, flat_targets[lo : lo + step], g)
+            if temperature != 1.0:
+                chunk /= temperature
+            grad[lo : lo + step] = chunk
+        return grad.view_as(logits), None, None
+
+
+def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """log softmax(logits / temperature)[target] in float32 (float64 for float64 logits): [..., V], [...] -> [...]."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for logprobs, got {temperature}")
+    return _TokenLogprob.apply(logits, targets, float(temperature))
+
+
+def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy of softmax(logits / temperature) per position, float32 ([..., V] -> [...]).
+
+    Differentiable (plain autograd, keeps a softmax copy) when grad is enabled and the logits
+    require it; otherwise computed a chunk of rows at a time.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    dtype = _compute_dtype(logits)
+    if torch.is_grad_enabled() and logits.requires_grad:
+        z = logits.to(dtype) / temperature
+        return torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1)
+    vocab = logits.shape[-1]
+    flat = logits.detach().reshape(-1, vocab)
+    out = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
+    step = _rows_per_chunk(vocab)
+    for lo in range(0, flat.shape[0], step):
+        z = flat[lo : lo + step].to(dtype)
+        if temperature != 1.0:
+            z = z / temperature
+        lse = torch.logsumexp(z, dim=-1, keepdim=True)
+        # H = lse - sum(p * z) with p = exp(z - lse)
+        out[lo : lo + step] = lse.squeeze(1) - (torch.exp(z - lse) * z).sum(-1)
+    return out.view(logits.shape[:-1])
+
+
+def token_logprobs_and_entropy(
+    logits: Tensor, targets: Tensor, temperature: float = 1.0, with_entropy: bool = True
+) -> tuple[Tensor, Tensor | None]:
+    """(token_logprobs, entropy_from_logits or None); see each."""
+    logprobs = token_logprobs(logits, targets, temperature)
+    return logprobs, entropy_from_logits(logits, temperature) if with_entropy else None

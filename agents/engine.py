@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from .errors import ContextOverflowError
-from .kv_cache import KVCache
+from .kv_cache import KeyLayout, KVCache
 from .model import Transformer
 from .packed_linear import pack_model, packing_available, repack
 from .sampling import sample_tokens, seed_to_u64, uniform_draws
@@ -98,7 +98,8 @@ class TorchEngine:
     a completion that reaches it finishes with "length". max_prefill_tokens: padded prompt
     tokens per prefill forward (bounds its memory). tokenizer: anything with .decode(ids), or a
     callable, for `Completion.text`. pack_weights: run the linears with oneDNN-packed weights
-    (agents/packed_linear.py; default: on CPU when available).
+    (agents/packed_linear.py; default: on CPU when available). key_layout: the KV cache's key
+    layout (agents/kv_cache.py; default: the fastest for `dtype`).
     """
 
     def __init__(
@@ -114,6 +115,7 @@ class TorchEngine:
         seed: int = 0,
         policy_version: int = 0,
         pack_weights: bool | None = None,
+        key_layout: KeyLayout | None = None,
     ) -> None:
         cfg = model.config
         self.config = cfg
@@ -138,7 +140,9 @@ class TorchEngine:
         self._seed_rng = np.random.default_rng(seed)
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
         with torch.inference_mode():
-            self.cache = KVCache(cfg, max_batch_size, self.max_seq_len, dtype=dtype, device=device)
+            self.cache = KVCache(
+                cfg, max_batch_size, self.max_seq_len, dtype=dtype, device=device, key_layout=key_layout
+            )
         # Per-slot sampling state, host side (slot i = self._running[i]).
         b = max_batch_size
         self._pos = np.zeros(b, np.int64)  # where the slot's next input token goes

@@ -1,11 +1,16 @@
 """A preallocated slot-based KV cache for the torch engine, and the attention that reads it.
 
-Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]; k is stored transposed,
-[layers, slots, kv_heads, head_dim, max_seq_len], so that q @ k^T is a plain batched matmul over
-a strided block (bf16 batched matmuls on CPU are several times slower on a transposed operand).
 A running sequence owns one slot; its tokens sit at positions 0..len-1 of that slot. The engine
 keeps the running sequences in slots 0..n-1 (it moves the last one into a hole when a sequence
-finishes), so a decode step reads the block [:n, ..., :span] with no gather.
+finishes), so a decode step reads the block [:n, ..., :span] in place, with no gather.
+
+Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]. k has two layouts, picked by what
+is fastest for the decode attention of the dtype on CPU (decode attention is bound by reading
+the cache):
+- "sd" (float32): k like v; decode runs SDPA (one fused pass over k and v, GQA without copies);
+- "ds" (bfloat16/float16): k transposed, [..., head_dim, max_seq_len], and decode is two batched
+  matmuls: reduced-precision batched matmuls are several times slower on a transposed operand
+  and SDPA's reduced-precision CPU kernel is slow for one query.
 
 The model calls `cache.attend(layer, q, k, v)` (see agents/model.py); what happens depends on
 the mode the engine set before the forward:
@@ -17,10 +22,14 @@ the mode the engine set before the forward:
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 
 from .model import ModelConfig, rope_cos_sin
+
+KeyLayout = Literal["sd", "ds"]
 
 
 class KVCache:
@@ -32,20 +41,24 @@ class KVCache:
         *,
         dtype: torch.dtype,
         device: torch.device | str,
+        key_layout: KeyLayout | None = None,
     ) -> None:
         layers, heads, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
-        self.k = torch.zeros((layers, max_slots, heads, d, max_seq_len), dtype=dtype, device=device)
+        self.key_layout: KeyLayout = key_layout or ("sd" if dtype == torch.float32 else "ds")
+        k_shape = (d, max_seq_len) if self.key_layout == "ds" else (max_seq_len, d)
+        self.k = torch.zeros((layers, max_slots, heads, *k_shape), dtype=dtype, device=device)
         self.v = torch.zeros((layers, max_slots, heads, max_seq_len, d), dtype=dtype, device=device)
         self.max_slots, self.max_seq_len = max_slots, max_seq_len
-        self.kv_heads, self.head_dim = config.num_key_value_heads, config.head_dim
-        self.groups = config.num_attention_heads // config.num_key_value_heads
-        self.scale = config.head_dim**-0.5
+        self.kv_heads, self.head_dim = heads, d
+        self.groups = config.num_attention_heads // heads
+        self.scale = d**-0.5
         # RoPE for every position a slot can hold, looked up by position each step.
         positions = torch.arange(max_seq_len, device=device)
-        self.rope_cos, self.rope_sin = rope_cos_sin(positions, config.head_dim, config.rope_theta, dtype)
-        # Flat offsets of (slot, head, 0) in a layer's v, and of (slot, head, dim, 0) in its k.
-        self._k_base = torch.arange(max_slots * heads * d, device=device).view(max_slots, -1) * max_seq_len
-        self._v_base = torch.arange(max_slots * heads, device=device).view(max_slots, -1) * max_seq_len
+        self.rope_cos, self.rope_sin = rope_cos_sin(positions, d, config.rope_theta, dtype)
+        # Flat offsets of (slot, head, position 0) in a layer's [slots*heads*seq, D] view, and of
+        # (slot, head, dim, position 0) in a "ds" layer's flat view.
+        self._row_base = torch.arange(max_slots * heads, device=device).view(max_slots, -1) * max_seq_len
+        self._dim_base = torch.arange(max_slots * heads * d, device=device).view(max_slots, -1) * max_seq_len
         self._mode = ""
 
     @property
@@ -66,13 +79,22 @@ class KVCache:
         Returns the RoPE (cos, sin) [n, 1, 1, D]."""
         self._mode = "decode"
         n = positions.shape[0]
-        self._k_index = (self._k_base[:n] + positions[:, None]).view(-1)  # into k.view(-1)
-        self._v_index = (self._v_base[:n] + positions[:, None]).view(-1)  # into v.view(-1, D)
-        # Additive mask per (slot, kv head): positions after the slot's own are -inf.
+        rows = (self._row_base[:n] + positions[:, None]).view(-1)
+        self._v_index = rows
+        self._k_index = (
+            rows if self.key_layout == "sd" else (self._dim_base[:n] + positions[:, None]).view(-1)
+        )
+        # Additive mask: positions after the slot's own are -inf. [n, 1, 1, span] for SDPA ("sd"),
+        # [n*Hkv, 1, span] for the batched matmuls ("ds").
         cols = torch.arange(span, device=positions.device)
-        hidden = (cols[None, :] > positions[:, None]).repeat_interleave(self.kv_heads, dim=0)
-        self._bias = torch.zeros((n * self.kv_heads, 1, span), dtype=self.k.dtype, device=self.k.device)
-        self._bias.masked_fill_(hidden[:, None], float("-inf"))
+        future = cols[None, :] > positions[:, None]
+        if self.key_layout == "ds":
+            future = future.repeat_interleave(self.kv_heads, dim=0)[:, None]
+        else:
+            future = future[:, None, None]
+        self._bias = torch.zeros(future.shape, dtype=self.k.dtype, device=self.k.device).masked_fill_(
+            future, float("-inf")
+        )
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         return cos[:, None, None], sin[:, None, None]
 
@@ -85,12 +107,12 @@ class KVCache:
 
     def _attend_prefill(self, layer: int, q, k, v) -> torch.Tensor:
         length, first, rows = k.shape[2], self._first_slot, self._source_rows
-        if rows is not None:
-            k_rows, v_rows = k[rows], v[rows]
-        else:
-            k_rows, v_rows = k, v
+        k_rows, v_rows = (k[rows], v[rows]) if rows is not None else (k, v)
         last = first + k_rows.shape[0]
-        self.k[layer, first:last, :, :, :length] = k_rows.transpose(-1, -2)
+        if self.key_layout == "ds":
+            self.k[layer, first:last, :, :, :length] = k_rows.transpose(-1, -2)
+        else:
+            self.k[layer, first:last, :, :length] = k_rows
         self.v[layer, first:last, :, :length] = v_rows
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
@@ -98,17 +120,23 @@ class KVCache:
         # Sizes come from tensor shapes (not Python ints) so a compiled step stays shape-generic.
         n, span, heads, d = q.shape[0], self._bias.shape[-1], self.kv_heads, self.head_dim
         k_layer, v_layer = self.k[layer], self.v[layer]
-        k_layer.view(-1).index_copy_(0, self._k_index, k.reshape(-1))
         v_layer.view(-1, d).index_copy_(0, self._v_index, v.reshape(n * heads, d))
-        keys = k_layer[:n, :, :, :span].reshape(n * heads, d, span)  # strided views, no copy
-        values = v_layer[:n, :, :span].reshape(n * heads, span, d)
+        values = v_layer[:n, :, :span]  # [n, Hkv, span, D], strided view
+        if self.key_layout == "sd":
+            k_layer.view(-1, d).index_copy_(0, self._k_index, k.reshape(n * heads, d))
+            keys = k_layer[:n, :, :span]
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=self._bias, enable_gqa=True)
+        k_layer.view(-1).index_copy_(0, self._k_index, k.reshape(-1))
+        keys = k_layer[:n, :, :, :span].reshape(n * heads, d, span)
         # GQA without repeating k/v: the G query heads of a kv head are the rows of one matmul.
-        q = q.reshape(n * heads, self.groups, d)
-        scores = torch.baddbmm(self._bias, q, keys, alpha=self.scale)  # [n*Hkv, G, span]
+        scores = torch.baddbmm(self._bias, q.reshape(n * heads, self.groups, d), keys, alpha=self.scale)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
-        return torch.bmm(probs, values).view(n, heads * self.groups, 1, d)
+        return torch.bmm(probs, values.reshape(n * heads, span, d)).view(n, heads * self.groups, 1, d)
 
     def move_slot(self, source: int, target: int, length: int) -> None:
         """Copy a running sequence's first `length` positions from slot `source` to `target`."""
-        self.k[:, target, ..., :length] = self.k[:, source, ..., :length]
+        if self.key_layout == "ds":
+            self.k[:, target, ..., :length] = self.k[:, source, ..., :length]
+        else:
+            self.k[:, target, :, :length] = self.k[:, source, :, :length]
         self.v[:, target, :, :length] = self.v[:, source, :, :length]

@@ -160,11 +160,11 @@ def _masked_mean(values: Tensor, mask: Tensor, count: Tensor) -> Tensor:
 
 
 def _masked_extreme(values: Tensor, mask: Tensor, largest: bool) -> Tensor:
-    if not bool(mask.any()):
-        return values.new_tensor(0.0)
+    """Max (min) over masked entries; 0 when there are none. No host sync (GPU-friendly)."""
     fill = -math.inf if largest else math.inf
     masked = torch.where(mask, values, torch.full_like(values, fill))
-    return masked.max() if largest else masked.min()
+    extreme = masked.max() if largest else masked.min()
+    return torch.where(mask.any(), extreme, torch.zeros_like(extreme))
 
 
 def policy_loss(

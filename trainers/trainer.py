@@ -223,20 +223,23 @@ class Trainer:
         normaliser = LossNormaliser(num_tokens, num_sequences)
 
         parts: list[dict[str, Tensor]] = []
-        local_loss = torch.zeros((), dtype=torch.float64)
-        for i, mb in enumerate(batches):
+        local_loss = torch.zeros((), dtype=torch.float64, device=self.device)  # no host sync per micro-batch
+        for i, host_batch in enumerate(batches):
             self.model.set_requires_gradient_sync(i == len(batches) - 1)
-            mb = mb.to(self.device)
+            mb = host_batch.to(self.device)
             logits = self.model(mb.input_ids)
             loss, metrics = loss_fn(mb, logits, normaliser)
             del logits
             loss.backward()
-            local_loss += loss.detach().double().cpu()
-            if mb.num_real_tokens > 0:
+            local_loss += loss.detach().double()
+            if host_batch.num_real_tokens > 0:  # not a filler batch
                 parts.append(metrics)
 
         (global_loss,) = all_reduce([float(local_loss)])
-        local = combine_metrics([{k: float(v) for k, v in m.items()} for m in parts])
+        # one device-to-host copy per micro-batch for all of its metrics
+        local = combine_metrics(
+            [dict(zip(m, torch.stack([v.double() for v in m.values()]).tolist(), strict=True)) for m in parts]
+        )
         metrics = combine_metrics([m for m in all_gather_objects(local) if m])
         metrics.update(
             loss=global_loss,

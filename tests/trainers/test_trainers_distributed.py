@@ -8,6 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from trainers_testlib import full_params, random_episodes, worker_config
+
+from toolgym.agents.model import build_model
+from toolgym.trainers.checkpoint import CheckpointManager
+from toolgym.trainers.trainer import Trainer, lr_factor
+
 HERE = Path(__file__).parent
 WORKER = HERE / "trainers_testlib.py"
 
@@ -20,15 +27,25 @@ def _run(cmd: list[str], tmp: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
+LOSSES = ("grpo", "dapo")  # seq-mean-token-mean and token-mean: both need step-wide counts
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One plain process (a world of one, no torchrun) and one 2-process torchrun, both losses."""
+    one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
+    _run([sys.executable, str(WORKER), str(one), ",".join(LOSSES)], one)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    _run([*torchrun, str(WORKER), str(two), ",".join(LOSSES)], two)
+    return one, two
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("loss", ["grpo", "dapo"])
-def test_two_process_fsdp_matches_one_process(tmp_path, loss):
-    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    _run([sys.executable, str(WORKER), str(one), loss], tmp_path)  # plain: a world of one, no torchrun
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    _run([*torchrun, str(WORKER), str(two), loss], tmp_path)
-    a, b = torch.load(one), torch.load(two)
+@pytest.mark.parametrize("loss", LOSSES)
+def test_two_process_fsdp_matches_one_process(runs, loss):
+    one, two = runs
+    a, b = torch.load(one / f"{loss}.pt"), torch.load(two / f"{loss}.pt")
 
     assert abs(a["first"]["loss"] - b["first"]["loss"]) <= 1e-5
     assert a["first"]["num_tokens"] == b["first"]["num_tokens"]
@@ -42,3 +59,16 @@ def test_two_process_fsdp_matches_one_process(tmp_path, loss):
     # 3 Adam steps at lr 1e-3: per-step updates are ~1e-3, float noise in the sums stays far below
     for name in a["params"]:
         assert (a["params"][name] - b["params"][name]).abs().max().item() <= 5e-5, name
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_rank_checkpoint_loads_in_one_process(runs):
+    _, two = runs
+    saved = torch.load(two / "dapo.pt")
+    resumed = Trainer(build_model("test", seed=7), worker_config("dapo"), device="cpu")
+    assert CheckpointManager(two / "dapo.ckpt").load(resumed) == {"next_step": 3}  # DCP reshards 2 -> 1
+    assert resumed.step == 3 and resumed.lr == pytest.approx(1e-3 * lr_factor(3, resumed.config.optimizer))
+    for name, value in full_params(resumed.model).items():
+        assert torch.equal(value, saved["params"][name]), name
+    assert resumed.train_step(random_episodes(13, seed=13))["skipped"] == 0.0

@@ -1,7 +1,7 @@
 """Shared helpers for the trainer tests, and a worker they launch under torchrun.
 
-As a script (`python -m torch.distributed.run --nproc_per_node N trainers_testlib.py OUT LOSS`,
-or plainly with `python trainers_testlib.py OUT LOSS` for one process) it trains the "test" model
+As a script (`python -m torch.distributed.run --nproc_per_node N trainers_testlib.py OUT_DIR
+LOSS[,LOSS]`, or plainly with `python trainers_testlib.py OUT_DIR LOSS` for one process) it trains the "test" model
 on fixed random Episodes and saves, from rank 0, what the tests compare: the first step's loss
 and full gradients, then the parameters and metrics after a few steps.
 """
@@ -59,27 +59,35 @@ def full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _worker(out_path: str, loss_name: str) -> None:
-    from toolgym.agents.model import build_model
+def worker_config(loss_name: str):
     from toolgym.trainers.config import OptimizerConfig, TrainerConfig
     from toolgym.trainers.losses import LossConfig
-    from toolgym.trainers.trainer import Trainer
 
-    torch.set_num_threads(1)
-    config = TrainerConfig(
+    return TrainerConfig(
         loss=LossConfig(name=loss_name),
         micro_batch_tokens=200,
         optimizer=OptimizerConfig(lr=1e-3, warmup_steps=1, decay="linear", total_steps=6),
     )
-    trainer = Trainer(build_model("test", seed=0), config, device="cpu")
-    episodes = random_episodes(13, seed=1)
-    first = trainer._forward_backward(episodes, trainer.policy_loss, sharded=False)
-    grads = full_grads(trainer.model)
-    trainer.optimizer.zero_grad(set_to_none=True)
-    history = [trainer.train_step(random_episodes(13, seed=10 + step)) for step in range(3)]
-    params = full_params(trainer.model)
-    if trainer.dist.is_main:
-        torch.save({"first": first, "grads": grads, "history": history, "params": params}, out_path)
+
+
+def _worker(out_dir: str, loss_names: str) -> None:
+    from toolgym.agents.model import build_model
+    from toolgym.trainers.checkpoint import CheckpointManager
+    from toolgym.trainers.trainer import Trainer
+
+    torch.set_num_threads(1)
+    for loss_name in loss_names.split(","):
+        trainer = Trainer(build_model("test", seed=0), worker_config(loss_name), device="cpu")
+        episodes = random_episodes(13, seed=1)
+        first = trainer._forward_backward(episodes, trainer.policy_loss, sharded=False)
+        grads = full_grads(trainer.model)
+        trainer.optimizer.zero_grad(set_to_none=True)
+        history = [trainer.train_step(random_episodes(13, seed=10 + step)) for step in range(3)]
+        params = full_params(trainer.model)
+        CheckpointManager(f"{out_dir}/{loss_name}.ckpt").save(trainer, {"next_step": 3})
+        if trainer.dist.is_main:
+            result = {"first": first, "grads": grads, "history": history, "params": params}
+            torch.save(result, f"{out_dir}/{loss_name}.pt")
     torch.distributed.destroy_process_group()
 
 

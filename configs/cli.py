@@ -1,6 +1,12 @@
-"""The `toolgym` command line: argument parsing only; the work is in rollouts/commands.py (and,
-for later subcommands, the modules they call).
+"""The `toolgym` command line: argument parsing only; the work is in rollouts/commands.py,
+configs/train.py and configs/plot.py.
 
+    toolgym train                                  # the CPU demo (configs/zorplex_tiny.toml)
+    toolgym train sum_digits_tiny --set run.steps=20 --set trainer.optimizer.lr=3e-4
+    toolgym train my_config.toml --print-config    # the resolved config, nothing runs
+    toolgym train --resume runs/zorplex_tiny-20250101-120000
+    torchrun --nproc_per_node=2 -m toolgym.configs.cli train zorplex_tiny
+    toolgym plot runs/zorplex_tiny-20250101-120000
     toolgym envs
     toolgym record --env toolgym/Zorplex-v0 --env-kwargs '{"tier": "simple"}' --policy oracle \\
         --tasks 64 --group-size 4 --out runs/oracle.jsonl
@@ -8,7 +14,7 @@ for later subcommands, the modules they call).
     toolgym eval --env toolgym/Zorplex-v0 --policy runs/ckpt/hf --tasks 64
 
 A subcommand is a function `add_<name>(subparsers)` in `SUBCOMMANDS` that adds its parser and
-sets `func` (args -> exit code); `train` and `plot` plug in the same way.
+sets `func` (args -> exit code).
 """
 
 from __future__ import annotations
@@ -196,7 +202,77 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [add_envs, add_record, add_replay, add_eval]
+def add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "train",
+        help="SFT warm start (optional) then RL from a TOML config; with no config, the CPU demo",
+        description="Train from a TOML config file or a shipped preset name "
+        "(zorplex_tiny, sum_digits_tiny, zorplex_compositional_tiny, qwen2.5_0.5b_vllm).",
+    )
+    p.add_argument(
+        "config", nargs="?", default=None, help="a TOML file or preset name (default: zorplex_tiny)"
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set rollout.group_size=4 (VALUE is TOML; repeatable)",
+    )
+    p.add_argument(
+        "--resume", metavar="RUN_DIR", default=None, help="continue a run from its latest checkpoint"
+    )
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+    def run(args: argparse.Namespace) -> int:
+        from toolgym.configs.load import ConfigError, config_to_toml, load_config
+        from toolgym.configs.run_dir import existing_run_config
+
+        try:
+            if args.resume is not None:
+                if args.config is not None:
+                    raise ConfigError("--resume", "give a CONFIG or --resume RUN_DIR, not both")
+                config, _ = load_config(existing_run_config(args.resume), args.overrides)
+            else:
+                config, _ = load_config(args.config, args.overrides)
+            if args.print_config:
+                print(config_to_toml(config), end="")
+                return 0
+            from toolgym.configs.train import train
+
+            return train(config, resume=args.resume, progress=not args.no_progress)
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+
+    p.set_defaults(func=run)
+
+
+def add_plot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot", help="write PNG curves (reward, accuracy, tag rate, entropy, KL) of a run")
+    p.add_argument("run_dir")
+    p.add_argument("--out", default=None, help="output folder (default: RUN_DIR/plots)")
+
+    def run(args: argparse.Namespace) -> int:
+        from toolgym.configs.plot import plot_run
+
+        for path in plot_run(args.run_dir, args.out):
+            print(path)
+        return 0
+
+    p.set_defaults(func=run)
+
+
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    add_train,
+    add_eval,
+    add_record,
+    add_replay,
+    add_envs,
+    add_plot,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

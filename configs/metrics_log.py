@@ -1,0 +1,145 @@
+"""Metrics out: JSON Lines in the run directory, a console line per step, optional TensorBoard.
+
+Every record is one JSON object: {"kind": "sft" | "train" | "eval", "step": n, "time": unix
+seconds, <metric name>: value, ...}. Train metrics keep the components' names (`rollout/...`,
+`batch/...`, `dynamic_sampling/...`, `episodes/...` from the rollouts, `train/...` from the
+trainer, `time/...` from the loop); eval metrics are `eval/...`; SFT metrics `sft/...`. Console
+lines go through `tqdm.write` so they do not fight the progress bar.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from .schema import LoggingSection
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Every whole record of a metrics.jsonl (a torn last line is skipped)."""
+    records = []
+    path = Path(path)
+    if not path.is_file():
+        return records
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a crash mid-write tears at most the last line
+    return records
+
+
+def truncate_metrics(path: Path, last_step: int, keep_sft: bool = True) -> None:
+    """Drop train/eval records after `last_step` (steps a resumed run will redo), and the SFT
+    records unless `keep_sft` (an SFT phase that will be redone)."""
+    kept = [
+        r
+        for r in read_metrics(path)
+        if (keep_sft if r.get("kind") == "sft" else int(r.get("step", 0)) <= last_step)
+    ]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    tmp.replace(path)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no nan/inf; keep them visible as strings
+    return value
+
+
+class MetricsLog:
+    """Writes records (rank 0 only: other ranks pass enabled=False and everything is a no-op)."""
+
+    def __init__(
+        self, config: LoggingSection, metrics_file: Path, tensorboard_dir: Path, enabled: bool = True
+    ):
+        self.config = config
+        self.enabled = enabled
+        self._file = metrics_file.open("a") if enabled and config.jsonl else None
+        self._tensorboard = None
+        if enabled and config.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # checked at startup (load.py)
+
+            self._tensorboard = SummaryWriter(str(tensorboard_dir))
+
+    def log(self, kind: str, step: int, metrics: Mapping[str, Any]) -> None:
+        if not self.enabled:
+            return
+        if self._file is not None:
+            record = {"kind": kind, "step": step, "time": time.time(), **metrics}
+            self._file.write(json.dumps({k: _finite(v) for k, v in record.items()}) + "\n")
+            self._file.flush()
+        if self._tensorboard is not None:
+            for name, value in metrics.items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    tag = name if "/" in name else f"{kind}/{name}"
+                    self._tensorboard.add_scalar(tag, value, step)
+            self._tensorboard.flush()
+
+    def print(self, line: str) -> None:
+        if self.enabled and self.config.console:
+            tqdm.write(line)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _tokens(n: float | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 1000:.1f}k" if n >= 1000 else f"{n:.0f}"
+
+
+def train_line(step: int, total: int, m: Mapping[str, float]) -> str:
+    """step, reward, accuracy, tag rate, loss, entropy, clip fractions, KL to the sampler, grad norm,
+    tokens, and the time split rollout/train/sync."""
+    g = m.get
+    skipped = "  SKIPPED (non-finite)" if g("train/skipped") else ""
+    return (
+        f"step {step:>{len(str(total))}}/{total}"
+        f"  reward {_fmt(g('rollout/reward_mean'), '.3f')} acc {_fmt(g('rollout/accuracy'), '.2f')}"
+        f" tag {_fmt(g('rollout/tag_rate'), '.2f')}"
+        f" | loss {_fmt(g('train/loss'), '+.4f')} ent {_fmt(g('train/entropy'), '.3f')}"
+        f" clip {_fmt(g('train/clip_frac_low'), '.3f')}/{_fmt(g('train/clip_frac_high'), '.3f')}"
+        f" kl {_fmt(g('train/sampler_kl_k3'), '.1e')} gnorm {_fmt(g('train/grad_norm'), '.2f')}"
+        f" | tok {_tokens(g('batch/tokens'))} groups {_fmt(g('batch/groups'), '.0f')}"
+        f" | rollout {_fmt(g('time/rollout_s'), '.1f')}s train {_fmt(g('time/train_s'), '.1f')}s"
+        f" sync {_fmt(g('time/sync_s'), '.2f')}s{skipped}"
+    )
+
+
+def eval_line(label: str, m: Mapping[str, float]) -> str:
+    g = m.get
+    return (
+        f"eval {label}: accuracy {_fmt(g('eval/accuracy'), '.3f')} tag rate {_fmt(g('eval/tag_rate'), '.3f')}"
+        f" reward {_fmt(g('eval/reward_mean'), '.3f')} turns {_fmt(g('eval/turns_mean'), '.2f')}"
+        f" tool calls {_fmt(g('eval/tool_calls_mean'), '.2f')}"
+        f" ({_fmt(g('eval/episodes'), '.0f')} episodes, {_fmt(g('eval/time_s'), '.1f')}s)"
+    )
+
+
+def sft_line(step: int, total: int, m: Mapping[str, float]) -> str:
+    g = m.get
+    return (
+        f"sft {step:>{len(str(total))}}/{total}  loss {_fmt(g('sft/loss'), '.4f')}"
+        f" token acc {_fmt(g('sft/token_accuracy'), '.3f')} gnorm {_fmt(g('sft/grad_norm'), '.2f')}"
+        f" lr {_fmt(g('sft/lr'), '.1e')} ({_fmt(g('sft/step_time_s'), '.2f')}s)"
+    )

@@ -1,0 +1,252 @@
+"""The typed configuration of a `toolgym train` run: one msgspec Struct per TOML section.
+
+Sections (all optional; every key has a default):
+
+    [run]        name, steps (RL steps), seed, run_dir, export_hf, plot
+    [env]        id, kwargs (a table of the env's keyword arguments)
+    [model]      name (a named config: tiny, test, ...) or path (a Hugging Face directory; wins when
+                 set), overrides (ModelConfig fields for a named config), dtype (the generator's),
+                 init_seed
+    [tokenizer]  path ("" = the model directory's tokenizer.json, else the shipped one)
+    [agent]      backend (torch | vllm), temperature, top_p, top_k, max_batch_size, max_seq_len,
+                 [agent.vllm] (VLLMConfig: dtype, kv_cache_gib, gpu_memory_utilization, ...)
+    [rollout]    group_size, max_turns, max_tokens_per_turn, max_tokens_per_episode,
+                 context_length, episode_timeout_s, observation_role, max_concurrent_episodes
+    [batch]      BatchConfig: groups_per_batch (per step, over ALL ranks), dynamic_sampling,
+                 max_extra_rounds, max_groups_per_round, overlong_rule, train_on_infra_failures,
+                 [batch.advantage] estimator (grpo | dr_grpo), eps, overlong = {max_length, cache_length}
+    [trainer]    TrainerConfig: micro_batch_tokens, precision, temperature (defaults to
+                 agent.temperature), compute_entropy, [trainer.loss] (LossConfig),
+                 [trainer.optimizer] (OptimizerConfig; total_steps defaults to run.steps)
+    [sft]        enabled, source (oracle | recording), recording, num_tasks, env_kwargs,
+                 only_successful, steps, batch_episodes, micro_batch_tokens, log_every,
+                 [sft.oracle] (OracleConfig: p_omit_tag, ...), [sft.optimizer] (OptimizerConfig)
+    [eval]       every_steps, at_start, at_end, num_tasks, greedy, samples_per_task, num_examples, record
+    [logging]    console, every_steps, progress_bar, jsonl, tensorboard, record_training
+    [checkpoint] CheckpointConfig: directory (inside the run dir), every_steps, keep_last
+    [parallel]   device (auto | cpu | cuda), threads (torch threads per process; 0 = cores / local ranks)
+
+The components' own config Structs are reused where their shape suits TOML (BatchConfig,
+TrainerConfig, LossConfig, OptimizerConfig, CheckpointConfig, OracleConfig, VLLMConfig); the
+rollout and eval sections are flat wrappers that build RolloutConfig / EvalConfig (the env and the
+seed come from other sections). Loading and error reporting: configs/load.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from toolgym.agents.vllm_engine import VLLMConfig
+from toolgym.rollouts.evaluation import EvalConfig
+from toolgym.rollouts.runner import RolloutConfig
+from toolgym.rollouts.sampling import BatchConfig
+from toolgym.rollouts.scripted import OracleConfig
+from toolgym.trainers.config import CheckpointConfig, OptimizerConfig, TrainerConfig
+
+_STRICT = {"kw_only": True, "forbid_unknown_fields": True}
+
+
+def _positive(section: str, **values: float | int | None) -> None:
+    for name, value in values.items():
+        if value is not None and value < 1:
+            raise ValueError(f"{section}.{name} must be >= 1, got {value}")
+
+
+class RunSection(msgspec.Struct, **_STRICT):
+    name: str = ""  # "" = the config file's stem
+    steps: int = 100  # RL steps (optimizer updates, one batch each)
+    seed: int = 0  # task stream, sampling seeds, model init
+    run_dir: str = ""  # "" = runs/<name>-<timestamp>
+    export_hf: bool = True  # write the final policy as a Hugging Face directory
+    plot: bool = True  # write plots/*.png at the end
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.seed < 0:
+            raise ValueError(f"run.steps and run.seed must be >= 0, got {self.steps}, {self.seed}")
+
+
+class EnvSection(msgspec.Struct, **_STRICT):
+    id: str = "toolgym/Zorplex-v0"
+    kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ModelSection(msgspec.Struct, **_STRICT):
+    name: str = "tiny"  # ModelConfig.named(name), randomly initialised with init_seed
+    path: str = ""  # a Hugging Face directory (config.json + safetensors); wins over name when set
+    overrides: dict[str, Any] = msgspec.field(default_factory=dict)  # ModelConfig fields (named only)
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # the generator's weights
+    init_seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.path:
+            self.name = ""
+            if self.overrides:
+                raise ValueError("model.overrides apply to a named config, not to model.path")
+        elif not self.name:
+            raise ValueError("set model.name (a named config) or model.path (a Hugging Face directory)")
+
+
+class TokenizerSection(msgspec.Struct, **_STRICT):
+    path: str = ""  # "" = the model directory's tokenizer.json if it has one, else the shipped one
+
+
+class AgentSection(msgspec.Struct, **_STRICT):
+    backend: Literal["torch", "vllm"] = "torch"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_batch_size: int = 256  # torch engine: KV-cache slots (episodes decoded together)
+    max_seq_len: int = 0  # prompt + completion tokens per episode; 0 = min(model max, 4096)
+    vllm: VLLMConfig = msgspec.field(default_factory=VLLMConfig)
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"agent.temperature must be > 0 for RL sampling, got {self.temperature}")
+        if not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError(f"agent.top_p must be in (0, 1] and top_k >= 0, got {self.top_p}, {self.top_k}")
+        _positive("agent", max_batch_size=self.max_batch_size)
+        if self.max_seq_len < 0:
+            raise ValueError(f"agent.max_seq_len must be >= 0, got {self.max_seq_len}")
+
+
+class RolloutSection(msgspec.Struct, **_STRICT):
+    """RolloutConfig without the env (from [env]), sampling (from [agent]) and seed (from [run])."""
+
+    group_size: int = 8
+    max_turns: int = 8
+    max_tokens_per_turn: int = 128
+    max_tokens_per_episode: int = 1024
+    context_length: int | None = None
+    episode_timeout_s: float = 300.0
+    observation_role: Literal["tool", "user"] = "tool"
+    max_concurrent_episodes: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive(
+            "rollout",
+            group_size=self.group_size,
+            max_turns=self.max_turns,
+            max_tokens_per_turn=self.max_tokens_per_turn,
+            max_tokens_per_episode=self.max_tokens_per_episode,
+            max_concurrent_episodes=self.max_concurrent_episodes,
+        )
+
+
+class SFTSection(msgspec.Struct, **_STRICT):
+    """Supervised warm start before RL: cross-entropy on the demonstrations' sampled tokens."""
+
+    enabled: bool = False
+    source: Literal["oracle", "recording"] = "oracle"
+    recording: str = ""  # a `toolgym record` file (source = "recording")
+    num_tasks: int = 512  # oracle demos: task seeds (one demo each), from their own stream
+    env_kwargs: dict[str, Any] | None = None  # oracle demos: None = [env].kwargs
+    oracle: OracleConfig = msgspec.field(default_factory=OracleConfig)
+    only_successful: bool = False  # keep demos whose failure mode is success
+    steps: int = 100  # optimizer steps
+    batch_episodes: int = 64  # episodes per optimizer step
+    micro_batch_tokens: int | None = None  # None = trainer.micro_batch_tokens
+    log_every: int = 10
+    optimizer: OptimizerConfig = msgspec.field(default_factory=OptimizerConfig)  # lr: 1e-3 (load.py)
+
+    def __post_init__(self) -> None:
+        _positive(
+            "sft",
+            num_tasks=self.num_tasks,
+            steps=self.steps,
+            batch_episodes=self.batch_episodes,
+            micro_batch_tokens=self.micro_batch_tokens,
+            log_every=self.log_every,
+        )
+        if self.enabled and self.source == "recording" and not self.recording:
+            raise ValueError('sft.source = "recording" needs sft.recording (a `toolgym record` file)')
+
+
+class EvalSection(msgspec.Struct, **_STRICT):
+    every_steps: int = 10  # 0 = only at start and end
+    at_start: bool = True
+    at_end: bool = True
+    num_tasks: int = 64  # the fixed held-out task seeds [0, num_tasks)
+    greedy: bool = True
+    samples_per_task: int = 1
+    num_examples: int = 2  # transcripts printed per eval
+    record: bool = True  # write each eval's trajectories under trajectories/
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 0:
+            raise ValueError(f"eval.every_steps must be >= 0, got {self.every_steps}")
+        self.to_eval_config()  # EvalConfig's own checks
+
+    def to_eval_config(self) -> EvalConfig:
+        return EvalConfig(
+            num_tasks=self.num_tasks,
+            greedy=self.greedy,
+            samples_per_task=self.samples_per_task,
+            num_examples=self.num_examples,
+        )
+
+
+class LoggingSection(msgspec.Struct, **_STRICT):
+    console: bool = True  # a metrics line per `every_steps` steps
+    every_steps: int = 1
+    progress_bar: bool = True
+    jsonl: bool = True  # metrics.jsonl in the run dir
+    tensorboard: bool = False  # needs the tensorboard package
+    record_training: bool = False  # write every training episode under trajectories/
+
+    def __post_init__(self) -> None:
+        _positive("logging", every_steps=self.every_steps)
+
+
+class ParallelSection(msgspec.Struct, **_STRICT):
+    """Processes come from torchrun (`torchrun --nproc_per_node=N -m toolgym.configs.cli train ...`)."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int = 0  # torch threads per process; 0 = usable cores / processes on this node
+
+    def __post_init__(self) -> None:
+        if self.threads < 0:
+            raise ValueError(f"parallel.threads must be >= 0, got {self.threads}")
+
+
+class Config(msgspec.Struct, **_STRICT):
+    run: RunSection = msgspec.field(default_factory=RunSection)
+    env: EnvSection = msgspec.field(default_factory=EnvSection)
+    model: ModelSection = msgspec.field(default_factory=ModelSection)
+    tokenizer: TokenizerSection = msgspec.field(default_factory=TokenizerSection)
+    agent: AgentSection = msgspec.field(default_factory=AgentSection)
+    rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
+    batch: BatchConfig = msgspec.field(default_factory=BatchConfig)
+    trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
+    sft: SFTSection = msgspec.field(default_factory=SFTSection)
+    eval: EvalSection = msgspec.field(default_factory=EvalSection)
+    logging: LoggingSection = msgspec.field(default_factory=LoggingSection)
+    checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
+    parallel: ParallelSection = msgspec.field(default_factory=ParallelSection)
+
+    def __post_init__(self) -> None:
+        if self.trainer.temperature != self.agent.temperature:
+            raise ValueError(
+                f"trainer.temperature ({self.trainer.temperature}) must equal agent.temperature "
+                f"({self.agent.temperature}): the trainer scores tokens as the sampler drew them"
+            )
+
+    def rollout_config(self, env_kwargs: dict[str, Any] | None = None) -> RolloutConfig:
+        r = self.rollout
+        return RolloutConfig(
+            env_id=self.env.id,
+            env_kwargs=dict(self.env.kwargs if env_kwargs is None else env_kwargs),
+            group_size=r.group_size,
+            max_turns=r.max_turns,
+            max_tokens_per_turn=r.max_tokens_per_turn,
+            max_tokens_per_episode=r.max_tokens_per_episode,
+            context_length=r.context_length,
+            episode_timeout_s=r.episode_timeout_s,
+            temperature=self.agent.temperature,
+            top_p=self.agent.top_p,
+            top_k=self.agent.top_k,
+            observation_role=r.observation_role,
+            max_concurrent_episodes=r.max_concurrent_episodes,
+            seed=self.run.seed,
+        )

@@ -1,0 +1,217 @@
+"""`toolgym train`: one config in, one run directory out. SFT warm start (when `sft.enabled`), an
+eval, the RL loop, a final eval, the final policy exported, plots, and the before/after numbers.
+
+    config, _ = load_config("zorplex_tiny", ["run.steps=20"])
+    train(config)                      # a new run directory
+    train(config, resume="runs/x")     # continue from its latest checkpoint
+
+Resume: a run with an RL checkpoint continues from it (model, optimizer, schedule, RNG, step, the
+task streams' positions); metrics.jsonl keeps the records up to that step. A run whose SFT phase
+finished (sft_done.json) starts RL from sft_model/; an SFT phase that was cut short is redone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from toolgym.rollouts.sampling import TaskSeedStream
+from toolgym.trainers.checkpoint import CheckpointManager, export_hf
+from toolgym.trainers.distributed import all_gather_objects, barrier
+from toolgym.trainers.weight_sync import push_weights
+
+from .build import (
+    build_generator,
+    build_renderer,
+    build_trainer,
+    check_vocab,
+    engine_max_seq_len,
+    initial_model,
+    load_model,
+    model_config,
+    save_initial_model,
+    setup_distributed,
+)
+from .load import ConfigError, check_environment
+from .loop import RLLoop
+from .metrics_log import MetricsLog, read_metrics, truncate_metrics
+from .plot import plot_run
+from .run_dir import RunDir, create_run_dir, default_run_path
+from .schema import Config
+from .sft import demo_episodes, rl_stream, run_sft
+
+SUMMARY_KEYS = (
+    "eval/accuracy",
+    "eval/tag_rate",
+    "eval/reward_mean",
+    "eval/turns_mean",
+    "eval/tool_calls_mean",
+)
+
+
+def _prepare_run_dir(config: Config, resume: str | Path | None, is_main: bool) -> RunDir:
+    """A new run directory (rank 0 makes it; every rank gets its path), or the one to resume."""
+    if resume is not None:
+        return RunDir(resume, config.checkpoint.directory)
+    error, path = None, str(default_run_path(config))
+    if is_main:
+        try:
+            create_run_dir(Path(path), config)
+        except ConfigError as exc:
+            error = exc
+    error, path = all_gather_objects((error, path))[0]
+    if error is not None:
+        raise error
+    return RunDir(path, config.checkpoint.directory)
+
+
+def _resume_point(run: RunDir) -> tuple[Path | None, int]:
+    """The latest RL checkpoint (or None) and the RL step it holds."""
+    latest = CheckpointManager(run.rl_checkpoints).latest()
+    if latest is None:
+        return None, 0
+    meta = json.loads((latest / "meta.json").read_text())
+    return latest, int(meta["data_position"].get("rl_step", 0))
+
+
+def _stream_position(data: dict[str, Any], rank: int, world_size: int) -> int:
+    positions = [int(p) for p in data.get("positions", [0])]
+    if len(positions) == world_size:
+        return positions[rank]
+    # Another world size: start past every task index the old ranks drew (index = k * W + r).
+    return math.ceil(max(positions) * len(positions) / world_size)
+
+
+def _sft_phase(
+    config: Config, run: RunDir, dist, renderer, tokenizer_file: Path, log: MetricsLog, progress: bool
+) -> None:
+    max_seq_len = engine_max_seq_len(config, model_config(config))
+    record_to = run.trajectories / "sft_demos.jsonl" if dist.is_main else None
+    if record_to is not None and record_to.exists():
+        record_to.unlink()  # a redone SFT phase writes its demos afresh
+    episodes, data_metrics, source = demo_episodes(config, renderer, max_seq_len, record_to)
+    log.log("sft", 0, data_metrics)
+    log.print(
+        f"sft: {len(episodes)} demonstrations from {source}: tag rate "
+        f"{data_metrics.get('sft_data/tag_rate', 0):.2f}, accuracy {data_metrics.get('sft_data/accuracy', 0):.2f}"
+    )
+    trainer = run_sft(config, initial_model(config), episodes, log, dist.device, progress and dist.is_main)
+    export_hf(trainer, run.sft_model, tokenizer_file)
+    if dist.is_main:
+        run.write_json(run.sft_done, {"steps": config.sft.steps, "episodes": len(episodes), "source": source})
+    barrier()
+
+
+def _summary(run: RunDir, loop: RLLoop, sft: bool, started: float) -> dict[str, Any]:
+    evals = [r for r in read_metrics(run.metrics) if r.get("kind") == "eval"]
+    if not evals:
+        evals = [{"step": s, **m} for s, m in loop.eval_history]
+    summary: dict[str, Any] = {"wall_time_s": time.perf_counter() - started, "steps": loop.step}
+    if evals:
+        first, last = evals[0], evals[-1]
+        for name, record in (("before", first), ("after", last)):
+            summary[name] = {
+                "step": record["step"],
+                **{k.removeprefix("eval/"): record.get(k) for k in SUMMARY_KEYS},
+            }
+        summary["before"]["label"] = "after SFT" if sft else "initial policy"
+        summary["after"]["label"] = "after RL"
+    return summary
+
+
+def _print_summary(log: MetricsLog, summary: dict[str, Any]) -> None:
+    if "before" not in summary:
+        return
+    log.print("")
+    for key in ("before", "after"):
+        s = summary[key]
+        log.print(
+            f"{s['label']:>15} (step {s['step']:>4}): tag rate {s['tag_rate']:.3f}  accuracy {s['accuracy']:.3f}"
+            f"  reward {s['reward_mean']:.3f}"
+        )
+
+
+def train(config: Config, resume: str | Path | None = None, progress: bool = True) -> int:
+    """Run (or resume) a training run; returns the exit code. Raises ConfigError before anything
+    starts when the config cannot work here."""
+    started = time.perf_counter()
+    progress = progress and config.logging.progress_bar
+    dist = setup_distributed(config.parallel)
+    check_environment(config, dist.world_size)
+    run = _prepare_run_dir(config, resume, dist.is_main)
+    latest, resume_step = _resume_point(run) if resume is not None else (None, 0)
+    sft_done = run.sft_done.is_file()
+    redo_sft = config.sft.enabled and not sft_done and latest is None
+    if dist.is_main and resume is not None and run.metrics.is_file():
+        truncate_metrics(run.metrics, resume_step if latest else -1, keep_sft=not redo_sft)
+    barrier()
+    log = MetricsLog(config.logging, run.metrics, run.tensorboard, enabled=dist.is_main)
+    log.print(
+        f"run directory: {run.root}" + (f" (resuming at step {resume_step})" if resume is not None else "")
+    )
+    renderer, tokenizer_file = build_renderer(config)
+    check_vocab(model_config(config), renderer)
+
+    if redo_sft:
+        _sft_phase(config, run, dist, renderer, tokenizer_file, log, progress)
+    base_dir = (
+        run.sft_model if config.sft.enabled else (Path(config.model.path) if config.model.path else None)
+    )
+    model = load_model(base_dir) if base_dir is not None else initial_model(config)
+    hf_dir = base_dir
+    if config.agent.backend == "vllm" and hf_dir is None:
+        hf_dir = save_initial_model(model, run.initial_model, tokenizer_file, dist.is_main)
+    generator = build_generator(config, model, hf_dir, renderer, dist.device)
+    reference = copy.deepcopy(model) if config.trainer.loss.kl_coef > 0 else None
+    trainer = build_trainer(config.trainer, model, dist.device, reference)
+    manager = CheckpointManager(run.rl_checkpoints, config.checkpoint.keep_last)
+    stream = TaskSeedStream(stream=rl_stream(config), rank=dist.rank, world_size=dist.world_size)
+    if latest is not None:
+        data = manager.load(trainer, latest) or {}
+        stream.position = _stream_position(data, dist.rank, dist.world_size)
+        push_weights(trainer, generator)
+    loop = RLLoop(
+        config, run, dist, trainer, generator, renderer, log, manager, stream, resume_step,
+        engine_max_seq_len(config, model.config),
+    )  # fmt: skip
+    total = config.run.steps
+    try:
+        with asyncio.Runner() as runner:
+            if loop.step == 0 and config.eval.at_start:
+                loop.evaluate(
+                    runner, "after SFT (step 0)" if config.sft.enabled else "initial policy (step 0)"
+                )
+            try:
+                loop.run_steps(total, runner, progress)
+            except KeyboardInterrupt:
+                if dist.world_size > 1:  # the other ranks got the signal too: no collective is safe
+                    raise
+                trainer.optimizer.zero_grad(set_to_none=True)
+                loop.save_checkpoint()
+                log.print(
+                    f"interrupted at step {loop.step}; checkpoint saved: toolgym train --resume {run.root}"
+                )
+                return 130
+            if loop.step > resume_step or latest is None:
+                loop.save_checkpoint()
+        if config.run.export_hf:
+            export_hf(trainer, run.final_model, tokenizer_file)
+        if dist.is_main:
+            summary = _summary(run, loop, config.sft.enabled, started)
+            run.write_json(run.summary, summary)
+            _print_summary(log, summary)
+            if config.run.plot:
+                written = plot_run(run.root)
+                log.print(f"plots: {', '.join(str(p) for p in written)}")
+            log.print(f"done in {summary['wall_time_s']:.0f}s: {run.root}")
+        barrier()
+    finally:
+        loop.close()
+        generator.close()
+        log.close()
+    return 0

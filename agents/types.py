@@ -71,6 +71,4 @@ class Completion(msgspec.Struct):
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.logprobs):
-            raise ValueError(
-                f"Completion has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs"
-            )
+            raise ValueError(f"Completion has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs")

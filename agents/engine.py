@@ -37,7 +37,7 @@ import msgspec
 import numpy as np
 import torch
 
-from .errors import ContextOverflowError
+from .errors import ContextOverflowError, checked_prompt
 from .kv_cache import KeyLayout, KVCache
 from .model import Transformer
 from .packed_linear import pack_model, packing_available, repack
@@ -242,17 +242,7 @@ class TorchEngine:
         vocab = self.config.vocab_size
         requests = []
         for i, prompt in enumerate(prompts):
-            prompt = [int(t) for t in prompt]
-            if not prompt:
-                raise ValueError(f"prompt {i} is empty")
-            if len(prompt) >= self.max_seq_len:
-                raise ContextOverflowError(
-                    f"prompt {i} has {len(prompt)} tokens; max_seq_len {self.max_seq_len} leaves no room to generate",
-                    prompt_len=len(prompt),
-                    max_seq_len=self.max_seq_len,
-                )
-            if min(prompt) < 0 or max(prompt) >= vocab:
-                raise ValueError(f"prompt {i} has token ids outside [0, {vocab})")
+            prompt = checked_prompt(i, prompt, max_seq_len=self.max_seq_len, vocab_size=vocab)
             seed = params.seed if params.seed is not None else int(self._seed_rng.integers(2**63))
             request = _Request(
                 prompt=prompt,

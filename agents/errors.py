@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class ContextOverflowError(ValueError):
     """A prompt does not fit the backend's context window (no room left to generate a token).
@@ -15,4 +17,24 @@ class ContextOverflowError(ValueError):
         self.max_seq_len = max_seq_len
 
 
-__all__ = ["ContextOverflowError"]
+def checked_prompt(
+    index: int, prompt: Sequence[int], *, max_seq_len: int, vocab_size: int, limit_name: str = "max_seq_len"
+) -> list[int]:
+    """`prompt` as a list of ints, or the error a backend raises for it: empty, no room left to
+    generate (ContextOverflowError; `limit_name` is the backend's name for `max_seq_len`), or a
+    token id outside the vocabulary. `index` is its position in the request, for the message."""
+    tokens = [int(t) for t in prompt]
+    if not tokens:
+        raise ValueError(f"prompt {index} is empty")
+    if len(tokens) >= max_seq_len:
+        raise ContextOverflowError(
+            f"prompt {index} has {len(tokens)} tokens; {limit_name} {max_seq_len} leaves no room to generate",
+            prompt_len=len(tokens),
+            max_seq_len=max_seq_len,
+        )
+    if min(tokens) < 0 or max(tokens) >= vocab_size:
+        raise ValueError(f"prompt {index} has token ids outside [0, {vocab_size})")
+    return tokens
+
+
+__all__ = ["ContextOverflowError", "checked_prompt"]

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from .checkpoint import load_config
-from .errors import ContextOverflowError
+from .errors import checked_prompt
 from .types import Completion, SamplingParams
 from .vllm_engine import INSTALL_HINT, VLLMConfig, VLLMUnavailableError
 
@@ -171,17 +171,9 @@ class VLLMPolicy:
         vocab = self.model_config.vocab_size
         requests = []
         for i, prompt in enumerate(prompts):
-            prompt = [int(t) for t in prompt]
-            if not prompt:
-                raise ValueError(f"prompt {i} is empty")
-            if len(prompt) >= self.max_seq_len:
-                raise ContextOverflowError(
-                    f"prompt {i} has {len(prompt)} tokens; max_model_len {self.max_seq_len} leaves no room to generate",
-                    prompt_len=len(prompt),
-                    max_seq_len=self.max_seq_len,
-                )
-            if min(prompt) < 0 or max(prompt) >= vocab:
-                raise ValueError(f"prompt {i} has token ids outside [0, {vocab})")
+            prompt = checked_prompt(
+                i, prompt, max_seq_len=self.max_seq_len, vocab_size=vocab, limit_name="max_model_len"
+            )
             seed = params.seed
             if seed is None and self.config.seed_all_requests:
                 seed = int(self._seed_rng.integers(2**62))

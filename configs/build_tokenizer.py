@@ -130,13 +130,7 @@ def _oracle_episode(env: Any, seed: int, untagged: bool) -> list[tuple[str, str]
     actions = list(env.unwrapped.oracle_actions())
     if untagged:
         actions[-1] = f"The answer is {info['answer']}."
-    for action in actions:
-        messages.append(("assistant", action))
-        obs, _, terminated, truncated, _ = env.step(action)
-        if terminated or truncated:
-            break
-        messages.append(("tool", obs))
-    return messages
+    return _play(env, messages, actions)
 
 
 def _malformed_episode(env: Any, seed: int) -> list[tuple[str, str]]:
@@ -144,6 +138,12 @@ def _malformed_episode(env: Any, seed: int) -> list[tuple[str, str]]:
     messages = [("system", info["system_prompt"]), ("user", obs)]
     oracle = list(env.unwrapped.oracle_actions())
     actions = [a for i, good in enumerate(oracle) for a in (_nth_malformed(seed + i), good)]
+    return _play(env, messages, actions)
+
+
+def _play(env: Any, messages: list[tuple[str, str]], actions: list[str]) -> list[tuple[str, str]]:
+    """Step `actions` through `env` after `messages` (system + question), adding each action and
+    the tool's reply until the episode ends."""
     for action in actions:
         messages.append(("assistant", action))
         obs, _, terminated, truncated, _ = env.step(action)

@@ -392,9 +392,14 @@ class Transformer(nn.Module):
             else:
                 p.normal_(0.0, std, generator=generator)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Training / scoring: input_ids [B, T] -> logits [B, T, V] (causal)."""
-        return self.lm_head(self.model(input_ids, positions))
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: AttentionCache | None = None,
+    ) -> torch.Tensor:
+        """Training / scoring: input_ids [B, T] -> logits [B, T, V] (causal, or as `cache` attends)."""
+        return self.lm_head(self.model(input_ids, positions, cache))
 
     @property
     def device(self) -> torch.device:

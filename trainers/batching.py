@@ -11,11 +11,17 @@ of its own rather than being cut.
 
 Why padding and not packing: the model's training call is `model(input_ids)` with plain causal
 attention, so packing several episodes into one row would let them attend to each other.
+
+Shared prefixes (`share_prefix=True`): when the rows of a micro-batch start with the same
+untrained tokens (the system prompt, a group's prompt) and sharing saves at least a quarter of
+the padded positions, the prefix is computed once: `prefix_rows` leading rows of `input_ids`
+hold it and the other rows hold each episode's remainder (trainers/shared_prefix.py). The
+per-episode tensors (targets, masks, ...) always have one row per episode.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,18 +29,29 @@ from torch import Tensor
 
 from toolgym.rollouts.types import Episode
 
+from .shared_prefix import SharedPrefixAttention, shared_prefix_length
+
+_MIN_SAVING = 0.25  # share a prefix only when it removes at least this share of padded positions
+
 
 @dataclass
 class MicroBatch:
-    """One forward/backward worth of padded, shifted tensors ([B, T] unless noted)."""
+    """One forward/backward worth of padded, shifted tensors ([B, T] unless noted).
 
-    input_ids: Tensor  # long: tokens[:-1], right-padded with pad_token_id
+    Row b's column t is input position `prefix_len + t` of its episode (prefix_len = 0 unless a
+    prefix is shared; then `input_ids` has `prefix_rows` extra leading rows holding it).
+    """
+
+    input_ids: Tensor  # long [prefix_rows + B, T]: tokens[:-1], right-padded with pad_token_id
     targets: Tensor  # long: tokens[1:] (pad_token_id on padding)
     loss_mask: Tensor  # bool: loss_mask[1:], False on padding
     advantages: Tensor  # float32: advantages[1:]
     sampler_logprobs: Tensor  # float32: sampler_logprobs[1:]
     episode_index: Tensor  # long [B]: the row's index in the list given to make_micro_batches
-    lengths: Tensor  # long [B]: real positions per row (episode length - 1)
+    lengths: Tensor  # long [B]: real positions per row (episode length - 1 - prefix_len)
+    positions: Tensor | None = None  # long [prefix_rows + B, T] when a prefix is shared
+    prefix_rows: int = 0
+    prefix_len: int = 0
 
     @property
     def num_padded_tokens(self) -> int:
@@ -42,10 +59,23 @@ class MicroBatch:
 
     @property
     def num_real_tokens(self) -> int:
-        return int(self.lengths.sum())
+        """Input positions the forward computes (a shared prefix counts once)."""
+        return int(self.lengths.sum()) + self.prefix_len
 
     def to(self, device: torch.device | str) -> MicroBatch:
-        return MicroBatch(*(t.to(device, non_blocking=True) for t in vars(self).values()))
+        moved = {
+            k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in vars(self).items()
+        }
+        return MicroBatch(**moved)
+
+    def logits(self, model: Callable[..., Tensor]) -> Tensor:
+        """`model`'s logits for the episode rows: [B, T, V] (the shared prefix rows dropped)."""
+        if not self.prefix_rows:
+            return model(self.input_ids)
+        attention = SharedPrefixAttention(
+            self.prefix_rows, self.prefix_len, self.input_ids.shape[1], self.input_ids.device
+        )
+        return model(self.input_ids, self.positions, cache=attention)[self.prefix_rows :]
 
 
 def validate_episode(episode: Episode, index: int, vocab_size: int | None = None) -> None:
@@ -79,9 +109,25 @@ def split_by_token_budget(lengths: Sequence[int], token_budget: int) -> list[lis
     return groups
 
 
-def collate(episodes: Sequence[Episode], indices: Sequence[int], pad_token_id: int = 0) -> MicroBatch:
-    """Pad and shift the given episodes into one MicroBatch (rows in the order of `indices`)."""
-    lengths = [len(episodes[i].tokens) - 1 for i in indices]
+def plan_shared_prefix(episodes: Sequence[Episode], indices: Sequence[int]) -> int:
+    """The prefix length to share for these rows (0: not worth it; see the module doc)."""
+    rows = [episodes[i].tokens for i in indices]
+    prefix_len = shared_prefix_length(rows, [episodes[i].loss_mask for i in indices])
+    if prefix_len == 0:
+        return 0
+    full_width = max(len(r) for r in rows) - 1
+    width = full_width - prefix_len
+    shared_cost = (-(-prefix_len // width) + len(rows)) * width
+    return prefix_len if shared_cost <= (1 - _MIN_SAVING) * len(rows) * full_width else 0
+
+
+def collate(
+    episodes: Sequence[Episode], indices: Sequence[int], pad_token_id: int = 0, prefix_len: int = 0
+) -> MicroBatch:
+    """Pad and shift the given episodes into one MicroBatch (rows in the order of `indices`),
+    sharing their first `prefix_len` input positions (see `plan_shared_prefix`)."""
+    skip = prefix_len
+    lengths = [len(episodes[i].tokens) - 1 - skip for i in indices]
     rows, width = len(indices), max(lengths)
     input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
     targets = torch.full((rows, width), pad_token_id, dtype=torch.long)
@@ -91,11 +137,24 @@ def collate(episodes: Sequence[Episode], indices: Sequence[int], pad_token_id: i
     for row, (i, n) in enumerate(zip(indices, lengths, strict=True)):
         episode = episodes[i]
         tokens = torch.tensor(episode.tokens, dtype=torch.long)
-        input_ids[row, :n] = tokens[:-1]
-        targets[row, :n] = tokens[1:]
-        loss_mask[row, :n] = torch.tensor(episode.loss_mask[1:], dtype=torch.bool)
-        advantages[row, :n] = torch.tensor(episode.advantages[1:], dtype=torch.float32)
-        sampler_logprobs[row, :n] = torch.tensor(episode.sampler_logprobs[1:], dtype=torch.float32)
+        input_ids[row, :n] = tokens[skip:-1]
+        targets[row, :n] = tokens[skip + 1 :]
+        loss_mask[row, :n] = torch.tensor(episode.loss_mask[skip + 1 :], dtype=torch.bool)
+        advantages[row, :n] = torch.tensor(episode.advantages[skip + 1 :], dtype=torch.float32)
+        sampler_logprobs[row, :n] = torch.tensor(episode.sampler_logprobs[skip + 1 :], dtype=torch.float32)
+    positions = None
+    prefix_rows = 0
+    if prefix_len:
+        prefix_rows = -(-prefix_len // width)
+        prefix = torch.full((prefix_rows * width,), pad_token_id, dtype=torch.long)
+        prefix[:prefix_len] = torch.tensor(episodes[indices[0]].tokens[:prefix_len], dtype=torch.long)
+        input_ids = torch.cat([prefix.view(prefix_rows, width), input_ids])
+        positions = torch.cat(
+            [
+                torch.arange(prefix_rows * width).view(prefix_rows, width),
+                (prefix_len + torch.arange(width)).expand(rows, width),
+            ]
+        )
     return MicroBatch(
         input_ids=input_ids,
         targets=targets,
@@ -104,17 +163,29 @@ def collate(episodes: Sequence[Episode], indices: Sequence[int], pad_token_id: i
         sampler_logprobs=sampler_logprobs,
         episode_index=torch.tensor(list(indices), dtype=torch.long),
         lengths=torch.tensor(lengths, dtype=torch.long),
+        positions=positions,
+        prefix_rows=prefix_rows,
+        prefix_len=prefix_len,
     )
 
 
 def make_micro_batches(
-    episodes: Sequence[Episode], token_budget: int, pad_token_id: int = 0, vocab_size: int | None = None
+    episodes: Sequence[Episode],
+    token_budget: int,
+    pad_token_id: int = 0,
+    vocab_size: int | None = None,
+    share_prefix: bool = False,
 ) -> list[MicroBatch]:
-    """All episodes as padded, shifted micro-batches of at most `token_budget` padded positions."""
+    """All episodes as padded, shifted micro-batches of at most `token_budget` padded positions
+    (counted without prefix sharing, which only ever makes a micro-batch smaller)."""
     for index, episode in enumerate(episodes):
         validate_episode(episode, index, vocab_size)
     lengths = [len(e.tokens) - 1 for e in episodes]
-    return [collate(episodes, group, pad_token_id) for group in split_by_token_budget(lengths, token_budget)]
+    batches = []
+    for group in split_by_token_budget(lengths, token_budget):
+        prefix_len = plan_shared_prefix(episodes, group) if share_prefix else 0
+        batches.append(collate(episodes, group, pad_token_id, prefix_len))
+    return batches
 
 
 def empty_micro_batch(pad_token_id: int = 0) -> MicroBatch:

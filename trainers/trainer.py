@@ -113,7 +113,7 @@ class Trainer:
         ref_logprobs = None
         if self.reference_model is not None:
             with torch.no_grad():
-                ref_logits = self.reference_model(mb.input_ids)
+                ref_logits = mb.logits(self.reference_model)
                 ref_logprobs = token_logprobs(ref_logits, mb.targets, temperature)
         return policy_loss(
             loss_config,
@@ -157,7 +157,7 @@ class Trainer:
             episodes, self.config.micro_batch_tokens, self.config.pad_token_id, self.vocab_size
         ):
             mb = mb.to(self.device)
-            logprobs = token_logprobs(self.model(mb.input_ids), mb.targets, temperature)
+            logprobs = token_logprobs(mb.logits(self.model), mb.targets, temperature)
             for row, (index, n) in enumerate(
                 zip(mb.episode_index.tolist(), mb.lengths.tolist(), strict=True)
             ):
@@ -175,7 +175,11 @@ class Trainer:
             mine = shard_episodes([len(e.tokens) for e in episodes], self.dist.rank, self.dist.world_size)
             episodes = [episodes[i] for i in mine]
         batches = make_micro_batches(
-            episodes, self.config.micro_batch_tokens, self.config.pad_token_id, self.vocab_size
+            episodes,
+            self.config.micro_batch_tokens,
+            self.config.pad_token_id,
+            self.vocab_size,
+            share_prefix=self.config.share_prefix,
         )
         # FSDP forward/backward are collectives: every rank runs the same number of micro-batches.
         (most,) = all_reduce([float(len(batches))], torch.distributed.ReduceOp.MAX)
@@ -227,7 +231,7 @@ class Trainer:
         for i, host_batch in enumerate(batches):
             self.model.set_requires_gradient_sync(i == len(batches) - 1)
             mb = host_batch.to(self.device)
-            logits = self.model(mb.input_ids)
+            logits = mb.logits(self.model)
             loss, metrics = loss_fn(mb, logits, normaliser)
             del logits
             loss.backward()

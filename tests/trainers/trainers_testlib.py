@@ -17,17 +17,19 @@ from toolgym.rollouts.types import Episode
 
 
 def random_episodes(
-    n: int, seed: int = 0, vocab: int = 256, min_len: int = 5, max_len: int = 40
+    n: int, seed: int = 0, vocab: int = 256, min_len: int = 5, max_len: int = 40, shared_prefix: int = 0
 ) -> list[Episode]:
     """Episodes with a prompt (masked) then a sampled part, a per-episode advantage, and sampler
-    logprobs near what a random "test" model gives (about -log(vocab))."""
+    logprobs near what a random "test" model gives (about -log(vocab)). `shared_prefix`: every
+    prompt starts with the same that many tokens (a system prompt), so micro-batches share them."""
     rng = random.Random(seed)
+    common = [rng.randrange(vocab) for _ in range(shared_prefix)]
     out = []
     for _ in range(n):
         length = rng.randint(min_len, max_len)
         prompt = rng.randint(2, length - 1)
-        tokens = [rng.randrange(vocab) for _ in range(length)]
-        mask = [0] * prompt + [1] * (length - prompt)
+        tokens = common + [rng.randrange(vocab) for _ in range(length)]
+        mask = [0] * (shared_prefix + prompt) + [1] * (length - prompt)
         advantage = rng.gauss(0.0, 1.0)
         out.append(
             Episode(
@@ -82,7 +84,10 @@ def _worker(out_dir: str, loss_names: str) -> None:
         first = trainer._forward_backward(episodes, trainer.policy_loss, sharded=False)
         grads = full_grads(trainer.model)
         trainer.optimizer.zero_grad(set_to_none=True)
-        history = [trainer.train_step(random_episodes(13, seed=10 + step)) for step in range(3)]
+        # later steps share a system-prompt-like prefix (trainers/shared_prefix.py under FSDP2)
+        history = [
+            trainer.train_step(random_episodes(13, seed=10 + step, shared_prefix=24)) for step in range(3)
+        ]
         params = full_params(trainer.model)
         CheckpointManager(f"{out_dir}/{loss_name}.ckpt").save(trainer, {"next_step": 3})
         if trainer.dist.is_main:

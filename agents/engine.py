@@ -135,7 +135,13 @@ class TorchEngine:
         self.max_batch_size, self.max_prefill_tokens = max_batch_size, max_prefill_tokens
         self.continuous_batching = continuous_batching
         self.device, self.dtype = device, dtype
-        self.packed = packing_available(device) if pack_weights is None else pack_weights
+        available = packing_available(device, dtype)
+        if pack_weights and not available:
+            raise ValueError(
+                f"pack_weights=True: oneDNN packed linears are not available for {dtype} on {device} "
+                "(bf16/fp16 need AVX-512 or AVX-NE-CONVERT); pass pack_weights=None to pick automatically"
+            )
+        self.packed = available if pack_weights is None else pack_weights
         if self.packed:
             pack_model(self.model, batch_hint=max_batch_size)
         self.policy_version = policy_version

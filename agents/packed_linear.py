@@ -19,12 +19,19 @@ from torch import nn
 from .model import MLP, Transformer
 
 
-def packing_available(device: torch.device) -> bool:
-    """oneDNN packing on this build and device (CPU only)."""
+def packing_available(device: torch.device, dtype: torch.dtype = torch.float32) -> bool:
+    """oneDNN packing on this build, device (CPU only) and CPU for `dtype`: oneDNN's bf16/fp16
+    linears need AVX-512 (bw/vl/dq) or AVX-NE-CONVERT, which an AVX2-only CPU lacks."""
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     ops = getattr(torch.ops, "mkldnn", None)
-    return ops is not None and hasattr(ops, "_linear_pointwise") and hasattr(ops, "_reorder_linear_weight")
+    if ops is None or not (hasattr(ops, "_linear_pointwise") and hasattr(ops, "_reorder_linear_weight")):
+        return False
+    if dtype == torch.bfloat16:
+        return bool(ops._is_mkldnn_bf16_supported())
+    if dtype == torch.float16:
+        return bool(ops._is_mkldnn_fp16_supported())
+    return dtype == torch.float32
 
 
 def _pack(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:

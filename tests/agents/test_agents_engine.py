@@ -345,6 +345,18 @@ def test_bfloat16_engine_is_close_to_float32(model) -> None:
     assert (torch.tensor(c.logprobs) - teacher_forced(model, prompt, c.tokens)).abs().max() <= 0.25
 
 
+def test_packing_follows_what_the_cpu_supports_per_dtype(model) -> None:
+    # bf16 oneDNN linears need AVX-512 or AVX-NE-CONVERT: an AVX2-only CPU runs the bf16 engine
+    # unpacked (automatically) and refuses an explicit pack_weights=True with a clear error.
+    bf16_ok = packing_available(torch.device("cpu"), torch.bfloat16)
+    assert bf16_ok == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    with TorchEngine(model, max_batch_size=2, max_seq_len=32, dtype=torch.bfloat16) as engine:
+        assert engine.packed == bf16_ok
+    if not bf16_ok:
+        with pytest.raises(ValueError, match=r"not available for torch\.bfloat16"):
+            TorchEngine(model, max_batch_size=2, max_seq_len=32, dtype=torch.bfloat16, pack_weights=True)
+
+
 @pytest.mark.skipif(not packing_available(torch.device("cpu")), reason="no oneDNN in this torch build")
 def test_packed_linears_keep_names_and_results(model) -> None:
     with TorchEngine(model, max_batch_size=2, max_seq_len=32, pack_weights=True) as packed:

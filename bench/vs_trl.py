@@ -22,6 +22,10 @@ What both sides get:
   one forward/backward (TRL: per_device_train_batch_size = prompts x group; toolgym: one micro-batch).
 - The same number of torch threads (`--threads`).
 
+Same math, different work: toolgym's trainer computes the prompt prefix that all rows of the
+batch share (the system prompt) once per step instead of once per row (`TrainerConfig.share_prefix`,
+trainers/shared_prefix.py; the same loss and gradients, tested); TRL runs every full row.
+
 TRL settings that differ from its defaults, for fairness: bf16 off (fp32 like toolgym), gradient
 checkpointing off (TRL turns it on by default; toolgym does not recompute), loss_type "grpo" (TRL's
 default is "dapo"; with fixed-length completions the two are the same numbers), constant lr.

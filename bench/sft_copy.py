@@ -1,0 +1,136 @@
+"""Does SFT teach the tiny model to copy the looked-up value? Held-out loss per answer position.
+
+    python bench/sft_copy.py                                   # the CPU demo's SFT settings
+    python bench/sft_copy.py --beta2 0.999 --steps 800         # AdamW's default beta2
+    python bench/sft_copy.py --lr 3e-3 --seed 1 --threads 1    # another model seed
+
+Builds the CPU demo's oracle demonstrations (`configs/zorplex_tiny.toml`, its SFT data and model),
+trains with the project's Trainer (`sft_step`, shared-prefix micro-batches) and every
+`--eval-every` steps prints the mean held-out loss (nats per token, 256 demos from another task
+stream) of the trained tokens by kind:
+
+    call     the first assistant turn (`LOOKUP[word]<|im_end|>`)
+    digit1   the answer's first digit (copied from the tool message)
+    digitN   its later digits
+    after    the token after the last digit (`.` or `<|im_end|>`)
+    final    the rest of the answer turn (the tag or "The answer is", whose choice is a coin flip)
+
+A copy that has formed shows as digit1 and digitN near 0; uniform guessing is ln 10 = 2.30.
+The README's CPU-demo section quotes these runs (bench/RESULTS.md has their output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import msgspec
+import numpy as np
+import torch
+
+from toolgym.agents.model import build_model
+from toolgym.configs.build import build_renderer, model_config
+from toolgym.configs.load import load_config
+from toolgym.configs.sft import BatchOrder, demo_episodes
+from toolgym.rollouts.types import Episode
+from toolgym.trainers.batching import make_micro_batches
+from toolgym.trainers.config import OptimizerConfig, TrainerConfig
+from toolgym.trainers.logprobs import token_logprobs
+from toolgym.trainers.trainer import Trainer
+
+
+def position_kinds(episode: Episode, digit_ids: set[int]) -> list[str | None]:
+    """The kind (module doc) of every token of `episode`; None where it is not trained."""
+    kinds: list[str | None] = []
+    turn, previous_mask, previous_digit = 0, 0, False
+    for token, mask in zip(episode.tokens, episode.loss_mask, strict=True):
+        turn += bool(mask and not previous_mask)
+        previous_mask = mask
+        if not mask:
+            kinds.append(None)
+            previous_digit = False
+            continue
+        if turn == 1:
+            kind = "call"
+        elif token in digit_ids:
+            kind = "digitN" if previous_digit else "digit1"
+        else:
+            kind = "after" if previous_digit else "final"
+        previous_digit = token in digit_ids
+        kinds.append(kind)
+    return kinds
+
+
+@torch.no_grad()
+def heldout_losses(model, episodes: list[Episode], kinds: list[list[str | None]]) -> dict[str, float]:
+    model.eval()
+    total: dict[str, float] = {}
+    count: dict[str, int] = {}
+    for mb in make_micro_batches(episodes, 8192, share_prefix=True):
+        logprobs = token_logprobs(mb.logits(model), mb.targets)
+        for row, index in enumerate(mb.episode_index.tolist()):
+            for position in range(int(mb.lengths[row])):
+                kind = kinds[index][mb.prefix_len + position + 1]
+                if kind is not None:
+                    total[kind] = total.get(kind, 0.0) - float(logprobs[row, position])
+                    count[kind] = count.get(kind, 0) + 1
+    model.train()
+    return {kind: total[kind] / count[kind] for kind in sorted(total)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch", type=int, default=32, help="episodes per step")
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--beta2", type=float, default=0.95)
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine floor (1.0: constant)")
+    parser.add_argument("--demos", type=int, default=8192)
+    parser.add_argument("--seed", type=int, default=0, help="model init and batch order")
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+
+    config, _ = load_config("zorplex_tiny", [f"sft.num_tasks={args.demos}"])
+    renderer, _ = build_renderer(config)
+    started = time.perf_counter()
+    episodes, _, _ = demo_episodes(config, renderer, 256)
+    heldout_config, _ = load_config("zorplex_tiny", ["sft.num_tasks=256", "run.seed=7"])
+    heldout, _, _ = demo_episodes(heldout_config, renderer, 256)
+    digit_ids = {renderer.tokenizer.token_to_id(str(d)) for d in range(10)}
+    kinds = [position_kinds(e, digit_ids) for e in heldout]
+    print(f"{len(episodes)} demos, {len(heldout)} held out, built in {time.perf_counter() - started:.1f}s")
+
+    model = build_model(model_config(config), seed=args.seed)
+    optimizer = OptimizerConfig(
+        lr=args.lr,
+        betas=(0.9, args.beta2),
+        warmup_steps=args.warmup,
+        decay="cosine" if args.min_lr_ratio < 1 else "constant",
+        total_steps=args.steps,
+        min_lr_ratio=min(args.min_lr_ratio, 1.0),
+    )
+    trainer = Trainer(model, msgspec.structs.replace(TrainerConfig(), optimizer=optimizer), device="cpu")
+    order = BatchOrder(len(episodes), args.batch, seed=args.seed)
+    print(f"lr {args.lr} beta2 {args.beta2} warmup {args.warmup} floor {args.min_lr_ratio} seed {args.seed}")
+    print(
+        "step  seconds  train loss  "
+        + "  ".join(f"{k:>6}" for k in ("after", "call", "digit1", "digitN", "final"))
+    )
+    started = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        loss = trainer.sft_step([episodes[i] for i in order.next()])["loss"]
+        if step % args.eval_every == 0 or step == args.steps:
+            losses = heldout_losses(trainer.model, heldout, kinds)
+            cells = "  ".join(
+                f"{losses.get(k, np.nan):6.3f}" for k in ("after", "call", "digit1", "digitN", "final")
+            )
+            print(f"{step:4d}  {time.perf_counter() - started:7.0f}  {loss:10.3f}  {cells}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -126,8 +126,7 @@ def collate(
 ) -> MicroBatch:
     """Pad and shift the given episodes into one MicroBatch (rows in the order of `indices`),
     sharing their first `prefix_len` input positions (see `plan_shared_prefix`)."""
-    skip = prefix_len
-    lengths = [len(episodes[i].tokens) - 1 - skip for i in indices]
+    lengths = [len(episodes[i].tokens) - 1 - prefix_len for i in indices]
     rows, width = len(indices), max(lengths)
     input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
     targets = torch.full((rows, width), pad_token_id, dtype=torch.long)
@@ -137,11 +136,13 @@ def collate(
     for row, (i, n) in enumerate(zip(indices, lengths, strict=True)):
         episode = episodes[i]
         tokens = torch.tensor(episode.tokens, dtype=torch.long)
-        input_ids[row, :n] = tokens[skip:-1]
-        targets[row, :n] = tokens[skip + 1 :]
-        loss_mask[row, :n] = torch.tensor(episode.loss_mask[skip + 1 :], dtype=torch.bool)
-        advantages[row, :n] = torch.tensor(episode.advantages[skip + 1 :], dtype=torch.float32)
-        sampler_logprobs[row, :n] = torch.tensor(episode.sampler_logprobs[skip + 1 :], dtype=torch.float32)
+        input_ids[row, :n] = tokens[prefix_len:-1]
+        targets[row, :n] = tokens[prefix_len + 1 :]
+        loss_mask[row, :n] = torch.tensor(episode.loss_mask[prefix_len + 1 :], dtype=torch.bool)
+        advantages[row, :n] = torch.tensor(episode.advantages[prefix_len + 1 :], dtype=torch.float32)
+        sampler_logprobs[row, :n] = torch.tensor(
+            episode.sampler_logprobs[prefix_len + 1 :], dtype=torch.float32
+        )
     positions = None
     prefix_rows = 0
     if prefix_len:

@@ -33,9 +33,7 @@ from toolgym.configs.build import build_renderer, model_config
 from toolgym.configs.load import load_config
 from toolgym.configs.sft import BatchOrder, demo_episodes
 from toolgym.rollouts.types import Episode
-from toolgym.trainers.batching import make_micro_batches
 from toolgym.trainers.config import OptimizerConfig, TrainerConfig
-from toolgym.trainers.logprobs import token_logprobs
 from toolgym.trainers.trainer import Trainer
 
 
@@ -61,20 +59,19 @@ def position_kinds(episode: Episode, digit_ids: set[int]) -> list[str | None]:
     return kinds
 
 
-@torch.no_grad()
-def heldout_losses(model, episodes: list[Episode], kinds: list[list[str | None]]) -> dict[str, float]:
-    model.eval()
+def heldout_losses(
+    trainer: Trainer, episodes: list[Episode], kinds: list[list[str | None]]
+) -> dict[str, float]:
+    """Mean held-out loss per kind, from the trainer's own teacher-forced logprobs."""
     total: dict[str, float] = {}
     count: dict[str, int] = {}
-    for mb in make_micro_batches(episodes, 8192, share_prefix=True):
-        logprobs = token_logprobs(mb.logits(model), mb.targets)
-        for row, index in enumerate(mb.episode_index.tolist()):
-            for position in range(int(mb.lengths[row])):
-                kind = kinds[index][mb.prefix_len + position + 1]
-                if kind is not None:
-                    total[kind] = total.get(kind, 0.0) - float(logprobs[row, position])
-                    count[kind] = count.get(kind, 0) + 1
-    model.train()
+    trainer.model.eval()
+    for logprobs, episode_kinds in zip(trainer.compute_logprobs(episodes), kinds, strict=True):
+        for logprob, kind in zip(logprobs, episode_kinds, strict=True):
+            if kind is not None:
+                total[kind] = total.get(kind, 0.0) - logprob
+                count[kind] = count.get(kind, 0) + 1
+    trainer.model.train()
     return {kind: total[kind] / count[kind] for kind in sorted(total)}
 
 
@@ -125,7 +122,7 @@ def main() -> None:
     for step in range(1, args.steps + 1):
         loss = trainer.sft_step([episodes[i] for i in order.next()])["loss"]
         if step % args.eval_every == 0 or step == args.steps:
-            losses = heldout_losses(trainer.model, heldout, kinds)
+            losses = heldout_losses(trainer, heldout, kinds)
             cells = "  ".join(
                 f"{losses.get(k, np.nan):6.3f}" for k in ("after", "call", "digit1", "digitN", "final")
             )

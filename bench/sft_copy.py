@@ -28,13 +28,14 @@ import msgspec
 import numpy as np
 import torch
 
-from toolgym.agents.model import build_model
-from toolgym.configs.build import build_renderer, model_config
+from toolgym.configs.build import build_renderer, initial_model
 from toolgym.configs.load import load_config
 from toolgym.configs.sft import BatchOrder, demo_episodes
 from toolgym.rollouts.types import Episode
 from toolgym.trainers.config import OptimizerConfig, TrainerConfig
 from toolgym.trainers.trainer import Trainer
+
+KINDS = ("after", "call", "digit1", "digitN", "final")
 
 
 def position_kinds(episode: Episode, digit_ids: set[int]) -> list[str | None]:
@@ -92,7 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    config, _ = load_config("zorplex_tiny", [f"sft.num_tasks={args.demos}"])
+    config, _ = load_config("zorplex_tiny", [f"sft.num_tasks={args.demos}", f"model.init_seed={args.seed}"])
     renderer, _ = build_renderer(config)
     started = time.perf_counter()
     episodes, _, _ = demo_episodes(config, renderer, 256)
@@ -102,7 +103,7 @@ def main() -> None:
     kinds = [position_kinds(e, digit_ids) for e in heldout]
     print(f"{len(episodes)} demos, {len(heldout)} held out, built in {time.perf_counter() - started:.1f}s")
 
-    model = build_model(model_config(config), seed=args.seed)
+    model = initial_model(config)
     optimizer = OptimizerConfig(
         lr=args.lr,
         betas=(0.9, args.beta2),
@@ -114,18 +115,13 @@ def main() -> None:
     trainer = Trainer(model, msgspec.structs.replace(TrainerConfig(), optimizer=optimizer), device="cpu")
     order = BatchOrder(len(episodes), args.batch, seed=args.seed)
     print(f"lr {args.lr} beta2 {args.beta2} warmup {args.warmup} floor {args.min_lr_ratio} seed {args.seed}")
-    print(
-        "step  seconds  train loss  "
-        + "  ".join(f"{k:>6}" for k in ("after", "call", "digit1", "digitN", "final"))
-    )
+    print("step  seconds  train loss  " + "  ".join(f"{k:>6}" for k in KINDS))
     started = time.perf_counter()
     for step in range(1, args.steps + 1):
         loss = trainer.sft_step([episodes[i] for i in order.next()])["loss"]
         if step % args.eval_every == 0 or step == args.steps:
             losses = heldout_losses(trainer, heldout, kinds)
-            cells = "  ".join(
-                f"{losses.get(k, np.nan):6.3f}" for k in ("after", "call", "digit1", "digitN", "final")
-            )
+            cells = "  ".join(f"{losses.get(k, np.nan):6.3f}" for k in KINDS)
             print(f"{step:4d}  {time.perf_counter() - started:7.0f}  {loss:10.3f}  {cells}", flush=True)
 
 

@@ -37,6 +37,7 @@ import msgspec
 import numpy as np
 import torch
 
+from .decode_graphs import DecodeGraphs
 from .errors import ContextOverflowError, checked_prompt
 from .kv_cache import KeyLayout, KVCache
 from .model import Transformer
@@ -101,7 +102,8 @@ class TorchEngine:
     (agents/packed_linear.py; default: on CPU when available). key_layout: the KV cache's key
     layout (agents/kv_cache.py; default: the fastest for `dtype`). continuous_batching: admit
     waiting requests between decode steps (default); False waits until the running batch is done
-    (static micro-batching, for comparison).
+    (static micro-batching, for comparison). cuda_graphs: replay decode steps from CUDA graphs at
+    bucketed shapes (agents/decode_graphs.py; default: on for a CUDA device).
     """
 
     def __init__(
@@ -119,6 +121,7 @@ class TorchEngine:
         pack_weights: bool | None = None,
         key_layout: KeyLayout | None = None,
         continuous_batching: bool = True,
+        cuda_graphs: bool | None = None,
     ) -> None:
         cfg = model.config
         self.config = cfg
@@ -153,6 +156,10 @@ class TorchEngine:
             self.cache = KVCache(
                 cfg, max_batch_size, self.max_seq_len, dtype=dtype, device=device, key_layout=key_layout
             )
+        if cuda_graphs and device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs a CUDA device, got {device}")
+        self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self._graphs = DecodeGraphs(self.model, self.cache, capture=True) if self.cuda_graphs else None
         # Per-slot sampling state, host side (slot i = self._running[i]).
         b = max_batch_size
         self._pos = np.zeros(b, np.int64)  # where the slot's next input token goes
@@ -411,11 +418,14 @@ class TorchEngine:
     def _decode_step(self) -> None:
         start = time.perf_counter()
         n = len(self._running)
-        positions = torch.from_numpy(self._pos[:n]).to(self.device)
-        tokens = torch.from_numpy(self._next[:n]).to(self.device)
-        rope = self.cache.start_decode(positions, int(self._pos[:n].max()) + 1)
-        hidden = self.model.model(tokens[:, None], cache=self.cache, rope=rope)
-        logits = self.model.lm_head(hidden[:, 0])
+        if self._graphs is not None:
+            logits = self._graphs.forward(self._next[:n], self._pos[:n])
+        else:
+            positions = torch.from_numpy(self._pos[:n]).to(self.device)
+            tokens = torch.from_numpy(self._next[:n]).to(self.device)
+            rope = self.cache.start_decode(positions, int(self._pos[:n].max()) + 1)
+            hidden = self.model.model(tokens[:, None], cache=self.cache, rope=rope)
+            logits = self.model.lm_head(hidden[:, 0])
         self.stats.decode_steps += 1
         self._pos[:n] += 1
         self._sample_and_record(logits, 0, n)

@@ -6,7 +6,7 @@ finishes), so a decode step reads the block [:n, ..., :span] in place, with no g
 
 Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]. k has two layouts, picked by what
 is fastest for the decode attention of the dtype on CPU (decode attention is bound by reading
-the cache):
+the cache); on CUDA "sd" is the default for every dtype (bench/RESULTS.md: 4-8% faster in bf16):
 - "sd" (float32): k like v; decode runs SDPA (one fused pass over k and v, GQA without copies);
 - "ds" (bfloat16/float16): k transposed, [..., head_dim, max_seq_len], and decode is two batched
   matmuls: reduced-precision batched matmuls are several times slower on a transposed operand
@@ -44,7 +44,8 @@ class KVCache:
         key_layout: KeyLayout | None = None,
     ) -> None:
         layers, heads, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
-        self.key_layout: KeyLayout = key_layout or ("sd" if dtype == torch.float32 else "ds")
+        on_cuda = torch.device(device).type == "cuda"
+        self.key_layout: KeyLayout = key_layout or ("sd" if dtype == torch.float32 or on_cuda else "ds")
         k_shape = (d, max_seq_len) if self.key_layout == "ds" else (max_seq_len, d)
         self.k = torch.zeros((layers, max_slots, heads, *k_shape), dtype=dtype, device=device)
         self.v = torch.zeros((layers, max_slots, heads, max_seq_len, d), dtype=dtype, device=device)

@@ -1,0 +1,107 @@
+"""DecodeGraphs: the padded, span-bucketed decode forward equals the exact one (CPU, every run),
+and on a GPU the engine's CUDA-graph decode samples what eager decode samples, logprobs equal to
+the teacher-forced ones, and sees weights loaded after capture (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from toolgym.agents.checkpoint import hf_named_tensors
+from toolgym.agents.decode_graphs import DecodeGraphs, batch_bucket, span_bucket
+from toolgym.agents.engine import TorchEngine
+from toolgym.agents.kv_cache import KVCache
+from toolgym.agents.model import build_model, causal_lm_logprobs
+from toolgym.agents.types import SamplingParams
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def test_buckets() -> None:
+    assert [batch_bucket(n, 8) for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
+    assert batch_bucket(5, 6) == 6  # capped at the number of slots
+    assert [span_bucket(s, 4096) for s in (1, 64, 65, 129, 3000)] == [64, 64, 128, 256, 4096]
+    assert span_bucket(150, 192) == 192
+
+
+@pytest.mark.parametrize("key_layout", ["sd", "ds"])
+def test_padded_bucketed_decode_equals_the_exact_step(key_layout: str) -> None:
+    model = build_model("test", seed=0).eval()
+    cache = KVCache(model.config, 8, 128, dtype=torch.float32, device="cpu", key_layout=key_layout)
+    prompts = torch.randint(0, model.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model.model(prompts, cache=cache, rope=cache.start_prefill(10, 0, None))
+        # Slots hold sequences of different lengths: 10, 7 and 4 tokens (the rest is masked).
+        positions = np.array([10, 7, 4], np.int64)
+        tokens = np.array([5, 17, 99], np.int64)
+        rope = cache.start_decode(torch.from_numpy(positions), int(positions.max()) + 1)
+        exact = model.lm_head(model.model(torch.from_numpy(tokens)[:, None], cache=cache, rope=rope)[:, 0])
+        graphs = DecodeGraphs(model, cache, capture=False)
+        padded = graphs.forward(tokens, positions)  # batch 3 -> 4, span 11 -> 64
+    assert padded.shape == exact.shape
+    assert (padded - exact).abs().max().item() <= 1e-5
+
+
+def test_capture_needs_cuda() -> None:
+    model = build_model("test", seed=0)
+    cache = KVCache(model.config, 2, 32, dtype=torch.float32, device="cpu")
+    with pytest.raises(ValueError, match="CUDA"):
+        DecodeGraphs(model, cache, capture=True)
+    with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device"):
+        TorchEngine(model, max_batch_size=2, max_seq_len=32, cuda_graphs=True)
+
+
+def _run(engine: TorchEngine, prompts, params):
+    async def concurrently():
+        calls = [engine.generate([p], params) for p in prompts]
+        return [c for r in await asyncio.gather(*calls) for c in r]
+
+    return asyncio.run(concurrently())
+
+
+@needs_cuda
+@pytest.mark.parametrize("key_layout", ["sd", "ds"])
+def test_cuda_graph_decode_samples_what_eager_decode_samples(key_layout: str) -> None:
+    model = build_model("test", seed=0)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n in (5, 13, 30)]
+    params = SamplingParams(max_tokens=40, temperature=1.0, n=3, seed=7)
+    results = {}
+    for graphs in (False, True):
+        with TorchEngine(
+            model, max_batch_size=16, max_seq_len=128, device="cuda", key_layout=key_layout, cuda_graphs=graphs
+        ) as engine:
+            results[graphs] = _run(engine, prompts, params)
+            if graphs:
+                assert engine._graphs.captured  # the decode really went through graphs
+    for eager, graphed in zip(results[False], results[True], strict=True):
+        assert graphed.tokens == eager.tokens
+        assert np.abs(np.array(graphed.logprobs) - np.array(eager.logprobs)).max() <= 1e-4
+    cpu_model = model.float()
+    for i, completion in enumerate(results[True]):
+        prompt = prompts[i // 3]
+        with torch.no_grad():
+            reference = causal_lm_logprobs(cpu_model, torch.tensor([prompt + completion.tokens]))[
+                0, len(prompt) - 1 :
+            ]
+        assert (torch.tensor(completion.logprobs) - reference).abs().max().item() <= 1e-4
+
+
+@needs_cuda
+def test_cuda_graphs_see_weights_loaded_after_capture() -> None:
+    model, other = build_model("test", seed=0), build_model("test", seed=1)
+    prompt = [[3, 1, 4, 1, 5]]
+    greedy = SamplingParams(max_tokens=16, temperature=0.0)
+    with TorchEngine(model, max_batch_size=4, max_seq_len=64, device="cuda") as engine:
+        assert engine.cuda_graphs
+        before = engine.generate_sync(prompt, greedy)[0]
+        engine.load_weights(hf_named_tensors(other), version=1)
+        after = engine.generate_sync(prompt, greedy)[0]
+    with TorchEngine(other, max_batch_size=4, max_seq_len=64, device="cuda", cuda_graphs=False) as fresh:
+        expected = fresh.generate_sync(prompt, greedy)[0]
+    assert after.policy_version == 1 and after.tokens == expected.tokens
+    assert np.abs(np.array(after.logprobs) - np.array(expected.logprobs)).max() <= 1e-5
+    assert np.abs(np.array(before.logprobs) - np.array(after.logprobs)).max() > 1e-2  # new weights

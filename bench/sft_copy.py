@@ -3,6 +3,7 @@
     python bench/sft_copy.py                                   # the CPU demo's SFT settings
     python bench/sft_copy.py --beta2 0.999 --steps 800         # AdamW's default beta2
     python bench/sft_copy.py --lr 3e-3 --seed 1 --threads 1    # another model seed
+    python bench/sft_copy.py --device cuda --seed 3            # on a GPU (many seeds side by side)
 
 Builds the CPU demo's oracle demonstrations (`configs/zorplex_tiny.toml`, its SFT data and model),
 trains with the project's Trainer (`sft_step`, shared-prefix micro-batches) and every
@@ -90,10 +91,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="model init and batch order")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--set", action="append", default=[], help="a config override, e.g. model.overrides.rope_theta=1e4")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    config, _ = load_config("zorplex_tiny", [f"sft.num_tasks={args.demos}", f"model.init_seed={args.seed}"])
+    config, _ = load_config(
+        "zorplex_tiny", [f"sft.num_tasks={args.demos}", f"model.init_seed={args.seed}", *args.set]
+    )
     renderer, _ = build_renderer(config)
     started = time.perf_counter()
     episodes, _, _ = demo_episodes(config, renderer, 256)
@@ -112,9 +117,10 @@ def main() -> None:
         total_steps=args.steps,
         min_lr_ratio=min(args.min_lr_ratio, 1.0),
     )
-    trainer = Trainer(model, msgspec.structs.replace(TrainerConfig(), optimizer=optimizer), device="cpu")
+    trainer = Trainer(model, msgspec.structs.replace(TrainerConfig(), optimizer=optimizer), device=args.device)
     order = BatchOrder(len(episodes), args.batch, seed=args.seed)
-    print(f"lr {args.lr} beta2 {args.beta2} warmup {args.warmup} floor {args.min_lr_ratio} seed {args.seed}")
+    print(f"lr {args.lr} beta2 {args.beta2} warmup {args.warmup} floor {args.min_lr_ratio} seed {args.seed} "
+          f"batch {args.batch} on {args.device} {' '.join(args.set)}")
     print("step  seconds  train loss  " + "  ".join(f"{k:>6}" for k in KINDS))
     started = time.perf_counter()
     for step in range(1, args.steps + 1):

@@ -1,6 +1,6 @@
 """Trainer throughput: tokens/s and model FLOPs utilisation (MFU) against the measured matmul peak.
 
-    python bench/train.py                                  # CPU: tiny and small-25m, 1 and 2 procs, fp32 and bf16
+    python bench/train.py                                  # CPU: bench-3m and small-25m, 1 and 2 procs, fp32 and bf16
     python bench/train.py --sweep                          # CPU: micro-batch token budgets, small-25m fp32 1 proc
     python bench/train.py --device cuda --models qwen2.5-0.5b --precisions bf16 --procs 1 \
         --seq-len 1024 --micro-batch-tokens 16384 --episodes 64      # GPU (target >= 40% of bf16 peak)
@@ -155,7 +155,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--models", default="tiny,small-25m")
+    parser.add_argument("--models", default="bench-3m,small-25m")
     parser.add_argument("--procs", default="1,2")
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--micro-batch-tokens", type=int, default=4096)
@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--no-entropy", action="store_true", help="skip the entropy metric (a vocab softmax)")
     parser.add_argument("--sweep", action="store_true", help="try micro-batch token budgets (1 proc, fp32)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--model", default="tiny", help=argparse.SUPPRESS)
+    parser.add_argument("--model", default="bench-3m", help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

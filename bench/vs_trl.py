@@ -342,7 +342,7 @@ def summarise(results: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="tiny", help="ModelConfig name of the random Qwen2 model")
+    parser.add_argument("--model", default="bench-3m", help="ModelConfig name of the random Qwen2 model")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
     parser.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
     parser.add_argument("--completion-len", type=int, default=64, help="sampled tokens per completion")

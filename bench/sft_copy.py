@@ -92,7 +92,9 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--set", action="append", default=[], help="a config override, e.g. model.overrides.rope_theta=1e4")
+    parser.add_argument(
+        "--set", action="append", default=[], help="a config override, e.g. model.overrides.rope_theta=1e4"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -117,10 +119,14 @@ def main() -> None:
         total_steps=args.steps,
         min_lr_ratio=min(args.min_lr_ratio, 1.0),
     )
-    trainer = Trainer(model, msgspec.structs.replace(TrainerConfig(), optimizer=optimizer), device=args.device)
+    trainer = Trainer(
+        model, msgspec.structs.replace(TrainerConfig(), optimizer=optimizer), device=args.device
+    )
     order = BatchOrder(len(episodes), args.batch, seed=args.seed)
-    print(f"lr {args.lr} beta2 {args.beta2} warmup {args.warmup} floor {args.min_lr_ratio} seed {args.seed} "
-          f"batch {args.batch} on {args.device} {' '.join(args.set)}")
+    print(
+        f"lr {args.lr} beta2 {args.beta2} warmup {args.warmup} floor {args.min_lr_ratio} seed {args.seed} "
+        f"batch {args.batch} on {args.device} {' '.join(args.set)}"
+    )
     print("step  seconds  train loss  " + "  ".join(f"{k:>6}" for k in KINDS))
     started = time.perf_counter()
     for step in range(1, args.steps + 1):

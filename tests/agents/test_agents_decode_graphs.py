@@ -72,7 +72,12 @@ def test_cuda_graph_decode_samples_what_eager_decode_samples(key_layout: str) ->
     results = {}
     for graphs in (False, True):
         with TorchEngine(
-            model, max_batch_size=16, max_seq_len=128, device="cuda", key_layout=key_layout, cuda_graphs=graphs
+            model,
+            max_batch_size=16,
+            max_seq_len=128,
+            device="cuda",
+            key_layout=key_layout,
+            cuda_graphs=graphs,
         ) as engine:
             results[graphs] = _run(engine, prompts, params)
             if graphs:

@@ -1,0 +1,88 @@
+"""Where a decode step's time goes in the torch engine: forward vs sampling vs host bookkeeping.
+
+    python bench/decode_split.py --device cuda --model qwen2.5-0.5b --batch 256 --dtype bfloat16
+    python bench/decode_split.py                        # CPU: bench-3m, batch 64, float32
+
+Same load as bench/generate.py (random prompts of 128 tokens, 64 new tokens, temperature 1).
+After a warm-up call, one call runs with synchronised timers around the decode forward (the
+CUDA-graph replay on a GPU) and around `sample_tokens`; the rest of `decode_seconds` is the
+engine's host work (copies in and out, per-sample bookkeeping). The timers add a sync per step,
+so the total is a little above bench/generate.py's decode time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+import toolgym.agents.engine as engine_module
+from toolgym.agents.model import ModelConfig, build_model
+from toolgym.agents.types import SamplingParams
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="bench-3m")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    config = ModelConfig.named(args.model)
+    model = build_model(config, seed=0).to(getattr(torch, args.dtype))
+    generator = torch.Generator().manual_seed(1)
+    prompts = torch.randint(0, config.vocab_size, (args.batch, 128), generator=generator).tolist()
+    params = SamplingParams(max_tokens=64, temperature=1.0, seed=0)
+    sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
+    seconds = {"forward": 0.0, "sampling": 0.0}
+
+    def timed(key, fn, when=lambda *a, **k: True):
+        def wrapper(*a, **k):
+            if not when(*a, **k):
+                return fn(*a, **k)
+            sync()
+            start = time.perf_counter()
+            result = fn(*a, **k)
+            sync()
+            seconds[key] += time.perf_counter() - start
+            return result
+
+        return wrapper
+
+    with engine_module.TorchEngine(
+        model, max_batch_size=args.batch, max_seq_len=192, device=args.device
+    ) as engine:
+        engine.generate_sync(prompts, params)  # warm-up (and graph capture)
+        if engine._graphs is not None:
+            engine._graphs.forward = timed("forward", engine._graphs.forward)
+        else:
+            is_decode = lambda input_ids, *a, **k: input_ids.shape[1] == 1  # noqa: E731
+            engine.model.model.forward = timed("forward", engine.model.model.forward, is_decode)
+        sample_tokens = engine_module.sample_tokens
+        engine_module.sample_tokens = timed("sampling", sample_tokens)
+        try:
+            before_s, before_steps = engine.stats.decode_seconds, engine.stats.decode_steps
+            prefill_forwards = engine.stats.prefill_forwards
+            engine.generate_sync(prompts, params)
+        finally:
+            engine_module.sample_tokens = sample_tokens
+        steps = engine.stats.decode_steps - before_steps
+        decode = engine.stats.decode_seconds - before_s
+        # Each prefill's first-token sampling went through the sampling timer too (one batch each).
+        prefills = engine.stats.prefill_forwards - prefill_forwards
+        forward = seconds["forward"]
+        sampling = seconds["sampling"] * steps / (steps + prefills)
+    print(
+        f"{args.model}, batch {args.batch}, {args.dtype} on {args.device}, CUDA graphs {engine.cuda_graphs}"
+    )
+    print(f"decode: {steps} steps, {decode / steps * 1e3:.2f} ms/step")
+    print(f"  forward{' (graph replay)' if engine.cuda_graphs else ''}: {forward / steps * 1e3:.2f} ms/step")
+    print(f"  sampling: {sampling / steps * 1e3:.2f} ms/step")
+    print(f"  rest (host bookkeeping, copies): {(decode - forward - sampling) / steps * 1e3:.2f} ms/step")
+
+
+if __name__ == "__main__":
+    main()

@@ -66,7 +66,11 @@ def bench_engine(directory, prompts, args, dtype) -> dict:
     model = load_hf_checkpoint(directory, dtype=dtype, device=args.device)
     params = SamplingParams(max_tokens=args.new_tokens, temperature=1.0, seed=0)
     with TorchEngine(
-        model, max_batch_size=len(prompts), max_seq_len=args.prompt_len + args.new_tokens
+        model,
+        max_batch_size=len(prompts),
+        max_seq_len=args.prompt_len + args.new_tokens,
+        key_layout=args.key_layout,
+        cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
     ) as engine:
         run = lambda: engine.generate_sync(prompts, params)  # noqa: E731
         run()  # warm-up
@@ -206,6 +210,12 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--scenario", choices=["batch", "episodes"], default="batch")
     parser.add_argument("--turns", type=int, default=4, help="turns per episode (--scenario episodes)")
+    parser.add_argument(
+        "--key-layout", choices=["sd", "ds"], default=None, help="engine KV layout (default: its own)"
+    )
+    parser.add_argument(
+        "--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="engine decode graphs"
+    )
     args = parser.parse_args()
     dtypes = args.dtypes.split(",")
     backends = args.backends.split(",")

@@ -28,6 +28,7 @@ import concurrent.futures
 import copy
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -143,6 +144,13 @@ class TorchEngine:
             raise ValueError(
                 f"pack_weights=True: oneDNN packed linears are not available for {dtype} on {device} "
                 "(bf16/fp16 need AVX-512 or AVX-NE-CONVERT); pass pack_weights=None to pick automatically"
+            )
+        if device.type == "cpu" and dtype != torch.float32 and not available:
+            # Not an error (it works), but a 6-75x slower matmul is worth a line (bench/RESULTS.md).
+            warnings.warn(
+                f"TorchEngine: {dtype} matmuls on this CPU have no fast kernels (no AVX-512 BF16/FP16, "
+                "AMX or AVX-NE-CONVERT) and run several times slower than float32; use float32 here",
+                stacklevel=2,
             )
         self.packed = available if pack_weights is None else pack_weights
         if self.packed:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import warnings
 
 import pytest
 import torch
@@ -337,6 +338,7 @@ def test_cancelled_request_frees_its_slot(model) -> None:
         assert len(short.tokens) == 3 and engine.stats.decode_steps < 400
 
 
+@pytest.mark.filterwarnings("ignore:TorchEngine.*no fast kernels")
 def test_bfloat16_engine_is_close_to_float32(model) -> None:
     prompt = prompts_of([10])[0]
     with TorchEngine(model, max_batch_size=2, max_seq_len=64, dtype=torch.bfloat16) as engine:
@@ -348,10 +350,17 @@ def test_bfloat16_engine_is_close_to_float32(model) -> None:
 def test_packing_follows_what_the_cpu_supports_per_dtype(model) -> None:
     # bf16 oneDNN linears need AVX-512 or AVX-NE-CONVERT: an AVX2-only CPU runs the bf16 engine
     # unpacked (automatically) and refuses an explicit pack_weights=True with a clear error.
+    # Such a CPU also has no fast bf16 matmuls at all: the engine says so once, at construction.
     bf16_ok = packing_available(torch.device("cpu"), torch.bfloat16)
     assert bf16_ok == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    with TorchEngine(model, max_batch_size=2, max_seq_len=32, dtype=torch.bfloat16) as engine:
-        assert engine.packed == bf16_ok
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with TorchEngine(model, max_batch_size=2, max_seq_len=32, dtype=torch.bfloat16) as engine:
+            assert engine.packed == bf16_ok
+        with TorchEngine(model, max_batch_size=2, max_seq_len=32):  # float32: never warns
+            pass
+    slow = [w for w in caught if "no fast kernels" in str(w.message)]
+    assert len(slow) == (0 if bf16_ok else 1)
     if not bf16_ok:
         with pytest.raises(ValueError, match=r"not available for torch\.bfloat16"):
             TorchEngine(model, max_batch_size=2, max_seq_len=32, dtype=torch.bfloat16, pack_weights=True)

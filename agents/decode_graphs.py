@@ -18,8 +18,8 @@ One graph per (batch bucket, span bucket) is captured the first time that shape 
 in one memory pool. The weights and the KV cache are read in place, so `load_weights` (which
 copies into the same tensors) needs no re-capture.
 
-Without CUDA (or with capture off) the same padded forward runs eagerly: that is what the tests
-compare against the unpadded step on CPU.
+With capture off the same forward runs eagerly: padded (`bucketed=True`, what the tests compare
+against the exact step on CPU) or at the exact shapes (the engine's decode on CPU).
 """
 
 from __future__ import annotations
@@ -44,18 +44,25 @@ def span_bucket(span: int, max_seq_len: int) -> int:
 
 
 class DecodeGraphs:
-    """Decode forwards at bucketed shapes; `capture=True` (CUDA only) replays CUDA graphs."""
+    """The engine's decode forward. `capture=True` (CUDA only) replays CUDA graphs, which needs
+    `bucketed` shapes; without capture, `bucketed` (default: same as capture) pads as a graph would."""
 
-    def __init__(self, model: Transformer, cache: KVCache, *, capture: bool) -> None:
+    def __init__(
+        self, model: Transformer, cache: KVCache, *, capture: bool, bucketed: bool | None = None
+    ) -> None:
         device = next(model.parameters()).device
         if capture and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, the model is on {device}")
-        self.model, self.cache, self.capture = model, cache, capture
+        bucketed = capture if bucketed is None else bucketed
+        if capture and not bucketed:
+            raise ValueError("CUDA graphs need bucketed shapes")
+        self.model, self.cache, self.capture, self.bucketed = model, cache, capture, bucketed
         self.max_batch, self.max_seq_len = cache.max_slots, cache.max_seq_len
         self.tokens = torch.zeros(self.max_batch, dtype=torch.long, device=device)
         self.positions = torch.zeros(self.max_batch, dtype=torch.long, device=device)
-        vocab = model.config.vocab_size
-        self.logits = torch.zeros(self.max_batch, vocab, dtype=model.lm_head.weight.dtype, device=device)
+        # The graphs' output (a capture's own tensors die with it; this one outlives them all).
+        vocab, dtype = model.config.vocab_size, model.lm_head.weight.dtype
+        self.logits = torch.zeros(self.max_batch if capture else 0, vocab, dtype=dtype, device=device)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool = None
 
@@ -65,29 +72,29 @@ class DecodeGraphs:
         return sorted(self._graphs)
 
     def forward(self, tokens: np.ndarray, positions: np.ndarray) -> torch.Tensor:
-        """Logits [n, vocab] of the next token for slots 0..n-1 (a view of `self.logits`, valid
-        until the next call). tokens/positions: int64 arrays [n]."""
+        """Logits [n, vocab] of the next token for slots 0..n-1 (with capture, a view of
+        `self.logits`, valid until the next call). tokens/positions: int64 arrays [n]."""
         n = len(tokens)
-        batch = batch_bucket(n, self.max_batch)
-        span = span_bucket(int(positions.max()) + 1, self.max_seq_len)
+        batch, span = n, int(positions.max()) + 1
+        if self.bucketed:
+            batch, span = batch_bucket(n, self.max_batch), span_bucket(span, self.max_seq_len)
         self.tokens[:n].copy_(torch.from_numpy(tokens), non_blocking=True)
         self.positions[:n].copy_(torch.from_numpy(positions), non_blocking=True)
         if batch > n:
             self.tokens[n:batch].zero_()
             self.positions[n:batch].zero_()
         if not self.capture:
-            self._step(batch, span)
-        else:
-            graph = self._graphs.get((batch, span))
-            if graph is None:
-                graph = self._graphs[(batch, span)] = self._capture(batch, span)
-            graph.replay()
+            return self._step(batch, span)[:n]
+        graph = self._graphs.get((batch, span))
+        if graph is None:
+            graph = self._graphs[(batch, span)] = self._capture(batch, span)
+        graph.replay()
         return self.logits[:n]
 
-    def _step(self, batch: int, span: int) -> None:
+    def _step(self, batch: int, span: int) -> torch.Tensor:
         rope = self.cache.start_decode(self.positions[:batch], span)
         hidden = self.model.model(self.tokens[:batch, None], cache=self.cache, rope=rope)
-        self.logits[:batch].copy_(self.model.lm_head(hidden[:, 0]))
+        return self.model.lm_head(hidden[:, 0])
 
     def _capture(self, batch: int, span: int) -> torch.cuda.CUDAGraph:
         # Warm up on a side stream first (cuBLAS handles, allocator), as torch.cuda.graphs asks.
@@ -100,6 +107,6 @@ class DecodeGraphs:
         graph = torch.cuda.CUDAGraph()
         # thread_local: the engine captures in its worker thread while others may use the GPU.
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            self._step(batch, span)
+            self.logits[:batch].copy_(self._step(batch, span))
         self._pool = graph.pool()
         return graph

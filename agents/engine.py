@@ -167,7 +167,7 @@ class TorchEngine:
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs a CUDA device, got {device}")
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
-        self._graphs = DecodeGraphs(self.model, self.cache, capture=True) if self.cuda_graphs else None
+        self._decoder = DecodeGraphs(self.model, self.cache, capture=self.cuda_graphs)
         # Per-slot sampling state, host side (slot i = self._running[i]).
         b = max_batch_size
         self._pos = np.zeros(b, np.int64)  # where the slot's next input token goes
@@ -426,14 +426,7 @@ class TorchEngine:
     def _decode_step(self) -> None:
         start = time.perf_counter()
         n = len(self._running)
-        if self._graphs is not None:
-            logits = self._graphs.forward(self._next[:n], self._pos[:n])
-        else:
-            positions = torch.from_numpy(self._pos[:n]).to(self.device)
-            tokens = torch.from_numpy(self._next[:n]).to(self.device)
-            rope = self.cache.start_decode(positions, int(self._pos[:n].max()) + 1)
-            hidden = self.model.model(tokens[:, None], cache=self.cache, rope=rope)
-            logits = self.model.lm_head(hidden[:, 0])
+        logits = self._decoder.forward(self._next[:n], self._pos[:n])
         self.stats.decode_steps += 1
         self._pos[:n] += 1
         self._sample_and_record(logits, 0, n)

@@ -39,10 +39,8 @@ def main() -> None:
     sync = torch.cuda.synchronize if torch.device(args.device).type == "cuda" else (lambda: None)
     seconds = {"forward": 0.0, "sampling": 0.0}
 
-    def timed(key, fn, when=lambda *a, **k: True):
+    def timed(key, fn):
         def wrapper(*a, **k):
-            if not when(*a, **k):
-                return fn(*a, **k)
             sync()
             start = time.perf_counter()
             result = fn(*a, **k)
@@ -56,11 +54,7 @@ def main() -> None:
         model, max_batch_size=args.batch, max_seq_len=192, device=args.device
     ) as engine:
         engine.generate_sync(prompts, params)  # warm-up (and graph capture)
-        if engine._graphs is not None:
-            engine._graphs.forward = timed("forward", engine._graphs.forward)
-        else:
-            is_decode = lambda input_ids, *a, **k: input_ids.shape[1] == 1  # noqa: E731
-            engine.model.model.forward = timed("forward", engine.model.model.forward, is_decode)
+        engine._decoder.forward = timed("forward", engine._decoder.forward)
         sample_tokens = engine_module.sample_tokens
         engine_module.sample_tokens = timed("sampling", sample_tokens)
         try:

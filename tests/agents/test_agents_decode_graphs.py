@@ -39,10 +39,11 @@ def test_padded_bucketed_decode_equals_the_exact_step(key_layout: str) -> None:
         tokens = np.array([5, 17, 99], np.int64)
         rope = cache.start_decode(torch.from_numpy(positions), int(positions.max()) + 1)
         exact = model.lm_head(model.model(torch.from_numpy(tokens)[:, None], cache=cache, rope=rope)[:, 0])
-        graphs = DecodeGraphs(model, cache, capture=False)
-        padded = graphs.forward(tokens, positions)  # batch 3 -> 4, span 11 -> 64
-    assert padded.shape == exact.shape
+        padded = DecodeGraphs(model, cache, capture=False, bucketed=True).forward(tokens, positions)
+        unpadded = DecodeGraphs(model, cache, capture=False).forward(tokens, positions)  # the CPU engine's
+    assert padded.shape == unpadded.shape == exact.shape  # batch 3 -> 4 and span 11 -> 64 padded
     assert (padded - exact).abs().max().item() <= 1e-5
+    assert (unpadded - exact).abs().max().item() <= 1e-6
 
 
 def test_capture_needs_cuda() -> None:
@@ -50,6 +51,7 @@ def test_capture_needs_cuda() -> None:
     cache = KVCache(model.config, 2, 32, dtype=torch.float32, device="cpu")
     with pytest.raises(ValueError, match="CUDA"):
         DecodeGraphs(model, cache, capture=True)
+    assert DecodeGraphs(model, cache, capture=False).bucketed is False
     with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device"):
         TorchEngine(model, max_batch_size=2, max_seq_len=32, cuda_graphs=True)
 
@@ -81,7 +83,7 @@ def test_cuda_graph_decode_samples_what_eager_decode_samples(key_layout: str) ->
         ) as engine:
             results[graphs] = _run(engine, prompts, params)
             if graphs:
-                assert engine._graphs.captured  # the decode really went through graphs
+                assert engine._decoder.captured  # the decode really went through graphs
     for eager, graphed in zip(results[False], results[True], strict=True):
         assert graphed.tokens == eager.tokens
         assert np.abs(np.array(graphed.logprobs) - np.array(eager.logprobs)).max() <= 1e-4

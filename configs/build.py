@@ -118,6 +118,7 @@ def build_generator(
             device=device,
             tokenizer=renderer.tokenizer,
             seed=config.run.seed,
+            cuda_graphs=None if config.agent.cuda_graphs else False,  # None: on where there is CUDA
         )
     from toolgym.agents.vllm_engine import VLLMConfig
     from toolgym.agents.vllm_policy import VLLMPolicy

@@ -8,7 +8,7 @@ Sections (all optional; every key has a default):
                  set), overrides (ModelConfig fields for a named config), dtype (the generator's),
                  init_seed
     [tokenizer]  path ("" = the model directory's tokenizer.json, else the shipped one)
-    [agent]      backend (torch | vllm), temperature, top_p, top_k, max_batch_size, max_seq_len,
+    [agent]      backend (torch | vllm), temperature, top_p, top_k, max_batch_size, max_seq_len, cuda_graphs,
                  [agent.vllm] (VLLMConfig: dtype, kv_cache_gib, gpu_memory_utilization, ...)
     [rollout]    group_size, max_turns, max_tokens_per_turn, max_tokens_per_episode,
                  context_length, episode_timeout_s, observation_role, max_concurrent_episodes
@@ -99,6 +99,7 @@ class AgentSection(msgspec.Struct, **_STRICT):
     top_k: int = 0
     max_batch_size: int = 256  # torch engine: KV-cache slots (episodes decoded together)
     max_seq_len: int = 0  # prompt + completion tokens per episode; 0 = min(model max, 4096)
+    cuda_graphs: bool = True  # torch engine on a GPU: replay decode steps from CUDA graphs (CPU: ignored)
     vllm: VLLMConfig = msgspec.field(default_factory=VLLMConfig)
 
     def __post_init__(self) -> None:

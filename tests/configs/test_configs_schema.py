@@ -160,6 +160,22 @@ def test_components_get_their_configs():
     assert isinstance(Config(), Config)
 
 
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_agent_cuda_graphs_reaches_the_engine(cuda_graphs):
+    import torch
+
+    from toolgym.configs.build import build_generator, build_renderer, initial_model
+
+    config, _ = load_config(
+        "zorplex_tiny", ["model.name=test", f"agent.cuda_graphs={str(cuda_graphs).lower()}"]
+    )
+    assert config.agent.cuda_graphs is cuda_graphs
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    renderer, _ = build_renderer(config)
+    with build_generator(config, initial_model(config), None, renderer, device) as engine:
+        assert engine.cuda_graphs is (cuda_graphs and device.type == "cuda")  # never asked for on CPU
+
+
 def test_model_path_wins_over_the_named_config(tmp_path):
     config = config_from_dict({"model": {"name": "tiny", "path": str(tmp_path)}})
     assert config.model.name == "" and config.model.path == str(tmp_path)

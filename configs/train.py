@@ -89,7 +89,8 @@ def _stream_position(data: dict[str, Any], rank: int, world_size: int) -> int:
 
 def _sft_phase(
     config: Config, run: RunDir, dist, renderer, tokenizer_file: Path, log: MetricsLog, progress: bool
-) -> None:
+) -> float | None:
+    """SFT on the configured demonstrations; returns their accuracy (None if unknown)."""
     max_seq_len = engine_max_seq_len(config, model_config(config))
     record_to = run.trajectories / "sft_demos.jsonl" if dist.is_main else None
     if record_to is not None and record_to.exists():
@@ -105,6 +106,20 @@ def _sft_phase(
     if dist.is_main:
         run.write_json(run.sft_done, {"steps": config.sft.steps, "episodes": len(episodes), "source": source})
     barrier()
+    return data_metrics.get("sft_data/accuracy")
+
+
+def sft_shortfall(demo_accuracy: float | None, eval_metrics: dict[str, float] | None) -> str | None:
+    """A hint when the policy after SFT answers far less accurately than its demonstrations: SFT
+    has not taught the task yet, and RL from there mostly learns the format, not the answers."""
+    accuracy = (eval_metrics or {}).get("eval/accuracy")
+    if demo_accuracy is None or accuracy is None or demo_accuracy < 0.5 or accuracy >= 0.5 * demo_accuracy:
+        return None
+    return (
+        f"note: held-out accuracy after SFT is {accuracy:.2f}, the demonstrations' {demo_accuracy:.2f}: "
+        "SFT has not taught the task yet (a skill such as copying a tool's answer can form late; "
+        "bench/sft_copy.py). Consider more SFT steps (--set sft.steps=N)."
+    )
 
 
 def _summary(run: RunDir, loop: RLLoop, sft: bool, started: float) -> dict[str, Any]:
@@ -157,8 +172,9 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     renderer, tokenizer_file = build_renderer(config)
     check_vocab(model_config(config), renderer)
 
+    demo_accuracy = None
     if redo_sft:
-        _sft_phase(config, run, dist, renderer, tokenizer_file, log, progress)
+        demo_accuracy = _sft_phase(config, run, dist, renderer, tokenizer_file, log, progress)
     base_dir = (
         run.sft_model if config.sft.enabled else (Path(config.model.path) if config.model.path else None)
     )
@@ -183,9 +199,12 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     try:
         with asyncio.Runner() as runner:
             if loop.step == 0 and config.eval.at_start:
-                loop.evaluate(
+                metrics = loop.evaluate(
                     runner, "after SFT (step 0)" if config.sft.enabled else "initial policy (step 0)"
                 )
+                hint = sft_shortfall(demo_accuracy, metrics)
+                if hint:
+                    log.print(hint)
             try:
                 loop.run_steps(total, runner, progress)
             except KeyboardInterrupt:

@@ -12,7 +12,7 @@ from toolgym.agents.checkpoint import load_hf_checkpoint
 from toolgym.configs.cli import main
 from toolgym.configs.load import config_from_dict
 from toolgym.configs.metrics_log import read_metrics
-from toolgym.configs.train import train
+from toolgym.configs.train import sft_shortfall, train
 from toolgym.rollouts.recording import read_recording
 
 pytestmark = pytest.mark.slow
@@ -102,6 +102,18 @@ def test_train_runs_sft_then_rl_end_to_end(tmp_path, capsys):
     assert summary["after"]["step"] == 2 and set(summary["after"]) >= {"accuracy", "tag_rate"}
     assert "after SFT (step    0): tag rate" in out and "after RL (step    2): tag rate" in out
     assert "step 2/2  reward" in out and "eval after SFT (step 0)" in out
+    # two SFT steps teach nothing: the run says so, naming the knob (demos are all correct)
+    assert ("note: held-out accuracy after SFT" in out) == (evals[0]["eval/accuracy"] < 0.5)
+    assert evals[0]["eval/accuracy"] >= 0.5 or "--set sft.steps=N" in out
+
+
+def test_sft_shortfall_hint_only_when_sft_fell_far_short_of_its_demos():
+    assert sft_shortfall(None, {"eval/accuracy": 0.0}) is None  # no SFT in this process
+    assert sft_shortfall(1.0, None) is None  # not rank 0: no eval here
+    assert sft_shortfall(1.0, {"eval/accuracy": 0.6}) is None
+    assert sft_shortfall(0.3, {"eval/accuracy": 0.0}) is None  # the demos themselves are weak
+    hint = sft_shortfall(1.0, {"eval/accuracy": 0.26})
+    assert hint is not None and "0.26" in hint and "1.00" in hint and "sft.steps" in hint
 
 
 def test_resume_continues_the_step_count_metrics_and_task_stream(tmp_path):

@@ -201,7 +201,7 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
     # seeds in 1,000 steps, against 1 of 4 (bench/sft_copy.py sweeps, bench/RESULTS.md).
     "tiny": dict(_SMALL, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                  num_attention_heads=8, num_key_value_heads=4, head_dim=32, rope_theta=10_000.0),
-    # The benchmarks' model (issue 6, vs_trl, train, rollouts): tiny's first shape, pinned so tiny may change.
+    # The benchmarks' model (generate, vs_trl, train): tiny's first shape, pinned so tiny may change.
     "bench-3m": dict(_SMALL, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=64),
     # ~24.6M params, for trainer benchmarks.

@@ -2,12 +2,19 @@
 
     python bench/decode_split.py --device cuda --model qwen2.5-0.5b --batch 256 --dtype bfloat16
     python bench/decode_split.py                        # CPU: bench-3m, batch 64, float32
+    python bench/decode_split.py --compile              # the decode forward under torch.compile
 
 Same load as bench/generate.py (random prompts of 128 tokens, 64 new tokens, temperature 1).
 After a warm-up call, one call runs with synchronised timers around the decode forward (the
 CUDA-graph replay on a GPU) and around `sample_tokens`; the rest of `decode_seconds` is the
 engine's host work (copies in and out, per-sample bookkeeping). The timers add a sync per step,
 so the total is a little above bench/generate.py's decode time.
+
+`--compile` wraps the engine's decode forward (DecodeGraphs._step: the KV-cache writes, the
+attention and every layer) in `torch.compile(dynamic=True)`, with inductor's `freezing` on (it
+then packs the weights itself, so the engine's own oneDNN packing is off), before the warm-up call (whose time,
+compilation included, is printed). This is how the issue's "optional torch.compile of the decode
+step" was measured; the engine does not offer it because it lost (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import argparse
 import time
 
 import torch
+import torch._inductor.config as inductor_config
 
 import toolgym.agents.engine as engine_module
 from toolgym.agents.model import ModelConfig, build_model
@@ -30,6 +38,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the decode forward")
     args = parser.parse_args()
     config = ModelConfig.named(args.model)
     model = build_model(config, seed=0).to(getattr(torch, args.dtype))
@@ -50,10 +59,20 @@ def main() -> None:
 
         return wrapper
 
+    if args.compile:
+        inductor_config.freezing = True
     with engine_module.TorchEngine(
-        model, max_batch_size=args.batch, max_seq_len=192, device=args.device
+        model,
+        max_batch_size=args.batch,
+        max_seq_len=192,
+        device=args.device,
+        pack_weights=False if args.compile else None,
     ) as engine:
-        engine.generate_sync(prompts, params)  # warm-up (and graph capture)
+        if args.compile:
+            engine._decoder._step = torch.compile(engine._decoder._step, dynamic=True)
+        start = time.perf_counter()
+        engine.generate_sync(prompts, params)  # warm-up (and graph capture or compilation)
+        warmup = time.perf_counter() - start
         engine._decoder.forward = timed("forward", engine._decoder.forward)
         sample_tokens = engine_module.sample_tokens
         engine_module.sample_tokens = timed("sampling", sample_tokens)
@@ -70,7 +89,8 @@ def main() -> None:
         forward = seconds["forward"]
         sampling = seconds["sampling"] * steps / (steps + prefills)
     print(
-        f"{args.model}, batch {args.batch}, {args.dtype} on {args.device}, CUDA graphs {engine.cuda_graphs}"
+        f"{args.model}, batch {args.batch}, {args.dtype} on {args.device}, CUDA graphs {engine.cuda_graphs}, "
+        f"torch.compile {args.compile}; warm-up call {warmup:.1f} s"
     )
     print(f"decode: {steps} steps, {decode / steps * 1e3:.2f} ms/step")
     print(f"  forward{' (graph replay)' if engine.cuda_graphs else ''}: {forward / steps * 1e3:.2f} ms/step")

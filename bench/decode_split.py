@@ -11,10 +11,10 @@ engine's host work (copies in and out, per-sample bookkeeping). The timers add a
 so the total is a little above bench/generate.py's decode time.
 
 `--compile` wraps the engine's decode forward (DecodeGraphs._step: the KV-cache writes, the
-attention and every layer) in `torch.compile(dynamic=True)`, with inductor's `freezing` on (it
-then packs the weights itself, so the engine's own oneDNN packing is off), before the warm-up call (whose time,
-compilation included, is printed). This is how the issue's "optional torch.compile of the decode
-step" was measured; the engine does not offer it because it lost (bench/RESULTS.md).
+attention and every layer) in `torch.compile(dynamic=True)` with inductor's `freezing` on (it then
+packs the weights itself, so the engine's own oneDNN packing is off), before the warm-up call
+(whose time, compilation included, is printed). This is how the issue's "optional torch.compile
+of the decode step" was measured; the engine does not offer it because it lost (bench/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -43,6 +43,7 @@ from .errors import ContextOverflowError, checked_prompt
 from .kv_cache import KeyLayout, KVCache
 from .model import Transformer
 from .packed_linear import pack_model, packing_available, repack
+from .prefix_attention import shared_prefix_length
 from .sampling import sample_tokens, seed_to_u64, uniform_draws
 from .types import Completion, SamplingParams
 
@@ -56,6 +57,7 @@ class EngineStats(msgspec.Struct):
     generated_tokens: int = 0
     requests: int = 0
     max_running: int = 0
+    shared_prefix_tokens: int = 0  # prompt tokens not recomputed: a chunk's common prefix, once
     prefill_seconds: float = 0.0  # wall time inside prefill forwards + first-token sampling
     decode_seconds: float = 0.0  # wall time inside decode steps (forward + sampling + bookkeeping)
 
@@ -393,15 +395,23 @@ class TorchEngine:
         source_rows = None
         if any(c != 1 for c in counts):
             source_rows = torch.repeat_interleave(torch.arange(rows), torch.tensor(counts)).to(self.device)
-        ids_t = torch.from_numpy(ids).to(self.device)
-        rope = self.cache.start_prefill(width, first, source_rows)
+        prefix = shared_prefix_length([r.prompt for r, _, _ in groups])
+        if prefix:  # computed once, as one row whose k/v fill every slot of the chunk
+            slots = sum(counts)
+            rope = self.cache.start_prefill(
+                prefix, first, torch.zeros(slots, dtype=torch.long, device=self.device)
+            )
+            self.model.model(torch.from_numpy(ids[:1, :prefix]).to(self.device), cache=self.cache, rope=rope)
+        ids_t = torch.from_numpy(ids[:, prefix:]).to(self.device)
+        rope = self.cache.start_prefill(width - prefix, first, source_rows, prefix_len=prefix)
         hidden = self.model.model(ids_t, cache=self.cache, rope=rope)
-        last = torch.tensor([n - 1 for n in lengths], device=self.device)
+        last = torch.tensor([n - 1 - prefix for n in lengths], device=self.device)
         logits = self.model.lm_head(hidden[torch.arange(rows, device=self.device), last])
         if source_rows is not None:
             logits = logits[source_rows]
         self.stats.prefill_forwards += 1
         self.stats.prompt_tokens += sum(lengths)
+        self.stats.shared_prefix_tokens += (rows - 1) * prefix
         for (request, first_sample, count), length in zip(groups, lengths, strict=True):
             p = request.params
             for j in range(first_sample, first_sample + count):

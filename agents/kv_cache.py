@@ -15,7 +15,10 @@ the cache); on CUDA "sd" is the default for every dtype (bench/RESULTS.md: 4-8% 
 The model calls `cache.attend(layer, q, k, v)` (see agents/model.py); what happens depends on
 the mode the engine set before the forward:
 - prefill: fresh prompts (right-padded to one length) attend causally among themselves; their
-  k/v are written to their slots (one source row may fill several slots: n samples, one prefill);
+  k/v are written to their slots (one source row may fill several slots: n samples, one prefill).
+  When the prompts share a prefix, the engine prefills it once as one row that fills every slot,
+  then the rows' own tokens with `prefix_len` set: they are written after the prefix and attend
+  to it (agents/prefix_attention.py) and causally to themselves;
 - decode: one new token per running slot is written at that slot's position, then it attends
   over positions 0..pos of its own slot (an additive mask hides the rest of the span).
 """
@@ -28,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .model import ModelConfig, rope_cos_sin
+from .prefix_attention import attend_after_prefix, prefix_mask
 
 KeyLayout = Literal["sd", "ds"]
 
@@ -67,12 +71,19 @@ class KVCache:
         return 2 * self.k.numel() * self.k.element_size()
 
     # ---- prefill -------------------------------------------------------------------------------
-    def start_prefill(self, length: int, first_slot: int, source_rows: torch.Tensor | None) -> tuple:
+    def start_prefill(
+        self, length: int, first_slot: int, source_rows: torch.Tensor | None, prefix_len: int = 0
+    ) -> tuple:
         """Prompts padded to `length` go to slots first_slot.. (row source_rows[i] fills slot
-        first_slot + i; None means row i fills slot first_slot + i). Returns the RoPE (cos, sin)."""
+        first_slot + i; None means row i fills slot first_slot + i), at positions prefix_len.. :
+        with prefix_len > 0 the slots already hold a shared prefix (positions 0..prefix_len-1)
+        and the rows are what follows it. Returns the RoPE (cos, sin)."""
         self._mode = "prefill"
-        self._first_slot, self._source_rows = first_slot, source_rows
-        return self.rope_cos[None, :length, None], self.rope_sin[None, :length, None]
+        self._first_slot, self._source_rows, self._prefix_len = first_slot, source_rows, prefix_len
+        end = prefix_len + length
+        if prefix_len:
+            self._prefix_mask = prefix_mask(prefix_len, length, self.k.device)
+        return self.rope_cos[None, prefix_len:end, None], self.rope_sin[None, prefix_len:end, None]
 
     # ---- decode --------------------------------------------------------------------------------
     def start_decode(self, positions: torch.Tensor, span: int) -> tuple:
@@ -107,15 +118,24 @@ class KVCache:
         raise RuntimeError("KVCache.attend called outside start_prefill/start_decode")
 
     def _attend_prefill(self, layer: int, q, k, v) -> torch.Tensor:
-        length, first, rows = k.shape[2], self._first_slot, self._source_rows
+        first, rows, start = self._first_slot, self._source_rows, self._prefix_len
+        end = start + k.shape[2]
         k_rows, v_rows = (k[rows], v[rows]) if rows is not None else (k, v)
         last = first + k_rows.shape[0]
         if self.key_layout == "ds":
-            self.k[layer, first:last, :, :, :length] = k_rows.transpose(-1, -2)
+            self.k[layer, first:last, :, :, start:end] = k_rows.transpose(-1, -2)
         else:
-            self.k[layer, first:last, :, :length] = k_rows
-        self.v[layer, first:last, :, :length] = v_rows
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            self.k[layer, first:last, :, start:end] = k_rows
+        self.v[layer, first:last, :, start:end] = v_rows
+        if not start:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        # The prefix, as the shared-prefix prefill wrote it into every slot: read the first one.
+        if self.key_layout == "ds":
+            k_prefix = self.k[layer, first : first + 1, :, :, :start].transpose(-1, -2)
+        else:
+            k_prefix = self.k[layer, first : first + 1, :, :start]
+        v_prefix = self.v[layer, first : first + 1, :, :start]
+        return attend_after_prefix(q, k, v, k_prefix, v_prefix, self._prefix_mask)
 
     def _attend_decode(self, layer: int, q, k, v) -> torch.Tensor:
         # Sizes come from tensor shapes (not Python ints) so a compiled step stays shape-generic.

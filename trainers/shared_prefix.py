@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from toolgym.agents.prefix_attention import attend_after_prefix, common_prefix_length, prefix_mask
+
 
 def shared_prefix_length(rows: list[list[int]], masks: list[list[int]]) -> int:
     """P: how many leading input positions every row can share.
@@ -36,11 +38,7 @@ def shared_prefix_length(rows: list[list[int]], masks: list[list[int]]) -> int:
     if len(rows) < 2:
         return 0
     shortest = min(len(r) for r in rows)
-    first = rows[0]
-    common = 0
-    while common < shortest and all(r[common] == first[common] for r in rows):
-        common += 1
-    limit = common - 1  # tokens 0..P must agree: P <= common - 1
+    limit = common_prefix_length(rows) - 1  # tokens 0..P must agree: P <= common - 1
     for mask in masks:
         trained = next((i for i in range(1, len(mask)) if mask[i]), len(mask))
         limit = min(limit, trained - 1)  # targets 1..P untrained: P <= first trained index - 1
@@ -54,9 +52,7 @@ class SharedPrefixAttention:
 
     def __init__(self, prefix_rows: int, prefix_len: int, width: int, device: torch.device) -> None:
         self.prefix_rows, self.prefix_len = prefix_rows, prefix_len
-        own = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-        # remainder query t sees every prefix key and its own keys 0..t
-        self.mask = torch.cat([torch.ones(width, prefix_len, dtype=torch.bool, device=device), own], dim=1)
+        self.mask = prefix_mask(prefix_len, width, device)
 
     def _unfold(self, x: Tensor) -> Tensor:
         """[n, heads, W, D] prefix rows -> [1, heads, P, D] as one sequence."""
@@ -73,8 +69,5 @@ class SharedPrefixAttention:
         out_prefix = F.pad(out_prefix, (0, 0, 0, n * width - self.prefix_len))
         out_prefix = out_prefix.reshape(q.shape[1], n, width, q.shape[3]).transpose(0, 1)
 
-        rows = q.shape[0] - n
-        keys = torch.cat([k_prefix.expand(rows, -1, -1, -1), k[n:]], dim=2)
-        values = torch.cat([v_prefix.expand(rows, -1, -1, -1), v[n:]], dim=2)
-        out_rows = F.scaled_dot_product_attention(q[n:], keys, values, attn_mask=self.mask, enable_gqa=True)
+        out_rows = attend_after_prefix(q[n:], k[n:], v[n:], k_prefix, v_prefix, self.mask)
         return torch.cat([out_prefix, out_rows], dim=0)

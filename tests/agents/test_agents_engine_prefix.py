@@ -1,0 +1,102 @@
+"""TorchEngine's shared-prefix prefill: prompts that start alike (a system prompt, a multi-turn
+conversation's history) compute their common prefix once, and sample exactly what separate
+prefills would have."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from toolgym.agents.engine import TorchEngine
+from toolgym.agents.model import build_model, causal_lm_logprobs
+from toolgym.agents.prefix_attention import shared_prefix_length
+from toolgym.agents.types import SamplingParams
+
+torch.set_num_threads(1)
+
+
+def make_model(name: str):
+    model = build_model(name, seed=0)
+    with torch.no_grad():  # HF init x4: peaked enough that tokens repeat, flat enough to vary
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(4.0)
+    return model
+
+
+def prompts_with_prefix(prefix_len: int, suffix_lengths: list[int], seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(0, 256, (prefix_len,), generator=g).tolist()
+    return [prefix + torch.randint(0, 256, (n,), generator=g).tolist() for n in suffix_lengths]
+
+
+async def together(engine: TorchEngine, prompts, params: list[SamplingParams]):
+    """One call per prompt, all in one event-loop tick: one admission, one prefill."""
+    results = await asyncio.gather(*(engine.generate([p], sp) for p, sp in zip(prompts, params, strict=True)))
+    return [c for r in results for c in r]
+
+
+def test_shared_prefix_length() -> None:
+    system = list(range(30))
+    assert shared_prefix_length([[*system, 1, 2], [*system, 3]]) == 30
+    # Identical prompts: each keeps its last token (its logits start the completion).
+    assert shared_prefix_length([system, list(system)]) == 29
+    assert shared_prefix_length([system]) == 0  # nothing to share with
+    # Sharing 2 tokens of 2 x 40 padded positions is not worth a second forward.
+    assert shared_prefix_length([[7, 8] + [1] * 38, [7, 8] + [2] * 38]) == 0
+    assert shared_prefix_length([[1, 2, 3], [4, 5, 6]]) == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "key_layout", "temperature"),
+    [("test", "sd", 1.0), ("test", "ds", 0.7), ("test-qwen3", "sd", 1.3), ("test-qwen3", "ds", 1.0)],
+)
+def test_shared_prefix_prefill_samples_what_separate_prefills_sample(name, key_layout, temperature) -> None:
+    model = make_model(name)
+    prompts = prompts_with_prefix(37, [1, 12, 5, 20, 3])
+    max_tokens = [18, 6, 25, 11, 9]  # samples finish at different steps: slots move mid-batch
+    params = [
+        SamplingParams(max_tokens=m, temperature=temperature, n=2, seed=100 + i)
+        for i, m in enumerate(max_tokens)
+    ]
+    with TorchEngine(model, max_batch_size=16, max_seq_len=96, key_layout=key_layout) as engine:
+        shared = asyncio.run(together(engine, prompts, params))
+        assert engine.stats.prefill_forwards == 1
+        assert engine.stats.shared_prefix_tokens == 37 * (len(prompts) - 1)
+        separate = [c for p, sp in zip(prompts, params, strict=True) for c in engine.generate_sync([p], sp)]
+        assert engine.stats.shared_prefix_tokens == 37 * (len(prompts) - 1)  # one prompt: no sharing
+    assert len(shared) == len(separate) == 10
+    for i, (a, b) in enumerate(zip(shared, separate, strict=True)):
+        prompt = prompts[i // 2]
+        assert a.tokens == b.tokens
+        assert len(a.tokens) == max_tokens[i // 2]
+        with torch.no_grad():
+            reference = causal_lm_logprobs(model, torch.tensor([prompt + a.tokens]), temperature)[
+                0, len(prompt) - 1 :
+            ]
+        assert (torch.tensor(a.logprobs) - reference).abs().max().item() <= 1e-5
+        assert (torch.tensor(a.logprobs) - torch.tensor(b.logprobs)).abs().max().item() <= 1e-5
+
+
+def test_prefix_shared_with_later_admissions_and_identical_prompts() -> None:
+    """More samples than slots: later admissions (into freed slots, next to running samples) share
+    their own chunk's prefix; identical prompts share all but their last token."""
+    model = make_model("test")
+    prompts = prompts_with_prefix(30, [4, 4, 9, 0, 0, 2], seed=3)
+    params = [
+        SamplingParams(max_tokens=10 + 3 * i, temperature=1.0, n=3, seed=7 + i) for i in range(len(prompts))
+    ]
+    with TorchEngine(model, max_batch_size=5, max_seq_len=80) as engine:
+        out = asyncio.run(together(engine, prompts, params))
+        assert engine.stats.prefill_forwards > 1
+        assert engine.stats.shared_prefix_tokens > 0
+    for i, completion in enumerate(out):
+        prompt = prompts[i // 3]
+        with torch.no_grad():
+            reference = causal_lm_logprobs(model, torch.tensor([prompt + completion.tokens]))[
+                0, len(prompt) - 1 :
+            ]
+        assert len(completion.tokens) == 10 + 3 * (i // 3)
+        assert (torch.tensor(completion.logprobs) - reference).abs().max().item() <= 1e-5

@@ -43,7 +43,7 @@ from .errors import ContextOverflowError, checked_prompt
 from .kv_cache import KeyLayout, KVCache
 from .model import Transformer
 from .packed_linear import pack_model, packing_available, repack
-from .prefix_attention import shared_prefix_length
+from .prefix_attention import reusable_prefix_length, shared_prefix_length
 from .sampling import sample_tokens, seed_to_u64, uniform_draws
 from .types import Completion, SamplingParams
 
@@ -57,7 +57,7 @@ class EngineStats(msgspec.Struct):
     generated_tokens: int = 0
     requests: int = 0
     max_running: int = 0
-    shared_prefix_tokens: int = 0  # prompt tokens not recomputed: a chunk's common prefix, once
+    shared_prefix_tokens: int = 0  # prompt tokens not recomputed (a common or stored prefix)
     prefill_seconds: float = 0.0  # wall time inside prefill forwards + first-token sampling
     decode_seconds: float = 0.0  # wall time inside decode steps (forward + sampling + bookkeeping)
 
@@ -181,6 +181,7 @@ class TorchEngine:
         self._top_p = np.ones(b, np.float32)
         self._top_k = np.zeros(b, np.int64)
         self._running: list[_Sample] = []
+        self._stored_prefix: list[int] = []  # the tokens whose k/v the cache's prefix store holds
         self._waiting: deque[_Request] = deque()
         # Threading: the worker owns everything above; others talk through _cv-guarded fields.
         self._cv = threading.Condition()
@@ -236,6 +237,7 @@ class TorchEngine:
                 with torch.no_grad():
                     for name, tensor in updates:
                         self._params[name].copy_(tensor)
+                    self._stored_prefix = []  # its k/v came from the old weights
                     if self.packed:
                         repack(self.model)
                 self.policy_version = version
@@ -395,13 +397,21 @@ class TorchEngine:
         source_rows = None
         if any(c != 1 for c in counts):
             source_rows = torch.repeat_interleave(torch.arange(rows), torch.tensor(counts)).to(self.device)
-        prefix = shared_prefix_length([r.prompt for r, _, _ in groups])
-        if prefix:  # computed once, as one row whose k/v fill every slot of the chunk
-            slots = sum(counts)
+        prompts, slots = [r.prompt for r, _, _ in groups], sum(counts)
+        prefix = shared_prefix_length(prompts)
+        stored = reusable_prefix_length(self._stored_prefix, prompts)
+        if prefix > stored:  # computed once, as one row whose k/v fill every slot, then kept
             rope = self.cache.start_prefill(
                 prefix, first, torch.zeros(slots, dtype=torch.long, device=self.device)
             )
             self.model.model(torch.from_numpy(ids[:1, :prefix]).to(self.device), cache=self.cache, rope=rope)
+            self.cache.store_prefix(first, prefix)
+            self._stored_prefix = prompts[0][:prefix]
+            self.stats.shared_prefix_tokens += (rows - 1) * prefix
+        elif stored:  # what an earlier prefill computed (a system prompt, a conversation so far)
+            self.cache.load_prefix(first, slots, stored)
+            prefix = stored
+            self.stats.shared_prefix_tokens += rows * prefix
         ids_t = torch.from_numpy(ids[:, prefix:]).to(self.device)
         rope = self.cache.start_prefill(width - prefix, first, source_rows, prefix_len=prefix)
         hidden = self.model.model(ids_t, cache=self.cache, rope=rope)
@@ -411,7 +421,6 @@ class TorchEngine:
             logits = logits[source_rows]
         self.stats.prefill_forwards += 1
         self.stats.prompt_tokens += sum(lengths)
-        self.stats.shared_prefix_tokens += (rows - 1) * prefix
         for (request, first_sample, count), length in zip(groups, lengths, strict=True):
             p = request.params
             for j in range(first_sample, first_sample + count):

@@ -16,9 +16,10 @@ The model calls `cache.attend(layer, q, k, v)` (see agents/model.py); what happe
 the mode the engine set before the forward:
 - prefill: fresh prompts (right-padded to one length) attend causally among themselves; their
   k/v are written to their slots (one source row may fill several slots: n samples, one prefill).
-  When the prompts share a prefix, the engine prefills it once as one row that fills every slot,
-  then the rows' own tokens with `prefix_len` set: they are written after the prefix and attend
-  to it (agents/prefix_attention.py) and causally to themselves;
+  When the prompts share a prefix, the engine prefills it once as one row that fills every slot
+  (or copies it from the prefix store, one extra slot that keeps the last such prefix), then the
+  rows' own tokens with `prefix_len` set: they are written after the prefix and attend to it
+  (agents/prefix_attention.py) and causally to themselves;
 - decode: one new token per running slot is written at that slot's position, then it attends
   over positions 0..pos of its own slot (an additive mask hides the rest of the span).
 """
@@ -51,9 +52,10 @@ class KVCache:
         on_cuda = torch.device(device).type == "cuda"
         self.key_layout: KeyLayout = key_layout or ("sd" if dtype == torch.float32 or on_cuda else "ds")
         k_shape = (d, max_seq_len) if self.key_layout == "ds" else (max_seq_len, d)
-        self.k = torch.zeros((layers, max_slots, heads, *k_shape), dtype=dtype, device=device)
-        self.v = torch.zeros((layers, max_slots, heads, max_seq_len, d), dtype=dtype, device=device)
-        self.max_slots, self.max_seq_len = max_slots, max_seq_len
+        # One slot more than the engine runs: the prefix store (`store_prefix`, `load_prefix`).
+        self.k = torch.zeros((layers, max_slots + 1, heads, *k_shape), dtype=dtype, device=device)
+        self.v = torch.zeros((layers, max_slots + 1, heads, max_seq_len, d), dtype=dtype, device=device)
+        self.max_slots, self.max_seq_len, self.prefix_slot = max_slots, max_seq_len, max_slots
         self.kv_heads, self.head_dim = heads, d
         self.groups = config.num_attention_heads // heads
         self.scale = d**-0.5
@@ -156,8 +158,21 @@ class KVCache:
 
     def move_slot(self, source: int, target: int, length: int) -> None:
         """Copy a running sequence's first `length` positions from slot `source` to `target`."""
+        self._copy(source, slice(target, target + 1), length)
+
+    # ---- the prefix store: a prompt prefix computed once, reused by later prefills --------------
+    def store_prefix(self, slot: int, length: int) -> None:
+        """Keep the first `length` positions of `slot` (a prefix just prefilled there)."""
+        self._copy(slot, slice(self.prefix_slot, self.prefix_slot + 1), length)
+
+    def load_prefix(self, first_slot: int, count: int, length: int) -> None:
+        """Fill positions 0..length-1 of slots first_slot..first_slot+count-1 from the store."""
+        self._copy(self.prefix_slot, slice(first_slot, first_slot + count), length)
+
+    def _copy(self, source: int, targets: slice, length: int) -> None:
+        src = slice(source, source + 1)
         if self.key_layout == "ds":
-            self.k[:, target, ..., :length] = self.k[:, source, ..., :length]
+            self.k[:, targets, ..., :length] = self.k[:, src, ..., :length]
         else:
-            self.k[:, target, :, :length] = self.k[:, source, :, :length]
-        self.v[:, target, :, :length] = self.v[:, source, :, :length]
+            self.k[:, targets, :, :length] = self.k[:, src, :, :length]
+        self.v[:, targets, :, :length] = self.v[:, src, :, :length]

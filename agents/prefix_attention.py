@@ -39,6 +39,16 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
     return common if (len(prompts) - 1) * common * 4 >= padded else 0
 
 
+def reusable_prefix_length(stored: Sequence[int], prompts: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens of `stored` (a prefix whose k/v are kept) every prompt starts
+    with, leaving each at least one token of its own; 0 when that is under a quarter of the
+    padded prefill (the rows' wider attention is not free)."""
+    if not stored or not prompts:
+        return 0
+    common = min(common_prefix_length([stored, *prompts]), min(len(p) for p in prompts) - 1)
+    return common if common * 4 >= max(len(p) for p in prompts) else 0
+
+
 def prefix_mask(prefix_len: int, width: int, device: torch.device | str) -> Tensor:
     """bool [width, prefix_len + width]: query t sees all prefix keys and its own keys 0..t."""
     own = torch.ones(width, width, dtype=torch.bool, device=device).tril()
@@ -57,4 +67,10 @@ def attend_after_prefix(
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
 
 
-__all__ = ["attend_after_prefix", "common_prefix_length", "prefix_mask", "shared_prefix_length"]
+__all__ = [
+    "attend_after_prefix",
+    "common_prefix_length",
+    "prefix_mask",
+    "reusable_prefix_length",
+    "shared_prefix_length",
+]

@@ -49,11 +49,18 @@ def test_shared_prefix_length() -> None:
     assert shared_prefix_length([[1, 2, 3], [4, 5, 6]]) == 0
 
 
+def assert_teacher_forced(model, prompt, completion, temperature: float = 1.0) -> None:
+    with torch.no_grad():
+        logits_input = torch.tensor([prompt + completion.tokens])
+        reference = causal_lm_logprobs(model, logits_input, temperature)[0, len(prompt) - 1 :]
+    assert (torch.tensor(completion.logprobs) - reference).abs().max().item() <= 1e-5
+
+
 @pytest.mark.parametrize(
     ("name", "key_layout", "temperature"),
     [("test", "sd", 1.0), ("test", "ds", 0.7), ("test-qwen3", "sd", 1.3), ("test-qwen3", "ds", 1.0)],
 )
-def test_shared_prefix_prefill_samples_what_separate_prefills_sample(name, key_layout, temperature) -> None:
+def test_shared_and_stored_prefixes_sample_what_full_prefills_sample(name, key_layout, temperature) -> None:
     model = make_model(name)
     prompts = prompts_with_prefix(37, [1, 12, 5, 20, 3])
     max_tokens = [18, 6, 25, 11, 9]  # samples finish at different steps: slots move mid-batch
@@ -61,23 +68,41 @@ def test_shared_prefix_prefill_samples_what_separate_prefills_sample(name, key_l
         SamplingParams(max_tokens=m, temperature=temperature, n=2, seed=100 + i)
         for i, m in enumerate(max_tokens)
     ]
+    full = []  # one prompt per engine: nothing shared, nothing stored
+    for prompt, p in zip(prompts, params, strict=True):
+        with TorchEngine(model, max_batch_size=4, max_seq_len=96, key_layout=key_layout) as engine:
+            full += engine.generate_sync([prompt], p)
+            assert engine.stats.shared_prefix_tokens == 0
     with TorchEngine(model, max_batch_size=16, max_seq_len=96, key_layout=key_layout) as engine:
         shared = asyncio.run(together(engine, prompts, params))
         assert engine.stats.prefill_forwards == 1
         assert engine.stats.shared_prefix_tokens == 37 * (len(prompts) - 1)
-        separate = [c for p, sp in zip(prompts, params, strict=True) for c in engine.generate_sync([p], sp)]
-        assert engine.stats.shared_prefix_tokens == 37 * (len(prompts) - 1)  # one prompt: no sharing
-    assert len(shared) == len(separate) == 10
-    for i, (a, b) in enumerate(zip(shared, separate, strict=True)):
-        prompt = prompts[i // 2]
-        assert a.tokens == b.tokens
+        # Unrelated prompts in every slot (they share nothing, so the kept prefix stays) ...
+        engine.generate_sync(prompts_with_prefix(0, [30] * 4, seed=9), SamplingParams(max_tokens=5, n=4))
+        # ... then prompts that start with the kept prefix copy its k/v instead of recomputing it.
+        stored = [c for p, sp in zip(prompts, params, strict=True) for c in engine.generate_sync([p], sp)]
+        assert engine.stats.shared_prefix_tokens == 37 * (2 * len(prompts) - 1)
+    assert len(full) == len(shared) == len(stored) == 10
+    for i, (a, b, c) in enumerate(zip(full, shared, stored, strict=True)):
+        assert a.tokens == b.tokens == c.tokens
         assert len(a.tokens) == max_tokens[i // 2]
-        with torch.no_grad():
-            reference = causal_lm_logprobs(model, torch.tensor([prompt + a.tokens]), temperature)[
-                0, len(prompt) - 1 :
-            ]
-        assert (torch.tensor(a.logprobs) - reference).abs().max().item() <= 1e-5
-        assert (torch.tensor(a.logprobs) - torch.tensor(b.logprobs)).abs().max().item() <= 1e-5
+        for completion in (b, c):
+            assert_teacher_forced(model, prompts[i // 2], completion, temperature)
+
+
+def test_load_weights_drops_the_stored_prefix() -> None:
+    """The kept prefix's k/v came from the old weights: after load_weights it is recomputed."""
+    model, new_model = make_model("test"), build_model("test", seed=1)
+    prompts = prompts_with_prefix(40, [6, 9, 3], seed=5)
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+    with TorchEngine(model, max_batch_size=8, max_seq_len=80) as engine:
+        engine.generate_sync(prompts, params)
+        assert engine.stats.shared_prefix_tokens == 80
+        engine.load_weights(new_model.state_dict().items(), version=1)
+        (completion,) = engine.generate_sync(prompts[:1], params)
+        assert engine.stats.shared_prefix_tokens == 80
+    assert completion.policy_version == 1
+    assert_teacher_forced(new_model, prompts[0], completion)
 
 
 def test_prefix_shared_with_later_admissions_and_identical_prompts() -> None:

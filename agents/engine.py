@@ -8,6 +8,9 @@ How a request flows:
   it admits waiting samples into free slots (continuous batching): one prefill forward per
   admission (the n samples of a prompt share one prefill row), then every running sample
   advances by one token per decode step. Finished samples free their slot at once.
+- Prompts that start alike share work (agents/prefill.py): a prefill computes its prompts'
+  common prefix once (a system prompt, a group's prompt) and keeps it; a later prefill whose
+  prompts all start with it copies it instead (the next turns of those episodes).
 - Sampling (agents/sampling.py) is per row: each request keeps its own temperature, top-k,
   top-p, max_tokens, stop ids and seed inside a mixed batch.
 
@@ -43,7 +46,7 @@ from .errors import ContextOverflowError, checked_prompt
 from .kv_cache import KeyLayout, KVCache
 from .model import Transformer
 from .packed_linear import pack_model, packing_available, repack
-from .prefix_attention import reusable_prefix_length, shared_prefix_length
+from .prefill import Prefiller
 from .sampling import sample_tokens, seed_to_u64, uniform_draws
 from .types import Completion, SamplingParams
 
@@ -106,7 +109,9 @@ class TorchEngine:
     layout (agents/kv_cache.py; default: the fastest for `dtype`). continuous_batching: admit
     waiting requests between decode steps (default); False waits until the running batch is done
     (static micro-batching, for comparison). cuda_graphs: replay decode steps from CUDA graphs at
-    bucketed shapes (agents/decode_graphs.py; default: on for a CUDA device).
+    bucketed shapes (agents/decode_graphs.py; default: on for a CUDA device). share_prefixes:
+    compute a prefill's common prompt prefix once and keep it for later prefills (default; off
+    recomputes every prompt in full, for comparison).
     """
 
     def __init__(
@@ -125,6 +130,7 @@ class TorchEngine:
         key_layout: KeyLayout | None = None,
         continuous_batching: bool = True,
         cuda_graphs: bool | None = None,
+        share_prefixes: bool = True,
     ) -> None:
         cfg = model.config
         self.config = cfg
@@ -170,6 +176,7 @@ class TorchEngine:
             raise ValueError(f"cuda_graphs=True needs a CUDA device, got {device}")
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self._decoder = DecodeGraphs(self.model, self.cache, capture=self.cuda_graphs)
+        self._prefiller = Prefiller(self.model, self.cache, share_prefixes=share_prefixes)
         # Per-slot sampling state, host side (slot i = self._running[i]).
         b = max_batch_size
         self._pos = np.zeros(b, np.int64)  # where the slot's next input token goes
@@ -181,7 +188,6 @@ class TorchEngine:
         self._top_p = np.ones(b, np.float32)
         self._top_k = np.zeros(b, np.int64)
         self._running: list[_Sample] = []
-        self._stored_prefix: list[int] = []  # the tokens whose k/v the cache's prefix store holds
         self._waiting: deque[_Request] = deque()
         # Threading: the worker owns everything above; others talk through _cv-guarded fields.
         self._cv = threading.Condition()
@@ -237,7 +243,7 @@ class TorchEngine:
                 with torch.no_grad():
                     for name, tensor in updates:
                         self._params[name].copy_(tensor)
-                    self._stored_prefix = []  # its k/v came from the old weights
+                    self._prefiller.forget()
                     if self.packed:
                         repack(self.model)
                 self.policy_version = version
@@ -387,40 +393,13 @@ class TorchEngine:
 
     def _prefill(self, groups: list[tuple[_Request, int, int]]) -> None:
         start = time.perf_counter()
-        lengths = [len(r.prompt) for r, _, _ in groups]
-        width, rows = max(lengths), len(groups)
-        ids = np.zeros((rows, width), np.int64)
-        for i, (request, _, _) in enumerate(groups):
-            ids[i, : lengths[i]] = request.prompt
-        counts = [count for _, _, count in groups]
+        prompts = [request.prompt for request, _, _ in groups]
+        lengths = [len(p) for p in prompts]
         first = len(self._running)
-        source_rows = None
-        if any(c != 1 for c in counts):
-            source_rows = torch.repeat_interleave(torch.arange(rows), torch.tensor(counts)).to(self.device)
-        prompts, slots = [r.prompt for r, _, _ in groups], sum(counts)
-        prefix = shared_prefix_length(prompts)
-        stored = reusable_prefix_length(self._stored_prefix, prompts)
-        if prefix > stored:  # computed once, as one row whose k/v fill every slot, then kept
-            rope = self.cache.start_prefill(
-                prefix, first, torch.zeros(slots, dtype=torch.long, device=self.device)
-            )
-            self.model.model(torch.from_numpy(ids[:1, :prefix]).to(self.device), cache=self.cache, rope=rope)
-            self.cache.store_prefix(first, prefix)
-            self._stored_prefix = prompts[0][:prefix]
-            self.stats.shared_prefix_tokens += (rows - 1) * prefix
-        elif stored:  # what an earlier prefill computed (a system prompt, a conversation so far)
-            self.cache.load_prefix(first, slots, stored)
-            prefix = stored
-            self.stats.shared_prefix_tokens += rows * prefix
-        ids_t = torch.from_numpy(ids[:, prefix:]).to(self.device)
-        rope = self.cache.start_prefill(width - prefix, first, source_rows, prefix_len=prefix)
-        hidden = self.model.model(ids_t, cache=self.cache, rope=rope)
-        last = torch.tensor([n - 1 - prefix for n in lengths], device=self.device)
-        logits = self.model.lm_head(hidden[torch.arange(rows, device=self.device), last])
-        if source_rows is not None:
-            logits = logits[source_rows]
+        logits, saved = self._prefiller(prompts, [count for _, _, count in groups], first)
         self.stats.prefill_forwards += 1
         self.stats.prompt_tokens += sum(lengths)
+        self.stats.shared_prefix_tokens += saved
         for (request, first_sample, count), length in zip(groups, lengths, strict=True):
             p = request.params
             for j in range(first_sample, first_sample + count):

@@ -2,9 +2,10 @@
 
 Both sides of the project meet prompts that share a long start: every Zorplex episode begins with
 the same system prompt, and the G episodes of a group with the same whole prompt. The trainer
-computes such a prefix once per micro-batch (trainers/shared_prefix.py), the torch engine once per
-prefill (agents/kv_cache.py). Either way the rows then hold only their own positions P.., and each
-of their queries attends to every prefix key and causally to the row's own keys.
+computes such a prefix once per micro-batch (trainers/shared_prefix.py), the torch engine once
+per prefill and keeps it for later ones (agents/prefill.py). Either way the rows then hold only
+their own positions P.., and each of their queries attends to every prefix key and causally to
+the row's own keys.
 """
 
 from __future__ import annotations

@@ -1,0 +1,71 @@
+"""The torch engine's prefill: prompts in, their k/v in cache slots, next-token logits out.
+
+Prompts are right-padded to one width and run as one batch; a prompt with n samples is one row
+whose k/v fill n slots. Prompts that start alike share work (`share_prefixes`):
+- a common prefix of the batch is computed once, as one row whose k/v fill every slot, and is
+  kept in the cache's prefix store;
+- a batch whose prompts all start with (part of) the kept prefix copies it from the store;
+then only each row's own tokens run, attending to the prefix and causally to themselves
+(agents/kv_cache.py, agents/prefix_attention.py). Whether sharing is worth it:
+agents/prefix_attention.py. The kept prefix's k/v belong to the weights they were computed with:
+the engine calls `forget()` when it loads new ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .kv_cache import KVCache
+from .model import Transformer
+from .prefix_attention import reusable_prefix_length, shared_prefix_length
+
+
+class Prefiller:
+    """Runs the engine's prefills into `cache` (see the module doc); owns the kept prefix."""
+
+    def __init__(self, model: Transformer, cache: KVCache, *, share_prefixes: bool = True) -> None:
+        self.model, self.cache, self.share_prefixes = model, cache, share_prefixes
+        self.device = model.lm_head.weight.device
+        self.stored: list[int] = []  # the tokens whose k/v the cache's prefix store holds
+
+    def forget(self) -> None:
+        """Drop the kept prefix (its k/v came from weights that are being replaced)."""
+        self.stored = []
+
+    def __call__(self, prompts: Sequence[list[int]], counts: Sequence[int], first_slot: int) -> tuple:
+        """Prefill `prompts` into slots first_slot.. (prompt i fills counts[i] consecutive slots).
+        Returns (logits [sum(counts), vocab] of each slot's first token, prompt tokens not
+        recomputed thanks to a shared or kept prefix)."""
+        lengths = [len(p) for p in prompts]
+        width, rows, slots = max(lengths), len(prompts), sum(counts)
+        ids = np.zeros((rows, width), np.int64)
+        for i, prompt in enumerate(prompts):
+            ids[i, : lengths[i]] = prompt
+        source_rows = None
+        if any(c != 1 for c in counts):
+            source_rows = torch.repeat_interleave(torch.arange(rows), torch.tensor(counts)).to(self.device)
+        prefix = shared_prefix_length(prompts) if self.share_prefixes else 0
+        stored = reusable_prefix_length(self.stored, prompts)
+        saved = 0
+        if prefix > stored:  # computed once, as one row whose k/v fill every slot, then kept
+            every_slot = torch.zeros(slots, dtype=torch.long, device=self.device)
+            rope = self.cache.start_prefill(prefix, first_slot, every_slot)
+            self.model.model(torch.from_numpy(ids[:1, :prefix]).to(self.device), cache=self.cache, rope=rope)
+            self.cache.store_prefix(first_slot, prefix)
+            self.stored, saved = list(prompts[0][:prefix]), (rows - 1) * prefix
+        elif stored:  # what an earlier prefill computed (a system prompt, a conversation so far)
+            self.cache.load_prefix(first_slot, slots, stored)
+            prefix, saved = stored, rows * stored
+        rope = self.cache.start_prefill(width - prefix, first_slot, source_rows, prefix_len=prefix)
+        hidden = self.model.model(
+            torch.from_numpy(ids[:, prefix:]).to(self.device), cache=self.cache, rope=rope
+        )
+        last = torch.tensor([n - 1 - prefix for n in lengths], device=self.device)
+        logits = self.model.lm_head(hidden[torch.arange(rows, device=self.device), last])
+        return (logits if source_rows is None else logits[source_rows]), saved
+
+
+__all__ = ["Prefiller"]

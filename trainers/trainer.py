@@ -1,5 +1,8 @@
 """The FSDP2 policy trainer: Episodes in, one optimizer step, metrics out.
 
+(One process in fp32 trains the plain model: there FSDP2 would neither shard nor cast, only copy;
+see `shard_model`.)
+
 Every rank calls `train_step` with the same list of Episodes and trains on its own share
 (`sharded=True` when each rank passes only its own). Loss counts are all-reduced first, so the
 summed gradient over micro-batches and ranks is the gradient of the whole batch's loss.
@@ -22,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from toolgym.rollouts.types import Episode
@@ -229,7 +233,8 @@ class Trainer:
         parts: list[dict[str, Tensor]] = []
         local_loss = torch.zeros((), dtype=torch.float64, device=self.device)  # no host sync per micro-batch
         for i, host_batch in enumerate(batches):
-            self.model.set_requires_gradient_sync(i == len(batches) - 1)
+            if isinstance(self.model, FSDPModule):
+                self.model.set_requires_gradient_sync(i == len(batches) - 1)
             mb = host_batch.to(self.device)
             logits = mb.logits(self.model)
             loss, metrics = loss_fn(mb, logits, normaliser)

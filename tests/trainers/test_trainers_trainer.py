@@ -170,6 +170,16 @@ def test_bf16_mixed_precision_keeps_fp32_master_weights():
     assert bf16["sampler_kl_k1"] == pytest.approx(fp32["sampler_kl_k1"], abs=2e-2)
 
 
+def test_one_process_fp32_trains_the_plain_model_and_bf16_is_fsdp_wrapped():
+    """FSDP2 in a world of one only copies in fp32 (skipped); in bf16 it is the mixed precision."""
+    from torch.distributed.fsdp import FSDPModule
+
+    fp32, bf16 = _trainer(loss="dapo"), _trainer(loss="dapo", precision="bf16")
+    assert not any(isinstance(m, FSDPModule) for m in fp32.model.modules())
+    assert isinstance(bf16.model, FSDPModule)
+    assert all(isinstance(layer, FSDPModule) for layer in bf16.model.model.layers)
+
+
 def test_kl_to_reference_model_and_nothing_to_train():
     config = TrainerConfig(loss=LossConfig(name="grpo", kl_coef=0.1), micro_batch_tokens=128)
     with pytest.raises(ValueError, match="reference_model"):

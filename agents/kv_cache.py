@@ -74,17 +74,27 @@ class KVCache:
 
     # ---- prefill -------------------------------------------------------------------------------
     def start_prefill(
-        self, length: int, first_slot: int, source_rows: torch.Tensor | None, prefix_len: int = 0
+        self,
+        length: int,
+        first_slot: int,
+        source_rows: torch.Tensor | None,
+        prefix_len: int = 0,
+        keep: torch.Tensor | None = None,
     ) -> tuple:
         """Prompts padded to `length` go to slots first_slot.. (row source_rows[i] fills slot
         first_slot + i; None means row i fills slot first_slot + i), at positions prefix_len.. :
         with prefix_len > 0 the slots already hold a shared prefix (positions 0..prefix_len-1)
-        and the rows are what follows it. Returns the RoPE (cos, sin)."""
+        and the rows are what follows it. `keep` [rows]: the model's `keep=` (the last layer's one
+        query per row, at row position keep[i]). Returns the RoPE (cos, sin)."""
         self._mode = "prefill"
         self._first_slot, self._source_rows, self._prefix_len = first_slot, source_rows, prefix_len
         end = prefix_len + length
         if prefix_len:
             self._prefix_mask = prefix_mask(prefix_len, length, self.k.device)
+        self._keep_mask = None
+        if keep is not None:  # the kept query sees the prefix and its row up to its own position
+            columns = torch.arange(end, device=self.k.device)
+            self._keep_mask = (columns[None, :] <= prefix_len + keep[:, None])[:, None, None]
         return self.rope_cos[None, prefix_len:end, None], self.rope_sin[None, prefix_len:end, None]
 
     # ---- decode --------------------------------------------------------------------------------
@@ -129,7 +139,10 @@ class KVCache:
         else:
             self.k[layer, first:last, :, start:end] = k_rows
         self.v[layer, first:last, :, start:end] = v_rows
+        kept_queries = self._keep_mask is not None and layer == self.k.shape[0] - 1
         if not start:
+            if kept_queries:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=self._keep_mask, enable_gqa=True)
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         # The prefix, as the shared-prefix prefill wrote it into every slot: read the first one.
         if self.key_layout == "ds":
@@ -137,7 +150,8 @@ class KVCache:
         else:
             k_prefix = self.k[layer, first : first + 1, :, :start]
         v_prefix = self.v[layer, first : first + 1, :, :start]
-        return attend_after_prefix(q, k, v, k_prefix, v_prefix, self._prefix_mask)
+        mask = self._keep_mask if kept_queries else self._prefix_mask
+        return attend_after_prefix(q, k, v, k_prefix, v_prefix, mask)
 
     def _attend_decode(self, layer: int, q, k, v) -> torch.Tensor:
         # Sizes come from tensor shapes (not Python ints) so a compiled step stays shape-generic.

@@ -14,7 +14,9 @@ Two ways in:
   Every decoder block is called as a module, so `fully_shard` on each `model.model.layers[i]` and
   on the root works (FSDP2).
 - inference: `model.model(input_ids, positions, cache=..., rope=...)` returns hidden states; the
-  cache object (agents/kv_cache.py) stores k/v and does the attention (`cache.attend`).
+  cache object (agents/kv_cache.py) stores k/v and does the attention (`cache.attend`). A prefill
+  passes `keep=` (each row's last prompt position): only those hidden states feed the sampler, so
+  the last layer computes its query, attention and MLP there alone.
 """
 
 from __future__ import annotations
@@ -287,20 +289,29 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None, keep: torch.Tensor | None = None
+    ) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, -1, self.head_dim)
         k = self.k_proj(x).view(B, T, -1, self.head_dim)
         v = self.v_proj(x).view(B, T, -1, self.head_dim)
+        q_cos, q_sin = cos, sin
+        if keep is None:
+            q = self.q_proj(x).view(B, T, -1, self.head_dim)
+        else:  # only the query at position keep[b] of each row (every position still gives k/v)
+            rows = torch.arange(B, device=x.device)
+            q = self.q_proj(x[rows, keep]).view(B, 1, -1, self.head_dim)
+            q_cos = cos.expand(B, -1, -1, -1)[rows, keep][:, None]
+            q_sin = sin.expand(B, -1, -1, -1)[rows, keep][:, None]
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         else:
             out = cache.attend(self.layer_idx, q, k, v)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        return self.o_proj(out.transpose(1, 2).reshape(B, q.shape[2], -1))
 
 
 class MLP(nn.Module):
@@ -326,8 +337,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
+    def forward(
+        self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None, keep: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """keep [B] (with a cache): compute only position keep[b] of each row -> [B, 1, hidden]."""
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, cache, keep)
+        if keep is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), keep][:, None]
+        x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -347,9 +364,13 @@ class DecoderStack(nn.Module):
         positions: torch.Tensor | None = None,
         cache: AttentionCache | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """input_ids [B, T] -> hidden [B, T, hidden]. positions [B, T] or [T] (default arange(T));
-        `rope` (cos, sin) [B or 1, T, 1, D] may be passed precomputed instead of positions."""
+        `rope` (cos, sin) [B or 1, T, 1, D] may be passed precomputed instead of positions.
+        keep [B] (a prefill, with a cache): only the hidden state at position keep[b] of each row
+        is wanted -> [B, hidden]; the last layer then computes its query, attention output and MLP
+        at that position alone (its k/v, which the cache keeps, at every position)."""
         x = self.embed_tokens(input_ids)
         if rope is None:
             if positions is None:
@@ -360,9 +381,12 @@ class DecoderStack(nn.Module):
             cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
         else:
             cos, sin = rope
-        for layer in self.layers:
-            x = layer(x, cos, sin, cache)
-        return self.norm(x)
+        if keep is not None and cache is None:
+            raise ValueError("keep= needs a cache (the cache masks the kept queries' attention)")
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache, keep if i == last else None)
+        return self.norm(x if keep is None else x[:, 0])
 
 
 class Transformer(nn.Module):

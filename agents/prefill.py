@@ -52,19 +52,23 @@ class Prefiller:
         saved = 0
         if prefix > stored:  # computed once, as one row whose k/v fill every slot, then kept
             every_slot = torch.zeros(slots, dtype=torch.long, device=self.device)
-            rope = self.cache.start_prefill(prefix, first_slot, every_slot)
-            self.model.model(torch.from_numpy(ids[:1, :prefix]).to(self.device), cache=self.cache, rope=rope)
+            # Only its k/v are wanted: the last layer's query and MLP run at one position.
+            keep = torch.tensor([prefix - 1], device=self.device)
+            rope = self.cache.start_prefill(prefix, first_slot, every_slot, keep=keep)
+            self.model.model(
+                torch.from_numpy(ids[:1, :prefix]).to(self.device), cache=self.cache, rope=rope, keep=keep
+            )
             self.cache.store_prefix(first_slot, prefix)
             self.stored, saved = list(prompts[0][:prefix]), (rows - 1) * prefix
         elif stored:  # what an earlier prefill computed (a system prompt, a conversation so far)
             self.cache.load_prefix(first_slot, slots, stored)
             prefix, saved = stored, rows * stored
-        rope = self.cache.start_prefill(width - prefix, first_slot, source_rows, prefix_len=prefix)
-        hidden = self.model.model(
-            torch.from_numpy(ids[:, prefix:]).to(self.device), cache=self.cache, rope=rope
-        )
         last = torch.tensor([n - 1 - prefix for n in lengths], device=self.device)
-        logits = self.model.lm_head(hidden[torch.arange(rows, device=self.device), last])
+        rope = self.cache.start_prefill(width - prefix, first_slot, source_rows, prefix_len=prefix, keep=last)
+        hidden = self.model.model(
+            torch.from_numpy(ids[:, prefix:]).to(self.device), cache=self.cache, rope=rope, keep=last
+        )  # [rows, hidden]: each row's last prompt position
+        logits = self.model.lm_head(hidden)
         return (logits if source_rows is None else logits[source_rows]), saved
 
 

@@ -125,3 +125,40 @@ def test_prefix_shared_with_later_admissions_and_identical_prompts() -> None:
             ]
         assert len(completion.tokens) == 10 + 3 * (i // 3)
         assert (torch.tensor(completion.logprobs) - reference).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["test", "test-qwen3"])
+@pytest.mark.parametrize("prefix_len", [0, 6])
+def test_kept_positions_match_the_full_forward(name: str, prefix_len: int) -> None:
+    """A prefill's `keep=`: the last layer runs at one position per row (its k/v at all of them);
+    the hidden states there, and the cache's k/v, equal those of the full forward."""
+    from toolgym.agents.kv_cache import KVCache
+
+    model = make_model(name).eval()
+    prompts = prompts_with_prefix(prefix_len, [9, 4, 7], seed=3)
+    lengths = [len(p) for p in prompts]
+    width = max(lengths) - prefix_len
+    ids = torch.zeros((3, width), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        ids[i, : lengths[i] - prefix_len] = torch.tensor(prompt[prefix_len:])
+    keep = torch.tensor([n - 1 - prefix_len for n in lengths])
+    caches = [KVCache(model.config, 3, 32, dtype=torch.float32, device="cpu") for _ in range(2)]
+    hidden = []
+    with torch.no_grad():
+        for cache, kept in zip(caches, [None, keep], strict=True):
+            if prefix_len:
+                rope = cache.start_prefill(prefix_len, 0, torch.zeros(3, dtype=torch.long))
+                model.model(torch.tensor([prompts[0][:prefix_len]]), cache=cache, rope=rope)
+            rope = cache.start_prefill(width, 0, None, prefix_len=prefix_len, keep=kept)
+            hidden.append(model.model(ids, cache=cache, rope=rope, keep=kept))
+        full = hidden[0][torch.arange(3), keep]
+        assert hidden[1].shape == full.shape
+        torch.testing.assert_close(hidden[1], full, atol=1e-5, rtol=0)
+        torch.testing.assert_close(caches[1].k, caches[0].k, atol=0, rtol=0)
+        torch.testing.assert_close(caches[1].v, caches[0].v, atol=0, rtol=0)
+        # And against the plain causal forward of each prompt alone.
+        for i, prompt in enumerate(prompts):
+            alone = model.model(torch.tensor([prompt]))[0, -1]
+            torch.testing.assert_close(hidden[1][i], alone, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="needs a cache"):
+        model.model(ids, keep=keep)

@@ -9,26 +9,17 @@ import warnings
 
 import pytest
 import torch
+from agents_testlib import make_model
 
 from toolgym.agents.checkpoint import hf_named_tensors
 from toolgym.agents.engine import TorchEngine
 from toolgym.agents.errors import ContextOverflowError
-from toolgym.agents.model import Transformer, build_model, causal_lm_logprobs
+from toolgym.agents.model import Transformer, causal_lm_logprobs
 from toolgym.agents.packed_linear import packing_available, reference_mlp
 from toolgym.agents.sampling import filter_top_k_top_p
 from toolgym.agents.types import SamplingParams
 
 torch.set_num_threads(1)
-
-
-def make_model(name: str = "test", seed: int = 0) -> Transformer:
-    """HF init x4: peaked enough that tokens repeat, flat enough that sampling varies."""
-    model = build_model(name, seed=seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.mul_(4.0)
-    return model
 
 
 @pytest.fixture(scope="module")

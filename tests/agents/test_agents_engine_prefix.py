@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 import torch
+from agents_testlib import make_model
 
 from toolgym.agents.engine import TorchEngine
 from toolgym.agents.model import build_model, causal_lm_logprobs
@@ -15,15 +16,6 @@ from toolgym.agents.prefix_attention import shared_prefix_length
 from toolgym.agents.types import SamplingParams
 
 torch.set_num_threads(1)
-
-
-def make_model(name: str):
-    model = build_model(name, seed=0)
-    with torch.no_grad():  # HF init x4: peaked enough that tokens repeat, flat enough to vary
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.mul_(4.0)
-    return model
 
 
 def prompts_with_prefix(prefix_len: int, suffix_lengths: list[int], seed: int = 0) -> list[list[int]]:

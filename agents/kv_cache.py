@@ -139,7 +139,8 @@ class KVCache:
         else:
             self.k[layer, first:last, :, start:end] = k_rows
         self.v[layer, first:last, :, start:end] = v_rows
-        kept_queries = self._keep_mask is not None and layer == self.k.shape[0] - 1
+        # The model's `keep=` layer sends one query per row; every other layer sends them all.
+        kept_queries = self._keep_mask is not None and q.shape[2] != k.shape[2]
         if not start:
             if kept_queries:
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=self._keep_mask, enable_gqa=True)

@@ -11,6 +11,9 @@ How a request flows:
 - Prompts that start alike share work (agents/prefill.py): a prefill computes its prompts'
   common prefix once (a system prompt, a group's prompt) and keeps it; a later prefill whose
   prompts all start with it copies it instead (the next turns of those episodes).
+- A finished sample's k/v are kept in a history pool (agents/history.py); a later prompt that
+  continues its conversation (the next turn of an episode) copies them back and prefills only
+  its new tokens.
 - Sampling (agents/sampling.py) is per row: each request keeps its own temperature, top-k,
   top-p, max_tokens, stop ids and seed inside a mixed batch.
 
@@ -61,6 +64,7 @@ class EngineStats(msgspec.Struct):
     requests: int = 0
     max_running: int = 0
     shared_prefix_tokens: int = 0  # prompt tokens not recomputed (a common or stored prefix)
+    history_tokens: int = 0  # prompt tokens not recomputed (an earlier turn's kept k/v)
     prefill_seconds: float = 0.0  # wall time inside prefill forwards + first-token sampling
     decode_seconds: float = 0.0  # wall time inside decode steps (forward + sampling + bookkeeping)
 
@@ -111,7 +115,9 @@ class TorchEngine:
     (static micro-batching, for comparison). cuda_graphs: replay decode steps from CUDA graphs at
     bucketed shapes (agents/decode_graphs.py; default: on for a CUDA device). share_prefixes:
     compute a prefill's common prompt prefix once and keep it for later prefills (default; off
-    recomputes every prompt in full, for comparison).
+    recomputes every prompt in full, for comparison). history_capacity: token positions of KV
+    cache that keep finished samples' k/v for their conversation's next turn (agents/history.py;
+    default max_batch_size * max_seq_len, which doubles the cache; 0 turns this off).
     """
 
     def __init__(
@@ -131,6 +137,7 @@ class TorchEngine:
         continuous_batching: bool = True,
         cuda_graphs: bool | None = None,
         share_prefixes: bool = True,
+        history_capacity: int | None = None,
     ) -> None:
         cfg = model.config
         self.config = cfg
@@ -144,6 +151,10 @@ class TorchEngine:
             )
         if max_batch_size < 1 or max_prefill_tokens < 1:
             raise ValueError("max_batch_size and max_prefill_tokens must be >= 1")
+        if history_capacity is None:
+            history_capacity = max_batch_size * self.max_seq_len
+        if history_capacity < 0:
+            raise ValueError(f"history_capacity must be >= 0, got {history_capacity}")
         self.max_batch_size, self.max_prefill_tokens = max_batch_size, max_prefill_tokens
         self.continuous_batching = continuous_batching
         self.device, self.dtype = device, dtype
@@ -170,7 +181,13 @@ class TorchEngine:
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
         with torch.inference_mode():
             self.cache = KVCache(
-                cfg, max_batch_size, self.max_seq_len, dtype=dtype, device=device, key_layout=key_layout
+                cfg,
+                max_batch_size,
+                self.max_seq_len,
+                dtype=dtype,
+                device=device,
+                key_layout=key_layout,
+                history_capacity=history_capacity,
             )
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs a CUDA device, got {device}")
@@ -380,26 +397,40 @@ class TorchEngine:
             free -= count
             if not request.unadmitted:
                 self._waiting.popleft()
-        groups.sort(key=lambda g: len(g[0].prompt))  # similar lengths share a padded prefill
-        chunk: list[tuple[_Request, int, int]] = []
-        for group in groups:
-            width = len(group[0].prompt)  # the longest so far: groups are sorted by length
-            if chunk and width * (len(chunk) + 1) > self.max_prefill_tokens:
+        # Next turns of finished samples' conversations prefill only their new tokens.
+        claims: list[tuple[int, int] | None] = [None] * len(groups)
+        if len(self._prefiller.history):
+            claims = [self._prefiller.history.claim(g[0].prompt) if g[2] == 1 else None for g in groups]
+        continuing = [(g, c) for g, c in zip(groups, claims, strict=True) if c is not None]
+        fresh = [(g, None) for g, c in zip(groups, claims, strict=True) if c is None]
+        for batch in (continuing, fresh):
+            # Similar lengths (of what runs) share a padded prefill.
+            batch.sort(key=lambda gc: len(gc[0][0].prompt) - (gc[1][1] if gc[1] else 0))
+            chunk: list = []
+            for group, claim in batch:
+                width = len(group[0].prompt) - (claim[1] if claim else 0)  # the longest so far
+                if chunk and width * (len(chunk) + 1) > self.max_prefill_tokens:
+                    self._prefill(chunk)
+                    chunk = []
+                chunk.append((group, claim))
+            if chunk:
                 self._prefill(chunk)
-                chunk = []
-            chunk.append(group)
-        if chunk:
-            self._prefill(chunk)
 
-    def _prefill(self, groups: list[tuple[_Request, int, int]]) -> None:
+    def _prefill(self, chunk: list[tuple[tuple[_Request, int, int], tuple[int, int] | None]]) -> None:
+        """Prefill one chunk: all fresh (claim None) or all continuing a kept history."""
         start = time.perf_counter()
+        groups = [group for group, _ in chunk]
         prompts = [request.prompt for request, _, _ in groups]
         lengths = [len(p) for p in prompts]
         first = len(self._running)
-        logits, saved = self._prefiller(prompts, [count for _, _, count in groups], first)
+        if chunk[0][1] is not None:
+            logits, saved = self._prefiller.continue_(prompts, [claim for _, claim in chunk], first)
+            self.stats.history_tokens += saved
+        else:
+            logits, saved = self._prefiller(prompts, [count for _, _, count in groups], first)
+            self.stats.shared_prefix_tokens += saved
         self.stats.prefill_forwards += 1
         self.stats.prompt_tokens += sum(lengths)
-        self.stats.shared_prefix_tokens += saved
         for (request, first_sample, count), length in zip(groups, lengths, strict=True):
             p = request.params
             for j in range(first_sample, first_sample + count):
@@ -460,8 +491,12 @@ class TorchEngine:
                 done.append((slot, "stop"))
             elif len(sample.tokens) >= sample.request.limit:
                 done.append((slot, "length"))
+        keep_histories = self._prefiller.history.capacity > 0
         for slot, reason in done:
-            self._complete(self._running[slot], reason)
+            sample = self._running[slot]
+            if keep_histories:  # k/v of the prompt and every sampled token fed back (not the last)
+                self._prefiller.park(slot, sample.request.prompt + sample.tokens[:-1])
+            self._complete(sample, reason)
         self._remove_slots([slot for slot, _ in done])
 
     def _complete(self, sample: _Sample, reason: str) -> None:

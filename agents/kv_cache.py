@@ -20,6 +20,9 @@ the mode the engine set before the forward:
   (or copies it from the prefix store, one extra slot that keeps the last such prefix), then the
   rows' own tokens with `prefix_len` set: they are written after the prefix and attend to it
   (agents/prefix_attention.py) and causally to themselves;
+- continue: prompts that extend a finished sample's conversation (agents/history.py) find its
+  k/v copied back into their slots (`unpark`); only their new tokens run, written after each
+  slot's own history and attending to it and causally to themselves;
 - decode: one new token per running slot is written at that slot's position, then it attends
   over positions 0..pos of its own slot (an additive mask hides the rest of the span).
 """
@@ -47,6 +50,7 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device | str,
         key_layout: KeyLayout | None = None,
+        history_capacity: int = 0,
     ) -> None:
         layers, heads, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
         on_cuda = torch.device(device).type == "cuda"
@@ -56,6 +60,12 @@ class KVCache:
         self.k = torch.zeros((layers, max_slots + 1, heads, *k_shape), dtype=dtype, device=device)
         self.v = torch.zeros((layers, max_slots + 1, heads, max_seq_len, d), dtype=dtype, device=device)
         self.max_slots, self.max_seq_len, self.prefix_slot = max_slots, max_seq_len, max_slots
+        # Finished samples' k/v (`park`, `unpark`; agents/history.py): a pool laid out like one
+        # slot `history_capacity` positions long.
+        self.history_capacity = history_capacity
+        pool_k_shape = (d, history_capacity) if self.key_layout == "ds" else (history_capacity, d)
+        self.history_k = torch.zeros((layers, heads, *pool_k_shape), dtype=dtype, device=device)
+        self.history_v = torch.zeros((layers, heads, history_capacity, d), dtype=dtype, device=device)
         self.kv_heads, self.head_dim = heads, d
         self.groups = config.num_attention_heads // heads
         self.scale = d**-0.5
@@ -70,7 +80,9 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return (
+            self.k.numel() + self.v.numel() + self.history_k.numel() + self.history_v.numel()
+        ) * self.k.element_size()
 
     # ---- prefill -------------------------------------------------------------------------------
     def start_prefill(
@@ -96,6 +108,40 @@ class KVCache:
             columns = torch.arange(end, device=self.k.device)
             self._keep_mask = (columns[None, :] <= prefix_len + keep[:, None])[:, None, None]
         return self.rope_cos[None, prefix_len:end, None], self.rope_sin[None, prefix_len:end, None]
+
+    def start_continue(self, first_slot: int, history: list[int], own: list[int]) -> tuple:
+        """Rows that continue their own slot's history (slots first_slot.. already hold
+        history[i] positions, copied back by `unpark`): row i brings own[i] >= 1 new tokens,
+        right-padded to max(own), at positions history[i].. . The model is run with
+        keep = own - 1 (each row's last new token). Returns the per-row RoPE (cos, sin)."""
+        self._mode = "continue"
+        device, rows, width = self.k.device, len(own), max(own)
+        self._first_slot = first_slot
+        start = torch.tensor(history, device=device)
+        offsets = torch.arange(width, device=device)
+        positions = start[:, None] + offsets  # [rows, width]
+        self._valid = offsets[None, :] < torch.tensor(own, device=device)[:, None]
+        self._end = max(h + n for h, n in zip(history, own, strict=True))
+        columns = torch.arange(self._end, device=device)
+        self._mask = (columns <= positions[..., None])[:, None]  # [rows, 1, width, end]
+        last = torch.tensor([h + n - 1 for h, n in zip(history, own, strict=True)], device=device)
+        self._keep_mask = (columns[None, :] <= last[:, None])[:, None, None]  # [rows, 1, 1, end]
+        # Flat cache offsets of each valid (row, position): [valid, Hkv] rows of a layer's
+        # [slots*heads*seq, D] view, and for "ds" [valid, Hkv*D] entries of its flat view.
+        slots = torch.arange(first_slot, first_slot + rows, device=device)[:, None, None]
+        valid_positions = positions[self._valid][:, None]
+        row_of_valid = torch.nonzero(self._valid)[:, 0]
+        self._v_index = (
+            (slots * self.kv_heads + torch.arange(self.kv_heads, device=device)) * self.max_seq_len
+        )[row_of_valid, 0] + valid_positions
+        self._k_index = self._v_index
+        if self.key_layout == "ds":
+            lanes = torch.arange(self.kv_heads * self.head_dim, device=device)
+            self._k_index = ((slots[:, :, 0] * self.kv_heads * self.head_dim + lanes) * self.max_seq_len)[
+                row_of_valid
+            ] + valid_positions
+        clamped = positions.clamp(max=self.max_seq_len - 1)  # padding past the end: never written
+        return self.rope_cos[clamped][:, :, None], self.rope_sin[clamped][:, :, None]
 
     # ---- decode --------------------------------------------------------------------------------
     def start_decode(self, positions: torch.Tensor, span: int) -> tuple:
@@ -127,6 +173,8 @@ class KVCache:
             return self._attend_decode(layer, q, k, v)
         if self._mode == "prefill":
             return self._attend_prefill(layer, q, k, v)
+        if self._mode == "continue":
+            return self._attend_continue(layer, q, k, v)
         raise RuntimeError("KVCache.attend called outside start_prefill/start_decode")
 
     def _attend_prefill(self, layer: int, q, k, v) -> torch.Tensor:
@@ -153,6 +201,26 @@ class KVCache:
         v_prefix = self.v[layer, first : first + 1, :, :start]
         mask = self._keep_mask if kept_queries else self._prefix_mask
         return attend_after_prefix(q, k, v, k_prefix, v_prefix, mask)
+
+    def _attend_continue(self, layer: int, q, k, v) -> torch.Tensor:
+        d, first = self.head_dim, self._first_slot
+        last, end = first + q.shape[0], self._end
+        k_layer, v_layer = self.k[layer], self.v[layer]
+        # Only the rows' real tokens are written: padding would run past a slot's end.
+        v_layer.view(-1, d).index_copy_(
+            0, self._v_index.view(-1), v.transpose(1, 2)[self._valid].reshape(-1, d)
+        )
+        k_new = k.transpose(1, 2)[self._valid]  # [valid, Hkv, D]
+        if self.key_layout == "ds":
+            k_layer.view(-1).index_copy_(0, self._k_index.view(-1), k_new.reshape(-1))
+            keys = k_layer[first:last, :, :, :end].transpose(-1, -2)
+        else:
+            k_layer.view(-1, d).index_copy_(0, self._k_index.view(-1), k_new.reshape(-1, d))
+            keys = k_layer[first:last, :, :end]
+        mask = self._keep_mask if q.shape[2] != k.shape[2] else self._mask
+        return F.scaled_dot_product_attention(
+            q, keys, v_layer[first:last, :, :end], attn_mask=mask, enable_gqa=True
+        )
 
     def _attend_decode(self, layer: int, q, k, v) -> torch.Tensor:
         # Sizes come from tensor shapes (not Python ints) so a compiled step stays shape-generic.
@@ -183,6 +251,25 @@ class KVCache:
     def load_prefix(self, first_slot: int, count: int, length: int) -> None:
         """Fill positions 0..length-1 of slots first_slot..first_slot+count-1 from the store."""
         self._copy(self.prefix_slot, slice(first_slot, first_slot + count), length)
+
+    # ---- the history pool: a finished sample's k/v, for its conversation's next turn ----------
+    def park(self, slot: int, start: int, length: int) -> None:
+        """Keep the first `length` positions of running `slot` at pool positions start.. ."""
+        pool = slice(start, start + length)
+        if self.key_layout == "ds":
+            self.history_k[..., pool] = self.k[:, slot, ..., :length]
+        else:
+            self.history_k[:, :, pool] = self.k[:, slot, :, :length]
+        self.history_v[:, :, pool] = self.v[:, slot, :, :length]
+
+    def unpark(self, start: int, slot: int, length: int) -> None:
+        """Copy pool positions start..start+length-1 back into positions 0.. of running `slot`."""
+        pool = slice(start, start + length)
+        if self.key_layout == "ds":
+            self.k[:, slot, ..., :length] = self.history_k[..., pool]
+        else:
+            self.k[:, slot, :, :length] = self.history_k[:, :, pool]
+        self.v[:, slot, :, :length] = self.history_v[:, :, pool]
 
     def _copy(self, source: int, targets: slice, length: int) -> None:
         src = slice(source, source + 1)

@@ -9,6 +9,10 @@ then only each row's own tokens run, attending to the prefix and causally to the
 (agents/kv_cache.py, agents/prefix_attention.py). Whether sharing is worth it:
 agents/prefix_attention.py. The kept prefix's k/v belong to the weights they were computed with:
 the engine calls `forget()` when it loads new ones.
+
+A prompt that continues a finished sample's conversation (its prompt, the tokens it sampled,
+then new ones: the next turn of an episode) goes through `continue_` instead: the sample's k/v,
+kept in the cache's history pool (agents/history.py), are copied back and only the new tokens run.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from .history import HistoryStore
 from .kv_cache import KVCache
 from .model import Transformer
 from .prefix_attention import reusable_prefix_length, shared_prefix_length
@@ -30,10 +35,37 @@ class Prefiller:
         self.model, self.cache, self.share_prefixes = model, cache, share_prefixes
         self.device = model.lm_head.weight.device
         self.stored: list[int] = []  # the tokens whose k/v the cache's prefix store holds
+        self.history = HistoryStore(cache.history_capacity)
 
     def forget(self) -> None:
-        """Drop the kept prefix (its k/v came from weights that are being replaced)."""
+        """Drop the kept prefix and histories (their k/v came from weights being replaced)."""
         self.stored = []
+        self.history.clear()
+
+    def park(self, slot: int, tokens: list[int]) -> None:
+        """Keep running `slot`'s k/v, which cover `tokens`, for a prompt that continues them."""
+        start = self.history.place(tokens)
+        if start is not None:
+            self.cache.park(slot, start, len(tokens))
+
+    def continue_(self, prompts: Sequence[list[int]], claims: Sequence[tuple[int, int]], first_slot: int):
+        """Prefill prompt i into slot first_slot + i, where claims[i] = (pool start, length)
+        from `self.history.claim(prompts[i])`: copy that history back and run only the rest.
+        Returns (logits [len(prompts), vocab], prompt tokens not recomputed)."""
+        lengths = [length for _, length in claims]
+        for i, (start, length) in enumerate(claims):
+            self.cache.unpark(start, first_slot + i, length)
+            self.history.release(start)
+        own = [len(p) - length for p, length in zip(prompts, lengths, strict=True)]
+        ids = np.zeros((len(prompts), max(own)), np.int64)
+        for i, (prompt, length) in enumerate(zip(prompts, lengths, strict=True)):
+            ids[i, : own[i]] = prompt[length:]
+        last = torch.tensor([n - 1 for n in own], device=self.device)
+        rope = self.cache.start_continue(first_slot, lengths, own)
+        hidden = self.model.model(
+            torch.from_numpy(ids).to(self.device), cache=self.cache, rope=rope, keep=last
+        )
+        return self.model.lm_head(hidden), sum(lengths)
 
     def __call__(self, prompts: Sequence[list[int]], counts: Sequence[int], first_slot: int) -> tuple:
         """Prefill `prompts` into slots first_slot.. (prompt i fills counts[i] consecutive slots).

@@ -119,6 +119,7 @@ def build_generator(
             tokenizer=renderer.tokenizer,
             seed=config.run.seed,
             cuda_graphs=None if config.agent.cuda_graphs else False,  # None: on where there is CUDA
+            history_capacity=None if config.agent.history_capacity == -1 else config.agent.history_capacity,
         )
     from toolgym.agents.vllm_engine import VLLMConfig
     from toolgym.agents.vllm_policy import VLLMPolicy

@@ -9,6 +9,7 @@ Sections (all optional; every key has a default):
                  init_seed
     [tokenizer]  path ("" = the model directory's tokenizer.json, else the shipped one)
     [agent]      backend (torch | vllm), temperature, top_p, top_k, max_batch_size, max_seq_len, cuda_graphs,
+                 history_capacity,
                  [agent.vllm] (VLLMConfig: dtype, kv_cache_gib, gpu_memory_utilization, ...)
     [rollout]    group_size, max_turns, max_tokens_per_turn, max_tokens_per_episode,
                  context_length, episode_timeout_s, observation_role, max_concurrent_episodes
@@ -100,6 +101,9 @@ class AgentSection(msgspec.Struct, **_STRICT):
     max_batch_size: int = 256  # torch engine: KV-cache slots (episodes decoded together)
     max_seq_len: int = 0  # prompt + completion tokens per episode; 0 = min(model max, 4096)
     cuda_graphs: bool = True  # torch engine on a GPU: replay decode steps from CUDA graphs (CPU: ignored)
+    # torch engine: KV-cache positions that keep finished turns' k/v for their episode's next turn
+    # (agents/history.py); -1 = max_batch_size * max_seq_len (doubles the KV cache), 0 = off.
+    history_capacity: int = -1
     vllm: VLLMConfig = msgspec.field(default_factory=VLLMConfig)
 
     def __post_init__(self) -> None:
@@ -110,6 +114,10 @@ class AgentSection(msgspec.Struct, **_STRICT):
         _positive("agent", max_batch_size=self.max_batch_size)
         if self.max_seq_len < 0:
             raise ValueError(f"agent.max_seq_len must be >= 0, got {self.max_seq_len}")
+        if self.history_capacity < -1:
+            raise ValueError(
+                f"agent.history_capacity must be -1 (default), 0 (off) or > 0, got {self.history_capacity}"
+            )
 
 
 class RolloutSection(msgspec.Struct, **_STRICT):

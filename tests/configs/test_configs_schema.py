@@ -176,6 +176,19 @@ def test_agent_cuda_graphs_reaches_the_engine(cuda_graphs):
         assert engine.cuda_graphs is (cuda_graphs and device.type == "cuda")  # never asked for on CPU
 
 
+@pytest.mark.parametrize(("setting", "positions"), [(None, 128 * 256), (0, 0), (1000, 1000)])
+def test_agent_history_capacity_reaches_the_engine(setting, positions):
+    import torch
+
+    from toolgym.configs.build import build_generator, build_renderer, initial_model
+
+    overrides = ["model.name=test"] + ([] if setting is None else [f"agent.history_capacity={setting}"])
+    config, _ = load_config("zorplex_tiny", overrides)  # 128 slots of 256 positions
+    renderer, _ = build_renderer(config)
+    with build_generator(config, initial_model(config), None, renderer, torch.device("cpu")) as engine:
+        assert engine.cache.history_capacity == positions
+
+
 def test_model_path_wins_over_the_named_config(tmp_path):
     config = config_from_dict({"model": {"name": "tiny", "path": str(tmp_path)}})
     assert config.model.name == "" and config.model.path == str(tmp_path)
@@ -193,6 +206,7 @@ def test_model_path_wins_over_the_named_config(tmp_path):
         (["env.kwargs={tier='deep'}"], "config error: env: cannot make env"),
         (["model.name=huge"], "config error: model.name: unknown named config 'huge'"),
         (["batch.groups_per_batch=0"], "config error: batch: BatchConfig.groups_per_batch must be >= 1"),
+        (["agent.history_capacity=-2"], "config error: agent: agent.history_capacity must be -1"),
         (
             ["sft.source=recording", "sft.recording=/no/such.jsonl"],
             "config error: sft.recording: no such file",

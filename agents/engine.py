@@ -491,13 +491,16 @@ class TorchEngine:
                 done.append((slot, "stop"))
             elif len(sample.tokens) >= sample.request.limit:
                 done.append((slot, "length"))
-        keep_histories = self._prefiller.history.capacity > 0
-        for slot, reason in done:
-            sample = self._running[slot]
-            if keep_histories:  # k/v of the prompt and every sampled token fed back (not the last)
+        finished = [(self._running[slot], reason) for slot, reason in done]
+        if self._prefiller.history.capacity > 0:
+            for slot, (sample, _) in zip((slot for slot, _ in done), finished, strict=True):
+                # k/v of the prompt and every sampled token fed back (not the last one)
                 self._prefiller.park(slot, sample.request.prompt + sample.tokens[:-1])
-            self._complete(sample, reason)
         self._remove_slots([slot for slot, _ in done])
+        # Completing wakes the callers' event loop, whose Python work (env steps, rendering) then
+        # competes for the GIL with every torch call this thread makes: so copies first.
+        for sample, reason in finished:
+            self._complete(sample, reason)
 
     def _complete(self, sample: _Sample, reason: str) -> None:
         request = sample.request

@@ -21,7 +21,9 @@ of one whole batched call (prefill included), best of `--repeats` after a warm-u
 concurrently (asyncio), each `--turns` turns of one-prompt `generate` calls (own seed; max_tokens
 varying 8..`--new-tokens`; the next prompt = the last one + the completion + 16 "observation"
 tokens), so requests arrive at different times. Continuous batching (admit between decode
-steps) is compared with static micro-batching (admit only when the running batch is done).
+steps) is compared with the same without kept histories (`history_capacity=0`: every turn
+prefills its whole conversation) and with static micro-batching (admit only when the running
+batch is done). "prompt computed" is the share of prompt tokens the prefills ran.
 
 Also printed: the matmul peak of this machine per dtype (bench/_common.py) and the share of it
 that the engine's decode steps reach (model FLOPs of decode / engine decode time).
@@ -171,21 +173,30 @@ def bench_episodes(directory, args, dtype) -> None:
         return tokens
 
     rows = []
-    for continuous in (True, False):
+    engines = {  # row name -> TorchEngine options
+        "continuous batching": {},
+        "continuous, no kept histories": {"history_capacity": 0},
+        "static batching": {"continuous_batching": False},
+    }
+    for name, options in engines.items():
         model = load_hf_checkpoint(directory, dtype=dtype, device=args.device)
-        with TorchEngine(
-            model, max_batch_size=args.batch, max_seq_len=max_len, continuous_batching=continuous
-        ) as engine:
+        with TorchEngine(model, max_batch_size=args.batch, max_seq_len=max_len, **options) as engine:
             asyncio.run(episode(engine, 0))  # warm-up
             best = float("inf")
             for _ in range(args.repeats):
                 start = time.perf_counter()
                 total = sum(asyncio.run(_gather(engine, episode, args.batch)))
                 best = min(best, time.perf_counter() - start)
-            rows.append([("continuous" if continuous else "static") + " batching", f"{total / best:,.0f}",
-                         f"{best:.2f}", engine.stats.prefill_forwards, engine.stats.decode_steps])  # fmt: skip
+            stats = engine.stats
+            computed = (
+                stats.prompt_tokens - stats.shared_prefix_tokens - stats.history_tokens
+            ) / stats.prompt_tokens
+            rows.append([name, f"{total / best:,.0f}", f"{best:.2f}", f"{stats.prefill_seconds / (args.repeats + 1):.2f}",
+                         f"{computed:.0%}", stats.prefill_forwards, stats.decode_steps])  # fmt: skip
     print(f"episodes: {args.batch} concurrent x {args.turns} turns, {str(dtype).removeprefix('torch.')}")
-    print(format_table(["engine", "new tok/s", "best s", "prefills", "decode steps"], rows))
+    print(format_table(
+        ["engine", "new tok/s", "best s", "prefill s/run", "prompt computed", "prefills", "decode steps"], rows
+    ))  # fmt: skip
 
 
 async def _gather(engine, episode, n):

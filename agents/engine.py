@@ -7,7 +7,8 @@ How a request flows:
 - One worker thread owns the model and the KV cache (agents/kv_cache.py). Between decode steps
   it admits waiting samples into free slots (continuous batching): one prefill forward per
   admission (the n samples of a prompt share one prefill row), then every running sample
-  advances by one token per decode step. Finished samples free their slot at once.
+  advances by one token per decode step. Finished samples free their slot at once (running
+  samples always fill slots 0..n-1 with their sampling state beside them: agents/slots.py).
 - Prompts that start alike share work (agents/prefill.py): a prefill computes its prompts'
   common prefix once (a system prompt, a group's prompt) and keeps it; a later prefill whose
   prompts all start with it copies it instead (the next turns of those episodes).
@@ -37,7 +38,6 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -49,8 +49,9 @@ from .errors import ContextOverflowError, checked_prompt
 from .kv_cache import KeyLayout, KVCache
 from .model import Transformer
 from .packed_linear import pack_model, packing_available, repack
-from .prefill import Prefiller
-from .sampling import sample_tokens, seed_to_u64, uniform_draws
+from .prefill import Prefiller, padded_chunks
+from .sampling import sample_tokens, seed_to_u64
+from .slots import Request, Sample, Slots
 from .types import Completion, SamplingParams
 
 
@@ -67,28 +68,6 @@ class EngineStats(msgspec.Struct):
     history_tokens: int = 0  # prompt tokens not recomputed (an earlier turn's kept k/v)
     prefill_seconds: float = 0.0  # wall time inside prefill forwards + first-token sampling
     decode_seconds: float = 0.0  # wall time inside decode steps (forward + sampling + bookkeeping)
-
-
-@dataclass(eq=False)
-class _Request:
-    prompt: list[int]
-    params: SamplingParams
-    seed: int
-    future: concurrent.futures.Future
-    stop_ids: frozenset[int]
-    limit: int  # max completion tokens: min(max_tokens, max_seq_len - len(prompt))
-    results: list[Completion | None] = field(default_factory=list)
-    unadmitted: int = 0
-    unfinished: int = 0
-
-
-@dataclass(eq=False)
-class _Sample:
-    request: _Request
-    index: int
-    version: int
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
 
 
 def _as_decode_fn(tokenizer: Any) -> Callable[[list[int]], str] | None:
@@ -194,24 +173,14 @@ class TorchEngine:
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self._decoder = DecodeGraphs(self.model, self.cache, capture=self.cuda_graphs)
         self._prefiller = Prefiller(self.model, self.cache, share_prefixes=share_prefixes)
-        # Per-slot sampling state, host side (slot i = self._running[i]).
-        b = max_batch_size
-        self._pos = np.zeros(b, np.int64)  # where the slot's next input token goes
-        self._next = np.zeros(b, np.int64)  # the slot's next input token (last sampled)
-        self._seed = np.zeros(b, np.uint64)
-        self._sample_index = np.zeros(b, np.uint64)
-        self._step = np.zeros(b, np.uint64)  # tokens sampled so far
-        self._temperature = np.zeros(b, np.float32)
-        self._top_p = np.ones(b, np.float32)
-        self._top_k = np.zeros(b, np.int64)
-        self._running: list[_Sample] = []
-        self._waiting: deque[_Request] = deque()
+        self._slots = Slots(max_batch_size)  # running samples, slot i = self._slots.running[i]
+        self._waiting: deque[Request] = deque()
         # Threading: the worker owns everything above; others talk through _cv-guarded fields.
         self._cv = threading.Condition()
-        self._incoming: list[_Request] = []
+        self._incoming: list[Request] = []
         self._paused = False
         self._closed = False
-        self._buffer: list[_Request] = []
+        self._buffer: list[Request] = []
         self._buffer_lock = threading.Lock()
         self._flush_scheduled = False
         self._worker = threading.Thread(target=self._work, name="TorchEngine", daemon=True)
@@ -283,7 +252,7 @@ class TorchEngine:
         self.close()
 
     # ---- submission -----------------------------------------------------------------------------
-    def _make_requests(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[_Request]:
+    def _make_requests(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Request]:
         self._check_open()
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -292,7 +261,7 @@ class TorchEngine:
         for i, prompt in enumerate(prompts):
             prompt = checked_prompt(i, prompt, max_seq_len=self.max_seq_len, vocab_size=vocab)
             seed = params.seed if params.seed is not None else int(self._seed_rng.integers(2**63))
-            request = _Request(
+            request = Request(
                 prompt=prompt,
                 params=params,
                 seed=seed_to_u64(seed),
@@ -312,7 +281,7 @@ class TorchEngine:
             self._flush_scheduled = False
         self._submit(requests)
 
-    def _submit(self, requests: list[_Request]) -> None:
+    def _submit(self, requests: list[Request]) -> None:
         with self._cv:
             if self._closed:
                 for r in requests:
@@ -327,7 +296,7 @@ class TorchEngine:
 
     @property
     def _idle(self) -> bool:  # read under _cv: nothing running in the worker
-        return not self._running and not self._busy
+        return not self._slots.running and not self._busy
 
     # ---- worker ---------------------------------------------------------------------------------
     _busy = False
@@ -339,7 +308,7 @@ class TorchEngine:
                 self._cv.wait_for(
                     lambda: (
                         self._closed
-                        or self._running
+                        or self._slots.running
                         or (self._incoming and not self._paused)
                         or (self._waiting and not self._paused)
                     )
@@ -354,9 +323,9 @@ class TorchEngine:
             try:
                 with torch.inference_mode():
                     self._drop_cancelled()
-                    if admit and (self.continuous_batching or not self._running):
+                    if admit and (self.continuous_batching or not self._slots.running):
                         self._admit()
-                    if self._running:
+                    if self._slots.running:
                         self._decode_step()
             except Exception as error:  # fail what is in flight, keep serving
                 self._fail_all(error)
@@ -371,9 +340,9 @@ class TorchEngine:
             self._incoming.clear()
 
     def _fail_all(self, error: BaseException) -> None:
-        requests = {id(s.request): s.request for s in self._running}
+        requests = {id(s.request): s.request for s in self._slots.running}
         requests.update((id(r), r) for r in self._waiting)
-        self._running.clear()
+        self._slots.running.clear()
         self._waiting.clear()
         for r in requests.values():
             if not r.future.done():
@@ -382,13 +351,13 @@ class TorchEngine:
     def _drop_cancelled(self) -> None:
         if any(r.future.cancelled() for r in self._waiting):
             self._waiting = deque(r for r in self._waiting if not r.future.cancelled())
-        gone = [i for i, s in enumerate(self._running) if s.request.future.cancelled()]
-        self._remove_slots(gone)
+        gone = [i for i, s in enumerate(self._slots.running) if s.request.future.cancelled()]
+        self._slots.remove(gone, self.cache.move_slot)
 
     # ---- admission + prefill --------------------------------------------------------------------
     def _admit(self) -> None:
-        groups: list[tuple[_Request, int, int]] = []  # (request, first sample index, count)
-        free = self.max_batch_size - len(self._running)
+        groups: list[tuple[Request, int, int]] = []  # (request, first sample index, count)
+        free = self._slots.free
         while self._waiting and free:
             request = self._waiting[0]
             count = min(free, request.unadmitted)
@@ -403,26 +372,22 @@ class TorchEngine:
             claims = [self._prefiller.history.claim(g[0].prompt) if g[2] == 1 else None for g in groups]
         continuing = [(g, c) for g, c in zip(groups, claims, strict=True) if c is not None]
         fresh = [(g, None) for g, c in zip(groups, claims, strict=True) if c is None]
+
+        def runs(item: tuple) -> int:  # the prompt tokens its prefill computes
+            (request, _, _), claim = item
+            return len(request.prompt) - (claim[1] if claim else 0)
+
         for batch in (continuing, fresh):
-            # Similar lengths (of what runs) share a padded prefill.
-            batch.sort(key=lambda gc: len(gc[0][0].prompt) - (gc[1][1] if gc[1] else 0))
-            chunk: list = []
-            for group, claim in batch:
-                width = len(group[0].prompt) - (claim[1] if claim else 0)  # the longest so far
-                if chunk and width * (len(chunk) + 1) > self.max_prefill_tokens:
-                    self._prefill(chunk)
-                    chunk = []
-                chunk.append((group, claim))
-            if chunk:
+            for chunk in padded_chunks(batch, runs, self.max_prefill_tokens):
                 self._prefill(chunk)
 
-    def _prefill(self, chunk: list[tuple[tuple[_Request, int, int], tuple[int, int] | None]]) -> None:
+    def _prefill(self, chunk: list[tuple[tuple[Request, int, int], tuple[int, int] | None]]) -> None:
         """Prefill one chunk: all fresh (claim None) or all continuing a kept history."""
         start = time.perf_counter()
         groups = [group for group, _ in chunk]
         prompts = [request.prompt for request, _, _ in groups]
         lengths = [len(p) for p in prompts]
-        first = len(self._running)
+        first = len(self._slots)
         if chunk[0][1] is not None:
             logits, saved = self._prefiller.continue_(prompts, [claim for _, claim in chunk], first)
             self.stats.history_tokens += saved
@@ -432,77 +397,39 @@ class TorchEngine:
         self.stats.prefill_forwards += 1
         self.stats.prompt_tokens += sum(lengths)
         for (request, first_sample, count), length in zip(groups, lengths, strict=True):
-            p = request.params
             for j in range(first_sample, first_sample + count):
-                slot = len(self._running)
-                self._running.append(_Sample(request, j, self.policy_version))
-                self._pos[slot], self._seed[slot], self._sample_index[slot], self._step[slot] = (
-                    length,
-                    request.seed,
-                    j,
-                    0,
-                )
-                self._temperature[slot], self._top_p[slot], self._top_k[slot] = (
-                    p.temperature,
-                    p.top_p,
-                    p.top_k,
-                )
-        self.stats.max_running = max(self.stats.max_running, len(self._running))
-        self._sample_and_record(logits, first, len(self._running))
+                self._slots.add(Sample(request, j, self.policy_version), length)
+        self.stats.max_running = max(self.stats.max_running, len(self._slots))
+        self._sample_and_record(logits, first, len(self._slots))
         self.stats.prefill_seconds += time.perf_counter() - start
 
     # ---- decode ---------------------------------------------------------------------------------
     def _decode_step(self) -> None:
         start = time.perf_counter()
-        n = len(self._running)
-        logits = self._decoder.forward(self._next[:n], self._pos[:n])
+        slots, n = self._slots, len(self._slots)
+        logits = self._decoder.forward(slots.next[:n], slots.pos[:n])
         self.stats.decode_steps += 1
-        self._pos[:n] += 1
+        slots.pos[:n] += 1
         self._sample_and_record(logits, 0, n)
         self.stats.decode_seconds += time.perf_counter() - start
 
     def _sample_and_record(self, logits: torch.Tensor, lo: int, hi: int) -> None:
         """Sample slots lo..hi-1 from their logits rows, append, finish what is done."""
-        temperature, top_p, top_k = self._temperature[lo:hi], self._top_p[lo:hi], self._top_k[lo:hi]
-        greedy = temperature == 0
-        u = uniform_draws(self._seed[lo:hi], self._sample_index[lo:hi], self._step[lo:hi])
-        device = self.device
-        tokens_t, logprobs_t = sample_tokens(
-            logits,
-            torch.from_numpy(temperature).to(device),
-            torch.from_numpy(top_k).to(device),
-            torch.from_numpy(top_p).to(device),
-            torch.from_numpy(u).to(device),
-            any_filter=bool(((top_k > 0) | (top_p < 1)).any()),
-            any_greedy=bool(greedy.any()),
-            all_greedy=bool(greedy.all()),
-        )
-        tokens, logprobs = tokens_t.tolist(), logprobs_t.tolist()
-        self._step[lo:hi] += 1
-        self._next[lo:hi] = tokens
+        tokens, logprobs = sample_tokens(logits, **self._slots.sampling_inputs(lo, hi, self.device))
+        done = self._slots.record(lo, hi, tokens.tolist(), logprobs.tolist())
         self.stats.generated_tokens += hi - lo
-        done: list[tuple[int, str]] = []
-        for slot, sample, token, logprob in zip(
-            range(lo, hi), self._running[lo:hi], tokens, logprobs, strict=True
-        ):
-            sample.tokens.append(token)
-            sample.logprobs.append(logprob)
-            if token in sample.request.stop_ids:
-                done.append((slot, "stop"))
-            elif len(sample.tokens) >= sample.request.limit:
-                done.append((slot, "length"))
-        finished = [(self._running[slot], reason) for slot, reason in done]
+        finished = [(self._slots.running[slot], reason) for slot, reason in done]
         if self._prefiller.history.capacity > 0:
-            for slot, (sample, _) in zip((slot for slot, _ in done), finished, strict=True):
+            for (slot, _), (sample, _) in zip(done, finished, strict=True):
                 # k/v of the prompt and every sampled token fed back (not the last one)
                 self._prefiller.park(slot, sample.request.prompt + sample.tokens[:-1])
-        self._remove_slots([slot for slot, _ in done])
+        self._slots.remove([slot for slot, _ in done], self.cache.move_slot)
         # Completing wakes the callers' event loop, whose Python work (env steps, rendering) then
         # competes for the GIL with every torch call this thread makes: so copies first.
         for sample, reason in finished:
             self._complete(sample, reason)
 
-    def _complete(self, sample: _Sample, reason: str) -> None:
+    def _complete(self, sample: Sample, reason: str) -> None:
         request = sample.request
         text = self._decode_text(sample.tokens) if self._decode_text is not None else ""
         request.results[sample.index] = Completion(
@@ -515,27 +442,6 @@ class TorchEngine:
         request.unfinished -= 1
         if not request.unfinished and not request.future.done():
             request.future.set_result(request.results)
-
-    def _remove_slots(self, slots: list[int]) -> None:
-        """Free slots; the last running sample moves into each hole so slots stay 0..n-1."""
-        arrays = (
-            self._pos,
-            self._next,
-            self._seed,
-            self._sample_index,
-            self._step,
-            self._temperature,
-            self._top_p,
-            self._top_k,
-        )
-        for slot in sorted(slots, reverse=True):
-            last = len(self._running) - 1
-            if slot != last:
-                self.cache.move_slot(last, slot, int(self._pos[last]))
-                for a in arrays:
-                    a[slot] = a[last]
-                self._running[slot] = self._running[last]
-            self._running.pop()
 
 
 __all__ = ["ContextOverflowError", "EngineStats", "TorchEngine"]

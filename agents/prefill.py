@@ -17,7 +17,8 @@ kept in the cache's history pool (agents/history.py), are copied back and only t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -26,6 +27,24 @@ from .history import HistoryStore
 from .kv_cache import KVCache
 from .model import Transformer
 from .prefix_attention import reusable_prefix_length, shared_prefix_length
+
+Item = TypeVar("Item")
+
+
+def padded_chunks(items: Sequence[Item], width: Callable[[Item], int], max_tokens: int) -> list[list[Item]]:
+    """`items` sorted by `width` and cut into chunks to prefill together, each padded to its widest
+    item: a chunk grows while rows x widest <= max_tokens (an item wider than that goes alone).
+    Similar widths share a chunk, so little of it is padding."""
+    chunks: list[list[Item]] = []
+    chunk: list[Item] = []
+    for item in sorted(items, key=width):
+        if chunk and width(item) * (len(chunk) + 1) > max_tokens:  # width(item): the widest so far
+            chunks.append(chunk)
+            chunk = []
+        chunk.append(item)
+    if chunk:
+        chunks.append(chunk)
+    return chunks
 
 
 class Prefiller:
@@ -104,4 +123,4 @@ class Prefiller:
         return (logits if source_rows is None else logits[source_rows]), saved
 
 
-__all__ = ["Prefiller"]
+__all__ = ["Prefiller", "padded_chunks"]

@@ -175,6 +175,7 @@ class TorchEngine:
         self._prefiller = Prefiller(self.model, self.cache, share_prefixes=share_prefixes)
         self._slots = Slots(max_batch_size)  # running samples, slot i = self._slots.running[i]
         self._waiting: deque[Request] = deque()
+        self._admitting: list[Request] = []
         # Threading: the worker owns everything above; others talk through _cv-guarded fields.
         self._cv = threading.Condition()
         self._incoming: list[Request] = []
@@ -341,9 +342,13 @@ class TorchEngine:
 
     def _fail_all(self, error: BaseException) -> None:
         requests = {id(s.request): s.request for s in self._slots.running}
-        requests.update((id(r), r) for r in self._waiting)
+        requests.update((id(r), r) for r in (*self._waiting, *self._admitting))
         self._slots.running.clear()
         self._waiting.clear()
+        self._admitting = []
+        # A failed prefill may have claimed kept histories it never copied back, or stored part
+        # of a prefix: start the kept k/v afresh rather than trust them.
+        self._prefiller.forget()
         for r in requests.values():
             if not r.future.done():
                 r.future.set_exception(error)
@@ -366,6 +371,8 @@ class TorchEngine:
             free -= count
             if not request.unadmitted:
                 self._waiting.popleft()
+        # Out of the queue, not yet running: a prefill that raises must fail these too.
+        self._admitting = [request for request, _, _ in groups]
         # Next turns of finished samples' conversations prefill only their new tokens.
         claims: list[tuple[int, int] | None] = [None] * len(groups)
         if len(self._prefiller.history):
@@ -380,6 +387,7 @@ class TorchEngine:
         for batch in (continuing, fresh):
             for chunk in padded_chunks(batch, runs, self.max_prefill_tokens):
                 self._prefill(chunk)
+        self._admitting = []
 
     def _prefill(self, chunk: list[tuple[tuple[Request, int, int], tuple[int, int] | None]]) -> None:
         """Prefill one chunk: all fresh (claim None) or all continuing a kept history."""

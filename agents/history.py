@@ -12,7 +12,7 @@ The pool is a ring of `capacity` token positions: an entry takes as many positio
 tokens (not a whole max_seq_len slot), each new entry goes after the last, and the oldest entries
 it runs over are evicted. A claimed entry leaves the index at once; its positions are not reused
 until `release`, once its k/v have been copied out. `clear()` drops everything when the weights
-change. Bookkeeping only: the tensors are in agents/kv_cache.py.
+change or a prefill fails. Bookkeeping only: the tensors are in agents/kv_cache.py.
 """
 
 from __future__ import annotations
@@ -86,8 +86,13 @@ class HistoryStore:
         del self._claimed[start]
 
     def clear(self) -> None:
-        for start in list(self._entries):
-            self._drop(start)
+        """Drop every entry and every claim (new weights; or a failed prefill, whose claims were
+        never copied out and released)."""
+        self._entries.clear()
+        self._by_key.clear()
+        self._length_count.clear()
+        self._claimed.clear()
+        self._head = 0
 
     @staticmethod
     def _key(tokens: Sequence[int], length: int) -> tuple[int, tuple[int, ...]]:

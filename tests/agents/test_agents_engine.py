@@ -315,6 +315,28 @@ def test_close_fails_waiters_and_later_calls(model) -> None:
         generate(engine, [[1]], SamplingParams())
 
 
+def test_a_prefill_that_raises_fails_its_requests_and_the_engine_keeps_serving(model, monkeypatch) -> None:
+    from toolgym.agents.prefill import Prefiller
+
+    prefill = Prefiller.__call__
+    calls = []
+
+    def failing_once(self, *args):
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("prefill failed")
+        return prefill(self, *args)
+
+    monkeypatch.setattr(Prefiller, "__call__", failing_once)
+    with TorchEngine(model, max_batch_size=4, max_seq_len=64) as engine:
+        # The request is out of the queue and not yet running when its prefill raises: it must
+        # still fail (not wait forever), and the next one must be served.
+        with pytest.raises(RuntimeError, match="prefill failed"):
+            engine.generate_sync([[1, 2, 3]], SamplingParams(max_tokens=3, seed=0))
+        (completion,) = engine.generate_sync([[1, 2, 3]], SamplingParams(max_tokens=3, seed=0))
+    assert len(completion.tokens) == 3
+
+
 def test_cancelled_request_frees_its_slot(model) -> None:
     with TorchEngine(model, max_batch_size=1, max_seq_len=512) as engine:
 

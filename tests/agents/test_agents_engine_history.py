@@ -141,3 +141,36 @@ def test_claimed_ranges_are_not_reused_before_release() -> None:
     assert store.place([5, 6]) is None  # wraps onto the claimed range, whose k/v wait to be copied
     store.release(start)
     assert store.place([5, 6]) == 0
+
+
+def test_a_failed_prefill_fails_its_requests_and_leaves_no_claims_behind() -> None:
+    model = make_model("test")
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    # A pool of 64 positions: a claim that was never released would block the ring for good.
+    with TorchEngine(model, max_batch_size=2, max_seq_len=64, history_capacity=64) as engine:
+        continue_ = engine._prefiller.continue_
+        calls = []
+
+        def failing_once(*args):
+            calls.append(args)
+            if len(calls) == 1:
+                raise RuntimeError("boom")  # after the claim, before the k/v are copied back
+            return continue_(*args)
+
+        engine._prefiller.continue_ = failing_once
+        prompt = list(range(1, 21))
+        (first,) = engine.generate_sync([prompt], params)
+        with pytest.raises(RuntimeError, match="boom"):
+            engine.generate_sync([prompt + first.tokens + [7]], params)
+        assert len(engine._prefiller.history) == 0  # nothing kept from before the failure is trusted
+
+        for turn in range(4):  # the engine keeps serving, and keeps reusing histories
+            prompt = prompt + first.tokens + [8 + turn]
+            before = engine.stats.history_tokens
+            (completion,) = engine.generate_sync([prompt], params)
+            if turn:
+                assert engine.stats.history_tokens > before
+            first = completion
+    with torch.no_grad():
+        reference = causal_lm_logprobs(model, torch.tensor([prompt + completion.tokens]), 1.0)
+    assert (torch.tensor(completion.logprobs) - reference[0, len(prompt) - 1 :]).abs().max().item() <= 1e-5

@@ -17,7 +17,7 @@ kept in the cache's history pool (agents/history.py), are copied back and only t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -31,17 +31,23 @@ from .prefix_attention import reusable_prefix_length, shared_prefix_length
 Item = TypeVar("Item")
 
 
-def padded_chunks(items: Sequence[Item], width: Callable[[Item], int], max_tokens: int) -> list[list[Item]]:
-    """`items` sorted by `width` and cut into chunks to prefill together, each padded to its widest
-    item: a chunk grows while rows x widest <= max_tokens (an item wider than that goes alone).
-    Similar widths share a chunk, so little of it is padding."""
+def padded_chunks(
+    items: Iterable[Item], width: Callable[[Item], int], max_tokens: int, *, longest_first: bool = False
+) -> list[list[Item]]:
+    """`items` sorted by `width` (stably) and cut into chunks that are run together, each padded
+    to its widest item: a chunk grows while its rows x its widest <= max_tokens (an item wider
+    than that goes alone). Similar widths share a chunk, so little of it is padding. The engine
+    groups its prefills this way, the trainer its micro-batches (trainers/batching.py)."""
     chunks: list[list[Item]] = []
     chunk: list[Item] = []
-    for item in sorted(items, key=width):
-        if chunk and width(item) * (len(chunk) + 1) > max_tokens:  # width(item): the widest so far
+    widest = 0
+    for item in sorted(items, key=width, reverse=longest_first):
+        grown = max(widest, width(item))
+        if chunk and grown * (len(chunk) + 1) > max_tokens:
             chunks.append(chunk)
-            chunk = []
+            chunk, grown = [], width(item)
         chunk.append(item)
+        widest = grown
     if chunk:
         chunks.append(chunk)
     return chunks

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from toolgym.agents.prefill import padded_chunks
 from toolgym.rollouts.types import Episode
 
 from .shared_prefix import SharedPrefixAttention, shared_prefix_length
@@ -95,18 +96,7 @@ def split_by_token_budget(lengths: Sequence[int], token_budget: int) -> list[lis
     """Group indices (longest first) so that len(group) x max length <= token_budget."""
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1, got {token_budget}")
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    groups: list[list[int]] = []
-    current: list[int] = []
-    for i in order:
-        longest = lengths[current[0]] if current else lengths[i]
-        if current and (len(current) + 1) * longest > token_budget:
-            groups.append(current)
-            current = []
-        current.append(i)
-    if current:
-        groups.append(current)
-    return groups
+    return padded_chunks(range(len(lengths)), lengths.__getitem__, token_budget, longest_first=True)
 
 
 def plan_shared_prefix(episodes: Sequence[Episode], indices: Sequence[int]) -> int:

@@ -71,3 +71,10 @@ def test_padded_chunks_sort_by_width_and_keep_each_chunk_within_the_budget() -> 
         assert len(chunk) == 1 or max(chunk) * len(chunk) <= 12
     assert padded_chunks([], len, max_tokens=8) == []
     assert padded_chunks([2, 2, 2, 2], lambda w: w, max_tokens=100) == [[2, 2, 2, 2]]
+
+
+def test_padded_chunks_longest_first_keeps_equal_widths_in_their_order() -> None:
+    lengths = [3, 50, 7, 7, 20, 1, 120, 8]
+    chunks = padded_chunks(range(len(lengths)), lengths.__getitem__, 40, longest_first=True)
+    # 120 and 50 alone; 20 with 8 (2 x 20 = 40); then 7, 7 (indices 2, 3 in order), 3 and 1.
+    assert chunks == [[6], [1], [4, 7], [2, 3, 0, 5]]

@@ -80,9 +80,12 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return (
-            self.k.numel() + self.v.numel() + self.history_k.numel() + self.history_v.numel()
-        ) * self.k.element_size()
+        """Bytes of the slots (the prefix store's included) and the history pool together."""
+        return (self.k.numel() + self.v.numel()) * self.k.element_size() + self.history_nbytes
+
+    @property
+    def history_nbytes(self) -> int:
+        return (self.history_k.numel() + self.history_v.numel()) * self.history_k.element_size()
 
     # ---- prefill -------------------------------------------------------------------------------
     def start_prefill(

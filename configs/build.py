@@ -101,6 +101,25 @@ def engine_max_seq_len(config: Config, model: ModelConfig) -> int:
     return config.agent.max_seq_len or min(model.max_position_embeddings, 4096)
 
 
+def describe_generator(generator: Policy) -> str:
+    """One line on the policy that samples: for the torch engine its slots and KV-cache memory
+    (the kept histories double it by default, so a user sizing a GPU run should see it)."""
+    cache = getattr(generator, "cache", None)
+    if cache is None:
+        return f"generator: {type(generator).__name__}"
+    mib = 2**20
+    history = (
+        f" + {cache.history_nbytes / mib:,.0f} MiB for kept histories ({cache.history_capacity:,} positions;"
+        " agent.history_capacity)"
+        if cache.history_capacity
+        else ""
+    )
+    return (
+        f"generator: torch engine, {cache.max_slots} slots x {cache.max_seq_len} tokens, "
+        f"KV cache {(cache.nbytes - cache.history_nbytes) / mib:,.0f} MiB{history}"
+    )
+
+
 def build_generator(
     config: Config, model: Transformer, hf_dir: Path | None, renderer: ChatRenderer, device: torch.device
 ) -> Policy:

@@ -30,6 +30,7 @@ from .build import (
     build_renderer,
     build_trainer,
     check_vocab,
+    describe_generator,
     engine_max_seq_len,
     initial_model,
     load_model,
@@ -183,6 +184,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     if config.agent.backend == "vllm" and hf_dir is None:
         hf_dir = save_initial_model(model, run.initial_model, tokenizer_file, dist.is_main)
     generator = build_generator(config, model, hf_dir, renderer, dist.device)
+    log.print(describe_generator(generator))
     reference = copy.deepcopy(model) if config.trainer.loss.kl_coef > 0 else None
     trainer = build_trainer(config.trainer, model, dist.device, reference)
     manager = CheckpointManager(run.rl_checkpoints, config.checkpoint.keep_last)

@@ -180,13 +180,16 @@ def test_agent_cuda_graphs_reaches_the_engine(cuda_graphs):
 def test_agent_history_capacity_reaches_the_engine(setting, positions):
     import torch
 
-    from toolgym.configs.build import build_generator, build_renderer, initial_model
+    from toolgym.configs.build import build_generator, build_renderer, describe_generator, initial_model
 
     overrides = ["model.name=test"] + ([] if setting is None else [f"agent.history_capacity={setting}"])
     config, _ = load_config("zorplex_tiny", overrides)  # 128 slots of 256 positions
     renderer, _ = build_renderer(config)
     with build_generator(config, initial_model(config), None, renderer, torch.device("cpu")) as engine:
         assert engine.cache.history_capacity == positions
+        line = describe_generator(engine)  # what `toolgym train` prints about it
+    assert line.startswith("generator: torch engine, 128 slots x 256 tokens, KV cache ")
+    assert ("kept histories" in line) is (positions > 0)
 
 
 def test_model_path_wins_over_the_named_config(tmp_path):

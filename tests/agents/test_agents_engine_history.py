@@ -5,10 +5,13 @@ new tokens, and samples exactly what a full prefill would have."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 import torch
 from agents_testlib import make_model
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from toolgym.agents.engine import TorchEngine
 from toolgym.agents.history import HistoryStore
@@ -174,3 +177,58 @@ def test_a_failed_prefill_fails_its_requests_and_leaves_no_claims_behind() -> No
     with torch.no_grad():
         reference = causal_lm_logprobs(model, torch.tensor([prompt + completion.tokens]), 1.0)
     assert (torch.tensor(completion.logprobs) - reference[0, len(prompt) - 1 :]).abs().max().item() <= 1e-5
+
+
+@pytest.mark.slow
+@settings(max_examples=400, deadline=None)
+@given(capacity=st.integers(1, 24), data=st.data())
+def test_history_store_keeps_its_ranges_apart_and_claims_the_longest_true_prefix(capacity, data) -> None:
+    """Random place/claim/release sequences against a plain model of the pool (the tokens each
+    position holds): entries never overlap each other or a claimed range, they hold what was
+    placed there, and a claim is the longest entry the prompt really starts with. Sequences often
+    extend earlier ones, as an episode's turns do, so entries nest."""
+    store = HistoryStore(capacity)
+    pool: list[int | None] = [None] * capacity
+    claimed: dict[int, int] = {}
+    seen: list[list[int]] = []
+    tokens = st.lists(st.integers(0, 2), min_size=1, max_size=6)
+
+    def sequence() -> list[int]:
+        start = data.draw(st.sampled_from(seen)) if seen and data.draw(st.booleans()) else []
+        return start + data.draw(tokens)
+
+    for _ in range(data.draw(st.integers(1, 40))):
+        op = data.draw(st.sampled_from(["place", "place", "claim", "release"]))
+        if op == "place":
+            placed = sequence()
+            seen.append(placed)
+            start = store.place(placed)
+            if start is None:  # refused only when too long or a claimed range is in the way
+                assert len(placed) > capacity or claimed
+                continue
+            assert start >= 0 and start + len(placed) <= capacity
+            assert all(start + len(placed) <= s or s + n <= start for s, n in claimed.items())
+            pool[start : start + len(placed)] = placed
+        elif op == "claim":
+            prompt = sequence()
+            prefixes = [
+                len(t)
+                for t in store._entries.values()
+                if len(t) < len(prompt) and list(t) == prompt[: len(t)]
+            ]
+            got = store.claim(prompt)
+            assert (got and got[1]) == max(prefixes, default=None)
+            if got is not None:
+                start, length = got
+                assert pool[start : start + length] == prompt[:length]
+                claimed[start] = length
+        elif claimed:
+            start = data.draw(st.sampled_from(sorted(claimed)))
+            store.release(start)
+            del claimed[start]
+        entries = sorted(store._entries.items())  # start -> tokens
+        for (s1, t1), (s2, _) in itertools.pairwise(entries):
+            assert s1 + len(t1) <= s2
+        for s, entry in entries:
+            assert pool[s : s + len(entry)] == list(entry)
+            assert all(s + len(entry) <= c or c + n <= s for c, n in claimed.items())

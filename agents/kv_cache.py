@@ -118,7 +118,7 @@ class KVCache:
         right-padded to max(own), at positions history[i].. . The model is run with
         keep = own - 1 (each row's last new token). Returns the per-row RoPE (cos, sin)."""
         self._mode = "continue"
-        device, rows, width = self.k.device, len(own), max(own)
+        device, width = self.k.device, max(own)
         self._first_slot = first_slot
         start = torch.tensor(history, device=device)
         offsets = torch.arange(width, device=device)
@@ -129,20 +129,14 @@ class KVCache:
         self._mask = (columns <= positions[..., None])[:, None]  # [rows, 1, width, end]
         last = torch.tensor([h + n - 1 for h, n in zip(history, own, strict=True)], device=device)
         self._keep_mask = (columns[None, :] <= last[:, None])[:, None, None]  # [rows, 1, 1, end]
-        # Flat cache offsets of each valid (row, position): [valid, Hkv] rows of a layer's
-        # [slots*heads*seq, D] view, and for "ds" [valid, Hkv*D] entries of its flat view.
-        slots = torch.arange(first_slot, first_slot + rows, device=device)[:, None, None]
+        # Flat cache offsets of each valid (row, position), as start_decode makes them: [valid, Hkv]
+        # rows of a layer's [slots*heads*seq, D] view, and for "ds" [valid, Hkv*D] flat entries.
+        slot_of_valid = first_slot + torch.nonzero(self._valid)[:, 0]
         valid_positions = positions[self._valid][:, None]
-        row_of_valid = torch.nonzero(self._valid)[:, 0]
-        self._v_index = (
-            (slots * self.kv_heads + torch.arange(self.kv_heads, device=device)) * self.max_seq_len
-        )[row_of_valid, 0] + valid_positions
+        self._v_index = self._row_base[slot_of_valid] + valid_positions
         self._k_index = self._v_index
         if self.key_layout == "ds":
-            lanes = torch.arange(self.kv_heads * self.head_dim, device=device)
-            self._k_index = ((slots[:, :, 0] * self.kv_heads * self.head_dim + lanes) * self.max_seq_len)[
-                row_of_valid
-            ] + valid_positions
+            self._k_index = self._dim_base[slot_of_valid] + valid_positions
         clamped = positions.clamp(max=self.max_seq_len - 1)  # padding past the end: never written
         return self.rope_cos[clamped][:, :, None], self.rope_sin[clamped][:, :, None]
 
@@ -244,40 +238,44 @@ class KVCache:
 
     def move_slot(self, source: int, target: int, length: int) -> None:
         """Copy a running sequence's first `length` positions from slot `source` to `target`."""
-        self._copy(source, slice(target, target + 1), length)
+        self._copy_positions(self._slots(target), slice(0, length), self._slots(source), slice(0, length))
 
     # ---- the prefix store: a prompt prefix computed once, reused by later prefills --------------
     def store_prefix(self, slot: int, length: int) -> None:
         """Keep the first `length` positions of `slot` (a prefix just prefilled there)."""
-        self._copy(slot, slice(self.prefix_slot, self.prefix_slot + 1), length)
+        self._copy_positions(
+            self._slots(self.prefix_slot), slice(0, length), self._slots(slot), slice(0, length)
+        )
 
     def load_prefix(self, first_slot: int, count: int, length: int) -> None:
         """Fill positions 0..length-1 of slots first_slot..first_slot+count-1 from the store."""
-        self._copy(self.prefix_slot, slice(first_slot, first_slot + count), length)
+        store = self._slots(self.prefix_slot, self.prefix_slot + 1)  # broadcast over the count slots
+        self._copy_positions(
+            self._slots(first_slot, first_slot + count), slice(0, length), store, slice(0, length)
+        )
 
     # ---- the history pool: a finished sample's k/v, for its conversation's next turn ----------
     def park(self, slot: int, start: int, length: int) -> None:
         """Keep the first `length` positions of running `slot` at pool positions start.. ."""
-        pool = slice(start, start + length)
-        if self.key_layout == "ds":
-            self.history_k[..., pool] = self.k[:, slot, ..., :length]
-        else:
-            self.history_k[:, :, pool] = self.k[:, slot, :, :length]
-        self.history_v[:, :, pool] = self.v[:, slot, :, :length]
+        pool = (self.history_k, self.history_v)
+        self._copy_positions(pool, slice(start, start + length), self._slots(slot), slice(0, length))
 
     def unpark(self, start: int, slot: int, length: int) -> None:
         """Copy pool positions start..start+length-1 back into positions 0.. of running `slot`."""
-        pool = slice(start, start + length)
-        if self.key_layout == "ds":
-            self.k[:, slot, ..., :length] = self.history_k[..., pool]
-        else:
-            self.k[:, slot, :, :length] = self.history_k[:, :, pool]
-        self.v[:, slot, :, :length] = self.history_v[:, :, pool]
+        pool = (self.history_k, self.history_v)
+        self._copy_positions(self._slots(slot), slice(0, length), pool, slice(start, start + length))
 
-    def _copy(self, source: int, targets: slice, length: int) -> None:
-        src = slice(source, source + 1)
+    def _slots(self, first: int, end: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(k, v) views of slot `first` (end None: that slot's axis dropped) or slots first..end-1."""
+        index = first if end is None else slice(first, end)
+        return self.k[:, index], self.v[:, index]
+
+    def _copy_positions(self, dst: tuple, dst_positions: slice, src: tuple, src_positions: slice) -> None:
+        """Copy (k, v) positions between slot views and the pool; a position is the last axis of a
+        "ds" key and the second-to-last of every other k/v tensor."""
+        (dst_k, dst_v), (src_k, src_v) = dst, src
         if self.key_layout == "ds":
-            self.k[:, targets, ..., :length] = self.k[:, src, ..., :length]
+            dst_k[..., dst_positions] = src_k[..., src_positions]
         else:
-            self.k[:, targets, :, :length] = self.k[:, src, :, :length]
-        self.v[:, targets, :, :length] = self.v[:, src, :, :length]
+            dst_k[..., dst_positions, :] = src_k[..., src_positions, :]
+        dst_v[..., dst_positions, :] = src_v[..., src_positions, :]

@@ -17,7 +17,7 @@ from .types import Completion, Message, SamplingParams
 
 _LAZY = {
     "Policy": ".policy",
-    "ModelConfig": ".model",
+    "ModelConfig": ".model_config",
     "Transformer": ".model",
     "build_model": ".model",
     "causal_lm_logprobs": ".model",
@@ -31,7 +31,8 @@ _LAZY = {
 if TYPE_CHECKING:
     from .checkpoint import hf_named_tensors, load_hf_checkpoint, save_hf_checkpoint
     from .engine import EngineStats, TorchEngine
-    from .model import ModelConfig, Transformer, build_model, causal_lm_logprobs
+    from .model import Transformer, build_model, causal_lm_logprobs
+    from .model_config import ModelConfig
     from .policy import Policy
 
 

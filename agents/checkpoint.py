@@ -18,7 +18,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .model import ModelConfig, Transformer
+from .model import Transformer
+from .model_config import ModelConfig
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"

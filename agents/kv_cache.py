@@ -34,7 +34,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from .model import ModelConfig, rope_cos_sin
+from .model import rope_cos_sin
+from .model_config import ModelConfig
 from .prefix_attention import attend_after_prefix, prefix_mask
 
 KeyLayout = Literal["sd", "ds"]

@@ -26,7 +26,8 @@ import torch
 import torch._inductor.config as inductor_config
 
 import toolgym.agents.engine as engine_module
-from toolgym.agents.model import ModelConfig, build_model
+from toolgym.agents.model import build_model
+from toolgym.agents.model_config import ModelConfig
 from toolgym.agents.types import SamplingParams
 
 

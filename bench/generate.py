@@ -47,7 +47,8 @@ from _common import format_table, machine_summary, matmul_peak_flops, time_repea
 
 from toolgym.agents.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from toolgym.agents.engine import TorchEngine
-from toolgym.agents.model import ModelConfig, build_model
+from toolgym.agents.model import build_model
+from toolgym.agents.model_config import ModelConfig
 from toolgym.agents.types import SamplingParams
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

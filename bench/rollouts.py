@@ -36,7 +36,8 @@ import torch
 
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.engine import TorchEngine
-from toolgym.agents.model import ModelConfig, Transformer
+from toolgym.agents.model import Transformer
+from toolgym.agents.model_config import ModelConfig
 from toolgym.agents.tokenizer import load_tokenizer
 from toolgym.agents.types import SamplingParams
 from toolgym.configs.cli import DEFAULT_TOKENIZER

@@ -16,7 +16,8 @@ import torch
 
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.checkpoint import load_hf_checkpoint, save_hf_checkpoint
-from toolgym.agents.model import NAMED_CONFIGS, ModelConfig, Transformer, build_model
+from toolgym.agents.model import Transformer, build_model
+from toolgym.agents.model_config import NAMED_CONFIGS, ModelConfig
 from toolgym.agents.policy import Policy
 from toolgym.agents.tokenizer import load_tokenizer
 from toolgym.trainers.config import TrainerConfig

@@ -256,7 +256,7 @@ def check_environment(config: Config, world_size: int = 1) -> None:
                 "model.path", f"{config.model.path} is not a Hugging Face directory (no config.json)"
             )
     else:
-        from toolgym.agents.model import NAMED_CONFIGS, ModelConfig
+        from toolgym.agents.model_config import NAMED_CONFIGS, ModelConfig
 
         if config.model.name not in NAMED_CONFIGS:
             raise ConfigError(

@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 
 from toolgym.agents.checkpoint import hf_named_tensors, load_hf_checkpoint, save_hf_checkpoint
-from toolgym.agents.model import ModelConfig, build_model
+from toolgym.agents.model import build_model
+from toolgym.agents.model_config import ModelConfig
 
 transformers = pytest.importorskip("transformers")
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from toolgym.agents.checkpoint import save_hf_checkpoint
-from toolgym.agents.model import NAMED_CONFIGS, ModelConfig, Transformer, build_model, causal_lm_logprobs
+from toolgym.agents.model import Transformer, build_model, causal_lm_logprobs
+from toolgym.agents.model_config import NAMED_CONFIGS, ModelConfig
 
 transformers = pytest.importorskip("transformers")
 

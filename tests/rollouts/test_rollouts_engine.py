@@ -6,7 +6,8 @@ from rollouts_fakes import TextPolicy
 
 from toolgym.agents.engine import TorchEngine
 from toolgym.agents.errors import ContextOverflowError
-from toolgym.agents.model import NAMED_CONFIGS, ModelConfig, Transformer
+from toolgym.agents.model import Transformer
+from toolgym.agents.model_config import NAMED_CONFIGS, ModelConfig
 from toolgym.rollouts.episodes import trajectory_to_episode
 from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
 from toolgym.rollouts.types import StopReason

@@ -35,7 +35,6 @@ import concurrent.futures
 import copy
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -48,7 +47,7 @@ from .decode_graphs import DecodeGraphs
 from .errors import ContextOverflowError, checked_prompt
 from .kv_cache import KeyLayout, KVCache
 from .model import Transformer
-from .packed_linear import pack_model, packing_available, repack
+from .packed_linear import pack_model, repack, resolve_packing
 from .prefill import Prefiller, padded_chunks
 from .sampling import sample_tokens, seed_to_u64
 from .slots import Request, Sample, Slots
@@ -137,20 +136,7 @@ class TorchEngine:
         self.max_batch_size, self.max_prefill_tokens = max_batch_size, max_prefill_tokens
         self.continuous_batching = continuous_batching
         self.device, self.dtype = device, dtype
-        available = packing_available(device, dtype)
-        if pack_weights and not available:
-            raise ValueError(
-                f"pack_weights=True: oneDNN packed linears are not available for {dtype} on {device} "
-                "(bf16/fp16 need AVX-512 or AVX-NE-CONVERT); pass pack_weights=None to pick automatically"
-            )
-        if device.type == "cpu" and dtype != torch.float32 and not available:
-            # Not an error (it works), but a 6-75x slower matmul is worth a line (bench/RESULTS.md).
-            warnings.warn(
-                f"TorchEngine: {dtype} matmuls on this CPU have no fast kernels (no AVX-512 BF16/FP16, "
-                "AMX or AVX-NE-CONVERT) and run several times slower than float32; use float32 here",
-                stacklevel=2,
-            )
-        self.packed = available if pack_weights is None else pack_weights
+        self.packed = resolve_packing(device, dtype, pack_weights)
         if self.packed:
             pack_model(self.model, batch_hint=max_batch_size)
         self.policy_version = policy_version

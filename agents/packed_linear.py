@@ -12,6 +12,8 @@ modules hold the very same `weight`/`bias` Parameters under the same names.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,6 +34,25 @@ def packing_available(device: torch.device, dtype: torch.dtype = torch.float32) 
     if dtype == torch.float16:
         return bool(ops._is_mkldnn_fp16_supported())
     return dtype == torch.float32
+
+
+def resolve_packing(device: torch.device, dtype: torch.dtype, requested: bool | None) -> bool:
+    """The engine's `pack_weights` decision: None picks packing where it is available; True where
+    it is not is an error. Either way, a CPU dtype without fast kernels gets a warning (it works,
+    but its matmuls run 6-75x slower than float32 there: bench/RESULTS.md)."""
+    available = packing_available(device, dtype)
+    if requested and not available:
+        raise ValueError(
+            f"pack_weights=True: oneDNN packed linears are not available for {dtype} on {device} "
+            "(bf16/fp16 need AVX-512 or AVX-NE-CONVERT); pass pack_weights=None to pick automatically"
+        )
+    if device.type == "cpu" and dtype != torch.float32 and not available:
+        warnings.warn(
+            f"TorchEngine: {dtype} matmuls on this CPU have no fast kernels (no AVX-512 BF16/FP16, "
+            "AMX or AVX-NE-CONVERT) and run several times slower than float32; use float32 here",
+            stacklevel=3,
+        )
+    return available if requested is None else requested
 
 
 def _pack(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
@@ -95,4 +116,4 @@ def reference_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return F.linear(F.silu(gate) * F.linear(x, mlp.up_proj.weight), mlp.down_proj.weight)
 
 
-__all__ = ["PackedLinear", "PackedMLP", "pack_model", "packing_available", "repack"]
+__all__ = ["PackedLinear", "PackedMLP", "pack_model", "packing_available", "repack", "resolve_packing"]

@@ -374,6 +374,7 @@ def test_packing_follows_what_the_cpu_supports_per_dtype(model) -> None:
             pass
     slow = [w for w in caught if "no fast kernels" in str(w.message)]
     assert len(slow) == (0 if bf16_ok else 1)
+    assert all(w.filename == __file__ for w in slow)  # points at the line that built the engine
     if not bf16_ok:
         with pytest.raises(ValueError, match=r"not available for torch\.bfloat16"):
             TorchEngine(model, max_batch_size=2, max_seq_len=32, dtype=torch.bfloat16, pack_weights=True)

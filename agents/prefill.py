@@ -53,6 +53,14 @@ def padded_chunks(
     return chunks
 
 
+def _right_padded(token_lists: Sequence[Sequence[int]]) -> np.ndarray:
+    """[len(token_lists), longest] int64 ids, zero-padded on the right (the padding is masked)."""
+    ids = np.zeros((len(token_lists), max(map(len, token_lists))), np.int64)
+    for i, tokens in enumerate(token_lists):
+        ids[i, : len(tokens)] = tokens
+    return ids
+
+
 class Prefiller:
     """Runs the engine's prefills into `cache` (see the module doc); owns the kept prefix."""
 
@@ -82,9 +90,7 @@ class Prefiller:
             self.cache.unpark(start, first_slot + i, length)
             self.history.release(start)
         own = [len(p) - length for p, length in zip(prompts, lengths, strict=True)]
-        ids = np.zeros((len(prompts), max(own)), np.int64)
-        for i, (prompt, length) in enumerate(zip(prompts, lengths, strict=True)):
-            ids[i, : own[i]] = prompt[length:]
+        ids = _right_padded([prompt[length:] for prompt, length in zip(prompts, lengths, strict=True)])
         last = torch.tensor([n - 1 for n in own], device=self.device)
         rope = self.cache.start_continue(first_slot, lengths, own)
         hidden = self.model.model(
@@ -98,9 +104,7 @@ class Prefiller:
         recomputed thanks to a shared or kept prefix)."""
         lengths = [len(p) for p in prompts]
         width, rows, slots = max(lengths), len(prompts), sum(counts)
-        ids = np.zeros((rows, width), np.int64)
-        for i, prompt in enumerate(prompts):
-            ids[i, : lengths[i]] = prompt
+        ids = _right_padded(prompts)
         source_rows = None
         if any(c != 1 for c in counts):
             source_rows = torch.repeat_interleave(torch.arange(rows), torch.tensor(counts)).to(self.device)

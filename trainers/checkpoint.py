@@ -132,8 +132,15 @@ class CheckpointManager:
             tmp.mkdir()
         barrier()
 
+        # get_state_dict fills an optimizer that has no state yet with a zero-gradient lr-0 step
+        # (AdamW step 1, zero moments): the first real update would then be bias-corrected as the
+        # second. So a checkpoint taken before any update leaves the optimizer as it found it, and
+        # says so, for `load` to do the same.
+        optimizer_fresh = not trainer.optimizer.state
         model_state, optim_state = get_state_dict(trainer.model, trainer.optimizer)
         dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp / "dcp"))
+        if optimizer_fresh:
+            trainer.optimizer.state.clear()
         local = {
             "step": trainer.step,
             "skipped_steps": trainer.skipped_steps,
@@ -151,6 +158,7 @@ class CheckpointManager:
                 "step": trainer.step,
                 "world_size": trainer.dist.world_size,
                 "data_position": data_position or {},
+                "optimizer_fresh": optimizer_fresh,
             }
             _write_atomic(tmp / "meta.json", json.dumps(meta, indent=2))
             for file in (tmp / "dcp").iterdir():
@@ -187,6 +195,8 @@ class CheckpointManager:
         set_state_dict(
             trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
+        if meta.get("optimizer_fresh"):  # saved before any update: no state, as then (see `save`)
+            trainer.optimizer.state.clear()
         rank_file = path / f"rank{trainer.dist.rank}.pt"
         if not rank_file.is_file():  # more ranks than when saved: rank 0's step/schedule, its RNG too
             rank_file = path / "rank0.pt"

@@ -67,6 +67,28 @@ def test_kill_and_resume_equals_uninterrupted_run(tmp_path):
         assert torch.equal(value, expected_params[name]), name
 
 
+def test_a_checkpoint_before_the_first_update_changes_nothing(tmp_path):
+    """Ctrl-C during the first rollout saves before any update: neither the live run nor a resume
+    from that checkpoint may train differently from a run that never saved."""
+    straight = _trainer()
+    expected_metrics = _train(straight, range(3))
+    expected_params = full_params(straight.model)
+    del straight
+
+    saved = _trainer()
+    manager = CheckpointManager(tmp_path / "ckpt")
+    manager.save(saved, data_position={"next_step": 0})
+    assert not saved.optimizer.state  # as before the save
+    assert _train(saved, range(3)) == expected_metrics
+    assert all(torch.equal(v, expected_params[k]) for k, v in full_params(saved.model).items())
+
+    resumed = _trainer(seed=123)
+    assert manager.load(resumed) == {"next_step": 0}
+    assert not resumed.optimizer.state
+    assert _train(resumed, range(3)) == expected_metrics
+    assert all(torch.equal(v, expected_params[k]) for k, v in full_params(resumed.model).items())
+
+
 def test_crash_during_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
     trainer = _trainer()
     _train(trainer, range(1))

@@ -89,6 +89,15 @@ class BatchConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"BatchConfig.groups_per_batch must be >= 1, got {self.groups_per_batch}")
         if self.max_extra_rounds < 0:
             raise ValueError(f"BatchConfig.max_extra_rounds must be >= 0, got {self.max_extra_rounds}")
+        # None means "the default"; a number below 1 would otherwise be taken as given: a negative
+        # round size rewinds the seed stream, and max_seq_len <= 0 drops every episode.
+        for name in ("max_groups_per_round", "max_seq_len"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"BatchConfig.{name} must be >= 1 (or unset), got {value}")
+        eps = self.advantage.eps
+        if not (eps >= 0 and math.isfinite(eps)):  # std + eps must not be 0 or nan
+            raise ValueError(f"BatchConfig.advantage.eps must be a finite number >= 0, got {eps}")
 
 
 class RolloutBatch(msgspec.Struct):

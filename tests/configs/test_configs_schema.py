@@ -209,6 +209,10 @@ def test_model_path_wins_over_the_named_config(tmp_path):
         (["env.kwargs={tier='deep'}"], "config error: env: cannot make env"),
         (["model.name=huge"], "config error: model.name: unknown named config 'huge'"),
         (["batch.groups_per_batch=0"], "config error: batch: BatchConfig.groups_per_batch must be >= 1"),
+        (
+            ["batch.max_groups_per_round=-2"],
+            "config error: batch: BatchConfig.max_groups_per_round must be >= 1 (or unset), got -2",
+        ),
         (["agent.history_capacity=-2"], "config error: agent: agent.history_capacity must be -1"),
         (
             ["sft.source=recording", "sft.recording=/no/such.jsonl"],

@@ -119,3 +119,27 @@ def test_sequence_limit_is_applied(renderer):
     config = BatchConfig(groups_per_batch=1, max_seq_len=10)
     batch = collect_batch_sync(runner(MixedPolicy(renderer), renderer), TaskSeedStream(), config)
     assert batch.episodes == [] and batch.metrics["episodes/dropped_overlong"] == 2.0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"groups_per_batch": 0}, "groups_per_batch"),
+        ({"max_extra_rounds": -1}, "max_extra_rounds"),
+        ({"max_groups_per_round": -2}, "max_groups_per_round"),  # rewound the seed stream
+        ({"max_groups_per_round": 0}, "max_groups_per_round"),  # silently meant the default
+        ({"max_seq_len": 0}, "max_seq_len"),  # dropped every episode
+        ({"max_seq_len": -5}, "max_seq_len"),
+        ({"advantage": AdvantageConfig(eps=-1e-6)}, "advantage.eps"),
+        ({"advantage": AdvantageConfig(eps=float("nan"))}, "advantage.eps"),
+    ],
+)
+def test_batch_config_rejects_values_that_cannot_work(kwargs, field):
+    with pytest.raises(ValueError, match=rf"^BatchConfig\.{field} must be"):
+        BatchConfig(**kwargs)
+
+
+def test_batch_config_keeps_none_as_the_default():
+    config = BatchConfig(max_groups_per_round=None, max_seq_len=None, advantage=AdvantageConfig(eps=0.0))
+    assert config.max_groups_per_round is None and config.max_seq_len is None
+    assert BatchConfig(max_groups_per_round=1).max_groups_per_round == 1

@@ -5,7 +5,8 @@ The action grammar (what `ToolEnv` understands), in the order it is checked:
 1. `[ANSWER] <int>`: a tagged final answer. The tag is case-insensitive, may be followed by `:`
    or `=`, and the integer may be negative (`[ANSWER] -12`). The FIRST tag in the action counts.
    A tag with no integer right after it (`[ANSWER]`, `[ANSWER] -`, `[ANSWER] ten`) is a
-   malformed answer.
+   malformed answer. A bracket right after a tool NAME is a call's, not a tag: `LOOKUP[answer]`
+   is a call with the argument `answer`.
 2. `NAME[arg]`: a tool call. NAME is an identifier matched case-insensitively against the tools;
    nothing may stand between NAME and `[`; the argument may not contain brackets or a newline;
    surrounding whitespace and one pair of matching quotes are stripped (`lookup[ 'apple' ]` is
@@ -22,6 +23,7 @@ Only the first `max_chars` characters of an action are parsed.
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final, NamedTuple
@@ -31,6 +33,7 @@ _CALL_RE: Final = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_]*)\[([^\[\
 _ANSWER_TAG_RE: Final = re.compile(r"\[\s*answer\s*\]", re.IGNORECASE)
 _ANSWER_INT_RE: Final = re.compile(r"\s*[:=]?\s*(-?)([0-9]+)")
 _INT_RE: Final = re.compile(r"(?<![0-9])(-?)([0-9]+)")
+_IDENTIFIER_CHARS: Final = frozenset(string.ascii_letters + string.digits + "_")
 
 # Answers are compared as ints; anything longer cannot equal a task's answer (and Python refuses
 # int() on strings over 4300 digits), so longer digit strings are kept as "unrepresentable".
@@ -143,10 +146,26 @@ def near_miss_pattern(tool_names: Iterable[str]) -> re.Pattern[str] | None:
     return re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(names) + r")\s*[\[(]", re.IGNORECASE)
 
 
+def _answer_tag(text: str) -> re.Match[str] | None:
+    """The first `[ANSWER]` tag whose bracket does not open a tool call's argument.
+
+    The bracket is a call's when a NAME that `_CALL_RE` would match ends right before it: a run of
+    identifier characters that does not start with a digit (`42[ANSWER] 42` is still tagged).
+    Each scan stops at the previous non-identifier character, so all scans together are linear.
+    """
+    for tag in _ANSWER_TAG_RE.finditer(text):
+        start = tag.start()
+        while start > 0 and text[start - 1] in _IDENTIFIER_CHARS:
+            start -= 1
+        if start == tag.start() or text[start].isdigit():
+            return tag
+    return None
+
+
 def parse_action(text: str, near_miss: re.Pattern[str] | None, accept_untagged: bool = True) -> ParsedAction:
     """Classify an (already length-capped) action string. Never raises on any `str`."""
     if "[" in text:
-        tag = _ANSWER_TAG_RE.search(text)
+        tag = _answer_tag(text)
         if tag is not None:
             number = _ANSWER_INT_RE.match(text, tag.end())
             if number is None:

@@ -51,6 +51,14 @@ def test_bad_action_gets_error_observation_counter_and_penalty(action, observati
     assert not terminated and not truncated
 
 
+def test_a_call_with_the_argument_answer_is_a_call():
+    env = zorplex()
+    obs, reward, terminated, truncated, info = env.step("LOOKUP[answer]")
+    assert obs == "LOOKUP[answer] = UNKNOWN"
+    assert info["step_errors"] == [] and info["tool_calls"] == 1 and reward == 0.0
+    assert not terminated and not truncated
+
+
 def test_unknown_tool_costs_a_call_and_an_error():
     env = zorplex()
     env.step("LOOKUP[apple]")  # the one needed call

@@ -22,6 +22,12 @@ NEAR_MISS = near_miss_pattern(["LOOKUP", "FETCH"])
         ("lookup['apple'] then FETCH[ ZK_1 ]", "calls", None, [("lookup", "'apple'"), ("FETCH", " ZK_1 ")]),
         ("FOO[bar]", "calls", None, [("FOO", "bar")]),
         ("x[ANSWER 3]", "calls", None, [("x", "ANSWER 3")]),
+        # a call whose argument is the word "answer" is a call, not a malformed answer
+        ("LOOKUP[answer]", "calls", None, [("LOOKUP", "answer")]),
+        ("lookup[ Answer ] FETCH_2[answer]", "calls", None, [("lookup", " Answer "), ("FETCH_2", "answer")]),
+        ("LOOKUP[answer] so [ANSWER] 5", "answer", 5, None),
+        ("it is 42[ANSWER] 42", "answer", 42, None),  # digits are no tool name
+        ("so:[answer] 7", "answer", 7, None),
         ("LOOKUP[", "bad_call", None, None),
         ("LOOKUP (apple)", "bad_call", None, None),
         ("fetch[a\nb]", "bad_call", None, None),

@@ -7,7 +7,8 @@ when the caller says which tokenizer it will decode with, another tokenizer fing
 ids only mean something under the tokenizer that produced them.
 
 Appending to an existing file checks its header first (same schema, tokenizer, env) and cuts a
-torn last line off before writing, so the file stays one header + whole lines.
+torn last line off before writing, so the file stays one header + whole lines. A last line that
+lacks only its newline (it decodes, so the reader keeps it) is kept: the newline is added.
 """
 
 from __future__ import annotations
@@ -130,7 +131,8 @@ class RecordingWriter:
     """Appends Trajectories to a recording, one flushed line each. Use as a context manager.
 
     A new file gets `header`; an existing one must have a compatible header (same schema,
-    tokenizer fingerprint and env id/kwargs), and a torn last line is cut off first.
+    tokenizer fingerprint and env id/kwargs), and a torn last line is cut off first (a last line
+    that lacks only its newline gets it back instead).
     """
 
     def __init__(self, path: str | os.PathLike, header: RecordingHeader):
@@ -155,6 +157,9 @@ class RecordingWriter:
             self._write_line(self._encoder.encode(header))
 
     def _cut_torn_tail(self) -> None:
+        """Make the file end on a newline before appending. A last line that still decodes as a
+        Trajectory (the reader keeps it: only its newline was lost) gets its newline back; one
+        that does not is torn and is cut off."""
         with self.path.open("rb+") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(size - 1)
@@ -174,12 +179,22 @@ class RecordingWriter:
                 f.seek(0, os.SEEK_END)
                 f.write(b"\n")
                 return
-            warnings.warn(
-                f"{self.path}: cutting a torn last line ({size - keep} bytes) before appending",
-                TornLineWarning,
-                stacklevel=3,
-            )
-            f.truncate(keep)
+            f.seek(keep)
+            tail = f.read()
+            if tail.strip():
+                try:
+                    msgspec.json.decode(tail, type=Trajectory)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    warnings.warn(
+                        f"{self.path}: cutting a torn last line ({size - keep} bytes) before appending",
+                        TornLineWarning,
+                        stacklevel=3,
+                    )
+                else:
+                    f.seek(0, os.SEEK_END)
+                    f.write(b"\n")
+                    return
+            f.truncate(keep)  # a torn line, or only whitespace (no record to keep)
 
     def _write_line(self, payload: bytes) -> None:
         self._file.write(payload + b"\n")

@@ -62,6 +62,25 @@ def test_torn_last_line_loses_only_that_line(tmp_path):
     assert read_recording(path)[1] == [trajectory(0), trajectory(1), trajectory(7)]
 
 
+def test_appending_keeps_a_last_line_that_lacks_only_its_newline(tmp_path, recwarn):
+    path = tmp_path / "r.jsonl"
+    with RecordingWriter(path, header()) as writer:
+        writer.write_all(trajectory(s) for s in range(2))
+    path.write_bytes(path.read_bytes()[:-1])  # a whole record, no newline: the reader keeps it
+    assert read_recording(path)[1] == [trajectory(0), trajectory(1)]
+    with RecordingWriter(path, header()) as writer:
+        writer.write(trajectory(7))
+    assert read_recording(path)[1] == [trajectory(0), trajectory(1), trajectory(7)]
+    assert not [w for w in recwarn if issubclass(w.category, TornLineWarning)]
+    assert path.read_bytes().count(b"\n") == 4
+
+    path.write_bytes(path.read_bytes() + b"  ")  # trailing blanks hold no record: dropped quietly
+    with RecordingWriter(path, header()) as writer:
+        writer.write(trajectory(8))
+    assert [t.task_seed for t in read_recording(path)[1]] == [0, 1, 7, 8]
+    assert not [w for w in recwarn if issubclass(w.category, TornLineWarning)]
+
+
 def test_corrupt_middle_line_is_an_error(tmp_path):
     path = tmp_path / "r.jsonl"
     with RecordingWriter(path, header()) as writer:

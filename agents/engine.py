@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from .decode_graphs import DecodeGraphs
-from .errors import ContextOverflowError, checked_prompt
+from .errors import ContextOverflowError, checked_prompt, resolve_future
 from .kv_cache import KeyLayout, KVCache
 from .model import Transformer
 from .packed_linear import pack_model, repack, resolve_packing
@@ -272,7 +272,7 @@ class TorchEngine:
         with self._cv:
             if self._closed:
                 for r in requests:
-                    r.future.set_exception(RuntimeError("TorchEngine is closed"))
+                    resolve_future(r.future, exception=RuntimeError("TorchEngine is closed"))
                 return
             self._incoming.extend(requests)
             self._cv.notify_all()
@@ -323,7 +323,7 @@ class TorchEngine:
         self._fail_all(RuntimeError("TorchEngine is closed"))
         with self._cv:
             for r in self._incoming:
-                r.future.set_exception(RuntimeError("TorchEngine is closed"))
+                resolve_future(r.future, exception=RuntimeError("TorchEngine is closed"))
             self._incoming.clear()
 
     def _fail_all(self, error: BaseException) -> None:
@@ -336,8 +336,7 @@ class TorchEngine:
         # of a prefix: start the kept k/v afresh rather than trust them.
         self._prefiller.forget()
         for r in requests.values():
-            if not r.future.done():
-                r.future.set_exception(error)
+            resolve_future(r.future, exception=error)
 
     def _drop_cancelled(self) -> None:
         if any(r.future.cancelled() for r in self._waiting):
@@ -424,8 +423,13 @@ class TorchEngine:
             self._complete(sample, reason)
 
     def _complete(self, sample: Sample, reason: str) -> None:
+        # The sample has left the slots: if this fails, only its own request can hear of it
+        # (_fail_all no longer sees it, nor the other samples finishing in this step).
         request = sample.request
-        text = self._decode_text(sample.tokens) if self._decode_text is not None else ""
+        try:
+            text = self._decode_text(sample.tokens) if self._decode_text is not None else ""
+        except Exception as error:
+            return resolve_future(request.future, exception=error)
         request.results[sample.index] = Completion(
             tokens=sample.tokens,
             logprobs=sample.logprobs,
@@ -434,8 +438,8 @@ class TorchEngine:
             policy_version=sample.version,
         )
         request.unfinished -= 1
-        if not request.unfinished and not request.future.done():
-            request.future.set_result(request.results)
+        if not request.unfinished:
+            resolve_future(request.future, result=request.results)
 
 
 __all__ = ["ContextOverflowError", "EngineStats", "TorchEngine"]

@@ -1,8 +1,12 @@
-"""Errors a policy backend raises that callers (rollouts) map to outcomes."""
+"""Errors a policy backend raises that callers (rollouts) map to outcomes, and how a backend hands
+a result or an error to a caller's future."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 from collections.abc import Sequence
+from typing import Any
 
 
 class ContextOverflowError(ValueError):
@@ -37,4 +41,16 @@ def checked_prompt(
     return tokens
 
 
-__all__ = ["ContextOverflowError", "checked_prompt"]
+def resolve_future(
+    future: concurrent.futures.Future, result: Any = None, exception: BaseException | None = None
+) -> None:
+    """Complete a caller's future unless it is already done. Never raises: the caller may cancel
+    it (a timeout) from its own thread at any moment, even between a done() check and a set."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+
+
+__all__ = ["ContextOverflowError", "checked_prompt", "resolve_future"]

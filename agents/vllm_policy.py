@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import itertools
 import os
 import tempfile
@@ -41,7 +40,7 @@ import numpy as np
 import torch
 
 from .checkpoint import load_config
-from .errors import checked_prompt
+from .errors import checked_prompt, resolve_future
 from .types import Completion, SamplingParams
 from .vllm_engine import INSTALL_HINT, VLLMConfig, VLLMUnavailableError
 
@@ -192,7 +191,7 @@ class VLLMPolicy:
         with self._cv:
             if self._closed or self._error is not None:
                 for r in requests:
-                    r.future.set_exception(self._closed_error())
+                    resolve_future(r.future, exception=self._closed_error())
                 return
             self._incoming.extend(requests)
             self._cv.notify_all()
@@ -307,14 +306,14 @@ class VLLMPolicy:
             return
         request.unfinished -= 1
         if not request.unfinished:
-            _resolve(request.future, result=request.results)
+            resolve_future(request.future, result=request.results)
 
     def _drop(self, engine: Any, request: _Request, error: BaseException) -> None:
         """Fail one request and abort its samples still in the engine."""
         live = [i for i in request.ids if self._running.pop(i, None) is not None]
         if live:
             engine.abort_request(live)
-        _resolve(request.future, exception=error)
+        resolve_future(request.future, exception=error)
 
     def _abort_cancelled(self, engine: Any) -> None:
         cancelled = [rid for rid, (request, _) in self._running.items() if request.future.cancelled()]
@@ -331,9 +330,9 @@ class VLLMPolicy:
             self._incoming.clear()
             controls, self._controls = self._controls, []
         for r in requests.values():
-            _resolve(r.future, exception=error)
+            resolve_future(r.future, exception=error)
         for _, future in controls:
-            _resolve(future, exception=error)
+            resolve_future(future, exception=error)
 
     def _reload(self, updates: list[tuple[str, torch.Tensor]], version: int) -> None:
         engine = self._engine
@@ -350,17 +349,6 @@ class VLLMPolicy:
         if not engine.reset_prefix_cache():
             raise RuntimeError("vLLM did not reset its prefix cache after the weight update")
         self.policy_version = version
-
-
-def _resolve(
-    future: concurrent.futures.Future, result: Any = None, exception: BaseException | None = None
-) -> None:
-    """Complete a future unless its caller already cancelled it (which may race with us)."""
-    with contextlib.suppress(concurrent.futures.InvalidStateError):
-        if exception is not None:
-            future.set_exception(exception)
-        else:
-            future.set_result(result)
 
 
 def _hf_parameter_shapes(model_config: Any) -> dict[str, tuple[int, ...]]:

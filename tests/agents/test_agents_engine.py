@@ -337,6 +337,49 @@ def test_a_prefill_that_raises_fails_its_requests_and_the_engine_keeps_serving(m
     assert len(completion.tokens) == 3
 
 
+def test_a_completion_that_fails_fails_only_its_request(model) -> None:
+    # Samples that finish in a decode step have left the slots before they are completed: one
+    # failing (here its text decode) must not leave the others finishing with it waiting forever.
+    decoded = []
+
+    def decode(ids):
+        decoded.append(ids)
+        if len(decoded) == 1:
+            raise ValueError("cannot decode")
+        return "ok"
+
+    async def scenario(engine):
+        calls = [  # the first two finish in the same decode step, the third one later
+            engine.generate([[1, 2, 3]], SamplingParams(max_tokens=3, seed=1)),
+            engine.generate([[4, 5, 6]], SamplingParams(max_tokens=3, seed=2)),
+            engine.generate([[7, 8]], SamplingParams(max_tokens=5, seed=3)),
+        ]
+        return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
+
+    with TorchEngine(model, max_batch_size=4, max_seq_len=64, tokenizer=decode) as engine:
+        failed, *served = asyncio.run(scenario(engine))
+        assert isinstance(failed, ValueError) and "cannot decode" in str(failed)
+        assert [c.text for (c,) in served] == ["ok", "ok"]
+        (again,) = engine.generate_sync([[1, 2]], SamplingParams(max_tokens=2, seed=0))
+        assert again.text == "ok"
+
+
+def test_resolving_a_future_the_caller_cancelled_does_not_raise() -> None:
+    import concurrent.futures
+
+    from toolgym.agents.errors import resolve_future
+
+    cancelled = concurrent.futures.Future()
+    assert cancelled.cancel()
+    resolve_future(cancelled, result=[1])
+    resolve_future(cancelled, exception=RuntimeError("late"))
+    assert cancelled.cancelled()
+    done = concurrent.futures.Future()
+    resolve_future(done, result=[1])
+    resolve_future(done, exception=RuntimeError("late"))
+    assert done.result() == [1]
+
+
 def test_cancelled_request_frees_its_slot(model) -> None:
     with TorchEngine(model, max_batch_size=1, max_seq_len=512) as engine:
 

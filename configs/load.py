@@ -4,7 +4,7 @@
     config error: rollout.group_size: expected int, got str
     config error: rollout.gruop_size: unknown key (rollout keys: context_length, ...)
     config error: trainer.loss.name: invalid value 'ppo' (expected one of 'reinforce', ...)
-    config error: batch: BatchConfig.groups_per_batch must be >= 1, got 0
+    config error: batch.groups_per_batch: must be >= 1, got 0
 
 `--set a.b=value` parses value as a TOML value (`3`, `1e-4`, `true`, `"x"`, `[1, 2]`,
 `{tier = "simple"}`) and falls back to the plain string, so `--set env.id=toolgym/SumDigits-v0`
@@ -169,7 +169,20 @@ def validation_error(exc: msgspec.ValidationError) -> ConfigError:
         message = "invalid value" + message.removeprefix("Invalid enum value")
         if choices:
             message += f" (expected one of {', '.join(repr(c) for c in choices)})"
+    else:
+        path, message = _name_the_field(path, parts, message)
     return ConfigError(path, message)
+
+
+def _name_the_field(path: str, parts: list[str], message: str) -> tuple[str, str]:
+    """A section's own check ("RolloutConfig.context_length must be >= 2, got 1" or
+    "agent.max_seq_len must be ...", raised at `rollout` / `agent`) as `rollout.context_length:
+    must be >= 2, got 1`, so that it names the key to change like every other error."""
+    for prefix in (r"[A-Z]\w*", re.escape(path)):
+        match = re.match(rf"(?:{prefix})\.(?P<field>\w+(?:\.\w+)*) (?P<rest>must\b.*)$", message, re.S)
+        if path and match and _type_at([*parts, *match["field"].split(".")]) is not None:
+            return f"{path}.{match['field']}", match["rest"]
+    return path, message
 
 
 def _get(raw: Mapping[str, Any], path: str, kind: type | tuple[type, ...], default: Any) -> Any:

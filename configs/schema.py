@@ -64,8 +64,9 @@ class RunSection(msgspec.Struct, **_STRICT):
     plot: bool = True  # write plots/*.png at the end
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.seed < 0:
-            raise ValueError(f"run.steps and run.seed must be >= 0, got {self.steps}, {self.seed}")
+        for name in ("steps", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"run.{name} must be >= 0, got {getattr(self, name)}")
 
 
 class EnvSection(msgspec.Struct, **_STRICT):
@@ -133,13 +134,36 @@ class RolloutSection(msgspec.Struct, **_STRICT):
     max_concurrent_episodes: int | None = None
 
     def __post_init__(self) -> None:
-        _positive(
-            "rollout",
+        _positive("rollout", max_concurrent_episodes=self.max_concurrent_episodes)
+        # RolloutConfig's own checks, on the very config a run builds, so that a value it refuses
+        # is refused at load time (--print-config included), not after setup or a whole SFT phase.
+        # The other sections check the fields that come from them.
+        self.to_rollout_config(env_id="(from [env])")
+
+    def to_rollout_config(
+        self,
+        env_id: str,
+        env_kwargs: dict[str, Any] | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int = 0,
+    ) -> RolloutConfig:
+        return RolloutConfig(
+            env_id=env_id,
+            env_kwargs=dict(env_kwargs or {}),
             group_size=self.group_size,
             max_turns=self.max_turns,
             max_tokens_per_turn=self.max_tokens_per_turn,
             max_tokens_per_episode=self.max_tokens_per_episode,
+            context_length=self.context_length,
+            episode_timeout_s=self.episode_timeout_s,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            observation_role=self.observation_role,
             max_concurrent_episodes=self.max_concurrent_episodes,
+            seed=seed,
         )
 
 
@@ -242,20 +266,11 @@ class Config(msgspec.Struct, **_STRICT):
             )
 
     def rollout_config(self, env_kwargs: dict[str, Any] | None = None) -> RolloutConfig:
-        r = self.rollout
-        return RolloutConfig(
+        return self.rollout.to_rollout_config(
             env_id=self.env.id,
-            env_kwargs=dict(self.env.kwargs if env_kwargs is None else env_kwargs),
-            group_size=r.group_size,
-            max_turns=r.max_turns,
-            max_tokens_per_turn=r.max_tokens_per_turn,
-            max_tokens_per_episode=r.max_tokens_per_episode,
-            context_length=r.context_length,
-            episode_timeout_s=r.episode_timeout_s,
+            env_kwargs=self.env.kwargs if env_kwargs is None else env_kwargs,
             temperature=self.agent.temperature,
             top_p=self.agent.top_p,
             top_k=self.agent.top_k,
-            observation_role=r.observation_role,
-            max_concurrent_episodes=r.max_concurrent_episodes,
             seed=self.run.seed,
         )

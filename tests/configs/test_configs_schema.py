@@ -123,11 +123,15 @@ def test_errors_are_one_line_naming_the_field():
     )
     # a component's own validation, as one line with the section named
     assert error_of({"batch": {"groups_per_batch": 0}}) == (
-        "config error: batch: BatchConfig.groups_per_batch must be >= 1, got 0"
+        "config error: batch.groups_per_batch: must be >= 1, got 0"
     )
     assert error_of({"sft": {"oracle": {"p_omit_tag": 1.5}}}).startswith(
-        "config error: sft.oracle: OracleConfig.p_omit_tag"
+        "config error: sft.oracle.p_omit_tag: must be"
     )
+    assert error_of({"batch": {"advantage": {"eps": -1.0}}}).startswith(
+        "config error: batch.advantage.eps: must be"
+    )
+    assert error_of({"run": {"seed": -1}}) == "config error: run.seed: must be >= 0, got -1"
     assert error_of({"agent": {"temperature": 0.7}, "trainer": {"temperature": 1.0}}).startswith(
         "config error: trainer.temperature (1.0) must equal agent.temperature (0.7)"
     )
@@ -158,6 +162,34 @@ def test_components_get_their_configs():
     assert config.batch.advantage.estimator is AdvantageEstimator.GRPO
     assert config.eval.to_eval_config().num_tasks == config.eval.num_tasks
     assert isinstance(Config(), Config)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("context_length", 1, "config error: rollout.context_length: must be >= 2, got 1"),
+        ("episode_timeout_s", 0.0, "config error: rollout.episode_timeout_s: must be > 0, got 0.0"),
+        ("episode_timeout_s", -1.0, "config error: rollout.episode_timeout_s: must be > 0, got -1.0"),
+        ("max_turns", 0, "config error: rollout.max_turns: must be >= 1, got 0"),
+        ("max_concurrent_episodes", 0, "config error: rollout.max_concurrent_episodes: must be >= 1, got 0"),
+    ],
+)
+def test_rollout_section_refuses_at_load_time_what_the_rollout_config_would_refuse(
+    key, value, message, capsys
+):
+    assert error_of({"rollout": {key: value}}) == message
+    # --print-config checks it too: nothing is printed, exit 2 (it used to fail after setup)
+    assert main(["train", "sum_digits_tiny", "--set", f"rollout.{key}={value}", "--print-config"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == message
+
+
+def test_the_rollout_config_a_run_builds_is_the_one_validated():
+    config = config_from_dict({"rollout": {"context_length": 2, "episode_timeout_s": 0.5}})
+    rollout = config.rollout_config({"tier": "simple"})
+    assert rollout.context_length == 2 and rollout.episode_timeout_s == 0.5
+    assert rollout.env_id == config.env.id and rollout.env_kwargs == {"tier": "simple"}
+    assert config.rollout_config().env_kwargs == config.env.kwargs
 
 
 @pytest.mark.parametrize("cuda_graphs", [True, False])
@@ -208,12 +240,14 @@ def test_model_path_wins_over_the_named_config(tmp_path):
         (["env.id=toolgym/Nope-v0"], "config error: env: cannot make env 'toolgym/Nope-v0'"),
         (["env.kwargs={tier='deep'}"], "config error: env: cannot make env"),
         (["model.name=huge"], "config error: model.name: unknown named config 'huge'"),
-        (["batch.groups_per_batch=0"], "config error: batch: BatchConfig.groups_per_batch must be >= 1"),
+        (["batch.groups_per_batch=0"], "config error: batch.groups_per_batch: must be >= 1"),
         (
             ["batch.max_groups_per_round=-2"],
-            "config error: batch: BatchConfig.max_groups_per_round must be >= 1 (or unset), got -2",
+            "config error: batch.max_groups_per_round: must be >= 1 (or unset), got -2",
         ),
-        (["agent.history_capacity=-2"], "config error: agent: agent.history_capacity must be -1"),
+        (["agent.history_capacity=-2"], "config error: agent.history_capacity: must be -1"),
+        (["rollout.context_length=1"], "config error: rollout.context_length: must be >= 2, got 1"),
+        (["rollout.episode_timeout_s=0"], "config error: rollout.episode_timeout_s: must be > 0, got 0"),
         (
             ["sft.source=recording", "sft.recording=/no/such.jsonl"],
             "config error: sft.recording: no such file",

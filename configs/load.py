@@ -7,8 +7,8 @@
     config error: batch.groups_per_batch: must be >= 1, got 0
 
 `--set a.b=value` parses value as a TOML value (`3`, `1e-4`, `true`, `"x"`, `[1, 2]`,
-`{tier = "simple"}`) and falls back to the plain string, so `--set env.id=toolgym/SumDigits-v0`
-works unquoted.
+`{tier = "simple"}`), then as a Python float (`.001`, `1.`), and falls back to the plain string,
+so `--set env.id=toolgym/SumDigits-v0` works unquoted. A nan or inf anywhere is refused.
 
 Derived defaults (filled only when the key is absent): trainer.temperature = agent.temperature,
 trainer.optimizer.total_steps = run.steps, sft.optimizer.total_steps = sft.steps,
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import math
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -79,7 +80,14 @@ def parse_value(text: str) -> Any:
     try:
         return tomllib.loads(f"value = {text}")["value"]
     except tomllib.TOMLDecodeError:
+        pass
+    # TOML wants digits on both sides of the point; `.001` and `1.` are numbers on a command line.
+    # (nan and inf are TOML already, and refused by config_from_dict.)
+    try:
+        number = float(text)
+    except ValueError:
         return text
+    return number if math.isfinite(number) else text
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -214,9 +222,21 @@ def _fill_derived(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def check_finite(raw: Any, where: str = "") -> None:
+    """No nan or inf anywhere: no setting means either (TOML has no null to say "no limit"), and
+    a nan slips through every `x <= 0` check downstream."""
+    items = raw.items() if isinstance(raw, Mapping) else enumerate(raw) if isinstance(raw, list) else ()
+    for key, value in items:
+        path = f"{where}.{key}" if isinstance(key, str) and where else where or str(key)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(path, f"must be a finite number, got {value}")
+        check_finite(value, path)
+
+
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Check and convert a config dict (derived defaults filled in). Raises ConfigError."""
     check_unknown_keys(raw)
+    check_finite(raw)
     try:
         return msgspec.convert(_fill_derived(raw), Config)
     except msgspec.ValidationError as exc:

@@ -82,6 +82,32 @@ def test_parse_value_is_toml_with_a_string_fallback():
     assert parse_value("toolgym/SumDigits-v0") == "toolgym/SumDigits-v0"
 
 
+def test_parse_value_takes_floats_toml_refuses_but_not_non_finite_ones():
+    # TOML needs digits on both sides of the point; these used to stay strings ("expected float")
+    assert parse_value(".001") == 0.001 and parse_value("1.") == 1.0 and parse_value("-.5e-3") == -5e-4
+    assert parse_value("NaN") == "NaN" and parse_value("Infinity") == "Infinity"
+    config, _ = load_config("zorplex_tiny", ["trainer.optimizer.lr=.001", "sft.optimizer.lr=1."])
+    assert config.trainer.optimizer.lr == 0.001 and config.sft.optimizer.lr == 1.0
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("trainer.optimizer.lr=nan", "config error: trainer.optimizer.lr: must be a finite number, got nan"),
+        ("trainer.optimizer.lr=inf", "config error: trainer.optimizer.lr: must be a finite number, got inf"),
+        ("agent.top_p=-inf", "config error: agent.top_p: must be a finite number, got -inf"),
+        ("trainer.optimizer.betas=[0.9, nan]", "config error: trainer.optimizer.betas: must be a finite"),
+        ("rollout.episode_timeout_s=nan", "config error: rollout.episode_timeout_s: must be a finite"),
+        ("env.kwargs={tier='simple', x=nan}", "config error: env.kwargs.x: must be a finite number"),
+    ],
+)
+def test_non_finite_numbers_are_refused_at_load_time(override, message, capsys):
+    # `nan <= 0` is False: a nan learning rate passed every check and trained on nan
+    assert main(["train", "zorplex_tiny", "--set", override, "--print-config"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(message) and len(err.strip().splitlines()) == 1
+
+
 def test_overrides_set_nested_keys_and_keep_the_rest():
     raw = {"rollout": {"group_size": 8, "max_turns": 4}}
     out = apply_overrides(
@@ -121,7 +147,7 @@ def test_errors_are_one_line_naming_the_field():
     assert error_of({"trainer": {"optimizer": {"lr": [1]}}}) == (
         "config error: trainer.optimizer.lr: expected float, got array"
     )
-    # a component's own validation, as one line with the section named
+    # a component's own validation, as one line naming the key
     assert error_of({"batch": {"groups_per_batch": 0}}) == (
         "config error: batch.groups_per_batch: must be >= 1, got 0"
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,19 +22,41 @@ from tqdm import tqdm
 from .schema import LoggingSection
 
 
+class MetricsWarning(UserWarning):
+    """Lines of a metrics.jsonl that are not records were skipped."""
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Every whole record of a metrics.jsonl (a torn last line is skipped)."""
-    records = []
+    """Every whole record of a metrics.jsonl: a JSON object with an integer "step". A torn last
+    line (a crash mid-write) is skipped silently; any other line that is not a record is skipped
+    with one MetricsWarning naming the lines (plot and --resume index records by step)."""
+    records: list[dict[str, Any]] = []
     path = Path(path)
     if not path.is_file():
         return records
-    for line in path.read_text().splitlines():
+    lines = path.read_text().splitlines()
+    skipped = []
+    for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
-            continue  # a crash mid-write tears at most the last line
+            if lineno < len(lines):
+                skipped.append(lineno)
+            continue
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool):
+            records.append(record)
+        else:
+            skipped.append(lineno)
+    if skipped:
+        warnings.warn(
+            f"{path}: skipped line{'s' if len(skipped) > 1 else ''} {', '.join(map(str, skipped))}: "
+            'not a metrics record (a JSON object with an integer "step")',
+            MetricsWarning,
+            stacklevel=2,
+        )
     return records
 
 

@@ -34,3 +34,14 @@ def test_plot_writes_pngs_from_a_metrics_file(tmp_path, capsys):
     for p in written:
         assert Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert main(["plot", str(tmp_path / "nope")]) == 2
+
+
+def test_plot_skips_lines_that_are_not_records(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lines = ["42", "[1, 2]", '{"kind": "train", "step": null, "rollout/reward_mean": 1.0}']
+    lines += [json.dumps({"kind": "train", "step": s, "rollout/reward_mean": 0.1 * s}) for s in (1, 2)]
+    (run_dir / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
+    with pytest.warns(UserWarning, match="skipped lines 1, 2, 3"):
+        assert main(["plot", str(run_dir), "--out", str(tmp_path / "plots")]) == 0
+    assert {Path(p).name for p in capsys.readouterr().out.split()} == PNGS

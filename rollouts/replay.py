@@ -9,7 +9,8 @@ components.
 Verification re-runs each episode's actions in a fresh env made from the recorded id and
 kwargs, reset with the recorded task seed, and reports every observation, reward or end flag
 that differs. Actions the runner never gave the env (a turn cut by a token limit, or one the env
-raised on) are handled as the runner handled them.
+raised on or answered with an output the runner could not use) are handled as the runner handled
+them: the env is stepped through the runner's own checks (`step_env`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from toolgym.agents.chat import ChatRenderer
 from .advantages import AdvantageConfig, batch_advantages
 from .episodes import INFRA_STOP_REASONS, EpisodeStats, OverlongEpisodeRule, build_episodes, sampled_length
 from .metrics import batch_metrics
+from .runner import reset_env, step_env
 from .types import Episode, StopReason, Trajectory
 
 SAMPLED_OPEN, SAMPLED_CLOSE = "⟦", "⟧"
@@ -107,7 +109,7 @@ def verify_trajectory(trajectory: Trajectory) -> list[str]:
     t, problems = trajectory, []
     try:
         env = gymnasium.make(t.env_id, **t.env_kwargs)
-        observation, info = env.reset(seed=t.task_seed)
+        observation, _, system_prompt = reset_env(env, t.task_seed)
     except Exception as exc:
         if t.stop_reason == StopReason.ENV_ERROR and not t.transitions:
             return []  # it failed at reset when recorded, and still does
@@ -115,14 +117,14 @@ def verify_trajectory(trajectory: Trajectory) -> list[str]:
     try:
         if t.transitions and observation != t.transitions[0].observation:
             problems.append(f"reset observation differs: {observation!r} != {t.transitions[0].observation!r}")
-        if str(info.get("system_prompt", "")) != t.system_prompt:
+        if system_prompt != t.system_prompt:
             problems.append("system prompt differs")
         for i, transition in enumerate(t.transitions):
             if not _was_stepped(t, i):
                 break
             recorded_error = _raised_when_recorded(t, i)
             try:
-                observation, reward, terminated, truncated, _ = env.step(transition.action.text)
+                observation, reward, terminated, truncated, _ = step_env(env, transition.action.text)
             except Exception as exc:
                 if not recorded_error:
                     problems.append(f"turn {i}: step raised {type(exc).__name__}: {exc}")

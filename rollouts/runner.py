@@ -17,10 +17,16 @@ Limits, each ending the episode with its StopReason (checked in this order every
 The env's `info["end_reason"]` (answered, no_tool_call, max_turns, parse_error) becomes the
 StopReason when the env ends the episode.
 
-Fault isolation: an env that raises in make/reset/step (or its oracle, for a scripted policy)
-ends that episode with ENV_ERROR; a generation error or an aborted generation ends it with
-TIMEOUT (the engine's ContextOverflowError, if raised, with CONTEXT_OVERFLOW). The episode keeps
-what it had, `Trajectory.error` holds "ExceptionType: message", and the rest go on.
+Fault isolation: an env that raises in make/reset/step (or its oracle, for a scripted policy),
+or returns what the runner cannot use (`reset_env`/`step_env` check it: an observation or system
+prompt that is not encodable text, a reward that is not a number, an info that is not a dict,
+reward_components that are not name -> number), ends that episode with ENV_ERROR, as does a
+prompt or observation the renderer cannot encode; a generation error or an aborted generation
+ends it with TIMEOUT (the engine's ContextOverflowError, if raised, with CONTEXT_OVERFLOW). The
+episode keeps what it had, `Trajectory.error` holds "ExceptionType: message" (EnvOutputError for
+an unusable env output: "EnvOutputError: reward must be a number, got None"), and the
+rest go on. A step that raised or returned an unusable output is recorded with reward 0 and info
+`{"error": ...}`.
 
 Concurrency: all episodes of a call run as asyncio tasks, so their `generate` calls arrive
 together and the engine micro-batches them. Env steps are fast Python and run inline.
@@ -33,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import gymnasium
@@ -98,6 +104,77 @@ def sampling_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, np.uint32)[0] >> 1)
 
 
+class EnvOutputError(ValueError):
+    """An env returned something the runner cannot use; it ends only that episode (ENV_ERROR)."""
+
+
+def _check_text(what: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise EnvOutputError(f"{what} must be a str, got {type(value).__name__} {value!r:.80}")
+    try:  # a lone surrogate (text decoded with errors="surrogateescape") has no UTF-8 bytes
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise EnvOutputError(
+            f"{what} is not encodable text ({exc.reason} at index {exc.start}): {value!r:.80}"
+        ) from None
+    return value
+
+
+def _check_number(what: str, value: Any) -> float:
+    try:
+        if isinstance(value, str | bytes):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        raise EnvOutputError(f"{what} must be a number, got {value!r:.80}") from None
+
+
+def _check_flag(what: str, value: Any) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise EnvOutputError(f"{what} must be a bool, got {type(value).__name__} {value!r:.80}")
+    return bool(value)
+
+
+def _check_info(what: str, info: Any) -> dict[str, Any]:
+    if not isinstance(info, Mapping):
+        raise EnvOutputError(f"{what} must be a dict, got {type(info).__name__} {info!r:.80}")
+    info = dict(info)
+    if "reward_components" in info:
+        components = info["reward_components"]
+        if not isinstance(components, Mapping) or not all(isinstance(k, str) for k in components):
+            raise EnvOutputError(
+                f"info['reward_components'] must map names to numbers, got {components!r:.80}"
+            )
+        info["reward_components"] = {
+            name: _check_number(f"info['reward_components'][{name!r}]", v) for name, v in components.items()
+        }
+    return info
+
+
+def reset_env(env: gymnasium.Env, seed: int) -> tuple[str, dict[str, Any], str]:
+    """`env.reset(seed=seed)`, its outputs checked: (observation, info, system prompt).
+
+    Raises what the env raises, or EnvOutputError naming the output the runner cannot use."""
+    observation, info = env.reset(seed=seed)
+    info = _check_info("reset info", info)
+    system_prompt = info.get("system_prompt")
+    system_prompt = "" if system_prompt is None else _check_text("info['system_prompt']", system_prompt)
+    return _check_text("reset observation", observation), info, system_prompt
+
+
+def step_env(env: gymnasium.Env, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    """`env.step(action)`, its outputs checked and converted (info["reward_components"] to
+    name -> float). Raises what the env raises, or EnvOutputError naming the unusable output."""
+    observation, reward, terminated, truncated, info = env.step(action)
+    return (
+        _check_text("observation", observation),
+        _check_number("reward", reward),
+        _check_flag("terminated", terminated),
+        _check_flag("truncated", truncated),
+        _check_info("info", info),
+    )
+
+
 def _end_reason(info: dict[str, Any], terminated: bool) -> StopReason:
     try:
         return StopReason(info.get("end_reason"))
@@ -107,6 +184,13 @@ def _end_reason(info: dict[str, Any], terminated: bool) -> StopReason:
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def _render(render: Callable[..., list[int]], *args: Any) -> list[int]:
+    try:
+        return render(*args)
+    except Exception as exc:
+        raise EnvOutputError(f"the renderer cannot encode the env's text ({_describe(exc)})") from exc
 
 
 class _EpisodeState:
@@ -192,12 +276,11 @@ class RolloutRunner:
         tick = time.perf_counter()
         try:
             env = state.env = gymnasium.make(config.env_id, **config.env_kwargs)
-            observation, info = env.reset(seed=task_seed)
+            observation, _, state.system_prompt = reset_env(env, task_seed)
+            messages = [Message("system", state.system_prompt)] if state.system_prompt else []
+            observation_tokens = _render(renderer.render_prompt, [*messages, Message("user", observation)])
         except Exception as exc:
             return state.end(StopReason.ENV_ERROR, _describe(exc))
-        state.system_prompt = str(info.get("system_prompt", ""))
-        messages = [Message("system", state.system_prompt)] if state.system_prompt else []
-        observation_tokens = renderer.render_prompt([*messages, Message("user", observation)])
         history = list(observation_tokens)
         state.env_s += time.perf_counter() - tick
 
@@ -268,27 +351,27 @@ class RolloutRunner:
         if completion.finish_reason == "abort":
             state.end(StopReason.TIMEOUT, "GenerationAborted: the engine aborted the request")
             return None
+        # Nothing of the step is kept until all of it is usable: a bad output is an env error.
         try:
-            observation, reward, terminated, truncated, info = env.step(completion.text)
+            observation, reward, terminated, truncated, info = step_env(env, completion.text)
+            ended = terminated or truncated or turn + 1 == self.config.max_turns
+            delta = None
+            if not ended:
+                message = Message(self.config.observation_role, observation)
+                delta = _render(self.renderer.render_observation, message, completion.tokens)
         except Exception as exc:
             transition.info = {"error": _describe(exc)}
             state.end(StopReason.ENV_ERROR, _describe(exc))
             return None
-        transition.reward = float(reward)
-        transition.terminated, transition.truncated = bool(terminated), bool(truncated)
-        transition.info = dict(info)
-        state.reward_components = {k: float(v) for k, v in info.get("reward_components", {}).items()}
-        if terminated or truncated:
+        transition.reward = reward
+        transition.terminated, transition.truncated = terminated, truncated
+        transition.info = info
+        if "reward_components" in info:
+            state.reward_components = info["reward_components"]
+        if delta is None:
             state.final_observation = observation
-            state.end(_end_reason(info, terminated))
+            state.end(_end_reason(info, terminated) if terminated or truncated else StopReason.MAX_TURNS)
             return None
-        if turn + 1 == self.config.max_turns:
-            state.final_observation = observation
-            state.end(StopReason.MAX_TURNS)
-            return None
-        delta = self.renderer.render_observation(
-            Message(self.config.observation_role, observation), completion.tokens
-        )
         history += delta
         return observation, delta
 

@@ -12,15 +12,27 @@ TOY_ENV_ID = "rolloutstest/Toy-v0"
 
 
 class ToyEnv(gymnasium.Env):
-    """Call LOOKUP[magic], then answer `[ANSWER] n`. Knobs make reset/step raise for some seeds."""
+    """Call LOOKUP[magic], then answer `[ANSWER] n`. Knobs make reset/step raise for some seeds,
+    or return a bad output: bad_outputs {seed: (turn, field, value)} replaces `field` (observation,
+    reward, terminated, info, system_prompt, reward_components) with `value` at that turn (0: reset)."""
 
     metadata = {"render_modes": []}  # noqa: RUF012
 
-    def __init__(self, fail_reset_seeds=(), fail_step_seeds=(), max_turns=5):
+    def __init__(self, fail_reset_seeds=(), fail_step_seeds=(), max_turns=5, bad_outputs=None):
         self.action_space = gymnasium.spaces.Text(4096)
         self.observation_space = gymnasium.spaces.Text(4096)
         self.fail_reset_seeds, self.fail_step_seeds = set(fail_reset_seeds), set(fail_step_seeds)
         self.max_turns = max_turns
+        self.bad_outputs = bad_outputs or {}
+
+    def _corrupt(self, observation, reward, terminated, info):
+        turn, field, value = self.bad_outputs.get(self.seed, (None, None, None))
+        if turn != self.turn:
+            return observation, reward, terminated, info
+        if field in ("system_prompt", "reward_components"):
+            return observation, reward, terminated, {**info, field: value}
+        out = {"observation": observation, "reward": reward, "terminated": terminated, "info": info}
+        return tuple({**out, field: value}.values())
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -28,12 +40,19 @@ class ToyEnv(gymnasium.Env):
             raise RuntimeError("reset exploded")
         self.seed, self.turn, self.calls, self.errors = seed, 0, 0, 0
         self.answer = int(self.np_random.integers(0, 1000))
-        return "What is the magic number?", {"system_prompt": "Use LOOKUP[magic].", "answer": self.answer}
+        info = {"system_prompt": "Use LOOKUP[magic].", "answer": self.answer}
+        observation, _, _, info = self._corrupt("What is the magic number?", 0.0, False, info)
+        return observation, info
+
+    def step(self, action):
+        observation, reward, terminated, truncated, info = self._step(action)
+        observation, reward, terminated, info = self._corrupt(observation, reward, terminated, info)
+        return observation, reward, terminated, truncated, info
 
     def oracle_actions(self):
         return ["LOOKUP[magic]", f"[ANSWER] {self.answer}"]
 
-    def step(self, action):
+    def _step(self, action):
         self.turn += 1
         if self.seed in self.fail_step_seeds and self.turn == 2:
             raise ValueError("tool exploded")

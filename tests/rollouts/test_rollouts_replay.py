@@ -66,6 +66,10 @@ def test_verify_handles_cut_turns_and_env_errors(renderer, tmp_path):
     _, failed = record(renderer, tmp_path, TOY_ENV_ID, kwargs, OraclePolicy(renderer), seeds=[2, 3])
     assert {t.stop_reason for t in failed} == {StopReason.ENV_ERROR}
     assert verify_trajectories(failed) == []
+    kwargs = {"bad_outputs": {4: (2, "reward", None), 5: (0, "observation", None)}}
+    _, unusable = record(renderer, tmp_path, TOY_ENV_ID, kwargs, OraclePolicy(renderer), seeds=[4, 5])
+    assert {t.stop_reason for t in unusable} == {StopReason.ENV_ERROR}
+    assert verify_trajectories(unusable) == []
 
 
 def test_transcript_marks_sampled_spans(renderer, tmp_path):

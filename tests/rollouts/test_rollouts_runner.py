@@ -87,6 +87,57 @@ def test_failing_env_ends_only_its_episode(renderer):
     assert metrics["rollout/stop_reason/answered"] == 0.5 and metrics["rollout/accuracy"] == 0.5
 
 
+@pytest.mark.parametrize(
+    ("turn", "field", "value", "error"),
+    [
+        (0, "observation", "size=\udcff7", "reset observation is not encodable text (surrogates not allowed"),
+        (0, "observation", 7, "reset observation must be a str, got int 7"),
+        (0, "system_prompt", b"x", "info['system_prompt'] must be a str, got bytes b'x'"),
+        (0, "info", None, "reset info must be a dict, got NoneType None"),
+        (1, "observation", "size=\udcff7", "observation is not encodable text"),
+        (1, "observation", None, "observation must be a str, got NoneType None"),
+        (2, "observation", ["graded"], "observation must be a str, got list"),  # a final one, too
+        (2, "reward", None, "reward must be a number, got None"),
+        (2, "reward", "1.2", "reward must be a number, got '1.2'"),
+        (2, "terminated", None, "terminated must be a bool, got NoneType None"),
+        (2, "info", [("turn", 2)], "info must be a dict, got list"),
+        (2, "reward_components", {"correct": None}, "info['reward_components']['correct'] must be a number"),
+        (2, "reward_components", [1.0], "info['reward_components'] must map names to numbers, got [1.0]"),
+    ],
+)
+def test_an_unusable_env_output_ends_only_its_episode(renderer, turn, field, value, error):
+    kwargs = {"bad_outputs": {2: (turn, field, value)}}
+    trajectories = run(OraclePolicy(renderer), renderer, [1, 2, 3], env_kwargs=kwargs)
+    by_seed = {t.task_seed: t for t in trajectories}
+    assert by_seed[1].stop_reason == by_seed[3].stop_reason == StopReason.ANSWERED
+    broken = by_seed[2]
+    assert broken.stop_reason == StopReason.ENV_ERROR
+    assert broken.error.startswith("EnvOutputError: " + error), broken.error
+    assert len(broken.transitions) == turn and broken.total_reward == 0.0
+    if turn:  # the bad step keeps none of its outputs
+        assert broken.transitions[-1].info == {"error": broken.error} and broken.transitions[-1].reward == 0.0
+        earlier = {"correct": 0.0, "format": 0.0} if turn == 2 else {}  # what the good steps said
+        assert broken.final_observation == "" and broken.reward_components == earlier
+    assert batch_metrics(trajectories)["rollout/errors/env_error:EnvOutputError"] == 1.0
+
+
+def test_a_text_the_renderer_cannot_encode_ends_only_its_episode(renderer, monkeypatch):
+    render = renderer.render_observation
+
+    def picky(message, previous):
+        if "=" in message.content:
+            raise RuntimeError("no room for this")
+        return render(message, previous)
+
+    monkeypatch.setattr(renderer, "render_observation", picky)
+    (t,) = run(OraclePolicy(renderer), renderer, [1])
+    assert t.stop_reason == StopReason.ENV_ERROR and len(t.transitions) == 1
+    assert (
+        t.error
+        == "EnvOutputError: the renderer cannot encode the env's text (RuntimeError: no room for this)"
+    )
+
+
 def test_generation_error_and_timeout_end_only_their_episode(renderer):
     ok = TextPolicy(renderer, text="[ANSWER] 1")
     policy = PerSeedPolicy(ok, {2: TextPolicy(renderer, fail=True), 3: TextPolicy(renderer, delay=30.0)})

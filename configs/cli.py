@@ -297,7 +297,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (RecordingError, FileNotFoundError, ValueError, gymnasium.error.Error) as exc:
+    except OSError as exc:  # a directory given as a file, a file as the output folder, no permission
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        print(f"toolgym {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except (RecordingError, ValueError, gymnasium.error.Error) as exc:
         print(f"toolgym {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

@@ -7,6 +7,7 @@ side by side, with the SFT loss when the run had an SFT phase.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,8 @@ def _draw(
 
 
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
-    """Write the PNGs; returns their paths. Raises FileNotFoundError without metrics."""
+    """Write the PNGs; returns their paths. Raises FileNotFoundError without metrics, and
+    NotADirectoryError when `out_dir` is a file."""
     run_dir = Path(run_dir)
     metrics = run_dir / METRICS_FILE
     if not metrics.is_file():
@@ -77,6 +79,8 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     evals = [r for r in records if r.get("kind") == "eval"]
     sft = [r for r in records if r.get("kind") == "sft" and int(r.get("step", 0)) > 0]
     out = Path(out_dir) if out_dir is not None else run_dir / "plots"
+    if out.exists() and not out.is_dir():  # mkdir would say only "File exists"
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory (the plots go in a folder)", str(out))
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for stem, title, key, eval_key, extra in PANELS:

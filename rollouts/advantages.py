@@ -13,6 +13,10 @@ advantage 0 (r - mean is 0; its std is defined as 0).
 DAPO overlong shaping (Yu et al. 2025, eq. 13): with L_max and buffer L_cache, the length
 penalty is 0 for |y| <= L_max - L_cache, ((L_max - L_cache) - |y|) / L_cache in the buffer, and
 -1 for |y| > L_max. It is ADDED to the task reward before the group advantage.
+
+Every function here raises ValueError, naming the reward, on a NaN or infinite reward: one would
+make its whole group's advantages NaN (and `is_zero_variance` False, so DAPO would keep it). The
+runner ends an episode whose env returns such a reward as env_error, so none reaches here from it.
 Here |y| is the episode's number of SAMPLED (response) tokens: the sum of all its actions'
 tokens, prompt and observation tokens excluded (in a multi-turn episode the model only controls
 what it samples).
@@ -63,10 +67,17 @@ def overlong_penalty(length: int, shaping: OverlongShaping) -> float:
     return -1.0
 
 
+def _check_finite(rewards: Sequence[float]) -> None:
+    for i, r in enumerate(rewards):
+        if not math.isfinite(r):
+            raise ValueError(f"rewards must be finite numbers, got {r!r} at index {i} of {len(rewards)}")
+
+
 def group_advantages(
     rewards: Sequence[float], estimator: AdvantageEstimator = AdvantageEstimator.GRPO, eps: float = 1e-6
 ) -> list[float]:
     """Advantages of one group's rewards (the G samples of one task)."""
+    _check_finite(rewards)
     g = len(rewards)
     if g == 0:
         return []
@@ -86,6 +97,7 @@ def shaped_rewards(
     """Task rewards plus the overlong penalty when it is on."""
     if len(rewards) != len(sampled_lengths):
         raise ValueError(f"{len(rewards)} rewards but {len(sampled_lengths)} lengths")
+    _check_finite(rewards)
     if config.overlong is None:
         return [float(r) for r in rewards]
     return [
@@ -105,6 +117,7 @@ def batch_advantages(
     """
     if len(rewards) != len(group_ids):
         raise ValueError(f"{len(rewards)} rewards but {len(group_ids)} group ids")
+    _check_finite(rewards)
     if config.overlong is not None:
         if sampled_lengths is None:
             raise ValueError("overlong shaping is on: pass sampled_lengths")
@@ -123,4 +136,5 @@ def batch_advantages(
 
 def is_zero_variance(rewards: Sequence[float], tol: float = 1e-9) -> bool:
     """True when all rewards of a group are equal (GRPO gives it no signal; DAPO drops it)."""
+    _check_finite(rewards)
     return len(rewards) == 0 or max(rewards) - min(rewards) <= tol

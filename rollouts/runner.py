@@ -19,12 +19,13 @@ StopReason when the env ends the episode.
 
 Fault isolation: an env that raises in make/reset/step (or its oracle, for a scripted policy),
 or returns what the runner cannot use (`reset_env`/`step_env` check it: an observation or system
-prompt that is not encodable text, a reward that is not a number, an info that is not a dict,
-reward_components that are not name -> number), ends that episode with ENV_ERROR, as does a
+prompt that is not encodable text, a reward that is not a finite number (NaN or inf would make
+its whole group's advantages NaN), an info that is not a dict, reward_components that are not
+name -> finite number), ends that episode with ENV_ERROR, as does a
 prompt or observation the renderer cannot encode; a generation error or an aborted generation
 ends it with TIMEOUT (the engine's ContextOverflowError, if raised, with CONTEXT_OVERFLOW). The
 episode keeps what it had, `Trajectory.error` holds "ExceptionType: message" (EnvOutputError for
-an unusable env output: "EnvOutputError: reward must be a number, got None"), and the
+an unusable env output: "EnvOutputError: reward must be a finite number, got None"), and the
 rest go on. A step that raised or returned an unusable output is recorded with reward 0 and info
 `{"error": ...}`.
 
@@ -38,6 +39,7 @@ index, turn), so the G samples of a group differ and a rerun reproduces them.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -121,12 +123,14 @@ def _check_text(what: str, value: Any) -> str:
 
 
 def _check_number(what: str, value: Any) -> float:
+    # NaN/inf would turn the whole group's advantages into NaN (and the trainer skips the step)
     try:
-        if isinstance(value, str | bytes):
-            raise TypeError
-        return float(value)
+        number = math.nan if isinstance(value, str | bytes) else float(value)
     except (TypeError, ValueError):
-        raise EnvOutputError(f"{what} must be a number, got {value!r:.80}") from None
+        number = math.nan
+    if not math.isfinite(number):
+        raise EnvOutputError(f"{what} must be a finite number, got {value!r:.80}")
+    return number
 
 
 def _check_flag(what: str, value: Any) -> bool:

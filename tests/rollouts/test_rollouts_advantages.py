@@ -1,6 +1,7 @@
 """GRPO / Dr. GRPO advantages and DAPO overlong shaping against hand-computed numbers."""
 
 import math
+import re
 
 import pytest
 
@@ -12,6 +13,7 @@ from toolgym.rollouts.advantages import (
     group_advantages,
     is_zero_variance,
     overlong_penalty,
+    shaped_rewards,
 )
 
 
@@ -86,3 +88,18 @@ def test_zero_variance():
     assert is_zero_variance([1.0, 1.0])
     assert not is_zero_variance([1.0, 0.0])
     assert is_zero_variance([])
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_reward_is_an_error_that_names_it(bad):
+    rewards = [1.0, 0.0, bad, 0.0]
+    message = f"rewards must be finite numbers, got {bad!r} at index 2 of 4"
+    for estimator in AdvantageEstimator:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            group_advantages(rewards, estimator)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        batch_advantages(rewards, [0, 0, 1, 1], AdvantageConfig())
+    with pytest.raises(ValueError, match=re.escape(message)):
+        shaped_rewards(rewards, [1, 1, 1, 1], AdvantageConfig(overlong=OverlongShaping(8, 4)))
+    with pytest.raises(ValueError, match="got nan at index 1 of 2"):
+        is_zero_variance([1.0, math.nan])  # [nan, nan] would otherwise count as having signal

@@ -1,6 +1,7 @@
 """The rollout runner on a toy env: oracle play, groups, fault isolation, limits, concurrency."""
 
 import asyncio
+import math
 
 import pytest
 from rollouts_fakes import TOY_ENV_ID, PerSeedPolicy, TextPolicy, ToyEnv
@@ -97,11 +98,24 @@ def test_failing_env_ends_only_its_episode(renderer):
         (1, "observation", "size=\udcff7", "observation is not encodable text"),
         (1, "observation", None, "observation must be a str, got NoneType None"),
         (2, "observation", ["graded"], "observation must be a str, got list"),  # a final one, too
-        (2, "reward", None, "reward must be a number, got None"),
-        (2, "reward", "1.2", "reward must be a number, got '1.2'"),
+        (2, "reward", None, "reward must be a finite number, got None"),
+        (2, "reward", "1.2", "reward must be a finite number, got '1.2'"),
+        (2, "reward", math.nan, "reward must be a finite number, got nan"),
+        (2, "reward", -math.inf, "reward must be a finite number, got -inf"),
+        (
+            2,
+            "reward_components",
+            {"correct": math.inf},
+            "info['reward_components']['correct'] must be a finite",
+        ),
         (2, "terminated", None, "terminated must be a bool, got NoneType None"),
         (2, "info", [("turn", 2)], "info must be a dict, got list"),
-        (2, "reward_components", {"correct": None}, "info['reward_components']['correct'] must be a number"),
+        (
+            2,
+            "reward_components",
+            {"correct": None},
+            "info['reward_components']['correct'] must be a finite number",
+        ),
         (2, "reward_components", [1.0], "info['reward_components'] must map names to numbers, got [1.0]"),
     ],
 )

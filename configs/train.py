@@ -226,9 +226,11 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
             summary = _summary(run, loop, config.sft.enabled, started)
             run.write_json(run.summary, summary)
             _print_summary(log, summary)
-            if config.run.plot:
+            if config.run.plot and config.logging.jsonl:
                 written = plot_run(run.root)
                 log.print(f"plots: {', '.join(str(p) for p in written)}")
+            elif config.run.plot:  # the plots are drawn from metrics.jsonl, which this run did not write
+                log.print("plots: none (they are drawn from metrics.jsonl: set logging.jsonl = true)")
             log.print(f"done in {summary['wall_time_s']:.0f}s: {run.root}")
         barrier()
     finally:

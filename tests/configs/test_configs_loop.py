@@ -147,3 +147,21 @@ def test_resume_after_sft_starts_rl_from_the_sft_model(tmp_path):
     assert main(["train", "--resume", str(run_dir), "--set", "run.steps=1", "--no-progress"]) == 0
     assert len(records(run_dir, "sft")) == sft_records  # SFT was not redone
     assert [r["step"] for r in records(run_dir, "train")] == [1]
+
+
+def test_a_run_without_metrics_jsonl_finishes_without_plots(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    raw = small_config(
+        run_dir,
+        run={"steps": 1},
+        sft={"enabled": False},
+        eval={"at_start": False},
+        logging={"jsonl": False, "record_training": False},
+    )
+    assert train(config_from_dict(raw)) == 0  # it trained and exported: it used to exit 2 here
+    out = capsys.readouterr().out
+    assert "plots: none (they are drawn from metrics.jsonl: set logging.jsonl = true)" in out
+    assert out.count("logging.jsonl") == 1
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "plots").exists()
+    assert (run_dir / "final_model" / "model.safetensors").is_file()
+    assert json.loads((run_dir / "summary.json").read_text())["after"]["step"] == 1

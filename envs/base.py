@@ -30,6 +30,18 @@ How `ToolEnv.step` treats an action (the grammar is in tools.py):
   `needed_tool_calls`; `-error_penalty` per error. Each lands at the step it happens, so the sum
   of step rewards equals the sum of info `reward_components`.
 
+Episodes the caller stops (the optional `abandon()` protocol): a runner that ends an episode the
+env has not ended, for a limit of its own (a token or context budget, its own turn limit), calls
+`env.unwrapped.abandon() -> (reward, info)` if the env has it. `ToolEnv.abandon` settles the
+episode as unanswered, exactly like the env's own limits: `incorrect_reward` is added to the
+`correct` component and returned as the reward (the caller adds it to the episode's last step,
+so the sum of rewards still equals the sum of `reward_components`); info has the final
+`reward_components`, the counters, failure_mode `no_answer` and `error_counts`, and no
+end_reason (the caller knows why it stopped); the episode is over (step() raises). So an
+unanswered episode scores the same whichever limit ends it. Envs without the method (plain
+Gymnasium envs) are simply not settled. Not meant for infrastructure failures (an env error or
+a timeout): those episodes are not trained on.
+
 Final-step info adds `failure_mode` (success, wrong_format, wrong_answer, tool_spam, no_answer),
 `end_reason` and `error_counts`. end_reason is `answered` (an answer was graded), `max_turns`
 (turn or tool budget), `parse_error` (error streak with a malformed action in it) or
@@ -366,6 +378,22 @@ class ToolEnv(TextEnv):
         info["error_counts"] = dict(self._error_counts)
         single_turn = self.max_turns == 1
         return observation, reward, single_turn, not single_turn, info
+
+    def abandon(self) -> tuple[float, dict[str, Any]]:
+        """The runner stopped this episode before the env ended it: settle it as unanswered.
+
+        Returns (reward to add to the last step, final info); see the module doc."""
+        if self._done:
+            if self._task is None:
+                raise RuntimeError(f"{type(self).__name__}: call reset() before abandon()")
+            raise RuntimeError(f"{type(self).__name__}: abandon() called after the episode ended")
+        self._done = True
+        self._correct += self.incorrect_reward
+        info = self._info([])
+        del info["step_errors"]  # no step happened; the caller merges this into its last step's info
+        info["failure_mode"] = "no_answer"
+        info["error_counts"] = dict(self._error_counts)
+        return self.incorrect_reward, info
 
     # ---- helpers -------------------------------------------------------------------------------
 

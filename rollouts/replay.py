@@ -10,7 +10,8 @@ Verification re-runs each episode's actions in a fresh env made from the recorde
 kwargs, reset with the recorded task seed, and reports every observation, reward or end flag
 that differs. Actions the runner never gave the env (a turn cut by a token limit, or one the env
 raised on or answered with an output the runner could not use) are handled as the runner handled
-them: the env is stepped through the runner's own checks (`step_env`).
+them: the env is stepped through the runner's own checks (`step_env`), and an episode the runner
+cut is settled as the runner settled it (`abandon_env`, its reward on the last turn).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from toolgym.agents.chat import ChatRenderer
 from .advantages import AdvantageConfig, batch_advantages
 from .episodes import INFRA_STOP_REASONS, EpisodeStats, OverlongEpisodeRule, build_episodes, sampled_length
 from .metrics import batch_metrics
-from .runner import reset_env, step_env
+from .runner import abandon_env, reset_env, settles, step_env
 from .types import Episode, StopReason, Trajectory
 
 SAMPLED_OPEN, SAMPLED_CLOSE = "⟦", "⟧"
@@ -119,6 +120,8 @@ def verify_trajectory(trajectory: Trajectory) -> list[str]:
             problems.append(f"reset observation differs: {observation!r} != {t.transitions[0].observation!r}")
         if system_prompt != t.system_prompt:
             problems.append("system prompt differs")
+        rerun: dict[int, float] = {}  # turn -> the reward the re-run gives it
+        complete, ended = True, False  # the re-run went as recorded; the env ended the episode
         for i, transition in enumerate(t.transitions):
             if not _was_stepped(t, i):
                 break
@@ -128,20 +131,42 @@ def verify_trajectory(trajectory: Trajectory) -> list[str]:
             except Exception as exc:
                 if not recorded_error:
                     problems.append(f"turn {i}: step raised {type(exc).__name__}: {exc}")
+                    complete = False
                 break
             if recorded_error:
                 problems.append(f"turn {i}: the env raised when recorded, not now")
+                complete = False
                 break
+            rerun[i], ended = reward, terminated or truncated
             expected = t.transitions[i + 1].observation if i + 1 < len(t.transitions) else t.final_observation
             if (i + 1 < len(t.transitions) or t.final_observation) and observation != expected:
                 problems.append(f"turn {i}: observation differs: {observation!r} != {expected!r}")
-            if reward != transition.reward:
-                problems.append(f"turn {i}: reward differs: {reward!r} != {transition.reward!r}")
             if (terminated, truncated) != (transition.terminated, transition.truncated):
                 problems.append(
                     f"turn {i}: (terminated, truncated) differs: {(terminated, truncated)} != "
                     f"{(transition.terminated, transition.truncated)}"
                 )
+        # The runner's settlement of an episode it cut (runner.abandon_env) lands on the last turn.
+        last = len(t.transitions) - 1
+        abandon_failed = (
+            t.stop_reason == StopReason.ENV_ERROR
+            and last >= 0
+            and "abandon_error" in t.transitions[last].info
+        )
+        if complete and not ended and (settles(t.stop_reason, t.transitions) or abandon_failed):
+            try:
+                settled = abandon_env(env)
+            except Exception as exc:
+                if not abandon_failed:
+                    problems.append(f"abandon() raised {type(exc).__name__}: {exc}")
+            else:
+                if abandon_failed:
+                    problems.append("abandon() raised when recorded, not now")
+                elif settled is not None:
+                    rerun[last] = rerun.get(last, 0.0) + settled[0]
+        for i, reward in sorted(rerun.items()):
+            if reward != t.transitions[i].reward:
+                problems.append(f"turn {i}: reward differs: {reward!r} != {t.transitions[i].reward!r}")
     finally:
         env.close()
     return problems

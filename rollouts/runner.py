@@ -17,6 +17,17 @@ Limits, each ending the episode with its StopReason (checked in this order every
 The env's `info["end_reason"]` (answered, no_tool_call, max_turns, parse_error) becomes the
 StopReason when the env ends the episode.
 
+Settling the episodes the runner ends (`SETTLED_STOP_REASONS`: MAX_TOKENS, CONTEXT_OVERFLOW, and
+MAX_TURNS when the env had not ended the episode itself): if the env has the optional
+`abandon() -> (reward, info)` (envs/base.py; ToolEnv adds its `incorrect_reward`, as its own
+limits do), the runner calls it (`abandon_env`), adds the reward to the LAST transition's reward
+(so total_reward is still the sum of transition rewards), merges the info into that
+transition's info and takes its reward_components. So an unanswered episode scores the same
+whichever limit, the env's or the runner's, ends it. An episode with no transition (its prompt
+alone did not fit) has no step to carry it and is not settled; TIMEOUT and ENV_ERROR never are
+(infrastructure failures, not trained on). A failing `abandon()` ends the episode with ENV_ERROR
+(the last transition's info gets "abandon_error").
+
 Fault isolation: an env that raises in make/reset/step (or its oracle, for a scripted policy),
 or returns what the runner cannot use (`reset_env`/`step_env` check it: an observation or system
 prompt that is not encodable text, a reward that is not a finite number (NaN or inf would make
@@ -106,6 +117,10 @@ def sampling_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, np.uint32)[0] >> 1)
 
 
+# The runner's own limits: when one ends an episode the env has not ended, the env settles it.
+SETTLED_STOP_REASONS = frozenset({StopReason.MAX_TOKENS, StopReason.CONTEXT_OVERFLOW, StopReason.MAX_TURNS})
+
+
 class EnvOutputError(ValueError):
     """An env returned something the runner cannot use; it ends only that episode (ENV_ERROR)."""
 
@@ -179,6 +194,24 @@ def step_env(env: gymnasium.Env, action: str) -> tuple[str, float, bool, bool, d
     )
 
 
+def abandon_env(env: gymnasium.Env) -> tuple[float, dict[str, Any]] | None:
+    """The env's optional `abandon()` (see the module doc), its outputs checked; None when the env
+    has no such method. Raises what it raises, or EnvOutputError naming the unusable output."""
+    abandon = getattr(env.unwrapped, "abandon", None)
+    if not callable(abandon):
+        return None
+    reward, info = abandon()
+    return _check_number("abandon() reward", reward), _check_info("abandon() info", info)
+
+
+def settles(stop_reason: StopReason | None, transitions: Sequence[Transition]) -> bool:
+    """Whether the runner asks the env to settle an episode (`abandon_env`): a limit of the
+    runner's ended it while the env had not, and it has a transition to carry the reward."""
+    if stop_reason not in SETTLED_STOP_REASONS or not transitions:
+        return False
+    return not (transitions[-1].terminated or transitions[-1].truncated)
+
+
 def _end_reason(info: dict[str, Any], terminated: bool) -> StopReason:
     try:
         return StopReason(info.get("end_reason"))
@@ -245,6 +278,7 @@ class RolloutRunner:
         timeout = self.config.episode_timeout_s
         try:
             await asyncio.wait_for(self._play(state, task_seed, sample_index), timeout)
+            self._settle(state)
         except TimeoutError:
             state.end(StopReason.TIMEOUT, f"TimeoutError: episode exceeded the {timeout}s wall-clock limit")
         finally:
@@ -274,6 +308,27 @@ class RolloutRunner:
             trajectory, time.perf_counter() - started, state.generate_s, state.env_s
         )
         return trajectory
+
+    def _settle(self, state: _EpisodeState) -> None:
+        """Let the env settle an episode a runner limit ended (see the module doc)."""
+        if state.env is None or not settles(state.stop_reason, state.transitions):
+            return
+        last = state.transitions[-1]
+        tick = time.perf_counter()
+        try:
+            settled = abandon_env(state.env)
+        except Exception as exc:
+            last.info = {**last.info, "abandon_error": _describe(exc)}
+            state.stop_reason, state.error = StopReason.ENV_ERROR, _describe(exc)
+            return
+        finally:
+            state.env_s += time.perf_counter() - tick
+        if settled is not None:
+            reward, info = settled
+            last.reward += reward
+            last.info = {**last.info, **info}
+            if "reward_components" in info:
+                state.reward_components = info["reward_components"]
 
     async def _play(self, state: _EpisodeState, task_seed: int, sample_index: int) -> None:
         config, renderer = self.config, self.renderer

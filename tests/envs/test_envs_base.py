@@ -114,6 +114,38 @@ def test_max_turns_truncates_without_an_answer():
     assert sum([*rewards, reward]) == pytest.approx(sum(info["reward_components"].values()))
 
 
+def test_abandon_settles_like_the_env_s_own_turn_limit():
+    actions = ["LOOKUP[apple]", "hello", "LOOKUP[cat]"]
+    limited = zorplex(max_turns=3, incorrect_reward=-1.0)
+    own = [limited.step(action) for action in actions]
+    cut = zorplex(max_turns=5, incorrect_reward=-1.0)  # a caller stops it after the same actions
+    steps = [cut.step(action) for action in actions]
+    reward, info = cut.abandon()
+    assert reward == -1.0
+    assert [r for _, r, *_ in steps[:-1]] + [steps[-1][1] + reward] == [r for _, r, *_ in own]
+    assert info["reward_components"] == own[-1][4]["reward_components"]
+    assert info["reward_components"]["correct"] == -1.0
+    assert sum(r for _, r, *_ in steps) + reward == pytest.approx(sum(info["reward_components"].values()))
+    assert info["failure_mode"] == "no_answer" and info["error_counts"] == {"no_call_no_answer": 1}
+    assert (info["tool_calls"], info["errors"], info["turn"]) == (2, 1, 3)
+    assert "end_reason" not in info and "step_errors" not in info  # the caller knows why it stopped
+    json.dumps(info)
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        cut.step("LOOKUP[apple]")
+    with pytest.raises(RuntimeError, match="abandon\\(\\) called after the episode ended"):
+        cut.abandon()
+    with pytest.raises(RuntimeError, match="abandon\\(\\) called after the episode ended"):
+        limited.abandon()  # the env ended it itself: nothing left to settle
+    with pytest.raises(RuntimeError, match="call reset"):
+        ZorplexEnv().abandon()
+
+
+def test_abandon_before_any_step_settles_the_whole_episode():
+    env = zorplex(incorrect_reward=-0.5)
+    reward, info = env.abandon()
+    assert reward == -0.5 and info["reward_components"]["correct"] == -0.5 and info["turn"] == 0
+
+
 def test_tool_budget_truncates_as_tool_spam():
     env = zorplex(max_tool_calls=3)
     env.step("LOOKUP[apple]")

@@ -9,6 +9,7 @@ import gymnasium
 from toolgym.agents.types import Completion, SamplingParams
 
 TOY_ENV_ID = "rolloutstest/Toy-v0"
+SETTLING_ENV_ID = "rolloutstest/SettlingToy-v0"
 
 
 class ToyEnv(gymnasium.Env):
@@ -80,8 +81,28 @@ class ToyEnv(gymnasium.Env):
         return {**info, "tool_calls": self.calls, "errors": self.errors, "reward_components": components}
 
 
+class SettlingToyEnv(ToyEnv):
+    """ToyEnv with the optional `abandon()`: an episode the runner cuts costs `incorrect_reward`
+    (component "correct"). abandon_output replaces its (reward, info); abandon_fails raises."""
+
+    def __init__(self, incorrect_reward=-1.0, abandon_output=None, abandon_fails=False, **kw):
+        super().__init__(**kw)
+        self.incorrect_reward = incorrect_reward
+        self.abandon_output, self.abandon_fails = abandon_output, abandon_fails
+
+    def abandon(self):
+        if self.abandon_fails:
+            raise RuntimeError("abandon exploded")
+        if self.abandon_output is not None:
+            return self.abandon_output
+        components = {"correct": self.incorrect_reward, "format": 0.0}
+        return self.incorrect_reward, self._info({"failure_mode": "no_answer"}, components)
+
+
 if TOY_ENV_ID not in gymnasium.registry:
     gymnasium.register(id=TOY_ENV_ID, entry_point=ToyEnv, disable_env_checker=True)
+if SETTLING_ENV_ID not in gymnasium.registry:
+    gymnasium.register(id=SETTLING_ENV_ID, entry_point=SettlingToyEnv, disable_env_checker=True)
 
 
 class TextPolicy:

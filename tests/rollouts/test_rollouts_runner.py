@@ -4,10 +4,11 @@ import asyncio
 import math
 
 import pytest
-from rollouts_fakes import TOY_ENV_ID, PerSeedPolicy, TextPolicy, ToyEnv
+from rollouts_fakes import SETTLING_ENV_ID, TOY_ENV_ID, PerSeedPolicy, TextPolicy, ToyEnv
 
 from toolgym.agents.types import Message
 from toolgym.rollouts.metrics import batch_metrics
+from toolgym.rollouts.replay import verify_trajectories
 from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import StopReason
@@ -188,6 +189,96 @@ def test_oracle_knobs_go_through_the_env(renderer):
 def test_limits(renderer, kw, text, reason, turns):
     (t,) = run(TextPolicy(renderer, text=text), renderer, [1], **kw)
     assert t.stop_reason == reason and len(t.transitions) == turns and t.error is None
+
+
+ZORPLEX = {"env_id": "toolgym/Zorplex-v0", "group_size": 1, "episode_timeout_s": 10.0}
+
+
+def zorplex_run(renderer, text, env_kwargs, **kw):
+    cfg = RolloutConfig(**{**ZORPLEX, "env_kwargs": {"incorrect_reward": -1.0, **env_kwargs}, **kw})
+    (t,) = RolloutRunner(TextPolicy(renderer, text=text), renderer, cfg).run([0])
+    assert t.total_reward == sum(tr.reward for tr in t.transitions)
+    assert t.total_reward == pytest.approx(sum(t.reward_components.values()))
+    assert verify_trajectories([t]) == []
+    return t
+
+
+def test_an_unanswered_episode_scores_the_same_whichever_limit_ends_it(renderer):
+    call = "LOOKUP[apple]"  # one call is needed, each of the 3 more costs 0.1
+    k = len(renderer.encode(call)) + 1
+    own = zorplex_run(renderer, call, {"max_turns": 4}, max_turns=8)  # the env's turn limit
+    assert own.stop_reason == StopReason.MAX_TURNS and own.transitions[-1].truncated
+    runner_turns = zorplex_run(renderer, call, {"max_turns": 6}, max_turns=4)
+    episode_budget = zorplex_run(renderer, call, {"max_turns": 6}, max_tokens_per_episode=4 * k)
+    assert runner_turns.stop_reason == StopReason.MAX_TURNS
+    assert episode_budget.stop_reason == StopReason.MAX_TOKENS
+    for t in (own, runner_turns, episode_budget):
+        assert len(t.transitions) == 4 and t.total_reward == pytest.approx(-1.3)
+        assert t.reward_components == own.reward_components and t.reward_components["correct"] == -1.0
+        assert [tr.reward for tr in t.transitions] == [tr.reward for tr in own.transitions]
+        assert t.transitions[-1].info["failure_mode"] == "no_answer" and t.metrics["tool_calls"] == 4
+    assert "end_reason" not in runner_turns.transitions[-1].info  # the runner's reason is its own
+
+
+def test_a_turn_cut_by_a_token_or_context_limit_is_settled(renderer):
+    ramble = "let me think " * 40
+    cut = zorplex_run(renderer, ramble, {}, max_tokens_per_turn=16)
+    assert cut.stop_reason == StopReason.MAX_TOKENS and cut.transitions[-1].action.finish_reason == "length"
+    assert cut.total_reward == -1.0 and cut.reward_components["correct"] == -1.0
+    assert (
+        cut.transitions[-1].info["failure_mode"] == "no_answer" and cut.metrics["failure_mode"] == "no_answer"
+    )
+    prompt = len(cut.transitions[0].observation_tokens)
+    overflow = zorplex_run(renderer, ramble, {}, context_length=prompt + 2)
+    assert overflow.stop_reason == StopReason.CONTEXT_OVERFLOW and overflow.total_reward == -1.0
+    nothing = zorplex_run(renderer, ramble, {}, context_length=prompt)  # no turn to carry a reward
+    assert nothing.stop_reason == StopReason.CONTEXT_OVERFLOW and nothing.transitions == []
+    assert nothing.total_reward == 0.0 and nothing.reward_components == {}
+
+
+class SlowSecondTurn(TextPolicy):
+    """Answers turn 0 at once, then hangs (a stuck generation the wall clock cuts)."""
+
+    async def generate(self, prompts, params):
+        if self.requests:
+            await asyncio.sleep(30)
+        return await super().generate(prompts, params)
+
+
+def test_infrastructure_failures_are_not_settled(renderer):
+    kwargs = {"fail_step_seeds": [2]}
+    trajectories = run(OraclePolicy(renderer), renderer, [1, 2], env_id=SETTLING_ENV_ID, env_kwargs=kwargs)
+    assert [t.stop_reason for t in trajectories] == [StopReason.ANSWERED, StopReason.ENV_ERROR]
+    assert trajectories[1].total_reward == 0.0 and "failure_mode" not in trajectories[1].transitions[-1].info
+    (t,) = run(SlowSecondTurn(renderer), renderer, [1], env_id=SETTLING_ENV_ID, episode_timeout_s=0.5)
+    assert t.stop_reason == StopReason.TIMEOUT and len(t.transitions) == 1 and t.total_reward == 0.0
+    assert t.reward_components == {"correct": 0.0, "format": 0.0}
+    cut = run(TextPolicy(renderer, text="hmm"), renderer, [1], env_id=SETTLING_ENV_ID, max_turns=3)[0]
+    assert cut.stop_reason == StopReason.MAX_TURNS and cut.total_reward == -1.0  # the same env, cut
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"abandon_fails": True}, "RuntimeError: abandon exploded"),
+        (
+            {"abandon_output": (math.nan, {})},
+            "EnvOutputError: abandon() reward must be a finite number, got nan",
+        ),
+        (
+            {"abandon_output": (-1.0, None)},
+            "EnvOutputError: abandon() info must be a dict, got NoneType None",
+        ),
+    ],
+)
+def test_a_failing_abandon_is_an_env_error_of_its_episode(renderer, kwargs, error):
+    policy = PerSeedPolicy(TextPolicy(renderer, text="[ANSWER] 1"), {2: TextPolicy(renderer, text="hmm")})
+    trajectories = run(policy, renderer, [1, 2, 3], env_id=SETTLING_ENV_ID, env_kwargs=kwargs, max_turns=3)
+    assert [t.stop_reason for t in trajectories] == ["answered", "env_error", "answered"]
+    broken = trajectories[1]
+    assert broken.error == error and broken.transitions[-1].info["abandon_error"] == error
+    assert broken.total_reward == 0.0 and len(broken.transitions) == 3
+    assert verify_trajectories(trajectories) == []
 
 
 def test_token_budget_limits(renderer):

@@ -3,11 +3,15 @@
 Definitions (from the env's final info; see envs/):
 - correct: the graded answer was right, tagged or not (reward component "correct" > 0).
 - tagged: the final answer carried the `[ANSWER]` tag (reward component "format" > 0).
-- tool_calls / errors: the env's counts at the end of the episode.
+- tool_calls / env_errors / failure_mode: from the LAST transition whose info reports each. The
+  last transition's info may lack them: a turn cut by a token limit was never given to the env
+  (info {}, unless the env settled the episode through `abandon()`, whose info has them), and a
+  step the env raised on has only {"error": ...}; the earlier turns' counts still hold.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,16 +27,25 @@ def is_tagged(components: Mapping[str, float]) -> bool:
     return float(components.get("format", 0.0)) > 0.0
 
 
+def _last_reported(trajectory: Trajectory, key: str, kind: type | tuple[type, ...]) -> Any:
+    """The value of info[key] in the last transition that reports one of `kind` (else None)."""
+    for transition in reversed(trajectory.transitions):
+        value = transition.info.get(key)
+        if isinstance(value, kind) and not isinstance(value, bool):
+            return value
+    return None
+
+
 def episode_metrics(
     trajectory: Trajectory, wall_s: float, generate_s: float, env_s: float = 0.0
 ) -> dict[str, Any]:
     """What goes into Trajectory.metrics (JSON-serialisable)."""
-    last_info = trajectory.transitions[-1].info if trajectory.transitions else {}
     return {
         "turns": len(trajectory.transitions),
-        "tool_calls": int(last_info.get("tool_calls", 0) or 0),
-        "env_errors": int(last_info.get("errors", 0) or 0),  # malformed/unknown calls the env saw
-        "failure_mode": last_info.get("failure_mode"),
+        "tool_calls": int(_last_reported(trajectory, "tool_calls", numbers.Integral) or 0),
+        # malformed/unknown calls the env saw (not env_error episodes: see `errors` in batch_metrics)
+        "env_errors": int(_last_reported(trajectory, "errors", numbers.Integral) or 0),
+        "failure_mode": _last_reported(trajectory, "failure_mode", str),
         "correct": is_correct(trajectory.reward_components),
         "tagged": is_tagged(trajectory.reward_components),
         "sampled_tokens": sum(len(t.action.tokens) for t in trajectory.transitions),

@@ -1,0 +1,61 @@
+"""Episode metrics read the env's counts from the last transition that reports them."""
+
+from rollouts_fakes import TOY_ENV_ID, TextPolicy
+
+from toolgym.agents.types import Completion
+from toolgym.rollouts.metrics import episode_metrics
+from toolgym.rollouts.replay import summarize
+from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
+from toolgym.rollouts.types import StopReason, Trajectory, Transition
+
+
+class Script(TextPolicy):
+    """Says texts[turn] on each turn (the last one again after that)."""
+
+    def __init__(self, renderer, texts):
+        super().__init__(renderer)
+        self.texts = texts
+
+    async def generate(self, prompts, params):
+        self.text = self.texts[min(len(self.requests), len(self.texts) - 1)]
+        return await super().generate(prompts, params)
+
+
+def toy_run(renderer, texts, **kw):
+    config = RolloutConfig(env_id=TOY_ENV_ID, group_size=1, max_turns=6, episode_timeout_s=10.0, **kw)
+    (t,) = RolloutRunner(Script(renderer, texts), renderer, config).run([2])
+    return t
+
+
+def test_a_turn_cut_by_a_token_limit_keeps_the_earlier_turns_counts(renderer):
+    # ToyEnv has no abandon(): the cut turn's info stays {}
+    t = toy_run(renderer, ["LOOKUP[magic]", "hmm", "hmm " * 50], max_tokens_per_turn=24)
+    assert t.stop_reason == StopReason.MAX_TOKENS and len(t.transitions) == 3
+    assert t.transitions[-1].info == {}
+    assert (t.metrics["tool_calls"], t.metrics["env_errors"]) == (1, 1)
+    summary = summarize([t])
+    assert (summary["tool_calls_mean"], summary["env_errors_mean"]) == (1.0, 1.0)
+
+
+def test_an_env_error_keeps_the_earlier_turns_counts(renderer):
+    t = toy_run(renderer, ["LOOKUP[magic]", "LOOKUP[magic]"], env_kwargs={"fail_step_seeds": [2]})
+    assert t.stop_reason == StopReason.ENV_ERROR and t.transitions[-1].info == {"error": t.error}
+    assert (t.metrics["tool_calls"], t.metrics["env_errors"], t.metrics["failure_mode"]) == (1, 0, None)
+
+
+def test_each_count_comes_from_the_last_transition_that_reports_it():
+    def transition(info):
+        return Transition("obs", [1], Completion([2], [0.0], "stop", "x"), info=info)
+
+    infos = [
+        {"tool_calls": 1, "errors": 0},
+        {"tool_calls": 2, "errors": 1, "failure_mode": "no_answer"},
+        {"tool_calls": "many", "errors": None, "failure_mode": 3},  # unusable values are skipped
+        {"tool_calls": 3},
+        {},
+    ]
+    t = Trajectory("e", {}, 0, 0, [transition(i) for i in infos], StopReason.MAX_TOKENS)
+    metrics = episode_metrics(t, 1.0, 0.5)
+    assert (metrics["tool_calls"], metrics["env_errors"], metrics["failure_mode"]) == (3, 1, "no_answer")
+    empty = episode_metrics(Trajectory("e", {}, 0, 0, [], StopReason.CONTEXT_OVERFLOW), 1.0, 0.5)
+    assert (empty["tool_calls"], empty["env_errors"], empty["failure_mode"]) == (0, 0, None)

@@ -8,7 +8,8 @@ components.
 
 Verification re-runs each episode's actions in a fresh env made from the recorded id and
 kwargs, reset with the recorded task seed, and reports every observation, reward or end flag
-that differs. Actions the runner never gave the env (a turn cut by a token limit, or one the env
+that differs, and every trajectory-level field training reads (total_reward, reward_components,
+stop_reason) that disagrees with the steps or the re-run. Actions the runner never gave the env (a turn cut by a token limit, or one the env
 raised on or answered with an output the runner could not use) are handled as the runner handled
 them: the env is stepped through the runner's own checks (`step_env`), and an episode the runner
 cut is settled as the runner settled it (`abandon_env`, its reward on the last turn).
@@ -17,6 +18,7 @@ cut is settled as the runner settled it (`abandon_env`, its reward on the last t
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable, Sequence
 
 import gymnasium
@@ -28,7 +30,7 @@ from toolgym.agents.chat import ChatRenderer
 from .advantages import AdvantageConfig, batch_advantages
 from .episodes import INFRA_STOP_REASONS, EpisodeStats, OverlongEpisodeRule, build_episodes, sampled_length
 from .metrics import batch_metrics
-from .runner import abandon_env, reset_env, settles, step_env
+from .runner import abandon_env, env_stop_reason, reset_env, settles, step_env
 from .types import Episode, StopReason, Trajectory
 
 SAMPLED_OPEN, SAMPLED_CLOSE = "⟦", "⟧"
@@ -105,29 +107,48 @@ def _raised_when_recorded(trajectory: Trajectory, index: int) -> bool:
     )
 
 
+# Reasons only the env gives (through end_reason); the runner's own limits never end an episode so.
+_ENV_STOP_REASONS = frozenset({StopReason.ANSWERED, StopReason.NO_TOOL_CALL, StopReason.PARSE_ERROR})
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
 def verify_trajectory(trajectory: Trajectory) -> list[str]:
-    """Differences between the recording and a fresh env fed the recorded actions ([] if none)."""
+    """Differences between the recording and a fresh env fed the recorded actions ([] if none).
+
+    Per step: the observation, reward and end flags. Per episode (what training reads): total_reward
+    against the sum of the recorded step rewards and the re-run's, reward_components against the
+    re-run's last reported ones, and stop_reason against how the re-run ended (the runner's
+    mapping when the env ended it; otherwise a reason of the runner's, consistent with a cut last
+    turn's finish reason)."""
     t, problems = trajectory, []
+    steps_sum = math.fsum(tr.reward for tr in t.transitions)
+    if not _close(t.total_reward, steps_sum):
+        problems.append(f"total_reward {t.total_reward!r} != the sum of its step rewards {steps_sum!r}")
     try:
         env = gymnasium.make(t.env_id, **t.env_kwargs)
         observation, _, system_prompt = reset_env(env, t.task_seed)
     except Exception as exc:
         if t.stop_reason == StopReason.ENV_ERROR and not t.transitions:
-            return []  # it failed at reset when recorded, and still does
-        return [f"env make/reset raised {type(exc).__name__}: {exc}"]
+            return problems  # it failed at reset when recorded, and still does
+        return [*problems, f"env make/reset raised {type(exc).__name__}: {exc}"]
     try:
         if t.transitions and observation != t.transitions[0].observation:
             problems.append(f"reset observation differs: {observation!r} != {t.transitions[0].observation!r}")
         if system_prompt != t.system_prompt:
             problems.append("system prompt differs")
         rerun: dict[int, float] = {}  # turn -> the reward the re-run gives it
-        complete, ended = True, False  # the re-run went as recorded; the env ended the episode
+        components: dict[str, float] | None = None  # the re-run's last reported reward_components
+        ending: StopReason | None = None  # how the env ended the re-run, if it did
+        complete = True  # the re-run went as recorded (no unexpected raise)
         for i, transition in enumerate(t.transitions):
             if not _was_stepped(t, i):
                 break
             recorded_error = _raised_when_recorded(t, i)
             try:
-                observation, reward, terminated, truncated, _ = step_env(env, transition.action.text)
+                observation, reward, terminated, truncated, info = step_env(env, transition.action.text)
             except Exception as exc:
                 if not recorded_error:
                     problems.append(f"turn {i}: step raised {type(exc).__name__}: {exc}")
@@ -137,7 +158,10 @@ def verify_trajectory(trajectory: Trajectory) -> list[str]:
                 problems.append(f"turn {i}: the env raised when recorded, not now")
                 complete = False
                 break
-            rerun[i], ended = reward, terminated or truncated
+            rerun[i] = reward
+            components = info.get("reward_components", components)
+            if terminated or truncated:
+                ending = env_stop_reason(info, terminated)
             expected = t.transitions[i + 1].observation if i + 1 < len(t.transitions) else t.final_observation
             if (i + 1 < len(t.transitions) or t.final_observation) and observation != expected:
                 problems.append(f"turn {i}: observation differs: {observation!r} != {expected!r}")
@@ -153,7 +177,7 @@ def verify_trajectory(trajectory: Trajectory) -> list[str]:
             and last >= 0
             and "abandon_error" in t.transitions[last].info
         )
-        if complete and not ended and (settles(t.stop_reason, t.transitions) or abandon_failed):
+        if complete and ending is None and (settles(t.stop_reason, t.transitions) or abandon_failed):
             try:
                 settled = abandon_env(env)
             except Exception as exc:
@@ -164,11 +188,45 @@ def verify_trajectory(trajectory: Trajectory) -> list[str]:
                     problems.append("abandon() raised when recorded, not now")
                 elif settled is not None:
                     rerun[last] = rerun.get(last, 0.0) + settled[0]
+                    components = settled[1].get("reward_components", components)
         for i, reward in sorted(rerun.items()):
             if reward != t.transitions[i].reward:
                 problems.append(f"turn {i}: reward differs: {reward!r} != {t.transitions[i].reward!r}")
+        if complete:
+            problems += _episode_problems(t, math.fsum(rerun.values()), components, ending)
     finally:
         env.close()
+    return problems
+
+
+def _episode_problems(
+    t: Trajectory, rerun_total: float, components: dict[str, float] | None, ending: StopReason | None
+) -> list[str]:
+    """The trajectory-level fields against a re-run that went as recorded."""
+    problems = []
+    if not _close(t.total_reward, rerun_total):
+        problems.append(f"total_reward {t.total_reward!r} != the re-run's {rerun_total!r}")
+    if components is not None and (
+        components.keys() != t.reward_components.keys()
+        or not all(_close(v, t.reward_components[k]) for k, v in components.items())
+    ):
+        problems.append(f"reward_components differ: {t.reward_components} != the re-run's {components}")
+    if ending is not None:
+        if t.stop_reason != ending:
+            problems.append(
+                f"stop_reason {t.stop_reason.value} != {ending.value}, how the env ended the re-run"
+            )
+    elif t.stop_reason in _ENV_STOP_REASONS:
+        problems.append(f"stop_reason {t.stop_reason.value}, but the env did not end the re-run")
+    elif t.transitions and t.transitions[-1].action.finish_reason in ("length", "abort"):
+        finish = t.transitions[-1].action.finish_reason
+        allowed = (
+            {StopReason.TIMEOUT}
+            if finish == "abort"
+            else {StopReason.MAX_TOKENS, StopReason.CONTEXT_OVERFLOW, StopReason.ENV_ERROR}
+        )
+        if t.stop_reason not in allowed:
+            problems.append(f"stop_reason {t.stop_reason.value}, but the last turn was cut ({finish})")
     return problems
 
 

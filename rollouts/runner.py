@@ -212,7 +212,8 @@ def settles(stop_reason: StopReason | None, transitions: Sequence[Transition]) -
     return not (transitions[-1].terminated or transitions[-1].truncated)
 
 
-def _end_reason(info: dict[str, Any], terminated: bool) -> StopReason:
+def env_stop_reason(info: dict[str, Any], terminated: bool) -> StopReason:
+    """The StopReason of an episode the env ended: its info's end_reason, else by the flag."""
     try:
         return StopReason(info.get("end_reason"))
     except ValueError:
@@ -429,7 +430,7 @@ class RolloutRunner:
             state.reward_components = info["reward_components"]
         if delta is None:
             state.final_observation = observation
-            state.end(_end_reason(info, terminated) if terminated or truncated else StopReason.MAX_TURNS)
+            state.end(env_stop_reason(info, terminated) if terminated or truncated else StopReason.MAX_TURNS)
             return None
         history += delta
         return observation, delta

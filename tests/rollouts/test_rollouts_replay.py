@@ -1,5 +1,7 @@
 """Replay: record -> verify round trip, tamper detection, transcripts, Episodes from a file."""
 
+import asyncio
+
 import msgspec
 import pytest
 from rollouts_fakes import TOY_ENV_ID, TextPolicy
@@ -25,7 +27,7 @@ def record(
     renderer, tmp_path, env_id="toolgym/Zorplex-v0", env_kwargs=None, policy=None, seeds=range(6), **kw
 ):
     env_kwargs = {"tier": "compositional"} if env_kwargs is None else env_kwargs
-    config = RolloutConfig(env_id=env_id, env_kwargs=env_kwargs, group_size=2, max_turns=8, **kw)
+    config = RolloutConfig(env_id=env_id, env_kwargs=env_kwargs, group_size=2, **{"max_turns": 8, **kw})
     policy = policy or OraclePolicy(renderer, KNOBS)
     trajectories = RolloutRunner(policy, renderer, config).run(list(seeds))
     path = tmp_path / f"rec{len(list(tmp_path.iterdir()))}.jsonl"
@@ -55,6 +57,102 @@ def test_verify_reports_tampering(renderer, tmp_path):
     t3 = msgspec.convert(msgspec.to_builtins(t), type(t))
     t3.final_observation = "something else"
     assert [p for p in verify_trajectory(t3) if "observation differs" in p]
+
+
+def replace_field(t, **changes):
+    copy = msgspec.convert(msgspec.to_builtins(t), type(t))
+    for name, value in changes.items():
+        setattr(copy, name, value)
+    return copy
+
+
+def test_verify_checks_the_fields_training_reads(renderer, tmp_path):
+    _, (t, *_) = record(renderer, tmp_path, policy=OraclePolicy(renderer), seeds=[0])
+    assert t.stop_reason == StopReason.ANSWERED and verify_trajectory(t) == []
+    assert verify_trajectory(replace_field(t, total_reward=-5.0)) == [
+        f"total_reward -5.0 != the sum of its step rewards {t.total_reward!r}",
+        f"total_reward -5.0 != the re-run's {t.total_reward!r}",
+    ]
+    stepped = replace_field(t)  # the steps and the total agree with each other, not with the env
+    stepped.transitions[-1].reward -= 1.0
+    stepped.total_reward -= 1.0
+    assert [p for p in verify_trajectory(stepped) if "the re-run's" in p]
+    assert verify_trajectory(replace_field(t, stop_reason=StopReason.TIMEOUT)) == [
+        "stop_reason timeout != answered, how the env ended the re-run"
+    ]
+    components = verify_trajectory(replace_field(t, reward_components={"correct": 0.0}))
+    assert len(components) == 1 and components[0].startswith("reward_components differ: {'correct': 0.0}")
+
+
+def test_verify_checks_the_stop_reason_of_episodes_the_runner_ended(renderer, tmp_path):
+    kwargs = {"incorrect_reward": -1.0}
+    policy = TextPolicy(renderer, "hmm " * 40)
+    _, (cut, _) = record(
+        renderer, tmp_path, "toolgym/SumDigits-v0", kwargs, policy, [0], max_tokens_per_turn=16
+    )
+    assert cut.stop_reason == StopReason.MAX_TOKENS and cut.total_reward == -1.0
+    assert verify_trajectory(cut) == []
+    # (the runner would not have settled an episode with these reasons, so the totals differ too)
+    answered = verify_trajectory(replace_field(cut, stop_reason=StopReason.ANSWERED))
+    assert "stop_reason answered, but the env did not end the re-run" in answered
+    timeout = verify_trajectory(replace_field(cut, stop_reason=StopReason.TIMEOUT))
+    assert "stop_reason timeout, but the last turn was cut (length)" in timeout
+    unsettled = replace_field(cut, total_reward=0.0, reward_components={})  # as recorded before abandon()
+    unsettled.transitions[-1].reward = 0.0
+    problems = verify_trajectory(unsettled)
+    assert problems[:2] == ["turn 0: reward differs: -1.0 != 0.0", "total_reward 0.0 != the re-run's -1.0"]
+    assert len(problems) == 3 and problems[2].startswith("reward_components differ: {} != the re-run's")
+
+
+ENDINGS = [
+    {},
+    {"max_tokens_per_turn": 6},
+    {"max_tokens_per_episode": 15},
+    {"context_length": 150},
+    {"max_turns": 2},
+]
+
+
+@pytest.mark.parametrize("limits", ENDINGS)
+@pytest.mark.parametrize(
+    ("env_id", "env_kwargs"),
+    [
+        ("toolgym/Zorplex-v0", {"tier": "compositional", "incorrect_reward": -1.0}),
+        ("toolgym/Zorplex-v0", {"tier": "recursive"}),
+        ("toolgym/SumDigits-v0", {"max_turns": 3, "incorrect_reward": -1.0}),
+    ],
+)
+def test_verify_accepts_every_way_the_runner_ends_an_episode(renderer, tmp_path, env_id, env_kwargs, limits):
+    _, trajectories = record(renderer, tmp_path, env_id, env_kwargs, seeds=range(4), **limits)
+    assert verify_trajectories(trajectories) == []
+
+
+class Stalls(TextPolicy):
+    """Turn 0 at once; then `how`: hang past the wall clock, or come back aborted."""
+
+    def __init__(self, renderer, how):
+        super().__init__(renderer)
+        self.how = how
+
+    async def generate(self, prompts, params):
+        out = await super().generate(prompts, params)
+        if len(self.requests) > 1 and self.how == "hang":
+            await asyncio.sleep(30)
+        if len(self.requests) > 1 and self.how == "abort":
+            out[0].finish_reason = "abort"
+        return out
+
+
+@pytest.mark.parametrize("how", ["hang", "abort"])
+def test_verify_accepts_timeouts(renderer, tmp_path, how):
+    env_kwargs = {"incorrect_reward": -1.0}
+    policy = Stalls(renderer, how)
+    _, trajectories = record(
+        renderer, tmp_path, "toolgym/Zorplex-v0", env_kwargs, policy, [0], episode_timeout_s=0.5
+    )
+    assert {t.stop_reason for t in trajectories} == {StopReason.TIMEOUT}
+    assert trajectories[0].total_reward == 0.0  # a timeout is not settled
+    assert verify_trajectories(trajectories) == []
 
 
 def test_verify_handles_cut_turns_and_env_errors(renderer, tmp_path):

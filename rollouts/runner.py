@@ -29,16 +29,15 @@ alone did not fit) has no step to carry it and is not settled; TIMEOUT and ENV_E
 (the last transition's info gets "abandon_error").
 
 Fault isolation: an env that raises in make/reset/step (or its oracle, for a scripted policy),
-or returns what the runner cannot use (`reset_env`/`step_env` check it: an observation or system
-prompt that is not encodable text, a reward that is not a finite number (NaN or inf would make
-its whole group's advantages NaN), an info that is not a dict, reward_components that are not
-name -> finite number), ends that episode with ENV_ERROR, as does a
-prompt or observation the renderer cannot encode; a generation error or an aborted generation
-ends it with TIMEOUT (the engine's ContextOverflowError, if raised, with CONTEXT_OVERFLOW). The
-episode keeps what it had, `Trajectory.error` holds "ExceptionType: message" (EnvOutputError for
-an unusable env output: "EnvOutputError: reward must be a finite number, got None"), and the
-rest go on. A step that raised or returned an unusable output is recorded with reward 0 and info
-`{"error": ...}`.
+or returns what the runner cannot use, ends that episode with ENV_ERROR, as does a prompt or
+observation the renderer cannot encode. `reset_env`/`step_env` check the env's outputs: text
+that is not an encodable str, a reward that is not a finite number (NaN or inf would make its
+whole group's advantages NaN), an info that is not a dict, reward_components that are not name ->
+finite number. A generation error or an aborted generation ends the episode with TIMEOUT (the
+engine's ContextOverflowError, if raised, with CONTEXT_OVERFLOW). The episode keeps what it had,
+`Trajectory.error` holds "ExceptionType: message" (EnvOutputError for an unusable env output:
+"EnvOutputError: reward must be a finite number, got None"), and the rest go on. A step that
+raised or returned an unusable output is recorded with reward 0 and info `{"error": ...}`.
 
 Concurrency: all episodes of a call run as asyncio tasks, so their `generate` calls arrive
 together and the engine micro-batches them. Env steps are fast Python and run inline.

@@ -28,9 +28,9 @@ import toolgym.envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
 from toolgym.agents.chat import ChatRenderer
 
 from .advantages import AdvantageConfig, batch_advantages
+from .env_io import abandon_env, env_stop_reason, reset_env, settles, step_env
 from .episodes import INFRA_STOP_REASONS, EpisodeStats, OverlongEpisodeRule, build_episodes, sampled_length
 from .metrics import batch_metrics
-from .runner import abandon_env, env_stop_reason, reset_env, settles, step_env
 from .types import Episode, StopReason, Trajectory
 
 SAMPLED_OPEN, SAMPLED_CLOSE = "⟦", "⟧"
@@ -170,7 +170,7 @@ def verify_trajectory(trajectory: Trajectory) -> list[str]:
                     f"turn {i}: (terminated, truncated) differs: {(terminated, truncated)} != "
                     f"{(transition.terminated, transition.truncated)}"
                 )
-        # The runner's settlement of an episode it cut (runner.abandon_env) lands on the last turn.
+        # The runner's settlement of an episode it cut (env_io.abandon_env) lands on the last turn.
         last = len(t.transitions) - 1
         abandon_failed = (
             t.stop_reason == StopReason.ENV_ERROR

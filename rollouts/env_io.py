@@ -1,0 +1,137 @@
+"""How rollouts talk to an env: its outputs checked before anything of them is kept.
+
+The runner and replay (`toolgym replay --verify`) call an env only through these, so both see the
+same thing: an env output the runner cannot use (text that is not an encodable str, a reward that
+is not a finite number, an info that is not a dict, reward_components that are not name ->
+finite number, end flags that are not bools) raises EnvOutputError naming it, and ends only that
+episode (ENV_ERROR). NaN or inf rewards matter most: one would make its whole group's advantages
+NaN.
+
+Settling (`abandon_env`, `settles`): when a limit of the runner's (a token or context budget, its
+own turn limit) ends an episode the env has not ended, the env's optional `abandon()` settles it
+as unanswered (envs/base.py), so it scores as the env's own limits would have.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from .types import StopReason, Transition
+
+# The runner's own limits: when one ends an episode the env has not ended, the env settles it.
+SETTLED_STOP_REASONS = frozenset({StopReason.MAX_TOKENS, StopReason.CONTEXT_OVERFLOW, StopReason.MAX_TURNS})
+
+
+class EnvOutputError(ValueError):
+    """An env returned something the runner cannot use; it ends only that episode (ENV_ERROR)."""
+
+
+def _check_text(what: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise EnvOutputError(f"{what} must be a str, got {type(value).__name__} {value!r:.80}")
+    try:  # a lone surrogate (text decoded with errors="surrogateescape") has no UTF-8 bytes
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise EnvOutputError(
+            f"{what} is not encodable text ({exc.reason} at index {exc.start}): {value!r:.80}"
+        ) from None
+    return value
+
+
+def _check_number(what: str, value: Any) -> float:
+    # NaN/inf would turn the whole group's advantages into NaN (and the trainer skips the step)
+    try:
+        number = math.nan if isinstance(value, str | bytes) else float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise EnvOutputError(f"{what} must be a finite number, got {value!r:.80}")
+    return number
+
+
+def _check_flag(what: str, value: Any) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise EnvOutputError(f"{what} must be a bool, got {type(value).__name__} {value!r:.80}")
+    return bool(value)
+
+
+def _check_info(what: str, info: Any) -> dict[str, Any]:
+    if not isinstance(info, Mapping):
+        raise EnvOutputError(f"{what} must be a dict, got {type(info).__name__} {info!r:.80}")
+    info = dict(info)
+    if "reward_components" in info:
+        components = info["reward_components"]
+        if not isinstance(components, Mapping) or not all(isinstance(k, str) for k in components):
+            raise EnvOutputError(
+                f"info['reward_components'] must map names to numbers, got {components!r:.80}"
+            )
+        info["reward_components"] = {
+            name: _check_number(f"info['reward_components'][{name!r}]", v) for name, v in components.items()
+        }
+    return info
+
+
+def reset_env(env: gymnasium.Env, seed: int) -> tuple[str, dict[str, Any], str]:
+    """`env.reset(seed=seed)`, its outputs checked: (observation, info, system prompt).
+
+    Raises what the env raises, or EnvOutputError naming the output the runner cannot use."""
+    observation, info = env.reset(seed=seed)
+    info = _check_info("reset info", info)
+    system_prompt = info.get("system_prompt")
+    system_prompt = "" if system_prompt is None else _check_text("info['system_prompt']", system_prompt)
+    return _check_text("reset observation", observation), info, system_prompt
+
+
+def step_env(env: gymnasium.Env, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    """`env.step(action)`, its outputs checked and converted (info["reward_components"] to
+    name -> float). Raises what the env raises, or EnvOutputError naming the unusable output."""
+    observation, reward, terminated, truncated, info = env.step(action)
+    return (
+        _check_text("observation", observation),
+        _check_number("reward", reward),
+        _check_flag("terminated", terminated),
+        _check_flag("truncated", truncated),
+        _check_info("info", info),
+    )
+
+
+def abandon_env(env: gymnasium.Env) -> tuple[float, dict[str, Any]] | None:
+    """The env's optional `abandon()` (see the module doc), its outputs checked; None when the env
+    has no such method. Raises what it raises, or EnvOutputError naming the unusable output."""
+    abandon = getattr(env.unwrapped, "abandon", None)
+    if not callable(abandon):
+        return None
+    reward, info = abandon()
+    return _check_number("abandon() reward", reward), _check_info("abandon() info", info)
+
+
+def settles(stop_reason: StopReason | None, transitions: Sequence[Transition]) -> bool:
+    """Whether the runner asks the env to settle an episode (`abandon_env`): a limit of the
+    runner's ended it while the env had not, and it has a transition to carry the reward."""
+    if stop_reason not in SETTLED_STOP_REASONS or not transitions:
+        return False
+    return not (transitions[-1].terminated or transitions[-1].truncated)
+
+
+def env_stop_reason(info: dict[str, Any], terminated: bool) -> StopReason:
+    """The StopReason of an episode the env ended: its info's end_reason, else by the flag."""
+    try:
+        return StopReason(info.get("end_reason"))
+    except ValueError:
+        return StopReason.ANSWERED if terminated else StopReason.MAX_TURNS
+
+
+__all__ = [
+    "SETTLED_STOP_REASONS",
+    "EnvOutputError",
+    "abandon_env",
+    "env_stop_reason",
+    "reset_env",
+    "settles",
+    "step_env",
+]

@@ -17,27 +17,28 @@ Limits, each ending the episode with its StopReason (checked in this order every
 The env's `info["end_reason"]` (answered, no_tool_call, max_turns, parse_error) becomes the
 StopReason when the env ends the episode.
 
-Settling the episodes the runner ends (`env_io.SETTLED_STOP_REASONS`: MAX_TOKENS, CONTEXT_OVERFLOW, and
-MAX_TURNS when the env had not ended the episode itself): if the env has the optional
-`abandon() -> (reward, info)` (envs/base.py; ToolEnv adds its `incorrect_reward`, as its own
-limits do), the runner calls it (`abandon_env`), adds the reward to the LAST transition's reward
-(so total_reward is still the sum of transition rewards), merges the info into that
-transition's info and takes its reward_components. So an unanswered episode scores the same
-whichever limit, the env's or the runner's, ends it. An episode with no transition (its prompt
-alone did not fit) has no step to carry it and is not settled; TIMEOUT and ENV_ERROR never are
-(infrastructure failures, not trained on). A failing `abandon()` ends the episode with ENV_ERROR
-(the last transition's info gets "abandon_error").
+Settling the episodes the runner ends (`env_io.SETTLED_STOP_REASONS`: MAX_TOKENS,
+CONTEXT_OVERFLOW, and MAX_TURNS when the env had not ended the episode itself): if the env has
+the optional `abandon() -> (reward, info)` (envs/base.py; ToolEnv adds its `incorrect_reward`,
+as its own limits do), the runner calls it (`abandon_env`), adds the reward to the LAST
+transition's reward (so total_reward is still the sum of transition rewards), merges the info
+into that transition's info and takes its reward_components. So an unanswered episode scores the
+same whichever limit, the env's or the runner's, ends it. An episode with no transition (its
+prompt alone did not fit) has no step to carry it and is not settled; TIMEOUT and ENV_ERROR never
+are (infrastructure failures, not trained on). A failing `abandon()` ends the episode with
+ENV_ERROR (the last transition's info gets "abandon_error").
 
 Fault isolation: an env that raises in make/reset/step (or its oracle, for a scripted policy),
 or returns what the runner cannot use, ends that episode with ENV_ERROR, as does a prompt or
-observation the renderer cannot encode. `reset_env`/`step_env` (rollouts/env_io.py) check the env's outputs: text
-that is not an encodable str, a reward that is not a finite number (NaN or inf would make its
-whole group's advantages NaN), an info that is not a dict, reward_components that are not name ->
-finite number. A generation error or an aborted generation ends the episode with TIMEOUT (the
-engine's ContextOverflowError, if raised, with CONTEXT_OVERFLOW). The episode keeps what it had,
-`Trajectory.error` holds "ExceptionType: message" (EnvOutputError for an unusable env output:
-"EnvOutputError: reward must be a finite number, got None"), and the rest go on. A step that
-raised or returned an unusable output is recorded with reward 0 and info `{"error": ...}`.
+observation the renderer cannot encode. `reset_env`/`step_env` (rollouts/env_io.py) check the
+env's outputs: text that is not an encodable str, a reward that is not a finite number (NaN or
+inf would make its whole group's advantages NaN), an info that is not a dict, reward_components
+that are not name -> finite number. A generation error or an aborted generation ends the episode
+with TIMEOUT (the engine's ContextOverflowError, if raised, with CONTEXT_OVERFLOW). The episode
+keeps what it had, `Trajectory.error` holds "ExceptionType: message" (EnvOutputError for an
+unusable env output: "EnvOutputError: reward must be a finite number, got None"), and the rest
+go on. A step that raised or returned an unusable output is recorded with reward 0 and info
+`{"error": ...}`.
 
 Concurrency: all episodes of a call run as asyncio tasks, so their `generate` calls arrive
 together and the engine micro-batches them. Env steps are fast Python and run inline.

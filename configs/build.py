@@ -78,6 +78,18 @@ def check_vocab(model: ModelConfig, renderer: ChatRenderer) -> None:
         )
 
 
+def check_model(config: Config, model: ModelConfig, renderer: ChatRenderer) -> None:
+    """The checks that need the model's shape and the tokenizer (cheap: no weights are made)."""
+    check_vocab(model, renderer)
+    max_seq_len = engine_max_seq_len(config, model)
+    if not 2 <= max_seq_len <= model.max_position_embeddings:
+        raise ConfigError(
+            "agent.max_seq_len",
+            f"must be in [2, {model.max_position_embeddings}] (the model's max_position_embeddings), "
+            f"got {max_seq_len}",
+        )
+
+
 def initial_model(config: Config) -> Transformer:
     """The run's starting weights (float32 master copy): the HF directory, or a named config
     initialised from model.init_seed (the same on every rank)."""

@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from toolgym.agents.chat import ChatRenderer
+from toolgym.agents.tokenizer import tokenizer_fingerprint
+from toolgym.rollouts.recording import RecordingError, RecordingReader
 from toolgym.rollouts.sampling import TaskSeedStream
 from toolgym.trainers.checkpoint import CheckpointManager, export_hf
 from toolgym.trainers.distributed import all_gather_objects, barrier
@@ -29,7 +32,7 @@ from .build import (
     build_generator,
     build_renderer,
     build_trainer,
-    check_vocab,
+    check_model,
     describe_generator,
     engine_max_seq_len,
     initial_model,
@@ -69,6 +72,16 @@ def _prepare_run_dir(config: Config, resume: str | Path | None, is_main: bool) -
     if error is not None:
         raise error
     return RunDir(path, config.checkpoint.directory)
+
+
+def _check_sft_recording(config: Config, renderer: ChatRenderer) -> None:
+    """The SFT recording's header (not its episodes): a recording made with another tokenizer."""
+    if not (config.sft.enabled and config.sft.source == "recording"):
+        return
+    try:
+        RecordingReader(config.sft.recording, tokenizer_fingerprint(renderer.tokenizer))
+    except (RecordingError, OSError) as exc:
+        raise ConfigError("sft.recording", str(exc)) from None
 
 
 def _resume_point(run: RunDir) -> tuple[Path | None, int]:
@@ -158,7 +171,12 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     started = time.perf_counter()
     progress = progress and config.logging.progress_bar
     dist = setup_distributed(config.parallel)
+    # Every check that can refuse the config comes before the run directory exists: a directory
+    # left behind by a refused config would block the retry ("already exists and is not empty").
     check_environment(config, dist.world_size)
+    renderer, tokenizer_file = build_renderer(config)
+    check_model(config, model_config(config), renderer)
+    _check_sft_recording(config, renderer)
     run = _prepare_run_dir(config, resume, dist.is_main)
     latest, resume_step = _resume_point(run) if resume is not None else (None, 0)
     sft_done = run.sft_done.is_file()
@@ -170,8 +188,6 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     log.print(
         f"run directory: {run.root}" + (f" (resuming at step {resume_step})" if resume is not None else "")
     )
-    renderer, tokenizer_file = build_renderer(config)
-    check_vocab(model_config(config), renderer)
 
     demo_accuracy = None
     if redo_sft:

@@ -272,6 +272,12 @@ def test_model_path_wins_over_the_named_config(tmp_path):
             "config error: batch.max_groups_per_round: must be >= 1 (or unset), got -2",
         ),
         (["agent.history_capacity=-2"], "config error: agent.history_capacity: must be -1"),
+        (
+            ["model.overrides={vocab_size=100}"],
+            "config error: model: vocab_size 100 is smaller than the tokenizer's",
+        ),
+        (["agent.max_seq_len=1"], "config error: agent.max_seq_len: must be in [2, "),
+        (["agent.max_seq_len=100000"], "config error: agent.max_seq_len: must be in [2, "),
         (["rollout.context_length=1"], "config error: rollout.context_length: must be >= 2, got 1"),
         (["rollout.episode_timeout_s=0"], "config error: rollout.episode_timeout_s: must be > 0, got 0"),
         (
@@ -290,6 +296,18 @@ def test_cli_rejects_a_bad_config_with_exit_code_2_and_starts_nothing(tmp_path, 
     assert err.startswith(message), err
     assert len(err.splitlines()) == 1
     assert not run_dir.exists()
+
+
+def test_cli_refuses_an_sft_recording_of_another_tokenizer_and_starts_nothing(tmp_path, capsys):
+    from toolgym.rollouts.recording import RecordingHeader, RecordingWriter
+
+    recording, run_dir = tmp_path / "demos.jsonl", tmp_path / "run"
+    RecordingWriter(recording, RecordingHeader(tokenizer_fingerprint="another", env_id="x")).close()
+    args = ["train", "--set", f"run.run_dir={run_dir}", "--set", "sft.source=recording"]
+    assert main([*args, "--set", f"sft.recording={recording}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"config error: sft.recording: {recording}: recorded with tokenizer another")
+    assert len(err.strip().splitlines()) == 1 and not run_dir.exists()
 
 
 def test_cli_refuses_an_existing_run_dir_and_a_missing_one_to_resume(tmp_path, capsys):

@@ -16,6 +16,7 @@ import asyncio
 import copy
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from .build import (
     save_initial_model,
     setup_distributed,
 )
-from .load import ConfigError, check_environment
+from .load import ConfigError, check_environment, config_to_toml, load_config
 from .loop import RLLoop
 from .metrics_log import MetricsLog, read_metrics, truncate_metrics
 from .plot import plot_run
@@ -82,6 +83,26 @@ def _check_sft_recording(config: Config, renderer: ChatRenderer) -> None:
         RecordingReader(config.sft.recording, tokenizer_fingerprint(renderer.tokenizer))
     except (RecordingError, OSError) as exc:
         raise ConfigError("sft.recording", str(exc)) from None
+
+
+def _update_run_config(run: RunDir, config: Config) -> Path | None:
+    """On resume: write `config` to the run's config.toml when it differs (--resume with --set),
+    keeping the previous one as config.toml.bak. A later `--resume RUN` (the command printed on
+    an interrupt) reads config.toml alone: without this it would run with the old values, e.g.
+    the old run.steps, train nothing and exit 0. Returns the backup, or None when unchanged."""
+    text = config_to_toml(config)
+    try:
+        unchanged = config_to_toml(load_config(run.config)[0]) == text
+    except ConfigError:  # the old file no longer loads (the overrides may be what fixes it)
+        unchanged = False
+    if unchanged:
+        return None
+    backup = run.config.with_name(run.config.name + ".bak")
+    shutil.copy2(run.config, backup)
+    tmp = run.config.with_name(run.config.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(run.config)
+    return backup
 
 
 def _resume_point(run: RunDir) -> tuple[Path | None, int]:
@@ -178,6 +199,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     check_model(config, model_config(config), renderer)
     _check_sft_recording(config, renderer)
     run = _prepare_run_dir(config, resume, dist.is_main)
+    config_backup = _update_run_config(run, config) if resume is not None and dist.is_main else None
     latest, resume_step = _resume_point(run) if resume is not None else (None, 0)
     sft_done = run.sft_done.is_file()
     redo_sft = config.sft.enabled and not sft_done and latest is None
@@ -188,6 +210,8 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     log.print(
         f"run directory: {run.root}" + (f" (resuming at step {resume_step})" if resume is not None else "")
     )
+    if config_backup is not None:
+        log.print(f"config.toml: updated with this session's settings (the previous one: {config_backup})")
 
     demo_accuracy = None
     if redo_sft:

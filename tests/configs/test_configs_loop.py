@@ -4,6 +4,7 @@ checkpoints, the run directory, resume, and `toolgym plot`."""
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -116,7 +117,7 @@ def test_sft_shortfall_hint_only_when_sft_fell_far_short_of_its_demos():
     assert hint is not None and "0.26" in hint and "1.00" in hint and "sft.steps" in hint
 
 
-def test_resume_continues_the_step_count_metrics_and_task_stream(tmp_path):
+def test_resume_continues_the_step_count_metrics_and_task_stream(tmp_path, capsys):
     run_dir = tmp_path / "run"
     raw = small_config(run_dir, sft={"enabled": False}, eval={"every_steps": 0, "at_start": False})
     assert train(config_from_dict(raw)) == 0
@@ -127,6 +128,11 @@ def test_resume_continues_the_step_count_metrics_and_task_stream(tmp_path):
         f.write(json.dumps({"kind": "train", "step": 3, "stale": True}) + "\n")
 
     assert main(["train", "--resume", str(run_dir), "--set", "run.steps=4", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"config.toml: updated with this session's settings (the previous one: {run_dir}/config.toml.bak)"
+        in out
+    )
     steps = [(r["step"], r.get("stale", False)) for r in records(run_dir, "train")]
     assert steps == [(1, False), (2, False), (3, False), (4, False)]
     latest = (run_dir / "checkpoints" / "rl" / "latest").read_text()
@@ -137,6 +143,15 @@ def test_resume_continues_the_step_count_metrics_and_task_stream(tmp_path):
     group_ids = sorted({t.group_id for t in trained})
     assert group_ids == list(range(8))
     assert [r["step"] for r in records(run_dir, "eval")] == [2, 4]  # at the end of each run
+    # the override is the run's config now: a plain --resume (the command printed on an interrupt)
+    # goes on with run.steps = 4, not the 2 the run was started with
+    assert tomllib.loads((run_dir / "config.toml").read_text())["run"]["steps"] == 4
+    assert tomllib.loads((run_dir / "config.toml.bak").read_text())["run"]["steps"] == 2
+    assert main(["train", "--resume", str(run_dir), "--set", "run.steps=5", "--no-progress"]) == 0
+    assert main(["train", "--resume", str(run_dir), "--no-progress"]) == 0
+    assert "config.toml: updated" not in capsys.readouterr().out.split("run directory:")[-1]
+    assert tomllib.loads((run_dir / "config.toml.bak").read_text())["run"]["steps"] == 4
+    assert [r["step"] for r in records(run_dir, "train")] == [1, 2, 3, 4, 5]
 
 
 def test_resume_after_sft_starts_rl_from_the_sft_model(tmp_path):

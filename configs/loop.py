@@ -142,9 +142,11 @@ class RLLoop:
             self.log.print(example)
         self.log.print(eval_line(label, metrics))
         if self.config.eval.record:
-            with RecordingWriter(
-                self.run.eval_recording(self.step), self._header(f"eval step {self.step}")
-            ) as w:
+            path = self.run.eval_recording(self.step)
+            # One file per eval, written afresh: the writer appends, and a resumed run that
+            # redoes this eval must not leave two copies of it (replay would count both).
+            path.unlink(missing_ok=True)
+            with RecordingWriter(path, self._header(f"eval step {self.step}")) as w:
                 w.write_all(report.trajectories)
         self.eval_history.append((self.step, metrics))
         return metrics

@@ -6,8 +6,10 @@ eval, the RL loop, a final eval, the final policy exported, plots, and the befor
     train(config, resume="runs/x")     # continue from its latest checkpoint
 
 Resume: a run with an RL checkpoint continues from it (model, optimizer, schedule, RNG, step, the
-task streams' positions); metrics.jsonl keeps the records up to that step. A run whose SFT phase
-finished (sft_done.json) starts RL from sft_model/; an SFT phase that was cut short is redone.
+task streams' positions); metrics.jsonl and the recordings under trajectories/ keep what came up
+to that step, so that each redone step is there once. A run whose SFT phase finished
+(sft_done.json) starts RL from sft_model/; an SFT phase that was cut short is redone. Overrides
+given with --resume are written to the run's config.toml (the previous one: config.toml.bak).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.tokenizer import tokenizer_fingerprint
-from toolgym.rollouts.recording import RecordingError, RecordingReader
+from toolgym.rollouts.recording import RecordingError, RecordingReader, RecordingWriter
 from toolgym.rollouts.sampling import TaskSeedStream
 from toolgym.trainers.checkpoint import CheckpointManager, export_hf
 from toolgym.trainers.distributed import all_gather_objects, barrier
@@ -105,13 +107,51 @@ def _update_run_config(run: RunDir, config: Config) -> Path | None:
     return backup
 
 
-def _resume_point(run: RunDir) -> tuple[Path | None, int]:
-    """The latest RL checkpoint (or None) and the RL step it holds."""
+def _resume_point(run: RunDir) -> tuple[Path | None, int, list[int]]:
+    """The latest RL checkpoint (or None), the RL step it holds and the task streams' positions."""
     latest = CheckpointManager(run.rl_checkpoints).latest()
     if latest is None:
-        return None, 0
-    meta = json.loads((latest / "meta.json").read_text())
-    return latest, int(meta["data_position"].get("rl_step", 0))
+        return None, 0, []
+    data = json.loads((latest / "meta.json").read_text())["data_position"]
+    return latest, int(data.get("rl_step", 0)), [int(p) for p in data.get("positions", [0])]
+
+
+def _drawn_before(group_id: int, positions: list[int]) -> bool:
+    """Whether training task `group_id` (its index in the stream) was drawn by the checkpoint's
+    steps: rank r of W draws the indices k * W + r for k < positions[r]. A session run with
+    another world size drew only indices below where the checkpoint's session started, or (a
+    later one, resumed from it) at or past every rank's position: the rule holds for those too."""
+    world = len(positions)
+    return world > 0 and group_id // world < positions[group_id % world]
+
+
+def cut_recordings(run: RunDir, last_step: int, positions: list[int]) -> None:
+    """On resume: leave the recordings as they were at the checkpoint, so each step the resumed
+    run redoes is recorded once (the writers append). Evals after `last_step` are deleted (they
+    are redone, like their metrics records); train_rank*.jsonl keeps the episodes of the tasks
+    the checkpoint's steps drew (task index = group id, below the streams' positions: this holds
+    for surplus and dropped groups too, and needs no step number in the file) and is rewritten
+    through a RecordingWriter, header kept. No checkpoint (`positions` empty): RL starts over,
+    and the file goes."""
+    for path in run.trajectories.glob("eval_step_*.jsonl"):
+        step = path.stem.removeprefix("eval_step_")
+        if step.isdigit() and int(step) > last_step:
+            path.unlink()
+    for path in run.trajectories.glob("train_rank*.jsonl"):
+        reader = RecordingReader(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        kept = 0
+        with RecordingWriter(tmp, reader.header) as writer:
+            for trajectory in reader:
+                if _drawn_before(trajectory.group_id, positions):
+                    writer.write(trajectory)
+                    kept += 1
+        if kept:
+            tmp.replace(path)
+        else:  # the run starts over: its writer makes a new file, with this session's header
+            tmp.unlink()
+            path.unlink()
 
 
 def _stream_position(data: dict[str, Any], rank: int, world_size: int) -> int:
@@ -200,11 +240,16 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     _check_sft_recording(config, renderer)
     run = _prepare_run_dir(config, resume, dist.is_main)
     config_backup = _update_run_config(run, config) if resume is not None and dist.is_main else None
-    latest, resume_step = _resume_point(run) if resume is not None else (None, 0)
+    latest, resume_step, positions = _resume_point(run) if resume is not None else (None, 0, [])
     sft_done = run.sft_done.is_file()
     redo_sft = config.sft.enabled and not sft_done and latest is None
-    if dist.is_main and resume is not None and run.metrics.is_file():
-        truncate_metrics(run.metrics, resume_step if latest else -1, keep_sft=not redo_sft)
+    if dist.is_main and resume is not None:
+        # What the resumed run redoes goes: its steps after the checkpoint, and the step-0 eval
+        # when it starts at step 0 (it runs that eval again).
+        last_step = resume_step if latest is not None and resume_step > 0 else -1
+        if run.metrics.is_file():
+            truncate_metrics(run.metrics, last_step, keep_sft=not redo_sft)
+        cut_recordings(run, last_step, positions)
     barrier()
     log = MetricsLog(config.logging, run.metrics, run.tensorboard, enabled=dist.is_main)
     log.print(

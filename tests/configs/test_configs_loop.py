@@ -4,6 +4,7 @@ checkpoints, the run directory, resume, and `toolgym plot`."""
 from __future__ import annotations
 
 import json
+import shutil
 import tomllib
 from pathlib import Path
 
@@ -180,3 +181,37 @@ def test_a_run_without_metrics_jsonl_finishes_without_plots(tmp_path, capsys):
     assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "plots").exists()
     assert (run_dir / "final_model" / "model.safetensors").is_file()
     assert json.loads((run_dir / "summary.json").read_text())["after"]["step"] == 1
+
+
+def test_resume_leaves_one_copy_of_each_recorded_episode(tmp_path):
+    run_dir = tmp_path / "run"
+    raw = small_config(
+        run_dir,
+        run={"steps": 4},
+        sft={"enabled": False},
+        eval={"every_steps": 2},
+        checkpoint={"every_steps": 2, "keep_last": 2},
+    )
+    assert train(config_from_dict(raw)) == 0
+    trajectories = run_dir / "trajectories"
+
+    def recorded() -> tuple[list[int], dict[str, int]]:
+        _, trained = read_recording(trajectories / "train_rank0.jsonl")
+        evals = {p.name: len(read_recording(p)[1]) for p in sorted(trajectories.glob("eval_step_*.jsonl"))}
+        return sorted(t.group_id for t in trained), evals
+
+    once = ([g for g in range(8) for _ in range(2)], {f"eval_step_{s:08d}.jsonl": 4 for s in (0, 2, 4)})
+    assert recorded() == once  # 4 steps x 2 groups of 2; evals of 4 tasks at steps 0, 2, 4
+    # a crash after step 4 whose last checkpoint was step 2: steps 3-4 and the step-4 eval are
+    # redone, and were appended a second time to the recordings
+    rl = run_dir / "checkpoints" / "rl"
+    shutil.rmtree(rl / "step_00000004")
+    (rl / "latest").write_text("step_00000002")
+    assert main(["train", "--resume", str(run_dir), "--no-progress"]) == 0
+    assert recorded() == once
+    # no RL checkpoint at all: RL starts over, the step-0 eval included
+    shutil.rmtree(rl)
+    assert main(["train", "--resume", str(run_dir), "--no-progress"]) == 0
+    assert recorded() == once
+    assert [r["step"] for r in records(run_dir, "eval")] == [0, 2, 4]
+    assert [r["step"] for r in records(run_dir, "train")] == [1, 2, 3, 4]

@@ -9,10 +9,11 @@ components.
 Verification re-runs each episode's actions in a fresh env made from the recorded id and
 kwargs, reset with the recorded task seed, and reports every observation, reward or end flag
 that differs, and every trajectory-level field training reads (total_reward, reward_components,
-stop_reason) that disagrees with the steps or the re-run. Actions the runner never gave the env (a turn cut by a token limit, or one the env
-raised on or answered with an output the runner could not use) are handled as the runner handled
-them: the env is stepped through the runner's own checks (`step_env`), and an episode the runner
-cut is settled as the runner settled it (`abandon_env`, its reward on the last turn).
+stop_reason) that disagrees with the steps or the re-run. Actions the runner never gave the env
+(a turn cut by a token limit, or one the env raised on or answered with an output the runner
+could not use) are handled as the runner handled them: the env is stepped through the runner's
+own checks (`step_env`), and an episode the runner cut is settled as the runner settled it
+(`abandon_env`, its reward on the last turn).
 """
 
 from __future__ import annotations

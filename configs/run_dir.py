@@ -55,8 +55,12 @@ class RunDir:
         return self.trajectories / f"train_rank{rank}.jsonl"
 
     def write_json(self, path: Path, data: Any) -> None:
+        self.write_text(path, json.dumps(data, indent=2) + "\n")
+
+    def write_text(self, path: Path, text: str) -> None:
+        """Replace `path` with `text` atomically: a crash leaves the old file or the new one."""
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.write_text(text)
         tmp.replace(path)
 
 

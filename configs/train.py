@@ -101,9 +101,7 @@ def _update_run_config(run: RunDir, config: Config) -> Path | None:
         return None
     backup = run.config.with_name(run.config.name + ".bak")
     shutil.copy2(run.config, backup)
-    tmp = run.config.with_name(run.config.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(run.config)
+    run.write_text(run.config, text)
     return backup
 
 

@@ -105,6 +105,26 @@ def _update_run_config(run: RunDir, config: Config) -> Path | None:
     return backup
 
 
+def schedule_notes(config: Config) -> list[str]:
+    """A line for each decaying LR schedule that ends before its phase does: the steps after
+    `total_steps` run at lr x min_lr_ratio. This is how a resume with `--set run.steps=N` (more
+    steps) behaves, since the stored config.toml fixed total_steps at the old run.steps;
+    stretching the schedule mid-run would change the LR of steps already planned, so it is the
+    user's call, and the note says how."""
+    notes = []
+    phases = [("trainer.optimizer", config.trainer.optimizer, "run.steps", config.run.steps)]
+    if config.sft.enabled:
+        phases.append(("sft.optimizer", config.sft.optimizer, "sft.steps", config.sft.steps))
+    for key, optimizer, steps_key, steps in phases:
+        if optimizer.decay != "constant" and steps > optimizer.total_steps:
+            notes.append(
+                f"note: {key}.total_steps={optimizer.total_steps} < {steps_key}={steps}: the {optimizer.decay} "
+                f"LR schedule ends at step {optimizer.total_steps} and later steps run at lr x "
+                f"min_lr_ratio={optimizer.min_lr_ratio:g} (--set {key}.total_steps={steps} stretches it)"
+            )
+    return notes
+
+
 def _resume_point(run: RunDir) -> tuple[Path | None, int, list[int]]:
     """The latest RL checkpoint (or None), the RL step it holds and the task streams' positions."""
     latest = CheckpointManager(run.rl_checkpoints).latest()
@@ -255,6 +275,8 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     )
     if config_backup is not None:
         log.print(f"config.toml: updated with this session's settings (the previous one: {config_backup})")
+    for note in schedule_notes(config):
+        log.print(note)
 
     demo_accuracy = None
     if redo_sft:

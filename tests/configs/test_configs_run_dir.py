@@ -32,3 +32,31 @@ def test_the_training_recording_is_cut_at_the_checkpoints_task_positions():
     # and drew 4-7 before the checkpoint: everything up to 7 was drawn by its steps, 8 on was not
     assert [g for g in range(12) if _drawn_before(g, [4, 4])] == [0, 1, 2, 3, 4, 5, 6, 7]
     assert not _drawn_before(0, [])  # no checkpoint: RL starts over
+
+
+def test_steps_past_a_decaying_schedule_are_named_and_how_to_stretch_it():
+    from toolgym.configs.train import schedule_notes
+
+    fresh = {"run": {"steps": 20}, "trainer": {"optimizer": {"decay": "cosine", "min_lr_ratio": 0.1}}}
+    config = config_from_dict(fresh)
+    assert config.trainer.optimizer.total_steps == 20 and schedule_notes(config) == []
+    # a resume with --set run.steps=40: the stored config.toml already fixed total_steps at 20
+    raw = tomllib.loads(_toml(config))
+    raw["run"]["steps"] = 40
+    (note,) = schedule_notes(config_from_dict(raw))
+    assert "trainer.optimizer.total_steps=20 < run.steps=40" in note
+    assert "min_lr_ratio=0.1" in note and "--set trainer.optimizer.total_steps=40" in note
+    raw["trainer"]["optimizer"]["decay"] = "constant"  # nothing ends: nothing to say
+    assert schedule_notes(config_from_dict(raw)) == []
+    sft = config_from_dict(
+        {"sft": {"enabled": True, "steps": 30, "optimizer": {"decay": "linear", "total_steps": 10}}}
+    )
+    assert [n.split(":")[1].strip() for n in schedule_notes(sft)] == [
+        "sft.optimizer.total_steps=10 < sft.steps=30"
+    ]
+
+
+def _toml(config) -> str:
+    from toolgym.configs.load import config_to_toml
+
+    return config_to_toml(config)

@@ -13,7 +13,8 @@ stop_reason) that disagrees with the steps or the re-run. Actions the runner nev
 (a turn cut by a token limit, or one the env raised on or answered with an output the runner
 could not use) are handled as the runner handled them: the env is stepped through the runner's
 own checks (`step_env`), and an episode the runner cut is settled as the runner settled it
-(`abandon_env`, its reward on the last turn).
+(`abandon_env`, its reward on the last turn). Given the recording's tokenizer, verification also
+checks the tokens training reads against that text (`verify_tokens`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import gymnasium
 from rich.text import Text
 
 import toolgym.envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
-from toolgym.agents.chat import ChatRenderer
+from toolgym.agents.chat import ChatRenderer, Message
 
 from .advantages import AdvantageConfig, batch_advantages
 from .env_io import abandon_env, env_stop_reason, reset_env, settles, step_env
@@ -231,9 +232,52 @@ def _episode_problems(
     return problems
 
 
-def verify_trajectories(trajectories: Iterable[Trajectory]) -> list[tuple[int, Trajectory, list[str]]]:
-    """(index, trajectory, problems) for every trajectory that does not replay exactly."""
-    return [(i, t, p) for i, t in enumerate(trajectories) if (p := verify_trajectory(t))]
+def verify_tokens(trajectory: Trajectory, renderer: ChatRenderer) -> list[str]:
+    """Differences between the recorded token stream and the recorded text ([] if none): what
+    training reads (tokens) against what the env graded (text). Each action's tokens must decode
+    to its text (skip_special_tokens, as every backend and the runner decode); the first turn's
+    observation tokens must be the rendered prompt, and every later turn's the delta the renderer
+    makes from the env's reply and the previous action's tokens, in one chat role for the whole
+    episode ("tool" or "user": rollout.observation_role, which the recording does not keep)."""
+    t, problems = trajectory, []
+    if not t.transitions:
+        return problems
+    try:
+        messages = [Message("system", t.system_prompt)] if t.system_prompt else []
+        prompt = renderer.render_prompt([*messages, Message("user", t.transitions[0].observation)])
+        if t.transitions[0].observation_tokens != prompt:
+            problems.append("turn 0: observation tokens are not the rendered prompt")
+        roles = ["tool", "user"]  # the roles that still explain every turn so far
+        for i in range(1, len(t.transitions)):
+            tokens, observation = t.transitions[i].observation_tokens, t.transitions[i].observation
+            previous = t.transitions[i - 1].action.tokens
+            roles = [
+                r for r in roles if renderer.render_observation(Message(r, observation), previous) == tokens
+            ]
+            if not roles:
+                problems.append(f"turn {i}: observation tokens are not the rendered env reply")
+                break
+        for i, transition in enumerate(t.transitions):
+            text = renderer.decode(transition.action.tokens, skip_special_tokens=True)
+            if text != transition.action.text:
+                problems.append(
+                    f"turn {i}: action tokens decode to {text!r}, not the recorded {transition.action.text!r}"
+                )
+    except Exception as exc:  # tokens outside the vocabulary, text the renderer cannot encode
+        problems.append(f"the renderer failed on the recorded text or tokens: {type(exc).__name__}: {exc}")
+    return problems
+
+
+def verify_trajectories(
+    trajectories: Iterable[Trajectory], renderer: ChatRenderer | None = None
+) -> list[tuple[int, Trajectory, list[str]]]:
+    """(index, trajectory, problems) for every trajectory that does not replay exactly (with a
+    renderer, also every one whose tokens do not match its text: `verify_tokens`)."""
+    checked = (
+        (i, t, verify_trajectory(t) + (verify_tokens(t, renderer) if renderer else []))
+        for i, t in enumerate(trajectories)
+    )
+    return [(i, t, p) for i, t, p in checked if p]
 
 
 # ---- Episodes from a recording -----------------------------------------------------------------

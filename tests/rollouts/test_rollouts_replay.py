@@ -42,7 +42,7 @@ def test_record_replay_verify_round_trip_is_exact(renderer, tmp_path):
     path, recorded = record(renderer, tmp_path)
     _, trajectories = read_recording(path, "fp")
     assert trajectories == recorded
-    assert verify_trajectories(trajectories) == []
+    assert verify_trajectories(trajectories, renderer) == []
     modes = {t.transitions[-1].info.get("failure_mode") for t in trajectories}
     assert len(modes) >= 2  # the knobs made a mix of behaviours, all of which replay
 
@@ -124,7 +124,7 @@ ENDINGS = [
 )
 def test_verify_accepts_every_way_the_runner_ends_an_episode(renderer, tmp_path, env_id, env_kwargs, limits):
     _, trajectories = record(renderer, tmp_path, env_id, env_kwargs, seeds=range(4), **limits)
-    assert verify_trajectories(trajectories) == []
+    assert verify_trajectories(trajectories, renderer) == []
 
 
 class Stalls(TextPolicy):
@@ -152,22 +152,22 @@ def test_verify_accepts_timeouts(renderer, tmp_path, how):
     )
     assert {t.stop_reason for t in trajectories} == {StopReason.TIMEOUT}
     assert trajectories[0].total_reward == 0.0  # a timeout is not settled
-    assert verify_trajectories(trajectories) == []
+    assert verify_trajectories(trajectories, renderer) == []
 
 
 def test_verify_handles_cut_turns_and_env_errors(renderer, tmp_path):
     _, cut = record(
         renderer, tmp_path, TOY_ENV_ID, {}, TextPolicy(renderer), seeds=[1], max_tokens_per_turn=3
     )
-    assert cut[0].stop_reason == StopReason.MAX_TOKENS and verify_trajectory(cut[0]) == []
+    assert cut[0].stop_reason == StopReason.MAX_TOKENS and verify_trajectories(cut, renderer) == []
     kwargs = {"fail_step_seeds": [2], "fail_reset_seeds": [3]}
     _, failed = record(renderer, tmp_path, TOY_ENV_ID, kwargs, OraclePolicy(renderer), seeds=[2, 3])
     assert {t.stop_reason for t in failed} == {StopReason.ENV_ERROR}
-    assert verify_trajectories(failed) == []
+    assert verify_trajectories(failed, renderer) == []
     kwargs = {"bad_outputs": {4: (2, "reward", None), 5: (0, "observation", None)}}
     _, unusable = record(renderer, tmp_path, TOY_ENV_ID, kwargs, OraclePolicy(renderer), seeds=[4, 5])
     assert {t.stop_reason for t in unusable} == {StopReason.ENV_ERROR}
-    assert verify_trajectories(unusable) == []
+    assert verify_trajectories(unusable, renderer) == []
 
 
 def test_transcript_marks_sampled_spans(renderer, tmp_path):
@@ -226,3 +226,36 @@ def test_pick_examples_prefers_distinct_failure_modes(renderer, tmp_path):
     assert len(picked) == 3 and len(set(modes)) == min(
         3, len({t.metrics["failure_mode"] for t in trajectories})
     )
+
+
+def test_verify_with_a_renderer_checks_tokens_against_text(renderer, tmp_path):
+    from toolgym.rollouts.replay import verify_tokens
+
+    _, trajectories = record(renderer, tmp_path, policy=OraclePolicy(renderer), seeds=[0])
+    assert len(trajectories) == 2 and all(len(t.transitions) >= 2 for t in trajectories)
+    assert [verify_tokens(t, renderer) for t in trajectories] == [[], []]
+    # the user role: the same episode rendered with rollout.observation_role = "user" checks too
+    _, (as_user, *_) = record(
+        renderer, tmp_path, policy=OraclePolicy(renderer), seeds=[0], observation_role="user"
+    )
+    assert verify_tokens(as_user, renderer) == []
+    t = trajectories[0]
+    trained = replace_field(t)  # the tokens training reads say something the env never graded
+    trained.transitions[0].action.tokens = [*renderer.encode("[ANSWER] 7"), renderer.im_end_id]
+    trained.transitions[0].action.logprobs = [0.0] * len(trained.transitions[0].action.tokens)
+    assert verify_trajectory(trained) == []  # the env side alone cannot see it
+    assert verify_tokens(trained, renderer) == [
+        f"turn 0: action tokens decode to '[ANSWER] 7', not the recorded {t.transitions[0].action.text!r}"
+    ]
+    shown = replace_field(t)  # the model was shown another prompt than the recorded observation
+    shown.transitions[0].observation_tokens = shown.transitions[0].observation_tokens[:-3]
+    assert verify_tokens(shown, renderer) == ["turn 0: observation tokens are not the rendered prompt"]
+    # an id the tokenizer lacks decodes to "" (the model's embedding may be larger: Qwen pads it)
+    broken = replace_field(t)
+    broken.transitions[-1].action.tokens = [10**9]
+    broken.transitions[-1].action.logprobs = [0.0]
+    last = len(t.transitions) - 1
+    assert verify_tokens(broken, renderer) == [
+        f"turn {last}: action tokens decode to '', not the recorded {t.transitions[last].action.text!r}"
+    ]
+    assert [i for i, _, _ in verify_trajectories([t, trained, shown], renderer)] == [1, 2]

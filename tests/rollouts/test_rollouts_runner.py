@@ -199,7 +199,7 @@ def zorplex_run(renderer, text, env_kwargs, **kw):
     (t,) = RolloutRunner(TextPolicy(renderer, text=text), renderer, cfg).run([0])
     assert t.total_reward == sum(tr.reward for tr in t.transitions)
     assert t.total_reward == pytest.approx(sum(t.reward_components.values()))
-    assert verify_trajectories([t]) == []
+    assert verify_trajectories([t], renderer) == []
     return t
 
 
@@ -278,7 +278,7 @@ def test_a_failing_abandon_is_an_env_error_of_its_episode(renderer, kwargs, erro
     broken = trajectories[1]
     assert broken.error == error and broken.transitions[-1].info["abandon_error"] == error
     assert broken.total_reward == 0.0 and len(broken.transitions) == 3
-    assert verify_trajectories(trajectories) == []
+    assert verify_trajectories(trajectories, renderer) == []
 
 
 def test_token_budget_limits(renderer):

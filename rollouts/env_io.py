@@ -7,6 +7,12 @@ finite number, end flags that are not bools) raises EnvOutputError naming it, an
 episode (ENV_ERROR). NaN or inf rewards matter most: one would make its whole group's advantages
 NaN.
 
+An info is kept as plain JSON-able data, since recordings write it to disk: numpy scalars and
+arrays (common in Gymnasium envs) become their Python values, an object JSON has no type for
+(or key) becomes its repr, and the rest is what the recording reads back (tuples as lists, keys
+as strings, NaN as None); an info that still cannot be written (one that holds itself) is an
+EnvOutputError.
+
 Settling (`abandon_env`, `settles`): when a limit of the runner's (a token or context budget, its
 own turn limit) ends an episode the env has not ended, the env's optional `abandon()` settles it
 as unanswered (envs/base.py), so it scores as the env's own limits would have.
@@ -19,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium
+import msgspec
 import numpy as np
 
 from .types import StopReason, Transition
@@ -60,6 +67,18 @@ def _check_flag(what: str, value: Any) -> bool:
     return bool(value)
 
 
+def _plain(value: Any) -> Any:
+    """msgspec's hook for what JSON has no type for (see the module doc)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return repr(value)
+
+
+_INFO_ENCODER = msgspec.json.Encoder(enc_hook=_plain)
+
+
 def _check_info(what: str, info: Any) -> dict[str, Any]:
     if not isinstance(info, Mapping):
         raise EnvOutputError(f"{what} must be a dict, got {type(info).__name__} {info!r:.80}")
@@ -73,16 +92,19 @@ def _check_info(what: str, info: Any) -> dict[str, Any]:
         info["reward_components"] = {
             name: _check_number(f"info['reward_components'][{name!r}]", v) for name, v in components.items()
         }
-    return info
+    try:  # exactly what a recording of it reads back
+        return msgspec.json.decode(_INFO_ENCODER.encode(info))
+    except (TypeError, ValueError, RecursionError) as exc:  # e.g. an info that holds itself
+        raise EnvOutputError(f"{what} cannot be recorded as JSON ({exc}): {info!r:.80}") from None
 
 
 def reset_env(env: gymnasium.Env, seed: int) -> tuple[str, dict[str, Any], str]:
     """`env.reset(seed=seed)`, its outputs checked: (observation, info, system prompt).
 
     Raises what the env raises, or EnvOutputError naming the output the runner cannot use."""
-    observation, info = env.reset(seed=seed)
-    info = _check_info("reset info", info)
-    system_prompt = info.get("system_prompt")
+    observation, raw_info = env.reset(seed=seed)
+    info = _check_info("reset info", raw_info)
+    system_prompt = raw_info.get("system_prompt")  # as the env gave it (JSON would take bytes)
     system_prompt = "" if system_prompt is None else _check_text("info['system_prompt']", system_prompt)
     return _check_text("reset observation", observation), info, system_prompt
 

@@ -5,6 +5,7 @@ import asyncio
 import re
 
 import gymnasium
+import numpy as np
 
 from toolgym.agents.types import Completion, SamplingParams
 
@@ -15,16 +16,20 @@ SETTLING_ENV_ID = "rolloutstest/SettlingToy-v0"
 class ToyEnv(gymnasium.Env):
     """Call LOOKUP[magic], then answer `[ANSWER] n`. Knobs make reset/step raise for some seeds,
     or return a bad output: bad_outputs {seed: (turn, field, value)} replaces `field` (observation,
-    reward, terminated, info, system_prompt, reward_components) with `value` at that turn (0: reset)."""
+    reward, terminated, info, system_prompt, reward_components) with `value` at that turn (0: reset);
+    numpy_info puts numpy values and an object into every step's info."""
 
     metadata = {"render_modes": []}  # noqa: RUF012
 
-    def __init__(self, fail_reset_seeds=(), fail_step_seeds=(), max_turns=5, bad_outputs=None):
+    def __init__(
+        self, fail_reset_seeds=(), fail_step_seeds=(), max_turns=5, bad_outputs=None, numpy_info=False
+    ):
         self.action_space = gymnasium.spaces.Text(4096)
         self.observation_space = gymnasium.spaces.Text(4096)
         self.fail_reset_seeds, self.fail_step_seeds = set(fail_reset_seeds), set(fail_step_seeds)
         self.max_turns = max_turns
         self.bad_outputs = bad_outputs or {}
+        self.numpy_info = numpy_info
 
     def _corrupt(self, observation, reward, terminated, info):
         turn, field, value = self.bad_outputs.get(self.seed, (None, None, None))
@@ -78,7 +83,19 @@ class ToyEnv(gymnasium.Env):
         return obs, 0.0, False, False, self._info(info, {"correct": 0.0, "format": 0.0})
 
     def _info(self, info, components):
-        return {**info, "tool_calls": self.calls, "errors": self.errors, "reward_components": components}
+        info = {**info, "tool_calls": self.calls, "errors": self.errors, "reward_components": components}
+        if self.numpy_info:  # what Gymnasium envs often return
+            info.update(
+                tool_calls=np.int64(self.calls),
+                reward_components={k: np.float32(v) for k, v in components.items()},
+            )
+            info.update(scores=np.arange(3) / 2, flag=np.bool_(True), handle=Handle(), at=(1, 2))
+        return info
+
+
+class Handle:
+    def __repr__(self):
+        return "Handle()"
 
 
 class SettlingToyEnv(ToyEnv):

@@ -136,6 +136,31 @@ def test_an_unusable_env_output_ends_only_its_episode(renderer, turn, field, val
     assert batch_metrics(trajectories)["rollout/errors/env_error:EnvOutputError"] == 1.0
 
 
+def test_an_info_with_numpy_values_is_kept_as_json_and_records(renderer, tmp_path):
+    from toolgym.rollouts.recording import RecordingHeader, RecordingWriter, read_recording
+
+    kwargs = {"numpy_info": True}
+    (t,) = run(OraclePolicy(renderer), renderer, [1], env_kwargs=kwargs)
+    assert t.stop_reason == StopReason.ANSWERED and t.metrics["tool_calls"] == 1 and t.metrics["correct"]
+    info = t.transitions[-1].info
+    assert info["scores"] == [0.0, 0.5, 1.0] and info["flag"] is True and info["handle"] == "Handle()"
+    assert type(info["tool_calls"]) is int and info["at"] == [1, 2]
+    assert t.reward_components == {"correct": 1.0, "format": pytest.approx(0.2)}  # float32 0.2, as a float
+    path = tmp_path / "r.jsonl"
+    header = RecordingHeader(tokenizer_fingerprint="fp", env_id=TOY_ENV_ID, env_kwargs=kwargs)
+    with RecordingWriter(path, header) as writer:
+        writer.write(t)
+    assert read_recording(path, "fp")[1] == [t]
+    assert verify_trajectories([t], renderer) == []
+    # what JSON cannot hold even so is the env's error, in its own episode
+    looped = {}
+    looped["self"] = looped
+    bad = {"bad_outputs": {2: (1, "info", looped)}}
+    by_seed = {t.task_seed: t for t in run(OraclePolicy(renderer), renderer, [1, 2], env_kwargs=bad)}
+    assert by_seed[1].stop_reason == StopReason.ANSWERED and by_seed[2].stop_reason == StopReason.ENV_ERROR
+    assert by_seed[2].error.startswith("EnvOutputError: info cannot be recorded as JSON (")
+
+
 def test_a_text_the_renderer_cannot_encode_ends_only_its_episode(renderer, monkeypatch):
     render = renderer.render_observation
 

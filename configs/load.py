@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import math
 import re
 import tomllib
@@ -76,11 +77,16 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 
 def parse_value(text: str) -> Any:
-    """A TOML value, or the text itself when it is not one."""
+    """A TOML value, a JSON object or array, or the text itself when it is none of these."""
     try:
         return tomllib.loads(f"value = {text}")["value"]
     except tomllib.TOMLDecodeError:
         pass
+    if text.lstrip().startswith(("{", "[")):  # JSON, as `toolgym record --env-kwargs` takes it
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            pass
     # TOML wants digits on both sides of the point; `.001` and `1.` are numbers on a command line.
     # (nan and inf are TOML already, and refused by config_from_dict.)
     try:

@@ -79,6 +79,11 @@ def test_parse_value_is_toml_with_a_string_fallback():
     assert parse_value("3") == 3 and parse_value("1e-4") == 1e-4 and parse_value("true") is True
     assert parse_value('"x"') == "x" and parse_value("[1, 2]") == [1, 2]
     assert parse_value("{tier = 'simple'}") == {"tier": "simple"}
+    assert parse_value('{"tier": "compositional", "difficulty": "easy"}') == {
+        "tier": "compositional",
+        "difficulty": "easy",
+    }  # JSON, as `toolgym record --env-kwargs` takes it
+    assert parse_value("[0.9, 0.95]") == [0.9, 0.95] and parse_value("{tier: simple}") == "{tier: simple}"
     assert parse_value("toolgym/SumDigits-v0") == "toolgym/SumDigits-v0"
 
 

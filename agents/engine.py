@@ -2,13 +2,13 @@
 
 How a request flows:
 - `await generate(prompts, params)` validates, queues one request per prompt and returns when all
-  their samples are done. Calls made in the same event-loop tick are handed to the worker
-  together (micro-batching), so `asyncio.gather` of many one-prompt calls is one prefill.
-- One worker thread owns the model and the KV cache (agents/kv_cache.py). Between decode steps
-  it admits waiting samples into free slots (continuous batching): one prefill forward per
-  admission (the n samples of a prompt share one prefill row), then every running sample
-  advances by one token per decode step. Finished samples free their slot at once (running
-  samples always fill slots 0..n-1 with their sampling state beside them: agents/slots.py).
+  their samples are done. Calls made in the same event-loop tick are queued together
+  (micro-batching), so `asyncio.gather` of many one-prompt calls is one prefill.
+- The scheduler (agents/scheduler.py) runs them: between decode steps it admits waiting samples
+  into free slots of the KV cache (continuous batching; one prefill forward per admission, the n
+  samples of a prompt sharing one prefill row), then every running sample advances by one token.
+  Finished samples free their slot at once (running samples always fill slots 0..n-1 with their
+  sampling state beside them: agents/slots.py).
 - Prompts that start alike share work (agents/prefill.py): a prefill computes its prompts'
   common prefix once (a system prompt, a group's prompt) and keeps it; a later prefill whose
   prompts all start with it copies it instead (the next turns of those episodes).
@@ -18,14 +18,29 @@ How a request flows:
 - Sampling (agents/sampling.py) is per row: each request keeps its own temperature, top-k,
   top-p, max_tokens, stop ids and seed inside a mixed batch.
 
+Which thread computes (`worker_thread`):
+- off, the default on CPU: the thread that drives the engine computes. Async callers get a
+  driver task on their event loop that runs one engine step and then yields, so the callers' own
+  work (env steps, rendering, their next requests) runs between steps; `generate_sync` and
+  `load_weights` run the steps they need themselves. Why: torch's CPU kernels run on OpenMP,
+  and its runtime (libgomp) keeps one thread pool per thread that ever ran a parallel region.
+  Once the pools' threads outnumber the cores, no pool spins between regions any more: every
+  region then waits for its helper threads to wake (60-80 us on a 2-core VM), which made a
+  decode step's small GEMMs 3-5x slower and a training step ~15% slower while an engine thread
+  existed (bench/RESULTS.md). Computing on the caller's thread keeps one pool per process.
+  The engine is then driven by one thread at a time: calls from several threads are safe (a
+  lock orders the steps) but each computes on its own thread.
+- on, the default on CUDA: one worker thread owns the model and the KV cache, and callers only
+  queue requests and wait; the event loop keeps running env steps while the GPU decodes.
+
 Seeds: sample j of a request with seed s draws its t-th token from u(s, j, t), a counter-based
 hash, so what it samples does not depend on the batch it shares or when it was admitted (see
 agents/sampling.py for the exact guarantee). Requests without a seed get one from the engine's
 own generator (`seed=` at construction).
 
-Weights: `load_weights` waits for running samples to finish (admission pauses), copies the new
-tensors into the existing parameters in place, and bumps `policy_version`; every Completion was
-sampled by one version and carries it.
+Weights: `load_weights` lets the running samples finish on the old weights (nothing new is
+admitted meanwhile), copies the new tensors into the existing parameters in place, and bumps
+`policy_version`; every Completion was sampled by one version and carries it.
 """
 
 from __future__ import annotations
@@ -34,12 +49,9 @@ import asyncio
 import concurrent.futures
 import copy
 import threading
-import time
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import msgspec
 import numpy as np
 import torch
 
@@ -48,25 +60,11 @@ from .errors import ContextOverflowError, checked_prompt, resolve_future
 from .kv_cache import KeyLayout, KVCache
 from .model import Transformer
 from .packed_linear import pack_model, repack, resolve_packing
-from .prefill import Prefiller, padded_chunks
-from .sampling import sample_tokens, seed_to_u64
-from .slots import Request, Sample, Slots
+from .prefill import Prefiller
+from .sampling import seed_to_u64
+from .scheduler import EngineStats, Scheduler
+from .slots import Request
 from .types import Completion, SamplingParams
-
-
-class EngineStats(msgspec.Struct):
-    """Counters since construction (read them to see how requests were batched)."""
-
-    prefill_forwards: int = 0
-    decode_steps: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    requests: int = 0
-    max_running: int = 0
-    shared_prefix_tokens: int = 0  # prompt tokens not recomputed (a common or stored prefix)
-    history_tokens: int = 0  # prompt tokens not recomputed (an earlier turn's kept k/v)
-    prefill_seconds: float = 0.0  # wall time inside prefill forwards + first-token sampling
-    decode_seconds: float = 0.0  # wall time inside decode steps (forward + sampling + bookkeeping)
 
 
 def _as_decode_fn(tokenizer: Any) -> Callable[[list[int]], str] | None:
@@ -96,6 +94,8 @@ class TorchEngine:
     recomputes every prompt in full, for comparison). history_capacity: token positions of KV
     cache that keep finished samples' k/v for their conversation's next turn (agents/history.py;
     default max_batch_size * max_seq_len, which doubles the cache; 0 turns this off).
+    worker_thread: compute on a worker thread of the engine's own (default: on CUDA) instead of
+    on the thread that drives the engine (default on CPU; see the module doc for why).
     """
 
     def __init__(
@@ -116,6 +116,7 @@ class TorchEngine:
         cuda_graphs: bool | None = None,
         share_prefixes: bool = True,
         history_capacity: int | None = None,
+        worker_thread: bool | None = None,
     ) -> None:
         cfg = model.config
         self.config = cfg
@@ -139,9 +140,6 @@ class TorchEngine:
         self.packed = resolve_packing(device, dtype, pack_weights)
         if self.packed:
             pack_model(self.model, batch_hint=max_batch_size)
-        self.policy_version = policy_version
-        self.stats = EngineStats()
-        self._decode_text = _as_decode_fn(tokenizer)
         self._seed_rng = np.random.default_rng(seed)
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
         with torch.inference_mode():
@@ -159,19 +157,37 @@ class TorchEngine:
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
         self._decoder = DecodeGraphs(self.model, self.cache, capture=self.cuda_graphs)
         self._prefiller = Prefiller(self.model, self.cache, share_prefixes=share_prefixes)
-        self._slots = Slots(max_batch_size)  # running samples, slot i = self._slots.running[i]
-        self._waiting: deque[Request] = deque()
-        self._admitting: list[Request] = []
-        # Threading: the worker owns everything above; others talk through _cv-guarded fields.
+        self._scheduler = Scheduler(
+            self.cache,
+            self._prefiller,
+            self._decoder,
+            max_batch_size=max_batch_size,
+            max_prefill_tokens=max_prefill_tokens,
+            continuous_batching=continuous_batching,
+            device=device,
+            decode_text=_as_decode_fn(tokenizer),
+            policy_version=policy_version,
+        )
+        self.stats: EngineStats = self._scheduler.stats
+        # Threading: _cv guards the fields below and orders the steps of whichever thread computes.
         self._cv = threading.Condition()
         self._incoming: list[Request] = []
-        self._paused = False
+        self._paused = False  # worker thread: load_weights waits for the running samples
+        self._busy = False  # worker thread: inside a step
         self._closed = False
+        self._driver: asyncio.Task | None = None  # no worker thread: the task stepping for a loop
         self._buffer: list[Request] = []
         self._buffer_lock = threading.Lock()
         self._flush_scheduled = False
-        self._worker = threading.Thread(target=self._work, name="TorchEngine", daemon=True)
-        self._worker.start()
+        self.worker_thread = device.type == "cuda" if worker_thread is None else worker_thread
+        self._worker: threading.Thread | None = None
+        if self.worker_thread:
+            self._worker = threading.Thread(target=self._work, name="TorchEngine", daemon=True)
+            self._worker.start()
+
+    @property
+    def policy_version(self) -> int:
+        return self._scheduler.policy_version
 
     # ---- public API -----------------------------------------------------------------------------
     async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
@@ -187,16 +203,22 @@ class TorchEngine:
         return [c for per_prompt in results for c in per_prompt]
 
     def generate_sync(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
-        """Blocking `generate` for scripts and benchmarks (do not call it from the event loop)."""
+        """Blocking `generate` for scripts and benchmarks. Without a worker thread it computes on
+        the calling thread (serving whatever else is queued or running meanwhile)."""
         requests = self._make_requests(prompts, params)
         self._submit(requests)
+        if self._worker is None:
+            while not all(r.future.done() for r in requests):
+                with self._cv:
+                    if not self._step_here() and not all(r.future.done() for r in requests):
+                        raise RuntimeError("TorchEngine: requests left unserved with nothing to run")
         return [c for r in requests for c in r.future.result()]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy HF-named tensors into the parameters in place; later samples carry `version`.
 
-        All names and shapes are checked before anything is copied. Waits for running samples to
-        finish first (no admission meanwhile), so no Completion mixes two versions.
+        All names and shapes are checked before anything is copied. Running samples finish on the
+        old weights first (nothing new is admitted meanwhile), so no Completion mixes two versions.
         """
         updates = list(named_tensors)
         for name, tensor in updates:
@@ -209,27 +231,33 @@ class TorchEngine:
                 )
         with self._cv:
             self._check_open()
+            if self._worker is None:
+                with torch.inference_mode():
+                    while self._scheduler.slots.running:
+                        self._scheduler.step(admit=False)
+                self._copy_weights(updates, version)
+                return
             self._paused = True
             try:
                 self._cv.wait_for(lambda: self._idle or self._closed)
                 self._check_open()
-                with torch.no_grad():
-                    for name, tensor in updates:
-                        self._params[name].copy_(tensor)
-                    self._prefiller.forget()
-                    if self.packed:
-                        repack(self.model)
-                self.policy_version = version
+                self._copy_weights(updates, version)
             finally:
                 self._paused = False
                 self._cv.notify_all()
 
     def close(self) -> None:
-        """Stop the worker; requests still queued or running fail with RuntimeError."""
+        """Stop serving; requests still queued or running fail with RuntimeError."""
         with self._cv:
             self._closed = True
             self._cv.notify_all()
-        if self._worker.is_alive() and threading.current_thread() is not self._worker:
+            if self._worker is None:
+                self._fail_pending()
+        if (
+            self._worker is not None
+            and self._worker.is_alive()
+            and threading.current_thread() is not self._worker
+        ):
             self._worker.join()
 
     def __enter__(self) -> TorchEngine:
@@ -267,6 +295,12 @@ class TorchEngine:
             requests, self._buffer = self._buffer, []
             self._flush_scheduled = False
         self._submit(requests)
+        if self._worker is None:
+            with self._cv:
+                # A driver its loop cancelled (or a closed loop) steps no more: start another.
+                driver = self._driver
+                if not self._closed and (driver is None or driver.done() or driver.get_loop().is_closed()):
+                    self._driver = asyncio.get_running_loop().create_task(self._drive())
 
     def _submit(self, requests: list[Request]) -> None:
         with self._cv:
@@ -281,165 +315,76 @@ class TorchEngine:
         if self._closed:
             raise RuntimeError("TorchEngine is closed")
 
+    def _copy_weights(self, updates: list[tuple[str, torch.Tensor]], version: int) -> None:
+        with torch.no_grad():
+            for name, tensor in updates:
+                self._params[name].copy_(tensor)
+            self._prefiller.forget()
+            if self.packed:
+                repack(self.model)
+        self._scheduler.policy_version = version
+
+    def _fail_pending(self) -> None:  # under _cv
+        error = RuntimeError("TorchEngine is closed")
+        self._scheduler.fail_all(error)
+        for r in self._incoming:
+            resolve_future(r.future, exception=error)
+        self._incoming.clear()
+
+    # ---- computing on the driving thread (no worker thread) ---------------------------------------
+    def _step_here(self) -> bool:
+        """One engine step on this thread (under _cv); False when there was nothing to do."""
+        if self._closed:
+            return False
+        self._scheduler.enqueue(self._incoming)
+        self._incoming = []
+        if not self._scheduler.has_work:
+            return False
+        with torch.inference_mode():
+            self._scheduler.step()
+        return True
+
+    async def _drive(self) -> None:
+        """Step while there is work, yielding to the event loop between steps."""
+        while True:
+            with self._cv:
+                if not self._step_here():
+                    self._driver = None  # decided under _cv: a later submit starts a new driver
+                    return
+            await asyncio.sleep(0)
+
+    # ---- the worker thread ------------------------------------------------------------------------
     @property
     def _idle(self) -> bool:  # read under _cv: nothing running in the worker
-        return not self._slots.running and not self._busy
-
-    # ---- worker ---------------------------------------------------------------------------------
-    _busy = False
+        return not self._scheduler.slots.running and not self._busy
 
     def _work(self) -> None:
         torch.set_grad_enabled(False)
+        scheduler = self._scheduler
         while True:
             with self._cv:
                 self._cv.wait_for(
                     lambda: (
                         self._closed
-                        or self._slots.running
-                        or (self._incoming and not self._paused)
-                        or (self._waiting and not self._paused)
+                        or scheduler.slots.running
+                        or ((self._incoming or scheduler.waiting) and not self._paused)
                     )
                 )
                 if self._closed:
                     break
-                self._waiting.extend(self._incoming)
-                self.stats.requests += len(self._incoming)
-                self._incoming.clear()
+                scheduler.enqueue(self._incoming)
+                self._incoming = []
                 admit = not self._paused
                 self._busy = True
             try:
                 with torch.inference_mode():
-                    self._drop_cancelled()
-                    if admit and (self.continuous_batching or not self._slots.running):
-                        self._admit()
-                    if self._slots.running:
-                        self._decode_step()
-            except Exception as error:  # fail what is in flight, keep serving
-                self._fail_all(error)
+                    scheduler.step(admit)
             finally:
                 with self._cv:
                     self._busy = False
                     self._cv.notify_all()
-        self._fail_all(RuntimeError("TorchEngine is closed"))
         with self._cv:
-            for r in self._incoming:
-                resolve_future(r.future, exception=RuntimeError("TorchEngine is closed"))
-            self._incoming.clear()
-
-    def _fail_all(self, error: BaseException) -> None:
-        requests = {id(s.request): s.request for s in self._slots.running}
-        requests.update((id(r), r) for r in (*self._waiting, *self._admitting))
-        self._slots.running.clear()
-        self._waiting.clear()
-        self._admitting = []
-        # A failed prefill may have claimed kept histories it never copied back, or stored part
-        # of a prefix: start the kept k/v afresh rather than trust them.
-        self._prefiller.forget()
-        for r in requests.values():
-            resolve_future(r.future, exception=error)
-
-    def _drop_cancelled(self) -> None:
-        if any(r.future.cancelled() for r in self._waiting):
-            self._waiting = deque(r for r in self._waiting if not r.future.cancelled())
-        gone = [i for i, s in enumerate(self._slots.running) if s.request.future.cancelled()]
-        self._slots.remove(gone, self.cache.move_slot)
-
-    # ---- admission + prefill --------------------------------------------------------------------
-    def _admit(self) -> None:
-        groups: list[tuple[Request, int, int]] = []  # (request, first sample index, count)
-        free = self._slots.free
-        while self._waiting and free:
-            request = self._waiting[0]
-            count = min(free, request.unadmitted)
-            groups.append((request, request.params.n - request.unadmitted, count))
-            request.unadmitted -= count
-            free -= count
-            if not request.unadmitted:
-                self._waiting.popleft()
-        # Out of the queue, not yet running: a prefill that raises must fail these too.
-        self._admitting = [request for request, _, _ in groups]
-        # Next turns of finished samples' conversations prefill only their new tokens.
-        claims: list[tuple[int, int] | None] = [None] * len(groups)
-        if len(self._prefiller.history):
-            claims = [self._prefiller.history.claim(g[0].prompt) if g[2] == 1 else None for g in groups]
-        continuing = [(g, c) for g, c in zip(groups, claims, strict=True) if c is not None]
-        fresh = [(g, None) for g, c in zip(groups, claims, strict=True) if c is None]
-
-        def runs(item: tuple) -> int:  # the prompt tokens its prefill computes
-            (request, _, _), claim = item
-            return len(request.prompt) - (claim[1] if claim else 0)
-
-        for batch in (continuing, fresh):
-            for chunk in padded_chunks(batch, runs, self.max_prefill_tokens):
-                self._prefill(chunk)
-        self._admitting = []
-
-    def _prefill(self, chunk: list[tuple[tuple[Request, int, int], tuple[int, int] | None]]) -> None:
-        """Prefill one chunk: all fresh (claim None) or all continuing a kept history."""
-        start = time.perf_counter()
-        groups = [group for group, _ in chunk]
-        prompts = [request.prompt for request, _, _ in groups]
-        lengths = [len(p) for p in prompts]
-        first = len(self._slots)
-        if chunk[0][1] is not None:
-            logits, saved = self._prefiller.continue_(prompts, [claim for _, claim in chunk], first)
-            self.stats.history_tokens += saved
-        else:
-            logits, saved = self._prefiller(prompts, [count for _, _, count in groups], first)
-            self.stats.shared_prefix_tokens += saved
-        self.stats.prefill_forwards += 1
-        self.stats.prompt_tokens += sum(lengths)
-        for (request, first_sample, count), length in zip(groups, lengths, strict=True):
-            for j in range(first_sample, first_sample + count):
-                self._slots.add(Sample(request, j, self.policy_version), length)
-        self.stats.max_running = max(self.stats.max_running, len(self._slots))
-        self._sample_and_record(logits, first, len(self._slots))
-        self.stats.prefill_seconds += time.perf_counter() - start
-
-    # ---- decode ---------------------------------------------------------------------------------
-    def _decode_step(self) -> None:
-        start = time.perf_counter()
-        slots, n = self._slots, len(self._slots)
-        logits = self._decoder.forward(slots.next[:n], slots.pos[:n])
-        self.stats.decode_steps += 1
-        slots.pos[:n] += 1
-        self._sample_and_record(logits, 0, n)
-        self.stats.decode_seconds += time.perf_counter() - start
-
-    def _sample_and_record(self, logits: torch.Tensor, lo: int, hi: int) -> None:
-        """Sample slots lo..hi-1 from their logits rows, append, finish what is done."""
-        tokens, logprobs = sample_tokens(logits, **self._slots.sampling_inputs(lo, hi, self.device))
-        done = self._slots.record(lo, hi, tokens.tolist(), logprobs.tolist())
-        self.stats.generated_tokens += hi - lo
-        finished = [(self._slots.running[slot], reason) for slot, reason in done]
-        if self._prefiller.history.capacity > 0:
-            for (slot, _), (sample, _) in zip(done, finished, strict=True):
-                # k/v of the prompt and every sampled token fed back (not the last one)
-                self._prefiller.park(slot, sample.request.prompt + sample.tokens[:-1])
-        self._slots.remove([slot for slot, _ in done], self.cache.move_slot)
-        # Completing wakes the callers' event loop, whose Python work (env steps, rendering) then
-        # competes for the GIL with every torch call this thread makes: so copies first.
-        for sample, reason in finished:
-            self._complete(sample, reason)
-
-    def _complete(self, sample: Sample, reason: str) -> None:
-        # The sample has left the slots: if this fails, only its own request can hear of it
-        # (_fail_all no longer sees it, nor the other samples finishing in this step).
-        request = sample.request
-        try:
-            text = self._decode_text(sample.tokens) if self._decode_text is not None else ""
-        except Exception as error:
-            return resolve_future(request.future, exception=error)
-        request.results[sample.index] = Completion(
-            tokens=sample.tokens,
-            logprobs=sample.logprobs,
-            finish_reason=reason,  # type: ignore[arg-type]
-            text=text,
-            policy_version=sample.version,
-        )
-        request.unfinished -= 1
-        if not request.unfinished:
-            resolve_future(request.future, result=request.results)
+            self._fail_pending()
 
 
 __all__ = ["ContextOverflowError", "EngineStats", "TorchEngine"]

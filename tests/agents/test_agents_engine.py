@@ -22,6 +22,12 @@ from toolgym.agents.types import SamplingParams
 torch.set_num_threads(1)
 
 
+@pytest.fixture(params=[False, True], ids=["caller-thread", "worker-thread"])
+def worker_thread(request) -> bool:
+    """Where the engine computes: on the thread that drives it (the CPU default) or its own."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
 def model() -> Transformer:
     return make_model()
@@ -51,7 +57,7 @@ def teacher_forced(model, prompt, tokens, temperature: float = 1.0) -> torch.Ten
         ("test-qwen3", 0.7, "ds"),
     ],
 )
-def test_logprobs_equal_teacher_forced(name: str, temperature: float, key_layout: str) -> None:
+def test_logprobs_equal_teacher_forced(worker_thread, name: str, temperature: float, key_layout: str) -> None:
     model = make_model(name)
     prompts = prompts_of([5, 13, 1, 30])
     lengths = [24, 9, 17, 4]  # samples finish at different steps: slots get compacted mid-batch
@@ -63,7 +69,9 @@ def test_logprobs_equal_teacher_forced(name: str, temperature: float, key_layout
         ]
         return [c for r in await asyncio.gather(*calls) for c in r]
 
-    with TorchEngine(model, max_batch_size=8, max_seq_len=128, key_layout=key_layout) as engine:
+    with TorchEngine(
+        model, max_batch_size=8, max_seq_len=128, key_layout=key_layout, worker_thread=worker_thread
+    ) as engine:
         out = asyncio.run(concurrently())
         assert engine.stats.prefill_forwards == 1
     assert len(out) == 8
@@ -106,7 +114,7 @@ def test_greedy_equals_argmax_loop(model) -> None:
         assert (torch.tensor(completion.logprobs) - reference).abs().max().item() <= 1e-5
 
 
-def test_seeded_sampling_is_batch_invariant(model) -> None:
+def test_seeded_sampling_is_batch_invariant(worker_thread, model) -> None:
     """The same request alone, in a mixed batch, and admitted while others decode: same tokens."""
     target = prompts_of([11], seed=1)[0]
     params = SamplingParams(max_tokens=20, temperature=1.0, seed=1234, n=2)
@@ -115,7 +123,7 @@ def test_seeded_sampling_is_batch_invariant(model) -> None:
         (prompts_of([25], seed=3)[0], SamplingParams(max_tokens=7, top_k=5, seed=9)),
         (prompts_of([2], seed=4)[0], SamplingParams(max_tokens=40, temperature=1.3, top_p=0.8, n=3)),
     ]
-    with TorchEngine(model, max_batch_size=16, max_seq_len=96) as engine:
+    with TorchEngine(model, max_batch_size=16, max_seq_len=96, worker_thread=worker_thread) as engine:
         alone = generate(engine, [target], params)
 
         async def mixed():
@@ -188,9 +196,9 @@ def test_max_tokens_and_context_limit(model) -> None:
         assert engine.stats.requests == 3  # the overflowing call queued nothing
 
 
-def test_concurrent_callers_are_served_in_one_batch(model) -> None:
+def test_concurrent_callers_are_served_in_one_batch(worker_thread, model) -> None:
     prompts = prompts_of([3, 8, 5, 12, 7, 9, 4, 6])
-    with TorchEngine(model, max_batch_size=16, max_seq_len=64) as engine:
+    with TorchEngine(model, max_batch_size=16, max_seq_len=64, worker_thread=worker_thread) as engine:
 
         async def many():
             return await asyncio.gather(
@@ -204,22 +212,22 @@ def test_concurrent_callers_are_served_in_one_batch(model) -> None:
     assert stats.decode_steps == 5  # the first token comes from the prefill
 
 
-def test_more_requests_than_slots(model) -> None:
+def test_more_requests_than_slots(worker_thread, model) -> None:
     prompts = prompts_of([4, 9, 6, 13, 2, 8, 5])
     params = SamplingParams(max_tokens=9, seed=4)
-    with TorchEngine(model, max_batch_size=16, max_seq_len=64) as engine:
+    with TorchEngine(model, max_batch_size=16, max_seq_len=64, worker_thread=worker_thread) as engine:
         reference = [generate(engine, [p], params)[0].tokens for p in prompts]
-    with TorchEngine(model, max_batch_size=3, max_seq_len=64) as engine:
+    with TorchEngine(model, max_batch_size=3, max_seq_len=64, worker_thread=worker_thread) as engine:
         out = generate(engine, prompts, params)
         assert engine.stats.max_running == 3
     assert [c.tokens for c in out] == reference
 
 
-def test_load_weights_in_place(model) -> None:
+def test_load_weights_in_place(worker_thread, model) -> None:
     other = make_model(seed=1)
     prompt = prompts_of([9])[0]
     params = SamplingParams(max_tokens=12, seed=5)
-    with TorchEngine(model, max_batch_size=4, max_seq_len=64) as engine:
+    with TorchEngine(model, max_batch_size=4, max_seq_len=64, worker_thread=worker_thread) as engine:
         (before,) = generate(engine, [prompt], params)
         cache = (engine.cache.k.data_ptr(), engine.cache.v.data_ptr())
         pointers = {n: p.data_ptr() for n, p in engine.model.named_parameters()}
@@ -239,10 +247,10 @@ def test_load_weights_in_place(model) -> None:
     assert (torch.tensor(after.logprobs) - teacher_forced(other, prompt, after.tokens)).abs().max() <= 1e-5
 
 
-def test_load_weights_waits_for_running_samples(model) -> None:
+def test_load_weights_waits_for_running_samples(worker_thread, model) -> None:
     other = make_model(seed=2)
     prompt = prompts_of([5])[0]
-    with TorchEngine(model, max_batch_size=4, max_seq_len=256) as engine:
+    with TorchEngine(model, max_batch_size=4, max_seq_len=256, worker_thread=worker_thread) as engine:
 
         async def scenario():
             running = asyncio.ensure_future(engine.generate([prompt], SamplingParams(max_tokens=150, seed=1)))
@@ -294,8 +302,8 @@ def test_bad_requests_raise_and_queue_nothing(model) -> None:
         TorchEngine(model, max_seq_len=10_000)
 
 
-def test_close_fails_waiters_and_later_calls(model) -> None:
-    engine = TorchEngine(model, max_batch_size=1, max_seq_len=512)
+def test_close_fails_waiters_and_later_calls(worker_thread, model) -> None:
+    engine = TorchEngine(model, max_batch_size=1, max_seq_len=512, worker_thread=worker_thread)
     failures = []
 
     def waiter():
@@ -315,7 +323,9 @@ def test_close_fails_waiters_and_later_calls(model) -> None:
         generate(engine, [[1]], SamplingParams())
 
 
-def test_a_prefill_that_raises_fails_its_requests_and_the_engine_keeps_serving(model, monkeypatch) -> None:
+def test_a_prefill_that_raises_fails_its_requests_and_the_engine_keeps_serving(
+    worker_thread, model, monkeypatch
+) -> None:
     from toolgym.agents.prefill import Prefiller
 
     prefill = Prefiller.__call__
@@ -328,7 +338,7 @@ def test_a_prefill_that_raises_fails_its_requests_and_the_engine_keeps_serving(m
         return prefill(self, *args)
 
     monkeypatch.setattr(Prefiller, "__call__", failing_once)
-    with TorchEngine(model, max_batch_size=4, max_seq_len=64) as engine:
+    with TorchEngine(model, max_batch_size=4, max_seq_len=64, worker_thread=worker_thread) as engine:
         # The request is out of the queue and not yet running when its prefill raises: it must
         # still fail (not wait forever), and the next one must be served.
         with pytest.raises(RuntimeError, match="prefill failed"):
@@ -337,7 +347,7 @@ def test_a_prefill_that_raises_fails_its_requests_and_the_engine_keeps_serving(m
     assert len(completion.tokens) == 3
 
 
-def test_a_completion_that_fails_fails_only_its_request(model) -> None:
+def test_a_completion_that_fails_fails_only_its_request(worker_thread, model) -> None:
     # Samples that finish in a decode step have left the slots before they are completed: one
     # failing (here its text decode) must not leave the others finishing with it waiting forever.
     decoded = []
@@ -356,7 +366,9 @@ def test_a_completion_that_fails_fails_only_its_request(model) -> None:
         ]
         return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
 
-    with TorchEngine(model, max_batch_size=4, max_seq_len=64, tokenizer=decode) as engine:
+    with TorchEngine(
+        model, max_batch_size=4, max_seq_len=64, tokenizer=decode, worker_thread=worker_thread
+    ) as engine:
         failed, *served = asyncio.run(scenario(engine))
         assert isinstance(failed, ValueError) and "cannot decode" in str(failed)
         assert [c.text for (c,) in served] == ["ok", "ok"]
@@ -380,8 +392,8 @@ def test_resolving_a_future_the_caller_cancelled_does_not_raise() -> None:
     assert done.result() == [1]
 
 
-def test_cancelled_request_frees_its_slot(model) -> None:
-    with TorchEngine(model, max_batch_size=1, max_seq_len=512) as engine:
+def test_cancelled_request_frees_its_slot(worker_thread, model) -> None:
+    with TorchEngine(model, max_batch_size=1, max_seq_len=512, worker_thread=worker_thread) as engine:
 
         async def scenario():
             long = asyncio.ensure_future(engine.generate([[1, 2]], SamplingParams(max_tokens=500, seed=0)))

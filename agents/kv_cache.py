@@ -4,13 +4,13 @@ A running sequence owns one slot; its tokens sit at positions 0..len-1 of that s
 keeps the running sequences in slots 0..n-1 (it moves the last one into a hole when a sequence
 finishes), so a decode step reads the block [:n, ..., :span] in place, with no gather.
 
-Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]. k has two layouts, picked by what
-is fastest for the decode attention of the dtype on CPU (decode attention is bound by reading
-the cache); on CUDA "sd" is the default for every dtype (bench/RESULTS.md: 4-8% faster in bf16):
-- "sd" (float32): k like v; decode runs SDPA (one fused pass over k and v, GQA without copies);
-- "ds" (bfloat16/float16): k transposed, [..., head_dim, max_seq_len], and decode is two batched
-  matmuls: reduced-precision batched matmuls are several times slower on a transposed operand
-  and SDPA's reduced-precision CPU kernel is slow for one query.
+Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]. k has two layouts:
+- "sd" (the default): k like v; decode runs SDPA (one fused pass over k and v, GQA without
+  copies). The fastest for every dtype on a GPU and on CPUs with fast bf16 (bench/RESULTS.md:
+  bf16 decode steps 4.7 vs 6.9 ms on an AVX-512/AMX Xeon);
+- "ds": k transposed, [..., head_dim, max_seq_len], and decode is two batched matmuls. It was the
+  bf16 default while the engine computed on a worker thread beside the caller's OpenMP pool,
+  which slowed SDPA's many parallel regions more than two matmuls; kept for comparison.
 
 The model calls `cache.attend(layer, q, k, v)` (see agents/model.py); what happens depends on
 the mode the engine set before the forward:
@@ -54,8 +54,7 @@ class KVCache:
         history_capacity: int = 0,
     ) -> None:
         layers, heads, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
-        on_cuda = torch.device(device).type == "cuda"
-        self.key_layout: KeyLayout = key_layout or ("sd" if dtype == torch.float32 or on_cuda else "ds")
+        self.key_layout: KeyLayout = key_layout or "sd"
         k_shape = (d, max_seq_len) if self.key_layout == "ds" else (max_seq_len, d)
         # One slot more than the engine runs: the prefix store (`store_prefix`, `load_prefix`).
         self.k = torch.zeros((layers, max_slots + 1, heads, *k_shape), dtype=dtype, device=device)

@@ -26,6 +26,7 @@ import torch
 import torch._inductor.config as inductor_config
 
 import toolgym.agents.engine as engine_module
+import toolgym.agents.scheduler as scheduler_module
 from toolgym.agents.model import build_model
 from toolgym.agents.model_config import ModelConfig
 from toolgym.agents.types import SamplingParams
@@ -75,14 +76,14 @@ def main() -> None:
         engine.generate_sync(prompts, params)  # warm-up (and graph capture or compilation)
         warmup = time.perf_counter() - start
         engine._decoder.forward = timed("forward", engine._decoder.forward)
-        sample_tokens = engine_module.sample_tokens
-        engine_module.sample_tokens = timed("sampling", sample_tokens)
+        sample_tokens = scheduler_module.sample_tokens
+        scheduler_module.sample_tokens = timed("sampling", sample_tokens)
         try:
             before_s, before_steps = engine.stats.decode_seconds, engine.stats.decode_steps
             prefill_forwards = engine.stats.prefill_forwards
             engine.generate_sync(prompts, params)
         finally:
-            engine_module.sample_tokens = sample_tokens
+            scheduler_module.sample_tokens = sample_tokens
         steps = engine.stats.decode_steps - before_steps
         decode = engine.stats.decode_seconds - before_s
         # Each prefill's first-token sampling went through the sampling timer too (one batch each).

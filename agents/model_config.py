@@ -179,11 +179,13 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 _SMALL = dict(vocab_size=1024, max_position_embeddings=2048, tie_word_embeddings=True, model_type="qwen2")
 NAMED_CONFIGS: dict[str, dict[str, Any]] = {
-    # ~3.2M params: the CPU default policy. 8 heads of 32 and RoPE theta 1e4 (not 4 of 64 and 1e6):
-    # with the same parameters, SFT taught the CPU demo to copy the looked-up value for 6 of 8 model
-    # seeds in 1,000 steps, against 1 of 4 (bench/sft_copy.py sweeps, bench/RESULTS.md).
+    # ~3.2M params: the CPU default policy. Qwen3's attention (an RMSNorm over each head's q and k)
+    # with 8 heads of 32 and RoPE theta 1e4: SFT teaches the CPU demo to copy the looked-up value
+    # by step 200-500 for 8 of 8 model seeds, where the same shape without the q/k norm formed it
+    # for 1 of 4 seeds in 1,500 steps on an AVX-512 CPU (bench/sft_copy.py sweeps, bench/RESULTS.md).
     "tiny": dict(_SMALL, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
-                 num_attention_heads=8, num_key_value_heads=4, head_dim=32, rope_theta=10_000.0),
+                 num_attention_heads=8, num_key_value_heads=4, head_dim=32, rope_theta=10_000.0,
+                 model_type="qwen3"),
     # The benchmarks' model (generate, vs_trl, train): tiny's first shape, pinned so tiny may change.
     "bench-3m": dict(_SMALL, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=64),

@@ -31,9 +31,9 @@ import torch
 
 from toolgym.configs.build import build_renderer, initial_model
 from toolgym.configs.load import load_config
-from toolgym.configs.sft import BatchOrder, demo_episodes
+from toolgym.configs.sft import BatchOrder, demo_episodes, sft_trainer_config
 from toolgym.rollouts.types import Episode
-from toolgym.trainers.config import OptimizerConfig, TrainerConfig
+from toolgym.trainers.config import OptimizerConfig
 from toolgym.trainers.trainer import Trainer
 
 KINDS = ("after", "call", "digit1", "digitN", "final")
@@ -88,7 +88,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--min-lr-ratio", type=float, default=0.1, help="cosine floor (1.0: constant)")
     parser.add_argument("--demos", type=int, default=8192)
+    parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0, help="model init and batch order")
+    parser.add_argument(
+        "--stop-when-formed", action="store_true", help="stop at the first eval with both digit losses <= 0.01"
+    )
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
@@ -118,13 +122,15 @@ def main() -> None:
         decay="cosine" if args.min_lr_ratio < 1 else "constant",
         total_steps=args.steps,
         min_lr_ratio=min(args.min_lr_ratio, 1.0),
+        weight_decay=args.weight_decay,
     )
-    trainer = Trainer(
-        model, msgspec.structs.replace(TrainerConfig(), optimizer=optimizer), device=args.device
-    )
+    # The demo's own trainer settings (its micro-batching decides the rounding, and the copy's
+    # forming is sensitive to it), with this run's optimizer.
+    trainer_config = msgspec.structs.replace(sft_trainer_config(config), optimizer=optimizer)
+    trainer = Trainer(model, trainer_config, device=args.device)
     order = BatchOrder(len(episodes), args.batch, seed=args.seed)
     print(
-        f"lr {args.lr} beta2 {args.beta2} warmup {args.warmup} floor {args.min_lr_ratio} seed {args.seed} "
+        f"lr {args.lr} beta2 {args.beta2} wd {args.weight_decay} warmup {args.warmup} floor {args.min_lr_ratio} seed {args.seed} "
         f"batch {args.batch} on {args.device} {' '.join(args.set)}"
     )
     print("step  seconds  train loss  " + "  ".join(f"{k:>6}" for k in KINDS))
@@ -135,6 +141,9 @@ def main() -> None:
             losses = heldout_losses(trainer, heldout, kinds)
             cells = "  ".join(f"{losses.get(k, np.nan):6.3f}" for k in KINDS)
             print(f"{step:4d}  {time.perf_counter() - started:7.0f}  {loss:10.3f}  {cells}", flush=True)
+            if args.stop_when_formed and max(losses["digit1"], losses["digitN"]) <= 0.01:
+                print(f"formed by step {step}")
+                break
 
 
 if __name__ == "__main__":

@@ -91,7 +91,9 @@ def main() -> None:
     parser.add_argument("--weight-decay", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0, help="model init and batch order")
     parser.add_argument(
-        "--stop-when-formed", action="store_true", help="stop at the first eval with both digit losses <= 0.01"
+        "--stop-when-formed",
+        action="store_true",
+        help="stop at the first eval with both digit losses <= 0.01",
     )
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)

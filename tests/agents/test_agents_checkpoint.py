@@ -76,7 +76,9 @@ def test_save_round_trip_dtype_and_tied(tmp_path) -> None:
     assert "lm_head.weight" not in stored  # tied: HF stores the embedding only
     assert all(t.dtype == torch.bfloat16 for t in stored.values())
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["architectures"] == ["Qwen3ForCausalLM"] and config["torch_dtype"] == "bfloat16"  # tiny: qwen3
+    assert (
+        config["architectures"] == ["Qwen3ForCausalLM"] and config["torch_dtype"] == "bfloat16"
+    )  # tiny: qwen3
     loaded = load_hf_checkpoint(tmp_path, dtype=torch.float32)
     assert loaded.dtype == torch.float32
     assert torch.equal(loaded.model.embed_tokens.weight, model.model.embed_tokens.weight.bfloat16().float())

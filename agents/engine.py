@@ -175,7 +175,8 @@ class TorchEngine:
         self._paused = False  # worker thread: load_weights waits for the running samples
         self._busy = False  # worker thread: inside a step
         self._closed = False
-        self._driver: asyncio.Task | None = None  # no worker thread: the task stepping for a loop
+        # No worker thread: the task that steps for each event loop that has called `generate`.
+        self._drivers: dict[asyncio.AbstractEventLoop, asyncio.Task] = {}
         self._buffer: list[Request] = []
         self._buffer_lock = threading.Lock()
         self._flush_scheduled = False
@@ -296,11 +297,15 @@ class TorchEngine:
             self._flush_scheduled = False
         self._submit(requests)
         if self._worker is None:
+            loop = asyncio.get_running_loop()
             with self._cv:
-                # A driver its loop cancelled (or a closed loop) steps no more: start another.
-                driver = self._driver
-                if not self._closed and (driver is None or driver.done() or driver.get_loop().is_closed()):
-                    self._driver = asyncio.get_running_loop().create_task(self._drive())
+                for stale in [other for other in self._drivers if other.is_closed()]:
+                    del self._drivers[stale]
+                # One driver per loop: another loop's may be paused (its loop stopped, not closed)
+                # and a driver its loop cancelled steps no more.
+                driver = self._drivers.get(loop)
+                if not self._closed and (driver is None or driver.done()):
+                    self._drivers[loop] = loop.create_task(self._drive())
 
     def _submit(self, requests: list[Request]) -> None:
         with self._cv:
@@ -346,10 +351,12 @@ class TorchEngine:
 
     async def _drive(self) -> None:
         """Step while there is work, yielding to the event loop between steps."""
+        loop, this = asyncio.get_running_loop(), asyncio.current_task()
         while True:
             with self._cv:
                 if not self._step_here():
-                    self._driver = None  # decided under _cv: a later submit starts a new driver
+                    if self._drivers.get(loop) is this:  # under _cv: a later submit starts a new one
+                        del self._drivers[loop]
                     return
             await asyncio.sleep(0)
 

@@ -160,3 +160,22 @@ def test_generate_sync_from_two_threads_at_once(model) -> None:
         for t in threads:
             t.join(timeout=60)
     assert together == alone
+
+
+def test_a_second_open_loop_is_served_while_the_first_one_is_paused_mid_generation(model) -> None:
+    # The first loop stops (left open, not closed) while its driver still has a running request:
+    # a call from another loop must not wait for the first loop to run again.
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        with TorchEngine(model, max_batch_size=2, max_seq_len=512) as engine:
+            long = first.create_task(engine.generate([[1, 2]], SamplingParams(max_tokens=400, seed=0)))
+            while engine.stats.decode_steps < 3:
+                first.run_until_complete(asyncio.sleep(0))
+            short = engine.generate([[3]], SamplingParams(max_tokens=4, seed=0))
+            (c,) = second.run_until_complete(asyncio.wait_for(short, 30))
+            assert len(c.tokens) == 4
+            (rest,) = first.run_until_complete(asyncio.wait_for(long, 30))  # the first loop resumes
+        assert len(rest.tokens) == 400
+    finally:
+        first.close()
+        second.close()

@@ -177,9 +177,9 @@ class TorchEngine:
         self._closed = False
         # No worker thread: the task that steps for each event loop that has called `generate`.
         self._drivers: dict[asyncio.AbstractEventLoop, asyncio.Task] = {}
-        self._buffer: list[Request] = []
+        # Requests of the current event-loop tick, per loop, until that loop's `_flush` runs.
+        self._buffers: dict[asyncio.AbstractEventLoop, list[Request]] = {}
         self._buffer_lock = threading.Lock()
-        self._flush_scheduled = False
         self.worker_thread = device.type == "cuda" if worker_thread is None else worker_thread
         self._worker: threading.Thread | None = None
         if self.worker_thread:
@@ -194,12 +194,13 @@ class TorchEngine:
     async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         """len(prompts) * params.n Completions, prompt-major. Raises ContextOverflowError."""
         requests = self._make_requests(prompts, params)
+        loop = asyncio.get_running_loop()
         with self._buffer_lock:
-            self._buffer.extend(requests)
-            schedule = not self._flush_scheduled
-            self._flush_scheduled = True
+            buffer = self._buffers.setdefault(loop, [])
+            schedule = not buffer
+            buffer.extend(requests)
         if schedule:  # runs after every task that is ready now has queued its request
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop.call_soon(self._flush, loop)
         results = await asyncio.gather(*(asyncio.wrap_future(r.future) for r in requests))
         return [c for per_prompt in results for c in per_prompt]
 
@@ -291,13 +292,13 @@ class TorchEngine:
             requests.append(request)
         return requests
 
-    def _flush(self) -> None:
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._buffer_lock:
-            requests, self._buffer = self._buffer, []
-            self._flush_scheduled = False
+            requests = self._buffers.pop(loop, [])
+            for stale in [other for other in self._buffers if other.is_closed()]:
+                del self._buffers[stale]  # never flushed: their callers went with their loop
         self._submit(requests)
         if self._worker is None:
-            loop = asyncio.get_running_loop()
             with self._cv:
                 for stale in [other for other in self._drivers if other.is_closed()]:
                     del self._drivers[stale]

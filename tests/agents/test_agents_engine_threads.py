@@ -179,3 +179,22 @@ def test_a_second_open_loop_is_served_while_the_first_one_is_paused_mid_generati
     finally:
         first.close()
         second.close()
+
+
+def test_a_request_from_another_loop_does_not_wait_for_a_stopped_loops_flush(model) -> None:
+    # Loop one queues a request and stops before its flush runs; loop two's own request must go.
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        with TorchEngine(model, max_batch_size=2, max_seq_len=64) as engine:
+            queued = first.create_task(engine.generate([[1, 2]], SamplingParams(max_tokens=3, seed=0)))
+            first.call_soon(first.stop)  # after the task has queued its request, before the flush
+            first.run_forever()
+            (c,) = second.run_until_complete(
+                asyncio.wait_for(engine.generate([[3]], SamplingParams(max_tokens=4, seed=0)), 30)
+            )
+            assert len(c.tokens) == 4
+            (a,) = first.run_until_complete(asyncio.wait_for(queued, 30))
+        assert len(a.tokens) == 3
+    finally:
+        first.close()
+        second.close()

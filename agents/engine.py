@@ -234,9 +234,8 @@ class TorchEngine:
         with self._cv:
             self._check_open()
             if self._worker is None:
-                with torch.inference_mode():
-                    while self._scheduler.slots.running:
-                        self._scheduler.step(admit=False)
+                while self._scheduler.slots.running:
+                    self._scheduler.step(admit=False)
                 self._copy_weights(updates, version)
                 return
             self._paused = True
@@ -330,6 +329,10 @@ class TorchEngine:
                 repack(self.model)
         self._scheduler.policy_version = version
 
+    def _enqueue_incoming(self) -> None:  # under _cv
+        self._scheduler.enqueue(self._incoming)
+        self._incoming = []
+
     def _fail_pending(self) -> None:  # under _cv
         error = RuntimeError("TorchEngine is closed")
         self._scheduler.fail_all(error)
@@ -342,12 +345,10 @@ class TorchEngine:
         """One engine step on this thread (under _cv); False when there was nothing to do."""
         if self._closed:
             return False
-        self._scheduler.enqueue(self._incoming)
-        self._incoming = []
+        self._enqueue_incoming()
         if not self._scheduler.has_work:
             return False
-        with torch.inference_mode():
-            self._scheduler.step()
+        self._scheduler.step()
         return True
 
     async def _drive(self) -> None:
@@ -367,7 +368,6 @@ class TorchEngine:
         return not self._scheduler.slots.running and not self._busy
 
     def _work(self) -> None:
-        torch.set_grad_enabled(False)
         scheduler = self._scheduler
         while True:
             with self._cv:
@@ -380,13 +380,11 @@ class TorchEngine:
                 )
                 if self._closed:
                     break
-                scheduler.enqueue(self._incoming)
-                self._incoming = []
+                self._enqueue_incoming()
                 admit = not self._paused
                 self._busy = True
             try:
-                with torch.inference_mode():
-                    scheduler.step(admit)
+                scheduler.step(admit)
             finally:
                 with self._cv:
                     self._busy = False

@@ -80,11 +80,12 @@ class Scheduler:
     def step(self, admit: bool = True) -> None:
         """Drop cancelled requests, admit waiting ones (if `admit`), then one decode step."""
         try:
-            self._drop_cancelled()
-            if admit and (self.continuous_batching or not self.slots.running):
-                self._admit()
-            if self.slots.running:
-                self._decode_step()
+            with torch.inference_mode():
+                self._drop_cancelled()
+                if admit and (self.continuous_batching or not self.slots.running):
+                    self._admit()
+                if self.slots.running:
+                    self._decode_step()
         except Exception as error:  # fail what is in flight, keep serving
             self.fail_all(error)
 

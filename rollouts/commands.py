@@ -22,7 +22,7 @@ from toolgym.envs import list_envs
 
 from .evaluation import EvalConfig, evaluate_sync
 from .recording import RecordingHeader, RecordingReader, RecordingWriter
-from .replay import format_transcript, rich_transcript, summarize, verify_tokens, verify_trajectory
+from .replay import format_transcript, replay_problems, rich_transcript, summarize
 from .runner import RolloutConfig, RolloutRunner
 from .sampling import TaskSeedStream
 from .scripted import OracleConfig, OraclePolicy
@@ -142,7 +142,7 @@ def replay_command(
                 console.print(
                     format_transcript(trajectory, renderer), markup=False, highlight=False, soft_wrap=True
                 )
-        if verify and (problems := verify_trajectory(trajectory) + verify_tokens(trajectory, renderer)):
+        if verify and (problems := replay_problems(trajectory, renderer)):
             mismatches += 1
             console.print(f"episode {i} (task seed {trajectory.task_seed}) does not replay:", markup=False)
             for problem in problems:

@@ -268,15 +268,17 @@ def verify_tokens(trajectory: Trajectory, renderer: ChatRenderer) -> list[str]:
     return problems
 
 
+def replay_problems(trajectory: Trajectory, renderer: ChatRenderer | None = None) -> list[str]:
+    """What `replay --verify` reports for one trajectory: `verify_trajectory`'s problems and, with
+    the recording's renderer, `verify_tokens`'s ([] if it replays exactly)."""
+    return verify_trajectory(trajectory) + (verify_tokens(trajectory, renderer) if renderer else [])
+
+
 def verify_trajectories(
     trajectories: Iterable[Trajectory], renderer: ChatRenderer | None = None
 ) -> list[tuple[int, Trajectory, list[str]]]:
-    """(index, trajectory, problems) for every trajectory that does not replay exactly (with a
-    renderer, also every one whose tokens do not match its text: `verify_tokens`)."""
-    checked = (
-        (i, t, verify_trajectory(t) + (verify_tokens(t, renderer) if renderer else []))
-        for i, t in enumerate(trajectories)
-    )
+    """(index, trajectory, problems) for every trajectory with `replay_problems`."""
+    checked = ((i, t, replay_problems(t, renderer)) for i, t in enumerate(trajectories))
     return [(i, t, p) for i, t, p in checked if p]
 
 

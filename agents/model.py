@@ -71,6 +71,26 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
 
 
+def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+    """`F.scaled_dot_product_attention(..., enable_gqa=True)`, except that on CPU a bf16/fp16
+    attention that autograd will differentiate runs in float32 and casts its output back: torch's
+    CPU flash kernel takes 1.8-3.7x longer for a bf16 backward than for the float32 one
+    (bench/RESULTS.md), and the float32 attention is also the more precise. The forward alone
+    (inference) is faster in bf16 and stays so."""
+    dtype = q.dtype
+    if (
+        q.device.type == "cpu"
+        and dtype in (torch.bfloat16, torch.float16)
+        and torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or v.requires_grad)
+    ):
+        q, k, v = q.float(), k.float(), v.float()
+        mask = kwargs.get("attn_mask")
+        if mask is not None and mask.is_floating_point():
+            kwargs["attn_mask"] = mask.float()
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs).to(dtype)
+
+
 class AttentionCache(Protocol):
     """What an inference cache provides (agents/kv_cache.py): store k/v for `layer`, attend."""
 
@@ -112,7 +132,7 @@ class Attention(nn.Module):
         q, k = apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is None:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            out = scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             out = cache.attend(self.layer_idx, q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(B, q.shape[2], -1))
@@ -273,4 +293,5 @@ __all__ = [
     "build_model",
     "causal_lm_logprobs",
     "rope_cos_sin",
+    "scaled_dot_product_attention",
 ]

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
+
+from .model import scaled_dot_product_attention
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:
@@ -65,7 +66,7 @@ def attend_after_prefix(
     rows = q.shape[0]
     keys = torch.cat([k_prefix.expand(rows, -1, -1, -1), k], dim=2)
     values = torch.cat([v_prefix.expand(rows, -1, -1, -1), v], dim=2)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+    return scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
 
 __all__ = [

@@ -7,7 +7,7 @@ Needs the `bench` extra (trl, datasets, transformers) in the running interpreter
 
 What both sides get:
 - One random Qwen2 model (`--model`, a ModelConfig name, seed 0), saved once as a Hugging Face
-  directory by `save_hf_checkpoint` and loaded by both in float32.
+  directory by `save_hf_checkpoint` and loaded by both in float32 (see `--precision` below).
 - The same prompts: Zorplex-v0 tasks (system prompt + question, ChatML with the generation
   prompt), rendered to ids by toolgym's ChatRenderer and given to TRL as the decoded text; TRL's
   tokenizer is the same `configs/assets/tokenizer.json` (PreTrainedTokenizerFast) and the TRL
@@ -26,9 +26,15 @@ Same math, different work: toolgym's trainer computes the prompt prefix that all
 batch share (the system prompt) once per step instead of once per row (`TrainerConfig.share_prefix`,
 trainers/shared_prefix.py; the same loss and gradients, tested); TRL runs every full row.
 
-TRL settings that differ from its defaults, for fairness: bf16 off (fp32 like toolgym), gradient
-checkpointing off (TRL turns it on by default; toolgym does not recompute), loss_type "grpo" (TRL's
-default is "dapo"; with fixed-length completions the two are the same numbers), constant lr.
+TRL settings that differ from its defaults, for fairness: gradient checkpointing off (TRL turns it
+on by default; toolgym does not recompute), loss_type "grpo" (TRL's default is "dapo"; with
+fixed-length completions the two are the same numbers), constant lr; bf16 follows `--precision`.
+
+`--precision` (both sides alike): fp32 (the default) loads, samples and trains in float32.
+bf16 keeps float32 master weights on both sides and computes in bf16: toolgym's engine samples
+from a bf16 copy and its trainer computes in bf16 (`TrainerConfig.precision="bf16"`, FSDP2's
+mixed precision); TRL gets `bf16=True` (its accelerate autocast covers generation and training).
+Worth timing on CPUs with fast bf16 matmuls (AVX-512 BF16 / AMX); elsewhere bf16 is slower.
 
 "One GRPO step" = generation + reward + advantages + forward/backward + optimizer step, plus the
 in-process weight sync into the generator for toolgym (TRL generates with the training model
@@ -102,7 +108,7 @@ def save_model(name: str, directory: Path) -> int:
 
 def run_worker(system: str, args: argparse.Namespace, workdir: Path) -> dict:
     command = [sys.executable, __file__, "--worker", system, "--workdir", str(workdir)]
-    for flag in ("prompts", "group", "completion_len", "steps", "warmup", "threads", "lr"):
+    for flag in ("prompts", "group", "completion_len", "steps", "warmup", "threads", "lr", "precision"):
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
@@ -139,10 +145,14 @@ def toolgym_worker(args: argparse.Namespace, workdir: Path) -> dict:
     p, g, length = args.prompts, args.group, args.completion_len
     model = load_hf_checkpoint(workdir / "model", dtype=torch.float32)
     longest = max(len(ids) for ids in prompt_ids) + length
-    engine = TorchEngine(model, max_batch_size=p * g, max_seq_len=longest, seed=0)
+    bf16 = args.precision == "bf16"
+    engine = TorchEngine(
+        model, max_batch_size=p * g, max_seq_len=longest, seed=0, dtype=torch.bfloat16 if bf16 else None
+    )
     trainer = Trainer(
         model,
         TrainerConfig(
+            precision=args.precision,
             loss=LossConfig(name="grpo"),
             optimizer=OptimizerConfig(lr=args.lr, max_grad_norm=1.0),
             micro_batch_tokens=p * g * longest,  # the whole batch in one forward/backward, like TRL
@@ -222,7 +232,7 @@ def trl_worker(args: argparse.Namespace, workdir: Path) -> dict:
     config = trl.GRPOConfig(
         output_dir=str(workdir / "trl"),
         use_cpu=True,
-        bf16=False,
+        bf16=args.precision == "bf16",
         fp16=False,
         gradient_checkpointing=False,
         per_device_train_batch_size=p * g,
@@ -351,6 +361,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="alternate the two systems this many times")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument(
+        "--precision", choices=("fp32", "bf16"), default="fp32",
+        help="bf16: toolgym samples in bf16 and trains with bf16 compute (fp32 master weights); TRL bf16=True",
+    )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the raw per-step timings here")
     parser.add_argument("--worker", choices=("toolgym", "trl"), help=argparse.SUPPRESS)
     parser.add_argument("--workdir", type=Path, help=argparse.SUPPRESS)
@@ -375,7 +389,7 @@ def main() -> None:
         ids, texts = make_prompts((args.warmup + args.steps) * args.prompts)
         (workdir / "prompts.json").write_text(json.dumps({"ids": ids, "texts": texts}))
         print(
-            f"model {args.model} ({params / 1e6:.1f}M params, fp32), {args.prompts} prompts x G={args.group}, "
+            f"model {args.model} ({params / 1e6:.1f}M params, {args.precision}), {args.prompts} prompts x G={args.group}, "
             f"{args.completion_len} new tokens, prompts {min(map(len, ids))}-{max(map(len, ids))} tokens, "
             f"{args.threads} threads, {args.warmup} warm-up + {args.steps} timed steps x {args.rounds} round(s)",
             flush=True,

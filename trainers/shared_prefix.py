@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from toolgym.agents.model import scaled_dot_product_attention
 from toolgym.agents.prefix_attention import attend_after_prefix, common_prefix_length, prefix_mask
 
 
@@ -63,9 +64,7 @@ class SharedPrefixAttention:
         n = self.prefix_rows
         width = q.shape[2]
         q_prefix, k_prefix, v_prefix = self._unfold(q[:n]), self._unfold(k[:n]), self._unfold(v[:n])
-        out_prefix = F.scaled_dot_product_attention(
-            q_prefix, k_prefix, v_prefix, is_causal=True, enable_gqa=True
-        )
+        out_prefix = scaled_dot_product_attention(q_prefix, k_prefix, v_prefix, is_causal=True)
         out_prefix = F.pad(out_prefix, (0, 0, 0, n * width - self.prefix_len))
         out_prefix = out_prefix.reshape(q.shape[1], n, width, q.shape[3]).transpose(0, 1)
 

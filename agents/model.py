@@ -73,22 +73,26 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
     """`F.scaled_dot_product_attention(..., enable_gqa=True)`, except that on CPU a bf16/fp16
-    attention that autograd will differentiate runs in float32 and casts its output back: torch's
-    CPU flash kernel takes 1.8-3.7x longer for a bf16 backward than for the float32 one
-    (bench/RESULTS.md), and the float32 attention is also the more precise. The forward alone
-    (inference) is faster in bf16 and stays so."""
-    dtype = q.dtype
+    attention (bf16/fp16 inputs, or under autocast) that autograd will differentiate runs in
+    float32 and casts its output back to that dtype: torch's CPU flash kernel takes 1.8-3.7x
+    longer for a bf16 backward than for the float32 one (bench/RESULTS.md), and float32 is also
+    the more precise. The forward alone (inference) is faster in bf16 and stays so."""
+    device = q.device.type
+    autocast = torch.is_autocast_enabled(device)
+    dtype = torch.get_autocast_dtype(device) if autocast else q.dtype
     if (
-        q.device.type == "cpu"
+        device == "cpu"
         and dtype in (torch.bfloat16, torch.float16)
         and torch.is_grad_enabled()
         and (q.requires_grad or k.requires_grad or v.requires_grad)
     ):
-        q, k, v = q.float(), k.float(), v.float()
         mask = kwargs.get("attn_mask")
         if mask is not None and mask.is_floating_point():
             kwargs["attn_mask"] = mask.float()
-    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs).to(dtype)
+        with torch.autocast(device, enabled=False):
+            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True, **kwargs)
+        return out.to(dtype)
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
 
 
 class AttentionCache(Protocol):

@@ -54,10 +54,12 @@ def device_mesh(info: DistInfo) -> DeviceMesh:
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32") -> nn.Module:
-    """`fsdp_wrap(model, ...)`, except in a world of one in fp32, where the model is returned as it
-    is: there FSDP2 neither shards nor casts, and its per-step copies of every parameter and
-    gradient cost 8-15% of a CPU SFT step of the demo (bench/sft_step.py)."""
-    if mesh.size() == 1 and precision != "bf16":
+    """`fsdp_wrap(model, ...)`, except in a world of one, where the model is returned as it is:
+    there FSDP2 does not shard, and its per-step copies of every parameter and gradient cost 8-15%
+    of a CPU SFT step of the demo (bench/sft_step.py). For bf16 the Trainer then runs its forwards
+    under `torch.autocast` (bf16 matmuls and attention, fp32 weights and residual stream), ~11%
+    faster than FSDP2's bf16 parameters on a CPU GRPO step (bench/RESULTS.md)."""
+    if mesh.size() == 1:
         return model
     return fsdp_wrap(model, mesh, precision)
 

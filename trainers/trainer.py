@@ -1,7 +1,7 @@
 """The FSDP2 policy trainer: Episodes in, one optimizer step, metrics out.
 
-(One process in fp32 trains the plain model: there FSDP2 would neither shard nor cast, only copy;
-see `shard_model`.)
+(One process trains the plain model: there FSDP2 would not shard, only copy; in bf16 its forwards
+then run under `torch.autocast`. See `shard_model`.)
 
 Every rank calls `train_step` with the same list of Episodes and trains on its own share
 (`sharded=True` when each rank passes only its own). Loss counts are all-reduced first, so the
@@ -89,6 +89,8 @@ class Trainer:
             foreach=True,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, opt))
+        # bf16 on an unwrapped model (one process): autocast, as FSDP2's mixed precision would cast.
+        self._autocast = config.precision == "bf16" and not isinstance(self.model, FSDPModule)
         self.step = 0  # applied optimizer updates == policy version
         self.skipped_steps = 0
 
@@ -117,7 +119,7 @@ class Trainer:
         ref_logprobs = None
         if self.reference_model is not None:
             with torch.no_grad():
-                ref_logits = mb.logits(self.reference_model)
+                ref_logits = self._logits(mb, self.reference_model)
                 ref_logprobs = token_logprobs(ref_logits, mb.targets, temperature)
         return policy_loss(
             loss_config,
@@ -161,12 +163,16 @@ class Trainer:
             episodes, self.config.micro_batch_tokens, self.config.pad_token_id, self.vocab_size
         ):
             mb = mb.to(self.device)
-            logprobs = token_logprobs(mb.logits(self.model), mb.targets, temperature)
+            logprobs = token_logprobs(self._logits(mb, self.model), mb.targets, temperature)
             for row, (index, n) in enumerate(
                 zip(mb.episode_index.tolist(), mb.lengths.tolist(), strict=True)
             ):
                 out[index][1:] = logprobs[row, :n].tolist()
         return out
+
+    def _logits(self, mb: MicroBatch, model: nn.Module) -> Tensor:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
+            return mb.logits(model)
 
     @property
     def lr(self) -> float:
@@ -236,7 +242,7 @@ class Trainer:
             if isinstance(self.model, FSDPModule):
                 self.model.set_requires_gradient_sync(i == len(batches) - 1)
             mb = host_batch.to(self.device)
-            logits = mb.logits(self.model)
+            logits = self._logits(mb, self.model)
             loss, metrics = loss_fn(mb, logits, normaliser)
             del logits
             loss.backward()

@@ -57,9 +57,9 @@ def test_prefix_attention_with_half_precision_grads_matches_float32() -> None:
     mask = prefix_mask(5, 9, "cpu")
     out = attend_after_prefix(q, k, v, k_prefix, v_prefix, mask)
     assert out.dtype == torch.bfloat16
-    reference = attend_after_prefix(
-        *(t.detach().float() for t in (q, k, v, k_prefix, v_prefix)), mask
-    ).to(torch.bfloat16)
+    reference = attend_after_prefix(*(t.detach().float() for t in (q, k, v, k_prefix, v_prefix)), mask).to(
+        torch.bfloat16
+    )
     torch.testing.assert_close(out, reference, rtol=0, atol=0)
     out.float().square().sum().backward()
     assert all(t.grad is not None and t.grad.dtype == torch.bfloat16 for t in (q, k, v, k_prefix, v_prefix))
@@ -75,3 +75,15 @@ def test_bf16_model_trains_with_finite_gradients_close_to_float32() -> None:
     grad16 = model16.model.layers[0].self_attn.q_proj.weight.grad
     assert grad16.dtype == torch.bfloat16 and torch.isfinite(grad16).all()
     torch.testing.assert_close(grad16.float(), grad32, rtol=0.1, atol=2e-3)
+
+
+def test_training_attention_under_autocast_runs_in_float32() -> None:
+    """The trainer's one-process bf16 runs the model under autocast: the attention's inputs may be
+    float32 (RoPE in float32) or bf16 (a linear's output); either way it is computed in float32
+    and handed on in bf16, as autocast would."""
+    q, k, v = qkv(torch.float32, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = scaled_dot_product_attention(q, k.bfloat16(), v, is_causal=True)
+    assert out.dtype == torch.bfloat16
+    expected = F.scaled_dot_product_attention(q, k.bfloat16().float(), v, is_causal=True, enable_gqa=True)
+    torch.testing.assert_close(out, expected.bfloat16(), rtol=0, atol=0)

@@ -170,14 +170,42 @@ def test_bf16_mixed_precision_keeps_fp32_master_weights():
     assert bf16["sampler_kl_k1"] == pytest.approx(fp32["sampler_kl_k1"], abs=2e-2)
 
 
-def test_one_process_fp32_trains_the_plain_model_and_bf16_is_fsdp_wrapped():
-    """FSDP2 in a world of one only copies in fp32 (skipped); in bf16 it is the mixed precision."""
+def test_one_process_trains_the_plain_model_and_bf16_computes_under_autocast():
+    """FSDP2 in a world of one would only copy: the plain model trains in fp32 and in bf16, where
+    the forward runs under autocast (bf16 matmuls, fp32 master weights and gradients)."""
     from torch.distributed.fsdp import FSDPModule
 
     fp32, bf16 = _trainer(loss="dapo"), _trainer(loss="dapo", precision="bf16")
-    assert not any(isinstance(m, FSDPModule) for m in fp32.model.modules())
-    assert isinstance(bf16.model, FSDPModule)
-    assert all(isinstance(layer, FSDPModule) for layer in bf16.model.model.layers)
+    for trainer in (fp32, bf16):
+        assert not any(isinstance(m, FSDPModule) for m in trainer.model.modules())
+    head_dtypes = []
+    hook = bf16.model.lm_head.register_forward_hook(lambda m, args, out: head_dtypes.append(out.dtype))
+    bf16._forward_backward(random_episodes(4, seed=2), bf16.policy_loss, sharded=False)
+    hook.remove()
+    assert head_dtypes and set(head_dtypes) == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in bf16.model.parameters())
+    fp32_logprobs = fp32.compute_logprobs(random_episodes(3, seed=4))
+    bf16_logprobs = bf16.compute_logprobs(random_episodes(3, seed=4))
+    for a, b in zip(fp32_logprobs, bf16_logprobs, strict=True):
+        assert max(abs(x - y) for x, y in zip(a, b, strict=True)) <= 5e-2
+
+
+def test_fsdp2_bf16_mixed_precision_matches_autocast(monkeypatch):
+    """The FSDP2 bf16 policy (what a world of several ranks uses) gives the autocast path's loss."""
+    from torch.distributed.fsdp import FSDPModule
+
+    import toolgym.trainers.trainer as trainer_module
+    from toolgym.trainers.distributed import fsdp_wrap
+
+    episodes = random_episodes(6, seed=7)
+    autocast = _trainer(loss="dapo", precision="bf16").train_step(episodes)
+    monkeypatch.setattr(trainer_module, "shard_model", fsdp_wrap)
+    trainer = _trainer(loss="dapo", precision="bf16")
+    assert isinstance(trainer.model, FSDPModule)
+    wrapped = trainer.train_step(episodes)
+    assert wrapped["skipped"] == 0.0 and math.isfinite(wrapped["grad_norm"])
+    assert wrapped["loss"] == pytest.approx(autocast["loss"], abs=2e-2)
+    assert wrapped["grad_norm"] == pytest.approx(autocast["grad_norm"], rel=0.1)
 
 
 def test_kl_to_reference_model_and_nothing_to_train():

@@ -72,17 +72,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
-    """`F.scaled_dot_product_attention(..., enable_gqa=True)`, except that on CPU a bf16/fp16
-    attention (bf16/fp16 inputs, or under autocast) that autograd will differentiate runs in
-    float32 and casts its output back to that dtype: torch's CPU flash kernel takes 1.8-3.7x
-    longer for a bf16 backward than for the float32 one (bench/RESULTS.md), and float32 is also
-    the more precise. The forward alone (inference) is faster in bf16 and stays so."""
+    """`F.scaled_dot_product_attention(..., enable_gqa=True)`, except that on CPU a bf16 attention
+    (bf16 inputs, or under bf16 autocast) of fewer than 256 queries that autograd will
+    differentiate runs in float32 and casts its output back to bf16. torch 2.13's CPU flash
+    kernel took 1.3-4.7x longer for such a bf16 backward than for the float32 one (the trainer's
+    rows of RL episodes and shared-prefix remainders are a few hundred tokens at most), about as
+    long at 192-256 queries, and less from ~320 causal queries on (bench/RESULTS.md). The
+    forward alone (inference) is faster in bf16 and stays so."""
     device = q.device.type
     autocast = torch.is_autocast_enabled(device)
     dtype = torch.get_autocast_dtype(device) if autocast else q.dtype
     if (
         device == "cpu"
-        and dtype in (torch.bfloat16, torch.float16)
+        and dtype == torch.bfloat16
+        and q.shape[-2] < 256
         and torch.is_grad_enabled()
         and (q.requires_grad or k.requires_grad or v.requires_grad)
     ):

@@ -1,5 +1,6 @@
-"""The model's attention entry point: on CPU a bf16/fp16 attention that will be differentiated
-runs in float32 (torch's CPU bf16 backward is slow); inference and float32 are plain SDPA."""
+"""The model's attention entry point: on CPU a bf16 attention of < 256 queries that will be
+differentiated runs in float32 (torch's CPU bf16 backward is slow there); inference, float32 and
+longer rows are plain SDPA."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ from toolgym.agents.model import build_model, scaled_dot_product_attention
 from toolgym.agents.prefix_attention import attend_after_prefix, prefix_mask
 
 
-def qkv(dtype: torch.dtype, requires_grad: bool, seed: int = 0) -> list[torch.Tensor]:
+def qkv(dtype: torch.dtype, requires_grad: bool, seed: int = 0, length: int = 9) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    shapes = [(3, 4, 9, 32), (3, 2, 9, 32), (3, 2, 9, 32)]  # GQA: 4 query heads over 2 kv heads
+    shapes = [(3, 4, length, 32), (3, 2, length, 32), (3, 2, length, 32)]  # GQA: 4 query heads, 2 kv
     return [torch.randn(s, generator=g).to(dtype).requires_grad_(requires_grad) for s in shapes]
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_training_attention_runs_in_float32(dtype: torch.dtype) -> None:
+def test_bf16_training_attention_runs_in_float32() -> None:
+    dtype = torch.bfloat16
     q, k, v = qkv(dtype, requires_grad=True)
     out = scaled_dot_product_attention(q, k, v, is_causal=True)
     assert out.dtype == dtype
@@ -43,8 +44,9 @@ def test_half_precision_inference_attention_stays_in_its_dtype() -> None:
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
 
 
-def test_float32_attention_is_plain_sdpa() -> None:
-    q, k, v = qkv(torch.float32, requires_grad=True)
+@pytest.mark.parametrize(("dtype", "length"), [(torch.float32, 9), (torch.float16, 9), (torch.bfloat16, 256)])
+def test_float32_fp16_and_long_bf16_attention_is_plain_sdpa(dtype: torch.dtype, length: int) -> None:
+    q, k, v = qkv(dtype, requires_grad=True, length=length)
     out = scaled_dot_product_attention(q, k, v, is_causal=True)
     expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)

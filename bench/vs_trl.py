@@ -32,8 +32,8 @@ fixed-length completions the two are the same numbers), constant lr; bf16 follow
 
 `--precision` (both sides alike): fp32 (the default) loads, samples and trains in float32.
 bf16 keeps float32 master weights on both sides and computes in bf16: toolgym's engine samples
-from a bf16 copy and its trainer computes in bf16 (`TrainerConfig.precision="bf16"`, FSDP2's
-mixed precision); TRL gets `bf16=True` (its accelerate autocast covers generation and training).
+from a bf16 copy and its trainer computes in bf16 (`TrainerConfig.precision="bf16"`: autocast
+in this one process); TRL gets `bf16=True` (its accelerate autocast covers generation and training).
 Worth timing on CPUs with fast bf16 matmuls (AVX-512 BF16 / AMX); elsewhere bf16 is slower.
 
 "One GRPO step" = generation + reward + advantages + forward/backward + optimizer step, plus the

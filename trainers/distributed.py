@@ -57,8 +57,9 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32") -> 
     """`fsdp_wrap(model, ...)`, except in a world of one, where the model is returned as it is:
     there FSDP2 does not shard, and its per-step copies of every parameter and gradient cost 8-15%
     of a CPU SFT step of the demo (bench/sft_step.py). For bf16 the Trainer then runs its forwards
-    under `torch.autocast` (bf16 matmuls and attention, fp32 weights and residual stream), ~11%
-    faster than FSDP2's bf16 parameters on a CPU GRPO step (bench/RESULTS.md)."""
+    under `torch.autocast` (bf16 matmuls and attention, fp32 weights and residual stream): a CPU
+    GRPO step of bench-3m took 0.187 s against 0.217 s with FSDP2's bf16 parameters
+    (bench/RESULTS.md; not measured on a GPU)."""
     if mesh.size() == 1:
         return model
     return fsdp_wrap(model, mesh, precision)

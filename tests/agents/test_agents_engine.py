@@ -4,6 +4,7 @@ length / context limits, n samples, micro-batching of concurrent callers, in-pla
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 import warnings
 
@@ -14,8 +15,8 @@ from agents_testlib import make_model
 from toolgym.agents.checkpoint import hf_named_tensors
 from toolgym.agents.engine import TorchEngine
 from toolgym.agents.errors import ContextOverflowError
-from toolgym.agents.model import Transformer, causal_lm_logprobs
-from toolgym.agents.packed_linear import packing_available, reference_mlp
+from toolgym.agents.model import Transformer, causal_lm_logprobs, rope_cos_sin
+from toolgym.agents.packed_linear import PackedAttention, packing_available, reference_mlp, repack
 from toolgym.agents.sampling import filter_top_k_top_p
 from toolgym.agents.types import SamplingParams
 
@@ -433,6 +434,33 @@ def test_packing_follows_what_the_cpu_supports_per_dtype(model) -> None:
     if not bf16_ok:
         with pytest.raises(ValueError, match=r"not available for torch\.bfloat16"):
             TorchEngine(model, max_batch_size=2, max_seq_len=32, dtype=torch.bfloat16, pack_weights=True)
+
+
+@pytest.mark.skipif(not packing_available(torch.device("cpu")), reason="no oneDNN in this torch build")
+@pytest.mark.parametrize("name", ["test", "test-qwen3"])
+def test_packed_attention_projects_like_the_model(name: str) -> None:
+    # One packed q/k/v GEMM and one RoPE pass over q and k (Qwen3: its q/k norms between), with
+    # and without the prefill's keep= (one query per row); then again after a weight change.
+    model = make_model(name)
+    config = model.config
+    x = torch.randn(3, 6, config.hidden_size)
+    cos, sin = rope_cos_sin(torch.arange(6), config.head_dim, config.rope_theta, torch.float32)
+    cos, sin = cos[None, :, None], sin[None, :, None]
+    keep = torch.tensor([5, 0, 3])
+    attention = model.model.layers[1].self_attn
+    packed = PackedAttention(copy.deepcopy(attention), batch_hint=3)
+    for _ in range(2):
+        with torch.no_grad():
+            for kept in (None, keep):
+                for a, b in zip(
+                    packed.project(x, cos, sin, kept), attention.project(x, cos, sin, kept), strict=True
+                ):
+                    assert a.shape == b.shape
+                    assert torch.allclose(a, b, atol=1e-5)
+            for source, target in zip(attention.parameters(), packed.parameters(), strict=True):
+                source.add_(torch.randn_like(source) * 0.1)
+                target.copy_(source)
+        repack(packed)
 
 
 @pytest.mark.skipif(not packing_available(torch.device("cpu")), reason="no oneDNN in this torch build")

@@ -33,7 +33,7 @@ from toolgym.rollouts.types import Episode
 from .batching import MicroBatch, empty_micro_batch, make_micro_batches, shard_episodes
 from .config import OptimizerConfig, TrainerConfig
 from .distributed import all_gather_objects, all_reduce, device_mesh, init_distributed, shard_model
-from .logprobs import entropy_from_logits, token_logprobs
+from .logprobs import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
 from .losses import LossNormaliser, combine_metrics, policy_loss
 
 log = logging.getLogger(__name__)
@@ -109,13 +109,13 @@ class Trainer:
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The configured RL loss of one micro-batch (a MicroBatchLoss)."""
         loss_config, temperature = self.config.loss, self.config.temperature
-        logprobs = token_logprobs(logits, mb.targets, temperature)
-        entropy = None
         if loss_config.entropy_coef > 0:
+            logprobs = token_logprobs(logits, mb.targets, temperature)
             entropy = entropy_from_logits(logits, temperature)  # with grad: the bonus trains it
-        elif self.config.compute_entropy:
-            with torch.no_grad():  # a metric only
-                entropy = entropy_from_logits(logits, temperature)
+        else:  # the entropy is a metric only (no grad), from the same pass over the logits
+            logprobs, entropy = token_logprobs_and_entropy(
+                logits, mb.targets, temperature, with_entropy=self.config.compute_entropy
+            )
         ref_logprobs = None
         if self.reference_model is not None:
             with torch.no_grad():

@@ -47,6 +47,22 @@ def test_gradient_matches_autograd_and_leaves_logits_alone(chunking, temperature
     assert torch.equal(logits.detach(), base)  # backward recomputes the softmax without touching them
 
 
+def test_one_pass_logprobs_train_and_its_entropy_is_a_metric(chunking):
+    # token_logprobs_and_entropy shares its pass over the logits: the logprobs' gradient is
+    # token_logprobs' own, the entropy has no grad and equals entropy_from_logits.
+    g = torch.Generator().manual_seed(5)
+    base = 2 * torch.randn(3, 4, 11, generator=g)
+    targets = torch.randint(0, 11, (3, 4), generator=g)
+    weights = torch.randn(3, 4, generator=g)
+    logits, alone = base.clone().requires_grad_(True), base.clone().requires_grad_(True)
+    logp, ent = token_logprobs_and_entropy(logits, targets, 0.7)
+    (logp * weights).sum().backward()
+    (token_logprobs(alone, targets, 0.7) * weights).sum().backward()
+    assert logp.requires_grad and not ent.requires_grad
+    torch.testing.assert_close(logits.grad, alone.grad)
+    torch.testing.assert_close(ent, entropy_from_logits(base, 0.7))
+
+
 def test_gradcheck_float64(chunking):
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(2, 3, 7, generator=g, dtype=torch.float64, requires_grad=True)

@@ -82,12 +82,14 @@ def sample_tokens(
     any_filter: bool,
     any_greedy: bool,
     all_greedy: bool,
+    any_scaled: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row -> (tokens [n] int64, logprobs [n] float32).
 
     logits [n, V]; temperature [n] (0 = greedy); top_k [n]; top_p [n]; u [n] float64 in (0, 1).
     The flags (computed by the caller from its host-side copy of the parameters) skip work that
-    no row needs; they never change a result.
+    no row needs; they never change a result. any_scaled: some row's temperature is neither 0
+    nor 1 (else the logits need no division).
     """
     logits = logits.float()
     if all_greedy:
@@ -95,14 +97,15 @@ def sample_tokens(
         logp = torch.log_softmax(logits, dim=-1)
         return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
     greedy = temperature == 0
-    z = logits / torch.where(greedy, 1.0, temperature)[:, None]
+    z = logits / torch.where(greedy, 1.0, temperature)[:, None] if any_scaled else logits
     if any_filter:
         # Greedy rows are never filtered: their logprob is the unscaled, unfiltered one.
         z = filter_top_k_top_p(z, torch.where(greedy, 0, top_k), torch.where(greedy, 1.0, top_p))
     logp = torch.log_softmax(z, dim=-1)
     cdf = torch.cumsum(logp.exp().double(), dim=-1)
     threshold = u[:, None] * cdf[:, -1:]
-    tokens = (cdf <= threshold).sum(dim=-1).clamp_(max=logits.shape[-1] - 1)
+    # The number of CDF entries <= threshold (the CDF never decreases): the first token past it.
+    tokens = torch.searchsorted(cdf, threshold, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
     if any_greedy:
         tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
     return tokens, logp.gather(1, tokens[:, None]).squeeze(1)

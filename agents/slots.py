@@ -95,6 +95,7 @@ class Slots:
             any_filter=bool(((top_k > 0) | (top_p < 1)).any()),
             any_greedy=bool(greedy.any()),
             all_greedy=bool(greedy.all()),
+            any_scaled=bool(((temperature != 0) & (temperature != 1)).any()),
         )
 
     def record(self, lo: int, hi: int, tokens: list[int], logprobs: list[float]) -> list[tuple[int, str]]:

@@ -62,6 +62,41 @@ def test_samples_follow_the_distribution() -> None:
         assert torch.allclose(logprobs, expected.log()[tokens].float(), atol=1e-5)
 
 
+def test_the_token_is_the_first_whose_cumulative_probability_passes_u() -> None:
+    # The inverse CDF, row by row in Python floats, including a draw exactly on a boundary.
+    logits = torch.randn(8, 40, generator=torch.Generator().manual_seed(2))
+    logits[1, 5:] = float("-inf")  # a row with most tokens impossible
+    probs = torch.log_softmax(logits, -1).exp().double()  # as the sampler computes them
+    cdf = probs.cumsum(-1)
+    u = draws(8)
+    u[2] = cdf[2, 6] / cdf[2, -1]  # exactly token 6's cumulative: token 7 (the CDF must exceed it)
+    tokens, _ = sample_tokens(
+        logits,
+        torch.ones(8),
+        torch.zeros(8),
+        torch.ones(8),
+        u,
+        any_filter=False,
+        any_greedy=False,
+        all_greedy=False,
+    )
+    for row in range(8):
+        threshold, running = float(u[row]) * float(cdf[row, -1]), 0.0
+        cumulative = [running := running + p for p in probs[row].tolist()]
+        assert tokens[row].item() == next(i for i, c in enumerate(cumulative) if c > threshold)
+    assert tokens[2].item() == 7 and tokens[1].item() < 5
+
+
+def test_the_unit_temperature_shortcut_changes_nothing() -> None:
+    # any_scaled=False (every temperature 0 or 1) skips the division, not a single result.
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(3))
+    temperature = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    args = (logits, temperature, torch.zeros(6, dtype=torch.long), torch.ones(6), draws(6))
+    flags = dict(any_filter=False, any_greedy=True, all_greedy=False)
+    scaled, shortcut = sample_tokens(*args, **flags), sample_tokens(*args, **flags, any_scaled=False)
+    assert torch.equal(scaled[0], shortcut[0]) and torch.equal(scaled[1], shortcut[1])
+
+
 def test_greedy_rows_take_argmax_with_unscaled_logprob() -> None:
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
     temperature = torch.tensor([0.0, 1.0, 0.0, 0.5, 0.0, 2.0])

@@ -54,13 +54,16 @@ def test_removing_slots_moves_the_last_running_samples_into_the_holes() -> None:
 
 
 def test_sampling_inputs_carry_each_slots_parameters_and_flags() -> None:
-    slots = Slots(2)
+    slots = Slots(3)
     slots.add(Sample(make_request(4, limit=4, temperature=0.0), 0, version=0), 4)
     slots.add(Sample(make_request(4, limit=4, top_p=0.9), 0, version=0), 4)
     inputs = slots.sampling_inputs(0, 2, device="cpu")
     assert inputs["temperature"].tolist() == [0.0, 1.0] and inputs["top_p"].tolist()[1] == pytest.approx(0.9)
     assert inputs["any_greedy"] and not inputs["all_greedy"] and inputs["any_filter"]
+    assert not inputs["any_scaled"]  # temperatures 0 and 1 need no division
     assert ((inputs["u"] > 0) & (inputs["u"] < 1)).all()
+    slots.add(Sample(make_request(4, limit=4, temperature=0.7), 0, version=0), 4)
+    assert slots.sampling_inputs(0, 3, device="cpu")["any_scaled"]
 
 
 def test_padded_chunks_sort_by_width_and_keep_each_chunk_within_the_budget() -> None:

@@ -4,8 +4,9 @@ The vocabulary can be large (152k for Qwen2.5), so [positions x vocab] float32 t
 trainer's biggest. `token_logprobs` is a custom autograd function that keeps only the logits
 themselves for backward (plus one float per position) and recomputes the softmax in backward,
 row-chunk by row-chunk, writing straight into the logits' gradient; no log-softmax, softmax or
-float32 copy of the whole micro-batch is kept. The entropy metric is computed the same way under
-no_grad. Only an entropy *bonus* (entropy with grad) uses plain autograd and its softmax copy.
+float32 copy of the whole micro-batch is kept. The entropy metric (no grad) can come from the same
+pass (`token_logprobs_and_entropy`). Only an entropy *bonus* (entropy with grad) uses plain
+autograd and its softmax copy.
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 """CPU inference kernels for the engine's private model copy: oneDNN pre-packed linears.
 
 oneDNN's linear with a weight reordered once into its blocked layout (what torch.compile's CPU
-backend uses) runs the engine's shapes 10-45% faster than torch's default float32 GEMM, and
-fuses the SwiGLU pointwise work into the GEMMs: silu(gate(x)) as the gate GEMM's post-op, the
-`* up(x)` as the up GEMM's binary post-op. q/k/v are one packed GEMM whose q and k columns get
-RoPE in one pass. Results are float32-exact up to summation order.
+backend uses) ran the engine's shapes 10-45% faster than torch's default float32 GEMM on an AMD
+CPU (even on this AMX Xeon: bench/RESULTS.md), and fuses pointwise work into the GEMM as
+post-ops. A decode step is a few hundred small ops, each slower inside the step than alone
+(cold caches), so `PackedDecoderLayer` does a layer in as few ops as it can: norm weights folded
+into GEMM weights, RoPE's rotation folded into the q/k/v GEMM, SwiGLU and the residual adds in
+post-ops. Results are the model's up to float rounding.
 
-The packed weight is a copy, so `repack(model)` must run after the parameters change (the
+The packed weights are copies, so `repack(model)` must run after the parameters change (the
 engine's `load_weights` does). Parameter names and `state_dict()` are untouched: the packed
-modules hold the very same `weight`/`bias` Parameters under the same names.
+modules hold the very same Parameters under the same names.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model import MLP, Attention, Transformer, apply_rope, rope_at
+from .model import (
+    AttentionCache,
+    DecoderLayer,
+    RMSNorm,
+    Transformer,
+    apply_rope,
+    scaled_dot_product_attention,
+)
 
 
 def packing_available(device: torch.device, dtype: torch.dtype = torch.float32) -> bool:
@@ -61,108 +70,167 @@ def _pack(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
 
 
-class PackedLinear(nn.Module):
-    """nn.Linear's parameters, computed with a oneDNN-packed copy of the weight."""
+def _with_input_scale(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """W diag(scale): a linear that applies an RMSNorm's weight to its input (rounded once)."""
+    return (weight.float() * scale.float()).to(weight.dtype)
 
-    def __init__(self, linear: nn.Linear, batch_hint: int) -> None:
+
+def _rolled_heads(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Rows (or a bias) of a q/k projection with each head's output features rolled by half a
+    head: the projection of x is then roll(proj(x), D/2) per head, RoPE's rotate_half up to the
+    sign, which `rope_cos_sin` folds into sin."""
+    heads = t.shape[0] // head_dim
+    return torch.roll(t.reshape(heads, head_dim, -1), head_dim // 2, dims=1).reshape(t.shape)
+
+
+class NormFromNextGEMM(nn.Module):
+    """An RMSNorm whose weight the following packed GEMM applies (folded into its packed weight):
+    only the normalisation runs here. Holds the same `weight` Parameter under the same name."""
+
+    def __init__(self, norm: RMSNorm) -> None:
+        super().__init__()
+        self.weight, self.variance_epsilon = norm.weight, norm.variance_epsilon
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), None, self.variance_epsilon)
+
+
+class PackedLinear(nn.Module):
+    """nn.Linear's parameters, computed with a oneDNN-packed copy of the weight. With `norm`, the
+    packed weight also applies that RMSNorm's weight to the input (see NormFromNextGEMM)."""
+
+    def __init__(self, linear: nn.Linear, batch_hint: int, norm: RMSNorm | None = None) -> None:
         super().__init__()
         self.weight = linear.weight
         self.bias = linear.bias
         self.batch_hint = batch_hint
+        # In a tuple, so not registered here: its weight keeps its own name (model.norm.weight).
+        self._norm = () if norm is None else (norm,)
         self.repack()
 
     def repack(self) -> None:
-        self.packed = _pack(self.weight, self.batch_hint)
+        weight = _with_input_scale(self.weight, self._norm[0].weight) if self._norm else self.weight
+        self.packed = _pack(weight, self.batch_hint)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
-class PackedMLP(nn.Module):
-    """SwiGLU with the pointwise work fused into the packed GEMMs' post-ops."""
+class PackedDecoderLayer(nn.Module):
+    """A DecoderLayer computed in 6 packed GEMMs and a handful of other ops (measured against the
+    module-by-module layer in bench/RESULTS.md):
+    - both RMSNorm weights are folded into the GEMMs that read the norms' outputs;
+    - q/k/v are one GEMM. With `rotate_in_gemm` it also yields q and k with each head rolled by
+      half (their rows rolled), so RoPE is one multiply-add, q*cos + roll(q)*sin, with no roll
+      op: worth it where small GEMMs cost their call overhead rather than their FLOPs (bf16 on
+      AMX: a bf16 batch-32 decode forward 3.02 -> 2.82 ms), not in float32 (no gain: the GEMM
+      grows by 3/4), so the default is "not float32";
+    - SwiGLU is fused into the gate and up GEMMs' post-ops, and each residual add into the
+      o_proj and down_proj GEMMs' post-ops.
+    Results are the layer's up to float rounding. The layer's modules stay children (the same
+    Parameters under the same names), but are not called; `repack` refreshes the packed copies."""
 
-    def __init__(self, mlp: MLP, batch_hint: int) -> None:
+    def __init__(self, layer: DecoderLayer, batch_hint: int, rotate_in_gemm: bool | None = None) -> None:
         super().__init__()
-        self.gate_proj = PackedLinear(mlp.gate_proj, batch_hint)
-        self.up_proj = PackedLinear(mlp.up_proj, batch_hint)
-        self.down_proj = PackedLinear(mlp.down_proj, batch_hint)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        linear = torch.ops.mkldnn._linear_pointwise
-        gate = linear(x, self.gate_proj.packed, None, "swish", [], "")  # silu(x @ Wg^T)
-        hidden = linear.binary(x, gate, self.up_proj.packed, None, "mul")  # (x @ Wu^T) * gate
-        return self.down_proj(hidden)
-
-
-class PackedAttention(Attention):
-    """Attention whose q/k/v projections are one packed GEMM, and whose RoPE rotates q and k in
-    one pass (they are adjacent columns of its output). Two GEMM calls and four small ops fewer
-    per layer: 3-5% of a CPU decode step at the benchmark's shapes (bench/RESULTS.md).
-
-    q_proj/k_proj/v_proj stay plain Linears that hold the Parameters under their names, but are
-    not called; the packed weight is their concatenation (refreshed by `repack`)."""
-
-    def __init__(self, attention: Attention, batch_hint: int) -> None:
-        nn.Module.__init__(self)
-        for name in ("layer_idx", "head_dim", "num_heads", "num_kv_heads"):
-            setattr(self, name, getattr(attention, name))
-        self.q_proj, self.k_proj, self.v_proj = attention.q_proj, attention.k_proj, attention.v_proj
-        self.o_proj = PackedLinear(attention.o_proj, batch_hint)
-        if hasattr(attention, "q_norm"):
-            self.q_norm, self.k_norm = attention.q_norm, attention.k_norm
+        if rotate_in_gemm is None:
+            rotate_in_gemm = layer.self_attn.q_proj.weight.dtype != torch.float32
+        self.rotate_in_gemm = rotate_in_gemm
+        self.self_attn, self.mlp = layer.self_attn, layer.mlp
+        self.input_layernorm, self.post_attention_layernorm = (
+            layer.input_layernorm,
+            layer.post_attention_layernorm,
+        )
+        attention = layer.self_attn
+        self.layer_idx, self.head_dim = attention.layer_idx, attention.head_dim
+        self.num_heads, self.num_kv_heads = attention.num_heads, attention.num_kv_heads
+        self.eps = layer.input_layernorm.variance_epsilon
         self.batch_hint = batch_hint
         self.repack()
 
+    @torch.no_grad()
     def repack(self) -> None:
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        self.packed = _pack(torch.cat([p.weight for p in projections]), self.batch_hint)
-        with torch.no_grad():
-            biases = [p.bias for p in projections]
-            self.qkv_bias = None if biases[0] is None else torch.cat(biases)
+        attention, mlp, d = self.self_attn, self.mlp, self.head_dim
+        q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
+        rotated = self.rotate_in_gemm
+        # Output heads: q, k, (rolled q, rolled k,) v.
+        rows = [q.weight, k.weight] + ([_rolled_heads(w, d) for w in (q.weight, k.weight)] if rotated else [])
+        self.qkv = _pack(
+            _with_input_scale(torch.cat([*rows, v.weight]), self.input_layernorm.weight), self.batch_hint
+        )
+        self.qkv_bias = None
+        if q.bias is not None:
+            biases = [q.bias, k.bias] + ([_rolled_heads(b, d) for b in (q.bias, k.bias)] if rotated else [])
+            self.qkv_bias = torch.cat([*biases, v.bias])
+        self.head_norm = None
+        if hasattr(attention, "q_norm"):  # Qwen3: per-head RMSNorm weights for the q/k blocks
+            q_norm, k_norm = attention.q_norm.weight, attention.k_norm.weight
+            blocks = [(q_norm, self.num_heads), (k_norm, self.num_kv_heads)]
+            blocks += [(torch.roll(w, d // 2), n) for w, n in blocks] if rotated else []
+            self.head_norm = torch.cat([w.expand(n, d) for w, n in blocks])
+        self.o_proj = _pack(attention.o_proj.weight, self.batch_hint)
+        self.gate = _pack(
+            _with_input_scale(mlp.gate_proj.weight, self.post_attention_layernorm.weight), self.batch_hint
+        )
+        self.up = _pack(
+            _with_input_scale(mlp.up_proj.weight, self.post_attention_layernorm.weight), self.batch_hint
+        )
+        self.down = _pack(mlp.down_proj.weight, self.batch_hint)
 
-    def project(self, x: torch.Tensor, cos, sin, keep: torch.Tensor | None = None):
-        B, T, _ = x.shape
-        heads, kv_heads = self.num_heads, self.num_kv_heads
-        qkv = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.qkv_bias, "none", [], "")
-        qkv = qkv.view(B, T, heads + 2 * kv_heads, self.head_dim)
-        q, k, v = qkv[:, :, :heads], qkv[:, :, heads : heads + kv_heads], qkv[:, :, heads + kv_heads :]
-        if keep is None and not hasattr(self, "q_norm"):
-            qk = apply_rope(qkv[:, :, : heads + kv_heads], cos, sin)
-            return qk[:, :, :heads], qk[:, :, heads:], v
-        q_cos, q_sin = cos, sin
-        if keep is not None:  # the query at position keep[b] of each row (its GEMM ran at all)
-            q = q[torch.arange(B, device=x.device), keep][:, None]
-            q_cos, q_sin = rope_at(cos, sin, keep)
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin), v
+    def forward(
+        self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None, keep: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """As DecoderLayer.forward."""
+        linear = torch.ops.mkldnn._linear_pointwise
+        B, T, hidden = x.shape
+        heads, qk_heads = self.num_heads, self.num_heads + self.num_kv_heads
+        normed = F.rms_norm(x, (hidden,), None, self.eps)
+        qkv = linear(normed, self.qkv, self.qkv_bias, "none", [], "").view(B, T, -1, self.head_dim)
+        qk_columns = 2 * qk_heads if self.rotate_in_gemm else qk_heads
+        qk = qkv[:, :, :qk_columns]
+        if self.head_norm is not None:
+            qk = F.rms_norm(qk, (self.head_dim,), None, self.eps) * self.head_norm
+        if self.rotate_in_gemm:
+            qk = torch.addcmul(qk[:, :, :qk_heads] * cos, qk[:, :, qk_heads:], sin)
+        else:
+            qk = apply_rope(qk, cos, sin)
+        q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, qk_columns:]
+        if keep is not None:  # only position keep[b] of each row goes on (its k/v: every position)
+            rows = torch.arange(B, device=x.device)
+            q, x = q[rows, keep][:, None], x[rows, keep][:, None]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cache is None:
+            attended = scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            attended = cache.attend(self.layer_idx, q, k, v)
+        attended = attended.transpose(1, 2).reshape(B, q.shape[2], -1)
+        x = linear.binary(attended, x, self.o_proj, self.self_attn.o_proj.bias, "add")
+        normed = F.rms_norm(x, (hidden,), None, self.eps)
+        gate = linear(normed, self.gate, None, "swish", [], "")  # silu(x @ Wg^T)
+        swiglu = linear.binary(normed, gate, self.up, None, "mul")  # (x @ Wu^T) * gate
+        return linear.binary(swiglu, x, self.down, None, "add")
 
 
 def pack_model(model: Transformer, batch_hint: int) -> None:
-    """Swap every Linear, MLP and attention of `model` for its packed form, in place (inference only)."""
-    for layer in model.model.layers:
-        layer.mlp = PackedMLP(layer.mlp, batch_hint)
-        layer.self_attn = PackedAttention(layer.self_attn, batch_hint)
-    model.lm_head = PackedLinear(model.lm_head, batch_hint)
+    """Swap every decoder layer, the final norm and lm_head of `model` for their packed forms, in
+    place (inference only; the final norm's weight moves into lm_head's packed weight)."""
+    layers = model.model.layers
+    for i, layer in enumerate(layers):
+        layers[i] = PackedDecoderLayer(layer, batch_hint)
+    model.lm_head = PackedLinear(model.lm_head, batch_hint, norm=model.model.norm)
+    model.model.norm = NormFromNextGEMM(model.model.norm)
 
 
 def repack(model: nn.Module) -> None:
-    """Refresh every packed weight from its Parameter (after the parameters were overwritten)."""
+    """Refresh every packed weight from its Parameters (after the parameters were overwritten)."""
     for module in model.modules():
-        if isinstance(module, (PackedLinear, PackedAttention)):
+        if isinstance(module, (PackedLinear, PackedDecoderLayer)):
             module.repack()
 
 
-def reference_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The unpacked SwiGLU on a PackedMLP's parameters (for tests)."""
-    gate = F.linear(x, mlp.gate_proj.weight)
-    return F.linear(F.silu(gate) * F.linear(x, mlp.up_proj.weight), mlp.down_proj.weight)
-
-
 __all__ = [
-    "PackedAttention",
+    "NormFromNextGEMM",
+    "PackedDecoderLayer",
     "PackedLinear",
-    "PackedMLP",
     "pack_model",
     "packing_available",
     "repack",

@@ -16,7 +16,7 @@ from toolgym.agents.checkpoint import hf_named_tensors
 from toolgym.agents.engine import TorchEngine
 from toolgym.agents.errors import ContextOverflowError
 from toolgym.agents.model import Transformer, causal_lm_logprobs, rope_cos_sin
-from toolgym.agents.packed_linear import PackedAttention, packing_available, reference_mlp, repack
+from toolgym.agents.packed_linear import PackedDecoderLayer, pack_model, packing_available, repack
 from toolgym.agents.sampling import filter_top_k_top_p
 from toolgym.agents.types import SamplingParams
 
@@ -437,42 +437,53 @@ def test_packing_follows_what_the_cpu_supports_per_dtype(model) -> None:
 
 
 @pytest.mark.skipif(not packing_available(torch.device("cpu")), reason="no oneDNN in this torch build")
+@pytest.mark.parametrize("rotate_in_gemm", [True, False])
 @pytest.mark.parametrize("name", ["test", "test-qwen3"])
-def test_packed_attention_projects_like_the_model(name: str) -> None:
-    # One packed q/k/v GEMM and one RoPE pass over q and k (Qwen3: its q/k norms between), with
-    # and without the prefill's keep= (one query per row); then again after a weight change.
+def test_packed_decoder_layer_computes_the_layer(name: str, rotate_in_gemm: bool) -> None:
+    # Norm weights folded into the GEMMs, RoPE's rotation into the q/k/v GEMM (Qwen3: its q/k
+    # norms between), SwiGLU and residual adds as post-ops: the layer's output, then again after
+    # every weight changes (repack). Non-unit norm weights and biases, so a missed fold shows.
     model = make_model(name)
     config = model.config
     x = torch.randn(3, 6, config.hidden_size)
     cos, sin = rope_cos_sin(torch.arange(6), config.head_dim, config.rope_theta, torch.float32)
     cos, sin = cos[None, :, None], sin[None, :, None]
-    keep = torch.tensor([5, 0, 3])
-    attention = model.model.layers[1].self_attn
-    packed = PackedAttention(copy.deepcopy(attention), batch_hint=3)
+    layer = model.model.layers[1]
+    packed = PackedDecoderLayer(copy.deepcopy(layer), batch_hint=3, rotate_in_gemm=rotate_in_gemm)
     for _ in range(2):
         with torch.no_grad():
-            for kept in (None, keep):
-                for a, b in zip(
-                    packed.project(x, cos, sin, kept), attention.project(x, cos, sin, kept), strict=True
-                ):
-                    assert a.shape == b.shape
-                    assert torch.allclose(a, b, atol=1e-5)
-            for source, target in zip(attention.parameters(), packed.parameters(), strict=True):
+            for source, target in zip(layer.parameters(), packed.parameters(), strict=True):
                 source.add_(torch.randn_like(source) * 0.1)
                 target.copy_(source)
         repack(packed)
+        with torch.no_grad():
+            expected, got = layer(x, cos, sin), packed(x, cos, sin)
+        assert got.shape == expected.shape
+        assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
+
+
+@pytest.mark.skipif(not packing_available(torch.device("cpu")), reason="no oneDNN in this torch build")
+@pytest.mark.parametrize("name", ["test", "test-qwen3"])
+def test_packed_model_keeps_names_and_logits(name: str) -> None:
+    # The final norm's weight moves into lm_head's packed weight: the logits stay the model's.
+    model = make_model(name)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    packed = copy.deepcopy(model)
+    pack_model(packed, batch_hint=2)
+    assert list(packed.state_dict()) == list(model.state_dict())
+    tokens = torch.randint(0, model.config.vocab_size, (2, 7))
+    with torch.no_grad():
+        got = packed.lm_head(packed.model(tokens))
+        assert torch.allclose(got, model(tokens), atol=1e-4), (got - model(tokens)).abs().max()
 
 
 @pytest.mark.skipif(not packing_available(torch.device("cpu")), reason="no oneDNN in this torch build")
 def test_packed_linears_keep_names_and_results(model) -> None:
     with TorchEngine(model, max_batch_size=2, max_seq_len=32, pack_weights=True) as packed:
         assert list(packed.model.state_dict()) == list(model.state_dict())
-        x = torch.randn(3, 5, model.config.hidden_size)
-        layer = packed.model.model.layers[0]
-        with torch.no_grad():
-            assert torch.allclose(layer.mlp(x), reference_mlp(layer.mlp, x), atol=1e-5)
-            q = layer.self_attn.q_proj
-            assert torch.allclose(q(x), torch.nn.functional.linear(x, q.weight, q.bias), atol=1e-5)
+        assert isinstance(packed.model.model.layers[0], PackedDecoderLayer)
         with TorchEngine(model, max_batch_size=2, max_seq_len=32, pack_weights=False) as plain:
             params = SamplingParams(max_tokens=10, seed=3)
             a, b = generate(packed, prompts_of([7]), params), generate(plain, prompts_of([7]), params)

@@ -168,3 +168,45 @@ def test_config_validation() -> None:
     del d["vocab_size"]
     with pytest.raises(ValueError, match="missing"):
         ModelConfig.from_hf_dict(d)
+
+
+def test_autocast_casts_each_norm_output_once(monkeypatch) -> None:
+    """Under bf16 autocast each norm's output is cast to bf16 once for the linears that read it
+    (q/k/v, gate/up) instead of once per linear: the same logits as a cast per linear, gradients
+    within bf16 rounding, and 3 fewer float32 -> bf16 copies of it per layer."""
+    import toolgym.agents.model as model_module
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountNormCasts(TorchDispatchMode):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.width, self.count = width, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            source = args[0]
+            if func is torch.ops.aten._to_copy.default and out.dtype == torch.bfloat16:
+                self.count += source.dtype == torch.float32 and source.shape[-1] == self.width
+            return out
+
+    model = build_model("test", seed=0)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 9))
+
+    def run() -> tuple[torch.Tensor, list[torch.Tensor], int]:
+        model.zero_grad()
+        counter = CountNormCasts(model.config.hidden_size)
+        with torch.autocast("cpu", dtype=torch.bfloat16), counter:
+            logits = model(tokens)
+        logits.float().logsumexp(-1).mean().backward()
+        return logits, [p.grad.clone() for p in model.parameters()], counter.count
+
+    once, grads_once, casts_once = run()
+    monkeypatch.setattr(model_module, "cast_once_for_autocast", lambda x: x)
+    per_linear, grads_per_linear, casts_per_linear = run()
+    assert torch.equal(once, per_linear)
+    for a, b in zip(grads_once, grads_per_linear, strict=True):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-4)
+    layers = model.config.num_hidden_layers
+    assert casts_per_linear - casts_once == 3 * layers  # q/k/v: 3 -> 1, gate/up: 2 -> 1
+    x = torch.randn(3, 4)
+    assert model_module.cast_once_for_autocast(x) is x  # no autocast: untouched

@@ -71,8 +71,9 @@ def _pack(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
 
 
 def _with_input_scale(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """W diag(scale): a linear that applies an RMSNorm's weight to its input (rounded once)."""
-    return (weight.float() * scale.float()).to(weight.dtype)
+    """W diag(scale): a linear that applies an RMSNorm's weight to its input. One multiply in the
+    weights' dtype: bf16 products are computed in float32 and rounded once."""
+    return weight * scale
 
 
 def _rolled_heads(t: torch.Tensor, head_dim: int) -> torch.Tensor:

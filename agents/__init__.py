@@ -26,6 +26,7 @@ _LAZY = {
     "hf_named_tensors": ".checkpoint",
     "TorchEngine": ".engine",
     "EngineStats": ".engine",
+    "EngineReplicas": ".replicas",
 }
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from .model import Transformer, build_model, causal_lm_logprobs
     from .model_config import ModelConfig
     from .policy import Policy
+    from .replicas import EngineReplicas
 
 
 def __getattr__(name: str) -> Any:
@@ -48,6 +50,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Completion",
     "ContextOverflowError",
+    "EngineReplicas",
     "EngineStats",
     "Message",
     "ModelConfig",

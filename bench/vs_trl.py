@@ -36,6 +36,10 @@ from a bf16 copy and its trainer computes in bf16 (`TrainerConfig.precision="bf1
 in this one process); TRL gets `bf16=True` (its accelerate autocast covers generation and training).
 Worth timing on CPUs with fast bf16 matmuls (AVX-512 BF16 / AMX); elsewhere bf16 is slower.
 
+`--replicas N` (default 1): toolgym samples with N engine processes of threads/N threads each
+(agents/replicas.py, `agent.replicas` in a config); its weight sync then goes to all of them.
+TRL generates with its training model in its own process and has no such setting.
+
 "One GRPO step" = generation + reward + advantages + forward/backward + optimizer step, plus the
 in-process weight sync into the generator for toolgym (TRL generates with the training model
 itself, so it has nothing to sync). Each system runs in its own subprocess (so neither's imports,
@@ -108,7 +112,17 @@ def save_model(name: str, directory: Path) -> int:
 
 def run_worker(system: str, args: argparse.Namespace, workdir: Path) -> dict:
     command = [sys.executable, __file__, "--worker", system, "--workdir", str(workdir)]
-    for flag in ("prompts", "group", "completion_len", "steps", "warmup", "threads", "lr", "precision"):
+    for flag in (
+        "prompts",
+        "group",
+        "completion_len",
+        "steps",
+        "warmup",
+        "threads",
+        "lr",
+        "precision",
+        "replicas",
+    ):
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
@@ -132,6 +146,7 @@ def toolgym_worker(args: argparse.Namespace, workdir: Path) -> dict:
 
     from toolgym.agents.checkpoint import load_hf_checkpoint
     from toolgym.agents.engine import TorchEngine
+    from toolgym.agents.replicas import EngineReplicas
     from toolgym.agents.types import SamplingParams
     from toolgym.rollouts.advantages import AdvantageConfig, batch_advantages
     from toolgym.rollouts.types import Episode
@@ -146,9 +161,14 @@ def toolgym_worker(args: argparse.Namespace, workdir: Path) -> dict:
     model = load_hf_checkpoint(workdir / "model", dtype=torch.float32)
     longest = max(len(ids) for ids in prompt_ids) + length
     bf16 = args.precision == "bf16"
-    engine = TorchEngine(
-        model, max_batch_size=p * g, max_seq_len=longest, seed=0, dtype=torch.bfloat16 if bf16 else None
-    )
+    dtype = torch.bfloat16 if bf16 else None
+    if args.replicas > 1:  # one engine process per share of the cores (agents/replicas.py)
+        rows = -(-p // args.replicas) * g  # a replica gets whole prompts
+        engine = EngineReplicas(
+            model, replicas=args.replicas, max_batch_size=rows, max_seq_len=longest, dtype=dtype
+        )
+    else:
+        engine = TorchEngine(model, max_batch_size=p * g, max_seq_len=longest, seed=0, dtype=dtype)
     trainer = Trainer(
         model,
         TrainerConfig(
@@ -364,6 +384,10 @@ def main() -> None:
     parser.add_argument(
         "--precision", choices=("fp32", "bf16"), default="fp32",
         help="bf16: toolgym samples in bf16 and trains with bf16 compute (fp32 master weights); TRL bf16=True",
+    )  # fmt: skip
+    parser.add_argument(
+        "--replicas", type=int, default=1,
+        help="toolgym samples with this many engine processes of threads/replicas threads each (agents/replicas.py)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the raw per-step timings here")
     parser.add_argument("--worker", choices=("toolgym", "trl"), help=argparse.SUPPRESS)

@@ -117,6 +117,12 @@ def engine_max_seq_len(config: Config, model: ModelConfig) -> int:
 def describe_generator(generator: Policy) -> str:
     """One line on the policy that samples: for the torch engine its slots and KV-cache memory
     (the kept histories double it by default, so a user sizing a GPU run should see it)."""
+    replicas = getattr(generator, "replicas", None)
+    if replicas is not None:
+        return (
+            f"generator: {replicas} torch engine processes (agent.replicas), "
+            f"{generator.threads_per_replica} thread(s) each"
+        )
     cache = getattr(generator, "cache", None)
     if cache is None:
         return f"generator: {type(generator).__name__}"
@@ -140,19 +146,23 @@ def build_generator(
     must hold the same weights as `model`)."""
     max_seq_len = engine_max_seq_len(config, model.config)
     if config.agent.backend == "torch":
-        from toolgym.agents.engine import TorchEngine
-
-        return TorchEngine(
-            model,
+        engine_kwargs = dict(
             max_batch_size=config.agent.max_batch_size,
             max_seq_len=max_seq_len,
             dtype=_DTYPES[config.model.dtype],
             device=device,
             tokenizer=renderer.tokenizer,
             seed=config.run.seed,
-            cuda_graphs=None if config.agent.cuda_graphs else False,  # None: on where there is CUDA
             history_capacity=None if config.agent.history_capacity == -1 else config.agent.history_capacity,
         )
+        if config.agent.replicas > 1:
+            from toolgym.agents.replicas import EngineReplicas
+
+            return EngineReplicas(model, replicas=config.agent.replicas, **engine_kwargs)
+        from toolgym.agents.engine import TorchEngine
+
+        # cuda_graphs None: on where there is CUDA
+        return TorchEngine(model, cuda_graphs=None if config.agent.cuda_graphs else False, **engine_kwargs)
     from toolgym.agents.vllm_engine import VLLMConfig
     from toolgym.agents.vllm_policy import VLLMPolicy
 

@@ -9,7 +9,7 @@ Sections (all optional; every key has a default):
                  init_seed
     [tokenizer]  path ("" = the model directory's tokenizer.json, else the shipped one)
     [agent]      backend (torch | vllm), temperature, top_p, top_k, max_batch_size, max_seq_len, cuda_graphs,
-                 history_capacity,
+                 history_capacity, replicas,
                  [agent.vllm] (VLLMConfig: dtype, kv_cache_gib, gpu_memory_utilization, ...)
     [rollout]    group_size, max_turns, max_tokens_per_turn, max_tokens_per_episode,
                  context_length, episode_timeout_s, observation_role, max_concurrent_episodes
@@ -105,6 +105,9 @@ class AgentSection(msgspec.Struct, **_STRICT):
     # torch engine: KV-cache positions that keep finished turns' k/v for their episode's next turn
     # (agents/history.py); -1 = max_batch_size * max_seq_len (doubles the KV cache), 0 = off.
     history_capacity: int = -1
+    # torch engine on CPU: this many engine processes, each with the cores / replicas threads and
+    # max_batch_size slots (agents/replicas.py); 1 = one engine in the training process.
+    replicas: int = 1
     vllm: VLLMConfig = msgspec.field(default_factory=VLLMConfig)
 
     def __post_init__(self) -> None:
@@ -112,7 +115,7 @@ class AgentSection(msgspec.Struct, **_STRICT):
             raise ValueError(f"agent.temperature must be > 0 for RL sampling, got {self.temperature}")
         if not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ValueError(f"agent.top_p must be in (0, 1] and top_k >= 0, got {self.top_p}, {self.top_k}")
-        _positive("agent", max_batch_size=self.max_batch_size)
+        _positive("agent", max_batch_size=self.max_batch_size, replicas=self.replicas)
         if self.max_seq_len < 0:
             raise ValueError(f"agent.max_seq_len must be >= 0, got {self.max_seq_len}")
         if self.history_capacity < -1:

@@ -174,8 +174,9 @@ def test_autocast_casts_each_norm_output_once(monkeypatch) -> None:
     """Under bf16 autocast each norm's output is cast to bf16 once for the linears that read it
     (q/k/v, gate/up) instead of once per linear: the same logits as a cast per linear, gradients
     within bf16 rounding, and 3 fewer float32 -> bf16 copies of it per layer."""
-    import toolgym.agents.model as model_module
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    import toolgym.agents.model as model_module
 
     class CountNormCasts(TorchDispatchMode):
         def __init__(self, width: int) -> None:

@@ -255,6 +255,24 @@ def test_agent_history_capacity_reaches_the_engine(setting, positions):
     assert ("kept histories" in line) is (positions > 0)
 
 
+@pytest.mark.slow
+def test_agent_replicas_build_engine_processes():
+    import torch
+
+    from toolgym.agents.types import SamplingParams
+    from toolgym.configs.build import build_generator, build_renderer, describe_generator, initial_model
+
+    config, _ = load_config("zorplex_tiny", ["model.name=test", "agent.replicas=2", "agent.max_batch_size=4"])
+    renderer, _ = build_renderer(config)
+    with build_generator(config, initial_model(config), None, renderer, torch.device("cpu")) as engine:
+        assert describe_generator(engine).startswith("generator: 2 torch engine processes (agent.replicas)")
+        prompt = [1, 2, 3]
+        completions = engine.generate_sync([prompt, prompt], SamplingParams(max_tokens=3, n=2, seed=0))
+    assert [len(c.tokens) for c in completions] == [3, 3, 3, 3]
+    assert completions[0].text == renderer.tokenizer.decode(completions[0].tokens)  # the tokenizer went too
+    assert engine.stats.requests == 2  # one prompt on each replica
+
+
 def test_model_path_wins_over_the_named_config(tmp_path):
     config = config_from_dict({"model": {"name": "tiny", "path": str(tmp_path)}})
     assert config.model.name == "" and config.model.path == str(tmp_path)
@@ -277,6 +295,7 @@ def test_model_path_wins_over_the_named_config(tmp_path):
             "config error: batch.max_groups_per_round: must be >= 1 (or unset), got -2",
         ),
         (["agent.history_capacity=-2"], "config error: agent.history_capacity: must be -1"),
+        (["agent.replicas=0"], "config error: agent.replicas: must be >= 1, got 0"),
         (
             ["model.overrides={vocab_size=100}"],
             "config error: model: vocab_size 100 is smaller than the tokenizer's",

@@ -127,6 +127,11 @@ class EngineReplicas:
         return len(self._processes)
 
     @property
+    def pids(self) -> list[int]:
+        """The worker processes' ids (to watch their CPU time or memory)."""
+        return [process.pid for process in self._processes]
+
+    @property
     def stats(self) -> EngineStats:
         """The replicas' counters summed (as of each one's last reply)."""
         fields = EngineStats.__struct_fields__

@@ -48,7 +48,8 @@ the figure is the median step. TRL's step is the wall time between consecutive `
 callbacks (everything its loop does per step); its rollout share is the time inside
 `_generate_and_score_completions` (generation, decoding, reward, advantages), and train is the
 rest. With `--rounds N` the two systems alternate N times and all timed steps are pooled.
-Also shown: the process CPU time per step (all threads; less sensitive than wall time to other
+Also shown: the process CPU time per step (all threads, and toolgym's engine replica processes
+with --replicas; less sensitive than wall time to other
 work on a shared machine, though not immune to it).
 
 Target (issue 5): toolgym >= 3x faster than TRL per step.
@@ -141,6 +142,16 @@ def load_workload(workdir: Path) -> tuple[list[list[int]], list[str]]:
     return data["ids"], data["texts"]
 
 
+def cpu_seconds(engine) -> float:
+    """CPU time of this process and of the engine's replica processes (EngineReplicas), if any."""
+    total = time.process_time()
+    ticks = os.sysconf("SC_CLK_TCK")
+    for pid in getattr(engine, "pids", ()):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+    return total
+
+
 def toolgym_worker(args: argparse.Namespace, workdir: Path) -> dict:
     import torch
 
@@ -184,7 +195,7 @@ def toolgym_worker(args: argparse.Namespace, workdir: Path) -> dict:
     steps = []
     for step in range(args.warmup + args.steps):
         prompts = prompt_ids[step * p : (step + 1) * p]
-        start, cpu_start = time.perf_counter(), time.process_time()
+        start, cpu_start = time.perf_counter(), cpu_seconds(engine)
         completions = engine.generate_sync(prompts, params)
         rewards = [even_token_share(c.tokens) for c in completions]
         group_ids = [i // g for i in range(len(completions))]
@@ -207,7 +218,7 @@ def toolgym_worker(args: argparse.Namespace, workdir: Path) -> dict:
         metrics = trainer.train_step(episodes)
         train_done = time.perf_counter()
         push_weights(trainer, engine)
-        end, cpu_end = time.perf_counter(), time.process_time()
+        end, cpu_end = time.perf_counter(), cpu_seconds(engine)
         lengths = {len(c.tokens) for c in completions}
         if lengths != {length} or len(completions) != p * g:
             raise RuntimeError(f"expected {p * g} completions of {length} tokens, got lengths {lengths}")

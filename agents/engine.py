@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from .decode_graphs import DecodeGraphs
-from .errors import ContextOverflowError, checked_prompt, resolve_future
+from .errors import ContextOverflowError, checked_prompt, checked_weights, resolve_future
 from .kv_cache import KeyLayout, KVCache
 from .model import Transformer
 from .packed_linear import pack_model, repack, resolve_packing
@@ -222,15 +222,7 @@ class TorchEngine:
         All names and shapes are checked before anything is copied. Running samples finish on the
         old weights first (nothing new is admitted meanwhile), so no Completion mixes two versions.
         """
-        updates = list(named_tensors)
-        for name, tensor in updates:
-            param = self._params.get(name)
-            if param is None:
-                raise KeyError(f"load_weights: unknown parameter {name!r} for {self.config.model_type}")
-            if tuple(tensor.shape) != tuple(param.shape):
-                raise ValueError(
-                    f"load_weights: {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
-                )
+        updates = checked_weights(named_tensors, self._params, self.config.model_type)
         with self._cv:
             self._check_open()
             if self._worker is None:

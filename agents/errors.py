@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 
@@ -54,3 +54,20 @@ def resolve_future(
 
 
 __all__ = ["ContextOverflowError", "checked_prompt", "resolve_future"]
+
+
+def checked_weights(
+    named_tensors: Iterable[tuple[str, Any]], parameters: Mapping[str, Any], model_type: str
+) -> list:
+    """`named_tensors` as a list, or the error a backend's `load_weights` raises before copying
+    anything: a name not in `parameters` (KeyError) or a shape that differs (ValueError)."""
+    updates = list(named_tensors)
+    for name, tensor in updates:
+        param = parameters.get(name)
+        if param is None:
+            raise KeyError(f"load_weights: unknown parameter {name!r} for {model_type}")
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise ValueError(
+                f"load_weights: {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
+            )
+    return updates

@@ -42,7 +42,7 @@ import msgspec
 import torch
 import torch.multiprocessing as mp
 
-from .errors import checked_prompt, resolve_future
+from .errors import checked_prompt, checked_weights, resolve_future
 from .model import Transformer, build_model
 from .scheduler import EngineStats
 from .types import Completion, SamplingParams
@@ -151,15 +151,7 @@ class EngineReplicas:
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy HF-named tensors into the shared parameters; every replica loads them (names and
         shapes checked first, nothing copied on a mismatch) before this returns."""
-        updates = list(named_tensors)
-        for name, tensor in updates:
-            shared = self._shared.get(name)
-            if shared is None:
-                raise KeyError(f"load_weights: unknown parameter {name!r} for {self.config.model_type}")
-            if tuple(tensor.shape) != tuple(shared.shape):
-                raise ValueError(
-                    f"load_weights: {name!r} has shape {tuple(tensor.shape)}, expected {tuple(shared.shape)}"
-                )
+        updates = checked_weights(named_tensors, self._shared, self.config.model_type)
         with torch.no_grad():
             for name, tensor in updates:
                 self._shared[name].copy_(tensor)

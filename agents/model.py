@@ -71,14 +71,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
 
 
-def rope_at(cos: torch.Tensor, sin: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [B or 1, T, 1, D] at position keep[b] of each row b -> each [B, 1, 1, D]."""
-    batch = keep.shape[0]
-    rows = torch.arange(batch, device=keep.device)
-    at_keep = [t.expand(batch, -1, -1, -1)[rows, keep][:, None] for t in (cos, sin)]
-    return at_keep[0], at_keep[1]
-
-
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
     """`F.scaled_dot_product_attention(..., enable_gqa=True)`, except that on CPU a bf16 attention
     (bf16 inputs, or under bf16 autocast) of fewer than 256 queries that autograd will
@@ -144,19 +136,6 @@ class Attention(nn.Module):
     def forward(
         self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None, keep: torch.Tensor | None = None
     ) -> torch.Tensor:
-        B = x.shape[0]
-        q, k, v = self.project(x, cos, sin, keep)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if cache is None:
-            out = scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            out = cache.attend(self.layer_idx, q, k, v)
-        return self.o_proj(out.transpose(1, 2).reshape(B, q.shape[2], -1))
-
-    def project(
-        self, x: torch.Tensor, cos, sin, keep: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """x [B, T, hidden] -> q [B, T (1 with keep), H, D], k and v [B, T, Hkv, D]; RoPE applied."""
         B, T, _ = x.shape
         k = self.k_proj(x).view(B, T, -1, self.head_dim)
         v = self.v_proj(x).view(B, T, -1, self.head_dim)
@@ -164,11 +143,19 @@ class Attention(nn.Module):
         if keep is None:
             q = self.q_proj(x).view(B, T, -1, self.head_dim)
         else:  # only the query at position keep[b] of each row (every position still gives k/v)
-            q = self.q_proj(x[torch.arange(B, device=x.device), keep]).view(B, 1, -1, self.head_dim)
-            q_cos, q_sin = rope_at(cos, sin, keep)
+            rows = torch.arange(B, device=x.device)
+            q = self.q_proj(x[rows, keep]).view(B, 1, -1, self.head_dim)
+            q_cos = cos.expand(B, -1, -1, -1)[rows, keep][:, None]
+            q_sin = sin.expand(B, -1, -1, -1)[rows, keep][:, None]
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin), v
+        q, k = apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cache is None:
+            out = scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = cache.attend(self.layer_idx, q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(B, q.shape[2], -1))
 
 
 class MLP(nn.Module):
@@ -325,7 +312,6 @@ __all__ = [
     "Transformer",
     "build_model",
     "causal_lm_logprobs",
-    "rope_at",
     "rope_cos_sin",
     "scaled_dot_product_attention",
 ]

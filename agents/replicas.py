@@ -43,7 +43,7 @@ import torch
 import torch.multiprocessing as mp
 
 from .errors import checked_prompt, checked_weights, resolve_future
-from .model import Transformer, build_model
+from .model import Transformer
 from .scheduler import EngineStats
 from .types import Completion, SamplingParams
 
@@ -71,7 +71,6 @@ class EngineReplicas:
         if str(engine_kwargs.get("device", model.device)).startswith("cuda"):
             raise ValueError("EngineReplicas runs CPU engines; on a GPU use one TorchEngine")
         self.config = model.config
-        self.max_seq_len = engine_kwargs.get("max_seq_len") or min(self.config.max_position_embeddings, 4096)
         self.policy_version = policy_version
         threads = threads_per_replica or max(1, torch.get_num_threads() // replicas)
         self.threads_per_replica = threads
@@ -89,7 +88,7 @@ class EngineReplicas:
         self._send_locks = [threading.Lock() for _ in range(replicas)]
         self._closed = False
         context = mp.get_context("spawn")
-        self._connections, self._processes, self._readers = [], [], []
+        self._connections, self._processes = [], []
         for r in range(replicas):
             parent_end, child_end = context.Pipe()
             kwargs = dict(engine_kwargs, seed=seed + r, policy_version=policy_version)
@@ -109,18 +108,17 @@ class EngineReplicas:
                 self.close()
                 raise RuntimeError(f"engine replica {r} did not start in {_START_TIMEOUT_S:.0f} s")
             try:
-                _, _, error, _ = connection.recv()
+                _, max_seq_len, error, _ = connection.recv()
             except EOFError:
                 error = f"exited with code {self._processes[r].exitcode}"
             if error is not None:
                 self.close()
                 raise RuntimeError(f"engine replica {r} failed to start: {_headline(error)}\n{error}")
+            self.max_seq_len = max_seq_len  # the engines' own (their default when not given)
         for r in range(replicas):
-            reader = threading.Thread(
+            threading.Thread(
                 target=self._read, args=(r,), name=f"toolgym-engine-{r}-reader", daemon=True
-            )
-            reader.start()
-            self._readers.append(reader)
+            ).start()
 
     @property
     def replicas(self) -> int:
@@ -282,15 +280,15 @@ def _serve(connection, config, shared: dict[str, torch.Tensor], engine_kwargs: d
     try:
         from .engine import TorchEngine
 
-        model = build_model(config, seed=None)
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                param.copy_(shared[name])
-        engine = TorchEngine(model, **engine_kwargs)
+        with torch.device("meta"):  # no initialisation: the weights are the shared ones
+            model = Transformer(config)
+        model.load_state_dict(shared, assign=True)
+        model.tie_weights()
+        engine = TorchEngine(model, **engine_kwargs)  # which copies them
     except BaseException:
         connection.send((-1, None, traceback.format_exc(), None))
         return
-    connection.send((-1, None, None, None))
+    connection.send((-1, engine.max_seq_len, None, None))
     try:
         asyncio.run(_serve_requests(connection, engine, shared))
     finally:

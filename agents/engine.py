@@ -57,6 +57,7 @@ import torch
 
 from .decode_graphs import DecodeGraphs
 from .errors import ContextOverflowError, checked_prompt, checked_weights, resolve_future
+from .fused_layer import fuse_model
 from .kv_cache import KeyLayout, KVCache
 from .model import Transformer
 from .packed_linear import pack_model, repack, resolve_packing
@@ -94,6 +95,9 @@ class TorchEngine:
     recomputes every prompt in full, for comparison). history_capacity: token positions of KV
     cache that keep finished samples' k/v for their conversation's next turn (agents/history.py;
     default max_batch_size * max_seq_len, which doubles the cache; 0 turns this off).
+    fused_layers: run the decoder layers as agents/fused_layer.py's FusedDecoderLayer (fused GEMMs,
+    one compiled kernel per pointwise stretch; default: on for a CUDA device, where it is compiled;
+    on CPU it runs eagerly, for testing, in place of the packed layers).
     worker_thread: compute on a worker thread of the engine's own (default: on CUDA) instead of
     on the thread that drives the engine (default on CPU; see the module doc for why).
     """
@@ -117,6 +121,7 @@ class TorchEngine:
         share_prefixes: bool = True,
         history_capacity: int | None = None,
         worker_thread: bool | None = None,
+        fused_layers: bool | None = None,
     ) -> None:
         cfg = model.config
         self.config = cfg
@@ -137,9 +142,14 @@ class TorchEngine:
         self.max_batch_size, self.max_prefill_tokens = max_batch_size, max_prefill_tokens
         self.continuous_batching = continuous_batching
         self.device, self.dtype = device, dtype
-        self.packed = resolve_packing(device, dtype, pack_weights)
+        self.fused = device.type == "cuda" if fused_layers is None else fused_layers
+        if self.fused and pack_weights:
+            raise ValueError("pack_weights=True and fused_layers=True are two layer forms: choose one")
+        self.packed = False if self.fused else resolve_packing(device, dtype, pack_weights)
         if self.packed:
             pack_model(self.model, batch_hint=max_batch_size)
+        elif self.fused:
+            fuse_model(self.model, compiled=device.type == "cuda")
         self._seed_rng = np.random.default_rng(seed)
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
         with torch.inference_mode():

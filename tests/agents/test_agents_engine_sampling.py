@@ -4,6 +4,7 @@ reference, and the counter-based uniforms depend on exactly (seed, sample index,
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from toolgym.agents.sampling import filter_top_k_top_p, sample_tokens, seed_to_u64, uniform_draws
@@ -66,7 +67,7 @@ def test_the_token_is_the_first_whose_cumulative_probability_passes_u() -> None:
     # The inverse CDF, row by row in Python floats, including a draw exactly on a boundary.
     logits = torch.randn(8, 40, generator=torch.Generator().manual_seed(2))
     logits[1, 5:] = float("-inf")  # a row with most tokens impossible
-    probs = torch.log_softmax(logits, -1).exp().double()  # as the sampler computes them
+    probs = (logits - torch.logsumexp(logits, -1, keepdim=True)).exp().double()  # as the sampler does
     cdf = probs.cumsum(-1)
     u = draws(8)
     u[2] = cdf[2, 6] / cdf[2, -1]  # exactly token 6's cumulative: token 7 (the CDF must exceed it)
@@ -85,6 +86,35 @@ def test_the_token_is_the_first_whose_cumulative_probability_passes_u() -> None:
         cumulative = [running := running + p for p in probs[row].tolist()]
         assert tokens[row].item() == next(i for i, c in enumerate(cumulative) if c > threshold)
     assert tokens[2].item() == 7 and tokens[1].item() < 5
+
+
+@pytest.mark.parametrize("vocab", [1024 * 3, 1024 * 5 + 321])
+def test_large_vocabularies_search_by_block_for_the_same_token(vocab: int) -> None:
+    # Past 1,024 tokens the inverse CDF first picks the block of tokens holding the threshold,
+    # then scans that block alone: the same token as one scan of the whole row. Rows with whole
+    # blocks of impossible tokens (filtered), mass in the last partial block, and draws near 0
+    # and 1, which land in the first and last blocks with mass.
+    rows = 64
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(rows, vocab, generator=g) * 3
+    logits[:8, 1024:] = float("-inf")  # all the mass in the first block
+    logits[8:16, : vocab - 200] = float("-inf")  # all of it at the end
+    logits[16:24, 500:2500] = float("-inf")  # a gap spanning a whole block
+    logits[24:32] = float("-inf")
+    logits[24:32, 2000] = 0.0  # one possible token
+    u = draws(rows)
+    u[32:40], u[40:48] = 1e-12, 1 - 1e-12
+    ones, zeros = torch.ones(rows), torch.zeros(rows)
+    flags = dict(any_filter=False, any_greedy=False, all_greedy=False, any_scaled=False)
+    tokens, logprobs = sample_tokens(logits, ones, zeros, ones, u, **flags)
+    log_probs = torch.log_softmax(logits.double(), -1)
+    cdf = log_probs.exp().cumsum(-1)
+    expected = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(1)
+    assert torch.equal(tokens, expected)
+    assert (log_probs.gather(1, tokens[:, None]) > float("-inf")).all()
+    assert torch.allclose(logprobs.double(), log_probs.gather(1, tokens[:, None]).squeeze(1), atol=1e-5)
+    assert (tokens[:8] < 1024).all() and (tokens[8:16] >= vocab - 200).all()
+    assert ((tokens[16:24] < 500) | (tokens[16:24] >= 2500)).all() and (tokens[24:32] == 2000).all()
 
 
 def test_the_unit_temperature_shortcut_changes_nothing() -> None:
@@ -137,3 +167,21 @@ def test_filter_matches_per_row_reference() -> None:
     got = filter_top_k_top_p(z, top_k, top_p)
     for i in range(8):
         assert torch.equal(got[i], reference_filter(z[i], int(top_k[i]), float(top_p[i])))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_sampling_picks_what_cpu_sampling_picks() -> None:
+    # On a GPU the blocks' masses come from a torch.compile'd kernel reading bf16 logits directly.
+    rows, vocab = 48, 151936
+    logits = (torch.randn(rows, vocab, generator=torch.Generator().manual_seed(5)) * 3).bfloat16()
+    temperature = torch.tensor([1.0, 0.0, 0.7] * (rows // 3))
+    u = draws(rows)
+    args = (temperature, torch.zeros(rows, dtype=torch.long), torch.ones(rows), u)
+    for any_scaled in (False, True):
+        if not any_scaled:
+            args = (torch.where(temperature == 0.7, 1.0, temperature), *args[1:])
+        flags = dict(any_filter=False, any_greedy=True, all_greedy=False, any_scaled=any_scaled)
+        cpu_tokens, cpu_logprobs = sample_tokens(logits, *args, **flags)
+        cuda_tokens, cuda_logprobs = sample_tokens(logits.cuda(), *(a.cuda() for a in args), **flags)
+        assert torch.equal(cuda_tokens.cpu(), cpu_tokens)
+        assert torch.allclose(cuda_logprobs.cpu(), cpu_logprobs, atol=1e-4)

@@ -18,19 +18,30 @@ One graph per (batch bucket, span bucket) is captured the first time that shape 
 in one memory pool. The weights and the KV cache are read in place, so `load_weights` (which
 copies into the same tensors) needs no re-capture.
 
+Sampling the decoded logits (`sample`) is replayed from graphs too, one per (batch bucket,
+sampling flags): eager, its ~30 small ops cost the host ~1.1 ms a step at Qwen's vocabulary and
+batch 256 for ~0.3 ms of GPU work (bench/RESULTS.md). Its inputs (each slot's temperature, top-k,
+top-p and draw) go through static buffers; padded rows sample from whatever those rows hold and
+are never read.
+
 With capture off the same forward runs eagerly: padded (`bucketed=True`, what the tests compare
 against the exact step on CPU) or at the exact shapes (the engine's decode on CPU).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
 from .kv_cache import KVCache
 from .model import Transformer
+from .sampling import sample_tokens
 
 _MIN_SPAN = 64
+_SAMPLING_INPUTS = ("temperature", "top_k", "top_p", "u")
+_SAMPLING_FLAGS = ("any_filter", "any_greedy", "all_greedy", "any_scaled")
 
 
 def batch_bucket(n: int, max_batch: int) -> int:
@@ -65,11 +76,27 @@ class DecodeGraphs:
         self.logits = torch.zeros(self.max_batch if capture else 0, vocab, dtype=dtype, device=device)
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._pool = None
+        # The sampling graphs' inputs (valid parameters in every row, so padded rows sample too)
+        # and outputs.
+        rows = self.max_batch if capture else 0
+        self.sampling = {
+            "temperature": torch.ones(rows, device=device),
+            "top_k": torch.zeros(rows, dtype=torch.long, device=device),
+            "top_p": torch.ones(rows, device=device),
+            "u": torch.full((rows,), 0.5, dtype=torch.float64, device=device),
+        }
+        self.sampled = (torch.zeros(rows, dtype=torch.long, device=device), torch.zeros(rows, device=device))
+        self._sample_graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
 
     @property
     def captured(self) -> list[tuple[int, int]]:
         """The (batch, span) shapes captured so far."""
         return sorted(self._graphs)
+
+    @property
+    def captured_sampling(self) -> list[tuple]:
+        """The (batch, *sampling flags) captured so far."""
+        return sorted(self._sample_graphs)
 
     def forward(self, tokens: np.ndarray, positions: np.ndarray) -> torch.Tensor:
         """Logits [n, vocab] of the next token for slots 0..n-1 (with capture, a view of
@@ -87,26 +114,55 @@ class DecodeGraphs:
             return self._step(batch, span)[:n]
         graph = self._graphs.get((batch, span))
         if graph is None:
-            graph = self._graphs[(batch, span)] = self._capture(batch, span)
+            graph = self._graphs[(batch, span)] = self._capture(
+                lambda: self.logits[:batch].copy_(self._step(batch, span))
+            )
         graph.replay()
         return self.logits[:n]
+
+    def sample(self, logits: torch.Tensor, arrays: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """`sample_tokens` of the last `forward`'s logits [n, vocab] -> (tokens [n], logprobs [n]).
+        arrays: agents/slots.py's `sampling_arrays` for the n slots (host arrays and flags)."""
+        flags = {key: arrays[key] for key in _SAMPLING_FLAGS}
+        if not self.capture:
+            inputs = {key: torch.from_numpy(arrays[key]).to(logits.device) for key in _SAMPLING_INPUTS}
+            return sample_tokens(logits, **inputs, **flags)
+        n = len(logits)
+        for key in _SAMPLING_INPUTS:
+            self.sampling[key][:n].copy_(torch.from_numpy(arrays[key]), non_blocking=True)
+        batch = batch_bucket(n, self.max_batch)
+        shape = (batch, *flags.values())
+        graph = self._sample_graphs.get(shape)
+        if graph is None:
+            graph = self._sample_graphs[shape] = self._capture(lambda: self._sample_rows(batch, flags))
+        graph.replay()
+        return self.sampled[0][:n], self.sampled[1][:n]
+
+    def _sample_rows(self, batch: int, flags: dict) -> None:
+        inputs = {key: self.sampling[key][:batch] for key in _SAMPLING_INPUTS}
+        tokens, logprobs = sample_tokens(self.logits[:batch], **inputs, **flags)
+        self.sampled[0][:batch].copy_(tokens)
+        self.sampled[1][:batch].copy_(logprobs)
 
     def _step(self, batch: int, span: int) -> torch.Tensor:
         rope = self.cache.start_decode(self.positions[:batch], span)
         hidden = self.model.model(self.tokens[:batch, None], cache=self.cache, rope=rope)
         return self.model.lm_head(hidden[:, 0])
 
-    def _capture(self, batch: int, span: int) -> torch.cuda.CUDAGraph:
-        # Warm up on a side stream first (cuBLAS handles, allocator), as torch.cuda.graphs asks.
-        # The warm-up writes the same k/v the replay will write, so it changes nothing.
+    def _capture(self, run: Callable[[], object]) -> torch.cuda.CUDAGraph:
+        # Warm up on a side stream first (cuBLAS handles, allocator, torch.compile), as
+        # torch.cuda.graphs asks. The warm-up writes what the replay will write (the same k/v into
+        # the cache, outputs into the static buffers), so it changes nothing.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._step(batch, span)
+            run()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: the engine captures in its worker thread while others may use the GPU.
+        # One pool for every graph: each writes its results to buffers outside it, so what one
+        # replay leaves in the pool is scratch the next may overwrite.
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            self.logits[:batch].copy_(self._step(batch, span))
+            run()
         self._pool = graph.pool()
         return graph

@@ -167,12 +167,15 @@ class Scheduler:
         logits = self.decoder.forward(slots.next[:n], slots.pos[:n])
         self.stats.decode_steps += 1
         slots.pos[:n] += 1
-        self._sample_and_record(logits, 0, n)
+        self._record(0, n, *self.decoder.sample(logits, slots.sampling_arrays(0, n)))
         self.stats.decode_seconds += time.perf_counter() - start
 
     def _sample_and_record(self, logits: torch.Tensor, lo: int, hi: int) -> None:
-        """Sample slots lo..hi-1 from their logits rows, append, finish what is done."""
-        tokens, logprobs = sample_tokens(logits, **self.slots.sampling_inputs(lo, hi, self.device))
+        """Sample slots lo..hi-1 from their logits rows, then `_record`."""
+        self._record(lo, hi, *sample_tokens(logits, **self.slots.sampling_inputs(lo, hi, self.device)))
+
+    def _record(self, lo: int, hi: int, tokens: torch.Tensor, logprobs: torch.Tensor) -> None:
+        """Append slots lo..hi-1's sampled tokens, finish what is done."""
         done = self.slots.record(lo, hi, tokens.tolist(), logprobs.tolist())
         self.stats.generated_tokens += hi - lo
         finished = [(self.slots.running[slot], reason) for slot, reason in done]

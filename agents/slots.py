@@ -82,21 +82,28 @@ class Slots:
             params.top_k,
         )
 
-    def sampling_inputs(self, lo: int, hi: int, device: torch.device) -> dict:
-        """`sample_tokens` keyword arguments for slots lo..hi-1 (agents/sampling.py)."""
+    def sampling_arrays(self, lo: int, hi: int) -> dict:
+        """Slots lo..hi-1's sampling parameters and draws as host arrays, with the flags
+        `sample_tokens` takes (agents/sampling.py)."""
         temperature, top_p, top_k = self.temperature[lo:hi], self.top_p[lo:hi], self.top_k[lo:hi]
         greedy = temperature == 0
-        u = uniform_draws(self.seed[lo:hi], self.sample_index[lo:hi], self.step[lo:hi])
         return dict(
-            temperature=torch.from_numpy(temperature).to(device),
-            top_k=torch.from_numpy(top_k).to(device),
-            top_p=torch.from_numpy(top_p).to(device),
-            u=torch.from_numpy(u).to(device),
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            u=uniform_draws(self.seed[lo:hi], self.sample_index[lo:hi], self.step[lo:hi]),
             any_filter=bool(((top_k > 0) | (top_p < 1)).any()),
             any_greedy=bool(greedy.any()),
             all_greedy=bool(greedy.all()),
             any_scaled=bool(((temperature != 0) & (temperature != 1)).any()),
         )
+
+    def sampling_inputs(self, lo: int, hi: int, device: torch.device) -> dict:
+        """`sample_tokens` keyword arguments for slots lo..hi-1: `sampling_arrays` on `device`."""
+        inputs = self.sampling_arrays(lo, hi)
+        for key in ("temperature", "top_k", "top_p", "u"):
+            inputs[key] = torch.from_numpy(inputs[key]).to(device)
+        return inputs
 
     def record(self, lo: int, hi: int, tokens: list[int], logprobs: list[float]) -> list[tuple[int, str]]:
         """Append slots lo..hi-1's sampled tokens; returns the (slot, finish reason) of those done."""

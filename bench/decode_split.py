@@ -6,7 +6,7 @@
 
 Same load as bench/generate.py (random prompts of 128 tokens, 64 new tokens, temperature 1).
 After a warm-up call, one call runs with synchronised timers around the decode forward (the
-CUDA-graph replay on a GPU) and around `sample_tokens`; the rest of `decode_seconds` is the
+CUDA-graph replay on a GPU) and around its sampling (`DecodeGraphs.sample`, also replayed); the rest of `decode_seconds` is the
 engine's host work (copies in and out, per-sample bookkeeping). The timers add a sync per step,
 so the total is a little above bench/generate.py's decode time.
 
@@ -26,7 +26,6 @@ import torch
 import torch._inductor.config as inductor_config
 
 import toolgym.agents.engine as engine_module
-import toolgym.agents.scheduler as scheduler_module
 from toolgym.agents.model import build_model
 from toolgym.agents.model_config import ModelConfig
 from toolgym.agents.types import SamplingParams
@@ -75,28 +74,23 @@ def main() -> None:
         start = time.perf_counter()
         engine.generate_sync(prompts, params)  # warm-up (and graph capture or compilation)
         warmup = time.perf_counter() - start
+        # A decode step's sampling is the decoder's (replayed from a graph on a GPU); a prefill's
+        # first-token sampling goes around it and is not counted.
         engine._decoder.forward = timed("forward", engine._decoder.forward)
-        sample_tokens = scheduler_module.sample_tokens
-        scheduler_module.sample_tokens = timed("sampling", sample_tokens)
-        try:
-            before_s, before_steps = engine.stats.decode_seconds, engine.stats.decode_steps
-            prefill_forwards = engine.stats.prefill_forwards
-            engine.generate_sync(prompts, params)
-        finally:
-            scheduler_module.sample_tokens = sample_tokens
+        engine._decoder.sample = timed("sampling", engine._decoder.sample)
+        before_s, before_steps = engine.stats.decode_seconds, engine.stats.decode_steps
+        engine.generate_sync(prompts, params)
         steps = engine.stats.decode_steps - before_steps
         decode = engine.stats.decode_seconds - before_s
-        # Each prefill's first-token sampling went through the sampling timer too (one batch each).
-        prefills = engine.stats.prefill_forwards - prefill_forwards
-        forward = seconds["forward"]
-        sampling = seconds["sampling"] * steps / (steps + prefills)
+        forward, sampling = seconds["forward"], seconds["sampling"]
     print(
         f"{args.model}, batch {args.batch}, {args.dtype} on {args.device}, CUDA graphs {engine.cuda_graphs}, "
         f"torch.compile {args.compile}; warm-up call {warmup:.1f} s"
     )
+    graphs = " (graph replay)" if engine.cuda_graphs else ""
     print(f"decode: {steps} steps, {decode / steps * 1e3:.2f} ms/step")
-    print(f"  forward{' (graph replay)' if engine.cuda_graphs else ''}: {forward / steps * 1e3:.2f} ms/step")
-    print(f"  sampling: {sampling / steps * 1e3:.2f} ms/step")
+    print(f"  forward{graphs}: {forward / steps * 1e3:.2f} ms/step")
+    print(f"  sampling{graphs}: {sampling / steps * 1e3:.2f} ms/step")
     print(f"  rest (host bookkeeping, copies): {(decode - forward - sampling) / steps * 1e3:.2f} ms/step")
 
 

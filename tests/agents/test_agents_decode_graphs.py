@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -15,6 +16,7 @@ from toolgym.agents.decode_graphs import DecodeGraphs, batch_bucket, span_bucket
 from toolgym.agents.engine import TorchEngine
 from toolgym.agents.kv_cache import KVCache
 from toolgym.agents.model import build_model, causal_lm_logprobs
+from toolgym.agents.model_config import ModelConfig
 from toolgym.agents.types import SamplingParams
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -112,3 +114,42 @@ def test_cuda_graphs_see_weights_loaded_after_capture() -> None:
     assert after.policy_version == 1 and after.tokens == expected.tokens
     assert np.abs(np.array(after.logprobs) - np.array(expected.logprobs)).max() <= 1e-5
     assert np.abs(np.array(before.logprobs) - np.array(after.logprobs)).max() > 1e-2  # new weights
+
+
+@needs_cuda
+@pytest.mark.parametrize("vocab_size", [256, 5000])
+def test_cuda_graph_sampling_with_mixed_parameters_samples_what_eager_sampling_samples(
+    vocab_size: int,
+) -> None:
+    # Sampling replayed from graphs per (batch bucket, flags): requests of different lengths
+    # finish at different steps (the batch shrinks through buckets, padded rows keep stale
+    # parameters), and each mix of greedy, scaled and filtered rows is its own graph. A vocabulary
+    # over 1,024 tokens takes the blocked inverse CDF with its compiled kernel.
+    config = msgspec.structs.replace(ModelConfig.named("test"), vocab_size=vocab_size)
+    model = build_model(config, seed=0)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in (4, 9, 17, 6, 11)]
+    params = [
+        SamplingParams(max_tokens=30, temperature=1.0, n=3, seed=1),
+        SamplingParams(max_tokens=12, temperature=0.7, top_p=0.9, n=2, seed=2),
+        SamplingParams(max_tokens=20, temperature=0.0),
+        SamplingParams(max_tokens=6, temperature=1.3, top_k=5, n=4, seed=3),
+        SamplingParams(max_tokens=25, temperature=1.0, seed=4),
+    ]
+    results = {}
+    for graphs in (False, True):
+        with TorchEngine(
+            model, max_batch_size=16, max_seq_len=64, device="cuda", cuda_graphs=graphs
+        ) as engine:
+
+            async def concurrently(engine=engine):
+                calls = [engine.generate([p], q) for p, q in zip(prompts, params, strict=True)]
+                return [c for r in await asyncio.gather(*calls) for c in r]
+
+            results[graphs] = asyncio.run(concurrently())
+            if graphs:
+                assert len({shape[1:] for shape in engine._decoder.captured_sampling}) >= 3
+                assert len({shape[0] for shape in engine._decoder.captured_sampling}) >= 3
+    for eager, graphed in zip(results[False], results[True], strict=True):
+        assert graphed.tokens == eager.tokens
+        assert np.abs(np.array(graphed.logprobs) - np.array(eager.logprobs)).max() <= 1e-4

@@ -289,9 +289,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     import gymnasium
+    import torch.distributed as dist
 
     from toolgym.rollouts.recording import RecordingError
 
+    # A process group this command makes (train/eval join one) is closed when it ends: NCCL warns
+    # of leaked resources at exit otherwise. One made before (a caller's, a test's) is theirs.
+    owns_group = dist.is_available() and not dist.is_initialized()
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -304,6 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RecordingError, ValueError, gymnasium.error.Error) as exc:
         print(f"toolgym {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if owns_group and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

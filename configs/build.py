@@ -161,8 +161,13 @@ def build_generator(
             return EngineReplicas(model, replicas=config.agent.replicas, **engine_kwargs)
         from toolgym.agents.engine import TorchEngine
 
-        # cuda_graphs None: on where there is CUDA
-        return TorchEngine(model, cuda_graphs=None if config.agent.cuda_graphs else False, **engine_kwargs)
+        # None: on where there is CUDA
+        return TorchEngine(
+            model,
+            cuda_graphs=None if config.agent.cuda_graphs else False,
+            fused_layers=None if config.agent.fused_layers else False,
+            **engine_kwargs,
+        )
     from toolgym.agents.vllm_engine import VLLMConfig
     from toolgym.agents.vllm_policy import VLLMPolicy
 

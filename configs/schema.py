@@ -8,7 +8,7 @@ Sections (all optional; every key has a default):
                  set), overrides (ModelConfig fields for a named config), dtype (the generator's),
                  init_seed
     [tokenizer]  path ("" = the model directory's tokenizer.json, else the shipped one)
-    [agent]      backend (torch | vllm), temperature, top_p, top_k, max_batch_size, max_seq_len, cuda_graphs,
+    [agent]      backend (torch | vllm), temperature, top_p, top_k, max_batch_size, max_seq_len, cuda_graphs, fused_layers,
                  history_capacity, replicas,
                  [agent.vllm] (VLLMConfig: dtype, kv_cache_gib, gpu_memory_utilization, ...)
     [rollout]    group_size, max_turns, max_tokens_per_turn, max_tokens_per_episode,
@@ -102,6 +102,9 @@ class AgentSection(msgspec.Struct, **_STRICT):
     max_batch_size: int = 256  # torch engine: KV-cache slots (episodes decoded together)
     max_seq_len: int = 0  # prompt + completion tokens per episode; 0 = min(model max, 4096)
     cuda_graphs: bool = True  # torch engine on a GPU: replay decode steps from CUDA graphs (CPU: ignored)
+    # torch engine on a GPU: decoder layers with fused GEMMs and torch.compile'd pointwise kernels
+    # (agents/fused_layer.py; CPU: ignored)
+    fused_layers: bool = True
     # torch engine: KV-cache positions that keep finished turns' k/v for their episode's next turn
     # (agents/history.py); -1 = max_batch_size * max_seq_len (doubles the KV cache), 0 = off.
     history_capacity: int = -1

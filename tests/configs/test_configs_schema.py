@@ -223,20 +223,21 @@ def test_the_rollout_config_a_run_builds_is_the_one_validated():
     assert config.rollout_config().env_kwargs == config.env.kwargs
 
 
-@pytest.mark.parametrize("cuda_graphs", [True, False])
-def test_agent_cuda_graphs_reaches_the_engine(cuda_graphs):
+@pytest.mark.parametrize("setting", ["cuda_graphs", "fused_layers"])
+@pytest.mark.parametrize("on", [True, False])
+def test_agent_gpu_settings_reach_the_engine(setting, on):
     import torch
 
     from toolgym.configs.build import build_generator, build_renderer, initial_model
 
-    config, _ = load_config(
-        "zorplex_tiny", ["model.name=test", f"agent.cuda_graphs={str(cuda_graphs).lower()}"]
-    )
-    assert config.agent.cuda_graphs is cuda_graphs
+    config, _ = load_config("zorplex_tiny", ["model.name=test", f"agent.{setting}={str(on).lower()}"])
+    assert getattr(config.agent, setting) is on
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     renderer, _ = build_renderer(config)
+    engine_attribute = {"cuda_graphs": "cuda_graphs", "fused_layers": "fused"}[setting]
     with build_generator(config, initial_model(config), None, renderer, device) as engine:
-        assert engine.cuda_graphs is (cuda_graphs and device.type == "cuda")  # never asked for on CPU
+        # never asked for on CPU
+        assert getattr(engine, engine_attribute) is (on and device.type == "cuda")
 
 
 @pytest.mark.parametrize(("setting", "positions"), [(None, 128 * 256), (0, 0), (1000, 1000)])

@@ -11,6 +11,8 @@ random prompts of `--prompt-len` tokens, `--batch` at once. The figure is new to
 of one whole batched call (prefill included), best of `--repeats` after a warm-up call.
 
 - engine: TorchEngine.generate_sync, one SamplingParams for the batch (seeded), logprobs returned.
+  `--replicas N` (CPU): EngineReplicas instead, N engine processes of cores / N threads each,
+  the batch dealt evenly between them (each decodes batch / N).
 - transformers: model.generate(do_sample=True, top_k=0, min_new_tokens=max_new_tokens).
 - vllm: LLM.generate with TokensPrompt, SamplingParams(logprobs=0, ignore_eos=True), in its own
   process per configuration (in-process engine, VLLM_ENABLE_V1_MULTIPROCESSING=0, small
@@ -49,6 +51,7 @@ from toolgym.agents.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from toolgym.agents.engine import TorchEngine
 from toolgym.agents.model import build_model
 from toolgym.agents.model_config import ModelConfig
+from toolgym.agents.replicas import EngineReplicas
 from toolgym.agents.types import SamplingParams
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -68,19 +71,22 @@ def decode_flops(cfg: ModelConfig, batch: int, prompt_len: int, new_tokens: int)
 def bench_engine(directory, prompts, args, dtype) -> dict:
     model = load_hf_checkpoint(directory, dtype=dtype, device=args.device)
     params = SamplingParams(max_tokens=args.new_tokens, temperature=1.0, seed=0)
-    with TorchEngine(
-        model,
-        max_batch_size=len(prompts),
-        max_seq_len=args.prompt_len + args.new_tokens,
-        key_layout=args.key_layout,
-        cuda_graphs={"auto": None, "on": True, "off": False}[args.cuda_graphs],
-    ) as engine:
+    options = dict(max_seq_len=args.prompt_len + args.new_tokens, key_layout=args.key_layout)
+    if args.replicas > 1:  # the prompts are dealt evenly: each replica decodes batch / replicas
+        engine = EngineReplicas(
+            model, replicas=args.replicas, max_batch_size=-(-len(prompts) // args.replicas), **options
+        )
+    else:
+        cuda_graphs = {"auto": None, "on": True, "off": False}[args.cuda_graphs]
+        engine = TorchEngine(model, max_batch_size=len(prompts), cuda_graphs=cuda_graphs, **options)
+    with engine:
         run = lambda: engine.generate_sync(prompts, params)  # noqa: E731
         run()  # warm-up
         before = (engine.stats.decode_seconds, engine.stats.prefill_seconds)
         timings = time_repeats(run, args.repeats, warmup=0, device=args.device)
-        decode_s = (engine.stats.decode_seconds - before[0]) / args.repeats
-        prefill_s = (engine.stats.prefill_seconds - before[1]) / args.repeats
+        # Replicas work side by side: their summed seconds / replicas is the wall time.
+        decode_s = (engine.stats.decode_seconds - before[0]) / args.repeats / args.replicas
+        prefill_s = (engine.stats.prefill_seconds - before[1]) / args.repeats / args.replicas
         outputs = run()
     assert all(len(c.tokens) == args.new_tokens for c in outputs)
     return {"best": timings.best, "median": timings.median, "decode_s": decode_s, "prefill_s": prefill_s}
@@ -228,6 +234,9 @@ def main() -> None:
     parser.add_argument(
         "--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="engine decode graphs"
     )
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="the engine as N processes (agents/replicas.py; CPU)"
+    )
     args = parser.parse_args()
     dtypes = args.dtypes.split(",")
     backends = args.backends.split(",")
@@ -236,7 +245,8 @@ def main() -> None:
     generator = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, config.vocab_size, (args.batch, args.prompt_len), generator=generator).tolist()
     print(f"{machine_summary()}; model {args.model} ({config.num_params() / 1e6:.1f}M params), batch {args.batch}, "
-          f"prompt {args.prompt_len}, {args.new_tokens} new tokens, temperature 1, best of {args.repeats}")  # fmt: skip
+          f"prompt {args.prompt_len}, {args.new_tokens} new tokens, temperature 1, best of {args.repeats}"
+          + (f"; engine: {args.replicas} replica processes" if args.replicas > 1 else ""))  # fmt: skip
     if args.scenario == "episodes":
         with tempfile.TemporaryDirectory() as tmp:
             save_hf_checkpoint(build_model(config, seed=0), config, Path(tmp))

@@ -29,7 +29,7 @@ from .model import (
     RMSNorm,
     Transformer,
     apply_rope,
-    scaled_dot_product_attention,
+    attend_rows,
 )
 
 
@@ -143,15 +143,7 @@ class FusedDecoderLayer(nn.Module):
             (attention.q_norm.weight, attention.k_norm.weight) if self.head_norms else (None, None)
         )
         q, k, v = fused.split_qkv(qkv, cos, sin, self.num_heads, self.num_kv_heads, q_norm, k_norm, self.eps)
-        if keep is not None:  # only position keep[b] of each row goes on (its k/v: every position)
-            rows = torch.arange(B, device=x.device)
-            q, x = q[rows, keep][:, None], x[rows, keep][:, None]
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if cache is None:
-            attended = scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            attended = cache.attend(self.layer_idx, q, k, v)
-        attended = attended.transpose(1, 2).reshape(B, q.shape[2], -1)
+        attended, x = attend_rows(q, k, v, x, self.layer_idx, cache, keep)
         o_proj = attention.o_proj
         x, normed = fused.add_rms_norm(
             x, F.linear(attended, o_proj.weight, o_proj.bias), self.post_attention_layernorm.weight, self.eps

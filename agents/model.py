@@ -158,6 +158,22 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(B, q.shape[2], -1))
 
 
+def attend_rows(q, k, v, x, layer_idx: int, cache: AttentionCache | None, keep: torch.Tensor | None):
+    """The attention of a layer that computes q/k/v [B, T, heads, D] (RoPE applied) its own way
+    (agents/packed_linear.py, agents/fused_layer.py): with `keep`, only position keep[b] of each
+    row's query and residual `x` go on (k/v: every position). -> (attended [B, T or 1, heads*D], x)."""
+    B = q.shape[0]
+    if keep is not None:
+        rows = torch.arange(B, device=q.device)
+        q, x = q[rows, keep][:, None], x[rows, keep][:, None]
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if cache is None:
+        attended = scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        attended = cache.attend(layer_idx, q, k, v)
+    return attended.transpose(1, 2).reshape(B, q.shape[2], -1), x
+
+
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
@@ -310,6 +326,7 @@ def causal_lm_logprobs(model: Transformer, tokens: torch.Tensor, temperature: fl
 __all__ = [
     "DecoderLayer",
     "Transformer",
+    "attend_rows",
     "build_model",
     "causal_lm_logprobs",
     "rope_cos_sin",

@@ -27,7 +27,7 @@ from .model import (
     RMSNorm,
     Transformer,
     apply_rope,
-    scaled_dot_product_attention,
+    attend_rows,
 )
 
 
@@ -195,15 +195,7 @@ class PackedDecoderLayer(nn.Module):
         else:
             qk = apply_rope(qk, cos, sin)
         q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, qk_columns:]
-        if keep is not None:  # only position keep[b] of each row goes on (its k/v: every position)
-            rows = torch.arange(B, device=x.device)
-            q, x = q[rows, keep][:, None], x[rows, keep][:, None]
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if cache is None:
-            attended = scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            attended = cache.attend(self.layer_idx, q, k, v)
-        attended = attended.transpose(1, 2).reshape(B, q.shape[2], -1)
+        attended, x = attend_rows(q, k, v, x, self.layer_idx, cache, keep)
         x = linear.binary(attended, x, self.o_proj, self.self_attn.o_proj.bias, "add")
         normed = F.rms_norm(x, (hidden,), None, self.eps)
         gate = linear(normed, self.gate, None, "swish", [], "")  # silu(x @ Wg^T)

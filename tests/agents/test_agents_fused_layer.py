@@ -27,6 +27,25 @@ def _perturbed(name: str):
     return model
 
 
+def _check_logprobs_before_and_after_load(engine, model, other, atol: float) -> None:
+    """Samples (two prompts sharing a prefix, 3 samples each) carry the teacher-forced logprobs of
+    `model`, then of `other` after load_weights, and the version they were sampled with."""
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 9, 8]]
+    params = SamplingParams(max_tokens=16, temperature=1.0, seed=3, n=3)
+    for version, weights in enumerate([model, other]):
+        if version:
+            engine.load_weights(weights.state_dict().items(), version=version)
+        completions = asyncio.run(engine.generate(prompts, params))
+        for i, completion in enumerate(completions):
+            prompt = prompts[i // 3]
+            with torch.no_grad():
+                tokens = torch.tensor([prompt + completion.tokens])
+                expected = causal_lm_logprobs(weights, tokens)[0, len(prompt) - 1 :]
+            got = torch.tensor(completion.logprobs)
+            assert torch.allclose(got, expected, atol=atol), (got - expected).abs().max()
+            assert completion.policy_version == version
+
+
 @pytest.mark.parametrize("name", ["test", "test-qwen3"])
 def test_fused_decoder_layer_computes_the_layer(name: str) -> None:
     # Then again after every Parameter is overwritten in place, as load_weights does: the fused
@@ -70,23 +89,10 @@ def test_fused_parameters_are_views_of_the_fused_weights() -> None:
 def test_engine_with_fused_layers_samples_the_models_distribution(name: str) -> None:
     # Eager on CPU: the prefill (shared prefix, kept-query last layer) and decode paths through
     # the fused layers give the model's teacher-forced logprobs, before and after load_weights.
-    model, other = _perturbed(name), make_model(name, seed=5)
-    prompts = [[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 9, 8]]
-    params = SamplingParams(max_tokens=12, temperature=1.0, seed=3, n=2)
+    model = _perturbed(name)
     with TorchEngine(model, max_batch_size=8, max_seq_len=64, fused_layers=True) as engine:
         assert engine.fused and not engine.packed
-        for version, weights in enumerate([model, other]):
-            if version:
-                engine.load_weights(weights.state_dict().items(), version=version)
-            completions = asyncio.run(engine.generate(prompts, params))
-            for i, completion in enumerate(completions):
-                prompt = prompts[i // 2]
-                with torch.no_grad():
-                    tokens = torch.tensor([prompt + completion.tokens])
-                    expected = causal_lm_logprobs(weights, tokens)[0, len(prompt) - 1 :]
-                got = torch.tensor(completion.logprobs)
-                assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
-                assert completion.policy_version == version
+        _check_logprobs_before_and_after_load(engine, model, make_model(name, seed=5), atol=1e-5)
 
 
 def test_fused_and_packed_layers_are_exclusive() -> None:
@@ -98,19 +104,7 @@ def test_fused_and_packed_layers_are_exclusive() -> None:
 @pytest.mark.parametrize("name", ["test", "test-qwen3"])
 def test_compiled_fused_layers_on_cuda(name: str) -> None:
     # The CUDA default: compiled kernels inside the CUDA-graph decode, float32 so the check is tight.
-    model, other = _perturbed(name), make_model(name, seed=5)
-    prompts = [[1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 9, 8]]
-    params = SamplingParams(max_tokens=20, temperature=1.0, seed=3, n=3)
+    model = _perturbed(name)
     with TorchEngine(model, max_batch_size=8, max_seq_len=64, device="cuda") as engine:
         assert engine.fused and engine.cuda_graphs
-        for version, weights in enumerate([model, other]):
-            if version:
-                engine.load_weights(weights.state_dict().items(), version=version)
-            completions = asyncio.run(engine.generate(prompts, params))
-            for i, completion in enumerate(completions):
-                prompt = prompts[i // 3]
-                with torch.no_grad():
-                    tokens = torch.tensor([prompt + completion.tokens])
-                    expected = causal_lm_logprobs(weights, tokens)[0, len(prompt) - 1 :]
-                got = torch.tensor(completion.logprobs)
-                assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
+        _check_logprobs_before_and_after_load(engine, model, make_model(name, seed=5), atol=1e-4)

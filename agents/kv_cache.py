@@ -4,13 +4,15 @@ A running sequence owns one slot; its tokens sit at positions 0..len-1 of that s
 keeps the running sequences in slots 0..n-1 (it moves the last one into a hole when a sequence
 finishes), so a decode step reads the block [:n, ..., :span] in place, with no gather.
 
-Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]. k has two layouts:
-- "sd" (the default): k like v; decode runs SDPA (one fused pass over k and v, GQA without
-  copies). The fastest for every dtype on a GPU and on CPUs with fast bf16 (bench/RESULTS.md:
-  bf16 decode steps 4.7 vs 6.9 ms on an AVX-512/AMX Xeon);
-- "ds": k transposed, [..., head_dim, max_seq_len], and decode is two batched matmuls. It was the
-  bf16 default while the engine computed on a worker thread beside the caller's OpenMP pool,
-  which slowed SDPA's many parallel regions more than two matmuls; kept for comparison.
+Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]. k has two layouts, and
+`default_key_layout` picks one per device and dtype (bench/RESULTS.md has the measurements):
+- "sd": k like v; decode runs SDPA (one fused pass over k and v, GQA without copies). The
+  default on a GPU, for float32 on every CPU, and for bf16/fp16 on a CPU with AMX: bf16 decode
+  steps 4.7 vs 6.9 ms on an AVX-512/AMX Xeon;
+- "ds": k transposed, [..., head_dim, max_seq_len], and decode is two batched matmuls. The
+  default for bf16/fp16 on a CPU without AMX, where torch's CPU flash-attention kernel runs
+  reduced precision 6-7x slower than float32 (a bf16 decode attention 1.58 vs 0.22 ms on a
+  2-core AVX-512-BF16 EPYC), so SDPA decode steps took 9.0 ms instead of 4.3.
 
 The model calls `cache.attend(layer, q, k, v)` (see agents/model.py); what happens depends on
 the mode the engine set before the forward:
@@ -41,6 +43,14 @@ from .prefix_attention import attend_after_prefix, prefix_mask
 KeyLayout = Literal["sd", "ds"]
 
 
+def default_key_layout(device: torch.device, dtype: torch.dtype) -> KeyLayout:
+    """ "ds" for bf16/fp16 on a CPU without AMX tiles, else "sd" (see the module doc for why)."""
+    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
+        return "sd"
+    has_amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    return "sd" if has_amx() else "ds"
+
+
 class KVCache:
     def __init__(
         self,
@@ -54,7 +64,7 @@ class KVCache:
         history_capacity: int = 0,
     ) -> None:
         layers, heads, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
-        self.key_layout: KeyLayout = key_layout or "sd"
+        self.key_layout: KeyLayout = key_layout or default_key_layout(torch.device(device), dtype)
         k_shape = (d, max_seq_len) if self.key_layout == "ds" else (max_seq_len, d)
         # One slot more than the engine runs: the prefix store (`store_prefix`, `load_prefix`).
         self.k = torch.zeros((layers, max_slots + 1, heads, *k_shape), dtype=dtype, device=device)

@@ -8,7 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from toolgym.agents.kv_cache import KVCache, default_key_layout
 from toolgym.agents.model import build_model, scaled_dot_product_attention
+from toolgym.agents.model_config import ModelConfig
 from toolgym.agents.prefix_attention import attend_after_prefix, prefix_mask
 
 
@@ -89,3 +91,23 @@ def test_training_attention_under_autocast_runs_in_float32() -> None:
     assert out.dtype == torch.bfloat16
     expected = F.scaled_dot_product_attention(q, k.bfloat16().float(), v, is_causal=True, enable_gqa=True)
     torch.testing.assert_close(out, expected.bfloat16(), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("device", "dtype", "amx", "layout"),
+    [
+        ("cpu", torch.bfloat16, False, "ds"),
+        ("cpu", torch.float16, False, "ds"),
+        ("cpu", torch.bfloat16, True, "sd"),
+        ("cpu", torch.float32, False, "sd"),
+        ("cuda", torch.bfloat16, False, "sd"),
+    ],
+)
+def test_default_key_layout_avoids_slow_half_precision_sdpa_on_cpus_without_amx(
+    monkeypatch, device, dtype, amx, layout
+) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    assert default_key_layout(torch.device(device), dtype) == layout
+    if device == "cpu":
+        cache = KVCache(ModelConfig.named("test"), 2, 16, dtype=dtype, device=device)
+        assert cache.key_layout == layout

@@ -71,14 +71,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
 
 
+# Score elements (batch x heads x queries x keys) up to which a CPU bf16 training attention
+# runs as explicit matmuls: ~10 bytes each are held for backward, 320 MiB at this bound.
+MATMUL_ATTENTION_MAX_SCORES = 1 << 25
+
+
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
-    """`F.scaled_dot_product_attention(..., enable_gqa=True)`, except that on CPU a bf16 attention
-    (bf16 inputs, or under bf16 autocast) of fewer than 256 queries that autograd will
-    differentiate runs in float32 and casts its output back to bf16. torch 2.13's CPU flash
-    kernel took 1.3-4.7x longer for such a bf16 backward than for the float32 one (the trainer's
-    rows of RL episodes and shared-prefix remainders are a few hundred tokens at most), about as
-    long at 192-256 queries, and less from ~320 causal queries on (bench/RESULTS.md). The
-    forward alone (inference) is faster in bf16 and stays so."""
+    """`F.scaled_dot_product_attention(..., enable_gqa=True)`, except for a CPU bf16 attention (bf16
+    inputs, or under bf16 autocast) of fewer than 256 queries that autograd will differentiate:
+    the trainer's rows of RL episodes and shared-prefix remainders, a few hundred tokens at most.
+    torch 2.13's CPU flash kernel is slow at those sizes, in bf16 most of all: its bf16 backward
+    took 1.3-4.7x longer than its float32 one on an AMX Xeon, and the float32 one ran at ~45
+    GFLOP/s on a 2-core EPYC (bench/RESULTS.md). There the attention is `matmul_attention` (bf16
+    matmuls, the softmax in float32: 7.2 vs 14.1 ms forward and backward at the vs_trl shape on
+    that EPYC), or, when its score tensor would pass MATMUL_ATTENTION_MAX_SCORES, float32 SDPA cast
+    back to bf16. The forward alone (inference) stays SDPA in its dtype."""
     device = q.device.type
     autocast = torch.is_autocast_enabled(device)
     dtype = torch.get_autocast_dtype(device) if autocast else q.dtype
@@ -89,6 +96,8 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         and torch.is_grad_enabled()
         and (q.requires_grad or k.requires_grad or v.requires_grad)
     ):
+        if q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= MATMUL_ATTENTION_MAX_SCORES:
+            return matmul_attention(q.to(dtype), k.to(dtype), v.to(dtype), **kwargs)
         mask = kwargs.get("attn_mask")
         if mask is not None and mask.is_floating_point():
             kwargs["attn_mask"] = mask.float()
@@ -96,6 +105,40 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True, **kwargs)
         return out.to(dtype)
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
+
+
+def matmul_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D) + mask) v, GQA, as two batched matmuls in the inputs' dtype with the
+    scaling, mask and softmax in float32 (as HF's eager attention under bf16). q [B, H, Lq, D], k/v
+    [B, Hkv, Lk, D]; attn_mask boolean (True: attend) or additive, broadcastable to [B, H, Lq, Lk];
+    is_causal: query i sees keys 0..i. A masked score is float32's lowest value rather than -inf,
+    so a row with every key masked averages v instead of giving NaN."""
+    B, H, Lq, D = q.shape
+    kv_heads, Lk = k.shape[1], k.shape[2]
+    groups = H // kv_heads
+    if is_causal:
+        attn_mask = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).tril()
+    # A float32 bias, so the scores it is added to are float32.
+    if attn_mask is None:
+        bias = torch.zeros(Lq, Lk, device=q.device)
+    elif attn_mask.dtype == torch.bool:
+        bias = torch.zeros(attn_mask.shape, device=q.device)
+        bias.masked_fill_(~attn_mask, torch.finfo(torch.float32).min)
+    else:
+        bias = attn_mask.float()
+    bias = bias.expand(B, H, Lq, Lk).unflatten(1, (kv_heads, groups))
+    with torch.autocast(q.device.type, enabled=False):
+        # The G query heads of a kv head are rows of one matmul: each key is read once.
+        scores = torch.matmul(q.reshape(B, kv_heads, groups * Lq, D), k.transpose(-1, -2))
+        scores = torch.add(bias, scores.view(B, kv_heads, groups, Lq, Lk), alpha=D**-0.5)
+        probs = torch.softmax(scores, dim=-1).to(v.dtype)
+        return torch.matmul(probs.view(B, kv_heads, groups * Lq, Lk), v).view(B, H, Lq, D)
 
 
 def cast_once_for_autocast(x: torch.Tensor) -> torch.Tensor:
@@ -329,6 +372,7 @@ __all__ = [
     "attend_rows",
     "build_model",
     "causal_lm_logprobs",
+    "matmul_attention",
     "rope_cos_sin",
     "scaled_dot_product_attention",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from toolgym.agents.model import Transformer, build_model
+from toolgym.agents.model import Transformer, build_model, rope_cos_sin
 
 
 def make_model(name: str = "test", seed: int = 0) -> Transformer:
@@ -15,3 +15,12 @@ def make_model(name: str = "test", seed: int = 0) -> Transformer:
             if p.dim() > 1:
                 p.mul_(4.0)
     return model
+
+
+def layer_inputs(model: Transformer, rows: int = 3, length: int = 6) -> tuple[torch.Tensor, ...]:
+    """A decoder layer's inputs for positions 0..length-1: hidden states [rows, length, hidden] and
+    RoPE's (cos, sin) [1, length, 1, head_dim], as the model passes them."""
+    config = model.config
+    x = torch.randn(rows, length, config.hidden_size)
+    cos, sin = rope_cos_sin(torch.arange(length), config.head_dim, config.rope_theta, torch.float32)
+    return x, cos[None, :, None], sin[None, :, None]

@@ -10,12 +10,12 @@ import warnings
 
 import pytest
 import torch
-from agents_testlib import make_model
+from agents_testlib import layer_inputs, make_model
 
 from toolgym.agents.checkpoint import hf_named_tensors
 from toolgym.agents.engine import TorchEngine
 from toolgym.agents.errors import ContextOverflowError
-from toolgym.agents.model import Transformer, causal_lm_logprobs, rope_cos_sin
+from toolgym.agents.model import Transformer, causal_lm_logprobs
 from toolgym.agents.packed_linear import PackedDecoderLayer, pack_model, packing_available, repack
 from toolgym.agents.sampling import filter_top_k_top_p
 from toolgym.agents.types import SamplingParams
@@ -444,10 +444,7 @@ def test_packed_decoder_layer_computes_the_layer(name: str, rotate_in_gemm: bool
     # norms between), SwiGLU and residual adds as post-ops: the layer's output, then again after
     # every weight changes (repack). Non-unit norm weights and biases, so a missed fold shows.
     model = make_model(name)
-    config = model.config
-    x = torch.randn(3, 6, config.hidden_size)
-    cos, sin = rope_cos_sin(torch.arange(6), config.head_dim, config.rope_theta, torch.float32)
-    cos, sin = cos[None, :, None], sin[None, :, None]
+    x, cos, sin = layer_inputs(model)
     layer = model.model.layers[1]
     packed = PackedDecoderLayer(copy.deepcopy(layer), batch_hint=3, rotate_in_gemm=rotate_in_gemm)
     for _ in range(2):

@@ -7,11 +7,11 @@ import copy
 
 import pytest
 import torch
-from agents_testlib import make_model
+from agents_testlib import layer_inputs, make_model
 
 from toolgym.agents.engine import TorchEngine
 from toolgym.agents.fused_layer import FusedDecoderLayer, fuse_model
-from toolgym.agents.model import causal_lm_logprobs, rope_cos_sin
+from toolgym.agents.model import causal_lm_logprobs
 from toolgym.agents.types import SamplingParams
 
 torch.set_num_threads(1)
@@ -51,10 +51,7 @@ def test_fused_decoder_layer_computes_the_layer(name: str) -> None:
     # Then again after every Parameter is overwritten in place, as load_weights does: the fused
     # GEMMs read the Parameters' own storage, so nothing needs repacking.
     model = _perturbed(name)
-    config = model.config
-    x = torch.randn(3, 6, config.hidden_size)
-    cos, sin = rope_cos_sin(torch.arange(6), config.head_dim, config.rope_theta, torch.float32)
-    cos, sin = cos[None, :, None], sin[None, :, None]
+    x, cos, sin = layer_inputs(model)
     layer = model.model.layers[1]
     fused = FusedDecoderLayer(copy.deepcopy(layer), compiled=False)
     for _ in range(2):

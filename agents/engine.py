@@ -87,9 +87,9 @@ class TorchEngine:
     tokens per prefill forward (bounds its memory). tokenizer: anything with .decode(ids), or a
     callable, for `Completion.text`. pack_weights: run the linears with oneDNN-packed weights
     (agents/packed_linear.py; default: on CPU when available). key_layout: the KV cache's key
-    layout (agents/kv_cache.py; default: `default_key_layout`, by device and dtype). continuous_batching: admit
-    waiting requests between decode steps (default); False waits until the running batch is done
-    (static micro-batching, for comparison). cuda_graphs: replay decode steps from CUDA graphs at
+    layout (agents/kv_cache.py; default: `default_key_layout`, by device and dtype).
+    continuous_batching: admit waiting requests between decode steps (default); False waits
+    until the running batch is done (static micro-batching, for comparison). cuda_graphs: replay decode steps from CUDA graphs at
     bucketed shapes (agents/decode_graphs.py; default: on for a CUDA device). share_prefixes:
     compute a prefill's common prompt prefix once and keep it for later prefills (default; off
     recomputes every prompt in full, for comparison). history_capacity: token positions of KV

@@ -37,10 +37,9 @@ import torch
 
 from .kv_cache import KVCache
 from .model import Transformer
-from .sampling import sample_tokens
+from .sampling import SAMPLING_TENSORS, sample_tokens, sampling_tensors
 
 _MIN_SPAN = 64
-_SAMPLING_INPUTS = ("temperature", "top_k", "top_p", "u")
 _SAMPLING_FLAGS = ("any_filter", "any_greedy", "all_greedy", "any_scaled")
 
 
@@ -123,12 +122,11 @@ class DecodeGraphs:
     def sample(self, logits: torch.Tensor, arrays: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """`sample_tokens` of the last `forward`'s logits [n, vocab] -> (tokens [n], logprobs [n]).
         arrays: agents/slots.py's `sampling_arrays` for the n slots (host arrays and flags)."""
-        flags = {key: arrays[key] for key in _SAMPLING_FLAGS}
         if not self.capture:
-            inputs = {key: torch.from_numpy(arrays[key]).to(logits.device) for key in _SAMPLING_INPUTS}
-            return sample_tokens(logits, **inputs, **flags)
+            return sample_tokens(logits, **sampling_tensors(arrays, logits.device))
+        flags = {key: arrays[key] for key in _SAMPLING_FLAGS}
         n = len(logits)
-        for key in _SAMPLING_INPUTS:
+        for key in SAMPLING_TENSORS:
             self.sampling[key][:n].copy_(torch.from_numpy(arrays[key]), non_blocking=True)
         batch = batch_bucket(n, self.max_batch)
         shape = (batch, *flags.values())
@@ -139,7 +137,7 @@ class DecodeGraphs:
         return self.sampled[0][:n], self.sampled[1][:n]
 
     def _sample_rows(self, batch: int, flags: dict) -> None:
-        inputs = {key: self.sampling[key][:batch] for key in _SAMPLING_INPUTS}
+        inputs = {key: self.sampling[key][:batch] for key in SAMPLING_TENSORS}
         tokens, logprobs = sample_tokens(self.logits[:batch], **inputs, **flags)
         self.sampled[0][:batch].copy_(tokens)
         self.sampled[1][:batch].copy_(logprobs)

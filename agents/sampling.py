@@ -132,6 +132,16 @@ def _inverse_cdf(z: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.
     return tokens, z.gather(1, tokens[:, None]).squeeze(1).float() - lse
 
 
+# sample_tokens' per-row tensor arguments; the rest are flags computed on the host.
+SAMPLING_TENSORS = ("temperature", "top_k", "top_p", "u")
+
+
+def sampling_tensors(arrays: dict, device: torch.device | str) -> dict:
+    """`sample_tokens` keyword arguments from host-side ones (numpy arrays and flags, as
+    agents/slots.py's `sampling_arrays` gives them): the SAMPLING_TENSORS arrays moved to `device`."""
+    return {**arrays, **{key: torch.from_numpy(arrays[key]).to(device) for key in SAMPLING_TENSORS}}
+
+
 def sample_tokens(
     logits: torch.Tensor,
     temperature: torch.Tensor,
@@ -172,4 +182,11 @@ def sample_tokens(
     return torch.where(greedy, argmax, tokens), torch.where(greedy, argmax_logprobs, logprobs)
 
 
-__all__ = ["filter_top_k_top_p", "sample_tokens", "seed_to_u64", "uniform_draws"]
+__all__ = [
+    "SAMPLING_TENSORS",
+    "filter_top_k_top_p",
+    "sample_tokens",
+    "sampling_tensors",
+    "seed_to_u64",
+    "uniform_draws",
+]

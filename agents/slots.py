@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .sampling import uniform_draws
+from .sampling import sampling_tensors, uniform_draws
 from .types import Completion, SamplingParams
 
 
@@ -100,10 +100,7 @@ class Slots:
 
     def sampling_inputs(self, lo: int, hi: int, device: torch.device) -> dict:
         """`sample_tokens` keyword arguments for slots lo..hi-1: `sampling_arrays` on `device`."""
-        inputs = self.sampling_arrays(lo, hi)
-        for key in ("temperature", "top_k", "top_p", "u"):
-            inputs[key] = torch.from_numpy(inputs[key]).to(device)
-        return inputs
+        return sampling_tensors(self.sampling_arrays(lo, hi), device)
 
     def record(self, lo: int, hi: int, tokens: list[int], logprobs: list[float]) -> list[tuple[int, str]]:
         """Append slots lo..hi-1's sampled tokens; returns the (slot, finish reason) of those done."""

@@ -30,13 +30,8 @@ from .model import (
     Transformer,
     apply_rope,
     attend_rows,
+    rms_norm,
 )
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as HF rounds it (normalise in float32, cast back, then scale)."""
-    x32 = x.float()
-    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float):

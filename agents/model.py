@@ -36,8 +36,14 @@ from .model_config import ModelConfig
 # ---------------------------------------------------------------------------------------------
 
 
-class RMSNorm(nn.Module):
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF's Qwen2RMSNorm: normalise in float32, cast back, then scale (same rounding as HF)."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """`rms_norm` with its weight as a Parameter."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -45,10 +51,7 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.variance_epsilon)
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -373,6 +376,7 @@ __all__ = [
     "build_model",
     "causal_lm_logprobs",
     "matmul_attention",
+    "rms_norm",
     "rope_cos_sin",
     "scaled_dot_product_attention",
 ]

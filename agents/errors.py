@@ -53,9 +53,6 @@ def resolve_future(
             future.set_result(result)
 
 
-__all__ = ["ContextOverflowError", "checked_prompt", "resolve_future"]
-
-
 def checked_weights(
     named_tensors: Iterable[tuple[str, Any]], parameters: Mapping[str, Any], model_type: str
 ) -> list:
@@ -71,3 +68,6 @@ def checked_weights(
                 f"load_weights: {name!r} has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}"
             )
     return updates
+
+
+__all__ = ["ContextOverflowError", "checked_prompt", "checked_weights", "resolve_future"]

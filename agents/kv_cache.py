@@ -27,6 +27,8 @@ the mode the engine set before the forward:
   slot's own history and attending to it and causally to themselves;
 - decode: one new token per running slot is written at that slot's position, then it attends
   over positions 0..pos of its own slot (an additive mask hides the rest of the span).
+Prefill and continue attention go through agents/model.py's `scaled_dot_product_attention`
+(bf16 on a CPU without AMX: matmuls, a few rows at a time; see there).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from .model import rope_cos_sin
+from .model import cpu_has_amx, rope_cos_sin, scaled_dot_product_attention
 from .model_config import ModelConfig
 from .prefix_attention import attend_after_prefix, prefix_mask
 
@@ -47,8 +49,7 @@ def default_key_layout(device: torch.device, dtype: torch.dtype) -> KeyLayout:
     """ "ds" for bf16/fp16 on a CPU without AMX tiles, else "sd" (see the module doc for why)."""
     if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
         return "sd"
-    has_amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    return "sd" if has_amx() else "ds"
+    return "sd" if cpu_has_amx() else "ds"
 
 
 class KVCache:
@@ -198,8 +199,8 @@ class KVCache:
         kept_queries = self._keep_mask is not None and q.shape[2] != k.shape[2]
         if not start:
             if kept_queries:
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=self._keep_mask, enable_gqa=True)
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+                return scaled_dot_product_attention(q, k, v, attn_mask=self._keep_mask)
+            return scaled_dot_product_attention(q, k, v, is_causal=True)
         # The prefix, as the shared-prefix prefill wrote it into every slot: read the first one.
         if self.key_layout == "ds":
             k_prefix = self.k[layer, first : first + 1, :, :, :start].transpose(-1, -2)
@@ -225,9 +226,7 @@ class KVCache:
             k_layer.view(-1, d).index_copy_(0, self._k_index.view(-1), k_new.reshape(-1, d))
             keys = k_layer[first:last, :, :end]
         mask = self._keep_mask if q.shape[2] != k.shape[2] else self._mask
-        return F.scaled_dot_product_attention(
-            q, keys, v_layer[first:last, :, :end], attn_mask=mask, enable_gqa=True
-        )
+        return scaled_dot_product_attention(q, keys, v_layer[first:last, :, :end], attn_mask=mask)
 
     def _attend_decode(self, layer: int, q, k, v) -> torch.Tensor:
         # Sizes come from tensor shapes (not Python ints) so a compiled step stays shape-generic.

@@ -77,6 +77,15 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 # Score elements (batch x heads x queries x keys) up to which a CPU bf16 training attention
 # runs as explicit matmuls: ~10 bytes each are held for backward, 320 MiB at this bound.
 MATMUL_ATTENTION_MAX_SCORES = 1 << 25
+# Score elements per piece of a CPU bf16 inference attention run as matmuls (rows at a time):
+# 2 MiB of float32 scores, an L2's worth. Whole-batch score tensors of tens of MiB cost more in
+# page faults (glibc maps and unmaps allocations that large) than the matmuls do.
+MATMUL_INFERENCE_CHUNK_SCORES = 1 << 19
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles, with which torch's flash kernel runs bf16 fast."""
+    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
@@ -88,7 +97,10 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     GFLOP/s on a 2-core EPYC (bench/RESULTS.md). There the attention is `matmul_attention` (bf16
     matmuls, the softmax in float32: 7.2 vs 14.1 ms forward and backward at the vs_trl shape on
     that EPYC), or, when its score tensor would pass MATMUL_ATTENTION_MAX_SCORES, float32 SDPA cast
-    back to bf16. The forward alone (inference) stays SDPA in its dtype."""
+    back to bf16. A bf16 inference attention (the engine's prefills) on a CPU without AMX tiles
+    is `matmul_attention` too, in pieces of MATMUL_INFERENCE_CHUNK_SCORES score elements: 3.1 vs
+    8.1 ms for the flash kernel at bench-3m's prefill of 32 rows x 128 tokens on that EPYC; on an
+    AMX CPU, and when one row's scores pass that size, it stays SDPA in its dtype."""
     device = q.device.type
     autocast = torch.is_autocast_enabled(device)
     dtype = torch.get_autocast_dtype(device) if autocast else q.dtype
@@ -107,6 +119,10 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         with torch.autocast(device, enabled=False):
             out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), enable_gqa=True, **kwargs)
         return out.to(dtype)
+    if device == "cpu" and q.dtype == dtype == torch.bfloat16 and not torch.is_grad_enabled():
+        rows = MATMUL_INFERENCE_CHUNK_SCORES // (q.shape[1] * q.shape[2] * k.shape[2])
+        if rows and not cpu_has_amx():
+            return matmul_attention_in_pieces(q, k, v, rows, **kwargs)
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
 
 
@@ -135,13 +151,40 @@ def matmul_attention(
         bias.masked_fill_(~attn_mask, torch.finfo(torch.float32).min)
     else:
         bias = attn_mask.float()
-    bias = bias.expand(B, H, Lq, Lk).unflatten(1, (kv_heads, groups))
+    # [b, h, Lq, Lk] -> [b, Hkv or 1, G or 1, Lq, Lk], broadcast by the add below: an expanded
+    # bias's strides cost the add 5x (4.0 vs 0.7 ms at [64, 4, 128, 128]).
+    bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    bias = bias.unsqueeze(2) if bias.shape[1] == 1 else bias.unflatten(1, (kv_heads, groups))
     with torch.autocast(q.device.type, enabled=False):
         # The G query heads of a kv head are rows of one matmul: each key is read once.
         scores = torch.matmul(q.reshape(B, kv_heads, groups * Lq, D), k.transpose(-1, -2))
         scores = torch.add(bias, scores.view(B, kv_heads, groups, Lq, Lk), alpha=D**-0.5)
         probs = torch.softmax(scores, dim=-1).to(v.dtype)
         return torch.matmul(probs.view(B, kv_heads, groups * Lq, Lk), v).view(B, H, Lq, D)
+
+
+def matmul_attention_in_pieces(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rows: int,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """`matmul_attention`, `rows` batch rows at a time (inference: nothing is kept for backward),
+    so its score tensors stay small."""
+    if is_causal:
+        attn_mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+    if rows >= q.shape[0]:
+        return matmul_attention(q, k, v, attn_mask)
+    out = torch.empty_like(q)
+    for start in range(0, q.shape[0], rows):
+        piece = slice(start, start + rows)
+        mask = attn_mask
+        if mask is not None and mask.dim() == 4 and mask.shape[0] > 1:
+            mask = mask[piece]
+        out[piece] = matmul_attention(q[piece], k[piece], v[piece], mask)
+    return out
 
 
 def cast_once_for_autocast(x: torch.Tensor) -> torch.Tensor:

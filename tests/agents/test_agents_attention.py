@@ -1,7 +1,8 @@
 """The model's attention entry point: on CPU a bf16 attention of < 256 queries that will be
 differentiated runs as `matmul_attention` (bf16 matmuls, float32 softmax; torch's CPU flash kernel
-is slow there), or as float32 SDPA when its scores would be too large; inference, float32 and
-longer rows are plain SDPA."""
+is slow there), or as float32 SDPA when its scores would be too large; a bf16 inference attention
+on a CPU without AMX runs as `matmul_attention` in pieces of rows; float32, fp16 and longer rows
+are plain SDPA."""
 
 from __future__ import annotations
 
@@ -99,8 +100,54 @@ def test_matmul_attention_row_with_every_key_masked_is_finite() -> None:
     torch.testing.assert_close(out[:, :, 3], v.mean(2).repeat_interleave(2, dim=1))
 
 
-def test_half_precision_inference_attention_stays_in_its_dtype() -> None:
-    q, k, v = qkv(torch.bfloat16, requires_grad=False)
+@pytest.mark.parametrize("mask_kind", ["causal", "prefix", "per_row_bool"])
+def test_bf16_inference_attention_without_amx_runs_as_matmuls_in_pieces(monkeypatch, mask_kind: str) -> None:
+    """The engine's prefills: pieces of rows whose scores fit MATMUL_INFERENCE_CHUNK_SCORES, each
+    the matmul attention of its rows, so the result is the whole batch's matmul attention."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
+    pieces = []
+    monkeypatch.setattr(
+        model_module,
+        "matmul_attention",
+        lambda q, *a, **k: pieces.append(q.shape[0]) or matmul_attention(q, *a, **k),
+    )
+    monkeypatch.setattr(model_module, "MATMUL_INFERENCE_CHUNK_SCORES", 4 * 9 * 14)  # one row a piece
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(3, 4, 9, 32, generator=g).bfloat16()
+    k, v = (
+        torch.randn(3, 2, 9 if mask_kind == "causal" else 14, 32, generator=g).bfloat16() for _ in range(2)
+    )
+    kwargs = {
+        "causal": {"is_causal": True},
+        "prefix": {"attn_mask": prefix_mask(5, 9, "cpu")},
+        "per_row_bool": {"attn_mask": torch.rand(3, 1, 9, 14, generator=g) < 0.7},
+    }[mask_kind]
+    if mask_kind == "per_row_bool":
+        kwargs["attn_mask"][..., 0] = True
+    with torch.inference_mode():
+        out = scaled_dot_product_attention(q, k, v, **kwargs)
+    assert pieces == [1, 1, 1] and out.dtype == torch.bfloat16
+    whole = matmul_attention(q, k, v, **kwargs)
+    torch.testing.assert_close(out, whole, rtol=0, atol=0)
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True, **kwargs)
+    torch.testing.assert_close(out.double(), exact, rtol=0.02, atol=0.03)
+
+
+@pytest.mark.parametrize(
+    ("amx", "dtype", "piece_scores"),
+    [
+        (True, torch.bfloat16, 1 << 19),
+        (False, torch.float16, 1 << 19),
+        (False, torch.bfloat16, 4 * 9 * 9 - 1),
+    ],
+    ids=["amx", "fp16", "row_past_the_piece_size"],
+)
+def test_other_half_precision_inference_attention_stays_sdpa_in_its_dtype(
+    monkeypatch, amx: bool, dtype: torch.dtype, piece_scores: int
+) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(model_module, "MATMUL_INFERENCE_CHUNK_SCORES", piece_scores)
+    q, k, v = qkv(dtype, requires_grad=False)
     with torch.inference_mode():
         out = scaled_dot_product_attention(q, k, v, is_causal=True)
     expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)

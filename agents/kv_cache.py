@@ -27,7 +27,7 @@ the mode the engine set before the forward:
   slot's own history and attending to it and causally to themselves;
 - decode: one new token per running slot is written at that slot's position, then it attends
   over positions 0..pos of its own slot (an additive mask hides the rest of the span).
-Prefill and continue attention go through agents/model.py's `scaled_dot_product_attention`
+Prefill and continue attention go through agents/attention.py's `scaled_dot_product_attention`
 (bf16 on a CPU without AMX: matmuls, a few rows at a time; see there).
 """
 
@@ -38,7 +38,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from .model import cpu_has_amx, rope_cos_sin, scaled_dot_product_attention
+from .attention import cpu_has_amx, scaled_dot_product_attention
+from .model import rope_cos_sin
 from .model_config import ModelConfig
 from .prefix_attention import attend_after_prefix, prefix_mask
 

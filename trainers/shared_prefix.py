@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from toolgym.agents.model import scaled_dot_product_attention
+from toolgym.agents.attention import scaled_dot_product_attention
 from toolgym.agents.prefix_attention import attend_after_prefix, common_prefix_length, prefix_mask
 
 

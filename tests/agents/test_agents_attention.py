@@ -10,9 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import toolgym.agents.model as model_module
+import toolgym.agents.attention as attention_module
+from toolgym.agents.attention import matmul_attention, scaled_dot_product_attention
 from toolgym.agents.kv_cache import KVCache, default_key_layout
-from toolgym.agents.model import build_model, matmul_attention, scaled_dot_product_attention
+from toolgym.agents.model import build_model
 from toolgym.agents.model_config import ModelConfig
 from toolgym.agents.prefix_attention import attend_after_prefix, prefix_mask
 
@@ -34,7 +35,7 @@ def float64_attention_and_grads(q, k, v, grad_out, **kwargs):
 def test_bf16_training_attention_runs_as_matmuls_within_bf16_rounding(monkeypatch, length: int) -> None:
     called = []
     monkeypatch.setattr(
-        model_module, "matmul_attention", lambda *a, **k: called.append(1) or matmul_attention(*a, **k)
+        attention_module, "matmul_attention", lambda *a, **k: called.append(1) or matmul_attention(*a, **k)
     )
     dtype = torch.bfloat16
     q, k, v = qkv(dtype, requires_grad=True, length=length)
@@ -51,7 +52,7 @@ def test_bf16_training_attention_runs_as_matmuls_within_bf16_rounding(monkeypatc
 
 
 def test_bf16_training_attention_past_the_score_bound_runs_in_float32(monkeypatch) -> None:
-    monkeypatch.setattr(model_module, "MATMUL_ATTENTION_MAX_SCORES", 3 * 4 * 9 * 9 - 1)
+    monkeypatch.setattr(attention_module, "MATMUL_ATTENTION_MAX_SCORES", 3 * 4 * 9 * 9 - 1)
     dtype = torch.bfloat16
     q, k, v = qkv(dtype, requires_grad=True)
     out = scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -107,11 +108,11 @@ def test_bf16_inference_attention_without_amx_runs_as_matmuls_in_pieces(monkeypa
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     pieces = []
     monkeypatch.setattr(
-        model_module,
+        attention_module,
         "matmul_attention",
         lambda q, *a, **k: pieces.append(q.shape[0]) or matmul_attention(q, *a, **k),
     )
-    monkeypatch.setattr(model_module, "MATMUL_INFERENCE_CHUNK_SCORES", 4 * 9 * 14)  # one row a piece
+    monkeypatch.setattr(attention_module, "MATMUL_INFERENCE_CHUNK_SCORES", 4 * 9 * 14)  # one row a piece
     g = torch.Generator().manual_seed(4)
     q = torch.randn(3, 4, 9, 32, generator=g).bfloat16()
     k, v = (
@@ -146,7 +147,7 @@ def test_other_half_precision_inference_attention_stays_sdpa_in_its_dtype(
     monkeypatch, amx: bool, dtype: torch.dtype, piece_scores: int
 ) -> None:
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
-    monkeypatch.setattr(model_module, "MATMUL_INFERENCE_CHUNK_SCORES", piece_scores)
+    monkeypatch.setattr(attention_module, "MATMUL_INFERENCE_CHUNK_SCORES", piece_scores)
     q, k, v = qkv(dtype, requires_grad=False)
     with torch.inference_mode():
         out = scaled_dot_product_attention(q, k, v, is_causal=True)

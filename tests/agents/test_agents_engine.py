@@ -416,6 +416,26 @@ def test_bfloat16_engine_is_close_to_float32(model) -> None:
     assert (torch.tensor(c.logprobs) - teacher_forced(model, prompt, c.tokens)).abs().max() <= 0.25
 
 
+@pytest.mark.filterwarnings("ignore:TorchEngine.*no fast kernels")
+@pytest.mark.parametrize("amx", [False, True], ids=["matmul-attention", "sdpa"])
+def test_bfloat16_prefix_and_next_turn_prefills_are_close_to_float32(model, monkeypatch, amx: bool) -> None:
+    # A bf16 prefill's attention is matmuls on a CPU without AMX and SDPA with it
+    # (agents/attention.py): both, through a shared-prefix prefill and a next turn's prefill of
+    # only its new tokens, give the sampled tokens about the logprobs the float32 model gives them.
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    system = prompts_of([24], seed=5)[0]
+    prompts = [system + own for own in prompts_of([5, 9, 7], seed=6)]
+    with TorchEngine(model, max_batch_size=4, max_seq_len=96, dtype=torch.bfloat16) as engine:
+        first = generate(engine, prompts, SamplingParams(max_tokens=8, seed=0))
+        observations = prompts_of([4, 4, 4], seed=7)
+        turns = [p + c.tokens + o for p, c, o in zip(prompts, first, observations, strict=True)]
+        second = generate(engine, turns, SamplingParams(max_tokens=8, seed=1))
+    assert engine.stats.shared_prefix_tokens > 0 and engine.stats.history_tokens > 0
+    for prompt, completion in [*zip(prompts, first, strict=True), *zip(turns, second, strict=True)]:
+        expected = teacher_forced(model, prompt, completion.tokens)
+        assert (torch.tensor(completion.logprobs) - expected).abs().max() <= 0.25
+
+
 def test_packing_follows_what_the_cpu_supports_per_dtype(model) -> None:
     # bf16 oneDNN linears need AVX-512 or AVX-NE-CONVERT: an AVX2-only CPU runs the bf16 engine
     # unpacked (automatically) and refuses an explicit pack_weights=True with a clear error.

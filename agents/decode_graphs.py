@@ -25,7 +25,8 @@ top-p and draw) go through static buffers; padded rows sample from whatever thos
 are never read.
 
 With capture off the same forward runs eagerly: padded (`bucketed=True`, what the tests compare
-against the exact step on CPU) or at the exact shapes (the engine's decode on CPU).
+against the exact step on CPU) or at the exact shapes (the engine's decode on CPU; with a "ds"
+cache, the span rounded up to a multiple of SPAN_MULTIPLE).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ from .model import Transformer
 from .sampling import SAMPLING_TENSORS, sample_tokens, sampling_tensors
 
 _MIN_SPAN = 64
+# Without buckets, a "ds" cache's decode span (batched matmuls over the k/v, the bf16 CPU decode)
+# is rounded up to a multiple of this: oneDNN's matmuls run ~15% faster at spans that are
+# multiples of 8-16 than at the odd spans between, and each new shape costs a primitive creation
+# (bench/RESULTS.md); the extra columns are masked like the rest of the span.
+SPAN_MULTIPLE = 16
 _SAMPLING_FLAGS = ("any_filter", "any_greedy", "all_greedy", "any_scaled")
 
 
@@ -104,6 +110,8 @@ class DecodeGraphs:
         batch, span = n, int(positions.max()) + 1
         if self.bucketed:
             batch, span = batch_bucket(n, self.max_batch), span_bucket(span, self.max_seq_len)
+        elif self.cache.key_layout == "ds":
+            span = min(-(-span // SPAN_MULTIPLE) * SPAN_MULTIPLE, self.max_seq_len)
         self.tokens[:n].copy_(torch.from_numpy(tokens), non_blocking=True)
         self.positions[:n].copy_(torch.from_numpy(positions), non_blocking=True)
         if batch > n:

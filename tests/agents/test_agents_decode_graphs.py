@@ -30,7 +30,14 @@ def test_buckets() -> None:
 
 
 @pytest.mark.parametrize("key_layout", ["sd", "ds"])
-def test_padded_bucketed_decode_equals_the_exact_step(key_layout: str) -> None:
+def test_padded_bucketed_decode_equals_the_exact_step(monkeypatch, key_layout: str) -> None:
+    spans = []
+    original_start_decode = KVCache.start_decode
+    monkeypatch.setattr(
+        KVCache,
+        "start_decode",
+        lambda self, p, span: spans.append(span) or original_start_decode(self, p, span),
+    )
     model = build_model("test", seed=0).eval()
     cache = KVCache(model.config, 8, 128, dtype=torch.float32, device="cpu", key_layout=key_layout)
     prompts = torch.randint(0, model.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(0))
@@ -46,6 +53,8 @@ def test_padded_bucketed_decode_equals_the_exact_step(key_layout: str) -> None:
     assert padded.shape == unpadded.shape == exact.shape  # batch 3 -> 4 and span 11 -> 64 padded
     assert (padded - exact).abs().max().item() <= 1e-5
     assert (unpadded - exact).abs().max().item() <= 1e-6
+    # The CPU engine's step: exact, except a "ds" cache's span, rounded up to SPAN_MULTIPLE (16).
+    assert spans == [11, 64, 11 if key_layout == "sd" else 16]
 
 
 def test_capture_needs_cuda() -> None:

@@ -26,7 +26,7 @@ are never read.
 
 With capture off the same forward runs eagerly: padded (`bucketed=True`, what the tests compare
 against the exact step on CPU) or at the exact shapes (the engine's decode on CPU; with a "ds"
-cache, the span rounded up to a multiple of SPAN_MULTIPLE).
+cache, batch and span rounded up to multiples of BATCH_MULTIPLE and SPAN_MULTIPLE).
 """
 
 from __future__ import annotations
@@ -41,11 +41,15 @@ from .model import Transformer
 from .sampling import SAMPLING_TENSORS, sample_tokens, sampling_tensors
 
 _MIN_SPAN = 64
-# Without buckets, a "ds" cache's decode span (batched matmuls over the k/v, the bf16 CPU decode)
-# is rounded up to a multiple of this: oneDNN's matmuls run ~15% faster at spans that are
-# multiples of 8-16 than at the odd spans between, and each new shape costs a primitive creation
-# (bench/RESULTS.md); the extra columns are masked like the rest of the span.
+# Without buckets, a "ds" cache's decode (batched matmuls over the k/v: the bf16 decode on a CPU
+# without AMX) runs its span rounded up to a multiple of SPAN_MULTIPLE and its batch to one of
+# BATCH_MULTIPLE: oneDNN creates a primitive for each new shape, which in rollouts (batch and
+# span change every few steps) cost more than the padding does, and its matmuls run ~15% faster
+# at spans that are multiples of 8-16 than at the odd spans between (bench/RESULTS.md). The
+# extra columns are masked like the rest of the span; the extra rows decode into free slots, as a
+# CUDA graph's padded rows do (above).
 SPAN_MULTIPLE = 16
+BATCH_MULTIPLE = 8
 _SAMPLING_FLAGS = ("any_filter", "any_greedy", "all_greedy", "any_scaled")
 
 
@@ -111,6 +115,7 @@ class DecodeGraphs:
         if self.bucketed:
             batch, span = batch_bucket(n, self.max_batch), span_bucket(span, self.max_seq_len)
         elif self.cache.key_layout == "ds":
+            batch = min(-(-n // BATCH_MULTIPLE) * BATCH_MULTIPLE, self.max_batch)
             span = min(-(-span // SPAN_MULTIPLE) * SPAN_MULTIPLE, self.max_seq_len)
         self.tokens[:n].copy_(torch.from_numpy(tokens), non_blocking=True)
         self.positions[:n].copy_(torch.from_numpy(positions), non_blocking=True)

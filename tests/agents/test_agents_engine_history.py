@@ -67,13 +67,20 @@ def skippable_tokens(conversations: list[list]) -> int:
     )
 
 
-@pytest.mark.parametrize(("name", "key_layout"), [("test", "sd"), ("test", "ds"), ("test-qwen3", "sd")])
-def test_next_turns_prefill_only_new_tokens_and_sample_what_full_prefills_sample(name, key_layout) -> None:
+@pytest.mark.parametrize(
+    ("name", "key_layout", "slots"),
+    # 5 slots for 3 conversations: the "ds" decode pads its batch into the free slots
+    # (agents/decode_graphs.py BATCH_MULTIPLE), which must not disturb the histories.
+    [("test", "sd", 3), ("test", "ds", 3), ("test", "ds", 5), ("test-qwen3", "sd", 3)],
+)
+def test_next_turns_prefill_only_new_tokens_and_sample_what_full_prefills_sample(
+    name, key_layout, slots
+) -> None:
     model = make_model(name)
     results, stats = {}, {}
     for capacity in (0, 4096):  # 4096 positions: nothing is evicted in this test
         with TorchEngine(
-            model, max_batch_size=3, max_seq_len=128, key_layout=key_layout, history_capacity=capacity
+            model, max_batch_size=slots, max_seq_len=128, key_layout=key_layout, history_capacity=capacity
         ) as engine:
             results[capacity] = asyncio.run(run_conversations(engine, turns=4))
             stats[capacity] = engine.stats

@@ -36,7 +36,7 @@ def test_padded_bucketed_decode_equals_the_exact_step(monkeypatch, key_layout: s
     monkeypatch.setattr(
         KVCache,
         "start_decode",
-        lambda self, p, span: spans.append(span) or original_start_decode(self, p, span),
+        lambda self, p, span: spans.append((len(p), span)) or original_start_decode(self, p, span),
     )
     model = build_model("test", seed=0).eval()
     cache = KVCache(model.config, 8, 128, dtype=torch.float32, device="cpu", key_layout=key_layout)
@@ -53,8 +53,9 @@ def test_padded_bucketed_decode_equals_the_exact_step(monkeypatch, key_layout: s
     assert padded.shape == unpadded.shape == exact.shape  # batch 3 -> 4 and span 11 -> 64 padded
     assert (padded - exact).abs().max().item() <= 1e-5
     assert (unpadded - exact).abs().max().item() <= 1e-6
-    # The CPU engine's step: exact, except a "ds" cache's span, rounded up to SPAN_MULTIPLE (16).
-    assert spans == [11, 64, 11 if key_layout == "sd" else 16]
+    # The CPU engine's step: exact, except with a "ds" cache, whose batch and span are rounded up
+    # to BATCH_MULTIPLE (8, all the slots here) and SPAN_MULTIPLE (16).
+    assert spans == [(3, 11), (4, 64), (3, 11) if key_layout == "sd" else (8, 16)]
 
 
 def test_capture_needs_cuda() -> None:

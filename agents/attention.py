@@ -55,7 +55,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return out.to(dtype)
     if device == "cpu" and q.dtype == dtype == torch.bfloat16 and not torch.is_grad_enabled():
         rows = MATMUL_INFERENCE_CHUNK_SCORES // (q.shape[1] * q.shape[2] * k.shape[2])
-        if rows and not cpu_has_amx():
+        if rows and k.shape[0] == v.shape[0] == q.shape[0] and not cpu_has_amx():
             return matmul_attention_in_pieces(q, k, v, rows, **kwargs)
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
 

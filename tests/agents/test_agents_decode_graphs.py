@@ -31,12 +31,12 @@ def test_buckets() -> None:
 
 @pytest.mark.parametrize("key_layout", ["sd", "ds"])
 def test_padded_bucketed_decode_equals_the_exact_step(monkeypatch, key_layout: str) -> None:
-    spans = []
+    shapes = []
     original_start_decode = KVCache.start_decode
     monkeypatch.setattr(
         KVCache,
         "start_decode",
-        lambda self, p, span: spans.append((len(p), span)) or original_start_decode(self, p, span),
+        lambda self, p, span: shapes.append((len(p), span)) or original_start_decode(self, p, span),
     )
     model = build_model("test", seed=0).eval()
     cache = KVCache(model.config, 8, 128, dtype=torch.float32, device="cpu", key_layout=key_layout)
@@ -55,7 +55,7 @@ def test_padded_bucketed_decode_equals_the_exact_step(monkeypatch, key_layout: s
     assert (unpadded - exact).abs().max().item() <= 1e-6
     # The CPU engine's step: exact, except with a "ds" cache, whose batch and span are rounded up
     # to BATCH_MULTIPLE (8, all the slots here) and SPAN_MULTIPLE (16).
-    assert spans == [(3, 11), (4, 64), (3, 11) if key_layout == "sd" else (8, 16)]
+    assert shapes == [(3, 11), (4, 64), (3, 11) if key_layout == "sd" else (8, 16)]
 
 
 def test_capture_needs_cuda() -> None:

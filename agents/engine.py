@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .cpu_allocator import keep_freed_memory
 from .decode_graphs import DecodeGraphs
 from .errors import ContextOverflowError, checked_prompt, checked_weights, resolve_future
 from .fused_layer import fuse_model
@@ -131,6 +132,8 @@ class TorchEngine:
         cfg = model.config
         self.config = cfg
         dtype, device = dtype or model.dtype, torch.device(device) if device is not None else model.device
+        if device.type == "cpu":
+            keep_freed_memory()  # process-wide, once (agents/cpu_allocator.py)
         # The engine samples from its own copy: weights change only through load_weights.
         self.model = copy.deepcopy(model).to(dtype=dtype, device=device).eval().requires_grad_(False)
         self.max_seq_len = max_seq_len or min(cfg.max_position_embeddings, 4096)

@@ -27,6 +27,10 @@ steps) is compared with the same without kept histories (`history_capacity=0`: e
 prefills its whole conversation) and with static micro-batching (admit only when the running
 batch is done). "prompt computed" is the share of prompt tokens the prefills ran.
 
+On CPU every backend runs with the malloc settings the engine makes for its process
+(agents/cpu_allocator.py: freed memory kept for reuse; vLLM's process gets them as environment
+variables), so none of them pays page faults for fresh temporaries that the others do not.
+
 Also printed: the matmul peak of this machine per dtype (bench/_common.py) and the share of it
 that the engine's decode steps reach (model FLOPs of decode / engine decode time).
 Target (issue 6, CPU): engine >= 4x transformers and >= 1.5x vLLM, same dtype.
@@ -48,6 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import format_table, machine_summary, matmul_peak_flops, time_repeats
 
 from toolgym.agents.checkpoint import load_hf_checkpoint, save_hf_checkpoint
+from toolgym.agents.cpu_allocator import ENVIRONMENT as ALLOCATOR_ENVIRONMENT
+from toolgym.agents.cpu_allocator import keep_freed_memory
 from toolgym.agents.engine import TorchEngine
 from toolgym.agents.kv_cache import default_decode_kernel
 from toolgym.agents.model import build_model
@@ -152,8 +158,15 @@ if __name__ == "__main__":
 def bench_vllm(directory, prompts_file, args, dtype_name: str, eager: bool) -> dict:
     spec = dict(dir=str(directory), prompts=str(prompts_file), dtype=dtype_name, eager=eager, repeats=args.repeats,
                 new=args.new_tokens, max_len=args.prompt_len + args.new_tokens)  # fmt: skip
+    # The malloc settings the engine and transformers run with here (agents/cpu_allocator.py).
+    tuned = args.device == "cpu" and keep_freed_memory()
+    env = {**os.environ, **(ALLOCATOR_ENVIRONMENT if tuned else {})}
     proc = subprocess.run(
-        [sys.executable, "-c", VLLM_CHILD, json.dumps(spec)], capture_output=True, text=True, timeout=1800
+        [sys.executable, "-c", VLLM_CHILD, json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=env,
     )
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -255,12 +268,16 @@ def main() -> None:
     dtypes = args.dtypes.split(",")
     backends = args.backends.split(",")
 
+    # Every backend runs with the malloc settings the CPU engine makes (vLLM's process too).
+    allocator = (
+        "malloc keeps freed memory" if args.device == "cpu" and keep_freed_memory() else "malloc as is"
+    )
     config = ModelConfig.named(args.model)
     generator = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, config.vocab_size, (args.batch, args.prompt_len), generator=generator).tolist()
     print(f"{machine_summary()}; model {args.model} ({config.num_params() / 1e6:.1f}M params), batch {args.batch}, "
           f"prompt {args.prompt_len}, {args.new_tokens} new tokens, temperature 1, best of {args.repeats}"
-          + (f"; engine: {args.replicas} replica processes" if args.replicas > 1 else ""))  # fmt: skip
+          + (f"; engine: {args.replicas} replica processes" if args.replicas > 1 else "") + f"; {allocator}")  # fmt: skip
     if args.scenario == "episodes":
         with tempfile.TemporaryDirectory() as tmp:
             save_hf_checkpoint(build_model(config, seed=0), config, Path(tmp))

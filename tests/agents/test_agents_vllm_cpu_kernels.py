@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,9 +14,10 @@ from agents_testlib import make_model
 
 import toolgym.agents.kv_cache as kv_cache_module
 from toolgym.agents import vllm_cpu_kernels
+from toolgym.agents.decode_graphs import DecodeGraphs
 from toolgym.agents.engine import TorchEngine
 from toolgym.agents.kv_cache import KVCache, default_decode_kernel, default_key_layout
-from toolgym.agents.model import causal_lm_logprobs
+from toolgym.agents.model import build_model, causal_lm_logprobs
 from toolgym.agents.model_config import ModelConfig
 from toolgym.agents.packed_linear import packing_available
 from toolgym.agents.types import SamplingParams
@@ -151,3 +153,31 @@ def test_engine_with_the_kernel_samples_the_bf16_models_logprobs(kernel) -> None
         logprobs = causal_lm_logprobs(bf16_model, torch.tensor([prompt + completion.tokens]))
         expected = logprobs[0, len(prompt) - 1 :]
         assert (torch.tensor(completion.logprobs) - expected.float()).abs().max() <= 0.1
+
+
+def test_the_kernels_cpu_step_pads_the_batch_only(kernel, monkeypatch) -> None:
+    # The kernel has no span; the packed linears' batch is rounded up to BATCH_MULTIPLE (8 slots
+    # here), the padded rows decoding into free slots. The real rows' logits are the exact step's.
+    shapes = []
+    original_start_decode = KVCache.start_decode
+    monkeypatch.setattr(
+        KVCache,
+        "start_decode",
+        lambda self, p, span: shapes.append((len(p), span)) or original_start_decode(self, p, span),
+    )
+    model = build_model("test", seed=0).eval().to(torch.bfloat16)
+    cache = KVCache(model.config, 8, 64, dtype=torch.bfloat16, device="cpu", decode_kernel="vllm")
+    prompts = torch.randint(0, model.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(0))
+    positions, tokens = np.array([10, 7, 4], np.int64), np.array([5, 17, 99], np.int64)
+    with torch.no_grad():
+        model.model(prompts, cache=cache, rope=cache.start_prefill(10, 0, None))
+        snapshot = (cache.k.clone(), cache.v.clone())
+        rope = cache.start_decode(torch.from_numpy(positions), int(positions.max()) + 1)
+        exact = model.lm_head(model.model(torch.from_numpy(tokens)[:, None], cache=cache, rope=rope)[:, 0])
+        cache.k.copy_(snapshot[0])
+        cache.v.copy_(snapshot[1])
+        stepped = DecodeGraphs(model, cache, capture=False).forward(tokens, positions)
+    assert shapes == [(3, 11), (8, 11)]
+    assert stepped.shape == exact.shape
+    # Equal here; a GEMM of 8 rows may round differently from one of 3 (logits ~1, bf16 ulp ~0.008).
+    torch.testing.assert_close(stepped.float(), exact.float(), atol=1e-2, rtol=0)

@@ -316,7 +316,8 @@ def main() -> None:
     generator = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, config.vocab_size, (args.batch, args.prompt_len), generator=generator).tolist()
     print(f"{machine_summary()}; model {args.model} ({config.num_params() / 1e6:.1f}M params), batch {args.batch}, "
-          f"prompt {args.prompt_len}, {args.new_tokens} new tokens, temperature 1, best of {args.repeats} x {args.rounds} rounds"
+          f"prompt {args.prompt_len}, {args.new_tokens} new tokens, temperature 1, best of {args.repeats}"
+          + (f" x {args.rounds} rounds" if args.scenario == "batch" else "")
           + (f"; engine: {args.replicas} replica processes" if args.replicas > 1 else "") + f"; {allocator}")  # fmt: skip
     if args.scenario == "episodes":
         with tempfile.TemporaryDirectory() as tmp:

@@ -24,3 +24,17 @@ def layer_inputs(model: Transformer, rows: int = 3, length: int = 6) -> tuple[to
     x = torch.randn(rows, length, config.hidden_size)
     cos, sin = rope_cos_sin(torch.arange(length), config.head_dim, config.rope_theta, torch.float32)
     return x, cos[None, :, None], sin[None, :, None]
+
+
+def record_decode_shapes(monkeypatch) -> list[tuple[int, int]]:
+    """Patch KVCache.start_decode to record each decode step's (batch, span); returns the list."""
+    from toolgym.agents.kv_cache import KVCache
+
+    shapes: list[tuple[int, int]] = []
+    start_decode = KVCache.start_decode
+    monkeypatch.setattr(
+        KVCache,
+        "start_decode",
+        lambda self, p, span: shapes.append((len(p), span)) or start_decode(self, p, span),
+    )
+    return shapes

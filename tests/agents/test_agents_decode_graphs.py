@@ -10,6 +10,7 @@ import msgspec
 import numpy as np
 import pytest
 import torch
+from agents_testlib import record_decode_shapes
 
 from toolgym.agents.checkpoint import hf_named_tensors
 from toolgym.agents.decode_graphs import DecodeGraphs, batch_bucket, round_up, span_bucket
@@ -32,13 +33,7 @@ def test_buckets() -> None:
 
 @pytest.mark.parametrize("key_layout", ["sd", "ds"])
 def test_padded_bucketed_decode_equals_the_exact_step(monkeypatch, key_layout: str) -> None:
-    shapes = []
-    original_start_decode = KVCache.start_decode
-    monkeypatch.setattr(
-        KVCache,
-        "start_decode",
-        lambda self, p, span: shapes.append((len(p), span)) or original_start_decode(self, p, span),
-    )
+    shapes = record_decode_shapes(monkeypatch)
     model = build_model("test", seed=0).eval()
     cache = KVCache(model.config, 8, 128, dtype=torch.float32, device="cpu", key_layout=key_layout)
     prompts = torch.randint(0, model.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(0))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from agents_testlib import make_model
+from agents_testlib import make_model, record_decode_shapes
 
 import toolgym.agents.kv_cache as kv_cache_module
 from toolgym.agents import vllm_cpu_kernels
@@ -158,13 +158,7 @@ def test_engine_with_the_kernel_samples_the_bf16_models_logprobs(kernel) -> None
 def test_the_kernels_cpu_step_pads_the_batch_only(kernel, monkeypatch) -> None:
     # The kernel has no span; the packed linears' batch is rounded up to BATCH_MULTIPLE (8 slots
     # here), the padded rows decoding into free slots. The real rows' logits are the exact step's.
-    shapes = []
-    original_start_decode = KVCache.start_decode
-    monkeypatch.setattr(
-        KVCache,
-        "start_decode",
-        lambda self, p, span: shapes.append((len(p), span)) or original_start_decode(self, p, span),
-    )
+    shapes = record_decode_shapes(monkeypatch)
     model = build_model("test", seed=0).eval().to(torch.bfloat16)
     cache = KVCache(model.config, 8, 64, dtype=torch.bfloat16, device="cpu", decode_kernel="vllm")
     prompts = torch.randint(0, model.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(0))

@@ -4,7 +4,7 @@ A CPU prefill's temporaries are megabytes each (bench-3m, 64 prompts x 128 token
 activation). glibc serves allocations that large with fresh mmap()s, and gives freed heap tops
 back to the OS, so each forward writes to new pages and pays their page faults: `F.rms_norm` of a
 bf16 [64, 128, 256] took 4.3-6.2 ms that way (~4,000 minor faults a call) and 0.45-0.7 ms with
-this module (none); the bench-3m bf16 prefill 102-107 against 84-88 ms (2-core EPYC,
+this module (none); the bench-3m bf16 prefill 102-107 against 87-89 ms (2-core EPYC,
 bench/RESULTS.md). With the mmap threshold at glibc's maximum (32 MiB) and heap trimming off,
 those allocations come from the heap and are reused, which is what tcmalloc or jemalloc
 (LD_PRELOAD) would do, without a preload.

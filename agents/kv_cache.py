@@ -39,7 +39,7 @@ Prefill and continue attention go through agents/attention.py's `scaled_dot_prod
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -102,6 +102,12 @@ class KVCache:
         decode_kernel: DecodeKernel | None = None,
     ) -> None:
         layers, heads, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
+        if key_layout not in (None, *get_args(KeyLayout)):
+            raise ValueError(f"key_layout must be one of {get_args(KeyLayout)} or None, got {key_layout!r}")
+        if decode_kernel not in (None, *get_args(DecodeKernel)):
+            raise ValueError(
+                f"decode_kernel must be one of {get_args(DecodeKernel)} or None, got {decode_kernel!r}"
+            )
         device = torch.device(device)
         self.decode_kernel: DecodeKernel = decode_kernel or default_decode_kernel(device, dtype)
         if self.decode_kernel == "vllm":

@@ -69,6 +69,12 @@ def test_defaults_pick_the_kernel_where_torchs_decode_is_slow(
 
 def test_asking_for_the_kernel_where_it_cannot_run_says_why(monkeypatch) -> None:
     config = ModelConfig.named("test")
+    with pytest.raises(
+        ValueError, match=r"decode_kernel must be one of \('torch', 'vllm'\) or None, got 'cuda'"
+    ):
+        KVCache(config, 2, 16, dtype=torch.float32, device="cpu", decode_kernel="cuda")
+    with pytest.raises(ValueError, match=r"key_layout must be one of \('sd', 'ds'\) or None, got 'dsd'"):
+        KVCache(config, 2, 16, dtype=torch.float32, device="cpu", key_layout="dsd")
     with pytest.raises(ValueError, match=r"not for torch\.float32"):
         KVCache(config, 2, 16, dtype=torch.float32, device="cpu", decode_kernel="vllm")
     monkeypatch.setattr(kv_cache_module, "decode_attention_op", lambda: object())

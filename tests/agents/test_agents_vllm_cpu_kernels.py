@@ -34,7 +34,7 @@ def kernel():
         if os.environ.get("TOOLGYM_REQUIRE_VLLM") == "1" and torch.cpu._is_avx512_bf16_supported():
             pytest.fail(f"TOOLGYM_REQUIRE_VLLM=1 but {reason}")
         pytest.skip(reason)
-    return vllm_cpu_kernels.decode_attention_op()
+    return vllm_cpu_kernels.vllm_op("decode_attention_cpu")
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,7 @@ def test_the_environment_variable_turns_the_kernels_off(monkeypatch) -> None:
     vllm_cpu_kernels.clear_cache()
     monkeypatch.setenv("TOOLGYM_VLLM_CPU_KERNELS", "0")
     try:
-        assert vllm_cpu_kernels.decode_attention_op() is None
+        assert vllm_cpu_kernels.vllm_op("decode_attention_cpu") is None
         assert not vllm_cpu_kernels.kernels_available()
         for dtype in (torch.bfloat16, torch.float32):
             assert default_kernels(torch.device("cpu"), dtype) == "torch"
@@ -105,7 +105,7 @@ def test_an_op_with_another_signature_is_not_used(kernel, monkeypatch) -> None:
     vllm_cpu_kernels.clear_cache()
     try:
         assert vllm_cpu_kernels.vllm_op("rms_norm") is None
-        assert vllm_cpu_kernels.decode_attention_op() is not None
+        assert vllm_cpu_kernels.vllm_op("decode_attention_cpu") is not None
         assert not vllm_cpu_kernels.kernels_available()
     finally:
         monkeypatch.undo()

@@ -32,6 +32,7 @@ from .model import (
     apply_rope,
     attend_rows,
 )
+from .vllm_cpu_kernels import pack_small_batch_weight, small_batch_linear
 from .vllm_cpu_kernels import rms_norm as vllm_rms_norm
 
 if TYPE_CHECKING:
@@ -70,6 +71,13 @@ def resolve_packing(device: torch.device, dtype: torch.dtype, requested: bool | 
             stacklevel=3,
         )
     return available if requested is None else requested
+
+
+# Rows (batch x tokens) up to which a layer with `kernels="vllm"` in bf16/fp16 runs its linears
+# with SGLang's small-batch kernel (`SmallBatchLinears`) rather than oneDNN's: bench-3m's shapes
+# on a 2-core EPYC, after other memory traffic as inside a decode step, ran 0.30-0.35x oneDNN's
+# time at 1 row, 0.72-0.87x at 64, 0.85-0.97x at 128, 0.90-1.02x at 256, 1.04-1.14x at 8,192.
+SMALL_BATCH_ROWS = 128
 
 
 def _pack(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
@@ -133,6 +141,64 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+class SmallBatchLinears:
+    """A layer's linears for batches of up to SMALL_BATCH_ROWS rows, packed for SGLang's kernel
+    (agents/vllm_cpu_kernels.py `small_batch_linear`), norm weights folded in as in the oneDNN
+    copies: q/k/v, o_proj, gate and up as one GEMM, down_proj. The kernel takes K in multiples
+    of 32, so the intermediate size is padded with zero gate/up rows and zero down columns:
+    silu(0) * 0 adds nothing. Without post-ops, SwiGLU and the residual adds are torch ops; a
+    decode step still ran 4-8% faster (bench/RESULTS.md)."""
+
+    def __init__(self, layer: PackedDecoderLayer) -> None:
+        attention, mlp = layer.self_attn, layer.mlp
+        q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
+        qkv = _with_input_scale(torch.cat([q.weight, k.weight, v.weight]), layer.input_layernorm.weight)
+        self.qkv, self.qkv_features = pack_small_batch_weight(qkv), qkv.shape[0]
+        self.qkv_bias = None if q.bias is None else torch.cat([q.bias, k.bias, v.bias]).float()
+        self.o_proj, self.hidden = (
+            pack_small_batch_weight(attention.o_proj.weight),
+            attention.o_proj.out_features,
+        )
+        self.o_bias = None if attention.o_proj.bias is None else attention.o_proj.bias.float()
+        intermediate = mlp.gate_proj.out_features
+        self.padded = -(-intermediate // 32) * 32
+        pad = self.padded - intermediate
+        scale = layer.post_attention_layernorm.weight
+        gate, up = (
+            F.pad(_with_input_scale(w, scale), (0, 0, 0, pad))
+            for w in (mlp.gate_proj.weight, mlp.up_proj.weight)
+        )
+        self.gate_up = pack_small_batch_weight(torch.cat([gate, up]))
+        self.down = pack_small_batch_weight(F.pad(mlp.down_proj.weight, (0, pad)))
+
+    @staticmethod
+    def fit(layer: nn.Module) -> bool:
+        """Whether the kernel takes this layer's shapes: inputs (K) in multiples of 32 (the
+        intermediate size is padded), outputs (N) in multiples of 16."""
+        attention = layer.self_attn
+        inputs = (attention.q_proj.in_features, attention.o_proj.in_features)
+        outputs = (
+            attention.q_proj.out_features + 2 * attention.k_proj.out_features,
+            attention.o_proj.out_features,
+        )
+        return all(n % 32 == 0 for n in inputs) and all(n % 16 == 0 for n in outputs)
+
+    def qkv_of(self, normed: torch.Tensor) -> torch.Tensor:
+        return small_batch_linear(
+            normed.reshape(-1, normed.shape[-1]), self.qkv, self.qkv_features, self.qkv_bias
+        )
+
+    def rest(self, attended: torch.Tensor, x: torch.Tensor, eps: float, kernels: Kernels) -> torch.Tensor:
+        """x + attention output projection, then + SwiGLU MLP of its norm -> [B, T, hidden]."""
+        rows = attended.reshape(-1, attended.shape[-1])
+        x = x + small_batch_linear(rows, self.o_proj, self.hidden, self.o_bias).view(x.shape)
+        gate_up = small_batch_linear(
+            normalise(x, eps, kernels).view(rows.shape[0], -1), self.gate_up, 2 * self.padded
+        )
+        swiglu = F.silu(gate_up[:, : self.padded]).mul_(gate_up[:, self.padded :])
+        return x.add_(small_batch_linear(swiglu, self.down, self.hidden).view(x.shape))
+
+
 class PackedDecoderLayer(nn.Module):
     """A DecoderLayer computed in 6 packed GEMMs and a handful of other ops (measured against the
     module-by-module layer in bench/RESULTS.md):
@@ -145,7 +211,9 @@ class PackedDecoderLayer(nn.Module):
       the same), so the default is "bf16/fp16 on an AMX CPU" unless `kernels="vllm"`, where RoPE
       is vLLM's in-place kernel (`KVCache.rotate`; without a cache, the rotate-half form);
     - SwiGLU is fused into the gate and up GEMMs' post-ops, and each residual add into the
-      o_proj and down_proj GEMMs' post-ops.
+      o_proj and down_proj GEMMs' post-ops;
+    - with `kernels="vllm"` in bf16/fp16, up to SMALL_BATCH_ROWS rows (decode steps) run on a
+      second packed copy of the weights, for SGLang's small-batch kernel (`SmallBatchLinears`).
     Results are the layer's up to float rounding. The layer's modules stay children (the same
     Parameters under the same names), but are not called; `repack` refreshes the packed copies."""
 
@@ -203,6 +271,8 @@ class PackedDecoderLayer(nn.Module):
             _with_input_scale(mlp.up_proj.weight, self.post_attention_layernorm.weight), self.batch_hint
         )
         self.down = _pack(mlp.down_proj.weight, self.batch_hint)
+        small = self.kernels == "vllm" and q.weight.dtype in (torch.bfloat16, torch.float16)
+        self.small_batch = SmallBatchLinears(self) if small and SmallBatchLinears.fit(self) else None
 
     def forward(
         self, x: torch.Tensor, cos, sin, cache: KVCache | None = None, keep: torch.Tensor | None = None
@@ -211,8 +281,12 @@ class PackedDecoderLayer(nn.Module):
         linear = torch.ops.mkldnn._linear_pointwise
         B, T, _ = x.shape
         heads, qk_heads = self.num_heads, self.num_heads + self.num_kv_heads
+        small = self.small_batch if self.small_batch is not None and B * T <= SMALL_BATCH_ROWS else None
         normed = normalise(x, self.eps, self.kernels)
-        qkv = linear(normed, self.qkv, self.qkv_bias, "none", [], "").view(B, T, -1, self.head_dim)
+        if small is not None:
+            qkv = small.qkv_of(normed).view(B, T, -1, self.head_dim)
+        else:
+            qkv = linear(normed, self.qkv, self.qkv_bias, "none", [], "").view(B, T, -1, self.head_dim)
         qk_columns = 2 * qk_heads if self.rotate_in_gemm else qk_heads
         qk = qkv[:, :, :qk_columns]
         if self.head_norm is not None:
@@ -225,6 +299,8 @@ class PackedDecoderLayer(nn.Module):
             qk = apply_rope(qk, cos, sin)
         q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, qk_columns:]
         attended, x = attend_rows(q, k, v, x, self.layer_idx, cache, keep)
+        if self.small_batch is not None and attended.shape[0] * attended.shape[1] <= SMALL_BATCH_ROWS:
+            return self.small_batch.rest(attended, x, self.eps, self.kernels)
         x = linear.binary(attended, x, self.o_proj, self.self_attn.o_proj.bias, "add")
         normed = normalise(x, self.eps, self.kernels)
         gate = linear(normed, self.gate, None, "swish", [], "")  # silu(x @ Wg^T)
@@ -251,9 +327,11 @@ def repack(model: nn.Module) -> None:
 
 
 __all__ = [
+    "SMALL_BATCH_ROWS",
     "NormFromNextGEMM",
     "PackedDecoderLayer",
     "PackedLinear",
+    "SmallBatchLinears",
     "pack_model",
     "packing_available",
     "repack",

@@ -11,7 +11,11 @@ one-pass kernel for with that kernel (`kernels="vllm"`, agents/kv_cache.py `defa
   prefill's 8,192 rows, 0.95 ms and 0.32 ms. Bit for bit torch's in bf16/fp16;
 - RoPE (`rotary_embedding`), in place on q and k as views of the q/k/v GEMM's output: 30 vs 8 us
   at batch 64, 2.2 vs 0.3 ms at 8,192 rows, rounding once per element where torch's rotate-half
-  form rounds three times.
+  form rounds three times;
+- bf16/fp16 linears of small batches (SGLang's `weight_packed_linear`, `small_batch_linear`):
+  after 21 MB of other memory traffic, as inside a decode step, 29 vs 51 us for bench-3m's
+  o_proj at batch 64, 10 vs 33 us at batch 1; even at 256 rows, 4-14% slower at 1,024 and more
+  (agents/packed_linear.py's SMALL_BATCH_ROWS).
 Measured in bench/RESULTS.md (bench-3m, 2-core EPYC: a bf16 decode step 3.9 -> 2.9 ms with the
 attention; then the norms and RoPE, one process alternating with and without them, 437 -> 397 ms
 for bench/generate.py's bf16 batch, 813 -> 761 ms for its float32 one).
@@ -51,6 +55,8 @@ SIGNATURES = {
         "logit_cap", "is_cross_attn", "sliding_window_size", "encoder_lens", "sinks", "tree_mask",
     ],
     "rms_norm": ["out", "input", "weight", "epsilon"],
+    "convert_weight_packed": ["weight"],
+    "weight_packed_linear": ["out", "mat1", "mat2", "bias", "is_vnni"],
     "rotary_embedding": [
         "positions", "query", "key", "head_size", "cos_sin_cache", "is_neox", "rope_dim_offset", "inverse",
     ],
@@ -136,6 +142,22 @@ def rotary_embedding(
     vllm_op("rotary_embedding")(positions, q, k, head_dim, table, True, 0, False)
 
 
+def pack_small_batch_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A linear's weight [N, K] (bf16/fp16; N a multiple of 16, K of 32) in the blocked (VNNI)
+    layout `small_batch_linear` reads: a copy."""
+    return vllm_op("convert_weight_packed")(weight.detach().contiguous())
+
+
+def small_batch_linear(
+    x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x [M, K] @ W^T (+ bias, float32) -> [M, out_features] in x's dtype, with SGLang's kernel
+    (`pack_small_batch_weight(W)`): float32 accumulation, rounded once."""
+    out = torch.empty((x.shape[0], out_features), dtype=x.dtype, device=x.device)
+    vllm_op("weight_packed_linear")(out, x, packed, bias, True)
+    return out
+
+
 def rope_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """`rotary_embedding`'s table from agents/model.py's `rope_cos_sin` tables [positions, D]
     (cos repeated over both halves, sin sign-folded: its second half is plain sin)."""
@@ -147,8 +169,10 @@ __all__ = [
     "SIGNATURES",
     "clear_cache",
     "kernels_available",
+    "pack_small_batch_weight",
     "rms_norm",
     "rope_table",
     "rotary_embedding",
+    "small_batch_linear",
     "vllm_op",
 ]

@@ -146,8 +146,9 @@ class SmallBatchLinears:
     (agents/vllm_cpu_kernels.py `small_batch_linear`), norm weights folded in as in the oneDNN
     copies: q/k/v, o_proj, gate and up as one GEMM, down_proj. The kernel takes K in multiples
     of 32, so the intermediate size is padded with zero gate/up rows and zero down columns:
-    silu(0) * 0 adds nothing. Without post-ops, SwiGLU and the residual adds are torch ops; a
-    decode step still ran 4-8% faster (bench/RESULTS.md)."""
+    silu(0) * 0 adds nothing. Without post-ops, SwiGLU and the residual adds are torch ops;
+    bench-3m's bf16 decode still ran 4% faster at batch 64 and 28% at batch 4 (bench/RESULTS.md).
+    A copy of the weights, as the oneDNN ones are."""
 
     def __init__(self, layer: PackedDecoderLayer) -> None:
         attention, mlp = layer.self_attn, layer.mlp

@@ -150,10 +150,13 @@ class SmallBatchLinears:
     bench-3m's bf16 decode still ran 4% faster at batch 64 and 28% at batch 4 (bench/RESULTS.md).
     A copy of the weights, as the oneDNN ones are."""
 
-    def __init__(self, layer: PackedDecoderLayer) -> None:
+    def __init__(
+        self, layer: PackedDecoderLayer, qkv: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
+    ) -> None:
+        """qkv, gate, up: the layer's weights with their norm weights folded in, as its oneDNN
+        copies were packed from."""
         attention, mlp = layer.self_attn, layer.mlp
         q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
-        qkv = _with_input_scale(torch.cat([q.weight, k.weight, v.weight]), layer.input_layernorm.weight)
         self.qkv, self.qkv_features = pack_small_batch_weight(qkv), qkv.shape[0]
         self.qkv_bias = None if q.bias is None else torch.cat([q.bias, k.bias, v.bias]).float()
         self.o_proj, self.hidden = (
@@ -164,12 +167,7 @@ class SmallBatchLinears:
         intermediate = mlp.gate_proj.out_features
         self.padded = -(-intermediate // 32) * 32
         pad = self.padded - intermediate
-        scale = layer.post_attention_layernorm.weight
-        gate, up = (
-            F.pad(_with_input_scale(w, scale), (0, 0, 0, pad))
-            for w in (mlp.gate_proj.weight, mlp.up_proj.weight)
-        )
-        self.gate_up = pack_small_batch_weight(torch.cat([gate, up]))
+        self.gate_up = pack_small_batch_weight(torch.cat([F.pad(w, (0, 0, 0, pad)) for w in (gate, up)]))
         self.down = pack_small_batch_weight(F.pad(mlp.down_proj.weight, (0, pad)))
 
     @staticmethod
@@ -251,9 +249,8 @@ class PackedDecoderLayer(nn.Module):
         rotated = self.rotate_in_gemm
         # Output heads: q, k, (rolled q, rolled k,) v.
         rows = [q.weight, k.weight] + ([_rolled_heads(w, d) for w in (q.weight, k.weight)] if rotated else [])
-        self.qkv = _pack(
-            _with_input_scale(torch.cat([*rows, v.weight]), self.input_layernorm.weight), self.batch_hint
-        )
+        qkv = _with_input_scale(torch.cat([*rows, v.weight]), self.input_layernorm.weight)
+        self.qkv = _pack(qkv, self.batch_hint)
         self.qkv_bias = None
         if q.bias is not None:
             biases = [q.bias, k.bias] + ([_rolled_heads(b, d) for b in (q.bias, k.bias)] if rotated else [])
@@ -265,15 +262,16 @@ class PackedDecoderLayer(nn.Module):
             blocks += [(torch.roll(w, d // 2), n) for w, n in blocks] if rotated else []
             self.head_norm = torch.cat([w.expand(n, d) for w, n in blocks])
         self.o_proj = _pack(attention.o_proj.weight, self.batch_hint)
-        self.gate = _pack(
-            _with_input_scale(mlp.gate_proj.weight, self.post_attention_layernorm.weight), self.batch_hint
+        gate, up = (
+            _with_input_scale(w, self.post_attention_layernorm.weight)
+            for w in (mlp.gate_proj.weight, mlp.up_proj.weight)
         )
-        self.up = _pack(
-            _with_input_scale(mlp.up_proj.weight, self.post_attention_layernorm.weight), self.batch_hint
-        )
+        self.gate, self.up = _pack(gate, self.batch_hint), _pack(up, self.batch_hint)
         self.down = _pack(mlp.down_proj.weight, self.batch_hint)
         small = self.kernels == "vllm" and q.weight.dtype in (torch.bfloat16, torch.float16)
-        self.small_batch = SmallBatchLinears(self) if small and SmallBatchLinears.fit(self) else None
+        # Never with rotate_in_gemm (kernels="vllm" excludes it): qkv's rows are q, k, v.
+        fits = small and SmallBatchLinears.fit(self)
+        self.small_batch = SmallBatchLinears(self, qkv, gate, up) if fits else None
 
     def forward(
         self, x: torch.Tensor, cos, sin, cache: KVCache | None = None, keep: torch.Tensor | None = None

@@ -42,17 +42,27 @@ def seed_to_u64(seed: int) -> int:
     return int(seed) & 0xFFFFFFFFFFFFFFFF
 
 
-def uniform_draws(seeds: np.ndarray, sample_index: np.ndarray, step: np.ndarray) -> np.ndarray:
-    """u in (0, 1) per row: a pure function of (seed, sample index, step), float64.
+def draw_keys(seeds: np.ndarray, sample_index: np.ndarray) -> np.ndarray:
+    """Each sample's key of `uniform_draws`, which only the step then changes (uint64): computed
+    once when a sample starts, so a decode step hashes only its step."""
+    with np.errstate(over="ignore"):
+        return _splitmix64(_splitmix64(seeds.astype(np.uint64)) ^ sample_index.astype(np.uint64))
+
+
+def draws_from_keys(keys: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """`uniform_draws` from `draw_keys`: u in (0, 1) per row, float64.
 
     40 random bits, centred in their bucket: u * total stays below the CDF's total in float64,
     so the inverse CDF never runs off the end.
     """
     with np.errstate(over="ignore"):
-        h = _splitmix64(seeds.astype(np.uint64))
-        h = _splitmix64(h ^ sample_index.astype(np.uint64))
-        h = _splitmix64(h ^ step.astype(np.uint64))
+        h = _splitmix64(keys ^ step.astype(np.uint64))
     return ((h >> np.uint64(24)).astype(np.float64) + 0.5) * 2.0**-40
+
+
+def uniform_draws(seeds: np.ndarray, sample_index: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """u in (0, 1) per row: a pure function of (seed, sample index, step), float64."""
+    return draws_from_keys(draw_keys(seeds, sample_index), step)
 
 
 def filter_top_k_top_p(z: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -111,11 +121,13 @@ def _inverse_cdf(z: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.
     """
     vocab = z.shape[1]
     if vocab <= _BLOCK:
-        logp = torch.log_softmax(z.float(), dim=-1)
-        cdf = torch.cumsum(logp.exp().double(), dim=-1)
+        # One exp pass: the token's logprob is the log of its float32 probability (within ~1e-7 of
+        # the log-softmax wherever a token can be drawn at all), not a second pass over the vocab.
+        probs = torch.softmax(z, dim=-1, dtype=torch.float32)
+        cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
         tokens = torch.searchsorted(cdf, u[:, None] * cdf[:, -1:], right=True).squeeze(1)
         tokens = tokens.clamp_(max=vocab - 1)
-        return tokens, logp.gather(1, tokens[:, None]).squeeze(1)
+        return tokens, probs.gather(1, tokens[:, None]).squeeze(1).log_()
     lse, mass = (_compiled_row_mass() if z.is_cuda else _row_mass)(z)
     block_cdf = torch.cumsum(mass, dim=1)
     threshold = u * block_cdf[:, -1]
@@ -184,6 +196,8 @@ def sample_tokens(
 
 __all__ = [
     "SAMPLING_TENSORS",
+    "draw_keys",
+    "draws_from_keys",
     "filter_top_k_top_p",
     "sample_tokens",
     "sampling_tensors",

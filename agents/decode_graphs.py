@@ -38,6 +38,7 @@ import torch
 
 from .kv_cache import KVCache
 from .model import Transformer
+from .packed_decode import PackedDecodeStep
 from .sampling import SAMPLING_TENSORS, sample_tokens, sampling_tensors
 
 _MIN_SPAN = 64
@@ -102,6 +103,8 @@ class DecodeGraphs:
         }
         self.sampled = (torch.zeros(rows, dtype=torch.long, device=device), torch.zeros(rows, device=device))
         self._sample_graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        # The packed bf16/fp16 CPU model's step without the module path's views (None elsewhere).
+        self._packed_step = None if capture else PackedDecodeStep.build(model, cache)
 
     @property
     def captured(self) -> list[tuple[int, int]]:
@@ -164,6 +167,8 @@ class DecodeGraphs:
         self.sampled[1][:batch].copy_(logprobs)
 
     def _step(self, batch: int, span: int) -> torch.Tensor:
+        if self._packed_step is not None and batch <= self._packed_step.max_rows:
+            return self._packed_step(self.tokens[:batch], self.positions[:batch])
         rope = self.cache.start_decode(self.positions[:batch], span)
         hidden = self.model.model(self.tokens[:batch, None], cache=self.cache, rope=rope)
         return self.model.lm_head(hidden[:, 0])

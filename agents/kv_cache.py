@@ -52,7 +52,7 @@ from .attention import cpu_has_amx, scaled_dot_product_attention
 from .model import rope_cos_sin
 from .model_config import ModelConfig
 from .prefix_attention import attend_after_prefix, prefix_mask
-from .vllm_cache_attention import VllmCacheAttention
+from .vllm_cache_attention import DecodeRows, VllmCacheAttention
 from .vllm_cpu_kernels import kernels_available, rope_table, rotary_embedding
 
 KeyLayout = Literal["sd", "ds"]
@@ -237,8 +237,17 @@ class KVCache:
 
     def _start_decode_vllm(self, positions: torch.Tensor) -> None:
         # Every row attends over its own length: no span, no mask.
-        self._seq_lens = positions + 1
-        self._write_tokens = self._vllm.token_ids(self._slot_ids[: positions.shape[0]], positions)
+        self._decode_rows = self.decode_rows(positions)
+
+    def decode_rows(self, positions: torch.Tensor) -> DecodeRows:
+        """With vLLM's decode attention: one new token per slot 0..n-1 at `positions` [n] (int64),
+        as `vllm_attention.decode` takes it (agents/packed_decode.py calls it directly)."""
+        return self._vllm.decode_rows(self._slot_ids[: positions.shape[0]], positions)
+
+    @property
+    def vllm_attention(self) -> VllmCacheAttention | None:
+        """vLLM's decode and extend kernels over this cache (bf16/fp16 with kernels="vllm")."""
+        return self._vllm
 
     def _start_decode_torch(self, positions: torch.Tensor, span: int) -> None:
         n = positions.shape[0]
@@ -345,8 +354,9 @@ class KVCache:
         return torch.bmm(probs, values.reshape(n * heads, span, d)).view(n, heads * self.groups, 1, d)
 
     def _attend_decode_vllm(self, layer: int, q, k, v) -> torch.Tensor:
-        slots = self._slot_ids[: q.shape[0]]
-        return self._vllm.decode(layer, q, k, v, slots, self._write_tokens, self._seq_lens)
+        n, heads, _, d = q.shape  # one token a row: [n, heads, 1, D] -> the kernel's [n, heads, D]
+        rows = (q.reshape(n, heads, d), k.reshape(n, -1, d), v.reshape(n, -1, d))
+        return self._vllm.decode(layer, *rows, self._decode_rows)[:, :, None]
 
     def _attend_new_tokens_vllm(self, layer: int, q, k, v) -> torch.Tensor:
         """A prefill's or a continue's attention with vLLM's kernels, after its k/v went into the
@@ -358,7 +368,10 @@ class KVCache:
             )
             self._prefix_lens = torch.full_like(rows, self._prefix_len)
         if q.shape[2] != k.shape[2]:
-            return self._vllm.attend_slots(layer, q, self._row_slots, self._kept_lens)
+            n, heads, _, d = q.shape
+            return self._vllm.attend_slots(layer, q.reshape(n, heads, d), self._row_slots, self._kept_lens)[
+                :, :, None
+            ]
         return self._vllm.extend(layer, q, k, v, self._row_slots, self._prefix_lens)
 
     def move_slot(self, source: int, target: int, length: int) -> None:

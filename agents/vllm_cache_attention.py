@@ -20,6 +20,8 @@ Measured in bench/RESULTS.md. The kernels have no float32 ("not implemented for 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .vllm_cpu_kernels import vllm_op
@@ -27,6 +29,15 @@ from .vllm_cpu_kernels import vllm_op
 # Both kernels' trailing options: no logit cap, not cross-attention, no sliding window, no encoder
 # lengths, no attention sinks.
 _PLAIN_ATTENTION = (0.0, False, -1, None, None)
+
+
+class DecodeRows(NamedTuple):
+    """A decode step's rows (`VllmCacheAttention.decode_rows`), each one new token: row i is slot
+    slots[i], writes its k/v at pool token write_tokens[i] and attends over lengths[i] positions."""
+
+    slots: torch.Tensor
+    write_tokens: torch.Tensor
+    lengths: torch.Tensor
 
 
 class VllmCacheAttention:
@@ -49,34 +60,30 @@ class VllmCacheAttention:
         """The pool's token ids of (slot, position) pairs."""
         return self.slot_tokens[slots, 0] + positions
 
+    def decode_rows(self, slots: torch.Tensor, positions: torch.Tensor) -> DecodeRows:
+        """One new token per row at `positions` [n] of `slots` [n]: where it goes, how far it reads."""
+        return DecodeRows(slots, self.token_ids(slots, positions), positions + 1)
+
     def decode(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        slots: torch.Tensor,
-        write_tokens: torch.Tensor,
-        lengths: torch.Tensor,
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: DecodeRows
     ) -> torch.Tensor:
-        """q [n, H, 1, D]; k/v [n, Hkv, 1, D] are written at write_tokens [n] (`token_ids`), then row
-        i attends to the first lengths[i] positions of slot slots[i] -> [n, H, 1, D]."""
-        n, d = q.shape[0], q.shape[-1]
-        k, v = k.reshape(n, -1, d), v.reshape(n, -1, d)
-        return self._decode(layer, q, slots, lengths, k, v, write_tokens)
+        """q [n, H, D]; k/v [n, Hkv, D] (views with row strides may be passed) are written at
+        rows.write_tokens, then row i attends to the first rows.lengths[i] positions of slot
+        rows.slots[i] -> [n, H, D]."""
+        return self._decode(layer, q, rows.slots, rows.lengths, k, v, rows.write_tokens)
 
     def attend_slots(
         self, layer: int, q: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor
     ) -> torch.Tensor:
-        """q [n, H, 1, D]: row i attends to the first lengths[i] positions of slot slots[i], which
-        hold its k/v already; nothing is written -> [n, H, 1, D]."""
+        """q [n, H, D]: row i attends to the first lengths[i] positions of slot slots[i], which
+        hold its k/v already; nothing is written -> [n, H, D]."""
         return self._decode(layer, q, slots, lengths, None, None, None)
 
     def _decode(self, layer, q, slots, lengths, k, v, write_tokens) -> torch.Tensor:
-        n, heads, _, d = q.shape
+        n, heads, d = q.shape
         out = torch.empty((n, heads, d), dtype=q.dtype, device=q.device)
         vllm_op("decode_attention_cpu")(
-            q.reshape(n, heads, d),
+            q,
             self.token_k[layer],
             self.token_v[layer],
             out,
@@ -90,7 +97,7 @@ class VllmCacheAttention:
             self.scale,
             *_PLAIN_ATTENTION,
         )
-        return out[:, :, None]
+        return out
 
     def extend(
         self,
@@ -128,4 +135,4 @@ class VllmCacheAttention:
         return out.view(B, T, heads, d).transpose(1, 2)
 
 
-__all__ = ["VllmCacheAttention"]
+__all__ = ["DecodeRows", "VllmCacheAttention"]

@@ -128,7 +128,10 @@ def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     then x * rsqrt(it + eps) rounded once to x's dtype, as HF's RMSNorm before its weight."""
     x = x.contiguous()
     out = torch.empty_like(x)
-    vllm_op("rms_norm")(out.view(-1, x.shape[-1]), x.view(-1, x.shape[-1]), None, eps)
+    if x.dim() == 2:  # a decode step's rows: no views to make
+        vllm_op("rms_norm")(out, x, None, eps)
+    else:
+        vllm_op("rms_norm")(out.view(-1, x.shape[-1]), x.view(-1, x.shape[-1]), None, eps)
     return out
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
 
+from toolgym.agents import vllm_cpu_kernels
 from toolgym.agents.model import Transformer, build_model, rope_cos_sin
 
 
@@ -38,3 +42,13 @@ def record_decode_shapes(monkeypatch) -> list[tuple[int, int]]:
         lambda self, p, span: shapes.append((len(p), span)) or start_decode(self, p, span),
     )
     return shapes
+
+
+def require_vllm_cpu_kernels() -> None:
+    """Skip where vllm-cpu's kernels do not load; fail instead where TOOLGYM_REQUIRE_VLLM=1 says
+    vllm-cpu is installed on a CPU that qualifies (x86 with AVX-512 BF16)."""
+    if not vllm_cpu_kernels.kernels_available():
+        reason = "vllm-cpu's kernels did not load (not installed, or not an AVX-512 BF16 CPU)"
+        if os.environ.get("TOOLGYM_REQUIRE_VLLM") == "1" and torch.cpu._is_avx512_bf16_supported():
+            pytest.fail(f"TOOLGYM_REQUIRE_VLLM=1 but {reason}")
+        pytest.skip(reason)

@@ -6,11 +6,10 @@ repack refreshes its copies."""
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
-from agents_testlib import layer_inputs, make_model
+from agents_testlib import layer_inputs, make_model, require_vllm_cpu_kernels
 
 import toolgym.agents.packed_linear as packed_linear
 from toolgym.agents import vllm_cpu_kernels
@@ -29,11 +28,7 @@ CONFIGS = {
 
 @pytest.fixture(autouse=True)
 def kernels():
-    if not vllm_cpu_kernels.kernels_available():
-        reason = "vllm-cpu's kernels did not load (not installed, or not an AVX-512 BF16 CPU)"
-        if os.environ.get("TOOLGYM_REQUIRE_VLLM") == "1" and torch.cpu._is_avx512_bf16_supported():
-            pytest.fail(f"TOOLGYM_REQUIRE_VLLM=1 but {reason}")
-        pytest.skip(reason)
+    require_vllm_cpu_kernels()
     if not packing_available(torch.device("cpu"), torch.bfloat16):
         pytest.skip("bf16 linears need AVX-512 BF16")
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from agents_testlib import make_model, record_decode_shapes
+from agents_testlib import make_model, record_decode_shapes, require_vllm_cpu_kernels
 
 import toolgym.agents.kv_cache as kv_cache_module
 from toolgym.agents import vllm_cpu_kernels
@@ -29,11 +28,7 @@ from toolgym.agents.types import SamplingParams
 def kernel():
     """The real kernels; skipped where they do not load, and a failure where TOOLGYM_REQUIRE_VLLM=1
     says vllm-cpu is installed on a CPU that qualifies (x86 with AVX-512 BF16)."""
-    if not vllm_cpu_kernels.kernels_available():
-        reason = "vllm-cpu's kernels did not load (not installed, or not an AVX-512 BF16 CPU)"
-        if os.environ.get("TOOLGYM_REQUIRE_VLLM") == "1" and torch.cpu._is_avx512_bf16_supported():
-            pytest.fail(f"TOOLGYM_REQUIRE_VLLM=1 but {reason}")
-        pytest.skip(reason)
+    require_vllm_cpu_kernels()
     return vllm_cpu_kernels.vllm_op("decode_attention_cpu")
 
 

@@ -176,7 +176,7 @@ class Scheduler:
 
     def _record(self, lo: int, hi: int, tokens: torch.Tensor, logprobs: torch.Tensor) -> None:
         """Append slots lo..hi-1's sampled tokens, finish what is done."""
-        done = self.slots.record(lo, hi, tokens.cpu().numpy(), logprobs.cpu().numpy())
+        done = self.slots.record(lo, hi, tokens.tolist(), logprobs.tolist())
         self.stats.generated_tokens += hi - lo
         finished = [(self.slots.running[slot], reason) for slot, reason in done]
         if self.prefiller.history.capacity > 0:

@@ -44,11 +44,7 @@ class Sample:
 
 
 class Slots:
-    """Running samples in slots 0..len-1 with their per-slot sampling state (slot i = running[i]).
-
-    A running sample's tokens and logprobs live in per-slot host arrays (`record` is a few
-    vectorised numpy ops a step, not a Python loop over the batch); `Sample.tokens` and
-    `Sample.logprobs` are filled when the sample is done."""
+    """Running samples in slots 0..len-1 with their per-slot sampling state (slot i = running[i])."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
@@ -59,15 +55,9 @@ class Slots:
         self.sample_index = np.zeros(capacity, np.uint64)
         self.draw_key = np.zeros(capacity, np.uint64)  # `draw_keys` of (seed, sample index)
         self.step = np.zeros(capacity, np.uint64)  # tokens sampled so far
-        self.limit = np.zeros(capacity, np.int64)  # the request's max completion tokens
         self.temperature = np.zeros(capacity, np.float32)
         self.top_p = np.ones(capacity, np.float32)
         self.top_k = np.zeros(capacity, np.int64)
-        # Grown to the widest running request: its stop ids (padded with -1), its sampled tokens
-        # and their logprobs.
-        self.stop_ids = np.full((capacity, 0), -1, np.int64)
-        self.tokens = np.zeros((capacity, 0), np.int32)
-        self.logprobs = np.zeros((capacity, 0), np.float64)
         self._flags: dict[tuple[int, int], dict] = {}  # sampling flags per slot range, until add/remove
 
     def __len__(self) -> int:
@@ -76,23 +66,6 @@ class Slots:
     @property
     def free(self) -> int:
         return self.capacity - len(self.running)
-
-    def _per_slot(self) -> tuple[np.ndarray, ...]:
-        return (
-            self.pos,
-            self.next,
-            self.seed,
-            self.sample_index,
-            self.draw_key,
-            self.step,
-            self.limit,
-            self.temperature,
-            self.top_p,
-            self.top_k,
-            self.stop_ids,
-            self.tokens,
-            self.logprobs,
-        )
 
     def add(self, sample: Sample, prompt_length: int) -> None:
         """Run `sample` in the next slot, its prompt's k/v already there (positions 0..length-1)."""
@@ -112,17 +85,11 @@ class Slots:
             params.top_p,
             params.top_k,
         )
-        self.limit[slot] = request.limit
-        stop_ids = sorted(request.stop_ids)
-        self.stop_ids = _widened(self.stop_ids, len(stop_ids), fill=-1)
-        self.stop_ids[slot] = -1
-        self.stop_ids[slot, : len(stop_ids)] = stop_ids
-        self.tokens = _widened(self.tokens, request.limit)
-        self.logprobs = _widened(self.logprobs, request.limit)
 
     def sampling_arrays(self, lo: int, hi: int) -> dict:
         """Slots lo..hi-1's sampling parameters and draws as host arrays, with the flags
-        `sample_tokens` takes (agents/sampling.py)."""
+        `sample_tokens` takes (agents/sampling.py). The flags are kept per range until the slots
+        change, and each sample's draw key is hashed once: a decode step hashes only the steps."""
         temperature, top_p, top_k = self.temperature[lo:hi], self.top_p[lo:hi], self.top_k[lo:hi]
         flags = self._flags.get((lo, hi))
         if flags is None:
@@ -140,33 +107,37 @@ class Slots:
         """`sample_tokens` keyword arguments for slots lo..hi-1: `sampling_arrays` on `device`."""
         return sampling_tensors(self.sampling_arrays(lo, hi), device)
 
-    def record(self, lo: int, hi: int, tokens, logprobs) -> list[tuple[int, str]]:
-        """Append slots lo..hi-1's sampled tokens (sequences of hi - lo ints and floats); returns the
-        (slot, finish reason) of those done, whose samples then hold their tokens and logprobs."""
-        tokens, logprobs = np.asarray(tokens, np.int64), np.asarray(logprobs, np.float64)
-        if tokens.shape != (hi - lo,) or logprobs.shape != (hi - lo,):
-            raise ValueError(f"record: slots {lo}..{hi - 1} need {hi - lo} tokens and logprobs")
-        step = self.step[lo:hi].astype(np.intp)
-        rows = np.arange(lo, hi)
-        self.tokens[rows, step], self.logprobs[rows, step] = tokens, logprobs
-        step += 1
-        self.step[lo:hi], self.next[lo:hi] = step, tokens
-        stopped = (self.stop_ids[lo:hi] == tokens[:, None]).any(axis=1)
-        finished = np.flatnonzero(stopped | (step >= self.limit[lo:hi]))
+    def record(self, lo: int, hi: int, tokens: list[int], logprobs: list[float]) -> list[tuple[int, str]]:
+        """Append slots lo..hi-1's sampled tokens; returns the (slot, finish reason) of those done."""
+        self.step[lo:hi] += 1
+        self.next[lo:hi] = tokens
         done: list[tuple[int, str]] = []
-        for i in finished.tolist():
-            slot, length = lo + i, int(step[i])
-            sample = self.running[slot]
-            sample.tokens = self.tokens[slot, :length].tolist()
-            sample.logprobs = self.logprobs[slot, :length].tolist()
-            done.append((slot, "stop" if stopped[i] else "length"))
+        for slot, sample, token, logprob in zip(
+            range(lo, hi), self.running[lo:hi], tokens, logprobs, strict=True
+        ):
+            sample.tokens.append(token)
+            sample.logprobs.append(logprob)
+            if token in sample.request.stop_ids:
+                done.append((slot, "stop"))
+            elif len(sample.tokens) >= sample.request.limit:
+                done.append((slot, "length"))
         return done
 
     def remove(self, slots: list[int], move: Callable[[int, int, int], None]) -> None:
         """Free `slots`; the last running sample moves into each hole, so slots stay 0..n-1.
         move(source, target, length) moves a running sample's first `length` cache positions."""
         self._flags.clear()
-        arrays = self._per_slot()
+        arrays = (
+            self.pos,
+            self.next,
+            self.seed,
+            self.sample_index,
+            self.draw_key,
+            self.step,
+            self.temperature,
+            self.top_p,
+            self.top_k,
+        )
         for slot in sorted(slots, reverse=True):
             last = len(self.running) - 1
             if slot != last:
@@ -175,15 +146,6 @@ class Slots:
                     a[slot] = a[last]
                 self.running[slot] = self.running[last]
             self.running.pop()
-
-
-def _widened(a: np.ndarray, width: int, fill: int = 0) -> np.ndarray:
-    """`a` [slots, w], or a copy at least `width` wide (doubling), new columns `fill`."""
-    if a.shape[1] >= width:
-        return a
-    wider = np.full((a.shape[0], max(width, 2 * a.shape[1])), fill, a.dtype)
-    wider[:, : a.shape[1]] = a
-    return wider
 
 
 __all__ = ["Request", "Sample", "Slots"]

@@ -68,26 +68,6 @@ def test_sampling_inputs_carry_each_slots_parameters_and_flags() -> None:
     assert slots.sampling_inputs(0, 3, device="cpu")["any_scaled"]
 
 
-def test_tokens_follow_their_sample_through_moves_and_wider_requests() -> None:
-    # Tokens live in per-slot arrays until the sample is done: a move carries them, and a later
-    # request with more stop ids or a higher limit widens the arrays without losing any.
-    slots = Slots(3)
-    first, second = make_request(2, limit=3, stop=50), make_request(2, limit=3, stop=60)
-    slots.add(Sample(first, 0, version=0), 2)
-    slots.add(Sample(second, 0, version=0), 2)
-    assert slots.record(0, 2, np.array([1, 2]), np.array([-1.0, -2.0])) == []
-    slots.remove([0], lambda *move: None)  # `second` moves into slot 0, its token with it
-    wide = make_request(2, limit=40, stop=70)
-    wide.stop_ids = frozenset([70, 71, 72])
-    slots.add(Sample(wide, 0, version=0), 2)
-    assert slots.record(0, 2, [3, 71], [-3.0, -4.0]) == [(1, "stop")]  # the third stop id
-    assert slots.running[1].tokens == [71] and slots.running[1].logprobs == [-4.0]
-    assert slots.record(0, 1, [60], [-5.0]) == [(0, "stop")]
-    assert slots.running[0].tokens == [2, 3, 60] and slots.running[0].logprobs == [-2.0, -3.0, -5.0]
-    with pytest.raises(ValueError, match="need 1 tokens"):
-        slots.record(0, 1, [1, 2], [0.0, 0.0])
-
-
 def test_draws_and_flags_follow_the_running_samples() -> None:
     slots = Slots(3)
     requests = [make_request(4, limit=4, seed=s, temperature=t) for s, t in ((5, 1.0), (6, 0.5), (7, 1.0))]

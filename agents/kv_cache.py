@@ -52,7 +52,7 @@ from .attention import cpu_has_amx, scaled_dot_product_attention
 from .model import rope_cos_sin
 from .model_config import ModelConfig
 from .prefix_attention import attend_after_prefix, prefix_mask
-from .vllm_cache_attention import DecodeRows, VllmCacheAttention
+from .vllm_cache_attention import VllmCacheAttention
 from .vllm_cpu_kernels import kernels_available, rope_table, rotary_embedding
 
 KeyLayout = Literal["sd", "ds"]
@@ -237,16 +237,12 @@ class KVCache:
 
     def _start_decode_vllm(self, positions: torch.Tensor) -> None:
         # Every row attends over its own length: no span, no mask.
-        self._decode_rows = self.decode_rows(positions)
-
-    def decode_rows(self, positions: torch.Tensor) -> DecodeRows:
-        """With vLLM's decode attention: one new token per slot 0..n-1 at `positions` [n] (int64),
-        as `vllm_attention.decode` takes it (agents/packed_decode.py calls it directly)."""
-        return self._vllm.decode_rows(self._slot_ids[: positions.shape[0]], positions)
+        self._decode_rows = self._vllm.decode_rows(self._slot_ids[: positions.shape[0]], positions)
 
     @property
     def vllm_attention(self) -> VllmCacheAttention | None:
-        """vLLM's decode and extend kernels over this cache (bf16/fp16 with kernels="vllm")."""
+        """vLLM's decode and extend kernels over this cache (bf16/fp16 with kernels="vllm"), for
+        a decode step that calls them itself (agents/packed_decode.py)."""
         return self._vllm
 
     def _start_decode_torch(self, positions: torch.Tensor, span: int) -> None:

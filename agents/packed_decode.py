@@ -3,16 +3,19 @@
 Why: at bench-3m's shapes a decode step is ~3.5 ms of which the kernels (small-batch GEMMs, the
 decode attention, norms, RoPE) are ~2.9; the module-by-module forward (agents/packed_linear.py's
 `PackedDecoderLayer`, `attend_rows`, the cache's `attend`) spends the rest on ~370 Python-level
-ops a step, mostly views and reshapes of [B, T, heads, D] tensors that a decode step, one token
-a row, does not need. `PackedDecodeStep` runs the same kernels in the same order on [rows, ...]
-tensors, ~30 ops a layer: the logits and the cache it writes are bit-identical to the module
-path's (tests/agents/test_agents_packed_decode.py), and bench-3m's bf16 decode step ran ~12%
-faster (bench/RESULTS.md).
+ops a step, mostly views, reshapes and fresh outputs of [B, T, heads, D] tensors that a decode
+step, one token a row, does not need. Host work is dearer inside the step than alone: the
+kernels' k/v and weights leave the caches cold. `PackedDecodeStep` runs the same kernels in the
+same order, writing every intermediate into tensors allocated once per row count (`_Buffers`,
+with their views made once), ~12 calls a layer. Its logits and the cache it writes are
+bit-identical to the module path's (tests/agents/test_agents_packed_decode.py); bench-3m's bf16
+decode at batch 64 ran ~15% faster (bench/RESULTS.md).
 
 It serves exactly the case it was measured for, and `PackedDecodeStep.build` says None elsewhere:
 every layer a `PackedDecoderLayer` with its small-batch copies (`kernels="vllm"`, bf16/fp16), a
 cache with vLLM's decode attention, up to SMALL_BATCH_ROWS rows. The weights are read from the
-layers at each call, so `repack` (after `load_weights`) needs nothing here.
+layers at each call, so `repack` (after `load_weights`) needs nothing here. Not thread-safe: one
+engine's decode runs one step at a time.
 """
 
 from __future__ import annotations
@@ -27,6 +30,37 @@ from .vllm_cache_attention import DecodeRows, VllmCacheAttention
 from .vllm_cpu_kernels import rms_norm, rotary_embedding, small_batch_linear
 
 
+class _Buffers:
+    """One row count's intermediates, allocated once, and the views the kernels take of them."""
+
+    def __init__(self, layer: PackedDecoderLayer, attention: VllmCacheAttention, rows: int) -> None:
+        small: SmallBatchLinears = layer.small_batch
+        d, dtype, device = layer.head_dim, attention.token_k[0].dtype, attention.token_k[0].device
+        self.q_width = layer.num_heads * d
+        self.qk_width = self.q_width + layer.num_kv_heads * d
+        self.x = torch.empty((rows, small.hidden), dtype=dtype, device=device)  # the residual stream
+        self.normed, self.projected = torch.empty_like(self.x), torch.empty_like(self.x)
+        self.qkv = torch.empty((rows, small.qkv_features), dtype=dtype, device=device)
+        self.attended = torch.empty((rows, layer.num_heads, d), dtype=dtype, device=device)
+        self.attended_rows = self.attended.view(rows, -1)
+        self.gate_up = torch.empty((rows, 2 * small.padded), dtype=dtype, device=device)
+        self.swiglu = torch.empty((rows, small.padded), dtype=dtype, device=device)
+        self.gate, self.up = self.gate_up[:, : small.padded], self.gate_up[:, small.padded :]
+        self.q_rows, self.k_rows, self.q, self.k, self.v = self.heads(self.qkv, d)
+        slots = torch.arange(rows, device=device)
+        # Each slot's position 0 in vLLM's token pool: a row's token is that + its position.
+        self.first_tokens = attention.token_ids(slots, torch.zeros_like(slots))
+        self.rows = DecodeRows(slots, torch.empty_like(slots), torch.empty_like(slots))
+
+    def heads(self, qk: torch.Tensor, d: int) -> tuple[torch.Tensor, ...]:
+        """[rows, H*D] views of q and k, then [rows, heads, D] views of q, k and v, of q/k/v's
+        output (or of head-normed q/k, which has no v)."""
+        rows = qk.shape[0]
+        q, k = qk[:, : self.q_width], qk[:, self.q_width : self.qk_width]
+        v = qk[:, self.qk_width :].view(rows, -1, d) if qk.shape[1] > self.qk_width else None
+        return q, k, q.view(rows, -1, d), k.view(rows, -1, d), v
+
+
 class PackedDecodeStep:
     """`(tokens [n], positions [n]) -> logits [n, vocab]` for slots 0..n-1, one token each."""
 
@@ -35,6 +69,7 @@ class PackedDecodeStep:
         self.attention: VllmCacheAttention = cache.vllm_attention
         self.layers: list[PackedDecoderLayer] = list(model.model.layers)
         self.max_rows = min(SMALL_BATCH_ROWS, cache.max_slots)
+        self._buffers: dict[int, _Buffers] = {}
 
     @classmethod
     def build(cls, model: Transformer, cache: KVCache) -> PackedDecodeStep | None:
@@ -48,36 +83,41 @@ class PackedDecodeStep:
         return cls(model, cache)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if tokens.shape[0] > self.max_rows:
-            raise ValueError(f"PackedDecodeStep takes up to {self.max_rows} rows, got {tokens.shape[0]}")
+        n = tokens.shape[0]
+        if n > self.max_rows:
+            raise ValueError(f"PackedDecodeStep takes up to {self.max_rows} rows, got {n}")
+        buffers = self._buffers.get(n)
+        if buffers is None:
+            buffers = self._buffers[n] = _Buffers(self.layers[0], self.attention, n)
         stack = self.model.model
-        x = F.embedding(tokens, stack.embed_tokens.weight)
-        rows = self.cache.decode_rows(positions)
+        x = torch.index_select(stack.embed_tokens.weight, 0, tokens, out=buffers.x)
+        rows = buffers.rows  # as VllmCacheAttention.decode_rows makes them, into the buffers
+        torch.add(buffers.first_tokens, positions, out=rows.write_tokens)
+        torch.add(positions, 1, out=rows.lengths)
         for layer in self.layers:
-            x = self._layer(layer, x, positions, rows)
-        return self.model.lm_head(stack.norm(x))
+            self._layer(layer, buffers, positions)
+        return self.model.lm_head(rms_norm(x, stack.norm.variance_epsilon, out=buffers.normed))
 
-    def _layer(
-        self, layer: PackedDecoderLayer, x: torch.Tensor, positions: torch.Tensor, rows: DecodeRows
-    ) -> torch.Tensor:
-        """PackedDecoderLayer.forward for one token a row: x [n, hidden] -> [n, hidden]."""
+    def _layer(self, layer: PackedDecoderLayer, buffers: _Buffers, positions: torch.Tensor) -> None:
+        """PackedDecoderLayer.forward for one token a row, on buffers.x in place."""
         small: SmallBatchLinears = layer.small_batch
-        n, d, eps = x.shape[0], layer.head_dim, layer.eps
-        q_width, qk_width = layer.num_heads * d, (layer.num_heads + layer.num_kv_heads) * d
-        qkv = small_batch_linear(rms_norm(x, eps), small.qkv, small.qkv_features, small.qkv_bias)
-        qk = qkv
-        if layer.head_norm is not None:  # Qwen3's per-head norms: q and k become a new tensor
-            heads = qkv[:, :qk_width].view(n, -1, d)
-            qk = (F.rms_norm(heads, (d,), None, eps) * layer.head_norm).view(n, qk_width)
-        rotary_embedding(positions, qk[:, :q_width], qk[:, q_width:qk_width], d, self.cache.rope_table)
-        attended = self.attention.decode(
-            layer.layer_idx,
-            qk[:, :q_width].view(n, -1, d),
-            qk[:, q_width:qk_width].view(n, -1, d),
-            qkv[:, qk_width:].view(n, -1, d),
-            rows,
+        x, normed, projected, d, eps = buffers.x, buffers.normed, buffers.projected, layer.head_dim, layer.eps
+        qkv = small_batch_linear(
+            rms_norm(x, eps, out=normed), small.qkv, small.qkv_features, small.qkv_bias, out=buffers.qkv
         )
-        return small.rest(attended.view(n, q_width), x, eps, layer.kernels)
+        q_rows, k_rows, q, k = buffers.q_rows, buffers.k_rows, buffers.q, buffers.k
+        if layer.head_norm is not None:  # Qwen3's per-head norms, as the module path computes them
+            heads = F.rms_norm(qkv[:, : buffers.qk_width].view(x.shape[0], -1, d), (d,), None, eps)
+            q_rows, k_rows, q, k, _ = buffers.heads((heads * layer.head_norm).flatten(1), d)
+        rotary_embedding(positions, q_rows, k_rows, d, self.cache.rope_table)
+        self.attention.decode(layer.layer_idx, q, k, buffers.v, buffers.rows, out=buffers.attended)
+        o_proj = small_batch_linear(
+            buffers.attended_rows, small.o_proj, small.hidden, small.o_bias, out=projected
+        )
+        x.add_(o_proj)
+        small_batch_linear(rms_norm(x, eps, out=normed), small.gate_up, 2 * small.padded, out=buffers.gate_up)
+        torch.ops.aten.silu.out(buffers.gate, out=buffers.swiglu).mul_(buffers.up)
+        x.add_(small_batch_linear(buffers.swiglu, small.down, small.hidden, out=projected))
 
 
 __all__ = ["PackedDecodeStep"]

@@ -65,12 +65,18 @@ class VllmCacheAttention:
         return DecodeRows(slots, self.token_ids(slots, positions), positions + 1)
 
     def decode(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: DecodeRows
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rows: DecodeRows,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [n, H, D]; k/v [n, Hkv, D] (views with row strides may be passed) are written at
         rows.write_tokens, then row i attends to the first rows.lengths[i] positions of slot
-        rows.slots[i] -> [n, H, D]."""
-        return self._decode(layer, q, rows.slots, rows.lengths, k, v, rows.write_tokens)
+        rows.slots[i] -> [n, H, D] (into `out` if given)."""
+        return self._decode(layer, q, rows.slots, rows.lengths, k, v, rows.write_tokens, out)
 
     def attend_slots(
         self, layer: int, q: torch.Tensor, slots: torch.Tensor, lengths: torch.Tensor
@@ -79,9 +85,10 @@ class VllmCacheAttention:
         hold its k/v already; nothing is written -> [n, H, D]."""
         return self._decode(layer, q, slots, lengths, None, None, None)
 
-    def _decode(self, layer, q, slots, lengths, k, v, write_tokens) -> torch.Tensor:
+    def _decode(self, layer, q, slots, lengths, k, v, write_tokens, out=None) -> torch.Tensor:
         n, heads, d = q.shape
-        out = torch.empty((n, heads, d), dtype=q.dtype, device=q.device)
+        if out is None:
+            out = torch.empty((n, heads, d), dtype=q.dtype, device=q.device)
         vllm_op("decode_attention_cpu")(
             q,
             self.token_k[layer],

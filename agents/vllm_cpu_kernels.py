@@ -123,15 +123,16 @@ def clear_cache() -> None:
     vllm_op.cache_clear()
 
 
-def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """`F.rms_norm(x, (x.shape[-1],), None, eps)` (no weight) in one pass: the float32 mean square,
-    then x * rsqrt(it + eps) rounded once to x's dtype, as HF's RMSNorm before its weight."""
+    then x * rsqrt(it + eps) rounded once to x's dtype, as HF's RMSNorm before its weight.
+    out: where to write it, for contiguous rows x [M, hidden] (agents/packed_decode.py)."""
+    if out is not None:
+        vllm_op("rms_norm")(out, x, None, eps)
+        return out
     x = x.contiguous()
     out = torch.empty_like(x)
-    if x.dim() == 2:  # a decode step's rows: no views to make
-        vllm_op("rms_norm")(out, x, None, eps)
-    else:
-        vllm_op("rms_norm")(out.view(-1, x.shape[-1]), x.view(-1, x.shape[-1]), None, eps)
+    vllm_op("rms_norm")(out.view(-1, x.shape[-1]), x.view(-1, x.shape[-1]), None, eps)
     return out
 
 
@@ -152,11 +153,16 @@ def pack_small_batch_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def small_batch_linear(
-    x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    out_features: int,
+    bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] @ W^T (+ bias, float32) -> [M, out_features] in x's dtype, with SGLang's kernel
-    (`pack_small_batch_weight(W)`): float32 accumulation, rounded once."""
-    out = torch.empty((x.shape[0], out_features), dtype=x.dtype, device=x.device)
+    """x [M, K] @ W^T (+ bias, float32) -> [M, out_features] in x's dtype (into `out` if given),
+    with SGLang's kernel (`pack_small_batch_weight(W)`): float32 accumulation, rounded once."""
+    if out is None:
+        out = torch.empty((x.shape[0], out_features), dtype=x.dtype, device=x.device)
     vllm_op("weight_packed_linear")(out, x, packed, bias, True)
     return out
 

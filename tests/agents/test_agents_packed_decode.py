@@ -36,24 +36,28 @@ def packed_model_and_cache(name: str, slots: int) -> tuple:
 @pytest.mark.parametrize("name", ["test", "test-qwen3"])  # q/k/v bias; q/k head norms
 @pytest.mark.parametrize("rows", [1, 3, 8])
 def test_packed_step_is_the_module_forward_bit_for_bit(name: str, rows: int) -> None:
-    model, cache = packed_model_and_cache(name, slots=8)
+    # Three steps of `rows`, 16 and `rows` again (the step's buffers for a row count are reused),
+    # each row at its own length, against the module path from the same cache.
+    model, cache = packed_model_and_cache(name, slots=16)
     step = DecodeGraphs(model, cache, capture=False)
     assert step._packed_step is not None
     module_path = DecodeGraphs(model, cache, capture=False)
     module_path._packed_step = None
     generator = np.random.default_rng(rows)
-    tokens = generator.integers(0, model.config.vocab_size, rows, dtype=np.int64)
-    positions = generator.integers(1, 63, rows, dtype=np.int64)  # each row its own length
+    steps = [
+        (generator.integers(0, model.config.vocab_size, n), generator.integers(1, 63, n))
+        for n in (rows, 16, rows)
+    ]
     before = (cache.k.clone(), cache.v.clone())
     with torch.no_grad():
-        expected = module_path.forward(tokens, positions).clone()
+        expected = [module_path.forward(tokens, positions).clone() for tokens, positions in steps]
         expected_cache = (cache.k.clone(), cache.v.clone())
         cache.k.copy_(before[0])
         cache.v.copy_(before[1])
-        logits = step.forward(tokens, positions)
-    assert torch.equal(logits, expected)
+        for (tokens, positions), logits in zip(steps, expected, strict=True):
+            assert torch.equal(step.forward(tokens, positions), logits)
     assert torch.equal(cache.k, expected_cache[0]) and torch.equal(cache.v, expected_cache[1])
-    assert not torch.equal(cache.k, before[0])  # the step wrote each row's new k
+    assert not torch.equal(cache.k, before[0])  # the steps wrote each row's new k
 
 
 def counted_step_calls(monkeypatch) -> list[int]:

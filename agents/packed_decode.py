@@ -8,8 +8,9 @@ step, one token a row, does not need. Host work is dearer inside the step than a
 kernels' k/v and weights leave the caches cold. `PackedDecodeStep` runs the same kernels in the
 same order, writing every intermediate into tensors allocated once per row count (`_Buffers`,
 with their views made once), ~12 calls a layer. Its logits and the cache it writes are
-bit-identical to the module path's (tests/agents/test_agents_packed_decode.py); bench-3m's bf16
-decode at batch 64 ran ~15% faster (bench/RESULTS.md).
+bit-identical to the module path's (tests/agents/test_agents_packed_decode.py). bench-3m's bf16
+decode at batch 64, one engine alternating: 268 -> 250 ms against the module path, then 200 -> 188
+ms with the buffers (bench/RESULTS.md, twentieth session).
 
 It serves exactly the case it was measured for, and `PackedDecodeStep.build` says None elsewhere:
 every layer a `PackedDecoderLayer` with its small-batch copies (`kernels="vllm"`, bf16/fp16), a

@@ -49,8 +49,6 @@ class _Buffers:
         self.gate, self.up = self.gate_up[:, : small.padded], self.gate_up[:, small.padded :]
         self.q_rows, self.k_rows, self.q, self.k, self.v = self.heads(self.qkv, d)
         slots = torch.arange(rows, device=device)
-        # Each slot's position 0 in vLLM's token pool: a row's token is that + its position.
-        self.first_tokens = attention.token_ids(slots, torch.zeros_like(slots))
         self.rows = DecodeRows(slots, torch.empty_like(slots), torch.empty_like(slots))
 
     def heads(self, qk: torch.Tensor, d: int) -> tuple[torch.Tensor, ...]:
@@ -92,9 +90,7 @@ class PackedDecodeStep:
             buffers = self._buffers[n] = _Buffers(self.layers[0], self.attention, n)
         stack = self.model.model
         x = torch.index_select(stack.embed_tokens.weight, 0, tokens, out=buffers.x)
-        rows = buffers.rows  # as VllmCacheAttention.decode_rows makes them, into the buffers
-        torch.add(buffers.first_tokens, positions, out=rows.write_tokens)
-        torch.add(positions, 1, out=rows.lengths)
+        self.attention.decode_rows(buffers.rows.slots, positions, into=buffers.rows)
         for layer in self.layers:
             self._layer(layer, buffers, positions)
         return self.model.lm_head(rms_norm(x, stack.norm.variance_epsilon, out=buffers.normed))

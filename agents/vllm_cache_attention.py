@@ -51,18 +51,26 @@ class VllmCacheAttention:
         self.token_k = [k[layer].as_strided(tokens, strides) for layer in range(layers)]
         self.token_v = [v[layer].as_strided(tokens, strides) for layer in range(layers)]
         positions = torch.arange(seq, device=v.device)
-        self.slot_tokens = torch.arange(slots, device=v.device)[:, None] * (kv_heads * seq) + positions
+        self.slot_stride = kv_heads * seq  # token ids from one slot's position 0 to the next's
+        self.slot_tokens = torch.arange(slots, device=v.device)[:, None] * self.slot_stride + positions
         # The float32 workspace of the decode kernel's one-split softmax.
         self.logits = torch.empty((slots, num_heads, 1, d + 1), dtype=torch.float32, device=v.device)
         self.scale = d**-0.5
 
-    def token_ids(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The pool's token ids of (slot, position) pairs."""
-        return self.slot_tokens[slots, 0] + positions
+    def token_ids(self, slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor | None = None):
+        """The pool's token ids of (slot, position) pairs (into `out` if given)."""
+        return torch.add(positions, slots, alpha=self.slot_stride, out=out)
 
-    def decode_rows(self, slots: torch.Tensor, positions: torch.Tensor) -> DecodeRows:
-        """One new token per row at `positions` [n] of `slots` [n]: where it goes, how far it reads."""
-        return DecodeRows(slots, self.token_ids(slots, positions), positions + 1)
+    def decode_rows(
+        self, slots: torch.Tensor, positions: torch.Tensor, into: DecodeRows | None = None
+    ) -> DecodeRows:
+        """One new token per row at `positions` [n] of `slots` [n]: where it goes, how far it reads.
+        into: rows of the same slots whose tensors are overwritten (a decode step's buffers)."""
+        if into is None:
+            return DecodeRows(slots, self.token_ids(slots, positions), positions + 1)
+        self.token_ids(into.slots, positions, out=into.write_tokens)
+        torch.add(positions, 1, out=into.lengths)
+        return into
 
     def decode(
         self,

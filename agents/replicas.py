@@ -210,8 +210,16 @@ class EngineReplicas:
         future.add_done_callback(lambda _: self._done(r, weight))
         # Not under _lock: a full pipe waits for the worker, whose replies need the reader, which
         # takes _lock.
-        with self._send_locks[r]:
-            self._connections[r].send((kind, call, *payload))
+        try:
+            with self._send_locks[r]:
+                self._connections[r].send((kind, call, *payload))
+        except OSError as error:  # a broken pipe: the replica died after the check above
+            self._processes[r].join(1)
+            exited = RuntimeError(f"engine replica {r} exited (code {self._processes[r].exitcode})")
+            with self._lock:
+                self._pending[r].pop(call, None)
+            resolve_future(future, exception=exited)
+            raise exited from error
         return future
 
     def _done(self, r: int, weight: int) -> None:

@@ -95,6 +95,28 @@ def test_bad_prompts_fail_here_and_a_dead_replica_fails_its_requests(model) -> N
         replicas.generate_sync([[1, 2]], SamplingParams(max_tokens=2))
 
 
+def test_a_replica_that_dies_as_a_request_is_sent_fails_it_with_the_same_error(model) -> None:
+    # It passed the liveness check and its pipe broke on the send (a race CI met once): the caller
+    # gets the "exited" error, not a BrokenPipeError, and nothing stays in flight.
+    replicas = EngineReplicas(model, replicas=2, max_batch_size=4, max_seq_len=32)
+    try:
+        connection = replicas._connections[1]
+        send = connection.send
+
+        def broken_pipe(message) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        connection.send = broken_pipe
+        with pytest.raises(RuntimeError, match="engine replica 1 exited"):
+            replicas.generate_sync([[1, 2], [3, 4]], SamplingParams(max_tokens=4, seed=0))
+        assert replicas._pending[1] == {} and replicas._in_flight[1] == 0
+        connection.send = send
+        (completion,) = replicas.generate_sync([[1, 2]], SamplingParams(max_tokens=3, seed=0))
+        assert len(completion.tokens) == 3
+    finally:
+        replicas.close()
+
+
 def test_a_replica_that_cannot_start_says_why(model) -> None:
     with pytest.raises(RuntimeError, match="failed to start: ValueError: max_batch_size"):
         EngineReplicas(model, replicas=2, max_batch_size=0)

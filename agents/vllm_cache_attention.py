@@ -57,7 +57,9 @@ class VllmCacheAttention:
         self.logits = torch.empty((slots, num_heads, 1, d + 1), dtype=torch.float32, device=v.device)
         self.scale = d**-0.5
 
-    def token_ids(self, slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor | None = None):
+    def token_ids(
+        self, slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The pool's token ids of (slot, position) pairs (into `out` if given)."""
         return torch.add(positions, slots, alpha=self.slot_stride, out=out)
 

@@ -90,7 +90,7 @@ class PackedDecodeStep:
             buffers = self._buffers[n] = _Buffers(self.layers[0], self.attention, n)
         stack = self.model.model
         x = torch.index_select(stack.embed_tokens.weight, 0, tokens, out=buffers.x)
-        self.attention.decode_rows(buffers.rows.slots, positions, into=buffers.rows)
+        self.attention.move_rows(buffers.rows, positions)
         for layer in self.layers:
             self._layer(layer, buffers, positions)
         return self.model.lm_head(rms_norm(x, stack.norm.variance_epsilon, out=buffers.normed))

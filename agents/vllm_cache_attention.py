@@ -63,16 +63,15 @@ class VllmCacheAttention:
         """The pool's token ids of (slot, position) pairs (into `out` if given)."""
         return torch.add(positions, slots, alpha=self.slot_stride, out=out)
 
-    def decode_rows(
-        self, slots: torch.Tensor, positions: torch.Tensor, into: DecodeRows | None = None
-    ) -> DecodeRows:
-        """One new token per row at `positions` [n] of `slots` [n]: where it goes, how far it reads.
-        into: rows of the same slots whose tensors are overwritten (a decode step's buffers)."""
-        if into is None:
-            return DecodeRows(slots, self.token_ids(slots, positions), positions + 1)
-        self.token_ids(into.slots, positions, out=into.write_tokens)
-        torch.add(positions, 1, out=into.lengths)
-        return into
+    def decode_rows(self, slots: torch.Tensor, positions: torch.Tensor) -> DecodeRows:
+        """One new token per row at `positions` [n] of `slots` [n]: where it goes, how far it reads."""
+        return DecodeRows(slots, self.token_ids(slots, positions), positions + 1)
+
+    def move_rows(self, rows: DecodeRows, positions: torch.Tensor) -> None:
+        """`decode_rows` of the same slots at new `positions`, written into `rows`' own tensors (a
+        decode step's buffers)."""
+        self.token_ids(rows.slots, positions, out=rows.write_tokens)
+        torch.add(positions, 1, out=rows.lengths)
 
     def decode(
         self,

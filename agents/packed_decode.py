@@ -7,7 +7,7 @@ ops a step, mostly views, reshapes and fresh outputs of [B, T, heads, D] tensors
 step, one token a row, does not need. Host work is dearer inside the step than alone: the
 kernels' k/v and weights leave the caches cold. `PackedDecodeStep` runs the same kernels in the
 same order, writing every intermediate into tensors allocated once per row count (`_Buffers`,
-with their views made once), ~12 calls a layer. Its logits and the cache it writes are
+with their views made once), ~9 calls a layer. Its logits and the cache it writes are
 bit-identical to the module path's (tests/agents/test_agents_packed_decode.py). bench-3m's bf16
 decode at batch 64, one engine alternating: 268 -> 250 ms against the module path, then 200 -> 188
 ms with the buffers (bench/RESULTS.md, twentieth session).
@@ -28,7 +28,7 @@ from .kv_cache import KVCache
 from .model import Transformer
 from .packed_linear import SMALL_BATCH_ROWS, PackedDecoderLayer, PackedLinear, SmallBatchLinears
 from .vllm_cache_attention import DecodeRows, VllmCacheAttention
-from .vllm_cpu_kernels import rms_norm, rotary_embedding, small_batch_linear
+from .vllm_cpu_kernels import rms_norm, rotary_embedding, single_expert_routing, small_batch_linear
 
 
 class _Buffers:
@@ -44,9 +44,7 @@ class _Buffers:
         self.qkv = torch.empty((rows, small.qkv_features), dtype=dtype, device=device)
         self.attended = torch.empty((rows, layer.num_heads, d), dtype=dtype, device=device)
         self.attended_rows = self.attended.view(rows, -1)
-        self.gate_up = torch.empty((rows, 2 * small.padded), dtype=dtype, device=device)
-        self.swiglu = torch.empty((rows, small.padded), dtype=dtype, device=device)
-        self.gate, self.up = self.gate_up[:, : small.padded], self.gate_up[:, small.padded :]
+        self.routing = single_expert_routing(rows, device)
         self.q_rows, self.k_rows, self.q, self.k, self.v = self.heads(self.qkv, d)
         slots = torch.arange(rows, device=device)
         self.rows = DecodeRows(slots, torch.empty_like(slots), torch.empty_like(slots))
@@ -112,9 +110,7 @@ class PackedDecodeStep:
             buffers.attended_rows, small.o_proj, small.hidden, small.o_bias, out=projected
         )
         x.add_(o_proj)
-        small_batch_linear(rms_norm(x, eps, out=normed), small.gate_up, 2 * small.padded, out=buffers.gate_up)
-        torch.ops.aten.silu.out(buffers.gate, out=buffers.swiglu).mul_(buffers.up)
-        x.add_(small_batch_linear(buffers.swiglu, small.down, small.hidden, out=projected))
+        x.add_(small.mlp(rms_norm(x, eps, out=normed), buffers.routing, out=projected))
 
 
 __all__ = ["PackedDecodeStep"]

@@ -32,7 +32,7 @@ from .model import (
     apply_rope,
     attend_rows,
 )
-from .vllm_cpu_kernels import pack_small_batch_weight, small_batch_linear
+from .vllm_cpu_kernels import fused_mlp, pack_small_batch_weight, small_batch_linear
 from .vllm_cpu_kernels import rms_norm as vllm_rms_norm
 
 if TYPE_CHECKING:
@@ -146,9 +146,9 @@ class SmallBatchLinears:
     (agents/vllm_cpu_kernels.py `small_batch_linear`), norm weights folded in as in the oneDNN
     copies: q/k/v, o_proj, gate and up as one GEMM, down_proj. The kernel takes K in multiples
     of 32, so the intermediate size is padded with zero gate/up rows and zero down columns:
-    silu(0) * 0 adds nothing. Without post-ops, SwiGLU and the residual adds are torch ops;
-    bench-3m's bf16 decode still ran 4% faster at batch 64 and 28% at batch 4 (bench/RESULTS.md).
-    A copy of the weights, as the oneDNN ones are."""
+    silu(0) * 0 adds nothing. Without post-ops the residual adds are torch ops (and in fp16
+    SwiGLU too: see `mlp`); bench-3m's bf16 decode still ran 4% faster at batch 64 and 28% at
+    batch 4 (bench/RESULTS.md). A copy of the weights, as the oneDNN ones are."""
 
     def __init__(
         self, layer: PackedDecoderLayer, qkv: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
@@ -191,11 +191,25 @@ class SmallBatchLinears:
         """x + attention output projection, then + SwiGLU MLP of its norm -> [B, T, hidden]."""
         rows = attended.reshape(-1, attended.shape[-1])
         x = x + small_batch_linear(rows, self.o_proj, self.hidden, self.o_bias).view(x.shape)
-        gate_up = small_batch_linear(
-            normalise(x, eps, kernels).view(rows.shape[0], -1), self.gate_up, 2 * self.padded
-        )
+        return x.add_(self.mlp(normalise(x, eps, kernels).view(rows.shape[0], -1)).view(x.shape))
+
+    def mlp(
+        self,
+        normed: torch.Tensor,
+        routing: tuple[torch.Tensor, torch.Tensor] | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The SwiGLU MLP of normed rows [M, hidden] -> [M, hidden] (into `out` if given). bf16:
+        one call to SGLang's fused MoE kernel (`fused_mlp`; routing: its `single_expert_routing`,
+        to reuse), which keeps the intermediate in its blocks; bench-3m's decode MLP at batch 64
+        took 58-59 vs 60-69 ms a batch (bench/RESULTS.md). fp16, which that kernel lacks: the
+        gate/up GEMM, SiLU times up, the down GEMM (on the 2-core EPYC, AVX-512 BF16 without
+        FP16, oneDNN does not pack fp16 at all, so no fp16 layer gets here)."""
+        if normed.dtype == torch.bfloat16:
+            return fused_mlp(normed, self.gate_up, self.down, routing, out)
+        gate_up = small_batch_linear(normed, self.gate_up, 2 * self.padded)
         swiglu = F.silu(gate_up[:, : self.padded]).mul_(gate_up[:, self.padded :])
-        return x.add_(small_batch_linear(swiglu, self.down, self.hidden).view(x.shape))
+        return small_batch_linear(swiglu, self.down, self.hidden, out=out)
 
 
 class PackedDecoderLayer(nn.Module):

@@ -15,7 +15,9 @@ one-pass kernel for with that kernel (`kernels="vllm"`, agents/kv_cache.py `defa
 - bf16/fp16 linears of small batches (SGLang's `weight_packed_linear`, `small_batch_linear`):
   after 21 MB of other memory traffic, as inside a decode step, 29 vs 51 us for bench-3m's
   o_proj at batch 64, 10 vs 33 us at batch 1; even at 256 rows, 4-14% slower at 1,024 and more
-  (agents/packed_linear.py's SMALL_BATCH_ROWS).
+  (agents/packed_linear.py's SMALL_BATCH_ROWS);
+- the bf16 SwiGLU MLP of those batches as one call (`fused_mlp`: SGLang's fused MoE kernel,
+  `fused_experts_cpu`, with one expert): bench-3m's decode MLP 58-59 vs 60-69 ms a batch.
 Measured in bench/RESULTS.md (bench-3m, 2-core EPYC: a bf16 decode step 3.9 -> 2.9 ms with the
 attention; then the norms and RoPE, one process alternating with and without them, 437 -> 397 ms
 for bench/generate.py's bf16 batch, 813 -> 761 ms for its float32 one).
@@ -59,6 +61,11 @@ SIGNATURES = {
     "weight_packed_linear": ["out", "mat1", "mat2", "bias", "is_vnni"],
     "rotary_embedding": [
         "positions", "query", "key", "head_size", "cos_sin_cache", "is_neox", "rope_dim_offset", "inverse",
+    ],
+    "fused_experts_cpu": [
+        "out", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "moe_comp_method", "w1_scale",
+        "w2_scale", "w1_zero", "w2_zero", "a1_scale", "block_size", "w1_bias", "w2_bias", "alpha", "limit",
+        "is_vnni",
     ],
 }  # fmt: skip
 
@@ -167,6 +174,40 @@ def small_batch_linear(
     return out
 
 
+def single_expert_routing(rows: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """`fused_mlp`'s routing for `rows` rows: every row to expert 0 with weight 1."""
+    return torch.ones((rows, 1), dtype=torch.float32, device=device), torch.zeros(
+        (rows, 1), dtype=torch.int32, device=device
+    )
+
+
+def fused_mlp(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    routing: tuple[torch.Tensor, torch.Tensor] | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A SwiGLU MLP, down(silu(x @ Wg^T) * (x @ Wu^T)), in one call: SGLang's fused MoE kernel
+    with a single expert that every row is routed to with weight 1. x [M, K] bf16 (the kernel has
+    no fp16: it aborts the process); gate_up: `pack_small_batch_weight([Wg; Wu])`, each [N, K]
+    with N a multiple of 32; down: of Wd [K, N]. float32 GEMMs; SiLU and the product are rounded
+    once to bf16, and so is the output. A row's result does not depend on the other rows.
+    routing: `single_expert_routing(M)`, to reuse it; out: [M, K] to write into."""
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"fused_mlp takes bf16 rows, not {x.dtype}")
+    if routing is None:
+        routing = single_expert_routing(x.shape[0], x.device)
+    if out is None:
+        out = torch.empty((x.shape[0], down.shape[0]), dtype=x.dtype, device=x.device)
+    weights, experts = routing
+    vllm_op("fused_experts_cpu")(
+        out, x, gate_up[None], down[None], weights, experts, 0,  # 0: CPUQuantMethod.UNQUANT
+        None, None, None, None, None, None, None, None, None, None, True,
+    )  # fmt: skip
+    return out
+
+
 def rope_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """`rotary_embedding`'s table from agents/model.py's `rope_cos_sin` tables [positions, D]
     (cos repeated over both halves, sin sign-folded: its second half is plain sin)."""
@@ -177,11 +218,13 @@ def rope_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "SIGNATURES",
     "clear_cache",
+    "fused_mlp",
     "kernels_available",
     "pack_small_batch_weight",
     "rms_norm",
     "rope_table",
     "rotary_embedding",
+    "single_expert_routing",
     "small_batch_linear",
     "vllm_op",
 ]

@@ -1,7 +1,7 @@
 """SGLang's small-batch linears in the packed layer (agents/packed_linear.py `SmallBatchLinears`,
-bf16/fp16 with `kernels="vllm"`): the kernel computes the matmul, the layer's decode-sized
-batches take it (and larger ones oneDNN's), its padded intermediate size changes nothing, and a
-repack refreshes its copies."""
+bf16/fp16 with `kernels="vllm"`): the kernels compute the matmul and the SwiGLU MLP, the layer's
+decode-sized batches take them (and larger ones oneDNN's), its padded intermediate size changes
+nothing, and a repack refreshes its copies."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from agents_testlib import layer_inputs, make_model, require_vllm_cpu_kernels
 
 import toolgym.agents.packed_linear as packed_linear
@@ -33,14 +34,17 @@ def kernels():
         pytest.skip("bf16 linears need AVX-512 BF16")
 
 
-def counted_small_batch_calls(monkeypatch) -> list[int]:
-    """Patch the layer's small-batch linear to record the rows of each call."""
-    rows: list[int] = []
-    linear = packed_linear.small_batch_linear
-    monkeypatch.setattr(
-        packed_linear, "small_batch_linear", lambda x, *args: rows.append(x.shape[0]) or linear(x, *args)
-    )
-    return rows
+def counted_small_batch_calls(monkeypatch) -> list[tuple[str, int]]:
+    """Patch the layer's small-batch linear and MLP to record (kernel, rows) of each call."""
+    calls: list[tuple[str, int]] = []
+    for name in ("small_batch_linear", "fused_mlp"):
+        kernel = getattr(packed_linear, name)
+        monkeypatch.setattr(
+            packed_linear,
+            name,
+            lambda x, *args, name=name, kernel=kernel: calls.append((name, x.shape[0])) or kernel(x, *args),
+        )
+    return calls
 
 
 @pytest.mark.parametrize("rows", [1, 5, 64])
@@ -55,6 +59,35 @@ def test_small_batch_linear_is_the_matmul(rows: int, bias: bool) -> None:
     assert out.dtype == torch.bfloat16 and out.shape == (rows, 48)
     # float32 accumulation rounded once to bf16 (|values| <~ 30: an ulp is 0.125 at most).
     torch.testing.assert_close(out.float(), expected, atol=0.125, rtol=2**-8)
+
+
+def test_fused_mlp_is_the_swiglu_mlp() -> None:
+    dtype = torch.bfloat16
+    # Intermediate 80 padded to 96 with zero gate/up rows and zero down columns, as the layer packs it.
+    generator = torch.Generator().manual_seed(0)
+    gate, up = (torch.randn(80, 64, generator=generator) / 8 for _ in range(2))
+    down = torch.randn(64, 80, generator=generator) / 8
+    pad = F.pad
+    gate_up = vllm_cpu_kernels.pack_small_batch_weight(
+        torch.cat([pad(w, (0, 0, 0, 16)) for w in (gate, up)]).to(dtype)
+    )
+    packed_down = vllm_cpu_kernels.pack_small_batch_weight(pad(down, (0, 16)).to(dtype))
+    x = torch.randn(64, 64, generator=generator).to(dtype)
+    out = vllm_cpu_kernels.fused_mlp(x, gate_up, packed_down)
+    reference = [w.to(dtype).double() for w in (gate, up, down)]
+    expected = (F.silu(x.double() @ reference[0].T) * (x.double() @ reference[1].T)) @ reference[2].T
+    assert out.dtype == dtype and out.shape == (64, 64)
+    # The intermediate and the output each rounded once to dtype (|output| <~ 2).
+    torch.testing.assert_close(out.double(), expected, atol=0.02, rtol=0.01)
+    # A row's result does not depend on the batch, and reused routing and output change nothing.
+    for rows in (1, 5):
+        routing = vllm_cpu_kernels.single_expert_routing(rows)
+        written = torch.empty(rows, 64, dtype=dtype)
+        alone = vllm_cpu_kernels.fused_mlp(x[:rows], gate_up, packed_down, routing, out=written)
+        assert alone.data_ptr() == written.data_ptr() and torch.equal(alone, out[:rows])
+    # The kernel has no fp16 and aborts the process on it: refused before the call.
+    with pytest.raises(ValueError, match="bf16"):
+        vllm_cpu_kernels.fused_mlp(x.half(), gate_up, packed_down)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -78,7 +111,9 @@ def test_packed_layer_runs_small_batches_with_the_kernel(name: str, monkeypatch)
             bf16_x, cos, sin = (t.to(torch.bfloat16) for t in (x, cos, sin))
             small, large = packed(bf16_x, cos, sin), onednn(bf16_x, cos, sin)
         assert torch.equal(bf16_x, x.to(torch.bfloat16))  # the input is not written to
-        assert calls[before:] == ([3 * length] * 4 if 3 * length <= SMALL_BATCH_ROWS else [])
+        rows = 3 * length
+        small_calls = [("small_batch_linear", rows)] * 2 + [("fused_mlp", rows)]  # q/k/v, o_proj; the MLP
+        assert calls[before:] == (small_calls if rows <= SMALL_BATCH_ROWS else [])
         small_error = (small.float() - expected).abs().max()
         large_error = (large.float() - expected).abs().max()
         assert small_error <= 2 * large_error + 0.02, (small_error, large_error)

@@ -146,3 +146,41 @@ def test_float32_and_unfit_shapes_keep_onednns_linears() -> None:
     unfit = build_model(ModelConfig(**dict(NAMED_CONFIGS["test"], hidden_size=80)), seed=0)
     layer = unfit.model.layers[0].to(torch.bfloat16)
     assert PackedDecoderLayer(layer, batch_hint=8, kernels="vllm").small_batch is None
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_lm_head_with_the_kernels_is_the_norm_weighted_matmul(tied: bool) -> None:
+    # lm_head with the final norm's weight folded in: SGLang's copy at every row count (a decode
+    # step's rows, a prefill's prompts, past SMALL_BATCH_ROWS too); oneDNN's without the kernels.
+    config = ModelConfig(**dict(NAMED_CONFIGS["test"], tie_word_embeddings=tied))
+    model = make_model(config).to(torch.bfloat16)
+    with torch.no_grad():
+        model.model.norm.weight.uniform_(0.5, 1.5)
+    lm_head, norm = model.lm_head, model.model.norm
+    small = packed_linear.PackedLinear(lm_head, batch_hint=8, norm=norm, kernels="vllm")
+    onednn = packed_linear.PackedLinear(lm_head, batch_hint=8, norm=norm, kernels="torch")
+    assert small.small_batch and not onednn.small_batch
+    generator = torch.Generator().manual_seed(0)
+    folded = (lm_head.weight * norm.weight).float()
+    for rows in (1, 64, SMALL_BATCH_ROWS + 72):
+        x = torch.randn(rows, config.hidden_size, generator=generator).to(torch.bfloat16)
+        with torch.no_grad():
+            out, reference = small(x), onednn(x)
+        assert out.shape == (rows, config.vocab_size) and out.dtype == torch.bfloat16
+        expected = x.float() @ folded.T
+        # float32 accumulation rounded once, as oneDNN's (|logits| <~ 16: half an ulp is 1/32).
+        torch.testing.assert_close(out.float(), expected, atol=0.07, rtol=2**-8)
+        assert (out.float() - reference.float()).abs().max() <= 0.07
+    assert small(x[None]).shape == (1, rows, config.vocab_size)  # leading dims kept
+
+
+def test_lm_head_repack_refreshes_the_small_batch_copy() -> None:
+    model = make_model("test").to(torch.bfloat16)
+    head = packed_linear.PackedLinear(model.lm_head, batch_hint=8, norm=model.model.norm, kernels="vllm")
+    x = torch.randn(4, model.config.hidden_size).to(torch.bfloat16)
+    with torch.no_grad():
+        before = head(x)
+        model.lm_head.weight.mul_(-1)  # tied: the embedding's weight
+        assert torch.equal(head(x), before)
+        head.repack()
+        assert torch.equal(head(x), -before)

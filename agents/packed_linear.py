@@ -18,6 +18,7 @@ modules hold the very same Parameters under the same names.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -80,6 +81,16 @@ def resolve_packing(device: torch.device, dtype: torch.dtype, requested: bool | 
 SMALL_BATCH_ROWS = 128
 
 
+def _takes_small_batch_kernel(
+    kernels: Kernels, dtype: torch.dtype, inputs: Sequence[int], outputs: Sequence[int]
+) -> bool:
+    """Whether linears of these input sizes (K) and output sizes (N) run on SGLang's small-batch
+    kernel: `kernels="vllm"` in bf16/fp16, every K a multiple of 32 and every N of 16."""
+    if kernels != "vllm" or dtype not in (torch.bfloat16, torch.float16):
+        return False
+    return all(n % 32 == 0 for n in inputs) and all(n % 16 == 0 for n in outputs)
+
+
 def _pack(weight: torch.Tensor, batch_hint: int) -> torch.Tensor:
     with torch.no_grad():
         return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
@@ -138,9 +149,9 @@ class PackedLinear(nn.Module):
         self.batch_hint = batch_hint
         # In a tuple, so not registered here: its weight keeps its own name (model.norm.weight).
         self._norm = () if norm is None else (norm,)
-        reduced = linear.weight.dtype in (torch.bfloat16, torch.float16)
-        fits = linear.in_features % 32 == 0 and linear.out_features % 16 == 0
-        self.small_batch = kernels == "vllm" and reduced and fits
+        self.small_batch = _takes_small_batch_kernel(
+            kernels, linear.weight.dtype, [linear.in_features], [linear.out_features]
+        )
         self.repack()
 
     def repack(self) -> None:
@@ -189,16 +200,16 @@ class SmallBatchLinears:
         self.down = pack_small_batch_weight(F.pad(mlp.down_proj.weight, (0, pad)))
 
     @staticmethod
-    def fit(layer: nn.Module) -> bool:
-        """Whether the kernel takes this layer's shapes: inputs (K) in multiples of 32 (the
-        intermediate size is padded), outputs (N) in multiples of 16."""
+    def fit(layer: PackedDecoderLayer) -> bool:
+        """Whether the kernel takes this layer (`_takes_small_batch_kernel`; the intermediate size
+        is padded, so only q/k/v's and o_proj's shapes decide)."""
         attention = layer.self_attn
         inputs = (attention.q_proj.in_features, attention.o_proj.in_features)
         outputs = (
             attention.q_proj.out_features + 2 * attention.k_proj.out_features,
             attention.o_proj.out_features,
         )
-        return all(n % 32 == 0 for n in inputs) and all(n % 16 == 0 for n in outputs)
+        return _takes_small_batch_kernel(layer.kernels, attention.q_proj.weight.dtype, inputs, outputs)
 
     def qkv_of(self, normed: torch.Tensor) -> torch.Tensor:
         return small_batch_linear(
@@ -300,10 +311,8 @@ class PackedDecoderLayer(nn.Module):
         )
         self.gate, self.up = _pack(gate, self.batch_hint), _pack(up, self.batch_hint)
         self.down = _pack(mlp.down_proj.weight, self.batch_hint)
-        small = self.kernels == "vllm" and q.weight.dtype in (torch.bfloat16, torch.float16)
         # Never with rotate_in_gemm (kernels="vllm" excludes it): qkv's rows are q, k, v.
-        fits = small and SmallBatchLinears.fit(self)
-        self.small_batch = SmallBatchLinears(self, qkv, gate, up) if fits else None
+        self.small_batch = SmallBatchLinears(self, qkv, gate, up) if SmallBatchLinears.fit(self) else None
 
     def forward(
         self, x: torch.Tensor, cos, sin, cache: KVCache | None = None, keep: torch.Tensor | None = None

@@ -123,7 +123,7 @@ class DecodeGraphs:
         batch, span = n, int(positions.max()) + 1
         if self.bucketed:
             batch, span = batch_bucket(n, self.max_batch), span_bucket(span, self.max_seq_len)
-        elif self.cache.decode_kernel == "vllm":  # the kernel reads each row's own length: no span
+        elif self.cache.decode_kernel != "torch":  # vLLM's kernels read each row's own length: no span
             batch = round_up(n, BATCH_MULTIPLE, self.max_batch)
         elif self.cache.key_layout == "ds":
             batch = round_up(n, BATCH_MULTIPLE, self.max_batch)

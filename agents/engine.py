@@ -55,11 +55,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from .cache_kernels import Kernels, KeyLayout
 from .cpu_allocator import keep_freed_memory
 from .decode_graphs import DecodeGraphs
 from .errors import ContextOverflowError, checked_prompt, checked_weights, resolve_future
 from .fused_layer import fuse_model
-from .kv_cache import Kernels, KeyLayout, KVCache
+from .kv_cache import KVCache
 from .model import Transformer
 from .packed_linear import pack_model, repack, resolve_packing
 from .prefill import Prefiller

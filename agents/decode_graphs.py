@@ -38,7 +38,7 @@ import torch
 
 from .kv_cache import KVCache
 from .model import Transformer
-from .packed_decode import PackedDecodeStep
+from .packed_decode import OneDnnDecodeStep, PackedDecodeStep
 from .sampling import SAMPLING_TENSORS, sample_tokens, sampling_tensors
 
 _MIN_SPAN = 64
@@ -103,8 +103,10 @@ class DecodeGraphs:
         }
         self.sampled = (torch.zeros(rows, dtype=torch.long, device=device), torch.zeros(rows, device=device))
         self._sample_graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
-        # The packed bf16/fp16 CPU model's step without the module path's views (None elsewhere).
-        self._packed_step = None if capture else PackedDecodeStep.build(model, cache)
+        # The packed CPU model's step without the module path's views (None elsewhere): bf16/fp16
+        # with SGLang's kernels, or float32 with vLLM's paged attention.
+        packed_step = None if capture else PackedDecodeStep.build(model, cache)
+        self._packed_step = packed_step or (None if capture else OneDnnDecodeStep.build(model, cache))
 
     @property
     def captured(self) -> list[tuple[int, int]]:

@@ -209,6 +209,12 @@ class KVCache:
         a decode step that calls them itself (agents/packed_decode.py)."""
         return self._vllm if self.decode_kernel == "vllm" else None
 
+    @property
+    def paged_attention(self) -> VllmPagedAttention | None:
+        """vLLM's paged kernel over this cache (float32 with kernels="vllm"), for a decode step
+        that calls it itself (agents/packed_decode.py)."""
+        return self._vllm if self.decode_kernel == "vllm-paged" else None
+
     def _start_decode_torch(self, positions: torch.Tensor, span: int) -> None:
         n = positions.shape[0]
         rows = (self._row_base[:n] + positions[:, None]).view(-1)

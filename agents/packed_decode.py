@@ -129,7 +129,8 @@ class OneDnnDecodeStep:
         self.attention: VllmPagedAttention = cache.paged_attention
         self.layers: list[PackedDecoderLayer] = list(model.model.layers)
         self.max_rows = cache.max_slots
-        self._slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # rows -> (slot ids, a norm's output)
+        # Per row count, allocated once: the rows' slot ids and a norm's output.
+        self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
     def build(cls, model: Transformer, cache: KVCache) -> OneDnnDecodeStep | None:
@@ -147,13 +148,13 @@ class OneDnnDecodeStep:
         n = tokens.shape[0]
         if n > self.max_rows:
             raise ValueError(f"OneDnnDecodeStep takes up to {self.max_rows} rows, got {n}")
-        if n not in self._slots:
+        if n not in self._buffers:
             hidden = self.model.config.hidden_size
-            self._slots[n] = (
+            self._buffers[n] = (
                 torch.arange(n, device=tokens.device),
                 torch.empty((n, hidden), device=tokens.device),
             )
-        slots, normed = self._slots[n]
+        slots, normed = self._buffers[n]
         stack = self.model.model
         x = stack.embed_tokens.weight.index_select(0, tokens)
         rows = self.attention.decode_rows(slots, positions)

@@ -8,11 +8,11 @@ per slot, so the kernel reads the engine's slots in place (the slot's length mus
 32: the cache pads it). The kernel writes nothing; `cpu_attn_reshape_and_cache` writes a decode
 step's new k/v, and the cache writes a prefill's before it attends, as for torch's attention.
 
-The same interface as `VllmCacheAttention` (`decode_rows`, `decode`, `extend`, `attend_slots`), so
-the cache drives either. Measured on bench-3m (batch 64, a 2-core Zen 5 EPYC, bench/RESULTS.md):
-a decode attention layer 235 us against 376 us for torch's SDPA at span 160; a prefill's, 64
-prompts of 128 tokens, 2.8 ms against 9.1 ms; the float32 batch 433 -> 362 ms best with the decode
-alone.
+The interface is `VllmCacheAttention`'s (`decode_rows`, `decode`, `extend`, `attend_slots`), so the
+cache drives either; only `extend` takes no k/v (they are in the slots). Measured on bench-3m
+(batch 64, a 2-core Zen 5 EPYC, bench/RESULTS.md): a decode attention layer 235 us against 376 us
+for torch's SDPA at span 160; a prefill's, 64 prompts of 128 tokens, 2.8 ms against 9.1 ms; the
+float32 batch 441 -> 346 ms best, two engines alternating in one process.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import torch
 
 from .vllm_cpu_kernels import vllm_op
 
-# The kernel's ISA for x86 with AVX-512 (vLLM's `_get_attn_isa` picks it for blocks of 32k tokens).
+# The kernel's ISA for x86 with AVX-512, as vLLM's `_get_attn_isa` picks it for block sizes that are
+# multiples of 32 ("vec16", for multiples of 16, ran the engine's decode 4% slower).
 _ISA = "vec"
 BLOCK_MULTIPLE = 32
 
@@ -49,7 +50,8 @@ class VllmPagedAttention:
         layers, _, kv_heads, seq, d = v.shape
         if seq % BLOCK_MULTIPLE or k.shape[-2:] != (d, seq):
             raise ValueError(
-                f"a 'ds' cache with slots of a multiple of {BLOCK_MULTIPLE} positions, got {seq}"
+                f"vLLM's paged attention reads a 'ds' cache whose slots hold a multiple of {BLOCK_MULTIPLE} "
+                f"positions; got keys {tuple(k.shape)} and values {tuple(v.shape)}"
             )
         # Each layer's keys read as the kernel's blocks: [slots + 1, kv_heads, seq, D] with v's strides.
         self.key_blocks = [k[layer].as_strided(v[layer].shape, v[layer].stride()) for layer in range(layers)]
@@ -63,8 +65,9 @@ class VllmPagedAttention:
         query_start[1:] = torch.cumsum(query_lens, 0)
         seq_lens = seq_lens.to(torch.int32)
         # The schedule splits the work for omp_get_max_threads() threads and the kernel refuses to
-        # run on another count. In a thread that has not run a torch op yet, OpenMP's count is its
-        # default until torch first sets it to torch's own (lazily, here, in a forward's first op).
+        # run on another count. In a fresh thread OpenMP's count is its default until torch sets it
+        # to torch's own, lazily, at the first op that asks (a forward's first GEMM, after this
+        # schedule was made): this call asks first.
         torch.get_num_threads()
         schedule = vllm_op("get_scheduler_metadata")(
             len(slots), self.num_heads, self.kv_heads, self.head_dim, seq_lens, self.dtype,

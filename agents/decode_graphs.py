@@ -105,8 +105,9 @@ class DecodeGraphs:
         self._sample_graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         # The packed CPU model's step without the module path's views (None elsewhere): bf16/fp16
         # with SGLang's kernels, or float32 with vLLM's paged attention.
-        packed_step = None if capture else PackedDecodeStep.build(model, cache)
-        self._packed_step = packed_step or (None if capture else OneDnnDecodeStep.build(model, cache))
+        self._packed_step = None
+        if not capture:
+            self._packed_step = PackedDecodeStep.build(model, cache) or OneDnnDecodeStep.build(model, cache)
 
     @property
     def captured(self) -> list[tuple[int, int]]:

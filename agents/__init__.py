@@ -2,7 +2,7 @@
 
 Importing this package is cheap: only the record types and errors load eagerly. Everything that
 needs torch (the model, checkpoints, the torch engine) loads on first attribute access, and vLLM
-only ever loads from agents/vllm_*.py when asked for.
+only ever loads from agents/vllm/ when asked for.
 
     from toolgym.agents import ModelConfig, build_model, TorchEngine, SamplingParams
 """
@@ -17,25 +17,25 @@ from .types import Completion, Message, SamplingParams
 
 _LAZY = {
     "Policy": ".policy",
-    "ModelConfig": ".model_config",
-    "Transformer": ".model",
-    "build_model": ".model",
-    "causal_lm_logprobs": ".model",
-    "load_hf_checkpoint": ".checkpoint",
-    "save_hf_checkpoint": ".checkpoint",
-    "hf_named_tensors": ".checkpoint",
-    "TorchEngine": ".engine",
-    "EngineStats": ".engine",
-    "EngineReplicas": ".replicas",
+    "ModelConfig": ".model.config",
+    "Transformer": ".model.transformer",
+    "build_model": ".model.transformer",
+    "causal_lm_logprobs": ".model.transformer",
+    "load_hf_checkpoint": ".model.checkpoint",
+    "save_hf_checkpoint": ".model.checkpoint",
+    "hf_named_tensors": ".model.checkpoint",
+    "TorchEngine": ".engine.engine",
+    "EngineStats": ".engine.engine",
+    "EngineReplicas": ".engine.replicas",
 }
 
 if TYPE_CHECKING:
-    from .checkpoint import hf_named_tensors, load_hf_checkpoint, save_hf_checkpoint
-    from .engine import EngineStats, TorchEngine
-    from .model import Transformer, build_model, causal_lm_logprobs
-    from .model_config import ModelConfig
+    from .engine.engine import EngineStats, TorchEngine
+    from .engine.replicas import EngineReplicas
+    from .model.checkpoint import hf_named_tensors, load_hf_checkpoint, save_hf_checkpoint
+    from .model.config import ModelConfig
+    from .model.transformer import Transformer, build_model, causal_lm_logprobs
     from .policy import Policy
-    from .replicas import EngineReplicas
 
 
 def __getattr__(name: str) -> Any:

@@ -25,9 +25,9 @@ import time
 import torch
 import torch._inductor.config as inductor_config
 
-import toolgym.agents.engine as engine_module
-from toolgym.agents.model import build_model
-from toolgym.agents.model_config import ModelConfig
+import toolgym.agents.engine.engine as engine_module
+from toolgym.agents.model.config import ModelConfig
+from toolgym.agents.model.transformer import build_model
 from toolgym.agents.types import SamplingParams
 
 

@@ -30,7 +30,7 @@ prefills its whole conversation) and with static micro-batching (admit only when
 batch is done). "prompt computed" is the share of prompt tokens the prefills ran.
 
 On CPU every backend runs with the malloc settings the engine makes for its process
-(agents/cpu_allocator.py: freed memory kept for reuse; vLLM's process gets them as environment
+(agents/kernels/cpu_allocator.py: freed memory kept for reuse; vLLM's process gets them as environment
 variables), so none of them pays page faults for fresh temporaries that the others do not.
 
 Also printed: the matmul peak of this machine per dtype (bench/_common.py) and the share of it
@@ -53,14 +53,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import format_table, machine_summary, matmul_peak_flops, time_repeats
 
-from toolgym.agents.cache_kernels import decode_kernel_for, default_kernels
-from toolgym.agents.checkpoint import load_hf_checkpoint, save_hf_checkpoint
-from toolgym.agents.cpu_allocator import ENVIRONMENT as ALLOCATOR_ENVIRONMENT
-from toolgym.agents.cpu_allocator import keep_freed_memory
-from toolgym.agents.engine import TorchEngine
-from toolgym.agents.model import build_model
-from toolgym.agents.model_config import ModelConfig
-from toolgym.agents.replicas import EngineReplicas
+from toolgym.agents.engine.backend import decode_kernel_for, default_kernels
+from toolgym.agents.engine.engine import TorchEngine
+from toolgym.agents.engine.replicas import EngineReplicas
+from toolgym.agents.kernels.cpu_allocator import ENVIRONMENT as ALLOCATOR_ENVIRONMENT
+from toolgym.agents.kernels.cpu_allocator import keep_freed_memory
+from toolgym.agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
+from toolgym.agents.model.config import ModelConfig
+from toolgym.agents.model.transformer import build_model
 from toolgym.agents.types import SamplingParams
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -160,7 +160,7 @@ if __name__ == "__main__":
 def bench_vllm(directory, prompts_file, args, dtype_name: str, eager: bool) -> dict:
     spec = dict(dir=str(directory), prompts=str(prompts_file), dtype=dtype_name, eager=eager, repeats=args.repeats,
                 new=args.new_tokens, max_len=args.prompt_len + args.new_tokens)  # fmt: skip
-    # The malloc settings the engine and transformers run with here (agents/cpu_allocator.py).
+    # The malloc settings the engine and transformers run with here (agents/kernels/cpu_allocator.py).
     tuned = args.device == "cpu" and keep_freed_memory()
     env = {**os.environ, **(ALLOCATOR_ENVIRONMENT if tuned else {})}
     proc = subprocess.run(
@@ -296,13 +296,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--kernels", choices=["torch", "vllm"], default=None,
-        help="engine's compiled CPU kernels (agents/kv_cache.py; default: its own)",
+        help="engine's compiled CPU kernels (agents/engine/kv_cache.py; default: its own)",
     )  # fmt: skip
     parser.add_argument(
         "--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="engine decode graphs"
     )
     parser.add_argument(
-        "--replicas", type=int, default=1, help="the engine as N processes (agents/replicas.py; CPU)"
+        "--replicas", type=int, default=1, help="the engine as N processes (agents/engine/replicas.py; CPU)"
     )
     args = parser.parse_args()
     dtypes = args.dtypes.split(",")

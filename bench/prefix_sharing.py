@@ -7,7 +7,7 @@ The same rollouts as one RL step of `configs/zorplex_tiny.toml` (32 tasks x G=8 
 Zorplex simple, the preset's rollout limits and temperature, seeded), run through the rollout
 runner on three TorchEngines over the same weights: the default (a prefill's common prompt prefix
 is computed once and kept for later prefills, and a finished turn's k/v are kept for its
-episode's next turn: agents/history.py), `history_capacity=0` (the shared prefix only), and
+episode's next turn: agents/engine/history.py), `history_capacity=0` (the shared prefix only), and
 `share_prefixes=False, history_capacity=0` (every prompt prefilled in full). Reported per engine,
 the mean over `--repeats` batches (after a warm-up batch): rollout seconds, the engine's prefill
 and decode seconds, the prompt tokens its prefills computed, and how many prefill forwards and
@@ -31,7 +31,7 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import format_table, machine_summary
 
-from toolgym.agents.engine import TorchEngine
+from toolgym.agents.engine.engine import TorchEngine
 from toolgym.configs.build import build_renderer, initial_model, load_model
 from toolgym.configs.load import load_config
 from toolgym.rollouts.runner import RolloutRunner

@@ -35,9 +35,9 @@ from collections import defaultdict
 import torch
 
 from toolgym.agents.chat import ChatRenderer
-from toolgym.agents.engine import TorchEngine
-from toolgym.agents.model import Transformer
-from toolgym.agents.model_config import ModelConfig
+from toolgym.agents.engine.engine import TorchEngine
+from toolgym.agents.model.config import ModelConfig
+from toolgym.agents.model.transformer import Transformer
 from toolgym.agents.tokenizer import load_tokenizer
 from toolgym.agents.types import SamplingParams
 from toolgym.configs.cli import DEFAULT_TOKENIZER

@@ -44,9 +44,9 @@ def flops_per_position(config, seq_len: int) -> float:
 
 def worker(args: argparse.Namespace) -> None:
     """One configuration (under torchrun or plain); rank 0 prints a RESULT json line."""
-    from toolgym.agents.engine import TorchEngine
-    from toolgym.agents.model import build_model
-    from toolgym.agents.model_config import ModelConfig
+    from toolgym.agents.engine.engine import TorchEngine
+    from toolgym.agents.model.config import ModelConfig
+    from toolgym.agents.model.transformer import build_model
     from toolgym.rollouts.types import Episode
     from toolgym.trainers.config import OptimizerConfig, TrainerConfig
     from toolgym.trainers.losses import LossConfig

@@ -37,7 +37,7 @@ in this one process); TRL gets `bf16=True` (its accelerate autocast covers gener
 Worth timing on CPUs with fast bf16 matmuls (AVX-512 BF16 / AMX); elsewhere bf16 is slower.
 
 `--replicas N` (default 1): toolgym samples with N engine processes of threads/N threads each
-(agents/replicas.py, `agent.replicas` in a config); its weight sync then goes to all of them.
+(agents/engine/replicas.py, `agent.replicas` in a config); its weight sync then goes to all of them.
 TRL generates with its training model in its own process and has no such setting.
 
 "One GRPO step" = generation + reward + advantages + forward/backward + optimizer step, plus the
@@ -103,8 +103,8 @@ def make_prompts(count: int) -> tuple[list[list[int]], list[str]]:
 
 
 def save_model(name: str, directory: Path) -> int:
-    from toolgym.agents.checkpoint import save_hf_checkpoint
-    from toolgym.agents.model import build_model
+    from toolgym.agents.model.checkpoint import save_hf_checkpoint
+    from toolgym.agents.model.transformer import build_model
 
     model = build_model(name, seed=0)
     save_hf_checkpoint(model, model.config, directory, tokenizer_path=TOKENIZER)
@@ -155,9 +155,9 @@ def cpu_seconds(engine) -> float:
 def toolgym_worker(args: argparse.Namespace, workdir: Path) -> dict:
     import torch
 
-    from toolgym.agents.checkpoint import load_hf_checkpoint
-    from toolgym.agents.engine import TorchEngine
-    from toolgym.agents.replicas import EngineReplicas
+    from toolgym.agents.engine.engine import TorchEngine
+    from toolgym.agents.engine.replicas import EngineReplicas
+    from toolgym.agents.model.checkpoint import load_hf_checkpoint
     from toolgym.agents.types import SamplingParams
     from toolgym.rollouts.advantages import AdvantageConfig, batch_advantages
     from toolgym.rollouts.types import Episode
@@ -173,7 +173,7 @@ def toolgym_worker(args: argparse.Namespace, workdir: Path) -> dict:
     longest = max(len(ids) for ids in prompt_ids) + length
     bf16 = args.precision == "bf16"
     dtype = torch.bfloat16 if bf16 else None
-    if args.replicas > 1:  # one engine process per share of the cores (agents/replicas.py)
+    if args.replicas > 1:  # one engine process per share of the cores (agents/engine/replicas.py)
         rows = -(-p // args.replicas) * g  # a replica gets whole prompts
         engine = EngineReplicas(
             model, replicas=args.replicas, max_batch_size=rows, max_seq_len=longest, dtype=dtype
@@ -398,7 +398,7 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument(
         "--replicas", type=int, default=1,
-        help="toolgym samples with this many engine processes of threads/replicas threads each (agents/replicas.py)",
+        help="toolgym samples with this many engine processes of threads/replicas threads each (agents/engine/replicas.py)",
     )  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the raw per-step timings here")
     parser.add_argument("--worker", choices=("toolgym", "trl"), help=argparse.SUPPRESS)

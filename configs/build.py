@@ -14,16 +14,15 @@ from pathlib import Path
 import msgspec
 import torch
 
-from toolgym.agents.chat import ChatRenderer
-from toolgym.agents.checkpoint import load_hf_checkpoint, save_hf_checkpoint
-from toolgym.agents.model import Transformer, build_model
-from toolgym.agents.model_config import NAMED_CONFIGS, ModelConfig
-from toolgym.agents.policy import Policy
-from toolgym.agents.tokenizer import load_tokenizer
-from toolgym.trainers.config import TrainerConfig
-from toolgym.trainers.distributed import DistInfo, all_gather_objects, barrier, init_distributed
-from toolgym.trainers.trainer import Trainer
-
+from ..agents.chat import ChatRenderer
+from ..agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
+from ..agents.model.config import NAMED_CONFIGS, ModelConfig
+from ..agents.model.transformer import Transformer, build_model
+from ..agents.policy import Policy
+from ..agents.tokenizer import load_tokenizer
+from ..trainers.config import TrainerConfig
+from ..trainers.distributed import DistInfo, all_gather_objects, barrier, init_distributed
+from ..trainers.trainer import Trainer
 from .load import ConfigError, tokenizer_path
 from .schema import Config, ParallelSection
 
@@ -64,7 +63,7 @@ def build_renderer(config: Config) -> tuple[ChatRenderer, Path]:
 
 def model_config(config: Config) -> ModelConfig:
     if config.model.path:
-        from toolgym.agents.checkpoint import load_config
+        from ..agents.model.checkpoint import load_config
 
         return load_config(config.model.path)
     return ModelConfig(**{**NAMED_CONFIGS[config.model.name], **config.model.overrides})
@@ -156,10 +155,10 @@ def build_generator(
             history_capacity=None if config.agent.history_capacity == -1 else config.agent.history_capacity,
         )
         if config.agent.replicas > 1:
-            from toolgym.agents.replicas import EngineReplicas
+            from ..agents.engine.replicas import EngineReplicas
 
             return EngineReplicas(model, replicas=config.agent.replicas, **engine_kwargs)
-        from toolgym.agents.engine import TorchEngine
+        from ..agents.engine.engine import TorchEngine
 
         # None: on where there is CUDA
         return TorchEngine(
@@ -168,8 +167,8 @@ def build_generator(
             fused_layers=None if config.agent.fused_layers else False,
             **engine_kwargs,
         )
-    from toolgym.agents.vllm_engine import VLLMConfig
-    from toolgym.agents.vllm_policy import VLLMPolicy
+    from ..agents.vllm.engine import VLLMConfig
+    from ..agents.vllm.policy import VLLMPolicy
 
     if hf_dir is None:
         raise ValueError("the vLLM backend needs the model as a Hugging Face directory")

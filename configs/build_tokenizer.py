@@ -27,7 +27,7 @@ from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from toolgym.agents.tokenizer import tokenizer_fingerprint
+from ..agents.tokenizer import tokenizer_fingerprint
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 SHIPPED_TOKENIZER_PATH = ASSETS_DIR / "tokenizer.json"
@@ -109,7 +109,7 @@ def env_conversations(seeds_per_config: int = SEEDS_PER_CONFIG) -> Iterator[list
     oracle episodes (tagged and untagged final answers) and episodes with malformed actions."""
     import gymnasium
 
-    import toolgym.envs  # noqa: F401  (registers the toolgym/ envs)
+    from .. import envs  # noqa: F401  (registers the toolgym/ envs)
 
     for env_id, kwargs in ENV_CONFIGS:
         env = gymnasium.make(env_id, **kwargs)

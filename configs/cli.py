@@ -74,7 +74,7 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
 
 
 def _rollout_config(args: argparse.Namespace, group_size: int) -> Any:
-    from toolgym.rollouts.runner import RolloutConfig
+    from ..rollouts.runner import RolloutConfig
 
     return RolloutConfig(
         env_id=args.env,
@@ -94,7 +94,7 @@ def _rollout_config(args: argparse.Namespace, group_size: int) -> Any:
 
 
 def _oracle_config(args: argparse.Namespace) -> Any:
-    from toolgym.rollouts.scripted import OracleConfig
+    from ..rollouts.scripted import OracleConfig
 
     return OracleConfig(
         p_omit_tag=args.p_omit_tag, p_skip_lookup=args.p_skip_lookup, p_malformed_call=args.p_malformed_call
@@ -108,7 +108,7 @@ def add_envs(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("envs", help="list the registered toolgym envs and their default arguments")
 
     def run(args: argparse.Namespace) -> int:
-        from toolgym.rollouts.commands import envs_command
+        from ..rollouts.commands import envs_command
 
         return envs_command(Console())
 
@@ -127,7 +127,7 @@ def add_record(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     def run(args: argparse.Namespace) -> int:
-        from toolgym.rollouts.commands import record_command
+        from ..rollouts.commands import record_command
 
         return record_command(
             Console(),
@@ -156,7 +156,7 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
     )
 
     def run(args: argparse.Namespace) -> int:
-        from toolgym.rollouts.commands import replay_command
+        from ..rollouts.commands import replay_command
 
         return replay_command(
             Console(),
@@ -180,8 +180,8 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="also write the metrics as JSON here")
 
     def run(args: argparse.Namespace) -> int:
-        from toolgym.rollouts.commands import eval_command
-        from toolgym.rollouts.evaluation import EvalConfig
+        from ..rollouts.commands import eval_command
+        from ..rollouts.evaluation import EvalConfig
 
         config = EvalConfig(
             num_tasks=args.tasks,
@@ -227,8 +227,8 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     def run(args: argparse.Namespace) -> int:
-        from toolgym.configs.load import ConfigError, config_to_toml, load_config
-        from toolgym.configs.run_dir import existing_run_config
+        from .load import ConfigError, config_to_toml, load_config
+        from .run_dir import existing_run_config
 
         try:
             if args.resume is not None:
@@ -240,7 +240,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
             if args.print_config:
                 print(config_to_toml(config), end="")
                 return 0
-            from toolgym.configs.train import train
+            from .train import train
 
             return train(config, resume=args.resume, progress=not args.no_progress)
         except ConfigError as exc:
@@ -256,7 +256,7 @@ def add_plot(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output folder (default: RUN_DIR/plots)")
 
     def run(args: argparse.Namespace) -> int:
-        from toolgym.configs.plot import plot_run
+        from .plot import plot_run
 
         for path in plot_run(args.run_dir, args.out):
             print(path)
@@ -291,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import gymnasium
     import torch.distributed as dist
 
-    from toolgym.rollouts.recording import RecordingError
+    from ..rollouts.recording import RecordingError
 
     # A process group this command makes (train/eval join one) is closed when it ends: NCCL warns
     # of leaked resources at exit otherwise. One made before (a caller's, a test's) is theirs.

@@ -280,7 +280,7 @@ def check_environment(config: Config, world_size: int = 1) -> None:
     splits over the ranks. Raises ConfigError; cheap (nothing heavy is imported)."""
     import gymnasium
 
-    import toolgym.envs  # noqa: F401 (registers toolgym/*)
+    from .. import envs  # noqa: F401 (registers toolgym/*)
 
     for where, kwargs in (("env", config.env.kwargs), ("sft.env_kwargs", config.sft.env_kwargs)):
         if kwargs is None:
@@ -295,7 +295,7 @@ def check_environment(config: Config, world_size: int = 1) -> None:
                 "model.path", f"{config.model.path} is not a Hugging Face directory (no config.json)"
             )
     else:
-        from toolgym.agents.model_config import NAMED_CONFIGS, ModelConfig
+        from ..agents.model.config import NAMED_CONFIGS, ModelConfig
 
         if config.model.name not in NAMED_CONFIGS:
             raise ConfigError(
@@ -315,7 +315,7 @@ def check_environment(config: Config, world_size: int = 1) -> None:
             "logging.tensorboard", "needs the tensorboard package: pip install 'toolgym[tensorboard]'"
         )
     if config.agent.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        from toolgym.agents.vllm_engine import INSTALL_HINT
+        from ..agents.vllm.engine import INSTALL_HINT
 
         raise ConfigError("agent.backend", f"'vllm' needs vllm: {INSTALL_HINT}")
     if config.batch.groups_per_batch % world_size:

@@ -22,18 +22,17 @@ from typing import Any
 import msgspec
 from tqdm import tqdm
 
-from toolgym.agents.chat import ChatRenderer
-from toolgym.agents.policy import Policy
-from toolgym.agents.tokenizer import tokenizer_fingerprint
-from toolgym.rollouts.evaluation import EvalReport, evaluate
-from toolgym.rollouts.recording import RecordingHeader, RecordingWriter
-from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
-from toolgym.rollouts.sampling import BatchConfig, TaskSeedStream, collect_batch
-from toolgym.trainers.checkpoint import CheckpointManager
-from toolgym.trainers.distributed import DistInfo, all_gather_objects, all_reduce
-from toolgym.trainers.trainer import Trainer
-from toolgym.trainers.weight_sync import push_weights
-
+from ..agents.chat import ChatRenderer
+from ..agents.policy import Policy
+from ..agents.tokenizer import tokenizer_fingerprint
+from ..rollouts.evaluation import EvalReport, evaluate
+from ..rollouts.recording import RecordingHeader, RecordingWriter
+from ..rollouts.runner import RolloutConfig, RolloutRunner
+from ..rollouts.sampling import BatchConfig, TaskSeedStream, collect_batch
+from ..trainers.checkpoint import CheckpointManager
+from ..trainers.distributed import DistInfo, all_gather_objects, all_reduce
+from ..trainers.trainer import Trainer
+from ..trainers.weight_sync import push_weights
 from .metrics_log import MetricsLog, eval_line, train_line
 from .run_dir import RunDir
 from .schema import Config

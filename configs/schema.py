@@ -39,12 +39,12 @@ from typing import Any, Literal
 
 import msgspec
 
-from toolgym.agents.vllm_engine import VLLMConfig
-from toolgym.rollouts.evaluation import EvalConfig
-from toolgym.rollouts.runner import RolloutConfig
-from toolgym.rollouts.sampling import BatchConfig
-from toolgym.rollouts.scripted import OracleConfig
-from toolgym.trainers.config import CheckpointConfig, OptimizerConfig, TrainerConfig
+from ..agents.vllm.engine import VLLMConfig
+from ..rollouts.evaluation import EvalConfig
+from ..rollouts.runner import RolloutConfig
+from ..rollouts.sampling import BatchConfig
+from ..rollouts.scripted import OracleConfig
+from ..trainers.config import CheckpointConfig, OptimizerConfig, TrainerConfig
 
 _STRICT = {"kw_only": True, "forbid_unknown_fields": True}
 
@@ -103,13 +103,13 @@ class AgentSection(msgspec.Struct, **_STRICT):
     max_seq_len: int = 0  # prompt + completion tokens per episode; 0 = min(model max, 4096)
     cuda_graphs: bool = True  # torch engine on a GPU: replay decode steps from CUDA graphs (CPU: ignored)
     # torch engine on a GPU: decoder layers with fused GEMMs and torch.compile'd pointwise kernels
-    # (agents/fused_layer.py; CPU: ignored)
+    # (agents/kernels/fused_layer.py; CPU: ignored)
     fused_layers: bool = True
     # torch engine: KV-cache positions that keep finished turns' k/v for their episode's next turn
-    # (agents/history.py); -1 = max_batch_size * max_seq_len (doubles the KV cache), 0 = off.
+    # (agents/engine/history.py); -1 = max_batch_size * max_seq_len (doubles the KV cache), 0 = off.
     history_capacity: int = -1
     # torch engine on CPU: this many engine processes, each with the cores / replicas threads and
-    # max_batch_size slots (agents/replicas.py); 1 = one engine in the training process.
+    # max_batch_size slots (agents/engine/replicas.py); 1 = one engine in the training process.
     replicas: int = 1
     vllm: VLLMConfig = msgspec.field(default_factory=VLLMConfig)
 

@@ -20,17 +20,16 @@ import msgspec
 import numpy as np
 from tqdm import tqdm
 
-from toolgym.agents.chat import ChatRenderer
-from toolgym.agents.model import Transformer
-from toolgym.agents.tokenizer import tokenizer_fingerprint
-from toolgym.rollouts.recording import RecordingHeader, RecordingWriter, read_recording
-from toolgym.rollouts.replay import OfflineMode, episodes_from_trajectories, summarize
-from toolgym.rollouts.runner import RolloutRunner
-from toolgym.rollouts.sampling import TaskSeedStream
-from toolgym.rollouts.scripted import OraclePolicy
-from toolgym.rollouts.types import Episode, Trajectory
-from toolgym.trainers.trainer import Trainer
-
+from ..agents.chat import ChatRenderer
+from ..agents.model.transformer import Transformer
+from ..agents.tokenizer import tokenizer_fingerprint
+from ..rollouts.recording import RecordingHeader, RecordingWriter, read_recording
+from ..rollouts.replay import OfflineMode, episodes_from_trajectories, summarize
+from ..rollouts.runner import RolloutRunner
+from ..rollouts.sampling import TaskSeedStream
+from ..rollouts.scripted import OraclePolicy
+from ..rollouts.types import Episode, Trajectory
+from ..trainers.trainer import Trainer
 from .metrics_log import MetricsLog, sft_line
 from .schema import Config
 

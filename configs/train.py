@@ -23,14 +23,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toolgym.agents.chat import ChatRenderer
-from toolgym.agents.tokenizer import tokenizer_fingerprint
-from toolgym.rollouts.recording import RecordingError, RecordingReader, RecordingWriter
-from toolgym.rollouts.sampling import TaskSeedStream
-from toolgym.trainers.checkpoint import CheckpointManager, export_hf
-from toolgym.trainers.distributed import all_gather_objects, barrier
-from toolgym.trainers.weight_sync import push_weights
-
+from ..agents.chat import ChatRenderer
+from ..agents.tokenizer import tokenizer_fingerprint
+from ..rollouts.recording import RecordingError, RecordingReader, RecordingWriter
+from ..rollouts.sampling import TaskSeedStream
+from ..trainers.checkpoint import CheckpointManager, export_hf
+from ..trainers.distributed import all_gather_objects, barrier
+from ..trainers.weight_sync import push_weights
 from .build import (
     build_generator,
     build_renderer,

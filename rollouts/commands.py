@@ -15,11 +15,10 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from toolgym.agents.chat import ChatRenderer
-from toolgym.agents.policy import Policy
-from toolgym.agents.tokenizer import load_tokenizer, tokenizer_fingerprint
-from toolgym.envs import list_envs
-
+from ..agents.chat import ChatRenderer
+from ..agents.policy import Policy
+from ..agents.tokenizer import load_tokenizer, tokenizer_fingerprint
+from ..envs import list_envs
 from .evaluation import EvalConfig, evaluate_sync
 from .recording import RecordingHeader, RecordingReader, RecordingWriter
 from .replay import format_transcript, replay_problems, rich_transcript, summarize
@@ -49,8 +48,8 @@ def load_policy(
         raise FileNotFoundError(
             f"--policy must be 'oracle' or a checkpoint directory with config.json, got {policy_spec}"
         )
-    from toolgym.agents.checkpoint import load_hf_checkpoint
-    from toolgym.agents.engine import TorchEngine
+    from ..agents.engine.engine import TorchEngine
+    from ..agents.model.checkpoint import load_hf_checkpoint
 
     model = load_hf_checkpoint(path, device=device)
     return TorchEngine(model, tokenizer=renderer.tokenizer), f"checkpoint:{path.resolve()}"

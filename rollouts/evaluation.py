@@ -14,9 +14,8 @@ import time
 
 import msgspec
 
-from toolgym.agents.chat import ChatRenderer
-from toolgym.agents.policy import Policy
-
+from ..agents.chat import ChatRenderer
+from ..agents.policy import Policy
 from .metrics import batch_metrics
 from .replay import format_transcript
 from .runner import RolloutConfig, RolloutRunner

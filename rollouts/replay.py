@@ -26,9 +26,8 @@ from collections.abc import Iterable, Sequence
 import gymnasium
 from rich.text import Text
 
-import toolgym.envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
-from toolgym.agents.chat import ChatRenderer, Message
-
+from .. import envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
+from ..agents.chat import ChatRenderer, Message
 from .advantages import AdvantageConfig, batch_advantages
 from .env_io import abandon_env, env_stop_reason, reset_env, settles, step_env
 from .episodes import INFRA_STOP_REASONS, EpisodeStats, OverlongEpisodeRule, build_episodes, sampled_length

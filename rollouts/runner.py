@@ -58,12 +58,11 @@ import gymnasium
 import msgspec
 import numpy as np
 
-import toolgym.envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
-from toolgym.agents.chat import ChatRenderer
-from toolgym.agents.errors import ContextOverflowError
-from toolgym.agents.policy import Policy
-from toolgym.agents.types import Completion, Message, SamplingParams
-
+from .. import envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
+from ..agents.chat import ChatRenderer
+from ..agents.errors import ContextOverflowError
+from ..agents.policy import Policy
+from ..agents.types import Completion, Message, SamplingParams
 from .env_io import EnvOutputError, abandon_env, env_stop_reason, reset_env, settles, step_env
 from .metrics import episode_metrics
 from .types import StopReason, Trajectory, Transition

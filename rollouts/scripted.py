@@ -34,8 +34,8 @@ import msgspec
 import numpy as np
 import torch
 
-from toolgym.agents.chat import ChatRenderer
-from toolgym.agents.types import Completion, SamplingParams
+from ..agents.chat import ChatRenderer
+from ..agents.types import Completion, SamplingParams
 
 _ANSWER_RE = re.compile(r"^\[ANSWER\]\s*(-?\d+)\s*$")
 _CALL_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\[([^\[\]\n]*)\]")

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from toolgym.agents.types import Completion
+from ..agents.types import Completion
 
 
 class StopReason(enum.StrEnum):

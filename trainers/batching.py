@@ -27,9 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from toolgym.agents.prefill import padded_chunks
-from toolgym.rollouts.types import Episode
-
+from ..agents.engine.prefill import padded_chunks
+from ..rollouts.types import Episode
 from .shared_prefix import SharedPrefixAttention, shared_prefix_length
 
 _MIN_SAVING = 0.25  # share a prefix only when it removes at least this share of padded positions

@@ -224,8 +224,8 @@ def export_hf(
     dtype: torch.dtype | None = None,
 ) -> Path:
     """Write the policy as a Hugging Face directory (config.json, model.safetensors[, tokenizer])
-    that `toolgym.agents.checkpoint.load_hf_checkpoint`, transformers and vLLM load. Rank 0 writes."""
-    from toolgym.agents.checkpoint import save_hf_checkpoint
+    that `toolgym.agents.model.checkpoint.load_hf_checkpoint`, transformers and vLLM load. Rank 0 writes."""
+    from ..agents.model.checkpoint import save_hf_checkpoint
 
     if trainer.model_config is None:
         raise ValueError("export_hf needs a model with a `config` (agents' Transformer)")

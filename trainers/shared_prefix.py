@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from toolgym.agents.attention import scaled_dot_product_attention
-from toolgym.agents.prefix_attention import attend_after_prefix, common_prefix_length, prefix_mask
+from ..agents.engine.prefix_attention import attend_after_prefix, common_prefix_length, prefix_mask
+from ..agents.model.attention import scaled_dot_product_attention
 
 
 def shared_prefix_length(rows: list[list[int]], masks: list[list[int]]) -> int:

@@ -28,8 +28,7 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from toolgym.rollouts.types import Episode
-
+from ..rollouts.types import Episode
 from .batching import MicroBatch, empty_micro_batch, make_micro_batches, shard_episodes
 from .config import OptimizerConfig, TrainerConfig
 from .distributed import all_gather_objects, all_reduce, device_mesh, init_distributed, shard_model

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.distributed.tensor import DTensor
 
-from toolgym.agents.policy import Policy
+from ..agents.policy import Policy
 
 if TYPE_CHECKING:
     from .trainer import Trainer

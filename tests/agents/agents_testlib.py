@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from toolgym.agents import vllm_cpu_kernels
-from toolgym.agents.model import Transformer, build_model, rope_cos_sin
+from toolgym.agents.kernels import vllm_ops as vllm_cpu_kernels
+from toolgym.agents.model.transformer import Transformer, build_model, rope_cos_sin
 
 
 def make_model(name: str = "test", seed: int = 0) -> Transformer:
@@ -32,7 +32,7 @@ def layer_inputs(model: Transformer, rows: int = 3, length: int = 6) -> tuple[to
 
 def record_decode_shapes(monkeypatch) -> list[tuple[int, int]]:
     """Patch KVCache.start_decode to record each decode step's (batch, span); returns the list."""
-    from toolgym.agents.kv_cache import KVCache
+    from toolgym.agents.engine.kv_cache import KVCache
 
     shapes: list[tuple[int, int]] = []
     start_decode = KVCache.start_decode

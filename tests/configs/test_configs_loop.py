@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from toolgym.agents.checkpoint import load_hf_checkpoint
+from toolgym.agents.model.checkpoint import load_hf_checkpoint
 from toolgym.configs.cli import main
 from toolgym.configs.load import config_from_dict
 from toolgym.configs.metrics_log import read_metrics

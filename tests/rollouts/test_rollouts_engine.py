@@ -4,10 +4,10 @@ import pytest
 import torch
 from rollouts_fakes import TextPolicy
 
-from toolgym.agents.engine import TorchEngine
+from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.errors import ContextOverflowError
-from toolgym.agents.model import Transformer
-from toolgym.agents.model_config import NAMED_CONFIGS, ModelConfig
+from toolgym.agents.model.config import NAMED_CONFIGS, ModelConfig
+from toolgym.agents.model.transformer import Transformer
 from toolgym.rollouts.episodes import trajectory_to_episode
 from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
 from toolgym.rollouts.types import StopReason
@@ -74,7 +74,7 @@ def test_backend_context_overflow_error_is_mapped(renderer):
 
 
 def test_cli_with_a_checkpoint_directory(model, tokenizer, tmp_path, capsys):
-    from toolgym.agents.checkpoint import save_hf_checkpoint
+    from toolgym.agents.model.checkpoint import save_hf_checkpoint
     from toolgym.configs.cli import main
 
     tokenizer.save(str(tmp_path / "tok.json"))

@@ -11,8 +11,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from trainers_testlib import full_params, random_episodes
 
-from toolgym.agents.checkpoint import load_hf_checkpoint
-from toolgym.agents.model import build_model, causal_lm_logprobs
+from toolgym.agents.model.checkpoint import load_hf_checkpoint
+from toolgym.agents.model.transformer import build_model, causal_lm_logprobs
 from toolgym.trainers import checkpoint as checkpoint_module
 from toolgym.trainers.checkpoint import CheckpointManager, export_hf
 from toolgym.trainers.config import OptimizerConfig, TrainerConfig

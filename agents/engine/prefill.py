@@ -1,0 +1,136 @@
+"""The torch engine's prefill: prompts in, their k/v in cache slots, next-token logits out.
+
+Prompts are right-padded to one width and run as one batch; a prompt with n samples is one row
+whose k/v fill n slots. Prompts that start alike share work (`share_prefixes`):
+- a common prefix of the batch is computed once, as one row whose k/v fill every slot, and is
+  kept in the cache's prefix store;
+- a batch whose prompts all start with (part of) the kept prefix copies it from the store;
+then only each row's own tokens run, attending to the prefix and causally to themselves
+(agents/engine/kv_cache.py, agents/engine/prefix_attention.py). Whether sharing is worth it:
+agents/engine/prefix_attention.py. The kept prefix's k/v belong to the weights they were computed with:
+the engine calls `forget()` when it loads new ones.
+
+A prompt that continues a finished sample's conversation (its prompt, the tokens it sampled,
+then new ones: the next turn of an episode) goes through `continue_` instead: the sample's k/v,
+kept in the cache's history pool (agents/engine/history.py), are copied back and only the new tokens run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+from ..model.transformer import Transformer
+from .history import HistoryStore
+from .kv_cache import KVCache
+from .prefix_attention import reusable_prefix_length, shared_prefix_length
+
+Item = TypeVar("Item")
+
+
+def padded_chunks(
+    items: Iterable[Item], width: Callable[[Item], int], max_tokens: int, *, longest_first: bool = False
+) -> list[list[Item]]:
+    """`items` sorted by `width` (stably) and cut into chunks that are run together, each padded
+    to its widest item: a chunk grows while its rows x its widest <= max_tokens (an item wider
+    than that goes alone). Similar widths share a chunk, so little of it is padding. The engine
+    groups its prefills this way, the trainer its micro-batches (trainers/batching.py)."""
+    chunks: list[list[Item]] = []
+    chunk: list[Item] = []
+    widest = 0
+    for item in sorted(items, key=width, reverse=longest_first):
+        grown = max(widest, width(item))
+        if chunk and grown * (len(chunk) + 1) > max_tokens:
+            chunks.append(chunk)
+            chunk, grown = [], width(item)
+        chunk.append(item)
+        widest = grown
+    if chunk:
+        chunks.append(chunk)
+    return chunks
+
+
+def _right_padded(token_lists: Sequence[Sequence[int]]) -> np.ndarray:
+    """[len(token_lists), longest] int64 ids, zero-padded on the right (the padding is masked)."""
+    ids = np.zeros((len(token_lists), max(map(len, token_lists))), np.int64)
+    for i, tokens in enumerate(token_lists):
+        ids[i, : len(tokens)] = tokens
+    return ids
+
+
+class Prefiller:
+    """Runs the engine's prefills into `cache` (see the module doc); owns the kept prefix."""
+
+    def __init__(self, model: Transformer, cache: KVCache, *, share_prefixes: bool = True) -> None:
+        self.model, self.cache, self.share_prefixes = model, cache, share_prefixes
+        self.device = model.lm_head.weight.device
+        self.stored: list[int] = []  # the tokens whose k/v the cache's prefix store holds
+        self.history = HistoryStore(cache.history_capacity)
+
+    def forget(self) -> None:
+        """Drop the kept prefix and histories (their k/v came from weights being replaced)."""
+        self.stored = []
+        self.history.clear()
+
+    def park(self, slot: int, tokens: list[int]) -> None:
+        """Keep running `slot`'s k/v, which cover `tokens`, for a prompt that continues them."""
+        start = self.history.place(tokens)
+        if start is not None:
+            self.cache.park(slot, start, len(tokens))
+
+    def continue_(self, prompts: Sequence[list[int]], claims: Sequence[tuple[int, int]], first_slot: int):
+        """Prefill prompt i into slot first_slot + i, where claims[i] = (pool start, length)
+        from `self.history.claim(prompts[i])`: copy that history back and run only the rest.
+        Returns (logits [len(prompts), vocab], prompt tokens not recomputed)."""
+        lengths = [length for _, length in claims]
+        for i, (start, length) in enumerate(claims):
+            self.cache.unpark(start, first_slot + i, length)
+            self.history.release(start)
+        own = [len(p) - length for p, length in zip(prompts, lengths, strict=True)]
+        ids = _right_padded([prompt[length:] for prompt, length in zip(prompts, lengths, strict=True)])
+        last = torch.tensor([n - 1 for n in own], device=self.device)
+        rope = self.cache.start_continue(first_slot, lengths, own)
+        hidden = self.model.model(
+            torch.from_numpy(ids).to(self.device), cache=self.cache, rope=rope, keep=last
+        )
+        return self.model.lm_head(hidden), sum(lengths)
+
+    def __call__(self, prompts: Sequence[list[int]], counts: Sequence[int], first_slot: int) -> tuple:
+        """Prefill `prompts` into slots first_slot.. (prompt i fills counts[i] consecutive slots).
+        Returns (logits [sum(counts), vocab] of each slot's first token, prompt tokens not
+        recomputed thanks to a shared or kept prefix)."""
+        lengths = [len(p) for p in prompts]
+        width, rows, slots = max(lengths), len(prompts), sum(counts)
+        ids = _right_padded(prompts)
+        source_rows = None
+        if any(c != 1 for c in counts):
+            source_rows = torch.repeat_interleave(torch.arange(rows), torch.tensor(counts)).to(self.device)
+        prefix = shared_prefix_length(prompts) if self.share_prefixes else 0
+        stored = reusable_prefix_length(self.stored, prompts)
+        saved = 0
+        if prefix > stored:  # computed once, as one row whose k/v fill every slot, then kept
+            every_slot = torch.zeros(slots, dtype=torch.long, device=self.device)
+            # Only its k/v are wanted: the last layer's query and MLP run at one position.
+            keep = torch.tensor([prefix - 1], device=self.device)
+            rope = self.cache.start_prefill(prefix, first_slot, every_slot, keep=keep)
+            self.model.model(
+                torch.from_numpy(ids[:1, :prefix]).to(self.device), cache=self.cache, rope=rope, keep=keep
+            )
+            self.cache.store_prefix(first_slot, prefix)
+            self.stored, saved = list(prompts[0][:prefix]), (rows - 1) * prefix
+        elif stored:  # what an earlier prefill computed (a system prompt, a conversation so far)
+            self.cache.load_prefix(first_slot, slots, stored)
+            prefix, saved = stored, rows * stored
+        last = torch.tensor([n - 1 - prefix for n in lengths], device=self.device)
+        rope = self.cache.start_prefill(width - prefix, first_slot, source_rows, prefix_len=prefix, keep=last)
+        hidden = self.model.model(
+            torch.from_numpy(ids[:, prefix:]).to(self.device), cache=self.cache, rope=rope, keep=last
+        )  # [rows, hidden]: each row's last prompt position
+        logits = self.model.lm_head(hidden)
+        return (logits if source_rows is None else logits[source_rows]), saved
+
+
+__all__ = ["Prefiller", "padded_chunks"]

@@ -1,0 +1,311 @@
+"""A Qwen2 / Qwen3 decoder in plain torch, read top to bottom (gpt-fast style).
+
+Both families: GQA attention with RoPE, RMSNorm (pre-norm), SwiGLU MLP, tied or untied
+embeddings. Qwen2 has a bias on q/k/v; Qwen3 has no bias (unless `attention_bias`) and an
+RMSNorm over each head of q and k before RoPE.
+
+The shape is a `ModelConfig` (agents/model/config.py, with the named shapes).
+
+Module names and `state_dict()` keys are exactly Hugging Face's (`model.embed_tokens.weight`,
+`model.layers.{i}.self_attn.q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`), so HF
+checkpoints load without renaming and trained weights export directly. With tied embeddings
+`lm_head.weight` IS `model.embed_tokens.weight` (one Parameter).
+
+Two ways in:
+- training: `model(input_ids [B, T]) -> logits [B, T, V]`, causal (right padding is harmless).
+  Every decoder block is called as a module, so `fully_shard` on each `model.model.layers[i]` and
+  on the root works (FSDP2).
+- inference: `model.model(input_ids, positions, cache=..., rope=...)` returns hidden states; the
+  cache object (agents/engine/kv_cache.py) stores k/v and does the attention (`cache.attend`). A prefill
+  passes `keep=` (each row's last prompt position): only those hidden states feed the sampler, so
+  the last layer computes its query, attention and MLP there alone.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import scaled_dot_product_attention
+from .config import ModelConfig
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's Qwen2RMSNorm: normalise in float32, cast back, then scale (same rounding as HF)."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+class RMSNorm(nn.Module):
+    """`rms_norm` with its weight as a Parameter."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.variance_epsilon)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos and sign-folded sin for `positions` (any shape) -> each [*positions.shape, head_dim].
+
+    HF rotates with rotate_half(x) = cat(-x2, x1); we use roll(x, D/2) * sign instead, and fold
+    the sign into sin, so `apply_rope` is 4 ops and bit-identical to HF's.
+    """
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
+    inv_freq = 1.0 / (theta**exponent)
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    sin = emb.sin()
+    sin = torch.cat((-sin[..., : head_dim // 2], sin[..., head_dim // 2 :]), dim=-1)
+    return emb.cos().to(dtype), sin.to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, heads, D]; cos/sin [B or 1, T, 1, D] (sin already carries rotate_half's sign)."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
+
+
+def cast_once_for_autocast(x: torch.Tensor) -> torch.Tensor:
+    """x cast to the autocast dtype when autocast is on (else x): for an activation that several
+    linears read (q/k/v, gate/up), so it is cast once instead of once per linear. In the
+    vs_trl.py training step that is 12 fewer float32 -> bf16 copies of [2414, 256] per forward,
+    and fewer float32 conversions and sums of its gradient in backward: its three (or two)
+    gradients are summed in bf16, as with bf16 parameters (FSDP2's mixed precision)."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and x.dtype != torch.get_autocast_dtype(device):
+        return x.to(torch.get_autocast_dtype(device))
+    return x
+
+
+class AttentionCache(Protocol):
+    """What an inference cache provides (agents/engine/kv_cache.py): store k/v for `layer`, attend."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q [B, H, T, D], k/v [B, Hkv, T, D] (new tokens, RoPE applied) -> [B, H, T, D]."""
+        ...
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.head_dim = cfg.head_dim
+        self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        q_dim, kv_dim = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, q_dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_bias)
+        if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None, keep: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        k = self.k_proj(x).view(B, T, -1, self.head_dim)
+        v = self.v_proj(x).view(B, T, -1, self.head_dim)
+        q_cos, q_sin = cos, sin
+        if keep is None:
+            q = self.q_proj(x).view(B, T, -1, self.head_dim)
+        else:  # only the query at position keep[b] of each row (every position still gives k/v)
+            rows = torch.arange(B, device=x.device)
+            q = self.q_proj(x[rows, keep]).view(B, 1, -1, self.head_dim)
+            q_cos = cos.expand(B, -1, -1, -1)[rows, keep][:, None]
+            q_sin = sin.expand(B, -1, -1, -1)[rows, keep][:, None]
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if cache is None:
+            out = scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = cache.attend(self.layer_idx, q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(B, q.shape[2], -1))
+
+
+def attend_rows(q, k, v, x, layer_idx: int, cache: AttentionCache | None, keep: torch.Tensor | None):
+    """The attention of a layer that computes q/k/v [B, T, heads, D] (RoPE applied) its own way
+    (agents/kernels/packed_linear.py, agents/kernels/fused_layer.py): with `keep`, only position keep[b] of each
+    row's query and residual `x` go on (k/v: every position). -> (attended [B, T or 1, heads*D], x)."""
+    B = q.shape[0]
+    if keep is not None:
+        rows = torch.arange(B, device=q.device)
+        q, x = q[rows, keep][:, None], x[rows, keep][:, None]
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if cache is None:
+        attended = scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        attended = cache.attend(layer_idx, q, k, v)
+    return attended.transpose(1, 2).reshape(B, q.shape[2], -1), x
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)). The FSDP2 wrap unit."""
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_idx)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None, keep: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """keep [B] (with a cache): compute only position keep[b] of each row -> [B, 1, hidden]."""
+        attended = self.self_attn(cast_once_for_autocast(self.input_layernorm(x)), cos, sin, cache, keep)
+        if keep is not None:
+            x = x[torch.arange(x.shape[0], device=x.device), keep][:, None]
+        x = x + attended
+        return x + self.mlp(cast_once_for_autocast(self.post_attention_layernorm(x)))
+
+
+class DecoderStack(nn.Module):
+    """HF's `Qwen2Model`: embeddings, the decoder layers, the final norm (the `model.` prefix)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: AttentionCache | None = None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        keep: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids [B, T] -> hidden [B, T, hidden]. positions [B, T] or [T] (default arange(T));
+        `rope` (cos, sin) [B or 1, T, 1, D] may be passed precomputed instead of positions.
+        keep [B] (a prefill, with a cache): only the hidden state at position keep[b] of each row
+        is wanted -> [B, hidden]; the last layer then computes its query, attention output and MLP
+        at that position alone (its k/v, which the cache keeps, at every position)."""
+        x = self.embed_tokens(input_ids)
+        if rope is None:
+            if positions is None:
+                positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+            if cos.dim() == 2:  # [T, D] -> [1, T, 1, D]
+                cos, sin = cos[None], sin[None]
+            cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+        else:
+            cos, sin = rope
+        if keep is not None and cache is None:
+            raise ValueError("keep= needs a cache (the cache masks the kept queries' attention)")
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache, keep if i == last else None)
+        return self.norm(x if keep is None else x[:, 0])
+
+
+class Transformer(nn.Module):
+    """HF's `Qwen2ForCausalLM` / `Qwen3ForCausalLM`: `model` (DecoderStack) + `lm_head`."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderStack(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.reset_parameters()
+
+    def tie_weights(self) -> None:
+        """With tied embeddings, make lm_head.weight the same Parameter as embed_tokens.weight."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @torch.no_grad()
+    def reset_parameters(self, std: float = 0.02, generator: torch.Generator | None = None) -> None:
+        """HF's init: weights ~ N(0, std), biases 0, norms 1 (no-op on the meta device)."""
+        for name, p in self.named_parameters():
+            if p.is_meta:
+                continue
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
+            else:
+                p.normal_(0.0, std, generator=generator)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: AttentionCache | None = None,
+    ) -> torch.Tensor:
+        """Training / scoring: input_ids [B, T] -> logits [B, T, V] (causal, or as `cache` attends)."""
+        return self.lm_head(self.model(input_ids, positions, cache))
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+
+def build_model(
+    config: ModelConfig | str,
+    *,
+    seed: int | None = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> Transformer:
+    """A randomly initialised model (HF's init, drawn on CPU: the same seed gives the same weights
+    on every device)."""
+    cfg = ModelConfig.named(config) if isinstance(config, str) else config
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.to_empty(device="cpu")
+    model.tie_weights()  # to_empty gives the two tied names separate storage
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    model.reset_parameters(generator=generator)
+    return model.to(dtype=dtype, device=device)
+
+
+def causal_lm_logprobs(model: Transformer, tokens: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Teacher-forced log p(tokens[:, t+1] | tokens[:, :t+1]) under log_softmax(logits / T): [B, T-1]."""
+    logits = model(tokens)[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+
+
+__all__ = [
+    "DecoderLayer",
+    "Transformer",
+    "attend_rows",
+    "build_model",
+    "causal_lm_logprobs",
+    "rms_norm",
+    "rope_cos_sin",
+]

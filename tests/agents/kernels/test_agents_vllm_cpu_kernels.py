@@ -14,11 +14,11 @@ import torch.nn.functional as F
 from agents_testlib import make_model, record_decode_shapes, require_vllm_cpu_kernels
 
 import toolgym.agents.engine.backend as cache_kernels_module
-from toolgym.agents.kernels import vllm_ops as vllm_cpu_kernels
 from toolgym.agents.engine.backend import decode_kernel_for, default_kernels, default_key_layout
 from toolgym.agents.engine.decode import DecodeGraphs
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.engine.kv_cache import KVCache
+from toolgym.agents.kernels import vllm_ops as vllm_cpu_kernels
 from toolgym.agents.kernels.packed_linear import PackedDecoderLayer, packing_available
 from toolgym.agents.model.config import ModelConfig
 from toolgym.agents.model.transformer import apply_rope, build_model, causal_lm_logprobs

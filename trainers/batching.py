@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -63,7 +64,7 @@ class MicroBatch:
         return int(self.lengths.sum()) + self.prefix_len
 
     def to(self, device: torch.device | str) -> MicroBatch:
-        moved = {
+        moved: dict[str, Any] = {
             k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in vars(self).items()
         }
         return MicroBatch(**moved)

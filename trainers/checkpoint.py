@@ -23,7 +23,7 @@ import os
 import random
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -214,7 +214,7 @@ def full_state_dict(trainer: Trainer, cpu: bool = True) -> dict[str, torch.Tenso
     """The whole model's weights (unsharded, HF names). Collective; every rank gets it unless
     `cpu` is set, then only rank 0 (the others get {})."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=cpu)
-    return get_model_state_dict(trainer.model, options=options)
+    return cast(dict[str, torch.Tensor], get_model_state_dict(trainer.model, options=options))
 
 
 def export_hf(

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 import msgspec
 import torch
@@ -51,7 +51,7 @@ AGGREGATIONS: tuple[str, ...] = (
     "seq-mean-token-sum-norm",
 )
 # name -> (eps_low, eps_high, aggregation)
-LOSS_DEFAULTS: dict[str, tuple[float, float, str]] = {
+LOSS_DEFAULTS: dict[str, tuple[float, float, Aggregation]] = {
     "reinforce": (0.0, 0.0, "token-mean"),
     "grpo": (0.2, 0.2, "seq-mean-token-mean"),
     "dapo": (0.2, 0.28, "token-mean"),
@@ -222,7 +222,9 @@ def policy_loss(
     else:
         old_logp = sampler_logp
     clamp = config.log_ratio_clamp
-    eps_low, eps_high = config.eps_low, config.eps_high
+    # LossConfig.__post_init__ filled in every None from the loss's defaults.
+    eps_low, eps_high = cast(float, config.eps_low), cast(float, config.eps_high)
+    aggregation = cast(Aggregation, config.aggregation)
     num_tokens = mask.sum()
     metrics: dict[str, Tensor] = {}
 
@@ -269,12 +271,12 @@ def policy_loss(
         per_token = per_token + config.kl_coef * kl
         metrics["kl_ref"] = _masked_mean(kl.detach(), mask, num_tokens)
 
-    loss = aggregate(per_token, mask, config.aggregation, normaliser, config.constant_normaliser)
+    loss = aggregate(per_token, mask, aggregation, normaliser, config.constant_normaliser)
     if entropy is not None:
         ent = clean(entropy)
         if config.entropy_coef > 0:
             loss = loss - config.entropy_coef * aggregate(
-                ent, mask, config.aggregation, normaliser, config.constant_normaliser
+                ent, mask, aggregation, normaliser, config.constant_normaliser
             )
         metrics["entropy"] = _masked_mean(ent.detach(), mask, num_tokens)
 

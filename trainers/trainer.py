@@ -268,7 +268,7 @@ class Trainer:
     def _clip_grad_norm(self) -> float:
         """Clip to max_grad_norm; return the global norm before clipping (nan/inf if non-finite)."""
         params = [p for p in self.model.parameters() if p.grad is not None]
-        grads = [p.grad for p in params]
+        grads = [p.grad for p in params if p.grad is not None]
         if not grads:
             return 0.0
         total = torch.nn.utils.get_total_norm(grads, foreach=True)

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -370,7 +370,7 @@ def _decode_fn(tokenizer: Any, directory: Path) -> Callable[[list[int]], str] | 
     if callable(getattr(tokenizer, "decode", None)):
         return tokenizer.decode
     if callable(tokenizer):
-        return tokenizer
+        return cast(Callable[[list[int]], str], tokenizer)
     raise TypeError("tokenizer must have .decode(ids) or be a callable ids -> str")
 
 

@@ -15,7 +15,7 @@ old packed embedding: we re-run its processing here. On CUDA that processing is 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -34,7 +34,10 @@ class ToolgymWorkerExtension:
         the running model, in place. Returns the number of tensors loaded."""
         if (weights is None) == (weights_dir is None):
             raise ValueError("pass exactly one of weights and weights_dir")
-        tensors = list(weights) if weights is not None else list(read_safetensors(weights_dir))
+        if weights is not None:
+            tensors = list(weights)
+        else:
+            tensors = list(read_safetensors(cast(str, weights_dir)))
         worker: Any = self
         if hasattr(worker, "reload_weights"):
             worker.reload_weights(weights_iterator=tensors)

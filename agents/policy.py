@@ -20,7 +20,10 @@ class Policy(Protocol):
     the new policy version; later samples use the new weights and carry the new version.
     """
 
-    policy_version: int
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights new samples are drawn with (set by `load_weights`)."""
+        ...
 
     async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]: ...
 

@@ -17,7 +17,7 @@ stream) of the trained tokens by kind:
     final    the rest of the answer turn (the tag or "The answer is", whose choice is a coin flip)
 
 A copy that has formed shows as digit1 and digitN near 0; uniform guessing is ln 10 = 2.30.
-The README's CPU-demo section quotes these runs (bench/RESULTS.md has their output).
+docs/training.md ("What makes the tiny model learn to copy") quotes these runs (bench/RESULTS.md has their output).
 """
 
 from __future__ import annotations

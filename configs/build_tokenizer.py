@@ -8,8 +8,9 @@ A byte-level BPE in the Qwen2 style (NFC, Qwen's split regex so digits are singl
 alphabet) with the ChatML special tokens at fixed ids, `<|endoftext|>` 0, `<|im_start|>` 1,
 `<|im_end|>` 2, and at most `VOCAB_SIZE` tokens in all (the "tiny" model has 1024 embedding rows).
 It is trained offline on the text the runner shows the model: the envs' system prompts and
-questions, oracle actions, tool observations, error observations after malformed actions, and
-untagged answers, rendered as ChatML for every Zorplex tier and SumDigits over fixed seeds.
+questions, oracle actions, tool observations, error observations after the envs' own mistaken
+actions, and plainly stated answers, rendered as ChatML for the envs in `ENV_CONFIGS` over fixed
+seeds.
 
 The output is deterministic (fixed seeds, fixed order; the BPE trainer breaks frequency ties by the
 pair itself), so the script regenerates the committed file byte for byte, and a test checks that.
@@ -56,9 +57,6 @@ ENV_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("toolgym/SumDigits-v0", {"max_count": 8, "max_value": 999}),
 )
 SEEDS_PER_CONFIG = 200
-# Actions a policy gets wrong, so error observations are in the corpus too. Each malformed
-# episode puts one before every oracle action (three errors in a row end an episode).
-MALFORMED_ACTIONS = ("LOOKUP[", "FOO[x]", "", "LOOKUP[]", "[ANSWER]", "I am not sure.", "lookup apple")
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int = VOCAB_SIZE, min_frequency: int = 2) -> Tokenizer:
@@ -106,7 +104,9 @@ def chatml_text_pieces(messages: Sequence[tuple[str, str]]) -> Iterator[str]:
 
 def env_conversations(seeds_per_config: int = SEEDS_PER_CONFIG) -> Iterator[list[tuple[str, str]]]:
     """Conversations as the runner shows them to the model, from the envs' public API only:
-    oracle episodes (tagged and untagged final answers) and episodes with malformed actions."""
+    oracle episodes (answers in the env's format and stated plainly) and episodes with the env's
+    `mistaken_actions()` before every oracle action (so its error observations are in the corpus;
+    three errors in a row end an episode)."""
     import gymnasium
 
     from .. import envs  # noqa: F401  (registers the toolgym/ envs)
@@ -129,7 +129,7 @@ def _oracle_episode(env: Any, seed: int, untagged: bool) -> list[tuple[str, str]
     messages = [("system", info["system_prompt"]), ("user", obs)]
     actions = list(env.unwrapped.oracle_actions())
     if untagged:
-        actions[-1] = f"The answer is {info['answer']}."
+        actions[-1] = env.unwrapped.answer_action(info["answer"], tagged=False)
     return _play(env, messages, actions)
 
 
@@ -137,7 +137,8 @@ def _malformed_episode(env: Any, seed: int) -> list[tuple[str, str]]:
     obs, info = env.reset(seed=seed)
     messages = [("system", info["system_prompt"]), ("user", obs)]
     oracle = list(env.unwrapped.oracle_actions())
-    actions = [a for i, good in enumerate(oracle) for a in (_nth_malformed(seed + i), good)]
+    mistakes = env.unwrapped.mistaken_actions()
+    actions = [a for i, good in enumerate(oracle) for a in (mistakes[(seed + i) % len(mistakes)], good)]
     return _play(env, messages, actions)
 
 
@@ -151,10 +152,6 @@ def _play(env: Any, messages: list[tuple[str, str]], actions: list[str]) -> list
             break
         messages.append(("tool", obs))
     return messages
-
-
-def _nth_malformed(n: int) -> str:
-    return MALFORMED_ACTIONS[n % len(MALFORMED_ACTIONS)]
 
 
 def corpus_texts(seeds_per_config: int = SEEDS_PER_CONFIG) -> Iterator[str]:
@@ -174,7 +171,7 @@ def build(out_dir: str | Path = ASSETS_DIR) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ASSETS_DIR, help="output directory")
     parser.add_argument(
         "--check", action="store_true", help="build into a temporary directory and compare with --out"

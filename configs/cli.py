@@ -53,7 +53,7 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
         "--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer.json (default: the shipped one)"
     )
     oracle = p.add_argument_group("oracle knobs (with --policy oracle)")
-    oracle.add_argument("--p-omit-tag", type=float, default=0.0, help="answer without the [ANSWER] tag")
+    oracle.add_argument("--p-omit-tag", type=float, default=0.0, help="state the answer without the env's answer format")
     oracle.add_argument(
         "--p-skip-lookup", type=float, default=0.0, help="guess without calling tools (wrong)"
     )

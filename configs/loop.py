@@ -139,7 +139,7 @@ class RLLoop:
         self.log.log("eval", self.step, metrics)
         for example in report.examples:
             self.log.print(example)
-        self.log.print(eval_line(label, metrics))
+        self.log.print(eval_line(label, metrics, self.config.logging.headline_metrics))
         if self.config.eval.record:
             path = self.run.eval_recording(self.step)
             # One file per eval, written afresh: the writer appends, and a resumed run that
@@ -206,12 +206,14 @@ class RLLoop:
                 if metrics.get("train/skipped"):
                     self.log.print(f"step {self.step}: non-finite loss or grad norm; update skipped")
                 if self.step % every_log == 0 or self.step == total:
-                    self.log.print(train_line(self.step, total, metrics))
+                    self.log.print(train_line(self.step, total, metrics, self.config.logging.headline_metrics))
                 bar.update(1)
+                headline = {
+                    name: f"{metrics.get(f'rollout/{name}', 0.0):.2f}"
+                    for name in self.config.logging.headline_metrics
+                }
                 bar.set_postfix(
-                    reward=f"{metrics.get('rollout/reward_mean', 0.0):.2f}",
-                    tag=f"{metrics.get('rollout/tag_rate', 0.0):.2f}",
-                    refresh=False,
+                    {"reward": f"{metrics.get('rollout/reward_mean', 0.0):.2f}", **headline}, refresh=False
                 )
                 if every_ckpt and self.step % every_ckpt == 0 and self.step != total:
                     self.save_checkpoint()

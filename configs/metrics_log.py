@@ -13,7 +13,7 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +121,7 @@ class MetricsLog:
             self._tensorboard = None
 
 
-def _fmt(value: float | None, spec: str) -> str:
+def format_metric(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
@@ -131,38 +131,46 @@ def _tokens(n: float | None) -> str:
     return f"{n / 1000:.1f}k" if n >= 1000 else f"{n:.0f}"
 
 
-def train_line(step: int, total: int, m: Mapping[str, float]) -> str:
-    """step, reward, accuracy, tag rate, loss, entropy, clip fractions, KL to the sampler, grad norm,
-    tokens, and the time split rollout/train/sync."""
+def display_name(metric: str) -> str:
+    """`tool_calls` -> `tool calls`: how the console lines name a metric."""
+    return metric.replace("_", " ")
+
+
+def _headline(m: Mapping[str, float], prefix: str, names: Sequence[str], spec: str) -> str:
+    return "".join(f" {display_name(n)} {format_metric(m.get(prefix + n), spec)}" for n in names)
+
+
+def train_line(step: int, total: int, m: Mapping[str, float], headline: Sequence[str] = ()) -> str:
+    """step, reward, the `headline` env metrics, loss, entropy, clip fractions, KL to the sampler,
+    grad norm, tokens, and the time split rollout/train/sync."""
     g = m.get
     skipped = "  SKIPPED (non-finite)" if g("train/skipped") else ""
     return (
         f"step {step:>{len(str(total))}}/{total}"
-        f"  reward {_fmt(g('rollout/reward_mean'), '.3f')} acc {_fmt(g('rollout/accuracy'), '.2f')}"
-        f" tag {_fmt(g('rollout/tag_rate'), '.2f')}"
-        f" | loss {_fmt(g('train/loss'), '+.4f')} ent {_fmt(g('train/entropy'), '.3f')}"
-        f" clip {_fmt(g('train/clip_frac_low'), '.3f')}/{_fmt(g('train/clip_frac_high'), '.3f')}"
-        f" kl {_fmt(g('train/sampler_kl_k3'), '.1e')} gnorm {_fmt(g('train/grad_norm'), '.2f')}"
-        f" | tok {_tokens(g('batch/tokens'))} groups {_fmt(g('batch/groups'), '.0f')}"
-        f" | rollout {_fmt(g('time/rollout_s'), '.1f')}s train {_fmt(g('time/train_s'), '.1f')}s"
-        f" sync {_fmt(g('time/sync_s'), '.2f')}s{skipped}"
+        f"  reward {format_metric(g('rollout/reward_mean'), '.3f')}{_headline(m, 'rollout/', headline, '.2f')}"
+        f" | loss {format_metric(g('train/loss'), '+.4f')} ent {format_metric(g('train/entropy'), '.3f')}"
+        f" clip {format_metric(g('train/clip_frac_low'), '.3f')}/{format_metric(g('train/clip_frac_high'), '.3f')}"
+        f" kl {format_metric(g('train/sampler_kl_k3'), '.1e')} gnorm {format_metric(g('train/grad_norm'), '.2f')}"
+        f" | tok {_tokens(g('batch/tokens'))} groups {format_metric(g('batch/groups'), '.0f')}"
+        f" | rollout {format_metric(g('time/rollout_s'), '.1f')}s train {format_metric(g('time/train_s'), '.1f')}s"
+        f" sync {format_metric(g('time/sync_s'), '.2f')}s{skipped}"
     )
 
 
-def eval_line(label: str, m: Mapping[str, float]) -> str:
+def eval_line(label: str, m: Mapping[str, float], headline: Sequence[str] = ()) -> str:
+    """The `headline` env metrics, reward, turns, episodes and time of one eval."""
     g = m.get
     return (
-        f"eval {label}: accuracy {_fmt(g('eval/accuracy'), '.3f')} tag rate {_fmt(g('eval/tag_rate'), '.3f')}"
-        f" reward {_fmt(g('eval/reward_mean'), '.3f')} turns {_fmt(g('eval/turns_mean'), '.2f')}"
-        f" tool calls {_fmt(g('eval/tool_calls_mean'), '.2f')}"
-        f" ({_fmt(g('eval/episodes'), '.0f')} episodes, {_fmt(g('eval/time_s'), '.1f')}s)"
+        f"eval {label}:{_headline(m, 'eval/', headline, '.3f')}"
+        f" reward {format_metric(g('eval/reward_mean'), '.3f')} turns {format_metric(g('eval/turns_mean'), '.2f')}"
+        f" ({format_metric(g('eval/episodes'), '.0f')} episodes, {format_metric(g('eval/time_s'), '.1f')}s)"
     )
 
 
 def sft_line(step: int, total: int, m: Mapping[str, float]) -> str:
     g = m.get
     return (
-        f"sft {step:>{len(str(total))}}/{total}  loss {_fmt(g('sft/loss'), '.4f')}"
-        f" token acc {_fmt(g('sft/token_accuracy'), '.3f')} gnorm {_fmt(g('sft/grad_norm'), '.2f')}"
-        f" lr {_fmt(g('sft/lr'), '.1e')} ({_fmt(g('sft/step_time_s'), '.2f')}s)"
+        f"sft {step:>{len(str(total))}}/{total}  loss {format_metric(g('sft/loss'), '.4f')}"
+        f" token acc {format_metric(g('sft/token_accuracy'), '.3f')} gnorm {format_metric(g('sft/grad_norm'), '.2f')}"
+        f" lr {format_metric(g('sft/lr'), '.1e')} ({format_metric(g('sft/step_time_s'), '.2f')}s)"
     )

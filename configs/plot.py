@@ -1,8 +1,9 @@
 """`toolgym plot RUN_DIR`: PNG curves from a run's metrics.jsonl (matplotlib, no display needed).
 
-One PNG per quantity over RL steps: reward, accuracy, tag rate (training batches as a line, the
-held-out evals as markers), entropy and KL to the sampler (the trainer's); `curves.png` puts them
-side by side, with the SFT loss when the run had an SFT phase.
+One PNG per quantity over RL steps: reward, then every metric the env reported (envs/info.py:
+`rollout/<name>` for training batches as a line, `eval/<name>` for the held-out evals as markers;
+a metric the run did not log gets no plot), entropy and KL to the sampler (the trainer's);
+`curves.png` puts them side by side, with the SFT loss when the run had an SFT phase.
 """
 
 from __future__ import annotations
@@ -14,17 +15,31 @@ from typing import Any
 
 from matplotlib.figure import Figure  # no pyplot: no global backend state, no display
 
-from .metrics_log import read_metrics
+from ..rollouts.metrics import env_metric_names
+from .metrics_log import display_name, read_metrics
 from .run_dir import METRICS_FILE
 
+Panel = tuple[str, str, str, str | None, tuple[str, ...]]
 # (file stem, title, train-record key, eval-record key or None, extra train keys)
-PANELS: tuple[tuple[str, str, str, str | None, tuple[str, ...]], ...] = (
-    ("reward", "reward", "rollout/reward_mean", "eval/reward_mean", ()),
-    ("accuracy", "accuracy", "rollout/accuracy", "eval/accuracy", ()),
-    ("tag_rate", "[ANSWER] tag rate", "rollout/tag_rate", "eval/tag_rate", ()),
+REWARD_PANEL: Panel = ("reward", "reward", "rollout/reward_mean", "eval/reward_mean", ())
+TRAINER_PANELS: tuple[Panel, ...] = (
     ("entropy", "entropy (sampled tokens)", "train/entropy", None, ()),
     ("kl", "KL (trainer vs sampler, k3)", "train/sampler_kl_k3", None, ("train/kl_ref",)),
 )
+_FIXED_STEMS = {"reward", "entropy", "kl", "curves"}
+
+
+def env_panels(train: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]) -> list[Panel]:
+    """One panel per env metric the records hold (`rollout/<name>` or `eval/<name>`), in the
+    order first logged."""
+    names: dict[str, None] = {}
+    for records, prefix in ((train, "rollout/"), (evals, "eval/")):
+        for record in records:
+            names.update(dict.fromkeys(env_metric_names(record, prefix)))
+    return [
+        (f"env_{n}" if n in _FIXED_STEMS else n, display_name(n), f"rollout/{n}", f"eval/{n}", ())
+        for n in names
+    ]
 
 
 def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
@@ -82,21 +97,22 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     if out.exists() and not out.is_dir():  # mkdir would say only "File exists"
         raise NotADirectoryError(errno.ENOTDIR, "not a directory (the plots go in a folder)", str(out))
     out.mkdir(parents=True, exist_ok=True)
+    panels = [REWARD_PANEL, *env_panels(train, evals), *TRAINER_PANELS]
     written = []
-    for stem, title, key, eval_key, extra in PANELS:
+    for stem, title, key, eval_key, extra in panels:
         fig = Figure(figsize=(6, 4), layout="constrained")
         _draw(fig.add_subplot(), title, train, evals, key, eval_key, extra)
         fig.savefig(out / f"{stem}.png", dpi=100)
         written.append(out / f"{stem}.png")
 
-    panels = len(PANELS) + bool(sft)
+    count = len(panels) + bool(sft)
     columns = 3
-    rows = -(-panels // columns)
+    rows = -(-count // columns)
     fig = Figure(figsize=(5 * columns, 3.6 * rows), layout="constrained")
-    for i, (_, title, key, eval_key, extra) in enumerate(PANELS):
+    for i, (_, title, key, eval_key, extra) in enumerate(panels):
         _draw(fig.add_subplot(rows, columns, i + 1), title, train, evals, key, eval_key, extra)
     if sft:
-        ax = fig.add_subplot(rows, columns, panels)
+        ax = fig.add_subplot(rows, columns, count)
         xs, ys = _series(sft, "sft/loss")
         ax.plot(xs, ys, linewidth=1.2)
         ax.set_title("SFT loss")

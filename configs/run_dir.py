@@ -9,7 +9,7 @@ runs/zorplex_tiny-20250101-120000/
     initial_model/           the initial weights as a HF directory (vLLM backend, named model)
     final_model/             the final policy (Hugging Face directory + tokenizer.json)
     trajectories/            eval_step_00000010.jsonl per eval, train_rank0.jsonl (optional)
-    plots/                   reward.png, accuracy.png, tag_rate.png, entropy.png, kl.png, curves.png
+    plots/                   reward.png, <metric>.png per env metric, entropy.png, kl.png, curves.png
     tensorboard/             (optional)
 """
 

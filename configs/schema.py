@@ -23,7 +23,8 @@ Sections (all optional; every key has a default):
                  only_successful, steps, batch_episodes, micro_batch_tokens, log_every,
                  [sft.oracle] (OracleConfig: p_omit_tag, ...), [sft.optimizer] (OptimizerConfig)
     [eval]       every_steps, at_start, at_end, num_tasks, greedy, samples_per_task, num_examples, record
-    [logging]    console, every_steps, progress_bar, jsonl, tensorboard, record_training
+    [logging]    console, headline_metrics, every_steps, progress_bar, jsonl, tensorboard,
+                 record_training
     [checkpoint] CheckpointConfig: directory (inside the run dir), every_steps, keep_last
     [parallel]   device (auto | cpu | cuda), threads (torch threads per process; 0 = cores / local ranks)
 
@@ -228,6 +229,9 @@ class EvalSection(msgspec.Struct, **_STRICT):
 
 class LoggingSection(msgspec.Struct, **_STRICT):
     console: bool = True  # a metrics line per `every_steps` steps
+    # Metrics the env reports (envs/info.py) shown on the console lines, the progress bar and the
+    # before/after summary, in this order; every metric is logged and plotted either way.
+    headline_metrics: list[str] = msgspec.field(default_factory=lambda: ["accuracy"])
     every_steps: int = 1
     progress_bar: bool = True
     jsonl: bool = True  # metrics.jsonl in the run dir

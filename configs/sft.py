@@ -3,7 +3,7 @@
 Demonstrations come from a `toolgym record` file, or are generated here by the env's oracle
 (`OraclePolicy` through the rollout runner, so they take the exact token path a model's episodes
 take) with its imperfection knobs, e.g. `p_omit_tag = 0.5`: half the demos state the answer
-without the `[ANSWER]` tag. Oracle task seeds come from their own training stream (2 * run.seed
+without the env's answer format. Oracle task seeds come from their own training stream (2 * run.seed
 + 1; RL uses 2 * run.seed), never from the held-out eval seeds.
 
 Efficiency: the demos are built once into Episodes; each optimizer step trains on
@@ -74,7 +74,7 @@ def demo_episodes(
     )
     if not episodes:
         raise ValueError(f"the SFT demonstrations from {source} give no trainable episodes")
-    metrics = {f"sft_data/{k}": v for k, v in summarize(trajectories).items() if isinstance(v, int | float)}
+    metrics = {f"sft_data/{k}": float(v) for k, v in summarize(trajectories).items() if isinstance(v, int | float)}
     metrics.update(stats.as_metrics("sft_data/episodes_"))
     return episodes, metrics, source
 

@@ -20,11 +20,13 @@ import json
 import math
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..agents.chat import ChatRenderer
 from ..agents.tokenizer import tokenizer_fingerprint
+from ..rollouts.metrics import env_metric_names
 from ..rollouts.recording import RecordingError, RecordingReader, RecordingWriter
 from ..rollouts.sampling import TaskSeedStream
 from ..trainers.checkpoint import CheckpointManager, export_hf
@@ -45,19 +47,14 @@ from .build import (
 )
 from .load import ConfigError, check_environment, config_to_toml, load_config
 from .loop import RLLoop
-from .metrics_log import MetricsLog, read_metrics, truncate_metrics
+from .metrics_log import MetricsLog, display_name, format_metric, read_metrics, truncate_metrics
 from .plot import plot_run
 from .run_dir import RunDir, create_run_dir, default_run_path
 from .schema import Config
 from .sft import demo_episodes, rl_stream, run_sft
 
-SUMMARY_KEYS = (
-    "eval/accuracy",
-    "eval/tag_rate",
-    "eval/reward_mean",
-    "eval/turns_mean",
-    "eval/tool_calls_mean",
-)
+# summary.json's before/after: these and every metric the env reported (envs/info.py).
+SUMMARY_KEYS = ("eval/reward_mean", "eval/turns_mean")
 
 
 def _prepare_run_dir(config: Config, resume: str | Path | None, is_main: bool) -> RunDir:
@@ -189,10 +186,12 @@ def _sft_phase(
         record_to.unlink()  # a redone SFT phase writes its demos afresh
     episodes, data_metrics, source = demo_episodes(config, renderer, max_seq_len, record_to)
     log.log("sft", 0, data_metrics)
-    log.print(
-        f"sft: {len(episodes)} demonstrations from {source}: tag rate "
-        f"{data_metrics.get('sft_data/tag_rate', 0):.2f}, accuracy {data_metrics.get('sft_data/accuracy', 0):.2f}"
+    headline = ", ".join(
+        f"{display_name(name)} {data_metrics[f'sft_data/{name}']:.2f}"
+        for name in config.logging.headline_metrics
+        if f"sft_data/{name}" in data_metrics
     )
+    log.print(f"sft: {len(episodes)} demonstrations from {source}" + (f": {headline}" if headline else ""))
     trainer = run_sft(config, initial_model(config), episodes, log, dist.device, progress and dist.is_main)
     export_hf(trainer, run.sft_model, tokenizer_file)
     if dist.is_main:
@@ -222,25 +221,22 @@ def _summary(run: RunDir, loop: RLLoop, sft: bool, started: float) -> dict[str, 
     if evals:
         first, last = evals[0], evals[-1]
         for name, record in (("before", first), ("after", last)):
-            summary[name] = {
-                "step": record["step"],
-                **{k.removeprefix("eval/"): record.get(k) for k in SUMMARY_KEYS},
-            }
+            keys = [*SUMMARY_KEYS, *(f"eval/{n}" for n in env_metric_names(record, "eval/"))]
+            summary[name] = {"step": record["step"], **{k.removeprefix("eval/"): record.get(k) for k in keys}}
         summary["before"]["label"] = "after SFT" if sft else "initial policy"
         summary["after"]["label"] = "after RL"
     return summary
 
 
-def _print_summary(log: MetricsLog, summary: dict[str, Any]) -> None:
+def _print_summary(log: MetricsLog, summary: dict[str, Any], headline: Sequence[str]) -> None:
+    """The before/after lines: the headline metrics (logging.headline_metrics) and the reward."""
     if "before" not in summary:
         return
     log.print("")
     for key in ("before", "after"):
         s = summary[key]
-        log.print(
-            f"{s['label']:>15} (step {s['step']:>4}): tag rate {s['tag_rate']:.3f}  accuracy {s['accuracy']:.3f}"
-            f"  reward {s['reward_mean']:.3f}"
-        )
+        metrics = "".join(f"{display_name(n)} {format_metric(s.get(n), '.3f')}  " for n in headline)
+        log.print(f"{s['label']:>15} (step {s['step']:>4}): {metrics}reward {format_metric(s.get('reward_mean'), '.3f')}")
 
 
 def train(config: Config, resume: str | Path | None = None, progress: bool = True) -> int:
@@ -329,7 +325,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         if dist.is_main:
             summary = _summary(run, loop, config.sft.enabled, started)
             run.write_json(run.summary, summary)
-            _print_summary(log, summary)
+            _print_summary(log, summary, config.logging.headline_metrics)
             if config.run.plot and config.logging.jsonl:
                 written = plot_run(run.root)
                 log.print(f"plots: {', '.join(str(p) for p in written)}")

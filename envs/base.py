@@ -42,6 +42,11 @@ unanswered episode scores the same whichever limit ends it. Envs without the met
 Gymnasium envs) are simply not settled. Not meant for infrastructure failures (an env error or
 a timeout): those episodes are not trained on.
 
+Metrics (info `metrics`, every step; the generic contract is envs/info.py): `accuracy` (1.0 once
+the graded answer is right, tagged or not), `tag_rate` (1.0 once the graded answer carried the
+`[ANSWER]` tag, right or wrong), `success` (both), `tool_calls` and `env_errors` (the counts so
+far). An unanswered episode keeps accuracy, tag_rate and success at 0.
+
 Final-step info adds `failure_mode` (success, wrong_format, wrong_answer, tool_spam, no_answer),
 `end_reason` and `error_counts`. end_reason is `answered` (an answer was graded), `max_turns`
 (turn or tool budget), `parse_error` (error streak with a malformed action in it) or
@@ -64,12 +69,15 @@ from .tools import (
     BAD_CALL,
     CALLS,
     EMPTY,
+    MISTAKEN_ACTIONS,
     NOTHING,
     UNTAGGED,
     Task,
     Tool,
     ToolError,
+    answer_action,
     clean_argument,
+    malformed_call,
     near_miss_pattern,
     parse_action,
 )
@@ -87,8 +95,11 @@ _ERROR_KINDS = {
 class TextEnv(gymnasium.Env[str, str]):
     """A Gymnasium env whose observations and actions are Unicode strings.
 
-    Subclasses provide `system_prompt`, `question`, `answer` (after `reset`) and
-    `oracle_actions()`. Randomness comes only from `self.np_random` (seeded by `reset(seed=...)`).
+    Subclasses provide `system_prompt`, `question`, `answer` (after `reset`) and the oracle:
+    `oracle_actions()`, `malformed_action()`, `answer_action()` and `mistaken_actions()`, which
+    the scripted policy (rollouts/scripted.py) and the tokenizer corpus (configs/build_tokenizer.py)
+    use so that they know no env's action grammar. Randomness comes only from `self.np_random`
+    (seeded by `reset(seed=...)`). The info keys the runner reads: envs/info.py.
     """
 
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (Gymnasium's class attribute)
@@ -110,8 +121,24 @@ class TextEnv(gymnasium.Env[str, str]):
         raise NotImplementedError
 
     def oracle_actions(self) -> list[str]:
-        """The ideal actions for the current task; the last is `[ANSWER] <answer>`."""
+        """The ideal actions for the current task; the last one states the final answer
+        (`answer_action(self.answer)`)."""
         raise NotImplementedError
+
+    def malformed_action(self, action: str) -> str | None:
+        """A fumbled version of one of the oracle's non-final actions, which the env answers with
+        an error observation (a recoverable mistake), or None when the action has none."""
+        return None
+
+    def answer_action(self, answer: int, tagged: bool = True) -> str:
+        """The action that states `answer` as the final answer; `tagged=False`: stated without the
+        env's answer format (graded for correctness, no format credit)."""
+        raise NotImplementedError
+
+    def mistaken_actions(self) -> tuple[str, ...]:
+        """Actions with one typical mistake each (malformed, empty, unknown tool, no answer), so
+        that corpora and tests can show the env's error observations."""
+        return ()
 
 
 def _check_count(name: str, value: Any, minimum: int) -> None:
@@ -203,6 +230,7 @@ class ToolEnv(TextEnv):
             BAD_ANSWER: "ERROR: [ANSWER] must be followed by an integer, like [ANSWER] 42.",
         }
         self._task: Task | None = None
+        self._graded: tuple[bool, bool] | None = None
         self._done = True
 
     # ---- what subclasses provide -------------------------------------------------------------
@@ -249,6 +277,18 @@ class ToolEnv(TextEnv):
     def oracle_actions(self) -> list[str]:
         return list(self._current_task().oracle_actions)
 
+    def malformed_action(self, action: str) -> str | None:
+        """The action's first tool call with parentheses for brackets (`LOOKUP[cat]` ->
+        `LOOKUP(cat)`: a malformed call), or None when it has no call."""
+        return malformed_call(action)
+
+    def answer_action(self, answer: int, tagged: bool = True) -> str:
+        """`[ANSWER] <answer>`, or untagged `The answer is <answer>.` (correct credit only)."""
+        return answer_action(answer, tagged)
+
+    def mistaken_actions(self) -> tuple[str, ...]:
+        return MISTAKEN_ACTIONS
+
     # ---- Gymnasium API -------------------------------------------------------------------------
 
     def reset(
@@ -270,6 +310,7 @@ class ToolEnv(TextEnv):
         self._error_counts: dict[str, int] = {}
         self._consecutive_errors = 0
         self._consecutive_no_call = 0
+        self._graded = None  # (right, tagged) once an answer is graded
         self._correct = 0.0
         self._format = 0.0
         self._tool_penalty = 0.0
@@ -419,6 +460,7 @@ class ToolEnv(TextEnv):
             self._correct += self.incorrect_reward
             reward += self.incorrect_reward
         self._done = True
+        self._graded = (correct, tagged)
         info = self._info([])
         info["failure_mode"] = ("success" if tagged else "wrong_format") if correct else "wrong_answer"
         info["end_reason"] = "answered"
@@ -429,6 +471,7 @@ class ToolEnv(TextEnv):
         return observation, reward, True, False, info
 
     def _info(self, step_errors: list[str]) -> dict[str, Any]:
+        right, tagged = self._graded or (False, False)
         return {
             "reward_components": {
                 "correct": self._correct,
@@ -441,4 +484,11 @@ class ToolEnv(TextEnv):
             "consecutive_errors": self._consecutive_errors,
             "turn": self._turn,
             "step_errors": step_errors,
+            "metrics": {
+                "accuracy": float(right),
+                "tag_rate": float(tagged),
+                "success": float(right and tagged),
+                "tool_calls": float(self._tool_calls),
+                "env_errors": float(self._errors),
+            },
         }

@@ -39,6 +39,10 @@ _IDENTIFIER_CHARS: Final = frozenset(string.ascii_letters + string.digits + "_")
 # int() on strings over 4300 digits), so longer digit strings are kept as "unrepresentable".
 MAX_ANSWER_DIGITS: Final = 18
 
+# One typical mistake each (malformed call, unknown tool, empty action, empty argument, malformed
+# answer, no call and no answer, a call without brackets): `ToolEnv.mistaken_actions()`.
+MISTAKEN_ACTIONS: Final = ("LOOKUP[", "FOO[x]", "", "LOOKUP[]", "[ANSWER]", "I am not sure.", "lookup apple")
+
 # Parse outcomes (ParsedAction.kind).
 ANSWER: Final = "answer"
 BAD_ANSWER: Final = "bad_answer"
@@ -109,10 +113,9 @@ class Task:
             # numpy ints sneak in from rng draws; they are not JSON-serialisable.
             object.__setattr__(self, "answer", int(self.answer))
         object.__setattr__(self, "oracle_actions", tuple(self.oracle_actions))
-        if not self.oracle_actions or self.oracle_actions[-1] != f"[ANSWER] {self.answer}":
-            raise ValueError(
-                f"Task.oracle_actions must end with '[ANSWER] {self.answer}', got {self.oracle_actions!r}"
-            )
+        final = answer_action(self.answer)
+        if not self.oracle_actions or self.oracle_actions[-1] != final:
+            raise ValueError(f"Task.oracle_actions must end with '{final}', got {self.oracle_actions!r}")
         if self.needed_tool_calls < 0:
             object.__setattr__(self, "needed_tool_calls", len(self.oracle_actions) - 1)
 
@@ -128,6 +131,18 @@ def _to_int(sign: str, digits: str) -> int | None:
     if len(digits) > MAX_ANSWER_DIGITS:
         return None
     return -int(digits) if sign else int(digits)
+
+
+def answer_action(answer: int, tagged: bool = True) -> str:
+    """The action that answers `answer`: `[ANSWER] 42`, or untagged `The answer is 42.`."""
+    return f"[ANSWER] {answer}" if tagged else f"The answer is {answer}."
+
+
+def malformed_call(action: str) -> str | None:
+    """`action`'s first tool call with parentheses for brackets (`LOOKUP[cat]` -> `LOOKUP(cat)`,
+    which the parser reads as a malformed call), or None when it has no call."""
+    broken = _CALL_RE.sub(r"\1(\2)", action, count=1)
+    return None if broken == action else broken
 
 
 def clean_argument(raw: str) -> str:

@@ -20,6 +20,7 @@ from ..agents.policy import Policy
 from ..agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from ..envs import list_envs
 from .evaluation import EvalConfig, evaluate_sync
+from .metrics import env_metric_names
 from .recording import RecordingHeader, RecordingReader, RecordingWriter
 from .replay import format_transcript, replay_problems, rich_transcript, summarize
 from .runner import RolloutConfig, RolloutRunner
@@ -181,15 +182,7 @@ def eval_command(
 
 def _print_summary(console: Console, metrics: dict[str, float], title: str) -> None:
     table = Table("metric", "value", title=title)
-    for key in (
-        "episodes",
-        "reward_mean",
-        "accuracy",
-        "tag_rate",
-        "turns_mean",
-        "tool_calls_mean",
-        "tokens_generated",
-    ):
+    for key in ("episodes", "reward_mean", *env_metric_names(metrics, ""), "turns_mean", "tokens_generated"):
         if key in metrics:
             table.add_row(key, f"{metrics[key]:.4g}")
     for key, value in metrics.items():

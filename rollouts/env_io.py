@@ -2,8 +2,9 @@
 
 The runner and replay (`toolgym replay --verify`) call an env only through these, so both see the
 same thing: an env output the runner cannot use (text that is not an encodable str, a reward that
-is not a finite number, an info that is not a dict, reward_components that are not name ->
-finite number, end flags that are not bools) raises EnvOutputError naming it, and ends only that
+is not a finite number, an info that is not a dict, reward_components or metrics that are not
+name -> finite number (envs/info.py), end flags that are not bools) raises EnvOutputError naming
+it, and ends only that
 episode (ENV_ERROR). NaN or inf rewards matter most: one would make its whole group's advantages
 NaN.
 
@@ -28,6 +29,8 @@ import gymnasium
 import msgspec
 import numpy as np
 
+from ..envs.info import METRICS
+from .metrics import metric_name_problem
 from .types import StopReason, Transition
 
 # The runner's own limits: when one ends an episode the env has not ended, the env settles it.
@@ -92,6 +95,16 @@ def _check_info(what: str, info: Any) -> dict[str, Any]:
         info["reward_components"] = {
             name: _check_number(f"info['reward_components'][{name!r}]", v) for name, v in components.items()
         }
+    if METRICS in info:
+        reported = info[METRICS]
+        if not isinstance(reported, Mapping):
+            raise EnvOutputError(f"info['metrics'] must map names to numbers, got {reported!r:.80}")
+        for name in reported:
+            if (problem := metric_name_problem(name)) is not None:
+                raise EnvOutputError(f"info['metrics']: {problem}")
+        info[METRICS] = {
+            name: _check_number(f"info['metrics'][{name!r}]", v) for name, v in reported.items()
+        }
     try:  # exactly what a recording of it reads back
         return msgspec.json.decode(_INFO_ENCODER.encode(info))
     except (TypeError, ValueError, RecursionError) as exc:  # e.g. an info that holds itself
@@ -125,7 +138,7 @@ def step_env(env: gymnasium.Env, action: str) -> tuple[str, float, bool, bool, d
 def abandon_env(env: gymnasium.Env) -> tuple[float, dict[str, Any]] | None:
     """The env's optional `abandon()` (see the module doc), its outputs checked; None when the env
     has no such method. Raises what it raises, or EnvOutputError naming the unusable output."""
-    abandon = getattr(env.unwrapped, "abandon", None)
+    abandon: Any = getattr(env.unwrapped, "abandon", None)
     if not callable(abandon):
         return None
     reward, info = abandon()

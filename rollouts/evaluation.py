@@ -1,9 +1,9 @@
 """Evaluation on the fixed held-out task seeds (`sampling.eval_seeds`: [0, n), never used for
 training, whose seeds start at 2**31). Greedy by default, one sample per task.
 
-Reports accuracy (right answer, tagged or not), tag rate, reward, average turns and tool calls,
-the failure-mode and stop-reason breakdowns (all under `eval/`), and a few example transcripts,
-one per distinct failure mode first so that the examples show different behaviours. Usable from
+Reports the batch metrics under `eval/` (rollouts/metrics.py: reward, turns, every metric the env
+reports, e.g. `eval/accuracy`, the failure-mode and stop-reason breakdowns) and a few example
+transcripts, one per distinct failure mode first so that the examples show different behaviours. Usable from
 a training loop every N steps (`evaluate` is async; `evaluate_sync` starts its own loop).
 """
 

@@ -1,37 +1,95 @@
-"""Per-episode and per-batch rollout metrics (plain dicts of floats, for the console and JSONL).
+"""Per-episode and per-batch rollout metrics (plain dicts, for the console and JSONL).
 
-Definitions (from the env's final info; see envs/):
-- correct: the graded answer was right, tagged or not (reward component "correct" > 0).
-- tagged: the final answer carried the `[ANSWER]` tag (reward component "format" > 0).
-- tool_calls / env_errors / failure_mode: from the LAST transition whose info reports each. The
-  last transition's info may lack them: a turn cut by a token limit was never given to the env
-  (info {}, unless the env settled the episode through `abandon()`, whose info has them), and a
-  step the env raised on has only {"error": ...}; the earlier turns' counts still hold.
+The runner measures each episode itself (turns, tokens, time) and takes the env's own metrics
+from its infos (the contract is envs/info.py): per name, the last value reported in the
+episode's transitions, kept in `Trajectory.metrics["env"]`. A transition's info may lack them: a
+turn cut by a token limit was never given to the env (info {}, unless the env settled the
+episode through `abandon()`, whose info has them), and a step the env raised on has only
+{"error": ...}; the earlier turns' values still hold. `failure_mode` (an optional label from the
+env) is taken the same way. Nothing here knows any particular env.
+
+Batch metrics (`batch_metrics`, under a prefix: `rollout/`, `eval/`): the runner's own
+(`RUNNER_METRICS` and the `failure_mode/`, `stop_reason/`, `errors/` breakdowns) and, for every
+name any episode's env reported, its mean over the batch's episodes (0 for an episode that
+reported none).
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from ..envs.info import FAILURE_MODE, METRICS
 from .types import StopReason, Trajectory
 
+# The names batch_metrics writes itself; an env's metric may not take one of them.
+RUNNER_METRICS = frozenset(
+    {
+        "episodes",
+        "reward_mean",
+        "turns_mean",
+        "tokens_generated",
+        "tokens_per_episode",
+        "errors",
+        "time_s",
+        "episodes_per_s",
+        "tokens_per_s",
+        "policy_version",  # the training loop's eval/policy_version
+    }
+)
+# Breakdown prefixes: `failure_mode/<label>`, `stop_reason/<reason>`, `errors/<kind>`.
+_BREAKDOWNS = ("failure_mode/", "stop_reason/", "errors/")
 
-def is_correct(components: Mapping[str, float]) -> bool:
-    return float(components.get("correct", 0.0)) > 0.0
+
+def metric_name_problem(name: Any) -> str | None:
+    """Why `name` cannot be an env metric's name (None when it can)."""
+    if not isinstance(name, str) or not name or "/" in name:
+        return f"env metric names are non-empty strings without '/', got {name!r}"
+    if name in RUNNER_METRICS:
+        return f"env metric name {name!r} is one the runner reports itself ({', '.join(sorted(RUNNER_METRICS))})"
+    return None
 
 
-def is_tagged(components: Mapping[str, float]) -> bool:
-    return float(components.get("format", 0.0)) > 0.0
+def env_metric_names(metrics: Mapping[str, Any], prefix: str) -> list[str]:
+    """The env-reported names among batch metrics under `prefix` (`rollout/accuracy` ->
+    `accuracy`), in their order: what is left after the runner's own names and breakdowns."""
+    names = []
+    for key in metrics:
+        if key.startswith(prefix):
+            name = key.removeprefix(prefix)
+            if "/" not in name and name not in RUNNER_METRICS:
+                names.append(name)
+    return names
 
 
-def _last_reported(trajectory: Trajectory, key: str, kind: type | tuple[type, ...]) -> Any:
-    """The value of info[key] in the last transition that reports one of `kind` (else None)."""
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, numbers.Real) and math.isfinite(float(value)):
+        return float(value)
+    return None
+
+
+def _last_env_metrics(trajectory: Trajectory) -> dict[str, float]:
+    """Per name, the last usable value among the transitions' info["metrics"]."""
+    found: dict[str, float] = {}
+    for transition in trajectory.transitions:
+        reported = transition.info.get(METRICS)
+        if isinstance(reported, Mapping):
+            for name, value in reported.items():
+                number = _number(value)
+                if number is not None and metric_name_problem(name) is None:
+                    found[name] = number
+    return found
+
+
+def _last_label(trajectory: Trajectory, key: str) -> str | None:
     for transition in reversed(trajectory.transitions):
         value = transition.info.get(key)
-        if isinstance(value, kind) and not isinstance(value, bool):
+        if isinstance(value, str):
             return value
     return None
 
@@ -39,15 +97,11 @@ def _last_reported(trajectory: Trajectory, key: str, kind: type | tuple[type, ..
 def episode_metrics(
     trajectory: Trajectory, wall_s: float, generate_s: float, env_s: float = 0.0
 ) -> dict[str, Any]:
-    """What goes into Trajectory.metrics (JSON-serialisable)."""
+    """What goes into Trajectory.metrics (JSON-serialisable): the runner's measurements,
+    `failure_mode` and the env's metrics under "env"."""
     return {
         "turns": len(trajectory.transitions),
-        "tool_calls": int(_last_reported(trajectory, "tool_calls", numbers.Integral) or 0),
-        # malformed/unknown calls the env saw (not env_error episodes: see `errors` in batch_metrics)
-        "env_errors": int(_last_reported(trajectory, "errors", numbers.Integral) or 0),
-        "failure_mode": _last_reported(trajectory, "failure_mode", str),
-        "correct": is_correct(trajectory.reward_components),
-        "tagged": is_tagged(trajectory.reward_components),
+        "failure_mode": _last_label(trajectory, FAILURE_MODE),
         "sampled_tokens": sum(len(t.action.tokens) for t in trajectory.transitions),
         "context_tokens": sum(
             len(t.observation_tokens) + len(t.action.tokens) for t in trajectory.transitions
@@ -55,6 +109,7 @@ def episode_metrics(
         "wall_s": wall_s,
         "generate_s": generate_s,  # awaiting the policy (includes waiting for other episodes' batches)
         "env_s": env_s,  # env reset/step + chat rendering (the runner's own work)
+        "env": _last_env_metrics(trajectory),
     }
 
 
@@ -72,11 +127,10 @@ def batch_metrics(
         return {prefix + k: v for k, v in m.items()}
     metrics = [t.metrics for t in trajectories]
     m["reward_mean"] = _mean([t.total_reward for t in trajectories])
-    m["accuracy"] = _mean([float(x.get("correct", False)) for x in metrics])
-    m["tag_rate"] = _mean([float(x.get("tagged", False)) for x in metrics])
+    env_metrics: list[Mapping[str, Any]] = [x["env"] if isinstance(x.get("env"), Mapping) else {} for x in metrics]
+    for name in _names_in_order(env_metrics):
+        m[name] = sum(_number(x.get(name)) or 0.0 for x in env_metrics) / n
     m["turns_mean"] = _mean([float(x.get("turns", 0)) for x in metrics])
-    m["tool_calls_mean"] = _mean([float(x.get("tool_calls", 0)) for x in metrics])
-    m["env_errors_mean"] = _mean([float(x.get("env_errors", 0)) for x in metrics])
     tokens = sum(int(x.get("sampled_tokens", 0)) for x in metrics)
     m["tokens_generated"] = float(tokens)
     m["tokens_per_episode"] = tokens / n
@@ -93,6 +147,16 @@ def batch_metrics(
         m["episodes_per_s"] = n / elapsed_s if elapsed_s > 0 else 0.0
         m["tokens_per_s"] = tokens / elapsed_s if elapsed_s > 0 else 0.0
     return {prefix + k: v for k, v in m.items()}
+
+
+def _names_in_order(dicts: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Every usable env metric name, in the order first seen."""
+    names: dict[str, None] = {}
+    for d in dicts:
+        for name in d:
+            if metric_name_problem(name) is None:
+                names.setdefault(name, None)
+    return list(names)
 
 
 def _error_kind(trajectory: Trajectory) -> str:

@@ -3,8 +3,8 @@
 Transcripts show the exact token stream the model saw, decoded turn by turn: the prompt and env
 spans as they are, and the spans the policy SAMPLED (the loss-masked, trained tokens) marked:
 in colour on a terminal (rich), and between `⟦` and `⟧` in plain text. A line after each turn
-gives the step's reward and the env's counters; the header gives the stop reason, reward and its
-components.
+gives the step's reward and the env's metrics so far; the header gives the stop reason, reward
+and its components, and the episode's env metrics.
 
 Verification re-runs each episode's actions in a fresh env made from the recorded id and
 kwargs, reset with the recorded task seed, and reports every observation, reward or end flag
@@ -28,6 +28,8 @@ from rich.text import Text
 
 from .. import envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
 from ..agents.chat import ChatRenderer, Message
+from ..agents.types import Role
+from ..envs.info import METRICS, SUCCESS_METRIC
 from .advantages import AdvantageConfig, batch_advantages
 from .env_io import abandon_env, env_stop_reason, reset_env, settles, step_env
 from .episodes import INFRA_STOP_REASONS, EpisodeStats, OverlongEpisodeRule, build_episodes, sampled_length
@@ -46,8 +48,8 @@ def transcript_segments(trajectory: Trajectory, renderer: ChatRenderer) -> list[
         f"=== {t.env_id} {t.env_kwargs}  task seed {t.task_seed}  group {t.group_id}"
         f"  sample {t.sample_index}  policy v{t.policy_version}\n"
         f"stop: {t.stop_reason.value}  reward {t.total_reward:+.3f} ({components or 'no components'})"
-        f"  turns {len(t.transitions)}  tool calls {t.metrics.get('tool_calls', '?')}"
-        f"  failure mode: {t.metrics.get('failure_mode')}\n"
+        f"  turns {len(t.transitions)}  failure mode: {t.metrics.get('failure_mode')}"
+        f"  metrics: {_format_metrics(t.metrics.get('env'))}\n"
     )
     if t.error:
         header += f"error: {t.error}\n"
@@ -61,11 +63,21 @@ def transcript_segments(trajectory: Trajectory, renderer: ChatRenderer) -> list[
         elif not _was_stepped(t, i):
             note = f"not given to the env (finish: {transition.action.finish_reason})"
         else:
-            note = f"reward {transition.reward:+.3f}  tool calls {info.get('tool_calls', '?')}  errors {info.get('errors', '?')}"
+            note = f"reward {transition.reward:+.3f}  {_format_metrics(info.get(METRICS))}"
         pieces.append((f"\n    [turn {i}: {note}]\n", "note"))
     if t.final_observation:
         pieces.append((f"    [env's last reply, not shown to the model: {t.final_observation!r}]\n", "note"))
     return pieces
+
+
+def _format_metrics(metrics: object) -> str:
+    """An env's metrics as `name 1, other 2` (`-` when it reported none)."""
+    if not isinstance(metrics, dict) or not metrics:
+        return "-"
+    return ", ".join(
+        f"{name} {value:g}" if isinstance(value, int | float) else f"{name} {value!r}"
+        for name, value in metrics.items()
+    )
 
 
 def format_transcript(trajectory: Trajectory, renderer: ChatRenderer) -> str:
@@ -85,7 +97,8 @@ def rich_transcript(trajectory: Trajectory, renderer: ChatRenderer) -> Text:
 
 
 def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Reward mean, accuracy, tag rate, turns, tool calls, stop reasons, failure modes."""
+    """`batch_metrics` without the prefix: reward mean, the env's metrics, turns, stop reasons,
+    failure modes."""
     return {k.removeprefix("rollout/"): v for k, v in batch_metrics(trajectories).items()}
 
 
@@ -246,7 +259,7 @@ def verify_tokens(trajectory: Trajectory, renderer: ChatRenderer) -> list[str]:
         prompt = renderer.render_prompt([*messages, Message("user", t.transitions[0].observation)])
         if t.transitions[0].observation_tokens != prompt:
             problems.append("turn 0: observation tokens are not the rendered prompt")
-        roles = ["tool", "user"]  # the roles that still explain every turn so far
+        roles: list[Role] = ["tool", "user"]  # the roles that still explain every turn so far
         for i in range(1, len(t.transitions)):
             tokens, observation = t.transitions[i].observation_tokens, t.transitions[i].observation
             previous = t.transitions[i - 1].action.tokens
@@ -284,6 +297,12 @@ def verify_trajectories(
 # ---- Episodes from a recording -----------------------------------------------------------------
 
 
+def _succeeded(trajectory: Trajectory) -> bool:
+    env_metrics = trajectory.metrics.get("env")
+    value = env_metrics.get(SUCCESS_METRIC) if isinstance(env_metrics, dict) else None
+    return isinstance(value, int | float) and value > 0
+
+
 class OfflineMode(enum.StrEnum):
     SFT = "sft"  # advantage 1.0 on every sampled token: the policy-gradient loss becomes NLL
     PG = "pg"  # group advantages from the recorded rewards (offline policy gradient)
@@ -300,11 +319,11 @@ def episodes_from_trajectories(
     """Training Episodes from recorded trajectories.
 
     SFT (warm start): every kept trajectory gets advantage 1.0; `only_successful` keeps those
-    whose final failure_mode is success. PG: GRPO/Dr. GRPO advantages over the recorded groups
+    whose env reported the `success` metric as > 0 (envs/info.py). PG: GRPO/Dr. GRPO advantages over the recorded groups
     (group ids as recorded). env_error / timeout episodes are left out either way.
     """
     if only_successful:
-        trajectories = [t for t in trajectories if t.metrics.get("failure_mode") == "success"]
+        trajectories = [t for t in trajectories if _succeeded(t)]
     advantages = [1.0] * len(trajectories)
     if mode == OfflineMode.PG:  # failed episodes stay out of the group statistics
         members = [i for i, t in enumerate(trajectories) if t.stop_reason not in INFRA_STOP_REASONS]

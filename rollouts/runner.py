@@ -15,12 +15,13 @@ Limits, each ending the episode with its StopReason (checked in this order every
 - max_turns: MAX_TURNS (the env's own turn limit maps to the same reason via its end_reason).
 - episode_timeout_s (asyncio.wait_for around the episode): TIMEOUT.
 The env's `info["end_reason"]` (answered, no_tool_call, max_turns, parse_error) becomes the
-StopReason when the env ends the episode.
+StopReason when the env ends the episode. The info keys the runner reads (end_reason,
+reward_components, metrics, failure_mode, system_prompt) are one contract: envs/info.py.
 
 Settling the episodes the runner ends (`env_io.SETTLED_STOP_REASONS`: MAX_TOKENS,
 CONTEXT_OVERFLOW, and MAX_TURNS when the env had not ended the episode itself): if the env has
-the optional `abandon() -> (reward, info)` (envs/base.py; ToolEnv adds its `incorrect_reward`,
-as its own limits do), the runner calls it (`abandon_env`), adds the reward to the LAST
+the optional `abandon() -> (reward, info)` (envs/base.py: the env settles it as its own limits
+would, e.g. with an unanswered-episode penalty), the runner calls it (`abandon_env`), adds the reward to the LAST
 transition's reward (so total_reward is still the sum of transition rewards), merges the info
 into that transition's info and takes its reward_components. So an unanswered episode scores the
 same whichever limit, the env's or the runner's, ends it. An episode with no transition (its

@@ -5,29 +5,33 @@ It takes the same path as a model: the runner renders the prompt, the policy ret
 `completion.text` to `env.step`, then renders the observation delta. So tests, demos and the SFT
 warm-start data (`toolgym record --policy oracle`) exercise the real rollout path.
 
-How it knows the task: tokens alone do not say which seed or table an episode has (two Zorplex
-episodes can show the same question over different tables), so the oracle is a privileged
-expert. `OraclePolicy` implements `EpisodePolicyFactory`: right after `env.reset` the runner
+How it knows the task: tokens alone do not say which seed an episode has (two episodes can show
+the same question over different hidden state), so the oracle is a privileged expert. `OraclePolicy` implements `EpisodePolicyFactory`: right after `env.reset` the runner
 calls `for_episode(env, seed)`, which reads `env.unwrapped.oracle_actions()` once, plans the
 episode's script with an RNG seeded by the episode's sampling seed (so the G samples of a group
 draw their knobs independently, and reruns repeat), and returns a per-episode `Policy` that
 emits the script one action per `generate` call. Nothing else in the runner knows it is scripted.
 
+The script comes from the env's oracle methods (envs/base.py `TextEnv`), so this module knows
+no env's action grammar: `oracle_actions()` (the ideal actions, the last one the final answer),
+`malformed_action(action)` (a fumbled version of an action) and `answer_action(answer, tagged)`.
+
 Knobs (each drawn once per episode):
-- p_skip_lookup: answer at once, without the tool calls, with a guess. The guess is always wrong
-  (the answer plus a random offset in 1..9) so the knob means exactly "skipped the tools and got
-  it wrong". No effect when the oracle makes no tool calls (e.g. SumDigits).
-- p_malformed_call: per tool call, first emit a malformed version of it (`LOOKUP[apple]` ->
-  `LOOKUP(apple)`), which the env answers with an error, then the correct call (a recovery).
-- p_omit_tag: the final answer is stated without the tag: "The answer is 42.".
+- p_skip_lookup: answer at once, without the oracle's earlier actions, with a guess. The guess is
+  always wrong (the answer plus a random offset in 1..9) so the knob means exactly "skipped the
+  tools and got it wrong". No effect when the oracle's only action is the answer.
+- p_malformed_call: per earlier action, first emit the env's `malformed_action` of it, which the
+  env answers with an error, then the action itself (a recovery).
+- p_omit_tag: the final answer is stated without the env's answer format
+  (`answer_action(answer, tagged=False)`).
 When the env keeps going after the script ends (e.g. after extra errors), the last action is
 repeated.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import gymnasium
 import msgspec
@@ -36,9 +40,6 @@ import torch
 
 from ..agents.chat import ChatRenderer
 from ..agents.types import Completion, SamplingParams
-
-_ANSWER_RE = re.compile(r"^\[ANSWER\]\s*(-?\d+)\s*$")
-_CALL_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\[([^\[\]\n]*)\]")
 
 
 class OracleConfig(msgspec.Struct, frozen=True):
@@ -54,36 +55,37 @@ class OracleConfig(msgspec.Struct, frozen=True):
                 )
 
 
-def malformed(action: str) -> str:
-    """The first tool call in `action` with parentheses instead of brackets: a malformed call."""
-    return _CALL_RE.sub(r"\1(\2)", action, count=1)
-
-
-def plan_actions(oracle: Sequence[str], config: OracleConfig, rng: np.random.Generator) -> list[str]:
-    """The episode's script: the oracle's actions with the knobs applied."""
+def plan_actions(env: Any, config: OracleConfig, rng: np.random.Generator) -> list[str]:
+    """The episode's script: the oracle's actions of `env` (unwrapped, just reset) with the knobs
+    applied. Raises TypeError when a knob needs an oracle method the env lacks."""
+    oracle = list(env.oracle_actions())
     if not oracle:
         raise ValueError("the env's oracle returned no actions")
-    match = _ANSWER_RE.match(oracle[-1])
-    if match is None:
-        raise ValueError(f"the oracle's last action must be '[ANSWER] <n>', got {oracle[-1]!r}")
-    answer = int(match.group(1))
-    calls = list(oracle[:-1])
+    calls = oracle[:-1]
     # Draw every knob every episode, so one knob's value does not shift the others' draws.
     skip = rng.random() < config.p_skip_lookup
     omit_tag = rng.random() < config.p_omit_tag
-    guess = answer + int(rng.integers(1, 10))
+    offset = int(rng.integers(1, 10))
     malformed_flags = rng.random(len(calls)) < config.p_malformed_call
     script: list[str] = []
     if skip and calls:
-        answer = guess
+        final = _oracle_method(env, "answer_action")(int(env.answer) + offset, tagged=not omit_tag)
     else:
         for call, bad in zip(calls, malformed_flags, strict=True):
-            broken = malformed(call)
-            if bad and broken != call:
+            broken = _oracle_method(env, "malformed_action")(call) if bad else None
+            if broken is not None and broken != call:
                 script.append(broken)
             script.append(call)
-    script.append(f"The answer is {answer}." if omit_tag else f"[ANSWER] {answer}")
+        final = _oracle_method(env, "answer_action")(int(env.answer), tagged=False) if omit_tag else oracle[-1]
+    script.append(final)
     return script
+
+
+def _oracle_method(env: Any, name: str) -> Any:
+    method = getattr(env, name, None)
+    if not callable(method):
+        raise TypeError(f"{type(env).__name__} has no {name}(); the oracle's knobs need it (envs/base.py)")
+    return method
 
 
 class ScriptedEpisodePolicy:
@@ -141,7 +143,7 @@ class OraclePolicy:
             raise TypeError(
                 f"{type(env.unwrapped).__name__} has no oracle_actions(); the oracle cannot play it"
             )
-        script = plan_actions(oracle(), self.config, np.random.default_rng(seed))
+        script = plan_actions(env.unwrapped, self.config, np.random.default_rng(seed))
         return ScriptedEpisodePolicy(self.renderer, script, self.policy_version)
 
     async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:

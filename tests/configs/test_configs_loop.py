@@ -19,7 +19,9 @@ from toolgym.rollouts.recording import read_recording
 
 pytestmark = pytest.mark.slow
 
-PNGS = {"reward.png", "accuracy.png", "tag_rate.png", "entropy.png", "kl.png", "curves.png"}
+# reward, the metrics Zorplex reports (envs/base.py), the trainer's entropy and KL
+PNGS = {"reward.png", "accuracy.png", "tag_rate.png", "success.png", "tool_calls.png", "env_errors.png"}
+PNGS |= {"entropy.png", "kl.png", "curves.png"}
 
 
 def small_config(run_dir: Path, **sections) -> dict:
@@ -41,7 +43,7 @@ def small_config(run_dir: Path, **sections) -> dict:
         },
         "eval": {"every_steps": 1, "num_tasks": 4, "num_examples": 1},
         "checkpoint": {"every_steps": 1, "keep_last": 1},
-        "logging": {"progress_bar": False, "record_training": True},
+        "logging": {"progress_bar": False, "record_training": True, "headline_metrics": ["tag_rate", "accuracy"]},
     }
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}

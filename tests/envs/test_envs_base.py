@@ -6,7 +6,7 @@ import pytest
 
 from toolgym.envs import Task, Tool, ToolEnv, ToolError, ZorplexEnv
 
-INFO_KEYS = {"reward_components", "tool_calls", "errors", "consecutive_errors", "turn", "step_errors"}
+INFO_KEYS = {"reward_components", "tool_calls", "errors", "consecutive_errors", "turn", "step_errors", "metrics"}
 FINAL_KEYS = INFO_KEYS | {"failure_mode", "end_reason", "error_counts"}
 NO_CALL = "ERROR: no tool call and no answer. Call a tool or finish with [ANSWER] <number>."
 EMPTY = "ERROR: empty action. Call a tool or finish with [ANSWER] <number>."
@@ -291,3 +291,18 @@ def test_tool_and_task_validation():
     assert Task("q", 3, ("A[x]", "B[y]", "[ANSWER] 3")).needed_tool_calls == 2
     with pytest.raises(ValueError, match="two tools are named"):
         ToolEnv(tools=[Tool("A", "x", str), Tool("a", "y", str)], instructions="x")
+
+
+def test_metrics_and_oracle_methods():
+    env = zorplex(tier="simple")
+    assert env.step("LOOKUP[apple]")[4]["metrics"] == {
+        "accuracy": 0.0, "tag_rate": 0.0, "success": 0.0, "tool_calls": 1.0, "env_errors": 0.0,
+    }  # fmt: skip
+    assert env.step(f"The answer is {env.answer}.")[4]["metrics"]["accuracy"] == 1.0
+    env.reset(seed=1)
+    final = env.step(env.oracle_actions()[-1])[4]["metrics"]
+    assert final["success"] == final["tag_rate"] == final["accuracy"] == 1.0
+    assert env.answer_action(7) == env.oracle_actions()[-1].replace(str(env.answer), "7")
+    assert env.answer_action(7, tagged=False) == "The answer is 7."
+    assert env.malformed_action("LOOKUP[cat]") == "LOOKUP(cat)" and env.malformed_action("hi") is None
+    assert "" in env.mistaken_actions() and len(env.mistaken_actions()) == 7

@@ -58,6 +58,12 @@ class ToyEnv(gymnasium.Env):
     def oracle_actions(self):
         return ["LOOKUP[magic]", f"[ANSWER] {self.answer}"]
 
+    def malformed_action(self, action):
+        return action.replace("[", "(").replace("]", ")") if action.startswith("LOOKUP[") else None
+
+    def answer_action(self, answer, tagged=True):
+        return f"[ANSWER] {answer}" if tagged else f"The answer is {answer}."
+
     def _step(self, action):
         self.turn += 1
         if self.seed in self.fail_step_seeds and self.turn == 2:
@@ -83,7 +89,19 @@ class ToyEnv(gymnasium.Env):
         return obs, 0.0, False, False, self._info(info, {"correct": 0.0, "format": 0.0})
 
     def _info(self, info, components):
-        info = {**info, "tool_calls": self.calls, "errors": self.errors, "reward_components": components}
+        metrics = {
+            "accuracy": float(components["correct"] > 0),
+            "tag_rate": float(components["format"] > 0),
+            "tool_calls": self.calls,
+            "env_errors": self.errors,
+        }
+        info = {
+            **info,
+            "tool_calls": self.calls,
+            "errors": self.errors,
+            "reward_components": components,
+            "metrics": metrics,
+        }
         if self.numpy_info:  # what Gymnasium envs often return
             info.update(
                 tool_calls=np.int64(self.calls),

@@ -1,9 +1,11 @@
-"""Episode metrics read the env's counts from the last transition that reports them."""
+"""Episode metrics read the env's metrics (info["metrics"]) from the last transition that reports them."""
 
+import pytest
 from rollouts_fakes import TOY_ENV_ID, TextPolicy
 
 from toolgym.agents.types import Completion
-from toolgym.rollouts.metrics import episode_metrics
+from toolgym.rollouts.env_io import EnvOutputError, step_env
+from toolgym.rollouts.metrics import batch_metrics, env_metric_names, episode_metrics
 from toolgym.rollouts.replay import summarize
 from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
 from toolgym.rollouts.types import StopReason, Trajectory, Transition
@@ -32,15 +34,15 @@ def test_a_turn_cut_by_a_token_limit_keeps_the_earlier_turns_counts(renderer):
     t = toy_run(renderer, ["LOOKUP[magic]", "hmm", "hmm " * 50], max_tokens_per_turn=24)
     assert t.stop_reason == StopReason.MAX_TOKENS and len(t.transitions) == 3
     assert t.transitions[-1].info == {}
-    assert (t.metrics["tool_calls"], t.metrics["env_errors"]) == (1, 1)
+    assert (t.metrics["env"]["tool_calls"], t.metrics["env"]["env_errors"]) == (1, 1)
     summary = summarize([t])
-    assert (summary["tool_calls_mean"], summary["env_errors_mean"]) == (1.0, 1.0)
+    assert (summary["tool_calls"], summary["env_errors"]) == (1.0, 1.0)
 
 
 def test_an_env_error_keeps_the_earlier_turns_counts(renderer):
     t = toy_run(renderer, ["LOOKUP[magic]", "LOOKUP[magic]"], env_kwargs={"fail_step_seeds": [2]})
     assert t.stop_reason == StopReason.ENV_ERROR and t.transitions[-1].info == {"error": t.error}
-    assert (t.metrics["tool_calls"], t.metrics["env_errors"], t.metrics["failure_mode"]) == (1, 0, None)
+    assert (t.metrics["env"]["tool_calls"], t.metrics["env"]["env_errors"], t.metrics["failure_mode"]) == (1, 0, None)
 
 
 def test_each_count_comes_from_the_last_transition_that_reports_it():
@@ -48,14 +50,46 @@ def test_each_count_comes_from_the_last_transition_that_reports_it():
         return Transition("obs", [1], Completion([2], [0.0], "stop", "x"), info=info)
 
     infos = [
-        {"tool_calls": 1, "errors": 0},
-        {"tool_calls": 2, "errors": 1, "failure_mode": "no_answer"},
-        {"tool_calls": "many", "errors": None, "failure_mode": 3},  # unusable values are skipped
-        {"tool_calls": 3},
+        {"metrics": {"tool_calls": 1, "env_errors": 0}},
+        {"metrics": {"tool_calls": 2, "env_errors": 1}, "failure_mode": "no_answer"},
+        {"metrics": {"tool_calls": "many", "env_errors": None}, "failure_mode": 3},  # unusable values are skipped
+        {"metrics": {"tool_calls": 3}},
         {},
     ]
     t = Trajectory("e", {}, 0, 0, [transition(i) for i in infos], StopReason.MAX_TOKENS)
     metrics = episode_metrics(t, 1.0, 0.5)
-    assert (metrics["tool_calls"], metrics["env_errors"], metrics["failure_mode"]) == (3, 1, "no_answer")
+    env = metrics["env"]
+    assert (env["tool_calls"], env["env_errors"], metrics["failure_mode"]) == (3, 1, "no_answer")
     empty = episode_metrics(Trajectory("e", {}, 0, 0, [], StopReason.CONTEXT_OVERFLOW), 1.0, 0.5)
-    assert (empty["tool_calls"], empty["env_errors"], empty["failure_mode"]) == (0, 0, None)
+    env = empty["env"]
+    assert (env.get("tool_calls", 0), env.get("env_errors", 0), empty["failure_mode"]) == (0, 0, None)
+
+
+def test_batch_metrics_average_whatever_the_env_reports():
+    def episode(env_metrics):
+        t = Trajectory("e", {}, 0, 0, [], StopReason.ANSWERED)
+        t.metrics = {"turns": 1, "env": env_metrics}
+        return t
+
+    metrics = summarize([episode({"solved": 1.0, "steps_left": 4.0}), episode({"solved": 0.0}), episode({})])
+    assert metrics["solved"] == pytest.approx(1 / 3) and metrics["steps_left"] == pytest.approx(4 / 3)
+    assert "tag_rate" not in metrics and "accuracy" not in metrics
+    assert env_metric_names(batch_metrics([episode({"solved": 1.0})]), "rollout/") == ["solved"]
+
+
+@pytest.mark.parametrize(
+    ("reported", "message"),
+    [
+        ({"episodes": 1.0}, "one the runner reports itself"),
+        ({"a/b": 1.0}, "without '/'"),
+        ({"x": float("nan")}, "finite number"),
+        ([1.0], "must map names to numbers"),
+    ],
+)
+def test_unusable_env_metrics_are_an_env_error(reported, message):
+    class Env:
+        def step(self, action):
+            return "obs", 0.0, False, False, {"metrics": reported}
+
+    with pytest.raises(EnvOutputError, match=message):
+        step_env(Env(), "x")  # type: ignore[arg-type]

@@ -57,11 +57,11 @@ def test_oracle_knobs_on_zorplex(renderer):
 
     untagged = play(p_omit_tag=1.0)
     assert untagged.transitions[-1].action.text.startswith("The answer is ")
-    assert untagged.transitions[-1].info["failure_mode"] == "wrong_format" and untagged.metrics["correct"]
+    assert untagged.transitions[-1].info["failure_mode"] == "wrong_format" and untagged.metrics["env"]["accuracy"]
     skipped = play(p_skip_lookup=1.0)
     assert len(skipped.transitions) == 1 and skipped.transitions[0].info["failure_mode"] == "wrong_answer"
     broken = play(p_malformed_call=1.0)
     texts = [tr.action.text for tr in broken.transitions]
     assert texts[0].startswith("GETKEY(") and texts[1].startswith("GETKEY[") and texts[2].startswith("FETCH(")
-    assert broken.metrics["env_errors"] == 2 and broken.transitions[-1].info["failure_mode"] == "success"
+    assert broken.metrics["env"]["env_errors"] == 2 and broken.transitions[-1].info["failure_mode"] == "success"
     assert broken.stop_reason == StopReason.ANSWERED

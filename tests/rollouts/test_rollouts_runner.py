@@ -39,9 +39,9 @@ def test_oracle_episode_is_token_exact(renderer):
     assert second.observation.startswith("LOOKUP[magic] = ")
     assert t.final_observation == "graded" and t.system_prompt == "Use LOOKUP[magic]."
     assert (
-        t.metrics["correct"]
-        and t.metrics["tagged"]
-        and t.metrics["tool_calls"] == 1
+        t.metrics["env"]["accuracy"]
+        and t.metrics["env"]["tag_rate"]
+        and t.metrics["env"]["tool_calls"] == 1
         and t.metrics["turns"] == 2
     )
 
@@ -141,7 +141,7 @@ def test_an_info_with_numpy_values_is_kept_as_json_and_records(renderer, tmp_pat
 
     kwargs = {"numpy_info": True}
     (t,) = run(OraclePolicy(renderer), renderer, [1], env_kwargs=kwargs)
-    assert t.stop_reason == StopReason.ANSWERED and t.metrics["tool_calls"] == 1 and t.metrics["correct"]
+    assert t.stop_reason == StopReason.ANSWERED and t.metrics["env"]["tool_calls"] == 1 and t.metrics["env"]["accuracy"]
     info = t.transitions[-1].info
     assert info["scores"] == [0.0, 0.5, 1.0] and info["flag"] is True and info["handle"] == "Handle()"
     assert type(info["tool_calls"]) is int and info["at"] == [1, 2]
@@ -195,12 +195,12 @@ def test_oracle_knobs_go_through_the_env(renderer):
         t.transitions[-1].action.text.startswith("The answer is ")
         and t.transitions[-1].info["failure_mode"] == "wrong_format"
     )
-    assert t.metrics["correct"] and not t.metrics["tagged"]
+    assert t.metrics["env"]["accuracy"] and not t.metrics["env"]["tag_rate"]
     (t,) = run(OraclePolicy(renderer, OracleConfig(p_skip_lookup=1.0)), renderer, [5])
     assert len(t.transitions) == 1 and t.transitions[0].info["failure_mode"] == "wrong_answer"
     (t,) = run(OraclePolicy(renderer, OracleConfig(p_malformed_call=1.0)), renderer, [5])
     assert [tr.action.text for tr in t.transitions][:2] == ["LOOKUP(magic)", "LOOKUP[magic]"]
-    assert t.metrics["env_errors"] == 1 and t.stop_reason == StopReason.ANSWERED
+    assert t.metrics["env"]["env_errors"] == 1 and t.stop_reason == StopReason.ANSWERED
 
 
 @pytest.mark.parametrize(
@@ -241,7 +241,7 @@ def test_an_unanswered_episode_scores_the_same_whichever_limit_ends_it(renderer)
         assert len(t.transitions) == 4 and t.total_reward == pytest.approx(-1.3)
         assert t.reward_components == own.reward_components and t.reward_components["correct"] == -1.0
         assert [tr.reward for tr in t.transitions] == [tr.reward for tr in own.transitions]
-        assert t.transitions[-1].info["failure_mode"] == "no_answer" and t.metrics["tool_calls"] == 4
+        assert t.transitions[-1].info["failure_mode"] == "no_answer" and t.metrics["env"]["tool_calls"] == 4
     assert "end_reason" not in runner_turns.transitions[-1].info  # the runner's reason is its own
 
 

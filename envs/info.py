@@ -1,0 +1,75 @@
+"""The `info` contract: what the rollout runner reads from an env's `reset` and `step` infos.
+
+This is the one place that lists it. The runner (rollouts/), replay and the training loop read
+these keys and nothing else; every other key an env puts in `info` is recorded as it is (made
+JSON-safe) and never interpreted. All keys are optional.
+
+reset info:
+    system_prompt   str: rendered as the system message before the first observation.
+
+step info (and the info of the optional `abandon()`, envs/base.py):
+    reward_components  {name: float}: the episode's reward split into named parts, so far. The last
+                    one reported becomes `Trajectory.reward_components`; their sum should equal the
+                    sum of the step rewards.
+    metrics         {name: float}: the env's own metrics of the episode so far (a bool counts as
+                    0/1). Per name, the last value reported is the episode's (`Trajectory.metrics
+                    ["env"]`). The rollout, eval and replay summaries report the mean over the
+                    batch's episodes as `rollout/<name>` and `eval/<name>` (an episode that never
+                    reported a name counts 0, so a 0/1 metric's mean is a rate over all
+                    episodes); the training loop logs and plots every name, and the console
+                    shows those a config names in `logging.headline_metrics`. Names are
+                    identifiers (no `/`) other than the runner's own (`RUNNER_METRICS` in
+                    rollouts/metrics.py); a value that is not a finite number, or a reserved
+                    name, ends the episode as an env error. By convention `success` is 1.0 when
+                    the episode fully reached its goal: `sft.only_successful` keeps those.
+    end_reason      str: why the env ended the episode, one of answered, no_tool_call, max_turns,
+                    parse_error (the StopReason values the env may give); other values map to
+                    answered (terminated) or max_turns (truncated).
+    failure_mode    str: a short label of how the episode ended (ToolEnv: success, wrong_format,
+                    wrong_answer, tool_spam, no_answer). Summaries count each label
+                    (`failure_mode/<label>`) and evals pick example transcripts of distinct labels.
+
+The runner writes `error` (the step raised or returned an unusable output) and `abandon_error`
+into a transition's info itself; an env should not use those keys.
+
+The scripted oracle (rollouts/scripted.py) plays an env through `TextEnv`'s oracle methods
+(`oracle_actions`, `malformed_action`, `answer_action`), so it knows no env's action grammar.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class ResetInfo(TypedDict, total=False):
+    """The reset-info keys the runner reads (see the module doc)."""
+
+    system_prompt: str
+
+
+class StepInfo(TypedDict, total=False):
+    """The step-info keys the runner reads (see the module doc)."""
+
+    reward_components: dict[str, float]
+    metrics: dict[str, float]
+    end_reason: str
+    failure_mode: str
+
+
+SYSTEM_PROMPT = "system_prompt"
+REWARD_COMPONENTS = "reward_components"
+METRICS = "metrics"
+END_REASON = "end_reason"
+FAILURE_MODE = "failure_mode"
+SUCCESS_METRIC = "success"
+
+__all__ = [
+    "END_REASON",
+    "FAILURE_MODE",
+    "METRICS",
+    "REWARD_COMPONENTS",
+    "SUCCESS_METRIC",
+    "SYSTEM_PROMPT",
+    "ResetInfo",
+    "StepInfo",
+]

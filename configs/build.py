@@ -20,6 +20,7 @@ from ..agents.model.config import NAMED_CONFIGS, ModelConfig
 from ..agents.model.transformer import Transformer, build_model
 from ..agents.policy import Policy
 from ..agents.tokenizer import load_tokenizer
+from ..rollouts.types import SamplingConfig
 from ..trainers.config import TrainerConfig
 from ..trainers.distributed import DistInfo, all_gather_objects, barrier, init_distributed
 from ..trainers.trainer import Trainer
@@ -185,5 +186,8 @@ def build_trainer(
     model: Transformer,
     device: torch.device,
     reference: Transformer | None = None,
+    sampling: SamplingConfig | None = None,
 ) -> Trainer:
-    return Trainer(model, trainer_config, reference_model=reference, device=device)
+    """The trainer; `sampling` is the policy's (the config's policy section), so that the
+    trainer scores tokens at the temperature the sampler drew them."""
+    return Trainer(model, trainer_config, reference_model=reference, device=device, sampling=sampling)

@@ -22,11 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import typing
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from rich.console import Console
+
+from ..rollouts.types import RolloutSettings, SamplingConfig
 
 DEFAULT_TOKENIZER = Path(__file__).resolve().parent / "assets" / "tokenizer.json"
 
@@ -60,35 +64,59 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
     oracle.add_argument(
         "--p-malformed-call", type=float, default=0.0, help="per call: a malformed call first"
     )
-    limits = p.add_argument_group("rollout limits and sampling")
-    limits.add_argument("--max-turns", type=int, default=8)
-    limits.add_argument("--max-tokens-per-turn", type=int, default=128)
-    limits.add_argument("--max-tokens-per-episode", type=int, default=1024)
-    limits.add_argument("--context-length", type=int, default=None, help="default: the model's")
-    limits.add_argument("--timeout", type=float, default=300.0, help="wall-clock seconds per episode")
-    limits.add_argument("--temperature", type=float, default=1.0)
-    limits.add_argument("--top-p", type=float, default=1.0)
-    limits.add_argument("--top-k", type=int, default=0)
+    limits = p.add_argument_group("rollout limits and sampling (defaults: RolloutSettings', SamplingConfig's)")
+    for flag, (owner, field) in _SETTING_FLAGS.items():
+        info = next(f for f in msgspec.structs.fields(owner) if f.name == field)
+        kind, choices = _flag_type(info.type)
+        limits.add_argument(
+            flag, dest=field, type=kind, choices=choices, default=info.default, help=_SETTING_HELP.get(field)
+        )
     limits.add_argument("--seed", type=int, default=0, help="sampling seed (and the task stream for record)")
-    limits.add_argument("--observation-role", default="tool", choices=["tool", "user"])
+
+
+# Flags that set a field of the one declaration of the rollout settings (RolloutSettings) and of the
+# sampling (SamplingConfig); each flag's type and default come from that field.
+_SETTING_FLAGS: dict[str, tuple[type[msgspec.Struct], str]] = {
+    "--max-turns": (RolloutSettings, "max_turns"),
+    "--max-tokens-per-turn": (RolloutSettings, "max_tokens_per_turn"),
+    "--max-tokens-per-episode": (RolloutSettings, "max_tokens_per_episode"),
+    "--context-length": (RolloutSettings, "context_length"),
+    "--timeout": (RolloutSettings, "episode_timeout_s"),
+    "--observation-role": (RolloutSettings, "observation_role"),
+    "--temperature": (SamplingConfig, "temperature"),
+    "--top-p": (SamplingConfig, "top_p"),
+    "--top-k": (SamplingConfig, "top_k"),
+}
+_SETTING_HELP = {
+    "context_length": "default: the model's",
+    "episode_timeout_s": "wall-clock seconds per episode",
+}
+
+
+def _flag_type(annotation: Any) -> tuple[Any, list[Any] | None]:
+    """(argparse type, choices) of a field's annotation: `int | None` -> int, a Literal -> its values."""
+    options = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    if typing.get_origin(annotation) is typing.Literal:
+        options = [annotation]
+    if typing.get_origin(options[0]) is typing.Literal:
+        values = list(typing.get_args(options[0]))
+        return type(values[0]), values
+    return options[0], None
 
 
 def _rollout_config(args: argparse.Namespace, group_size: int) -> Any:
     from ..rollouts.runner import RolloutConfig
 
-    return RolloutConfig(
+    given = vars(args)
+
+    def fields(owner: type[msgspec.Struct]) -> dict[str, Any]:
+        return {field: given[field] for flag, (cls, field) in _SETTING_FLAGS.items() if cls is owner}
+
+    return RolloutConfig.build(
+        RolloutSettings(group_size=group_size, **fields(RolloutSettings)),
         env_id=args.env,
         env_kwargs=args.env_kwargs,
-        group_size=group_size,
-        max_turns=args.max_turns,
-        max_tokens_per_turn=args.max_tokens_per_turn,
-        max_tokens_per_episode=args.max_tokens_per_episode,
-        context_length=args.context_length,
-        episode_timeout_s=args.timeout,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        observation_role=args.observation_role,
+        sampling=SamplingConfig(**fields(SamplingConfig)),
         seed=args.seed,
     )
 

@@ -10,9 +10,12 @@
 `{tier = "simple"}`), then as a Python float (`.001`, `1.`), and falls back to the plain string,
 so `--set env.id=toolgym/SumDigits-v0` works unquoted. A nan or inf anywhere is refused.
 
-Derived defaults (filled only when the key is absent): trainer.temperature = agent.temperature,
-trainer.optimizer.total_steps = run.steps, sft.optimizer.total_steps = sft.steps,
-sft.optimizer.lr = 1e-3.
+Derived defaults (filled only when the key is absent): trainer.optimizer.total_steps = run.steps,
+sft.optimizer.total_steps = sft.steps, sft.optimizer.lr = 1e-3.
+
+Deprecated keys, still accepted for one release with a ConfigDeprecationWarning naming the new
+key (`migrate`): `trainer.temperature` (the trainer reads agent.temperature; a different value
+is an error, as it always was).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import math
 import re
 import tomllib
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -213,7 +217,6 @@ def _get(raw: Mapping[str, Any], path: str, kind: type | tuple[type, ...], defau
 def _fill_derived(raw: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(raw)
     derived = {
-        "trainer.temperature": _get(raw, "agent.temperature", (int, float), AgentSection().temperature),
         "trainer.optimizer.total_steps": _get(raw, "run.steps", int, RunSection().steps),
         "sft.optimizer.total_steps": _get(raw, "sft.steps", int, SFTSection().steps),
         "sft.optimizer.lr": SFT_DEFAULT_LR,
@@ -239,8 +242,37 @@ def check_finite(raw: Any, where: str = "") -> None:
         check_finite(value, path)
 
 
+class ConfigDeprecationWarning(DeprecationWarning):
+    """A config key that still works for one release; the message names the new key."""
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"config key {old} is deprecated: {new}", ConfigDeprecationWarning, stacklevel=3)
+
+
+def migrate(raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` with the deprecated keys (module doc) moved to their new places, each with a
+    ConfigDeprecationWarning. Raises ConfigError for a deprecated key that contradicts its
+    replacement."""
+    out = copy.deepcopy(raw)
+    trainer = out.get("trainer")
+    if isinstance(trainer, dict) and "temperature" in trainer:
+        value = trainer.pop("temperature")
+        sampled = _get(out, "agent.temperature", (int, float), AgentSection().temperature)
+        if value != sampled:
+            raise ConfigError(
+                "",
+                f"trainer.temperature ({value}) must equal agent.temperature ({sampled}): the trainer "
+                "scores tokens as the sampler drew them (and reads agent.temperature itself)",
+            )
+        _deprecated("trainer.temperature", "the trainer reads agent.temperature; remove the key")
+    return out
+
+
 def config_from_dict(raw: dict[str, Any]) -> Config:
-    """Check and convert a config dict (derived defaults filled in). Raises ConfigError."""
+    """Check and convert a config dict (deprecated keys migrated, derived defaults filled in).
+    Raises ConfigError."""
+    raw = migrate(raw)
     check_unknown_keys(raw)
     check_finite(raw)
     try:

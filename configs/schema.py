@@ -11,13 +11,12 @@ Sections (all optional; every key has a default):
     [agent]      backend (torch | vllm), temperature, top_p, top_k, max_batch_size, max_seq_len, cuda_graphs, fused_layers,
                  history_capacity, replicas,
                  [agent.vllm] (VLLMConfig: dtype, kv_cache_gib, gpu_memory_utilization, ...)
-    [rollout]    group_size, max_turns, max_tokens_per_turn, max_tokens_per_episode,
+    [rollout]    RolloutSettings: group_size, max_turns, max_tokens_per_turn, max_tokens_per_episode,
                  context_length, episode_timeout_s, observation_role, max_concurrent_episodes
     [batch]      BatchConfig: groups_per_batch (per step, over ALL ranks), dynamic_sampling,
                  max_extra_rounds, max_groups_per_round, overlong_rule, train_on_infra_failures,
                  [batch.advantage] estimator (grpo | dr_grpo), eps, overlong = {max_length, cache_length}
-    [trainer]    TrainerConfig: micro_batch_tokens, precision, temperature (defaults to
-                 agent.temperature), compute_entropy, [trainer.loss] (LossConfig),
+    [trainer]    TrainerConfig: micro_batch_tokens, precision, compute_entropy, [trainer.loss] (LossConfig),
                  [trainer.optimizer] (OptimizerConfig; total_steps defaults to run.steps)
     [sft]        enabled, source (oracle | recording), recording, num_tasks, env_kwargs,
                  only_successful, steps, batch_episodes, micro_batch_tokens, log_every,
@@ -28,10 +27,11 @@ Sections (all optional; every key has a default):
     [checkpoint] CheckpointConfig: directory (inside the run dir), every_steps, keep_last
     [parallel]   device (auto | cpu | cuda), threads (torch threads per process; 0 = cores / local ranks)
 
-The components' own config Structs are reused where their shape suits TOML (BatchConfig,
-TrainerConfig, LossConfig, OptimizerConfig, CheckpointConfig, OracleConfig, VLLMConfig); the
-rollout and eval sections are flat wrappers that build RolloutConfig / EvalConfig (the env and the
-seed come from other sections). Loading and error reporting: configs/load.py.
+Each setting is declared once: the components' own config Structs are the sections where their
+shape suits TOML (RolloutSettings, BatchConfig, TrainerConfig, LossConfig, OptimizerConfig,
+CheckpointConfig, OracleConfig, VLLMConfig), and the sampling fields of [agent] are the
+SamplingConfig that both the runner and the trainer read; `Config.rollout_config()` adds the env,
+sampling and seed to [rollout]. The eval section is a wrapper that builds EvalConfig. Loading and error reporting: configs/load.py.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from ..rollouts.evaluation import EvalConfig
 from ..rollouts.runner import RolloutConfig
 from ..rollouts.sampling import BatchConfig
 from ..rollouts.scripted import OracleConfig
+from ..rollouts.types import RolloutSettings, SamplingConfig
 from ..trainers.config import CheckpointConfig, OptimizerConfig, TrainerConfig
 
 _STRICT = {"kw_only": True, "forbid_unknown_fields": True}
@@ -95,11 +96,11 @@ class TokenizerSection(msgspec.Struct, **_STRICT):
     path: str = ""  # "" = the model directory's tokenizer.json if it has one, else the shipped one
 
 
-class AgentSection(msgspec.Struct, **_STRICT):
+class AgentSection(SamplingConfig, **_STRICT):
+    """The policy that samples: its SamplingConfig fields (temperature, top_p, top_k; declared
+    once in rollouts/types.py, read by the runner and the trainer) and the backend's settings."""
+
     backend: Literal["torch", "vllm"] = "torch"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
     max_batch_size: int = 256  # torch engine: KV-cache slots (episodes decoded together)
     max_seq_len: int = 0  # prompt + completion tokens per episode; 0 = min(model max, 4096)
     cuda_graphs: bool = True  # torch engine on a GPU: replay decode steps from CUDA graphs (CPU: ignored)
@@ -115,10 +116,9 @@ class AgentSection(msgspec.Struct, **_STRICT):
     vllm: VLLMConfig = msgspec.field(default_factory=VLLMConfig)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.temperature > 0:
             raise ValueError(f"agent.temperature must be > 0 for RL sampling, got {self.temperature}")
-        if not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError(f"agent.top_p must be in (0, 1] and top_k >= 0, got {self.top_p}, {self.top_k}")
         _positive("agent", max_batch_size=self.max_batch_size, replicas=self.replicas)
         if self.max_seq_len < 0:
             raise ValueError(f"agent.max_seq_len must be >= 0, got {self.max_seq_len}")
@@ -126,52 +126,6 @@ class AgentSection(msgspec.Struct, **_STRICT):
             raise ValueError(
                 f"agent.history_capacity must be -1 (default), 0 (off) or > 0, got {self.history_capacity}"
             )
-
-
-class RolloutSection(msgspec.Struct, **_STRICT):
-    """RolloutConfig without the env (from [env]), sampling (from [agent]) and seed (from [run])."""
-
-    group_size: int = 8
-    max_turns: int = 8
-    max_tokens_per_turn: int = 128
-    max_tokens_per_episode: int = 1024
-    context_length: int | None = None
-    episode_timeout_s: float = 300.0
-    observation_role: Literal["tool", "user"] = "tool"
-    max_concurrent_episodes: int | None = None
-
-    def __post_init__(self) -> None:
-        _positive("rollout", max_concurrent_episodes=self.max_concurrent_episodes)
-        # RolloutConfig's own checks, on the very config a run builds, so that a value it refuses
-        # is refused at load time (--print-config included), not after setup or a whole SFT phase.
-        # The other sections check the fields that come from them.
-        self.to_rollout_config(env_id="(from [env])")
-
-    def to_rollout_config(
-        self,
-        env_id: str,
-        env_kwargs: dict[str, Any] | None = None,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int = 0,
-    ) -> RolloutConfig:
-        return RolloutConfig(
-            env_id=env_id,
-            env_kwargs=dict(env_kwargs or {}),
-            group_size=self.group_size,
-            max_turns=self.max_turns,
-            max_tokens_per_turn=self.max_tokens_per_turn,
-            max_tokens_per_episode=self.max_tokens_per_episode,
-            context_length=self.context_length,
-            episode_timeout_s=self.episode_timeout_s,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            observation_role=self.observation_role,
-            max_concurrent_episodes=self.max_concurrent_episodes,
-            seed=seed,
-        )
 
 
 class SFTSection(msgspec.Struct, **_STRICT):
@@ -259,7 +213,7 @@ class Config(msgspec.Struct, **_STRICT):
     model: ModelSection = msgspec.field(default_factory=ModelSection)
     tokenizer: TokenizerSection = msgspec.field(default_factory=TokenizerSection)
     agent: AgentSection = msgspec.field(default_factory=AgentSection)
-    rollout: RolloutSection = msgspec.field(default_factory=RolloutSection)
+    rollout: RolloutSettings = msgspec.field(default_factory=RolloutSettings)
     batch: BatchConfig = msgspec.field(default_factory=BatchConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
     sft: SFTSection = msgspec.field(default_factory=SFTSection)
@@ -268,19 +222,13 @@ class Config(msgspec.Struct, **_STRICT):
     checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     parallel: ParallelSection = msgspec.field(default_factory=ParallelSection)
 
-    def __post_init__(self) -> None:
-        if self.trainer.temperature != self.agent.temperature:
-            raise ValueError(
-                f"trainer.temperature ({self.trainer.temperature}) must equal agent.temperature "
-                f"({self.agent.temperature}): the trainer scores tokens as the sampler drew them"
-            )
-
     def rollout_config(self, env_kwargs: dict[str, Any] | None = None) -> RolloutConfig:
-        return self.rollout.to_rollout_config(
+        """The runner's config: [rollout], with the env from [env] (or `env_kwargs`), the sampling
+        from [agent] and the seed from [run]."""
+        return RolloutConfig.build(
+            self.rollout,
             env_id=self.env.id,
             env_kwargs=self.env.kwargs if env_kwargs is None else env_kwargs,
-            temperature=self.agent.temperature,
-            top_p=self.agent.top_p,
-            top_k=self.agent.top_k,
+            sampling=self.agent,
             seed=self.run.seed,
         )

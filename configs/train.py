@@ -286,7 +286,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     generator = build_generator(config, model, hf_dir, renderer, dist.device)
     log.print(describe_generator(generator))
     reference = copy.deepcopy(model) if config.trainer.loss.kl_coef > 0 else None
-    trainer = build_trainer(config.trainer, model, dist.device, reference)
+    trainer = build_trainer(config.trainer, model, dist.device, reference, sampling=config.agent)
     manager = CheckpointManager(run.rl_checkpoints, config.checkpoint.keep_last)
     stream = TaskSeedStream(stream=rl_stream(config), rank=dist.rank, world_size=dist.world_size)
     if latest is not None:

@@ -2,8 +2,9 @@
 
 Modules (import them directly; this package imports nothing so that `toolgym.rollouts.types`
 stays cheap for the trainers):
-- types: StopReason, Transition, Trajectory, Episode.
-- runner: RolloutConfig, RolloutRunner (concurrent multi-turn episodes, limits, fault isolation).
+- types: StopReason, Transition, Trajectory, Episode, SamplingConfig (read by sampler and trainer).
+- runner: RolloutSettings / RolloutConfig (the one declaration of the rollout settings),
+  RolloutRunner (concurrent multi-turn episodes, limits, fault isolation).
 - scripted: OraclePolicy / OracleConfig (the env's oracle with imperfection knobs).
 - episodes: Trajectory -> loss-masked Episode, the sequence-limit rule.
 - advantages: GRPO / Dr. GRPO group advantages, DAPO overlong shaping.

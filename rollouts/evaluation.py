@@ -55,7 +55,8 @@ async def evaluate(
 ) -> EvalReport:
     config = config or EvalConfig()
     if config.greedy:
-        rollout = msgspec.structs.replace(rollout, temperature=0.0, group_size=1)
+        greedy = msgspec.structs.replace(rollout.sampling, temperature=0.0)
+        rollout = msgspec.structs.replace(rollout, sampling=greedy, group_size=1)
     else:
         rollout = msgspec.structs.replace(rollout, group_size=config.samples_per_task)
     started = time.perf_counter()

@@ -66,37 +66,41 @@ from ..agents.policy import Policy
 from ..agents.types import Completion, Message, SamplingParams
 from .env_io import EnvOutputError, abandon_env, env_stop_reason, reset_env, settles, step_env
 from .metrics import episode_metrics
-from .types import StopReason, Trajectory, Transition
+from .types import RolloutSettings, SamplingConfig, StopReason, Trajectory, Transition
 
 
-class RolloutConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """How to roll out one env. Token limits count tokens of the policy's tokenizer."""
+class RolloutConfig(RolloutSettings, frozen=True, kw_only=True):
+    """How to roll out one env: the settings, plus the env, the sampling and the seed (in a run
+    config these come from `[env]`, `[policy]` and `run.seed`)."""
 
     env_id: str
     env_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
-    group_size: int = 8  # G: samples per task seed
-    max_turns: int = 8
-    max_tokens_per_turn: int = 128  # SamplingParams.max_tokens of each turn
-    max_tokens_per_episode: int = 1024  # sampled tokens over the whole episode
-    context_length: int | None = None  # None: the policy's (`max_seq_len` / `context_length`)
-    episode_timeout_s: float | None = 300.0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    observation_role: str = "tool"  # the chat role of env replies after the first observation
-    max_concurrent_episodes: int | None = None  # None: all at once
+    sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
     seed: int = 0  # mixed into every per-turn sampling seed
 
     def __post_init__(self) -> None:
-        for name in ("group_size", "max_turns", "max_tokens_per_turn", "max_tokens_per_episode"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.context_length is not None and self.context_length < 2:
-            raise ValueError(f"RolloutConfig.context_length must be >= 2, got {self.context_length}")
-        if self.episode_timeout_s is not None and self.episode_timeout_s <= 0:
-            raise ValueError(f"RolloutConfig.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
+        super().__post_init__()
         if self.seed < 0:
             raise ValueError(f"RolloutConfig.seed must be >= 0, got {self.seed}")
+
+    @classmethod
+    def build(
+        cls,
+        settings: RolloutSettings,
+        env_id: str,
+        env_kwargs: dict[str, Any] | None = None,
+        sampling: SamplingConfig | None = None,
+        seed: int = 0,
+    ) -> RolloutConfig:
+        """`settings` with the env, sampling and seed (the settings' fields, by name: no copy of
+        the declaration)."""
+        return cls(
+            **{name: getattr(settings, name) for name in RolloutSettings.__struct_fields__},
+            env_id=env_id,
+            env_kwargs=dict(env_kwargs or {}),
+            sampling=SamplingConfig.of(sampling) if sampling is not None else SamplingConfig(),
+            seed=seed,
+        )
 
 
 @runtime_checkable
@@ -260,9 +264,9 @@ class RolloutRunner:
             max_tokens = budget if room is None else min(budget, room)
             params = SamplingParams(
                 max_tokens=max_tokens,
-                temperature=config.temperature,
-                top_p=config.top_p,
-                top_k=config.top_k,
+                temperature=config.sampling.temperature,
+                top_p=config.sampling.top_p,
+                top_k=config.sampling.top_k,
                 stop_token_ids=renderer.stop_token_ids,
                 seed=sampling_seed(episode_seed, turn),
             )

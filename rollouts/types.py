@@ -1,5 +1,7 @@
 """Records of what happened in an episode (Transition, Trajectory) and what the trainer eats
-(Episode). msgspec Structs: JSON-serialisable, no tensors.
+(Episode), and the settings declared once for every reader (SamplingConfig, RolloutSettings: the
+runner, the trainer, the config schema and the CLI). msgspec Structs: JSON-serialisable, no
+tensors; cheap to import.
 
 They live in rollouts/ because rollouts/ is where envs (strings) and agents (tokens) meet;
 envs/ and agents/ import nothing from here. `Completion` comes from agents/.
@@ -8,11 +10,61 @@ envs/ and agents/ import nothing from here. `Completion` comes from agents/.
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from ..agents.types import Completion
+
+
+class SamplingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the policy samples: declared once, read by the rollout runner (each turn's
+    SamplingParams) and by the trainer (logprobs of logits / temperature, so the ratio compares
+    like with like). A config's `[policy]` section holds these fields (configs/schema.py)."""
+
+    temperature: float = 1.0  # 0: greedy (evaluation only; RL needs > 0)
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"{type(self).__name__}.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"{type(self).__name__}.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"{type(self).__name__}.top_k must be >= 0, got {self.top_k}")
+
+    @classmethod
+    def of(cls, settings: SamplingConfig) -> SamplingConfig:
+        """The sampling fields alone of `settings` (e.g. a config's policy section)."""
+        return cls(**{name: getattr(settings, name) for name in cls.__struct_fields__})
+
+
+class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The rollout settings, declared once: a config's `[rollout]` section is this Struct, and
+    the CLI's record/eval flags map onto its fields. Token limits count tokens of the policy's
+    tokenizer."""
+
+    group_size: int = 8  # G: samples per task seed
+    max_turns: int = 8
+    max_tokens_per_turn: int = 128  # SamplingParams.max_tokens of each turn
+    max_tokens_per_episode: int = 1024  # sampled tokens over the whole episode
+    context_length: int | None = None  # None: the policy's (`max_seq_len` / `context_length`)
+    episode_timeout_s: float | None = 300.0
+    observation_role: Literal["tool", "user"] = "tool"  # the chat role of env replies after the first
+    max_concurrent_episodes: int | None = None  # None: all at once
+
+    def __post_init__(self) -> None:
+        name_of = type(self).__name__
+        for name in ("group_size", "max_turns", "max_tokens_per_turn", "max_tokens_per_episode"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name_of}.{name} must be >= 1, got {getattr(self, name)}")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError(f"{name_of}.context_length must be >= 2, got {self.context_length}")
+        if self.episode_timeout_s is not None and self.episode_timeout_s <= 0:
+            raise ValueError(f"{name_of}.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
+        if self.max_concurrent_episodes is not None and self.max_concurrent_episodes < 1:
+            raise ValueError(f"{name_of}.max_concurrent_episodes must be >= 1, got {self.max_concurrent_episodes}")
 
 
 class StopReason(enum.StrEnum):

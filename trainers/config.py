@@ -1,4 +1,7 @@
-"""Typed configuration of the trainer (optimizer, schedule, batching, precision, checkpoints)."""
+"""Typed configuration of the trainer (optimizer, schedule, batching, precision, checkpoints).
+
+The sampling temperature is not here: the Trainer reads the policy's `SamplingConfig`
+(rollouts/types.py), the one the sampler reads."""
 
 from __future__ import annotations
 
@@ -59,8 +62,6 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         activation memory and the one float32 logits tensor [micro-batch, vocab].
     precision: fp32, or bf16 (parameters and activations bf16 in compute, fp32 master weights,
         optimizer state and gradient reduction).
-    temperature: the sampler's temperature; trainer logprobs use logits / temperature so the
-        ratio compares like with like.
     compute_entropy: log the per-token entropy (a softmax pass over the vocab per micro-batch).
     share_prefix: compute an untrained prefix that all rows of a micro-batch share (the system
         prompt, a group's prompt) once instead of once per row (trainers/shared_prefix.py); the
@@ -71,7 +72,6 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     optimizer: OptimizerConfig = msgspec.field(default_factory=OptimizerConfig)
     micro_batch_tokens: int = 4096
     precision: Precision = "fp32"
-    temperature: float = 1.0
     compute_entropy: bool = True
     share_prefix: bool = True
     pad_token_id: int = 0
@@ -82,8 +82,6 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"TrainerConfig.micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}")
         if self.precision not in ("fp32", "bf16"):
             raise ValueError(f"TrainerConfig.precision must be fp32 or bf16, got {self.precision!r}")
-        if self.temperature <= 0:
-            raise ValueError(f"TrainerConfig.temperature must be > 0, got {self.temperature}")
         if self.pad_token_id < 0:
             raise ValueError(f"TrainerConfig.pad_token_id must be >= 0, got {self.pad_token_id}")
 

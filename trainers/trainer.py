@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from ..rollouts.types import Episode
+from ..rollouts.types import Episode, SamplingConfig
 from .batching import MicroBatch, empty_micro_batch, make_micro_batches, shard_episodes
 from .config import OptimizerConfig, TrainerConfig
 from .distributed import all_gather_objects, all_reduce, device_mesh, init_distributed, shard_model
@@ -64,8 +64,15 @@ class Trainer:
         *,
         reference_model: nn.Module | None = None,
         device: str | torch.device | None = None,
+        sampling: SamplingConfig | None = None,
     ) -> None:
+        """`sampling`: how the policy samples (default: temperature 1); logprobs are taken of
+        logits / sampling.temperature so the ratio to the sampler's logprobs compares like with
+        like."""
         self.config = config
+        self.temperature = (sampling or SamplingConfig()).temperature
+        if not self.temperature > 0:
+            raise ValueError(f"the trainer needs a sampling temperature > 0, got {self.temperature}")
         self.dist = init_distributed(device)
         self.device = self.dist.device
         self.mesh = device_mesh(self.dist)
@@ -109,7 +116,7 @@ class Trainer:
         self, mb: MicroBatch, logits: Tensor, norm: LossNormaliser
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The configured RL loss of one micro-batch (a MicroBatchLoss)."""
-        loss_config, temperature = self.config.loss, self.config.temperature
+        loss_config, temperature = self.config.loss, self.temperature
         if loss_config.entropy_coef > 0:
             logprobs = token_logprobs(logits, mb.targets, temperature)
             entropy = entropy_from_logits(logits, temperature)  # with grad: the bonus trains it
@@ -158,7 +165,7 @@ class Trainer:
 
         Collective: every rank must call it with the same episodes.
         """
-        temperature = self.config.temperature if temperature is None else temperature
+        temperature = self.temperature if temperature is None else temperature
         out: list[list[float]] = [[0.0] * len(e.tokens) for e in episodes]
         for mb in make_micro_batches(
             episodes, self.config.micro_batch_tokens, self.config.pad_token_id, self.vocab_size

@@ -165,14 +165,14 @@ def test_errors_are_one_line_naming_the_field():
     assert error_of({"run": {"seed": -1}}) == "config error: run.seed: must be >= 0, got -1"
     assert error_of({"agent": {"temperature": 0.7}, "trainer": {"temperature": 1.0}}).startswith(
         "config error: trainer.temperature (1.0) must equal agent.temperature (0.7)"
-    )
+    )  # the deprecated key, still checked
     for message in (error_of({"rollout": {"group_size": 0}}), error_of({"eval": {"num_tasks": 0}})):
         assert "\n" not in message
 
 
 def test_derived_defaults_follow_the_values_they_copy():
     config = config_from_dict({"agent": {"temperature": 0.7}, "run": {"steps": 30}, "sft": {"steps": 12}})
-    assert config.trainer.temperature == 0.7
+    assert config.agent.temperature == 0.7 and not hasattr(config.trainer, "temperature")  # one place
     assert config.trainer.optimizer.total_steps == 30 and config.sft.optimizer.total_steps == 12
     assert config.sft.optimizer.lr == 1e-3
     explicit = config_from_dict({"sft": {"optimizer": {"lr": 5e-4, "total_steps": 7}}})
@@ -188,8 +188,8 @@ def test_components_get_their_configs():
         }
     )
     rollout = config.rollout_config()
-    assert rollout.env_kwargs == {"tier": "compositional"} and rollout.temperature == 0.9
-    assert rollout.top_k == 5 and rollout.seed == 3 and rollout.group_size == config.rollout.group_size
+    assert rollout.env_kwargs == {"tier": "compositional"} and rollout.sampling.temperature == 0.9
+    assert rollout.sampling.top_k == 5 and rollout.seed == 3 and rollout.group_size == config.rollout.group_size
     assert config.batch.advantage.estimator is AdvantageEstimator.GRPO
     assert config.eval.to_eval_config().num_tasks == config.eval.num_tasks
     assert isinstance(Config(), Config)
@@ -361,3 +361,23 @@ def test_cli_print_config_prints_the_resolved_toml(capsys):
 def test_presets_ship_as_package_data():
     pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert "*.toml" in pyproject["tool"]["setuptools"]["package-data"]["toolgym.configs"]
+
+
+def test_deprecated_trainer_temperature_still_loads_with_a_warning():
+    with pytest.warns(DeprecationWarning, match="trainer.temperature is deprecated"):
+        config = config_from_dict({"agent": {"temperature": 0.7}, "trainer": {"temperature": 0.7}})
+    assert config.agent.temperature == 0.7
+
+
+def test_rollout_settings_are_declared_once():
+    import msgspec
+
+    from toolgym.rollouts.runner import RolloutConfig
+    from toolgym.rollouts.types import RolloutSettings, SamplingConfig
+
+    config = config_from_dict({"rollout": {"max_turns": 3}, "agent": {"top_p": 0.5}})
+    assert type(config.rollout) is RolloutSettings and isinstance(config.agent, SamplingConfig)
+    rollout = config.rollout_config()
+    assert isinstance(rollout, RolloutConfig) and rollout.max_turns == 3 and rollout.sampling.top_p == 0.5
+    own = {f.name for f in msgspec.structs.fields(RolloutConfig)} - set(RolloutSettings.__struct_fields__)
+    assert own == {"env_id", "env_kwargs", "sampling", "seed"}

@@ -26,6 +26,7 @@ import torch
 import torch._inductor.config as inductor_config
 
 import toolgym.agents.engine.engine as engine_module
+from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.model.config import ModelConfig
 from toolgym.agents.model.transformer import build_model
 from toolgym.agents.types import SamplingParams
@@ -67,7 +68,9 @@ def main() -> None:
         max_batch_size=args.batch,
         max_seq_len=192,
         device=args.device,
-        pack_weights=False if args.compile else None,
+        backend=select_backend(
+            config, args.device, model.dtype, pack_weights=False if args.compile else None
+        ),
     ) as engine:
         if args.compile:
             engine._decoder._step = torch.compile(engine._decoder._step, dynamic=True)

@@ -53,7 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import format_table, machine_summary, matmul_peak_flops, time_repeats
 
-from toolgym.agents.engine.backend import decode_kernel_for, default_kernels
+from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.engine.replicas import EngineReplicas
 from toolgym.agents.kernels.cpu_allocator import ENVIRONMENT as ALLOCATOR_ENVIRONMENT
@@ -80,18 +80,22 @@ def decode_flops(cfg: ModelConfig, batch: int, prompt_len: int, new_tokens: int)
 def bench_engine(directory, prompts, args, dtype) -> dict:
     model = load_hf_checkpoint(directory, dtype=dtype, device=args.device)
     params = SamplingParams(max_tokens=args.new_tokens, temperature=1.0, seed=0)
-    options = dict(
-        max_seq_len=args.prompt_len + args.new_tokens,
-        key_layout=args.key_layout,
-        kernels=args.kernels,
-    )
+    requests = dict(key_layout=args.key_layout, kernels=args.kernels)
     if args.replicas > 1:  # the prompts are dealt evenly: each replica decodes batch / replicas
+        backend = select_backend(model.config, args.device, dtype, **requests)
         engine = EngineReplicas(
-            model, replicas=args.replicas, max_batch_size=-(-len(prompts) // args.replicas), **options
+            model,
+            replicas=args.replicas,
+            max_batch_size=-(-len(prompts) // args.replicas),
+            max_seq_len=args.prompt_len + args.new_tokens,
+            backend=backend,
         )
     else:
         cuda_graphs = {"auto": None, "on": True, "off": False}[args.cuda_graphs]
-        engine = TorchEngine(model, max_batch_size=len(prompts), cuda_graphs=cuda_graphs, **options)
+        backend = select_backend(model.config, args.device, dtype, cuda_graphs=cuda_graphs, **requests)
+        engine = TorchEngine(
+            model, max_batch_size=len(prompts), max_seq_len=args.prompt_len + args.new_tokens, backend=backend
+        )
     with engine:
         run = lambda: engine.generate_sync(prompts, params)  # noqa: E731
         run()  # warm-up
@@ -102,10 +106,9 @@ def bench_engine(directory, prompts, args, dtype) -> dict:
         prefill_s = (engine.stats.prefill_seconds - before[1]) / args.repeats / args.replicas
         outputs = run()
     assert all(len(c.tokens) == args.new_tokens for c in outputs)
-    kernels = args.kernels or default_kernels(torch.device(args.device), dtype)
     return {
         "best": timings.best, "median": timings.median, "decode_s": decode_s, "prefill_s": prefill_s,
-        "kernels": kernels, "decode_kernel": decode_kernel_for(kernels, dtype),
+        "kernels": backend.kernels, "decode_kernel": backend.attention,
     }  # fmt: skip
 
 
@@ -211,8 +214,12 @@ def bench_episodes(directory, args, dtype) -> None:
     }
     for name, options in engines.items():
         model = load_hf_checkpoint(directory, dtype=dtype, device=args.device)
-        options = {**options, "key_layout": args.key_layout, "kernels": args.kernels}
-        with TorchEngine(model, max_batch_size=args.batch, max_seq_len=max_len, **options) as engine:
+        backend = select_backend(
+            model.config, args.device, dtype, key_layout=args.key_layout, kernels=args.kernels
+        )
+        with TorchEngine(
+            model, max_batch_size=args.batch, max_seq_len=max_len, backend=backend, **options
+        ) as engine:
             asyncio.run(episode(engine, 0))  # warm-up
             best = float("inf")
             for _ in range(args.repeats):

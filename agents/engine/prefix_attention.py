@@ -58,15 +58,21 @@ def prefix_mask(prefix_len: int, width: int, device: torch.device | str) -> Tens
 
 
 def attend_after_prefix(
-    q: Tensor, k: Tensor, v: Tensor, k_prefix: Tensor, v_prefix: Tensor, mask: Tensor
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    k_prefix: Tensor,
+    v_prefix: Tensor,
+    mask: Tensor,
+    matmul: bool | None = None,
 ) -> Tensor:
     """q [B, H, W, D] and k/v [B, Hkv, W, D] (the rows' own positions, RoPE applied), k_prefix /
     v_prefix [1, Hkv, P, D] (one copy, shared by every row), mask from `prefix_mask(P, W)`
-    -> [B, H, W, D]."""
+    -> [B, H, W, D]. matmul: as `scaled_dot_product_attention`'s."""
     rows = q.shape[0]
     keys = torch.cat([k_prefix.expand(rows, -1, -1, -1), k], dim=2)
     values = torch.cat([v_prefix.expand(rows, -1, -1, -1), v], dim=2)
-    return scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    return scaled_dot_product_attention(q, keys, values, matmul=matmul, attn_mask=mask)
 
 
 __all__ = [

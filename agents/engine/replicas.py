@@ -1,11 +1,11 @@
 """EngineReplicas: N TorchEngines in N worker processes, one CPU core each (implements `Policy`).
 
 Why: a CPU decode step of a small model is a few hundred small ops whose cost is per-op overhead
-and memory latency, not FLOPs, so one intra-op thread decodes as fast as two (bench/RESULTS.md)
-and the second core of a process mostly waits. Two engines in two processes, one thread each,
-decode two halves of a batch at once: bench-3m in bf16, 32 samples of 64 tokens, 220 ms with one
-2-thread engine against 174-178 ms with two 1-thread engines of 16. Two engines on two threads of
-one process took 490 ms: the GIL serialises the Python between their ops.
+and memory latency, not FLOPs, so one intra-op thread decodes about as fast as two and the second
+core of a process mostly waits. Two engines in two processes, one thread each, decode two halves
+of a batch at once, faster than one engine on both cores; two engines on two threads of one
+process are slower still, as the GIL serialises the Python between their ops (bench/RESULTS.md,
+'bench/generate.py --replicas').
 
 - Requests: a `generate` call's prompts are dealt to the replicas one prompt at a time, each to
   the replica with the fewest samples in flight; the n samples of a prompt stay on one replica,
@@ -53,8 +53,8 @@ _START_TIMEOUT_S = 300.0
 class EngineReplicas:
     """`replicas` TorchEngines, each in its own process with `threads_per_replica` torch threads
     (default: this process's threads // replicas, at least 1). `engine_kwargs` go to every
-    TorchEngine (max_batch_size, max_seq_len, dtype, ...: per replica); `seed` seeds replica r
-    with seed + r. `tokenizer` must be picklable (a `tokenizers.Tokenizer` is). CPU only."""
+    TorchEngine (max_batch_size, max_seq_len, dtype, backend, ...: per replica); `seed` seeds
+    replica r with seed + r. `tokenizer` must be picklable (a `tokenizers.Tokenizer` is). CPU only."""
 
     def __init__(
         self,
@@ -72,6 +72,7 @@ class EngineReplicas:
             raise ValueError("EngineReplicas runs CPU engines; on a GPU use one TorchEngine")
         self.config = model.config
         self.policy_version = policy_version
+        self.backend = engine_kwargs.get("backend")  # None: each replica selects its own default
         threads = threads_per_replica or max(1, torch.get_num_threads() // replicas)
         self.threads_per_replica = threads
         # Shared-memory copies of the parameters (a tied pair stays one tensor under both names).

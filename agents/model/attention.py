@@ -1,7 +1,8 @@
 """The model's attention entry point, `scaled_dot_product_attention`: torch's SDPA (GQA), except
 where torch 2.13's CPU flash kernel is slow: bf16 on a CPU, whose attention there runs as explicit
-matmuls (`matmul_attention`). agents/model/transformer.py, the KV cache (agents/engine/kv_cache.py) and the trainer's
-shared-prefix attention all call it; measurements are in bench/RESULTS.md."""
+matmuls (`matmul_attention`). agents/model/transformer.py, the KV cache (agents/engine/kv_cache.py)
+and the trainer's shared-prefix attention all call it; measurements are in bench/RESULTS.md
+('bench/vs_trl.py' for training, 'bench/generate.py' for the engine's prefills)."""
 
 from __future__ import annotations
 
@@ -22,19 +23,19 @@ def cpu_has_amx() -> bool:
     return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
-def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
-    """`F.scaled_dot_product_attention(..., enable_gqa=True)`, except for a CPU bf16 attention (bf16
-    inputs, or under bf16 autocast) of fewer than 256 queries that autograd will differentiate:
-    the trainer's rows of RL episodes and shared-prefix remainders, a few hundred tokens at most.
-    torch 2.13's CPU flash kernel is slow at those sizes, in bf16 most of all: its bf16 backward
-    took 1.3-4.7x longer than its float32 one on an AMX Xeon, and the float32 one ran at ~45
-    GFLOP/s on a 2-core EPYC (bench/RESULTS.md). There the attention is `matmul_attention` (bf16
-    matmuls, the softmax in float32: 7.2 vs 14.1 ms forward and backward at the vs_trl shape on
-    that EPYC), or, when its score tensor would pass MATMUL_ATTENTION_MAX_SCORES, float32 SDPA cast
-    back to bf16. A bf16 inference attention (the engine's prefills) on a CPU without AMX tiles
-    is `matmul_attention` too, in pieces of MATMUL_INFERENCE_CHUNK_SCORES score elements: 3.1 vs
-    8.1 ms for the flash kernel at bench-3m's prefill of 32 rows x 128 tokens on that EPYC; on an
-    AMX CPU, and when one row's scores pass that size, it stays SDPA in its dtype."""
+def scaled_dot_product_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, matmul: bool | None = None, **kwargs
+) -> torch.Tensor:
+    """`F.scaled_dot_product_attention(..., enable_gqa=True)` (kwargs: its mask arguments), except:
+    - a CPU bf16 attention (bf16 inputs, or under bf16 autocast) of fewer than 256 queries that
+      autograd will differentiate (the trainer's rows of RL episodes and shared-prefix remainders)
+      is `matmul_attention` (bf16 matmuls, the softmax in float32), or, when its score tensor
+      would pass MATMUL_ATTENTION_MAX_SCORES, float32 SDPA cast back to bf16: torch's CPU flash
+      kernel is slow at those sizes, in bf16 most of all (bench/RESULTS.md, 'bench/vs_trl.py');
+    - a bf16 inference attention on a CPU (the engine's prefills) is `matmul_attention` in pieces
+      of MATMUL_INFERENCE_CHUNK_SCORES score elements where `matmul` says so (the engine's
+      backend decides: bf16 on a CPU without AMX tiles; None asks the CPU here), unless one row's
+      scores pass that size (bench/RESULTS.md, 'bench/generate.py')."""
     device = q.device.type
     autocast = torch.is_autocast_enabled(device)
     dtype = torch.get_autocast_dtype(device) if autocast else q.dtype
@@ -55,7 +56,9 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return out.to(dtype)
     if device == "cpu" and q.dtype == dtype == torch.bfloat16 and not torch.is_grad_enabled():
         rows = MATMUL_INFERENCE_CHUNK_SCORES // (q.shape[1] * q.shape[2] * k.shape[2])
-        if rows and k.shape[0] == v.shape[0] == q.shape[0] and not cpu_has_amx():
+        if matmul is None:
+            matmul = not cpu_has_amx()
+        if rows and k.shape[0] == v.shape[0] == q.shape[0] and matmul:
             return matmul_attention_in_pieces(q, k, v, rows, **kwargs)
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
 
@@ -86,7 +89,7 @@ def matmul_attention(
     else:
         bias = attn_mask.float()
     # [b, h, Lq, Lk] -> [b, Hkv or 1, G or 1, Lq, Lk], broadcast by the add below: an expanded
-    # bias's strides cost the add 5x (4.0 vs 0.7 ms at [64, 4, 128, 128]).
+    # bias's strides cost the add several times over.
     bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
     bias = bias.unsqueeze(2) if bias.shape[1] == 1 else bias.unflatten(1, (kv_heads, groups))
     with torch.autocast(q.device.type, enabled=False):

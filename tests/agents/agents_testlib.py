@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from toolgym.agents.engine.backend import Backend, select_backend
 from toolgym.agents.kernels import vllm_ops as vllm_cpu_kernels
 from toolgym.agents.model.transformer import Transformer, build_model, rope_cos_sin
 
@@ -19,6 +20,14 @@ def make_model(name: str = "test", seed: int = 0) -> Transformer:
             if p.dim() > 1:
                 p.mul_(4.0)
     return model
+
+
+def backend_for(
+    model: Transformer, dtype: torch.dtype | None = None, device: torch.device | str | None = None, **requests
+) -> Backend:
+    """`select_backend` with `requests` for an engine over `model` in `dtype` on `device` (default:
+    the model's), as `TorchEngine(model, dtype=..., device=...)` would run it."""
+    return select_backend(model.config, device or model.device, dtype or model.dtype, **requests)
 
 
 def layer_inputs(model: Transformer, rows: int = 3, length: int = 6) -> tuple[torch.Tensor, ...]:

@@ -10,7 +10,7 @@ import warnings
 
 import pytest
 import torch
-from agents_testlib import layer_inputs, make_model
+from agents_testlib import backend_for, layer_inputs, make_model
 
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.engine.sampling import filter_top_k_top_p
@@ -81,9 +81,7 @@ def test_logprobs_equal_teacher_forced(
         model,
         max_batch_size=8,
         max_seq_len=128,
-        key_layout=key_layout,
-        kernels=kernels,
-        worker_thread=worker_thread,
+        backend=backend_for(model, key_layout=key_layout, kernels=kernels, worker_thread=worker_thread),
     ) as engine:
         out = asyncio.run(concurrently())
         assert engine.stats.prefill_forwards == 1
@@ -136,7 +134,9 @@ def test_seeded_sampling_is_batch_invariant(worker_thread, model) -> None:
         (prompts_of([25], seed=3)[0], SamplingParams(max_tokens=7, top_k=5, seed=9)),
         (prompts_of([2], seed=4)[0], SamplingParams(max_tokens=40, temperature=1.3, top_p=0.8, n=3)),
     ]
-    with TorchEngine(model, max_batch_size=16, max_seq_len=96, worker_thread=worker_thread) as engine:
+    with TorchEngine(
+        model, max_batch_size=16, max_seq_len=96, backend=backend_for(model, worker_thread=worker_thread)
+    ) as engine:
         alone = generate(engine, [target], params)
 
         async def mixed():
@@ -211,7 +211,9 @@ def test_max_tokens_and_context_limit(model) -> None:
 
 def test_concurrent_callers_are_served_in_one_batch(worker_thread, model) -> None:
     prompts = prompts_of([3, 8, 5, 12, 7, 9, 4, 6])
-    with TorchEngine(model, max_batch_size=16, max_seq_len=64, worker_thread=worker_thread) as engine:
+    with TorchEngine(
+        model, max_batch_size=16, max_seq_len=64, backend=backend_for(model, worker_thread=worker_thread)
+    ) as engine:
 
         async def many():
             return await asyncio.gather(
@@ -228,9 +230,13 @@ def test_concurrent_callers_are_served_in_one_batch(worker_thread, model) -> Non
 def test_more_requests_than_slots(worker_thread, model) -> None:
     prompts = prompts_of([4, 9, 6, 13, 2, 8, 5])
     params = SamplingParams(max_tokens=9, seed=4)
-    with TorchEngine(model, max_batch_size=16, max_seq_len=64, worker_thread=worker_thread) as engine:
+    with TorchEngine(
+        model, max_batch_size=16, max_seq_len=64, backend=backend_for(model, worker_thread=worker_thread)
+    ) as engine:
         reference = [generate(engine, [p], params)[0].tokens for p in prompts]
-    with TorchEngine(model, max_batch_size=3, max_seq_len=64, worker_thread=worker_thread) as engine:
+    with TorchEngine(
+        model, max_batch_size=3, max_seq_len=64, backend=backend_for(model, worker_thread=worker_thread)
+    ) as engine:
         out = generate(engine, prompts, params)
         assert engine.stats.max_running == 3
     assert [c.tokens for c in out] == reference
@@ -240,7 +246,9 @@ def test_load_weights_in_place(worker_thread, model) -> None:
     other = make_model(seed=1)
     prompt = prompts_of([9])[0]
     params = SamplingParams(max_tokens=12, seed=5)
-    with TorchEngine(model, max_batch_size=4, max_seq_len=64, worker_thread=worker_thread) as engine:
+    with TorchEngine(
+        model, max_batch_size=4, max_seq_len=64, backend=backend_for(model, worker_thread=worker_thread)
+    ) as engine:
         (before,) = generate(engine, [prompt], params)
         cache = (engine.cache.k.data_ptr(), engine.cache.v.data_ptr())
         pointers = {n: p.data_ptr() for n, p in engine.model.named_parameters()}
@@ -263,7 +271,9 @@ def test_load_weights_in_place(worker_thread, model) -> None:
 def test_load_weights_waits_for_running_samples(worker_thread, model) -> None:
     other = make_model(seed=2)
     prompt = prompts_of([5])[0]
-    with TorchEngine(model, max_batch_size=4, max_seq_len=256, worker_thread=worker_thread) as engine:
+    with TorchEngine(
+        model, max_batch_size=4, max_seq_len=256, backend=backend_for(model, worker_thread=worker_thread)
+    ) as engine:
 
         async def scenario():
             running = asyncio.ensure_future(engine.generate([prompt], SamplingParams(max_tokens=150, seed=1)))
@@ -316,7 +326,9 @@ def test_bad_requests_raise_and_queue_nothing(model) -> None:
 
 
 def test_close_fails_waiters_and_later_calls(worker_thread, model) -> None:
-    engine = TorchEngine(model, max_batch_size=1, max_seq_len=512, worker_thread=worker_thread)
+    engine = TorchEngine(
+        model, max_batch_size=1, max_seq_len=512, backend=backend_for(model, worker_thread=worker_thread)
+    )
     failures = []
 
     def waiter():
@@ -351,7 +363,9 @@ def test_a_prefill_that_raises_fails_its_requests_and_the_engine_keeps_serving(
         return prefill(self, *args)
 
     monkeypatch.setattr(Prefiller, "__call__", failing_once)
-    with TorchEngine(model, max_batch_size=4, max_seq_len=64, worker_thread=worker_thread) as engine:
+    with TorchEngine(
+        model, max_batch_size=4, max_seq_len=64, backend=backend_for(model, worker_thread=worker_thread)
+    ) as engine:
         # The request is out of the queue and not yet running when its prefill raises: it must
         # still fail (not wait forever), and the next one must be served.
         with pytest.raises(RuntimeError, match="prefill failed"):
@@ -380,7 +394,11 @@ def test_a_completion_that_fails_fails_only_its_request(worker_thread, model) ->
         return await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30)
 
     with TorchEngine(
-        model, max_batch_size=4, max_seq_len=64, tokenizer=decode, worker_thread=worker_thread
+        model,
+        max_batch_size=4,
+        max_seq_len=64,
+        tokenizer=decode,
+        backend=backend_for(model, worker_thread=worker_thread),
     ) as engine:
         failed, *served = asyncio.run(scenario(engine))
         assert isinstance(failed, ValueError) and "cannot decode" in str(failed)
@@ -406,7 +424,9 @@ def test_resolving_a_future_the_caller_cancelled_does_not_raise() -> None:
 
 
 def test_cancelled_request_frees_its_slot(worker_thread, model) -> None:
-    with TorchEngine(model, max_batch_size=1, max_seq_len=512, worker_thread=worker_thread) as engine:
+    with TorchEngine(
+        model, max_batch_size=1, max_seq_len=512, backend=backend_for(model, worker_thread=worker_thread)
+    ) as engine:
 
         async def scenario():
             long = asyncio.ensure_future(engine.generate([[1, 2]], SamplingParams(max_tokens=500, seed=0)))
@@ -465,7 +485,13 @@ def test_packing_follows_what_the_cpu_supports_per_dtype(model) -> None:
     assert all(w.filename == __file__ for w in slow)  # points at the line that built the engine
     if not bf16_ok:
         with pytest.raises(ValueError, match=r"not available for torch\.bfloat16"):
-            TorchEngine(model, max_batch_size=2, max_seq_len=32, dtype=torch.bfloat16, pack_weights=True)
+            TorchEngine(
+                model,
+                max_batch_size=2,
+                max_seq_len=32,
+                dtype=torch.bfloat16,
+                backend=backend_for(model, dtype=torch.bfloat16, pack_weights=True),
+            )
 
 
 @pytest.mark.skipif(not packing_available(torch.device("cpu")), reason="no oneDNN in this torch build")
@@ -510,10 +536,14 @@ def test_packed_model_keeps_names_and_logits(name: str) -> None:
 
 @pytest.mark.skipif(not packing_available(torch.device("cpu")), reason="no oneDNN in this torch build")
 def test_packed_linears_keep_names_and_results(model) -> None:
-    with TorchEngine(model, max_batch_size=2, max_seq_len=32, pack_weights=True) as packed:
+    with TorchEngine(
+        model, max_batch_size=2, max_seq_len=32, backend=backend_for(model, pack_weights=True)
+    ) as packed:
         assert list(packed.model.state_dict()) == list(model.state_dict())
         assert isinstance(packed.model.model.layers[0], PackedDecoderLayer)
-        with TorchEngine(model, max_batch_size=2, max_seq_len=32, pack_weights=False) as plain:
+        with TorchEngine(
+            model, max_batch_size=2, max_seq_len=32, backend=backend_for(model, pack_weights=False)
+        ) as plain:
             params = SamplingParams(max_tokens=10, seed=3)
             a, b = generate(packed, prompts_of([7]), params), generate(plain, prompts_of([7]), params)
     assert a[0].tokens == b[0].tokens

@@ -10,8 +10,9 @@ import msgspec
 import numpy as np
 import pytest
 import torch
-from agents_testlib import record_decode_shapes
+from agents_testlib import backend_for, record_decode_shapes
 
+from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.decode import DecodeGraphs, batch_bucket, round_up, span_bucket
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.engine.kv_cache import KVCache
@@ -40,7 +41,10 @@ def test_padded_bucketed_decode_equals_the_exact_step(monkeypatch, key_layout: s
     shapes = record_decode_shapes(monkeypatch)
     model = build_model("test", seed=0).eval()
     cache = KVCache(
-        model.config, 8, 128, dtype=torch.float32, device="cpu", key_layout=key_layout, kernels=kernels
+        model.config,
+        8,
+        128,
+        select_backend(model.config, "cpu", torch.float32, key_layout=key_layout, kernels=kernels),
     )
     prompts = torch.randint(0, model.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -64,12 +68,12 @@ def test_padded_bucketed_decode_equals_the_exact_step(monkeypatch, key_layout: s
 
 def test_capture_needs_cuda() -> None:
     model = build_model("test", seed=0)
-    cache = KVCache(model.config, 2, 32, dtype=torch.float32, device="cpu")
+    cache = KVCache(model.config, 2, 32, select_backend(model.config, "cpu", torch.float32))
     with pytest.raises(ValueError, match="CUDA"):
         DecodeGraphs(model, cache, capture=True)
     assert DecodeGraphs(model, cache, capture=False).bucketed is False
     with pytest.raises(ValueError, match="cuda_graphs=True needs a CUDA device"):
-        TorchEngine(model, max_batch_size=2, max_seq_len=32, cuda_graphs=True)
+        TorchEngine(model, max_batch_size=2, max_seq_len=32, backend=backend_for(model, cuda_graphs=True))
 
 
 def _run(engine: TorchEngine, prompts, params):
@@ -94,8 +98,7 @@ def test_cuda_graph_decode_samples_what_eager_decode_samples(key_layout: str) ->
             max_batch_size=16,
             max_seq_len=128,
             device="cuda",
-            key_layout=key_layout,
-            cuda_graphs=graphs,
+            backend=backend_for(model, device="cuda", key_layout=key_layout, cuda_graphs=graphs),
         ) as engine:
             results[graphs] = _run(engine, prompts, params)
             if graphs:
@@ -123,7 +126,13 @@ def test_cuda_graphs_see_weights_loaded_after_capture() -> None:
         before = engine.generate_sync(prompt, greedy)[0]
         engine.load_weights(hf_named_tensors(other), version=1)
         after = engine.generate_sync(prompt, greedy)[0]
-    with TorchEngine(other, max_batch_size=4, max_seq_len=64, device="cuda", cuda_graphs=False) as fresh:
+    with TorchEngine(
+        other,
+        max_batch_size=4,
+        max_seq_len=64,
+        device="cuda",
+        backend=backend_for(other, device="cuda", cuda_graphs=False),
+    ) as fresh:
         expected = fresh.generate_sync(prompt, greedy)[0]
     assert after.policy_version == 1 and after.tokens == expected.tokens
     assert np.abs(np.array(after.logprobs) - np.array(expected.logprobs)).max() <= 1e-5
@@ -153,7 +162,11 @@ def test_cuda_graph_sampling_with_mixed_parameters_samples_what_eager_sampling_s
     results = {}
     for graphs in (False, True):
         with TorchEngine(
-            model, max_batch_size=16, max_seq_len=64, device="cuda", cuda_graphs=graphs
+            model,
+            max_batch_size=16,
+            max_seq_len=64,
+            device="cuda",
+            backend=backend_for(model, device="cuda", cuda_graphs=graphs),
         ) as engine:
 
             async def concurrently(engine=engine):

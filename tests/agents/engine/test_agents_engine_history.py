@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 import torch
-from agents_testlib import make_model
+from agents_testlib import backend_for, make_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -90,9 +90,8 @@ def test_next_turns_prefill_only_new_tokens_and_sample_what_full_prefills_sample
             model,
             max_batch_size=slots,
             max_seq_len=128,
-            key_layout=key_layout,
-            kernels=kernels,
             history_capacity=capacity,
+            backend=backend_for(model, key_layout=key_layout, kernels=kernels),
         ) as engine:
             results[capacity] = asyncio.run(run_conversations(engine, turns=4))
             stats[capacity] = engine.stats

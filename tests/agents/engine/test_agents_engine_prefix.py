@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 import torch
-from agents_testlib import make_model
+from agents_testlib import backend_for, make_model
 
+from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.engine.prefix_attention import shared_prefix_length
 from toolgym.agents.model.transformer import build_model, causal_lm_logprobs
@@ -72,12 +73,18 @@ def test_shared_and_stored_prefixes_sample_what_full_prefills_sample(
     full = []  # one prompt per engine: nothing shared, nothing stored
     for prompt, p in zip(prompts, params, strict=True):
         with TorchEngine(
-            model, max_batch_size=4, max_seq_len=96, key_layout=key_layout, kernels=kernels
+            model,
+            max_batch_size=4,
+            max_seq_len=96,
+            backend=backend_for(model, key_layout=key_layout, kernels=kernels),
         ) as engine:
             full += engine.generate_sync([prompt], p)
             assert engine.stats.shared_prefix_tokens == 0
     with TorchEngine(
-        model, max_batch_size=16, max_seq_len=96, key_layout=key_layout, kernels=kernels
+        model,
+        max_batch_size=16,
+        max_seq_len=96,
+        backend=backend_for(model, key_layout=key_layout, kernels=kernels),
     ) as engine:
         shared = asyncio.run(together(engine, prompts, params))
         assert engine.stats.prefill_forwards == 1
@@ -147,7 +154,9 @@ def test_kept_positions_match_the_full_forward(name: str, prefix_len: int) -> No
     for i, prompt in enumerate(prompts):
         ids[i, : lengths[i] - prefix_len] = torch.tensor(prompt[prefix_len:])
     keep = torch.tensor([n - 1 - prefix_len for n in lengths])
-    caches = [KVCache(model.config, 3, 32, dtype=torch.float32, device="cpu") for _ in range(2)]
+    caches = [
+        KVCache(model.config, 3, 32, select_backend(model.config, "cpu", torch.float32)) for _ in range(2)
+    ]
     hidden = []
     with torch.no_grad():
         for cache, kept in zip(caches, [None, keep], strict=True):

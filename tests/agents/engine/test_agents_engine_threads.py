@@ -10,7 +10,7 @@ import threading
 
 import pytest
 import torch
-from agents_testlib import make_model
+from agents_testlib import backend_for, make_model
 
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.model.checkpoint import hf_named_tensors
@@ -58,7 +58,9 @@ def test_on_cpu_the_driving_thread_computes_and_no_thread_is_started(model) -> N
 
 
 def test_with_a_worker_thread_the_worker_computes(model) -> None:
-    with TorchEngine(model, max_batch_size=4, max_seq_len=64, worker_thread=True) as engine:
+    with TorchEngine(
+        model, max_batch_size=4, max_seq_len=64, backend=backend_for(model, worker_thread=True)
+    ) as engine:
         names = record_compute_threads(engine)
         engine.generate_sync([[1, 2, 3]], SamplingParams(max_tokens=4, seed=0))
     assert names == ["TorchEngine"] * 3

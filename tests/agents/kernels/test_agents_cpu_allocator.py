@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+import toolgym.agents.engine.backend as backend_module
 import toolgym.agents.engine.engine as engine_module
 from toolgym.agents.kernels import cpu_allocator
 from toolgym.agents.model.transformer import build_model
@@ -78,7 +79,7 @@ def test_an_allocator_the_process_chose_is_left_alone(monkeypatch, environment) 
 
 def test_a_cpu_engine_sets_it_and_a_gpu_one_does_not(monkeypatch) -> None:
     calls = []
-    monkeypatch.setattr(engine_module, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(backend_module, "keep_freed_memory", lambda: calls.append(1) or True)
     with engine_module.TorchEngine(build_model("test", seed=0), max_batch_size=1, max_seq_len=16):
         pass
     assert calls == [1]

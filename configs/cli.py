@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 import typing
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -255,16 +256,21 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
     def run(args: argparse.Namespace) -> int:
-        from .load import ConfigError, config_to_toml, load_config
+        from .load import ConfigDeprecationWarning, ConfigError, config_to_toml, load_config
         from .run_dir import existing_run_config
 
         try:
-            if args.resume is not None:
-                if args.config is not None:
-                    raise ConfigError("--resume", "give a CONFIG or --resume RUN_DIR, not both")
-                config, _ = load_config(existing_run_config(args.resume), args.overrides)
-            else:
-                config, _ = load_config(args.config, args.overrides)
+            if args.resume is not None and args.config is not None:
+                raise ConfigError("--resume", "give a CONFIG or --resume RUN_DIR, not both")
+            spec = existing_run_config(args.resume) if args.resume is not None else args.config
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ConfigDeprecationWarning)
+                config, _ = load_config(spec, args.overrides)
+            for warning in caught:  # one line each, naming the new key; other warnings as usual
+                if issubclass(warning.category, ConfigDeprecationWarning):
+                    print(f"warning: {warning.message}", file=sys.stderr)
+                else:
+                    warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
             if args.print_config:
                 print(config_to_toml(config), end="")
                 return 0

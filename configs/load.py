@@ -14,8 +14,9 @@ Derived defaults (filled only when the key is absent): trainer.optimizer.total_s
 sft.optimizer.total_steps = sft.steps, sft.optimizer.lr = 1e-3.
 
 Deprecated keys, still accepted for one release with a ConfigDeprecationWarning naming the new
-key (`migrate`): `trainer.temperature` (the trainer reads agent.temperature; a different value
-is an error, as it always was).
+key (`migrate`, and `--set` keys in `load_config`): the section `[agent]` is now `[policy]`
+(`agent.x` -> `policy.x`, in files and in `--set`); `trainer.temperature` (the trainer reads
+policy.temperature; a different value is an error, as it always was).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 import msgspec
 from msgspec import inspect
 
-from .schema import AgentSection, Config, RunSection, SFTSection
+from .schema import Config, PolicySection, RunSection, SFTSection
 
 PRESETS_DIR = Path(__file__).resolve().parent
 SHIPPED_TOKENIZER = PRESETS_DIR / "assets" / "tokenizer.json"
@@ -194,7 +195,7 @@ def validation_error(exc: msgspec.ValidationError) -> ConfigError:
 
 def _name_the_field(path: str, parts: list[str], message: str) -> tuple[str, str]:
     """A section's own check ("RolloutConfig.context_length must be >= 2, got 1" or
-    "agent.max_seq_len must be ...", raised at `rollout` / `agent`) as `rollout.context_length:
+    "policy.max_seq_len must be ...", raised at `rollout` / `policy`) as `rollout.context_length:
     must be >= 2, got 1`, so that it names the key to change like every other error."""
     for prefix in (r"[A-Z]\w*", re.escape(path)):
         match = re.match(rf"(?:{prefix})\.(?P<field>\w+(?:\.\w+)*) (?P<rest>must\b.*)$", message, re.S)
@@ -250,22 +251,57 @@ def _deprecated(old: str, new: str) -> None:
     warnings.warn(f"config key {old} is deprecated: {new}", ConfigDeprecationWarning, stacklevel=3)
 
 
+# Deprecated section names -> their new names.
+RENAMED_SECTIONS = {"agent": "policy"}
+
+
+def _migrate_sections(raw: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(raw)
+    for old, new in RENAMED_SECTIONS.items():
+        if old not in out:
+            continue
+        value, current = out.pop(old), out.get(new)
+        if isinstance(value, dict) and isinstance(current, dict):
+            both = sorted(set(value) & set(current))
+            if both:
+                raise ConfigError(
+                    f"{old}.{both[0]}", f"is also set as {new}.{both[0]}; [{old}] is the old name of [{new}]"
+                )
+            value = {**current, **value}
+        elif current is not None:
+            raise ConfigError(old, f"[{old}] is the old name of [{new}]; give one of them")
+        out[new] = value
+        _deprecated(f"[{old}]", f"it is now [{new}] ({old}.x -> {new}.x)")
+    return out
+
+
+def migrate_override(item: str) -> str:
+    """A `--set` assignment with a deprecated section name renamed (with a warning)."""
+    key = item.partition("=")[0].strip()
+    section = key.partition(".")[0]
+    if section in RENAMED_SECTIONS and "." in key:
+        new = RENAMED_SECTIONS[section]
+        _deprecated(f"{section}.*", f"it is now {new}.* (--set {new}{key.removeprefix(section)}=...)")
+        return new + item.lstrip().removeprefix(section)
+    return item
+
+
 def migrate(raw: dict[str, Any]) -> dict[str, Any]:
     """`raw` with the deprecated keys (module doc) moved to their new places, each with a
     ConfigDeprecationWarning. Raises ConfigError for a deprecated key that contradicts its
     replacement."""
-    out = copy.deepcopy(raw)
+    out = _migrate_sections(raw)
     trainer = out.get("trainer")
     if isinstance(trainer, dict) and "temperature" in trainer:
         value = trainer.pop("temperature")
-        sampled = _get(out, "agent.temperature", (int, float), AgentSection().temperature)
+        sampled = _get(out, "policy.temperature", (int, float), PolicySection().temperature)
         if value != sampled:
             raise ConfigError(
                 "",
-                f"trainer.temperature ({value}) must equal agent.temperature ({sampled}): the trainer "
-                "scores tokens as the sampler drew them (and reads agent.temperature itself)",
+                f"trainer.temperature ({value}) must equal policy.temperature ({sampled}): the trainer "
+                "scores tokens as the sampler drew them (and reads policy.temperature itself)",
             )
-        _deprecated("trainer.temperature", "the trainer reads agent.temperature; remove the key")
+        _deprecated("trainer.temperature", "the trainer reads policy.temperature; remove the key")
     return out
 
 
@@ -289,7 +325,7 @@ def load_config(
     """(Config, the raw dict after overrides) from a file path or preset name (None: the CPU demo).
     run.name defaults to the file's stem."""
     path = resolve_config_path(str(spec) if spec is not None else DEFAULT_PRESET)
-    raw = apply_overrides(read_toml(path), overrides)
+    raw = apply_overrides(_migrate_sections(read_toml(path)), [migrate_override(o) for o in overrides])
     run = raw.setdefault("run", {})
     if isinstance(run, dict) and not run.get("name"):
         run["name"] = path.stem
@@ -346,10 +382,10 @@ def check_environment(config: Config, world_size: int = 1) -> None:
         raise ConfigError(
             "logging.tensorboard", "needs the tensorboard package: pip install 'toolgym[tensorboard]'"
         )
-    if config.agent.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+    if config.policy.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         from ..agents.vllm.engine import INSTALL_HINT
 
-        raise ConfigError("agent.backend", f"'vllm' needs vllm: {INSTALL_HINT}")
+        raise ConfigError("policy.backend", f"'vllm' needs vllm: {INSTALL_HINT}")
     if config.batch.groups_per_batch % world_size:
         raise ConfigError(
             "batch.groups_per_batch",

@@ -1,10 +1,10 @@
 """The synchronous RL loop: sample task seeds -> roll out groups -> grade -> advantages (and DAPO
-dynamic sampling) -> train -> push the new weights into the generator -> repeat, with an eval on
+dynamic sampling) -> train -> push the new weights into the policy -> repeat, with an eval on
 the held-out seeds every N steps.
 
-Under torchrun every rank has its own generator, rolls out its share of the groups from its own
+Under torchrun every rank has its own policy, rolls out its share of the groups from its own
 (rank-disjoint) task seed stream, and trains on its own episodes (`train_step(sharded=True)`: the
-trainer's counts are all-reduced, so the update is the whole batch's). Every rank's generator gets
+trainer's counts are all-reduced, so the update is the whole batch's). Every rank's policy gets
 the new weights. Rank 0 logs, evaluates and records; checkpoints are collectives. The ranks stay
 in lockstep through the trainer's collectives and the per-step metrics gather.
 
@@ -75,7 +75,7 @@ def combine_rank_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, floa
 
 
 class RLLoop:
-    """Owns the per-run objects (runner, generator, trainer, stream); built once, stepped many times."""
+    """Owns the per-run objects (runner, policy, trainer, stream); built once, stepped many times."""
 
     def __init__(
         self,
@@ -83,7 +83,7 @@ class RLLoop:
         run: RunDir,
         dist: DistInfo,
         trainer: Trainer,
-        generator: Policy,
+        policy: Policy,
         renderer: ChatRenderer,
         log: MetricsLog,
         checkpoints: CheckpointManager,
@@ -92,7 +92,7 @@ class RLLoop:
         max_seq_len: int | None = None,
     ) -> None:
         self.config, self.run, self.dist = config, run, dist
-        self.trainer, self.generator, self.renderer, self.log = trainer, generator, renderer, log
+        self.trainer, self.policy, self.renderer, self.log = trainer, policy, renderer, log
         self.checkpoints, self.stream = checkpoints, stream
         self.step = start_step
         self.rollout: RolloutConfig = config.rollout_config()
@@ -100,7 +100,7 @@ class RLLoop:
         self.batch_config: BatchConfig = msgspec.structs.replace(
             config.batch, groups_per_batch=groups, max_seq_len=config.batch.max_seq_len or max_seq_len
         )
-        self.runner = RolloutRunner(generator, renderer, self.rollout)
+        self.runner = RolloutRunner(policy, renderer, self.rollout)
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self._fingerprint = tokenizer_fingerprint(renderer.tokenizer)
         self._train_writer: RecordingWriter | None = None
@@ -128,14 +128,14 @@ class RLLoop:
         )
 
     def evaluate(self, runner: asyncio.Runner, label: str) -> dict[str, float] | None:
-        """Rank 0 evaluates its generator on the held-out seeds, logs, prints a few transcripts."""
+        """Rank 0 evaluates its policy on the held-out seeds, logs, prints a few transcripts."""
         if not self.dist.is_main:
             return None
         report: EvalReport = runner.run(
-            evaluate(self.generator, self.renderer, self.rollout, self.config.eval.to_eval_config())
+            evaluate(self.policy, self.renderer, self.rollout, self.config.eval.to_eval_config())
         )
         metrics = dict(report.metrics)
-        metrics["eval/policy_version"] = float(self.generator.policy_version)
+        metrics["eval/policy_version"] = float(self.policy.policy_version)
         self.log.log("eval", self.step, metrics)
         for example in report.examples:
             self.log.print(example)
@@ -168,7 +168,7 @@ class RLLoop:
             train = self.trainer.train_step(batch.episodes, sharded=True)
             trained = time.perf_counter()
             if not train["skipped"]:
-                sync_s = push_weights(self.trainer, self.generator)
+                sync_s = push_weights(self.trainer, self.policy)
         else:  # every group was dropped (zero variance): nothing to learn from this step
             trained = rolled
         self.step += 1

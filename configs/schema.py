@@ -5,12 +5,14 @@ Sections (all optional; every key has a default):
     [run]        name, steps (RL steps), seed, run_dir, export_hf, plot
     [env]        id, kwargs (a table of the env's keyword arguments)
     [model]      name (a named config: tiny, test, ...) or path (a Hugging Face directory; wins when
-                 set), overrides (ModelConfig fields for a named config), dtype (the generator's),
+                 set), overrides (ModelConfig fields for a named config), dtype (the policy's),
                  init_seed
     [tokenizer]  path ("" = the model directory's tokenizer.json, else the shipped one)
-    [agent]      backend (torch | vllm), temperature, top_p, top_k, max_batch_size, max_seq_len, cuda_graphs, fused_layers,
-                 history_capacity, replicas,
-                 [agent.vllm] (VLLMConfig: dtype, kv_cache_gib, gpu_memory_utilization, ...)
+    [policy]     the policy that samples: temperature, top_p, top_k (SamplingConfig), backend
+                 (torch | vllm), max_batch_size, max_seq_len, cuda_graphs, fused_layers,
+                 history_capacity, replicas, [policy.vllm] (VLLMConfig: dtype, kv_cache_gib,
+                 gpu_memory_utilization, ...). `[agent]`, its old name, is still read for one
+                 release, with a warning (configs/load.py).
     [rollout]    RolloutSettings: group_size, max_turns, max_tokens_per_turn, max_tokens_per_episode,
                  context_length, episode_timeout_s, observation_role, max_concurrent_episodes
     [batch]      BatchConfig: groups_per_batch (per step, over ALL ranks), dynamic_sampling,
@@ -29,13 +31,14 @@ Sections (all optional; every key has a default):
 
 Each setting is declared once: the components' own config Structs are the sections where their
 shape suits TOML (RolloutSettings, BatchConfig, TrainerConfig, LossConfig, OptimizerConfig,
-CheckpointConfig, OracleConfig, VLLMConfig), and the sampling fields of [agent] are the
+CheckpointConfig, OracleConfig, VLLMConfig), and the sampling fields of [policy] are the
 SamplingConfig that both the runner and the trainer read; `Config.rollout_config()` adds the env,
 sampling and seed to [rollout]. The eval section is a wrapper that builds EvalConfig. Loading and error reporting: configs/load.py.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 import msgspec
@@ -80,7 +83,7 @@ class ModelSection(msgspec.Struct, **_STRICT):
     name: str = "tiny"  # ModelConfig.named(name), randomly initialised with init_seed
     path: str = ""  # a Hugging Face directory (config.json + safetensors); wins over name when set
     overrides: dict[str, Any] = msgspec.field(default_factory=dict)  # ModelConfig fields (named only)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # the generator's weights
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # the policy's weights (the trainer's are float32)
     init_seed: int = 0
 
     def __post_init__(self) -> None:
@@ -96,7 +99,7 @@ class TokenizerSection(msgspec.Struct, **_STRICT):
     path: str = ""  # "" = the model directory's tokenizer.json if it has one, else the shipped one
 
 
-class AgentSection(SamplingConfig, **_STRICT):
+class PolicySection(SamplingConfig, **_STRICT):
     """The policy that samples: its SamplingConfig fields (temperature, top_p, top_k; declared
     once in rollouts/types.py, read by the runner and the trainer) and the backend's settings."""
 
@@ -118,13 +121,13 @@ class AgentSection(SamplingConfig, **_STRICT):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.temperature > 0:
-            raise ValueError(f"agent.temperature must be > 0 for RL sampling, got {self.temperature}")
-        _positive("agent", max_batch_size=self.max_batch_size, replicas=self.replicas)
+            raise ValueError(f"policy.temperature must be > 0 for RL sampling, got {self.temperature}")
+        _positive("policy", max_batch_size=self.max_batch_size, replicas=self.replicas)
         if self.max_seq_len < 0:
-            raise ValueError(f"agent.max_seq_len must be >= 0, got {self.max_seq_len}")
+            raise ValueError(f"policy.max_seq_len must be >= 0, got {self.max_seq_len}")
         if self.history_capacity < -1:
             raise ValueError(
-                f"agent.history_capacity must be -1 (default), 0 (off) or > 0, got {self.history_capacity}"
+                f"policy.history_capacity must be -1 (default), 0 (off) or > 0, got {self.history_capacity}"
             )
 
 
@@ -208,11 +211,13 @@ class ParallelSection(msgspec.Struct, **_STRICT):
 
 
 class Config(msgspec.Struct, **_STRICT):
+    """A whole run's config: one field per TOML section (the module doc)."""
+
     run: RunSection = msgspec.field(default_factory=RunSection)
     env: EnvSection = msgspec.field(default_factory=EnvSection)
     model: ModelSection = msgspec.field(default_factory=ModelSection)
     tokenizer: TokenizerSection = msgspec.field(default_factory=TokenizerSection)
-    agent: AgentSection = msgspec.field(default_factory=AgentSection)
+    policy: PolicySection = msgspec.field(default_factory=PolicySection)
     rollout: RolloutSettings = msgspec.field(default_factory=RolloutSettings)
     batch: BatchConfig = msgspec.field(default_factory=BatchConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
@@ -222,13 +227,19 @@ class Config(msgspec.Struct, **_STRICT):
     checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
     parallel: ParallelSection = msgspec.field(default_factory=ParallelSection)
 
+    @property
+    def agent(self) -> PolicySection:
+        """Deprecated: the old name of `policy` (kept for one release)."""
+        warnings.warn("Config.agent is deprecated: use Config.policy", DeprecationWarning, stacklevel=2)
+        return self.policy
+
     def rollout_config(self, env_kwargs: dict[str, Any] | None = None) -> RolloutConfig:
         """The runner's config: [rollout], with the env from [env] (or `env_kwargs`), the sampling
-        from [agent] and the seed from [run]."""
+        from [policy] and the seed from [run]."""
         return RolloutConfig.build(
             self.rollout,
             env_id=self.env.id,
             env_kwargs=self.env.kwargs if env_kwargs is None else env_kwargs,
-            sampling=self.agent,
+            sampling=self.policy,
             seed=self.run.seed,
         )

@@ -114,7 +114,7 @@ def run_sft(
     """Train `model` on `episodes` for sft.steps optimizer steps; returns the trainer (whose model
     holds the result). Collective under torchrun."""
     sft = config.sft
-    trainer = Trainer(model, sft_trainer_config(config), device=device, sampling=config.agent)
+    trainer = Trainer(model, sft_trainer_config(config), device=device, sampling=config.policy)
     order = BatchOrder(len(episodes), sft.batch_episodes, seed=config.run.seed)
     started = time.perf_counter()
     with tqdm(total=sft.steps, desc="sft", unit="step", disable=not progress, dynamic_ncols=True) as bar:

@@ -33,15 +33,15 @@ from ..trainers.checkpoint import CheckpointManager, export_hf
 from ..trainers.distributed import all_gather_objects, barrier
 from ..trainers.weight_sync import push_weights
 from .build import (
-    build_generator,
+    build_policy,
     build_renderer,
     build_trainer,
     check_model,
-    describe_generator,
-    engine_max_seq_len,
+    describe_policy,
     initial_model,
     load_model,
     model_config,
+    policy_max_seq_len,
     save_initial_model,
     setup_distributed,
 )
@@ -180,7 +180,7 @@ def _sft_phase(
     config: Config, run: RunDir, dist, renderer, tokenizer_file: Path, log: MetricsLog, progress: bool
 ) -> float | None:
     """SFT on the configured demonstrations; returns their accuracy (None if unknown)."""
-    max_seq_len = engine_max_seq_len(config, model_config(config))
+    max_seq_len = policy_max_seq_len(config, model_config(config))
     record_to = run.trajectories / "sft_demos.jsonl" if dist.is_main else None
     if record_to is not None and record_to.exists():
         record_to.unlink()  # a redone SFT phase writes its demos afresh
@@ -281,21 +281,21 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     )
     model = load_model(base_dir) if base_dir is not None else initial_model(config)
     hf_dir = base_dir
-    if config.agent.backend == "vllm" and hf_dir is None:
+    if config.policy.backend == "vllm" and hf_dir is None:
         hf_dir = save_initial_model(model, run.initial_model, tokenizer_file, dist.is_main)
-    generator = build_generator(config, model, hf_dir, renderer, dist.device)
-    log.print(describe_generator(generator))
+    policy = build_policy(config, model, hf_dir, renderer, dist.device)
+    log.print(describe_policy(policy))
     reference = copy.deepcopy(model) if config.trainer.loss.kl_coef > 0 else None
-    trainer = build_trainer(config.trainer, model, dist.device, reference, sampling=config.agent)
+    trainer = build_trainer(config.trainer, model, dist.device, reference, sampling=config.policy)
     manager = CheckpointManager(run.rl_checkpoints, config.checkpoint.keep_last)
     stream = TaskSeedStream(stream=rl_stream(config), rank=dist.rank, world_size=dist.world_size)
     if latest is not None:
         data = manager.load(trainer, latest) or {}
         stream.position = _stream_position(data, dist.rank, dist.world_size)
-        push_weights(trainer, generator)
+        push_weights(trainer, policy)
     loop = RLLoop(
-        config, run, dist, trainer, generator, renderer, log, manager, stream, resume_step,
-        engine_max_seq_len(config, model.config),
+        config, run, dist, trainer, policy, renderer, log, manager, stream, resume_step,
+        policy_max_seq_len(config, model.config),
     )  # fmt: skip
     total = config.run.steps
     try:
@@ -335,6 +335,6 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         barrier()
     finally:
         loop.close()
-        generator.close()
+        policy.close()
         log.close()
     return 0

@@ -1,8 +1,8 @@
-"""Push the trainer's new weights into the generator (any `Policy`: torch engine or vLLM).
+"""Push the trainer's new weights into the policy (any `Policy`: torch engine or vLLM).
 
 In process, no disk: the sharded parameters are gathered whole (HF names, the tied lm_head
 dropped as in a HF checkpoint) and handed to `policy.load_weights(named_tensors, version)`,
-which copies them into the generator's own weights (casting to its dtype) and, for vLLM,
+which copies them into the policy's own weights (casting to its dtype) and, for vLLM,
 resets the prefix cache. The version is the trainer's step (the number of applied updates).
 """
 
@@ -38,7 +38,7 @@ def gather_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
 
 
 def push_weights(trainer: Trainer, policy: Policy | None, version: int | None = None) -> float:
-    """Gather the weights and load them into `policy` (pass None on ranks without a generator).
+    """Gather the weights and load them into `policy` (pass None on ranks without a policy).
 
     Collective. Returns the wall time of the whole sync in seconds (device work included).
     """

@@ -29,7 +29,7 @@ def small_config(run_dir: Path, **sections) -> dict:
     raw = {
         "run": {"steps": 2, "run_dir": str(run_dir)},
         "model": {"name": "test", "overrides": {"vocab_size": 1024}},
-        "agent": {"max_batch_size": 16, "max_seq_len": 256},
+        "policy": {"max_batch_size": 16, "max_seq_len": 256},
         "rollout": {"group_size": 2, "max_turns": 3, "max_tokens_per_turn": 8, "max_tokens_per_episode": 24},
         "batch": {"groups_per_batch": 2},
         "trainer": {"optimizer": {"lr": 1e-3}},

@@ -46,7 +46,7 @@ def test_cpu_presets_pass_the_environment_checks():
     for name in PRESETS[:3]:
         config, _ = load_config(name)
         check_environment(config)
-        assert config.agent.backend == "torch" and config.sft.enabled
+        assert config.policy.backend == "torch" and config.sft.enabled
 
 
 def test_gpu_preset_says_it_is_not_runnable_here():
@@ -54,7 +54,7 @@ def test_gpu_preset_says_it_is_not_runnable_here():
     head = path.read_text().splitlines()[0]
     assert "NOT RUNNABLE ON THE CPU MACHINE" in head
     config, _ = load_config("qwen2.5_0.5b_vllm")
-    assert config.agent.backend == "vllm" and config.model.path and config.parallel.device == "cuda"
+    assert config.policy.backend == "vllm" and config.model.path and config.parallel.device == "cuda"
 
 
 def test_the_cpu_demo_is_the_default_and_the_presets_reproduce_the_issue_shape():
@@ -100,7 +100,7 @@ def test_parse_value_takes_floats_toml_refuses_but_not_non_finite_ones():
     [
         ("trainer.optimizer.lr=nan", "config error: trainer.optimizer.lr: must be a finite number, got nan"),
         ("trainer.optimizer.lr=inf", "config error: trainer.optimizer.lr: must be a finite number, got inf"),
-        ("agent.top_p=-inf", "config error: agent.top_p: must be a finite number, got -inf"),
+        ("policy.top_p=-inf", "config error: policy.top_p: must be a finite number, got -inf"),
         ("trainer.optimizer.betas=[0.9, nan]", "config error: trainer.optimizer.betas: must be a finite"),
         ("rollout.episode_timeout_s=nan", "config error: rollout.episode_timeout_s: must be a finite"),
         ("env.kwargs={tier='simple', x=nan}", "config error: env.kwargs.x: must be a finite number"),
@@ -137,10 +137,10 @@ def test_errors_are_one_line_naming_the_field():
     assert error_of({"rollout": {"gruop_size": 8}}).startswith(
         "config error: rollout.gruop_size: unknown key (rollout keys: context_length,"
     )
-    assert error_of({"rollouts": {}}).startswith("config error: rollouts: unknown key (sections: agent,")
+    assert error_of({"rollouts": {}}).startswith("config error: rollouts: unknown key (sections: batch,")
     # inside reused component Structs that would otherwise ignore unknown keys
-    assert error_of({"agent": {"vllm": {"gpu_mem": 0.5}}}).startswith(
-        "config error: agent.vllm.gpu_mem: unknown key"
+    assert error_of({"policy": {"vllm": {"gpu_mem": 0.5}}}).startswith(
+        "config error: policy.vllm.gpu_mem: unknown key"
     )
     assert error_of({"batch": {"advantage": {"estimater": "grpo"}}}).startswith(
         "config error: batch.advantage.estimater: unknown key"
@@ -163,16 +163,16 @@ def test_errors_are_one_line_naming_the_field():
         "config error: batch.advantage.eps: must be"
     )
     assert error_of({"run": {"seed": -1}}) == "config error: run.seed: must be >= 0, got -1"
-    assert error_of({"agent": {"temperature": 0.7}, "trainer": {"temperature": 1.0}}).startswith(
-        "config error: trainer.temperature (1.0) must equal agent.temperature (0.7)"
+    assert error_of({"policy": {"temperature": 0.7}, "trainer": {"temperature": 1.0}}).startswith(
+        "config error: trainer.temperature (1.0) must equal policy.temperature (0.7)"
     )  # the deprecated key, still checked
     for message in (error_of({"rollout": {"group_size": 0}}), error_of({"eval": {"num_tasks": 0}})):
         assert "\n" not in message
 
 
 def test_derived_defaults_follow_the_values_they_copy():
-    config = config_from_dict({"agent": {"temperature": 0.7}, "run": {"steps": 30}, "sft": {"steps": 12}})
-    assert config.agent.temperature == 0.7 and not hasattr(config.trainer, "temperature")  # one place
+    config = config_from_dict({"policy": {"temperature": 0.7}, "run": {"steps": 30}, "sft": {"steps": 12}})
+    assert config.policy.temperature == 0.7 and not hasattr(config.trainer, "temperature")  # one place
     assert config.trainer.optimizer.total_steps == 30 and config.sft.optimizer.total_steps == 12
     assert config.sft.optimizer.lr == 1e-3
     explicit = config_from_dict({"sft": {"optimizer": {"lr": 5e-4, "total_steps": 7}}})
@@ -183,7 +183,7 @@ def test_components_get_their_configs():
     config = config_from_dict(
         {
             "env": {"kwargs": {"tier": "compositional"}},
-            "agent": {"temperature": 0.9, "top_k": 5},
+            "policy": {"temperature": 0.9, "top_k": 5},
             "run": {"seed": 3},
         }
     )
@@ -225,48 +225,48 @@ def test_the_rollout_config_a_run_builds_is_the_one_validated():
 
 @pytest.mark.parametrize("setting", ["cuda_graphs", "fused_layers"])
 @pytest.mark.parametrize("on", [True, False])
-def test_agent_gpu_settings_reach_the_engine(setting, on):
+def test_policy_gpu_settings_reach_the_engine(setting, on):
     import torch
 
-    from toolgym.configs.build import build_generator, build_renderer, initial_model
+    from toolgym.configs.build import build_policy, build_renderer, initial_model
 
-    config, _ = load_config("zorplex_tiny", ["model.name=test", f"agent.{setting}={str(on).lower()}"])
-    assert getattr(config.agent, setting) is on
+    config, _ = load_config("zorplex_tiny", ["model.name=test", f"policy.{setting}={str(on).lower()}"])
+    assert getattr(config.policy, setting) is on
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     renderer, _ = build_renderer(config)
     engine_attribute = {"cuda_graphs": "cuda_graphs", "fused_layers": "fused"}[setting]
-    with build_generator(config, initial_model(config), None, renderer, device) as engine:
+    with build_policy(config, initial_model(config), None, renderer, device) as engine:
         # never asked for on CPU
         assert getattr(engine, engine_attribute) is (on and device.type == "cuda")
 
 
 @pytest.mark.parametrize(("setting", "positions"), [(None, 128 * 256), (0, 0), (1000, 1000)])
-def test_agent_history_capacity_reaches_the_engine(setting, positions):
+def test_policy_history_capacity_reaches_the_engine(setting, positions):
     import torch
 
-    from toolgym.configs.build import build_generator, build_renderer, describe_generator, initial_model
+    from toolgym.configs.build import build_policy, build_renderer, describe_policy, initial_model
 
-    overrides = ["model.name=test"] + ([] if setting is None else [f"agent.history_capacity={setting}"])
+    overrides = ["model.name=test"] + ([] if setting is None else [f"policy.history_capacity={setting}"])
     config, _ = load_config("zorplex_tiny", overrides)  # 128 slots of 256 positions
     renderer, _ = build_renderer(config)
-    with build_generator(config, initial_model(config), None, renderer, torch.device("cpu")) as engine:
+    with build_policy(config, initial_model(config), None, renderer, torch.device("cpu")) as engine:
         assert engine.cache.history_capacity == positions
-        line = describe_generator(engine)  # what `toolgym train` prints about it
-    assert line.startswith("generator: torch engine, 128 slots x 256 tokens, KV cache ")
+        line = describe_policy(engine)  # what `toolgym train` prints about it
+    assert line.startswith("policy: torch engine, 128 slots x 256 tokens, KV cache ")
     assert ("kept histories" in line) is (positions > 0)
 
 
 @pytest.mark.slow
-def test_agent_replicas_build_engine_processes():
+def test_policy_replicas_build_engine_processes():
     import torch
 
     from toolgym.agents.types import SamplingParams
-    from toolgym.configs.build import build_generator, build_renderer, describe_generator, initial_model
+    from toolgym.configs.build import build_policy, build_renderer, describe_policy, initial_model
 
-    config, _ = load_config("zorplex_tiny", ["model.name=test", "agent.replicas=2", "agent.max_batch_size=4"])
+    config, _ = load_config("zorplex_tiny", ["model.name=test", "policy.replicas=2", "policy.max_batch_size=4"])
     renderer, _ = build_renderer(config)
-    with build_generator(config, initial_model(config), None, renderer, torch.device("cpu")) as engine:
-        assert describe_generator(engine).startswith("generator: 2 torch engine processes (agent.replicas)")
+    with build_policy(config, initial_model(config), None, renderer, torch.device("cpu")) as engine:
+        assert describe_policy(engine).startswith("policy: 2 torch engine processes (policy.replicas)")
         prompt = [1, 2, 3]
         completions = engine.generate_sync([prompt, prompt], SamplingParams(max_tokens=3, n=2, seed=0))
     assert [len(c.tokens) for c in completions] == [3, 3, 3, 3]
@@ -295,14 +295,14 @@ def test_model_path_wins_over_the_named_config(tmp_path):
             ["batch.max_groups_per_round=-2"],
             "config error: batch.max_groups_per_round: must be >= 1 (or unset), got -2",
         ),
-        (["agent.history_capacity=-2"], "config error: agent.history_capacity: must be -1"),
-        (["agent.replicas=0"], "config error: agent.replicas: must be >= 1, got 0"),
+        (["policy.history_capacity=-2"], "config error: policy.history_capacity: must be -1"),
+        (["policy.replicas=0"], "config error: policy.replicas: must be >= 1, got 0"),
         (
             ["model.overrides={vocab_size=100}"],
             "config error: model: vocab_size 100 is smaller than the tokenizer's",
         ),
-        (["agent.max_seq_len=1"], "config error: agent.max_seq_len: must be in [2, "),
-        (["agent.max_seq_len=100000"], "config error: agent.max_seq_len: must be in [2, "),
+        (["policy.max_seq_len=1"], "config error: policy.max_seq_len: must be in [2, "),
+        (["policy.max_seq_len=100000"], "config error: policy.max_seq_len: must be in [2, "),
         (["rollout.context_length=1"], "config error: rollout.context_length: must be >= 2, got 1"),
         (["rollout.episode_timeout_s=0"], "config error: rollout.episode_timeout_s: must be > 0, got 0"),
         (
@@ -365,8 +365,8 @@ def test_presets_ship_as_package_data():
 
 def test_deprecated_trainer_temperature_still_loads_with_a_warning():
     with pytest.warns(DeprecationWarning, match="trainer.temperature is deprecated"):
-        config = config_from_dict({"agent": {"temperature": 0.7}, "trainer": {"temperature": 0.7}})
-    assert config.agent.temperature == 0.7
+        config = config_from_dict({"policy": {"temperature": 0.7}, "trainer": {"temperature": 0.7}})
+    assert config.policy.temperature == 0.7
 
 
 def test_rollout_settings_are_declared_once():
@@ -375,9 +375,28 @@ def test_rollout_settings_are_declared_once():
     from toolgym.rollouts.runner import RolloutConfig
     from toolgym.rollouts.types import RolloutSettings, SamplingConfig
 
-    config = config_from_dict({"rollout": {"max_turns": 3}, "agent": {"top_p": 0.5}})
-    assert type(config.rollout) is RolloutSettings and isinstance(config.agent, SamplingConfig)
+    config = config_from_dict({"rollout": {"max_turns": 3}, "policy": {"top_p": 0.5}})
+    assert type(config.rollout) is RolloutSettings and isinstance(config.policy, SamplingConfig)
     rollout = config.rollout_config()
     assert isinstance(rollout, RolloutConfig) and rollout.max_turns == 3 and rollout.sampling.top_p == 0.5
     own = {f.name for f in msgspec.structs.fields(RolloutConfig)} - set(RolloutSettings.__struct_fields__)
     assert own == {"env_id", "env_kwargs", "sampling", "seed"}
+
+
+def test_the_old_agent_section_still_loads_with_a_warning(tmp_path, capsys):
+    with pytest.warns(DeprecationWarning, match=r"\[agent\] is deprecated: it is now \[policy\]"):
+        config = config_from_dict({"agent": {"temperature": 0.5, "vllm": {"dtype": "float32"}}})
+    assert config.policy.temperature == 0.5 and config.policy.vllm.dtype == "float32"
+    with pytest.warns(DeprecationWarning, match=r"policy\.\*"):
+        config, _ = load_config("zorplex_tiny", ["agent.max_batch_size=7"])
+    assert config.policy.max_batch_size == 7
+    assert error_of({"agent": {"top_k": 1}, "policy": {"top_k": 2}}).startswith(
+        "config error: agent.top_k: is also set as policy.top_k"
+    )
+    old = tmp_path / "old.toml"
+    old.write_text('[agent]\ntemperature = 1.0\n[run]\nsteps = 1\n')
+    assert main(["train", str(old), "--set", "agent.top_k=3", "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert "[policy]" in out and "top_k = 3" in out and "[agent]" not in out
+    assert "warning: config key [agent] is deprecated: it is now [policy]" in err
+    assert "warning: config key agent.* is deprecated: it is now policy.*" in err

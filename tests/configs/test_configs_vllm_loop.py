@@ -38,7 +38,7 @@ def test_the_loop_runs_on_the_vllm_backend(tmp_path):
     raw = small_config(
         run_dir,
         sft={"enabled": False},
-        agent={"backend": "vllm", "vllm": {"dtype": "float32", "kv_cache_gib": 0.0625, "max_num_seqs": 16}},
+        policy={"backend": "vllm", "vllm": {"dtype": "float32", "kv_cache_gib": 0.0625, "max_num_seqs": 16}},
         eval={"every_steps": 0},
         checkpoint={"every_steps": 0},
     )

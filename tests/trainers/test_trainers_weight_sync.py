@@ -1,4 +1,4 @@
-"""Weight sync: after a push, the generator scores tokens exactly as the trainer does."""
+"""Weight sync: after a push, the policy scores tokens exactly as the trainer does."""
 
 import asyncio
 import sys
@@ -22,7 +22,7 @@ torch.set_num_threads(1)
 
 
 class ModelPolicy:
-    """The smallest generator-side receiver: a plain model that takes `load_weights`."""
+    """The smallest policy-side receiver: a plain model that takes `load_weights`."""
 
     def __init__(self, model):
         self.model = model
@@ -44,7 +44,7 @@ def _trained(steps=2):
     return trainer
 
 
-def test_push_weights_makes_the_generator_score_like_the_trainer():
+def test_push_weights_makes_the_policy_score_like_the_trainer():
     trainer = _trained()
     policy = ModelPolicy(build_model("test", seed=42))
     seconds = push_weights(trainer, policy)

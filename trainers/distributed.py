@@ -55,11 +55,10 @@ def device_mesh(info: DistInfo) -> DeviceMesh:
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32") -> nn.Module:
     """`fsdp_wrap(model, ...)`, except in a world of one, where the model is returned as it is:
-    there FSDP2 does not shard, and its per-step copies of every parameter and gradient cost 8-15%
-    of a CPU SFT step of the demo (bench/sft_step.py). For bf16 the Trainer then runs its forwards
-    under `torch.autocast` (bf16 matmuls and attention, fp32 weights and residual stream): a CPU
-    GRPO step of bench-3m took 0.187 s against 0.217 s with FSDP2's bf16 parameters
-    (bench/RESULTS.md; not measured on a GPU)."""
+    there FSDP2 does not shard, only copies every parameter and gradient each step
+    (bench/RESULTS.md, "bench/sft_step.py"). For bf16 the Trainer then runs its forwards under
+    `torch.autocast` (bf16 matmuls and attention, fp32 weights and residual stream), faster on CPU
+    than FSDP2's bf16 parameters (bench/RESULTS.md, "bench/vs_trl.py")."""
     if mesh.size() == 1:
         return model
     return fsdp_wrap(model, mesh, precision)

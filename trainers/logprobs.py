@@ -117,9 +117,8 @@ def token_logprobs_and_entropy(
     logits: Tensor, targets: Tensor, temperature: float = 1.0, with_entropy: bool = True
 ) -> tuple[Tensor, Tensor | None]:
     """`token_logprobs` (with grad) and the entropy metric (no grad; None unless `with_entropy`)
-    in one pass over the logits: one float32 copy and one log-normaliser per chunk serve both.
-    On bench/vs_trl.py's micro-batch (2,272 x 1,024 bf16 logits) forward, entropy and backward
-    took 7.5-9.5 ms this way against 11.3-11.9 ms apart. An entropy *bonus* needs
+    in one pass over the logits: one float32 copy and one log-normaliser per chunk serve both,
+    faster than the two apart (bench/RESULTS.md, "bench/vs_trl.py"). An entropy *bonus* needs
     `entropy_from_logits` (with grad) instead."""
     logprobs, entropy = _token_logprobs(logits, targets, temperature, with_entropy)
     return logprobs, entropy if with_entropy else None

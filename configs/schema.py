@@ -99,7 +99,7 @@ class TokenizerSection(msgspec.Struct, **_STRICT):
     path: str = ""  # "" = the model directory's tokenizer.json if it has one, else the shipped one
 
 
-class PolicySection(SamplingConfig, **_STRICT):
+class PolicySection(SamplingConfig, frozen=True, **_STRICT):
     """The policy that samples: its SamplingConfig fields (temperature, top_p, top_k; declared
     once in rollouts/types.py, read by the runner and the trainer) and the backend's settings."""
 

@@ -138,10 +138,11 @@ def step_env(env: gymnasium.Env, action: str) -> tuple[str, float, bool, bool, d
 def abandon_env(env: gymnasium.Env) -> tuple[float, dict[str, Any]] | None:
     """The env's optional `abandon()` (see the module doc), its outputs checked; None when the env
     has no such method. Raises what it raises, or EnvOutputError naming the unusable output."""
-    abandon: Any = getattr(env.unwrapped, "abandon", None)
+    abandon = getattr(env.unwrapped, "abandon", None)
     if not callable(abandon):
         return None
-    reward, info = abandon()
+    settled: Any = abandon()
+    reward, info = settled
     return _check_number("abandon() reward", reward), _check_info("abandon() info", info)
 
 

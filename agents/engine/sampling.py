@@ -106,8 +106,8 @@ def _row_mass(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @functools.cache
 def _compiled_row_mass():
     # On a GPU, one fused pass per reduction over the [n, vocab] logits instead of a float copy,
-    # a log-softmax, an exp, a float64 copy and a float64 scan of them all (at Qwen's 152k
-    # vocabulary and 256 rows: 1.05 -> ~0.15 ms a step, bench/RESULTS.md).
+    # a log-softmax, an exp, a float64 copy and a float64 scan of them all (bench/RESULTS.md,
+    # 'bench/generate.py' on CUDA).
     return torch.compile(_row_mass, dynamic=True)
 
 

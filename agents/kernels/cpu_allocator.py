@@ -1,16 +1,14 @@
 """glibc malloc set to keep freed memory for the next allocation, for the engine's CPU work.
 
-A CPU prefill's temporaries are megabytes each (bench-3m, 64 prompts x 128 tokens: 4-11 MB per
-activation). glibc serves allocations that large with fresh mmap()s, and gives freed heap tops
-back to the OS, so each forward writes to new pages and pays their page faults: `F.rms_norm` of a
-bf16 [64, 128, 256] took 4.3-6.2 ms that way (~4,000 minor faults a call) and 0.45-0.7 ms with
-this module (none); the bench-3m bf16 prefill 102-107 against 87-89 ms (2-core EPYC,
-bench/RESULTS.md). With the mmap threshold at glibc's maximum (32 MiB) and heap trimming off,
+A CPU prefill's temporaries are megabytes each. glibc serves allocations that large with fresh
+mmap()s, and gives freed heap tops back to the OS, so each forward writes to new pages and pays
+their page faults, several times the op's own work for a norm over a prefill's activations
+(bench/RESULTS.md, 'bench/generate.py', the bf16 prefill). With the mmap threshold at glibc's maximum (32 MiB) and heap trimming off,
 those allocations come from the heap and are reused, which is what tcmalloc or jemalloc
 (LD_PRELOAD) would do, without a preload.
 
 It is process-wide: memory a process has freed stays mapped for its later allocations instead of
-returning to the OS (the CPU demo's peak RSS was 1.67 GB with it, 1.71 without).
+returning to the OS (the CPU demo's peak memory was not larger with it: bench/RESULTS.md).
 `keep_freed_memory()` changes nothing where the process already chose (MALLOC_MMAP_THRESHOLD_,
 MALLOC_TRIM_THRESHOLD_ or MALLOC_TOP_PAD_ in the environment, or an allocator in LD_PRELOAD), off
 glibc, or with TOOLGYM_MALLOC_TUNING=0.

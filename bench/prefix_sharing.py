@@ -47,8 +47,8 @@ ENGINES = {  # row name -> TorchEngine options
 def measure(model, renderer, config, options: dict, batches: list[list[int]]) -> dict:
     engine = TorchEngine(
         model,
-        max_batch_size=config.agent.max_batch_size,
-        max_seq_len=config.agent.max_seq_len,
+        max_batch_size=config.policy.max_batch_size,
+        max_seq_len=config.policy.max_seq_len,
         tokenizer=renderer.tokenizer,
         **options,
     )

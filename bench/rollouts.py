@@ -79,7 +79,7 @@ def requests_of(
             history = history + transition.observation_tokens
             params = SamplingParams(
                 max_tokens=len(transition.action.tokens),
-                temperature=config.temperature,
+                temperature=config.sampling.temperature,
                 stop_token_ids=stop_ids,
                 seed=sampling_seed(episode_seed, k),
             )

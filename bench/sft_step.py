@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import format_table, machine_summary
 
 import toolgym.trainers.trainer as trainer_module
-from toolgym.configs.build import build_renderer, engine_max_seq_len, initial_model, model_config
+from toolgym.configs.build import build_renderer, policy_max_seq_len, initial_model, model_config
 from toolgym.configs.load import load_config
 from toolgym.configs.sft import BatchOrder, demo_episodes, sft_trainer_config
 from toolgym.trainers.distributed import fsdp_wrap
@@ -39,7 +39,7 @@ def main() -> None:
 
     config, _ = load_config("zorplex_tiny", ["sft.num_tasks=1024"])
     renderer, _ = build_renderer(config)
-    episodes, _, _ = demo_episodes(config, renderer, engine_max_seq_len(config, model_config(config)))
+    episodes, _, _ = demo_episodes(config, renderer, policy_max_seq_len(config, model_config(config)))
     order = BatchOrder(len(episodes), config.sft.batch_episodes, seed=0)
     batches = [[episodes[i] for i in order.next()] for _ in range(3 + args.steps * args.repeats + 1)]
 

@@ -37,11 +37,11 @@ in this one process); TRL gets `bf16=True` (its accelerate autocast covers gener
 Worth timing on CPUs with fast bf16 matmuls (AVX-512 BF16 / AMX); elsewhere bf16 is slower.
 
 `--replicas N` (default 1): toolgym samples with N engine processes of threads/N threads each
-(agents/engine/replicas.py, `agent.replicas` in a config); its weight sync then goes to all of them.
+(agents/engine/replicas.py, `policy.replicas` in a config); its weight sync then goes to all of them.
 TRL generates with its training model in its own process and has no such setting.
 
 "One GRPO step" = generation + reward + advantages + forward/backward + optimizer step, plus the
-in-process weight sync into the generator for toolgym (TRL generates with the training model
+in-process weight sync into the policy for toolgym (TRL generates with the training model
 itself, so it has nothing to sync). Each system runs in its own subprocess (so neither's imports,
 thread pools or process group touch the other), `--warmup` steps untimed then `--steps` timed;
 the figure is the median step. TRL's step is the wall time between consecutive `on_step_end`

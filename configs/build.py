@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import torch
@@ -154,11 +155,15 @@ def build_policy(
 
         dtype = _DTYPES[config.model.dtype]
         # Every hardware decision, once (None: on where there is CUDA); replicas decode on CPU.
-        gpu_settings = {} if config.policy.replicas > 1 else dict(
-            cuda_graphs=None if config.policy.cuda_graphs else False,
-            fused_layers=None if config.policy.fused_layers else False,
+        replicas = config.policy.replicas > 1
+        backend = select_backend(
+            model.config,
+            device,
+            dtype,
+            cuda_graphs=None if replicas or config.policy.cuda_graphs else False,
+            fused_layers=None if replicas or config.policy.fused_layers else False,
         )
-        engine_kwargs = dict(
+        engine_kwargs: dict[str, Any] = dict(
             max_batch_size=config.policy.max_batch_size,
             max_seq_len=max_seq_len,
             dtype=dtype,
@@ -166,9 +171,9 @@ def build_policy(
             tokenizer=renderer.tokenizer,
             seed=config.run.seed,
             history_capacity=None if config.policy.history_capacity == -1 else config.policy.history_capacity,
-            backend=select_backend(model.config, device, dtype, **gpu_settings),
+            backend=backend,
         )
-        if config.policy.replicas > 1:
+        if replicas:
             from ..agents.engine.replicas import EngineReplicas
 
             return EngineReplicas(model, replicas=config.policy.replicas, **engine_kwargs)

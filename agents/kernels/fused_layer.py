@@ -17,7 +17,8 @@ after each op).
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +53,7 @@ def split_qkv(
 ):
     """qkv [B, T, heads + 2 kv_heads, D] -> contiguous q, k (head-normed for Qwen3, rotated) and v."""
     q, k, v = qkv[:, :, :heads], qkv[:, :, heads : heads + kv_heads], qkv[:, :, heads + kv_heads :]
-    if q_norm is not None:
+    if q_norm is not None and k_norm is not None:
         q, k = rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.contiguous()
 
@@ -64,10 +65,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 class Kernels(NamedTuple):
-    rms_norm: object
-    add_rms_norm: object
-    split_qkv: object
-    silu_mul: object
+    rms_norm: Callable[..., Any]
+    add_rms_norm: Callable[..., Any]
+    split_qkv: Callable[..., Any]
+    silu_mul: Callable[..., Any]
 
 
 @functools.cache
@@ -80,7 +81,7 @@ def kernels(compiled: bool) -> Kernels:
     return Kernels(*(torch.compile(f, dynamic=True) for f in functions))
 
 
-def _fuse_rows(params: list[nn.Parameter]) -> torch.Tensor:
+def _fuse_rows(params: list[torch.Tensor]) -> torch.Tensor:
     """One tensor holding `params` stacked along dim 0; each Parameter becomes a view into it."""
     fused = torch.cat([p.detach() for p in params])
     start = 0
@@ -151,8 +152,9 @@ def fuse_model(model: Transformer, compiled: bool) -> None:
     (inference only). compiled: torch.compile the pointwise kernels (CUDA)."""
     layers = model.model.layers
     for i, layer in enumerate(layers):
-        layers[i] = FusedDecoderLayer(layer, compiled)
-    model.model.norm = FusedNorm(model.model.norm, compiled)
+        layers[i] = FusedDecoderLayer(cast(DecoderLayer, layer), compiled)
+    # The fused form stands in for the declared RMSNorm (same Parameter, same name).
+    model.model.norm = FusedNorm(model.model.norm, compiled)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 __all__ = ["FusedDecoderLayer", "FusedNorm", "fuse_model", "kernels"]

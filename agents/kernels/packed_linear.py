@@ -21,7 +21,7 @@ modules hold the very same Parameters under the same names.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -113,7 +113,7 @@ class NormFromNextGEMM(nn.Module):
     def __init__(self, norm: RMSNorm, kernels: Kernels = "torch") -> None:
         super().__init__()
         self.weight, self.variance_epsilon = norm.weight, norm.variance_epsilon
-        self.kernels = kernels
+        self.kernels: Kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return normalise(x, self.variance_epsilon, self.kernels)
@@ -231,7 +231,8 @@ class PackedDecoderLayer(nn.Module):
         rope = kernels if rope is None else rope
         if rotate_in_gemm and rope == "vllm":
             raise ValueError("rotate_in_gemm folds RoPE into the GEMM; kernels='vllm' rotates with vLLM's")
-        self.rotate_in_gemm, self.kernels, self.rope = rotate_in_gemm, kernels, rope
+        self.rotate_in_gemm, self.rope = rotate_in_gemm, rope
+        self.kernels: Kernels = kernels
         self.self_attn, self.mlp = layer.self_attn, layer.mlp
         self.input_layernorm, self.post_attention_layernorm = (
             layer.input_layernorm,
@@ -321,9 +322,12 @@ def pack_model(
     see PackedDecoderLayer."""
     layers = model.model.layers
     for i, layer in enumerate(layers):
-        layers[i] = PackedDecoderLayer(layer, batch_hint, rotate_in_gemm, kernels=kernels, rope=rope)
-    model.lm_head = PackedLinear(model.lm_head, batch_hint, norm=model.model.norm)
-    model.model.norm = NormFromNextGEMM(model.model.norm, kernels)
+        layers[i] = PackedDecoderLayer(
+            cast(DecoderLayer, layer), batch_hint, rotate_in_gemm, kernels=kernels, rope=rope
+        )
+    # The packed forms stand in for the declared nn.Linear / RMSNorm (same Parameters, same names).
+    model.lm_head = PackedLinear(model.lm_head, batch_hint, norm=model.model.norm)  # pyright: ignore[reportAttributeAccessIssue]
+    model.model.norm = NormFromNextGEMM(model.model.norm, kernels)  # pyright: ignore[reportAttributeAccessIssue]
 
 
 def repack(model: nn.Module) -> None:

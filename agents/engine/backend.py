@@ -50,11 +50,11 @@ from ..kernels.sglang_attention import VllmCacheAttention
 from ..kernels.vllm_ops import Kernels, kernels_available, rope_supports, rope_table, rotary_embedding
 from ..model.attention import cpu_has_amx
 from ..model.config import ModelConfig
+from ..model.forward import KeyLayout
 from ..model.transformer import Transformer
 
-KeyLayout = Literal["sd", "ds"]
 DecodeKernel = Literal["torch", "vllm", "vllm-paged"]
-CacheAttention = VllmCacheAttention | VllmPagedAttention
+KernelAttention = VllmCacheAttention | VllmPagedAttention
 _REDUCED = (torch.bfloat16, torch.float16)
 
 
@@ -135,8 +135,9 @@ class Backend:
             return -(-max_seq_len // BLOCK_MULTIPLE) * BLOCK_MULTIPLE
         return max_seq_len
 
-    def cache_attention(self, k: torch.Tensor, v: torch.Tensor, num_heads: int) -> CacheAttention | None:
-        """vLLM's attention over a cache's k and v (None with torch's attention)."""
+    def cache_attention(self, k: torch.Tensor, v: torch.Tensor, num_heads: int) -> KernelAttention | None:
+        """vLLM's attention over a cache's k and v, a `CacheAttention` (agents/model/forward.py),
+        or None: torch's (agents/engine/cache_attention.py)."""
         if self.attention == "vllm":
             return VllmCacheAttention(k, v, num_heads)
         if self.attention == "vllm-paged":
@@ -153,7 +154,7 @@ class Backend:
         rotary_embedding(positions, q, k, head_dim, table)
 
     def decode_step(
-        self, model: Transformer, attention: CacheAttention | None, table: torch.Tensor | None, slots: int
+        self, model: Transformer, attention: KernelAttention | None, table: torch.Tensor | None, slots: int
     ) -> PackedDecodeStep | OneDnnDecodeStep | None:
         """The one-function decode step (agents/kernels/packed_decode.py) for this packed model
         over the cache's vLLM `attention`, or None where none applies (the module path runs)."""

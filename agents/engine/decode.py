@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ..model.transformer import Transformer
+from .cache_attention import Forwards
 from .kv_cache import KVCache
 from .sampling import SAMPLING_TENSORS, sample_tokens, sampling_tensors
 
@@ -76,7 +77,13 @@ class DecodeGraphs:
     `bucketed` shapes; without capture, `bucketed` (default: same as capture) pads as a graph would."""
 
     def __init__(
-        self, model: Transformer, cache: KVCache, *, capture: bool, bucketed: bool | None = None
+        self,
+        model: Transformer,
+        cache: KVCache,
+        *,
+        capture: bool,
+        bucketed: bool | None = None,
+        forwards: Forwards | None = None,
     ) -> None:
         device = next(model.parameters()).device
         if capture and device.type != "cuda":
@@ -85,6 +92,7 @@ class DecodeGraphs:
         if capture and not bucketed:
             raise ValueError("CUDA graphs need bucketed shapes")
         self.model, self.cache, self.capture, self.bucketed = model, cache, capture, bucketed
+        self.forwards = forwards if forwards is not None else Forwards(cache, model.config)
         self.max_batch, self.max_seq_len = cache.max_slots, cache.max_seq_len
         self.tokens = torch.zeros(self.max_batch, dtype=torch.long, device=device)
         self.positions = torch.zeros(self.max_batch, dtype=torch.long, device=device)
@@ -109,7 +117,7 @@ class DecodeGraphs:
         self._packed_step = None
         if not capture:
             self._packed_step = cache.backend.decode_step(
-                model, cache.vllm_attention, cache.rope_table, cache.max_slots
+                model, self.forwards.kernel_attention, self.forwards.rope_table, cache.max_slots
             )
 
     @property
@@ -129,7 +137,7 @@ class DecodeGraphs:
         batch, span = n, int(positions.max()) + 1
         if self.bucketed:
             batch, span = batch_bucket(n, self.max_batch), span_bucket(span, self.max_seq_len)
-        elif self.cache.decode_kernel != "torch":  # vLLM's kernels read each row's own length: no span
+        elif self.cache.backend.attention != "torch":  # vLLM's kernels read each row's own length: no span
             batch = round_up(n, BATCH_MULTIPLE, self.max_batch)
         elif self.cache.key_layout == "ds":
             batch = round_up(n, BATCH_MULTIPLE, self.max_batch)
@@ -175,8 +183,8 @@ class DecodeGraphs:
     def _step(self, batch: int, span: int) -> torch.Tensor:
         if self._packed_step is not None and batch <= self._packed_step.max_rows:
             return self._packed_step(self.tokens[:batch], self.positions[:batch])
-        rope = self.cache.start_decode(self.positions[:batch], span)
-        hidden = self.model.model(self.tokens[:batch, None], cache=self.cache, rope=rope)
+        forward = self.forwards.decode(self.positions[:batch], span)
+        hidden = self.model.model(self.tokens[:batch, None], cache=forward, rope=forward.rope)
         return self.model.lm_head(hidden[:, 0])
 
     def _capture(self, run: Callable[[], object]) -> torch.cuda.CUDAGraph:

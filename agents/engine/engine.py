@@ -63,6 +63,7 @@ from ..errors import ContextOverflowError, checked_prompt, checked_weights, reso
 from ..model.transformer import Transformer
 from ..types import Completion, SamplingParams
 from .backend import Backend, select_backend
+from .cache_attention import Forwards
 from .decode import DecodeGraphs
 from .kv_cache import KVCache
 from .prefill import Prefiller
@@ -156,11 +157,12 @@ class TorchEngine:
             self.cache = KVCache(
                 cfg, max_batch_size, self.max_seq_len, backend, history_capacity=history_capacity
             )
+            forwards = Forwards(self.cache, cfg)  # each forward's description and attention
         backend.prepare_model(self.model, batch_hint=max_batch_size)
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
         self.cuda_graphs = backend.cuda_graphs
-        self._decoder = DecodeGraphs(self.model, self.cache, capture=self.cuda_graphs)
-        self._prefiller = Prefiller(self.model, self.cache, share_prefixes=share_prefixes)
+        self._decoder = DecodeGraphs(self.model, self.cache, capture=self.cuda_graphs, forwards=forwards)
+        self._prefiller = Prefiller(self.model, self.cache, share_prefixes=share_prefixes, forwards=forwards)
         self._scheduler = Scheduler(
             self.cache,
             self._prefiller,

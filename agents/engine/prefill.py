@@ -6,7 +6,7 @@ whose k/v fill n slots. Prompts that start alike share work (`share_prefixes`):
   kept in the cache's prefix store;
 - a batch whose prompts all start with (part of) the kept prefix copies it from the store;
 then only each row's own tokens run, attending to the prefix and causally to themselves
-(agents/engine/kv_cache.py, agents/engine/prefix_attention.py). Whether sharing is worth it:
+(agents/engine/cache_attention.py, agents/engine/prefix_attention.py). Whether sharing is worth it:
 agents/engine/prefix_attention.py. The kept prefix's k/v belong to the weights they were computed with:
 the engine calls `forget()` when it loads new ones.
 
@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from ..model.transformer import Transformer
+from .cache_attention import Forwards
 from .history import HistoryStore
 from .kv_cache import KVCache
 from .prefix_attention import reusable_prefix_length, shared_prefix_length
@@ -62,10 +63,19 @@ def _right_padded(token_lists: Sequence[Sequence[int]]) -> np.ndarray:
 
 
 class Prefiller:
-    """Runs the engine's prefills into `cache` (see the module doc); owns the kept prefix."""
+    """Runs the engine's prefills into `cache` (see the module doc); owns the kept prefix.
+    forwards: the engine's `Forwards` over `cache` (default: one of its own)."""
 
-    def __init__(self, model: Transformer, cache: KVCache, *, share_prefixes: bool = True) -> None:
+    def __init__(
+        self,
+        model: Transformer,
+        cache: KVCache,
+        *,
+        share_prefixes: bool = True,
+        forwards: Forwards | None = None,
+    ) -> None:
         self.model, self.cache, self.share_prefixes = model, cache, share_prefixes
+        self.forwards = forwards if forwards is not None else Forwards(cache, model.config)
         self.device = model.lm_head.weight.device
         self.stored: list[int] = []  # the tokens whose k/v the cache's prefix store holds
         self.history = HistoryStore(cache.history_capacity)
@@ -92,9 +102,9 @@ class Prefiller:
         own = [len(p) - length for p, length in zip(prompts, lengths, strict=True)]
         ids = _right_padded([prompt[length:] for prompt, length in zip(prompts, lengths, strict=True)])
         last = torch.tensor([n - 1 for n in own], device=self.device)
-        rope = self.cache.start_continue(first_slot, lengths, own)
+        forward = self.forwards.continue_(first_slot, lengths, own)
         hidden = self.model.model(
-            torch.from_numpy(ids).to(self.device), cache=self.cache, rope=rope, keep=last
+            torch.from_numpy(ids).to(self.device), cache=forward, rope=forward.rope, keep=last
         )
         return self.model.lm_head(hidden), sum(lengths)
 
@@ -115,9 +125,12 @@ class Prefiller:
             every_slot = torch.zeros(slots, dtype=torch.long, device=self.device)
             # Only its k/v are wanted: the last layer's query and MLP run at one position.
             keep = torch.tensor([prefix - 1], device=self.device)
-            rope = self.cache.start_prefill(prefix, first_slot, every_slot, keep=keep)
+            forward = self.forwards.prefill(prefix, first_slot, every_slot, keep=keep)
             self.model.model(
-                torch.from_numpy(ids[:1, :prefix]).to(self.device), cache=self.cache, rope=rope, keep=keep
+                torch.from_numpy(ids[:1, :prefix]).to(self.device),
+                cache=forward,
+                rope=forward.rope,
+                keep=keep,
             )
             self.cache.store_prefix(first_slot, prefix)
             self.stored, saved = list(prompts[0][:prefix]), (rows - 1) * prefix
@@ -125,9 +138,9 @@ class Prefiller:
             self.cache.load_prefix(first_slot, slots, stored)
             prefix, saved = stored, rows * stored
         last = torch.tensor([n - 1 - prefix for n in lengths], device=self.device)
-        rope = self.cache.start_prefill(width - prefix, first_slot, source_rows, prefix_len=prefix, keep=last)
+        forward = self.forwards.prefill(width - prefix, first_slot, source_rows, prefix_len=prefix, keep=last)
         hidden = self.model.model(
-            torch.from_numpy(ids[:, prefix:]).to(self.device), cache=self.cache, rope=rope, keep=last
+            torch.from_numpy(ids[:, prefix:]).to(self.device), cache=forward, rope=forward.rope, keep=last
         )  # [rows, hidden]: each row's last prompt position
         logits = self.model.lm_head(hidden)
         return (logits if source_rows is None else logits[source_rows]), saved

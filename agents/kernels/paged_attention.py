@@ -6,20 +6,21 @@ SGLang's kernels (agents/kernels/sglang_attention.py) have no float32; vLLM's pa
 ([D, block_size], its "vec" layout) and its values plain: a "ds" cache is that pool with one block
 per slot, so the kernel reads the engine's slots in place (the slot's length must be a multiple of
 32: the cache pads it). The kernel writes nothing; `cpu_attn_reshape_and_cache` writes a decode
-step's new k/v, and the cache writes a prefill's before it attends, as for torch's attention.
+step's new k/v, and `attend` writes a prefill's before it attends, as torch's attention does.
 
-The interface is `VllmCacheAttention`'s (`decode_rows`, `decode`, `extend`, `attend_slots`), so the
-cache drives either; only `extend` takes no k/v (they are in the slots). The kernel takes the
+The interface is `VllmCacheAttention`'s (`attend`, the engine's `CacheAttention`; `decode_rows`,
+`decode`, `extend`, `attend_slots`); only `extend` takes no k/v (they are in the slots). The kernel takes the
 head sizes in HEAD_DIMS only (`supports`). What it buys against torch's SDPA: bench/RESULTS.md
 ('bench/generate.py', float32).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 
+from ..model.forward import ForwardBatch, write_new_tokens
 from .vllm_ops import vllm_op
 
 # The kernel's ISA for x86 with AVX-512, as vLLM's `_get_attn_isa` picks it for block sizes that are
@@ -50,11 +51,11 @@ class PagedRows(NamedTuple):
 
 class VllmPagedAttention:
     """vLLM's view of a KVCache's k ("ds": [layers, slots + 1, kv_heads, D, seq]) and v ([layers,
-    slots + 1, kv_heads, seq, D]), and the attention that reads them in place. num_heads: the
-    query heads."""
+    slots + 1, kv_heads, seq, D]), and the attention that reads them in place (a `CacheAttention`,
+    agents/model/forward.py). num_heads: the query heads."""
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, num_heads: int) -> None:
-        layers, _, kv_heads, seq, d = v.shape
+        layers, slots, kv_heads, seq, d = v.shape
         if seq % BLOCK_MULTIPLE or k.shape[-2:] != (d, seq):
             raise ValueError(
                 f"vLLM's paged attention reads a 'ds' cache whose slots hold a multiple of {BLOCK_MULTIPLE} "
@@ -63,8 +64,35 @@ class VllmPagedAttention:
         # Each layer's keys read as the kernel's blocks: [slots + 1, kv_heads, seq, D] with v's strides.
         self.key_blocks = [k[layer].as_strided(v[layer].shape, v[layer].stride()) for layer in range(layers)]
         self.value_blocks = [v[layer] for layer in range(layers)]
+        self.k, self.v = k, v
+        self.slot_ids = torch.arange(slots - 1, device=v.device)  # the prefix store is never attended
         self.seq, self.num_heads, self.kv_heads, self.head_dim = seq, num_heads, kv_heads, d
         self.dtype, self.scale = v.dtype, d**-0.5
+
+    def plan_decode(self, positions: torch.Tensor, span: int) -> PagedRows:
+        """A decode step of slots 0..n-1 at `positions` [n]: every row attends over its own
+        length (no span, no mask)."""
+        return self.decode_rows(self.slot_ids[: positions.shape[0]], positions)
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward: ForwardBatch
+    ) -> torch.Tensor:
+        """`CacheAttention.attend`: a decode step's tokens through `decode`; a prefill's or a
+        continue's new k/v into the slots, then `extend` over them or `attend_slots` (the kept
+        query per row)."""
+        if forward.kind == "decode":
+            n, heads, _, d = q.shape  # one token a row: [n, heads, 1, D] -> the kernel's [n, heads, D]
+            rows = cast(PagedRows, forward.plan)
+            return self.decode(layer, q.reshape(n, heads, d), k.reshape(n, -1, d), v.reshape(n, -1, d), rows)[
+                :, :, None
+            ]
+        write_new_tokens(self.k, self.v, layer, k, v, forward)
+        slots, prefix_lens = forward.slot_rows(k.shape[0])
+        if q.shape[2] != k.shape[2]:
+            n, heads, _, d = q.shape
+            assert forward.kept_lens is not None
+            return self.attend_slots(layer, q.reshape(n, heads, d), slots, forward.kept_lens)[:, :, None]
+        return self.extend(layer, q, slots, prefix_lens, forward.new_lens)
 
     def rows(self, slots: torch.Tensor, query_lens: torch.Tensor, seq_lens: torch.Tensor) -> PagedRows:
         """Row i: query_lens[i] queries, the last ones of the first seq_lens[i] positions of slot slots[i]."""

@@ -8,11 +8,12 @@ the slot's positions it reads.
   and attends over the row's own length in one pass;
 - `extend`: a prefill's or a next turn's new tokens (`extend_attention_cpu`): each row's queries
   attend to the first prefix_lens[i] positions of its slot (a shared prefix, a kept history) and
-  causally to the row's own new k/v, which it reads from the forward (the cache writes them
-  before);
+  causally to the row's own new k/v, which it reads from the forward (`attend` writes them into
+  the slots before);
 - `attend_slots`: one query a row over the first lengths[i] positions of its slot, writing nothing
   (the decode kernel without k/v): a prefill's last layer, which computes each row's last query
   only, after that layer's k/v went into the slots.
+`attend` is the engine's `CacheAttention` (agents/model/forward.py) over them.
 The kernels have no float32 ("not implemented for 'Float'"), and `extend` takes head sizes in
 multiples of 32 only (`supports`). What they buy against torch's attention: bench/RESULTS.md
 ('bench/generate.py').
@@ -20,10 +21,11 @@ multiples of 32 only (`supports`). What they buy against torch's attention: benc
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 
+from ..model.forward import ForwardBatch, write_new_tokens
 from .vllm_ops import vllm_op
 
 
@@ -50,11 +52,14 @@ class DecodeRows(NamedTuple):
 
 class VllmCacheAttention:
     """vLLM's view of a KVCache's k and v ([layers, slots + 1, kv_heads, seq, D], "sd"), and the
-    attention that reads them in place. num_heads: the query heads."""
+    attention that reads them in place (a `CacheAttention`, agents/model/forward.py). num_heads:
+    the query heads."""
 
     def __init__(self, k: torch.Tensor, v: torch.Tensor, num_heads: int) -> None:
         layers, slots, kv_heads, seq, d = v.shape
         slots -= 1  # the prefix store's slot is copied from and into, never attended
+        self.k, self.v = k, v
+        self.slot_ids = torch.arange(slots, device=v.device)
         tokens, strides = (slots * kv_heads * seq + seq, kv_heads, d), (d, seq * d, 1)
         self.token_k = [k[layer].as_strided(tokens, strides) for layer in range(layers)]
         self.token_v = [v[layer].as_strided(tokens, strides) for layer in range(layers)]
@@ -64,6 +69,31 @@ class VllmCacheAttention:
         # The float32 workspace of the decode kernel's one-split softmax.
         self.logits = torch.empty((slots, num_heads, 1, d + 1), dtype=torch.float32, device=v.device)
         self.scale = d**-0.5
+
+    def plan_decode(self, positions: torch.Tensor, span: int) -> DecodeRows:
+        """A decode step of slots 0..n-1 at `positions` [n]: every row attends over its own
+        length (no span, no mask)."""
+        return self.decode_rows(self.slot_ids[: positions.shape[0]], positions)
+
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward: ForwardBatch
+    ) -> torch.Tensor:
+        """`CacheAttention.attend`: a decode step's tokens through `decode`; a prefill's or a
+        continue's new k/v into the slots, then `extend` (every query; a continue's padding
+        queries attend too, nothing reads their outputs) or `attend_slots` (the kept one per row)."""
+        if forward.kind == "decode":
+            n, heads, _, d = q.shape  # one token a row: [n, heads, 1, D] -> the kernel's [n, heads, D]
+            rows = cast(DecodeRows, forward.plan)
+            return self.decode(layer, q.reshape(n, heads, d), k.reshape(n, -1, d), v.reshape(n, -1, d), rows)[
+                :, :, None
+            ]
+        write_new_tokens(self.k, self.v, layer, k, v, forward)
+        slots, prefix_lens = forward.slot_rows(k.shape[0])
+        if q.shape[2] != k.shape[2]:
+            n, heads, _, d = q.shape
+            assert forward.kept_lens is not None
+            return self.attend_slots(layer, q.reshape(n, heads, d), slots, forward.kept_lens)[:, :, None]
+        return self.extend(layer, q, k, v, slots, prefix_lens)
 
     def token_ids(
         self, slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor | None = None

@@ -40,15 +40,15 @@ def layer_inputs(model: Transformer, rows: int = 3, length: int = 6) -> tuple[to
 
 
 def record_decode_shapes(monkeypatch) -> list[tuple[int, int]]:
-    """Patch KVCache.start_decode to record each decode step's (batch, span); returns the list."""
-    from toolgym.agents.engine.kv_cache import KVCache
+    """Patch Forwards.decode to record each decode step's (batch, span); returns the list."""
+    from toolgym.agents.engine.cache_attention import Forwards
 
     shapes: list[tuple[int, int]] = []
-    start_decode = KVCache.start_decode
+    decode = Forwards.decode
     monkeypatch.setattr(
-        KVCache,
-        "start_decode",
-        lambda self, p, span: shapes.append((len(p), span)) or start_decode(self, p, span),
+        Forwards,
+        "decode",
+        lambda self, p, span: shapes.append((len(p), span)) or decode(self, p, span),
     )
     return shapes
 

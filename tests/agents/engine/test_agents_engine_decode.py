@@ -13,6 +13,7 @@ import torch
 from agents_testlib import backend_for, record_decode_shapes
 
 from toolgym.agents.engine.backend import select_backend
+from toolgym.agents.engine.cache_attention import Forwards
 from toolgym.agents.engine.decode import DecodeGraphs, batch_bucket, round_up, span_bucket
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.engine.kv_cache import KVCache
@@ -47,13 +48,17 @@ def test_padded_bucketed_decode_equals_the_exact_step(monkeypatch, key_layout: s
         select_backend(model.config, "cpu", torch.float32, key_layout=key_layout, kernels=kernels),
     )
     prompts = torch.randint(0, model.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(0))
+    forwards = Forwards(cache, model.config)
     with torch.no_grad():
-        model.model(prompts, cache=cache, rope=cache.start_prefill(10, 0, None))
+        prefill = forwards.prefill(10, 0, None)
+        model.model(prompts, cache=prefill, rope=prefill.rope)
         # Slots hold sequences of different lengths: 10, 7 and 4 tokens (the rest is masked).
         positions = np.array([10, 7, 4], np.int64)
         tokens = np.array([5, 17, 99], np.int64)
-        rope = cache.start_decode(torch.from_numpy(positions), int(positions.max()) + 1)
-        exact = model.lm_head(model.model(torch.from_numpy(tokens)[:, None], cache=cache, rope=rope)[:, 0])
+        step = forwards.decode(torch.from_numpy(positions), int(positions.max()) + 1)
+        exact = model.lm_head(
+            model.model(torch.from_numpy(tokens)[:, None], cache=step, rope=step.rope)[:, 0]
+        )
         padded = DecodeGraphs(model, cache, capture=False, bucketed=True).forward(tokens, positions)
         unpadded = DecodeGraphs(model, cache, capture=False).forward(tokens, positions)  # the CPU engine's
     assert padded.shape == unpadded.shape == exact.shape  # batch 3 -> 4 and span 11 -> 64 padded
@@ -62,7 +67,7 @@ def test_padded_bucketed_decode_equals_the_exact_step(monkeypatch, key_layout: s
     # The CPU engine's step: exact, except with a "ds" cache, whose batch and span are rounded up
     # to BATCH_MULTIPLE (8, all the slots here) and SPAN_MULTIPLE (16); vLLM's paged kernel reads
     # each row's own length, so only its batch is rounded.
-    step = {"sd": (3, 11), "ds": (8, 16)}[key_layout] if cache.decode_kernel == "torch" else (8, 11)
+    step = {"sd": (3, 11), "ds": (8, 16)}[key_layout] if cache.backend.attention == "torch" else (8, 11)
     assert shapes == [(3, 11), (4, 64), step]
 
 

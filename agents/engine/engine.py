@@ -54,7 +54,7 @@ import concurrent.futures
 import copy
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -76,7 +76,7 @@ def _as_decode_fn(tokenizer: Any) -> Callable[[list[int]], str] | None:
     if tokenizer is None or callable(getattr(tokenizer, "decode", None)):
         return None if tokenizer is None else tokenizer.decode
     if callable(tokenizer):
-        return tokenizer
+        return cast(Callable[[list[int]], str], tokenizer)
     raise TypeError("tokenizer must have .decode(ids) or be a callable ids -> str")
 
 

@@ -28,6 +28,10 @@ from .prefill import Prefiller, padded_chunks
 from .sampling import sample_tokens
 from .slots import Request, Sample, Slots
 
+# An admitted group (request, first sample, samples) and its kept history's (pool start, length),
+# or None for a fresh prefill.
+_Claimed = tuple[tuple[Request, int, int], tuple[int, int] | None]
+
 
 class EngineStats(msgspec.Struct):
     """Counters since construction (read them to see how requests were batched)."""
@@ -126,8 +130,8 @@ class Scheduler:
         claims: list[tuple[int, int] | None] = [None] * len(groups)
         if len(self.prefiller.history):
             claims = [self.prefiller.history.claim(g[0].prompt) if g[2] == 1 else None for g in groups]
-        continuing = [(g, c) for g, c in zip(groups, claims, strict=True) if c is not None]
-        fresh = [(g, None) for g, c in zip(groups, claims, strict=True) if c is None]
+        continuing: list[_Claimed] = [(g, c) for g, c in zip(groups, claims, strict=True) if c is not None]
+        fresh: list[_Claimed] = [(g, None) for g, c in zip(groups, claims, strict=True) if c is None]
 
         def runs(item: tuple) -> int:  # the prompt tokens its prefill computes
             (request, _, _), claim = item
@@ -138,7 +142,7 @@ class Scheduler:
                 self._prefill(chunk)
         self._admitting = []
 
-    def _prefill(self, chunk: list[tuple[tuple[Request, int, int], tuple[int, int] | None]]) -> None:
+    def _prefill(self, chunk: list[_Claimed]) -> None:
         """Prefill one chunk: all fresh (claim None) or all continuing a kept history."""
         start = time.perf_counter()
         groups = [group for group, _ in chunk]
@@ -146,7 +150,8 @@ class Scheduler:
         lengths = [len(p) for p in prompts]
         first = len(self.slots)
         if chunk[0][1] is not None:
-            logits, saved = self.prefiller.continue_(prompts, [claim for _, claim in chunk], first)
+            claims = [claim for _, claim in chunk if claim is not None]  # every one: a continuing chunk
+            logits, saved = self.prefiller.continue_(prompts, claims, first)
             self.stats.history_tokens += saved
         else:
             logits, saved = self.prefiller(prompts, [count for _, _, count in groups], first)

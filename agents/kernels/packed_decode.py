@@ -27,6 +27,8 @@ decides when a step applies and builds it.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 
@@ -41,7 +43,8 @@ class _Buffers:
     """One row count's intermediates, allocated once, and the views the kernels take of them."""
 
     def __init__(self, layer: PackedDecoderLayer, attention: VllmCacheAttention, rows: int) -> None:
-        small: SmallBatchLinears = layer.small_batch
+        small = layer.small_batch
+        assert small is not None  # `build` takes layers with small-batch copies only
         d, dtype, device = layer.head_dim, attention.token_k[0].dtype, attention.token_k[0].device
         self.q_width = layer.num_heads * d
         self.qk_width = self.q_width + layer.num_kv_heads * d
@@ -50,11 +53,15 @@ class _Buffers:
         self.qkv = torch.empty((rows, small.qkv_features), dtype=dtype, device=device)
         self.attended = torch.empty((rows, layer.num_heads, d), dtype=dtype, device=device)
         self.attended_rows = self.attended.view(rows, -1)
-        self.q_rows, self.k_rows, self.q, self.k, self.v = self.heads(self.qkv, d)
+        self.q_rows, self.k_rows, self.q, self.k, v = self.heads(self.qkv, d)
+        assert v is not None  # q/k/v's output has v
+        self.v = v
         slots = torch.arange(rows, device=device)
         self.rows = DecodeRows(slots, torch.empty_like(slots), torch.empty_like(slots))
 
-    def heads(self, qk: torch.Tensor, d: int) -> tuple[torch.Tensor, ...]:
+    def heads(
+        self, qk: torch.Tensor, d: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """[rows, H*D] views of q and k, then [rows, heads, D] views of q, k and v, of q/k/v's
         output (or of head-normed q/k, which has no v)."""
         rows = qk.shape[0]
@@ -72,7 +79,7 @@ class PackedDecodeStep:
         """attention: SGLang's kernels over the engine's cache; rope_table: vllm_ops' `rope_table`
         of its positions; max_slots: its running slots."""
         self.model, self.attention, self.rope_table = model, attention, rope_table
-        self.layers: list[PackedDecoderLayer] = list(model.model.layers)
+        self.layers = cast(list[PackedDecoderLayer], list(model.model.layers))
         self.max_rows = min(SMALL_BATCH_ROWS, max_slots)
         self._buffers: dict[int, _Buffers] = {}
 
@@ -109,7 +116,7 @@ class PackedDecodeStep:
 
     def _layer(self, layer: PackedDecoderLayer, buffers: _Buffers, positions: torch.Tensor) -> None:
         """PackedDecoderLayer.forward for one token a row, on buffers.x in place."""
-        small: SmallBatchLinears = layer.small_batch
+        small = cast(SmallBatchLinears, layer.small_batch)  # `build` checked every layer has one
         x, normed, projected, d, eps = buffers.x, buffers.normed, buffers.projected, layer.head_dim, layer.eps
         qkv = small_batch_linear(
             rms_norm(x, eps, out=normed), small.qkv, small.qkv_features, small.qkv_bias, out=buffers.qkv
@@ -136,7 +143,7 @@ class OneDnnDecodeStep:
     ) -> None:
         """As PackedDecodeStep's, with vLLM's paged attention over the engine's cache."""
         self.model, self.attention, self.rope_table = model, attention, rope_table
-        self.layers: list[PackedDecoderLayer] = list(model.model.layers)
+        self.layers = cast(list[PackedDecoderLayer], list(model.model.layers))
         self.max_rows = max_slots
         # Per row count, allocated once: the rows' slot ids and a norm's output.
         self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}

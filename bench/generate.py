@@ -303,7 +303,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--kernels", choices=["torch", "vllm"], default=None,
-        help="engine's compiled CPU kernels (agents/engine/kv_cache.py; default: its own)",
+        help="engine's compiled CPU kernels (agents/engine/backend.py; default: its own)",
     )  # fmt: skip
     parser.add_argument(
         "--cuda-graphs", choices=["auto", "on", "off"], default="auto", help="engine decode graphs"

@@ -40,8 +40,8 @@ from .vllm_ops import rms_norm as vllm_rms_norm
 
 
 class RotatingCache(AttentionCache, Protocol):
-    """An inference cache that also applies RoPE at its forward's positions (the engine's KV cache,
-    agents/engine/kv_cache.py): what a packed layer with `rope="vllm"` needs."""
+    """An inference cache that also applies RoPE at its forward's positions (the engine's
+    `ForwardBatch`, agents/model/forward.py): what a packed layer with `rope="vllm"` needs."""
 
     def rotate(self, qk: torch.Tensor, heads: int) -> None:
         """RoPE in place on qk [B, T, heads + kv_heads, D] (q then k) with vLLM's kernel."""

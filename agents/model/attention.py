@@ -1,7 +1,7 @@
 """The model's attention entry point, `scaled_dot_product_attention`: torch's SDPA (GQA), except
 where torch 2.13's CPU flash kernel is slow: bf16 on a CPU, whose attention there runs as explicit
-matmuls (`matmul_attention`). agents/model/transformer.py, the KV cache (agents/engine/kv_cache.py)
-and the trainer's shared-prefix attention all call it; measurements are in bench/RESULTS.md
+matmuls (`matmul_attention`). agents/model/transformer.py, torch's attention over the KV cache
+(agents/engine/cache_attention.py) and the trainer's shared-prefix attention all call it; measurements are in bench/RESULTS.md
 ('bench/vs_trl.py' for training, 'bench/generate.py' for the engine's prefills)."""
 
 from __future__ import annotations

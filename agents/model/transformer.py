@@ -16,7 +16,8 @@ Two ways in:
   Every decoder block is called as a module, so `fully_shard` on each `model.model.layers[i]` and
   on the root works (FSDP2).
 - inference: `model.model(input_ids, positions, cache=..., rope=...)` returns hidden states; the
-  cache object (agents/engine/kv_cache.py) stores k/v and does the attention (`cache.attend`). A prefill
+  `cache` (the engine's `ForwardBatch`, agents/model/forward.py) stores each layer's k/v and
+  attends (`cache.attend`). A prefill
   passes `keep=` (each row's last prompt position): only those hidden states feed the sampler, so
   the last layer computes its query, attention and MLP there alone.
 """
@@ -88,7 +89,8 @@ def cast_once_for_autocast(x: torch.Tensor) -> torch.Tensor:
 
 
 class AttentionCache(Protocol):
-    """What an inference cache provides (agents/engine/kv_cache.py): store k/v for `layer`, attend."""
+    """What an inference forward's `cache=` provides (the engine's `ForwardBatch`,
+    agents/model/forward.py; the trainer's shared-prefix attention): store k/v for `layer`, attend."""
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q [B, H, T, D], k/v [B, Hkv, T, D] (new tokens, RoPE applied) -> [B, H, T, D]."""

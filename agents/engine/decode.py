@@ -12,8 +12,8 @@ A graph has fixed shapes and fixed memory addresses, so:
   running samples in slots 0..n-1 and a prefill overwrites a slot before it is used), so they
   change nothing anyone reads;
 - attention reads a span bucket (powers of two from 64, capped at max_seq_len) instead of exactly
-  max(position) + 1: the KV cache's mask hides everything after each slot's own position, so the
-  extra columns change nothing but the work.
+  max(position) + 1: the decode's mask (agents/engine/cache_attention.py) hides everything after
+  each slot's own position, so the extra columns change nothing but the work.
 One graph per (batch bucket, span bucket) is captured the first time that shape is needed, all
 in one memory pool. The weights and the KV cache are read in place, so `load_weights` (which
 copies into the same tensors) needs no re-capture.

@@ -150,7 +150,6 @@ class Forwards:
         if self.rope_table is not None:
             self.rotary = partial(_rotate, backend, cache.head_dim, self.rope_table)
         self._arange = positions
-        self._slot_ids = torch.arange(cache.max_slots, device=device)
         kernel = backend.cache_attention(cache.k, cache.v, config.num_attention_heads)
         # vLLM's kernels over this cache (for a decode step that calls them itself), or None.
         self.kernel_attention = kernel
@@ -181,7 +180,7 @@ class Forwards:
             columns = torch.arange(end, device=device)
             keep_mask = (columns[None, :] <= prefix_len + keep[:, None])[:, None, None]
         # Each row's slot and prefix, and how far each kept query reads (vLLM's kernels; without
-        # `rows` or `keep`, their attention counts the rows at its first layer).
+        # `rows` or `keep`, their attention counts the rows at each layer: `ForwardBatch.slot_rows`).
         if rows is None and self.kernel_attention is not None:
             if keep is not None:
                 rows = keep.shape[0]

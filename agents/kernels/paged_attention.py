@@ -8,19 +8,20 @@ per slot, so the kernel reads the engine's slots in place (the slot's length mus
 32: the cache pads it). The kernel writes nothing; `cpu_attn_reshape_and_cache` writes a decode
 step's new k/v, and `attend` writes a prefill's before it attends, as torch's attention does.
 
-The interface is `VllmCacheAttention`'s (`attend`, the engine's `CacheAttention`; `decode_rows`,
-`decode`, `extend`, `attend_slots`); only `extend` takes no k/v (they are in the slots). The kernel takes the
+The interface is `VllmCacheAttention`'s (`SlotKernelAttention`, agents/kernels/slot_attention.py:
+`decode_rows`, `decode`, `extend`, `attend_slots`); only `extend` takes no k/v (they are in the slots). The kernel takes the
 head sizes in HEAD_DIMS only (`supports`). What it buys against torch's SDPA: bench/RESULTS.md
 ('bench/generate.py', float32).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 import torch
 
-from ..model.forward import ForwardBatch, write_new_tokens
+from ..model.forward import ForwardBatch
+from .slot_attention import SlotKernelAttention
 from .vllm_ops import vllm_op
 
 # The kernel's ISA for x86 with AVX-512, as vLLM's `_get_attn_isa` picks it for block sizes that are
@@ -49,7 +50,7 @@ class PagedRows(NamedTuple):
     write_tokens: torch.Tensor | None = None  # int64 [rows]
 
 
-class VllmPagedAttention:
+class VllmPagedAttention(SlotKernelAttention[PagedRows]):
     """vLLM's view of a KVCache's k ("ds": [layers, slots + 1, kv_heads, D, seq]) and v ([layers,
     slots + 1, kv_heads, seq, D]), and the attention that reads them in place (a `CacheAttention`,
     agents/model/forward.py). num_heads: the query heads."""
@@ -68,31 +69,6 @@ class VllmPagedAttention:
         self.slot_ids = torch.arange(slots - 1, device=v.device)  # the prefix store is never attended
         self.seq, self.num_heads, self.kv_heads, self.head_dim = seq, num_heads, kv_heads, d
         self.dtype, self.scale = v.dtype, d**-0.5
-
-    def plan_decode(self, positions: torch.Tensor, span: int) -> PagedRows:
-        """A decode step of slots 0..n-1 at `positions` [n]: every row attends over its own
-        length (no span, no mask)."""
-        return self.decode_rows(self.slot_ids[: positions.shape[0]], positions)
-
-    def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward: ForwardBatch
-    ) -> torch.Tensor:
-        """`CacheAttention.attend`: a decode step's tokens through `decode`; a prefill's or a
-        continue's new k/v into the slots, then `extend` over them or `attend_slots` (the kept
-        query per row)."""
-        if forward.kind == "decode":
-            n, heads, _, d = q.shape  # one token a row: [n, heads, 1, D] -> the kernel's [n, heads, D]
-            rows = cast(PagedRows, forward.plan)
-            return self.decode(layer, q.reshape(n, heads, d), k.reshape(n, -1, d), v.reshape(n, -1, d), rows)[
-                :, :, None
-            ]
-        write_new_tokens(self.k, self.v, layer, k, v, forward)
-        slots, prefix_lens = forward.slot_rows(k.shape[0])
-        if q.shape[2] != k.shape[2]:
-            n, heads, _, d = q.shape
-            assert forward.kept_lens is not None
-            return self.attend_slots(layer, q.reshape(n, heads, d), slots, forward.kept_lens)[:, :, None]
-        return self.extend(layer, q, slots, prefix_lens, forward.new_lens)
 
     def rows(self, slots: torch.Tensor, query_lens: torch.Tensor, seq_lens: torch.Tensor) -> PagedRows:
         """Row i: query_lens[i] queries, the last ones of the first seq_lens[i] positions of slot slots[i]."""
@@ -131,6 +107,19 @@ class VllmPagedAttention:
         """q [n, H, D]: row i attends to the first lengths[i] positions of slot slots[i], which
         hold its k/v already; nothing is written -> [n, H, D]."""
         return self._attend(layer, q, self.rows(slots, torch.ones_like(slots), lengths))
+
+    def extend_rows(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slots: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        forward: ForwardBatch,
+    ) -> torch.Tensor:
+        """`SlotKernelAttention.extend_rows`: `extend`."""
+        return self.extend(layer, q, slots, prefix_lens, forward.new_lens)
 
     def extend(
         self,

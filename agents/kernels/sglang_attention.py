@@ -13,7 +13,7 @@ the slot's positions it reads.
 - `attend_slots`: one query a row over the first lengths[i] positions of its slot, writing nothing
   (the decode kernel without k/v): a prefill's last layer, which computes each row's last query
   only, after that layer's k/v went into the slots.
-`attend` is the engine's `CacheAttention` (agents/model/forward.py) over them.
+`SlotKernelAttention` (agents/kernels/slot_attention.py) makes them the engine's `CacheAttention`.
 The kernels have no float32 ("not implemented for 'Float'"), and `extend` takes head sizes in
 multiples of 32 only (`supports`). What they buy against torch's attention: bench/RESULTS.md
 ('bench/generate.py').
@@ -21,11 +21,12 @@ multiples of 32 only (`supports`). What they buy against torch's attention: benc
 
 from __future__ import annotations
 
-from typing import NamedTuple, cast
+from typing import NamedTuple
 
 import torch
 
-from ..model.forward import ForwardBatch, write_new_tokens
+from ..model.forward import ForwardBatch
+from .slot_attention import SlotKernelAttention
 from .vllm_ops import vllm_op
 
 
@@ -50,7 +51,7 @@ class DecodeRows(NamedTuple):
     lengths: torch.Tensor
 
 
-class VllmCacheAttention:
+class VllmCacheAttention(SlotKernelAttention[DecodeRows]):
     """vLLM's view of a KVCache's k and v ([layers, slots + 1, kv_heads, seq, D], "sd"), and the
     attention that reads them in place (a `CacheAttention`, agents/model/forward.py). num_heads:
     the query heads."""
@@ -69,31 +70,6 @@ class VllmCacheAttention:
         # The float32 workspace of the decode kernel's one-split softmax.
         self.logits = torch.empty((slots, num_heads, 1, d + 1), dtype=torch.float32, device=v.device)
         self.scale = d**-0.5
-
-    def plan_decode(self, positions: torch.Tensor, span: int) -> DecodeRows:
-        """A decode step of slots 0..n-1 at `positions` [n]: every row attends over its own
-        length (no span, no mask)."""
-        return self.decode_rows(self.slot_ids[: positions.shape[0]], positions)
-
-    def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward: ForwardBatch
-    ) -> torch.Tensor:
-        """`CacheAttention.attend`: a decode step's tokens through `decode`; a prefill's or a
-        continue's new k/v into the slots, then `extend` (every query; a continue's padding
-        queries attend too, nothing reads their outputs) or `attend_slots` (the kept one per row)."""
-        if forward.kind == "decode":
-            n, heads, _, d = q.shape  # one token a row: [n, heads, 1, D] -> the kernel's [n, heads, D]
-            rows = cast(DecodeRows, forward.plan)
-            return self.decode(layer, q.reshape(n, heads, d), k.reshape(n, -1, d), v.reshape(n, -1, d), rows)[
-                :, :, None
-            ]
-        write_new_tokens(self.k, self.v, layer, k, v, forward)
-        slots, prefix_lens = forward.slot_rows(k.shape[0])
-        if q.shape[2] != k.shape[2]:
-            n, heads, _, d = q.shape
-            assert forward.kept_lens is not None
-            return self.attend_slots(layer, q.reshape(n, heads, d), slots, forward.kept_lens)[:, :, None]
-        return self.extend(layer, q, k, v, slots, prefix_lens)
 
     def token_ids(
         self, slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor | None = None
@@ -152,6 +128,19 @@ class VllmCacheAttention:
             *_PLAIN_ATTENTION,
         )
         return out
+
+    def extend_rows(
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slots: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        forward: ForwardBatch,
+    ) -> torch.Tensor:
+        """`SlotKernelAttention.extend_rows`: `extend`."""
+        return self.extend(layer, q, k, v, slots, prefix_lens)
 
     def extend(
         self,

@@ -1,10 +1,10 @@
 """One inference forward over the engine's KV cache, described once: `ForwardBatch`, and the one
 protocol every attention over that cache implements: `CacheAttention`.
 
-The engine (agents/engine/attention.py `Forwards`) builds a `ForwardBatch` per forward (a
+The engine (agents/engine/cache_attention.py `Forwards`) builds a `ForwardBatch` per forward (a
 prefill, a continue, a decode step) and passes it to the model as its `cache=`; each layer calls
 `forward.attend(layer, q, k, v)`, which hands the batch to its `CacheAttention`: torch's
-(agents/engine/attention.py) or vLLM's kernels (agents/kernels/sglang_attention.py,
+(agents/engine/cache_attention.py) or vLLM's kernels (agents/kernels/sglang_attention.py,
 agents/kernels/paged_attention.py). The batch is immutable and holds everything that is the same
 for every layer (slots, positions, masks, write offsets), so a layer allocates nothing to learn
 where its tokens go. It lives here, in model/, so that both engine/ and kernels/ can read it.
@@ -40,7 +40,7 @@ class CacheAttention(Protocol):
 
 @dataclass(frozen=True, eq=False)
 class ForwardBatch:
-    """An immutable description of one inference forward (built by agents/engine/attention.py's
+    """An immutable description of one inference forward (built by agents/engine/cache_attention.py's
     `Forwards`). Row i of the forward fills slot first_slot + i (a prefill with `source_rows`:
     slot first_slot + j is filled by row source_rows[j]); its new tokens start at prefix_len
     (prefill) or at its own history's end (continue), or are one token at positions[i] (decode).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import torch
@@ -27,6 +27,9 @@ from ..trainers.distributed import DistInfo, all_gather_objects, barrier, init_d
 from ..trainers.trainer import Trainer
 from .load import ConfigError, tokenizer_path
 from .schema import Config, ParallelSection
+
+if TYPE_CHECKING:
+    from ..agents.engine.backend import Backend
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -115,18 +118,33 @@ def policy_max_seq_len(config: Config, model: ModelConfig) -> int:
     return config.policy.max_seq_len or min(model.max_position_embeddings, 4096)
 
 
+def select_policy_backend(config: Config, model: ModelConfig, device: torch.device) -> Backend | None:
+    """Every hardware decision of the torch policy, made once (agents/engine/backend.py): None
+    for the vLLM backend. The GPU switches left on take the default (on where there is CUDA);
+    replicas decode on CPU."""
+    if config.policy.backend != "torch":
+        return None
+    from ..agents.engine.backend import select_backend
+
+    replicas = config.policy.replicas > 1
+    return select_backend(
+        model,
+        device,
+        _DTYPES[config.model.dtype],
+        cuda_graphs=None if replicas or config.policy.cuda_graphs else False,
+        fused_layers=None if replicas or config.policy.fused_layers else False,
+    )
+
+
 def describe_policy(policy: Policy) -> str:
     """One line on the policy that samples: for the torch engine its slots and KV-cache memory
-    (the kept histories double it by default, so a user sizing a GPU run should see it); then, for
-    the torch engine, a second line with its backend's hardware decisions and why
-    (agents/engine/backend.py `Backend.describe`)."""
-    backend = getattr(policy, "backend", None)
-    decided = "" if backend is None else f"\nbackend: {backend.describe()}"
+    (the kept histories double it by default, so a user sizing a GPU run should see it). The
+    backend's hardware decisions have their own line (`Backend.describe`), printed at start."""
     replicas = getattr(policy, "replicas", None)
     if replicas is not None:
         return (
             f"policy: {replicas} torch engine processes (policy.replicas), "
-            f"{getattr(policy, 'threads_per_replica', '?')} thread(s) each{decided}"
+            f"{getattr(policy, 'threads_per_replica', '?')} thread(s) each"
         )
     cache = getattr(policy, "cache", None)
     if cache is None:
@@ -140,29 +158,26 @@ def describe_policy(policy: Policy) -> str:
     )
     return (
         f"policy: torch engine, {cache.max_slots} slots x {cache.max_seq_len} tokens, "
-        f"KV cache {(cache.nbytes - cache.history_nbytes) / mib:,.0f} MiB{history}{decided}"
+        f"KV cache {(cache.nbytes - cache.history_nbytes) / mib:,.0f} MiB{history}"
     )
 
 
 def build_policy(
-    config: Config, model: Transformer, hf_dir: Path | None, renderer: ChatRenderer, device: torch.device
+    config: Config,
+    model: Transformer,
+    hf_dir: Path | None,
+    renderer: ChatRenderer,
+    device: torch.device,
+    backend: Backend | None = None,
 ) -> Policy:
-    """The policy that samples: a TorchEngine on a copy of `model`, or vLLM serving `hf_dir` (which
-    must hold the same weights as `model`)."""
+    """The policy that samples: a TorchEngine on a copy of `model` (on `backend`, default
+    `select_policy_backend`), or vLLM serving `hf_dir` (which must hold the same weights as
+    `model`)."""
     max_seq_len = policy_max_seq_len(config, model.config)
     if config.policy.backend == "torch":
-        from ..agents.engine.backend import select_backend
-
         dtype = _DTYPES[config.model.dtype]
-        # Every hardware decision, once (None: on where there is CUDA); replicas decode on CPU.
         replicas = config.policy.replicas > 1
-        backend = select_backend(
-            model.config,
-            device,
-            dtype,
-            cuda_graphs=None if replicas or config.policy.cuda_graphs else False,
-            fused_layers=None if replicas or config.policy.fused_layers else False,
-        )
+        backend = backend or select_policy_backend(config, model.config, device)
         engine_kwargs: dict[str, Any] = dict(
             max_batch_size=config.policy.max_batch_size,
             max_seq_len=max_seq_len,

@@ -43,6 +43,7 @@ from .build import (
     model_config,
     policy_max_seq_len,
     save_initial_model,
+    select_policy_backend,
     setup_distributed,
 )
 from .load import ConfigError, check_environment, config_to_toml, load_config
@@ -272,6 +273,9 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         log.print(f"config.toml: updated with this session's settings (the previous one: {config_backup})")
     for note in schedule_notes(config):
         log.print(note)
+    backend = select_policy_backend(config, model_config(config), dist.device)
+    if backend is not None:  # every hardware decision of the torch policy, once, and why
+        log.print(f"backend: {backend.describe()}")
 
     demo_accuracy = None
     if redo_sft:
@@ -283,7 +287,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     hf_dir = base_dir
     if config.policy.backend == "vllm" and hf_dir is None:
         hf_dir = save_initial_model(model, run.initial_model, tokenizer_file, dist.is_main)
-    policy = build_policy(config, model, hf_dir, renderer, dist.device)
+    policy = build_policy(config, model, hf_dir, renderer, dist.device, backend)
     log.print(describe_policy(policy))
     reference = copy.deepcopy(model) if config.trainer.loss.kl_coef > 0 else None
     trainer = build_trainer(config.trainer, model, dist.device, reference, sampling=config.policy)

@@ -59,6 +59,11 @@ def test_train_runs_sft_then_rl_end_to_end(tmp_path, capsys):
     assert train(config_from_dict(small_config(run_dir))) == 0
     out = capsys.readouterr().out
 
+    # the hardware decisions, once, at start (before SFT), with the engine's own description
+    (backend_line,) = [line for line in out.splitlines() if line.startswith("backend: ")]
+    assert backend_line.startswith("backend: device cpu, dtype float32, kernels ")
+    assert out.index(backend_line) < out.index("sft: ") < out.index("policy: torch engine")
+
     # the run directory
     for name in ("config.toml", "metrics.jsonl", "summary.json", "sft_done.json"):
         assert (run_dir / name).is_file(), name

@@ -115,7 +115,7 @@ def hf_state_dict(
 
 
 def hf_named_tensors(model: Transformer) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor) for weight sync into a generator (skips the tied lm_head); no copies."""
+    """(HF name, tensor) for weight sync into a policy (skips the tied lm_head); no copies."""
     tied = model.config.tie_word_embeddings
     for name, param in model.named_parameters():  # named_parameters already skips duplicates
         if tied and name == "lm_head.weight":

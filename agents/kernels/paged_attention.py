@@ -9,7 +9,7 @@ per slot, so the kernel reads the engine's slots in place (the slot's length mus
 step's new k/v, and `attend` writes a prefill's before it attends, as torch's attention does.
 
 The interface is `VllmCacheAttention`'s (`SlotKernelAttention`, agents/kernels/slot_attention.py:
-`decode_rows`, `decode`, `extend`, `attend_slots`); only `extend` takes no k/v (they are in the slots). The kernel takes the
+`decode_rows`, `decode`, `extend`, `attend_slots`); its `extend` reads no k/v (they are in the slots). The kernel takes the
 head sizes in HEAD_DIMS only (`supports`). What it buys against torch's SDPA: bench/RESULTS.md
 ('bench/generate.py', float32).
 """
@@ -20,7 +20,6 @@ from typing import NamedTuple
 
 import torch
 
-from ..model.forward import ForwardBatch
 from .slot_attention import SlotKernelAttention
 from .vllm_ops import vllm_op
 
@@ -108,7 +107,7 @@ class VllmPagedAttention(SlotKernelAttention[PagedRows]):
         hold its k/v already; nothing is written -> [n, H, D]."""
         return self._attend(layer, q, self.rows(slots, torch.ones_like(slots), lengths))
 
-    def extend_rows(
+    def extend(
         self,
         layer: int,
         q: torch.Tensor,
@@ -116,21 +115,10 @@ class VllmPagedAttention(SlotKernelAttention[PagedRows]):
         v: torch.Tensor,
         slots: torch.Tensor,
         prefix_lens: torch.Tensor,
-        forward: ForwardBatch,
-    ) -> torch.Tensor:
-        """`SlotKernelAttention.extend_rows`: `extend`."""
-        return self.extend(layer, q, slots, prefix_lens, forward.new_lens)
-
-    def extend(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        slots: torch.Tensor,
-        prefix_lens: torch.Tensor,
         new_lens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [B, H, T, D]: each row's new tokens, whose k/v its slot holds already after
-        prefix_lens[i] positions (a shared prefix, a kept history). Row i's first new_lens[i]
+        prefix_lens[i] positions (a shared prefix, a kept history; k and v are not read). Row i's first new_lens[i]
         queries (default all T; the rest are padding, left zero) attend to the prefix and causally
         to the row's own tokens -> [B, H, T, D]."""
         B, heads, T, d = q.shape

@@ -25,7 +25,6 @@ from typing import NamedTuple
 
 import torch
 
-from ..model.forward import ForwardBatch
 from .slot_attention import SlotKernelAttention
 from .vllm_ops import vllm_op
 
@@ -129,19 +128,6 @@ class VllmCacheAttention(SlotKernelAttention[DecodeRows]):
         )
         return out
 
-    def extend_rows(
-        self,
-        layer: int,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        slots: torch.Tensor,
-        prefix_lens: torch.Tensor,
-        forward: ForwardBatch,
-    ) -> torch.Tensor:
-        """`SlotKernelAttention.extend_rows`: `extend`."""
-        return self.extend(layer, q, k, v, slots, prefix_lens)
-
     def extend(
         self,
         layer: int,
@@ -150,10 +136,12 @@ class VllmCacheAttention(SlotKernelAttention[DecodeRows]):
         v: torch.Tensor,
         slots: torch.Tensor,
         prefix_lens: torch.Tensor,
+        new_lens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [B, H, T, D], k/v [B, Hkv, T, D]: the rows' new tokens (the views the model passes).
         Row i's queries attend to the first prefix_lens[i] positions of slot slots[i] and causally
-        to the row's own T tokens -> [B, H, T, D]."""
+        to the row's own T tokens -> [B, H, T, D]. Every query runs, a continue's padding too
+        (`new_lens` is not read): nothing reads their outputs."""
         B, heads, T, d = q.shape
         # [B, T, heads, D] tokens: views of the q/k/v GEMM's output (the kernel takes row strides).
         rows = lambda x: x.transpose(1, 2).reshape(B * T, x.shape[1], d)  # noqa: E731

@@ -43,7 +43,7 @@ class SlotKernelAttention(ABC, Generic[Rows]):
         """q [n, H, D]: row i over the first lengths[i] positions of slot slots[i] -> [n, H, D]."""
 
     @abstractmethod
-    def extend_rows(
+    def extend(
         self,
         layer: int,
         q: torch.Tensor,
@@ -51,10 +51,11 @@ class SlotKernelAttention(ABC, Generic[Rows]):
         v: torch.Tensor,
         slots: torch.Tensor,
         prefix_lens: torch.Tensor,
-        forward: ForwardBatch,
+        new_lens: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """q [B, H, T, D]: row i's new queries over the first prefix_lens[i] positions of slot
-        slots[i] and, causally, its own new k/v [B, Hkv, T, D] (already in the slot) -> like q."""
+        slots[i] and, causally, its own new k/v [B, Hkv, T, D] (already in the slot); new_lens[i]:
+        row i's real tokens (the rest are padding; None: all T) -> like q."""
 
     def plan_decode(self, positions: torch.Tensor, span: int) -> Rows:
         """A decode step of slots 0..n-1 at `positions` [n]: every row attends over its own
@@ -77,4 +78,4 @@ class SlotKernelAttention(ABC, Generic[Rows]):
             n, heads, _, d = q.shape
             assert forward.kept_lens is not None
             return self.attend_slots(layer, q.reshape(n, heads, d), slots, forward.kept_lens)[:, :, None]
-        return self.extend_rows(layer, q, k, v, slots, prefix_lens, forward)
+        return self.extend(layer, q, k, v, slots, prefix_lens, forward.new_lens)

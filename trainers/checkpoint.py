@@ -2,10 +2,12 @@
 
 Layout of `directory`:
 
-    latest                      text file naming the newest complete checkpoint ("step_00000004")
+    latest                      text file naming the newest complete checkpoint ("step_00000004";
+                                a name inside `directory`, never a path: anything else is refused)
     step_00000004/
         dcp/                    model and optimizer, sharded as trained (DCP reshards on load)
-        rank0.pt ...            per rank: step, scheduler, RNG states (python, numpy, torch, cuda)
+        rank0.pt ...            per rank: step, scheduler, RNG states (python, numpy, torch, cuda),
+                                tensors and plain data only: read with torch.load(weights_only=True)
         meta.json               step, world size, the loop's data position (written last)
 
 A checkpoint is written under `step_N.tmp/` and renamed into place only when every rank has
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -63,9 +66,18 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def rng_state() -> dict[str, Any]:
+    """The python, numpy, torch (and cuda) RNG states as tensors, ints, floats, strings, tuples and
+    lists only, so that `torch.load(weights_only=True)` reads them back (no pickled objects)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": {
+            "name": str(name),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -75,10 +87,55 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    numpy_state = state["numpy"]
+    if isinstance(numpy_state, dict):
+        numpy_state = (
+            numpy_state["name"],
+            np.asarray(numpy_state["keys"].numpy(), dtype=np.uint32),
+            numpy_state["pos"],
+            numpy_state["has_gauss"],
+            numpy_state["cached_gaussian"],
+        )
+    np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is refused (it would run code, or points outside its directory); str()
+    is one line naming the file."""
+
+
+def _numpy_array_globals() -> list[Any]:
+    """What a numpy uint32 array pickle needs: the RNG state of checkpoints written before the
+    numpy state was stored as a tensor. Only array construction; no other callable is allowed."""
+    try:
+        from numpy._core.multiarray import _reconstruct  # type: ignore[attr-defined]
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct  # type: ignore[attr-defined,no-redef]
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def load_rank_state(path: Path) -> dict[str, Any]:
+    """A rank's `rank<N>.pt` read with `torch.load(weights_only=True)`: tensors and plain
+    containers only, so a crafted file cannot run code. Raises CheckpointError (one line)."""
+    try:
+        with torch.serialization.safe_globals(_numpy_array_globals()):
+            local = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if "WeightsUnpickler error" in line]
+        reason = lines[0].split("WeightsUnpickler error:", 1)[-1].strip() if lines else type(exc).__name__
+        reason = reason.split(" was not an allowed global")[0]  # drop torch's advice to allowlist it
+        raise CheckpointError(
+            f"{path}: refused: it holds more than tensors and plain data, and loading it could run "
+            f"code ({reason})"
+        ) from None
+    except (RuntimeError, EOFError) as exc:  # truncated, not a torch file
+        raise CheckpointError(f"{path}: unreadable: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+    if not isinstance(local, dict) or not {"step", "skipped_steps", "scheduler", "rng"} <= local.keys():
+        raise CheckpointError(f"{path}: not a toolgym rank state (expected step, skipped_steps, scheduler, rng)")
+    return local
 
 
 def _order(path: Path) -> tuple[int, int]:
@@ -100,7 +157,15 @@ class CheckpointManager:
         pointer = self.directory / LATEST
         if not pointer.is_file():
             return None
-        path = self.directory / pointer.read_text().strip()
+        name = pointer.read_text().strip()
+        # `latest` names a checkpoint inside this directory, never a path: another run's files
+        # (`../../other_run/...`) or an absolute path are refused, not followed.
+        if not name.startswith(STEP_PREFIX) or Path(name).name != name or "\\" in name or name in (".", ".."):
+            raise CheckpointError(
+                f"{pointer}: refused: it names {name!r}, not a checkpoint inside {self.directory} "
+                f"(expected a name like {STEP_PREFIX}00000004)"
+            )
+        path = self.directory / name
         if not (path / "meta.json").is_file():
             raise FileNotFoundError(f"{pointer} names {path}, which is not a complete checkpoint")
         return path
@@ -200,7 +265,7 @@ class CheckpointManager:
         rank_file = path / f"rank{trainer.dist.rank}.pt"
         if not rank_file.is_file():  # more ranks than when saved: rank 0's step/schedule, its RNG too
             rank_file = path / "rank0.pt"
-        local = torch.load(rank_file, weights_only=False)
+        local = load_rank_state(rank_file)
         trainer.step = local["step"]
         trainer.skipped_steps = local["skipped_steps"]
         trainer.scheduler.load_state_dict(local["scheduler"])

@@ -53,6 +53,7 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
         "--env", required=True, help="a registered env id, e.g. toolgym/Zorplex-v0 (see `toolgym envs`)"
     )
     p.add_argument("--env-kwargs", type=_json_object, default={}, help="JSON object of env keyword arguments")
+    _add_env_module_arg(p)
     p.add_argument("--policy", default="oracle", help="'oracle' or a Hugging Face checkpoint directory")
     p.add_argument(
         "--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer.json (default: the shipped one)"
@@ -73,6 +74,17 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
             flag, dest=field, type=kind, choices=choices, default=info.default, help=_SETTING_HELP.get(field)
         )
     limits.add_argument("--seed", type=int, default=0, help="sampling seed (and the task stream for record)")
+
+
+def _add_env_module_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--env-module",
+        dest="env_modules",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first (it registers your envs with gymnasium); repeatable",
+    )
 
 
 # Flags that set a field of the one declaration of the rollout settings (RolloutSettings) and of the
@@ -169,6 +181,7 @@ def add_record(sub: argparse._SubParsersAction) -> None:
             stream=args.seed,
             start=args.start,
             progress=not args.no_progress,
+            env_modules=args.env_modules,
         )
 
     p.set_defaults(func=run)
@@ -183,6 +196,7 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--tokenizer", default=str(DEFAULT_TOKENIZER), help="the tokenizer the file was recorded with"
     )
+    _add_env_module_arg(p)  # a recording imports nothing itself: --verify makes only these envs
 
     def run(args: argparse.Namespace) -> int:
         from ..rollouts.commands import replay_command
@@ -194,6 +208,7 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
             verify=args.verify,
             limit=args.limit,
             show=not args.summary_only,
+            env_modules=args.env_modules,
         )
 
     p.set_defaults(func=run)
@@ -226,6 +241,7 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
             args.tokenizer,
             config,
             args.out,
+            env_modules=args.env_modules,
         )
 
     p.set_defaults(func=run)

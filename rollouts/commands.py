@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +21,16 @@ from ..agents.policy import Policy
 from ..agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from ..envs import list_envs
 from .evaluation import EvalConfig, evaluate_sync
-from .metrics import env_metric_names
+from .metrics import BatchMetrics, env_metric_names
 from .recording import RecordingHeader, RecordingReader, RecordingWriter
-from .replay import format_transcript, replay_problems, rich_transcript, summarize
+from .replay import (
+    check_env_id,
+    format_transcript,
+    import_env_modules,
+    replay_problems,
+    rich_transcript,
+    summarize,
+)
 from .runner import RolloutConfig, RolloutRunner
 from .sampling import TaskSeedStream
 from .scripted import OracleConfig, OraclePolicy
@@ -75,12 +83,15 @@ def record_command(
     stream: int = 0,
     start: int | None = None,
     progress: bool = True,
+    env_modules: Sequence[str] = (),
 ) -> int:
     """Roll out `num_tasks` training task seeds x group_size episodes and append them to `out`.
 
     Task seeds come from the training stream (never eval seeds). When `out` already exists and
-    `start` is None, the stream continues after the largest group id in the file.
+    `start` is None, the stream continues after the largest group id in the file. `env_modules`
+    are imported first (they register the user's envs with gymnasium).
     """
+    import_env_modules(env_modules)
     renderer = load_renderer(policy_spec, tokenizer_path)
     policy, policy_id = load_policy(policy_spec, renderer, oracle)
     fingerprint = tokenizer_fingerprint(renderer.tokenizer)
@@ -119,12 +130,22 @@ def replay_command(
     verify: bool = False,
     limit: int | None = None,
     show: bool = True,
+    env_modules: Sequence[str] = (),
 ) -> int:
     """Print transcripts (first `limit`) and a summary; with `verify`, re-run every episode.
-    Returns 1 when verification finds a difference."""
+    Returns 1 when verification finds a difference or a line is damaged (each damaged line is
+    reported by path, line and reason and skipped; every intact record is still shown and checked).
+
+    The recording imports nothing: `verify` makes only envs registered with gymnasium or whose
+    module is imported already, toolgym's or one of `env_modules` (imported first, as the user
+    named them); a header env id that needs any other module raises EnvModuleNotAllowed (one line)
+    before any episode is replayed."""
+    import_env_modules(env_modules)
     renderer = ChatRenderer(load_tokenizer(tokenizer_path))
-    reader = RecordingReader(path, tokenizer_fingerprint(renderer.tokenizer))
+    reader = RecordingReader(path, tokenizer_fingerprint(renderer.tokenizer), skip_damaged=True)
     head = reader.header
+    if verify:
+        check_env_id(head.env_id)
     console.print(
         f"{path}: {head.env_id} {head.env_kwargs}  policy {head.policy_id}  created {head.created}",
         markup=False,
@@ -132,9 +153,10 @@ def replay_command(
     )
     if show and not console.is_terminal:
         console.print("(⟦ ⟧ marks the tokens the policy sampled, the ones it is trained on)")
-    trajectories, mismatches = [], 0
+    summary, count, mismatches = BatchMetrics(), 0, 0  # streamed: memory does not grow with the file
     for i, trajectory in enumerate(reader):
-        trajectories.append(trajectory)
+        summary.add(trajectory)
+        count += 1
         if show and (limit is None or i < limit):
             if console.is_terminal:
                 console.print(rich_transcript(trajectory, renderer), soft_wrap=True)
@@ -149,13 +171,21 @@ def replay_command(
                 console.print(f"  {problem}", markup=False, highlight=False)
     if reader.torn_lines:
         console.print(f"skipped {reader.torn_lines} torn last line")
-    _print_summary(console, summarize(trajectories), f"{len(trajectories)} episodes")
+    for damage in reader.damaged:  # each skipped line: path, line, reason; the rest were read
+        console.print(f"skipped {damage}", markup=False, highlight=False, soft_wrap=True)
+    metrics = {k.removeprefix("rollout/"): v for k, v in summary.result().items()}
+    _print_summary(console, metrics, f"{count} episodes")
+    damaged = len(reader.damaged)
+    if damaged:
+        lines = ", ".join(str(d.line) for d in reader.damaged)
+        console.print(f"damaged: {damaged} line{'s' if damaged > 1 else ''} skipped (line {lines})")
     if verify:
         console.print(
-            f"verify: {len(trajectories) - mismatches}/{len(trajectories)} episodes replay exactly"
+            f"verify: {count - mismatches}/{count} episodes replay exactly"
             + ("" if not mismatches else f", {mismatches} differ")
+            + ("" if not damaged else f"; {damaged} damaged lines not checked")
         )
-    return 1 if mismatches else 0
+    return 1 if mismatches or damaged else 0
 
 
 def eval_command(
@@ -166,10 +196,14 @@ def eval_command(
     tokenizer_path: str | os.PathLike,
     eval_config: EvalConfig,
     out: str | os.PathLike | None = None,
+    env_modules: Sequence[str] = (),
 ) -> int:
+    """Evaluate a policy on the held-out task seeds; `env_modules` are imported first (they
+    register the user's envs with gymnasium)."""
+    import_env_modules(env_modules)
     renderer = load_renderer(policy_spec, tokenizer_path)
     policy, policy_id = load_policy(policy_spec, renderer, oracle)
-    report = evaluate_sync(policy, renderer, rollout, eval_config)
+    report = evaluate_sync(policy, renderer, rollout, eval_config, keep_trajectories=False)
     policy.close()
     for example in report.examples:
         console.print(example, markup=False, highlight=False, soft_wrap=True)

@@ -15,12 +15,18 @@ could not use) are handled as the runner handled them: the env is stepped throug
 own checks (`step_env`), and an episode the runner cut is settled as the runner settled it
 (`abandon_env`, its reward on the last turn). Given the recording's tokenizer, verification also
 checks the tokens training reads against that text (`verify_tokens`).
+
+A recording never causes an import: gymnasium imports the module of a `module:Env-v0` id, so
+verification makes only envs whose module is already imported (toolgym's own, and modules the
+user names, `--env-module`); any other such id is refused, naming the module (`check_env_id`).
 """
 
 from __future__ import annotations
 
 import enum
+import importlib
 import math
+import sys
 from collections.abc import Iterable, Sequence
 
 import gymnasium
@@ -105,6 +111,33 @@ def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
 # ---- verification ------------------------------------------------------------------------------
 
 
+class EnvModuleNotAllowed(ValueError):
+    """A recorded env id whose module is not imported: making it would import code named by data.
+    str() is one line naming the module and the flag that allows it."""
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise EnvModuleNotAllowed if `gymnasium.make(env_id)` would import a module (an id
+    `module:Env-v0` whose module is not imported yet); a registered id, or one whose module is
+    already imported, passes. Registered ids import only what their registering code named."""
+    module = env_id.split(":", 1)[0] if ":" in env_id else None
+    if module is not None and module not in sys.modules:
+        raise EnvModuleNotAllowed(
+            f"env id {env_id!r} needs module {module!r}, which is not imported: a recording never "
+            f"imports code; if you trust that module, allow it with --env-module {module}"
+        )
+
+
+def import_env_modules(modules: Iterable[str]) -> None:
+    """Import the modules the user named (`--env-module`), which register their envs with
+    gymnasium. Raises ValueError (one line) for one that cannot be imported."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"--env-module {module}: cannot import it: {exc}") from None
+
+
 def _was_stepped(trajectory: Trajectory, index: int) -> bool:
     """Whether the runner gave transition `index`'s action to the env: all but a last turn that
     did not end on a stop token (cut by a limit, or aborted)."""
@@ -136,11 +169,16 @@ def verify_trajectory(trajectory: Trajectory) -> list[str]:
     against the sum of the recorded step rewards and the re-run's, reward_components against the
     re-run's last reported ones, and stop_reason against how the re-run ended (the runner's
     mapping when the env ended it; otherwise a reason of the runner's, consistent with a cut last
-    turn's finish reason)."""
+    turn's finish reason). An env id that would import a module is reported, not made
+    (`check_env_id`)."""
     t, problems = trajectory, []
     steps_sum = math.fsum(tr.reward for tr in t.transitions)
     if not _close(t.total_reward, steps_sum):
         problems.append(f"total_reward {t.total_reward!r} != the sum of its step rewards {steps_sum!r}")
+    try:
+        check_env_id(t.env_id)
+    except EnvModuleNotAllowed as exc:
+        return [*problems, str(exc)]
     try:
         env = gymnasium.make(t.env_id, **t.env_kwargs)
         observation, _, system_prompt = reset_env(env, t.task_seed)

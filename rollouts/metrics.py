@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..envs.info import FAILURE_MODE, METRICS
@@ -113,40 +113,69 @@ def episode_metrics(
     }
 
 
-def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs) if xs else 0.0
+class BatchMetrics:
+    """`batch_metrics` computed as the episodes stream by: `add` each trajectory, then `result`.
+    Keeps sums and counts only (no trajectory), so a long eval's memory does not grow with its
+    episodes; the result is the same dict `batch_metrics` returns for the same episodes in the
+    same order."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.reward_sum = 0.0
+        self.env_sums: dict[str, float] = {}  # names in the order first seen
+        self.turns_sum = 0.0
+        self.tokens = 0
+        self.failure_modes: Counter[str] = Counter()
+        self.stop_reasons: Counter[StopReason] = Counter()
+        self.errors: Counter[str] = Counter()
+
+    def add(self, trajectory: Trajectory) -> None:
+        x = trajectory.metrics
+        self.n += 1
+        self.reward_sum += trajectory.total_reward
+        env = x["env"] if isinstance(x.get("env"), Mapping) else {}
+        for name in _names_in_order([env]):
+            self.env_sums[name] = self.env_sums.get(name, 0.0) + (_number(env.get(name)) or 0.0)
+        self.turns_sum += float(x.get("turns", 0))
+        self.tokens += int(x.get("sampled_tokens", 0))
+        self.failure_modes[str(x.get("failure_mode"))] += 1
+        self.stop_reasons[trajectory.stop_reason] += 1
+        if trajectory.error is not None:
+            self.errors[_error_kind(trajectory)] += 1
+
+    def result(self, elapsed_s: float | None = None, prefix: str = "rollout/") -> dict[str, float]:
+        n = self.n
+        m: dict[str, float] = {"episodes": float(n)}
+        if n == 0:
+            return {prefix + k: v for k, v in m.items()}
+        m["reward_mean"] = self.reward_sum / n
+        for name, total in self.env_sums.items():
+            m[name] = total / n
+        m["turns_mean"] = self.turns_sum / n
+        m["tokens_generated"] = float(self.tokens)
+        m["tokens_per_episode"] = self.tokens / n
+        for mode, count in self.failure_modes.items():
+            m[f"failure_mode/{mode}"] = count / n
+        for reason in StopReason:
+            m[f"stop_reason/{reason.value}"] = self.stop_reasons[reason] / n
+        m["errors"] = float(self.errors.total())
+        for kind, count in self.errors.items():
+            m[f"errors/{kind}"] = float(count)
+        if elapsed_s is not None:
+            m["time_s"] = elapsed_s
+            m["episodes_per_s"] = n / elapsed_s if elapsed_s > 0 else 0.0
+            m["tokens_per_s"] = self.tokens / elapsed_s if elapsed_s > 0 else 0.0
+        return {prefix + k: v for k, v in m.items()}
 
 
 def batch_metrics(
-    trajectories: Sequence[Trajectory], elapsed_s: float | None = None, prefix: str = "rollout/"
+    trajectories: Iterable[Trajectory], elapsed_s: float | None = None, prefix: str = "rollout/"
 ) -> dict[str, float]:
     """Aggregate metrics for a batch: means, fractions per failure mode / stop reason, counts."""
-    n = len(trajectories)
-    m: dict[str, float] = {"episodes": float(n)}
-    if n == 0:
-        return {prefix + k: v for k, v in m.items()}
-    metrics = [t.metrics for t in trajectories]
-    m["reward_mean"] = _mean([t.total_reward for t in trajectories])
-    env_metrics: list[Mapping[str, Any]] = [x["env"] if isinstance(x.get("env"), Mapping) else {} for x in metrics]
-    for name in _names_in_order(env_metrics):
-        m[name] = sum(_number(x.get(name)) or 0.0 for x in env_metrics) / n
-    m["turns_mean"] = _mean([float(x.get("turns", 0)) for x in metrics])
-    tokens = sum(int(x.get("sampled_tokens", 0)) for x in metrics)
-    m["tokens_generated"] = float(tokens)
-    m["tokens_per_episode"] = tokens / n
-    for mode, count in Counter(str(x.get("failure_mode")) for x in metrics).items():
-        m[f"failure_mode/{mode}"] = count / n
-    for reason in StopReason:
-        m[f"stop_reason/{reason.value}"] = sum(t.stop_reason == reason for t in trajectories) / n
-    errors = [t for t in trajectories if t.error is not None]
-    m["errors"] = float(len(errors))
-    for kind, count in Counter(_error_kind(t) for t in errors).items():
-        m[f"errors/{kind}"] = float(count)
-    if elapsed_s is not None:
-        m["time_s"] = elapsed_s
-        m["episodes_per_s"] = n / elapsed_s if elapsed_s > 0 else 0.0
-        m["tokens_per_s"] = tokens / elapsed_s if elapsed_s > 0 else 0.0
-    return {prefix + k: v for k, v in m.items()}
+    summary = BatchMetrics()
+    for trajectory in trajectories:
+        summary.add(trajectory)
+    return summary.result(elapsed_s, prefix)
 
 
 def _names_in_order(dicts: Iterable[Mapping[str, Any]]) -> list[str]:

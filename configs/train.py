@@ -27,7 +27,7 @@ from typing import Any
 from ..agents.chat import ChatRenderer
 from ..agents.tokenizer import tokenizer_fingerprint
 from ..rollouts.metrics import env_metric_names
-from ..rollouts.recording import RecordingError, RecordingReader, RecordingWriter
+from ..rollouts.recording import RecordingError, RecordingReader, RecordingWriter, check_recording
 from ..rollouts.sampling import TaskSeedStream
 from ..trainers.checkpoint import CheckpointManager, export_hf
 from ..trainers.distributed import all_gather_objects, barrier
@@ -253,6 +253,9 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     check_model(config, model_config(config), renderer)
     _check_sft_recording(config, renderer)
     run = _prepare_run_dir(config, resume, dist.is_main)
+    if resume is not None and dist.is_main:  # first: a resume refused for a damaged file changes nothing
+        for path in sorted(run.trajectories.glob("train_rank*.jsonl")):
+            check_recording(path)  # RecordingError: path, line, reason (cut_recordings rewrites these)
     config_backup = _update_run_config(run, config) if resume is not None and dist.is_main else None
     latest, resume_step, positions = _resume_point(run) if resume is not None else (None, 0, [])
     sft_done = run.sft_done.is_file()

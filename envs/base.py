@@ -57,11 +57,14 @@ step: that step is the whole episode, not a cut-short one.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium
 
+from .info import REPLACED_CHARS
 from .spaces import UnicodeText
 from .tools import (
     ANSWER,
@@ -92,6 +95,45 @@ _ERROR_KINDS = {
 }
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable_text(text: str) -> tuple[str, int]:
+    """`text` with every surrogate code point (which UTF-8 cannot encode, so no tokenizer or
+    recording can take it) replaced by U+FFFD, and how many were replaced."""
+    return _SURROGATE.subn("\ufffd", text)
+
+
+def _encodable_reset(reset: Callable[..., tuple[Any, dict[str, Any]]]) -> Callable[..., tuple[Any, dict[str, Any]]]:
+    @functools.wraps(reset)
+    def wrapped(self: TextEnv, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        observation, info = reset(self, *args, **kwargs)
+        if isinstance(observation, str):
+            observation, replaced = encodable_text(observation)
+            if replaced and isinstance(info, dict):
+                info[REPLACED_CHARS] = info.get(REPLACED_CHARS, 0) + replaced
+        return observation, info
+
+    return wrapped
+
+
+def _encodable_step(step: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any, ...]]:
+    @functools.wraps(step)
+    def wrapped(self: TextEnv, action: Any) -> tuple[Any, ...]:
+        replaced = 0
+        if isinstance(action, str):
+            action, replaced = encodable_text(action)
+        observation, reward, terminated, truncated, info = step(self, action)
+        if isinstance(observation, str):
+            observation, more = encodable_text(observation)
+            replaced += more
+        if replaced and isinstance(info, dict):  # an outer override's wrapper adds its own count
+            info[REPLACED_CHARS] = info.get(REPLACED_CHARS, 0) + replaced
+        return observation, reward, terminated, truncated, info
+
+    return wrapped
+
+
 class TextEnv(gymnasium.Env[str, str]):
     """A Gymnasium env whose observations and actions are Unicode strings.
 
@@ -100,9 +142,21 @@ class TextEnv(gymnasium.Env[str, str]):
     the scripted policy (rollouts/scripted.py) and the tokenizer corpus (configs/build_tokenizer.py)
     use so that they know no env's action grammar. Randomness comes only from `self.np_random`
     (seeded by `reset(seed=...)`). The info keys the runner reads: envs/info.py.
+
+    Only encodable text crosses the env boundary: every subclass's `step` and `reset` are wrapped
+    (`__init_subclass__`) so that surrogate code points in the action (which a caller may pass,
+    e.g. `"\\ud800LOOKUP[\\udfff]"`) and in the observation are replaced by U+FFFD before the env
+    sees or returns them, counted in info `replaced_chars` (present only when > 0).
     """
 
     metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (Gymnasium's class attribute)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "step" in cls.__dict__:
+            cls.step = _encodable_step(cls.__dict__["step"])  # type: ignore[method-assign]
+        if "reset" in cls.__dict__:
+            cls.reset = _encodable_reset(cls.__dict__["reset"])  # type: ignore[method-assign]
 
     def __init__(self, *, max_action_chars: int = 4096, max_observation_chars: int = 8192):
         self.action_space = UnicodeText(max_action_chars)

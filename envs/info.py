@@ -29,6 +29,11 @@ step info (and the info of the optional `abandon()`, envs/base.py):
                     wrong_answer, tool_spam, no_answer). Summaries count each label
                     (`failure_mode/<label>`) and evals pick example transcripts of distinct labels.
 
+Written by `TextEnv` itself (envs/base.py), recorded, not read by the runner:
+    replaced_chars  int: surrogate code points replaced by U+FFFD in this step's action and
+                    observation (or the reset observation), present only when > 0: text that
+                    UTF-8 cannot encode never crosses the env boundary.
+
 The runner writes `error` (the step raised or returned an unusable output) and `abandon_error`
 into a transition's info itself; an env should not use those keys.
 
@@ -62,11 +67,13 @@ METRICS = "metrics"
 END_REASON = "end_reason"
 FAILURE_MODE = "failure_mode"
 SUCCESS_METRIC = "success"
+REPLACED_CHARS = "replaced_chars"
 
 __all__ = [
     "END_REASON",
     "FAILURE_MODE",
     "METRICS",
+    "REPLACED_CHARS",
     "REWARD_COMPONENTS",
     "SUCCESS_METRIC",
     "SYSTEM_PROMPT",

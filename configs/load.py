@@ -25,17 +25,24 @@ import copy
 import importlib.util
 import json
 import math
+import os
 import re
 import tomllib
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from msgspec import inspect
 
 from .schema import Config, PolicySection, RunSection, SFTSection
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..agents.chat import ChatRenderer
+    from ..agents.model.config import ModelConfig
 
 PRESETS_DIR = Path(__file__).resolve().parent
 SHIPPED_TOKENIZER = PRESETS_DIR / "assets" / "tokenizer.json"
@@ -201,6 +208,10 @@ def _name_the_field(path: str, parts: list[str], message: str) -> tuple[str, str
         match = re.match(rf"(?:{prefix})\.(?P<field>\w+(?:\.\w+)*) (?P<rest>must\b.*)$", message, re.S)
         if path and match and _type_at([*parts, *match["field"].split(".")]) is not None:
             return f"{path}.{match['field']}", match["rest"]
+    # "OverlongShaping needs 0 < cache_length <= max_length, ..." raised at the section itself
+    match = re.match(r"[A-Z]\w* (?P<rest>(?:needs|must)\b.*)$", message, re.S)
+    if path and match:
+        return path, match["rest"]
     return path, message
 
 
@@ -232,14 +243,21 @@ def _fill_derived(raw: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+INT64_MAX = 2**63 - 1
+
+
 def check_finite(raw: Any, where: str = "") -> None:
     """No nan or inf anywhere: no setting means either (TOML has no null to say "no limit"), and
-    a nan slips through every `x <= 0` check downstream."""
+    a nan slips through every `x <= 0` check downstream. No integer beyond 64 bits either: Python
+    and the schema take any size, the tensors, JSON records and msgspec encoders it reaches do not
+    ("Overflow when unpacking long long")."""
     items = raw.items() if isinstance(raw, Mapping) else enumerate(raw) if isinstance(raw, list) else ()
     for key, value in items:
         path = f"{where}.{key}" if isinstance(key, str) and where else where or str(key)
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(path, f"must be a finite number, got {value}")
+        if isinstance(value, int) and not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise ConfigError(path, f"must fit in 64 bits (|value| < 2**63), got {value:.3g}")
         check_finite(value, path)
 
 
@@ -312,11 +330,30 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     check_unknown_keys(raw)
     check_finite(raw)
     try:
-        return msgspec.convert(_fill_derived(raw), Config)
+        config = msgspec.convert(_fill_derived(raw), Config)
     except msgspec.ValidationError as exc:
         raise validation_error(exc) from None
     except (ValueError, TypeError) as exc:  # a __post_init__ at the root
         raise ConfigError("", str(exc)) from None
+    check_fields_together(config)
+    return config
+
+
+def check_fields_together(config: Config) -> None:
+    """Rules between sections that each section alone cannot see. Raises ConfigError.
+
+    - rollout.group_size >= 2: every advantage estimator is group-relative (a reward minus its
+      group's mean), so a group of one has advantage 0 on every token and dynamic sampling drops
+      it as zero-variance: such a run trains on nothing, step after step."""
+    if config.rollout.group_size < 2:
+        estimator = config.batch.advantage.estimator
+        dynamic = config.batch.dynamic_sampling
+        dropped = " and batch.dynamic_sampling drops every such group" if dynamic else ""
+        raise ConfigError(
+            "rollout.group_size",
+            f"must be >= 2 with batch.advantage.estimator = '{estimator}' (group-relative: a group of "
+            f"1 has advantage 0{dropped}, so nothing is learned), got {config.rollout.group_size}",
+        )
 
 
 def load_config(
@@ -391,6 +428,129 @@ def check_environment(config: Config, world_size: int = 1) -> None:
             "batch.groups_per_batch",
             f"{config.batch.groups_per_batch} groups do not split evenly over {world_size} processes",
         )
+
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_cache_bytes(config: Config, model: ModelConfig) -> int:
+    """The torch engine's KV cache for `config` and `model`, in bytes, computed (never allocated)
+    as agents/engine/kv_cache.py lays it out: (max_batch_size + 1) slots (one holds a shared
+    prefix) of max_seq_len positions, plus the history pool (policy.history_capacity; -1 =
+    max_batch_size x max_seq_len positions), each position k and v for every layer and kv head,
+    once per engine (policy.replicas)."""
+    from .build import policy_max_seq_len
+
+    policy = config.policy
+    seq = policy_max_seq_len(config, model)
+    history = policy.max_batch_size * seq if policy.history_capacity == -1 else policy.history_capacity
+    per_position = model.num_hidden_layers * model.num_key_value_heads * model.head_dim * 2
+    per_position *= _DTYPE_BYTES[config.model.dtype]
+    return per_position * ((policy.max_batch_size + 1) * seq + history) * policy.replicas
+
+
+def machine_memory(device: torch.device, replicas: int = 1) -> tuple[int, str]:
+    """(bytes, what they are) a policy's KV cache can live in: the GPU's memory for a CUDA engine,
+    else the machine's RAM (replicas decode on CPU). No psutil: sysconf reads it on Linux and
+    macOS; where it cannot, (0, "") and the caller checks nothing."""
+    if device.type == "cuda" and replicas == 1:
+        import torch
+
+        return torch.cuda.get_device_properties(device).total_memory, "the GPU's memory"
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory"
+    except (AttributeError, OSError, ValueError):
+        return 0, ""
+
+
+def check_memory(config: Config, model: ModelConfig, device: torch.device) -> None:
+    """Refuse a torch-engine KV cache larger than the memory it would be allocated in (every
+    local rank makes its own), naming the fields that size it. Without this the allocator fails
+    after SFT, with a traceback, or a 64-bit size overflows. The vLLM backend sizes its own cache
+    (policy.vllm.kv_cache_gib, gpu_memory_utilization)."""
+    if config.policy.backend != "torch":
+        return
+    available, what = machine_memory(device, config.policy.replicas)
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    needed = kv_cache_bytes(config, model) * ranks
+    if not available or needed <= available:
+        return
+    from .build import policy_max_seq_len
+
+    policy = config.policy
+    # the field that sizes most of it: an explicit history pool larger than the slots, else the slots
+    slots_positions = policy.max_batch_size * policy_max_seq_len(config, model)
+    history_is_larger = policy.history_capacity > slots_positions
+    field = "policy.history_capacity" if history_is_larger else "policy.max_batch_size"
+    per_ranks = f" x {ranks} local processes" if ranks > 1 else ""
+    raise ConfigError(
+        field,
+        f"must keep the KV cache within {what} ({available:,} bytes): policy.max_batch_size = "
+        f"{policy.max_batch_size:,}, policy.max_seq_len = {policy.max_seq_len or 'the model default'}, "
+        f"policy.history_capacity = {policy.history_capacity:,} and policy.replicas = {policy.replicas} "
+        f"need {needed:,} bytes{per_ranks}",
+    )
+
+
+def first_prompt_length(
+    config: Config, renderer: ChatRenderer, env_kwargs: dict[str, Any]
+) -> tuple[int, int]:
+    """(tokens, task seed): the env's first prompt for the run's first training task (the
+    system prompt and the reset observation, rendered as the runner renders them)."""
+    import gymnasium
+
+    from .. import envs  # noqa: F401 (registers toolgym/*)
+    from ..agents.types import Message
+    from ..rollouts.env_io import reset_env
+    from ..rollouts.sampling import TaskSeedStream
+    from .sft import rl_stream
+
+    (seed,), _ = TaskSeedStream(stream=rl_stream(config)).take(1)
+    env = gymnasium.make(config.env.id, **env_kwargs)
+    try:
+        observation, _, system_prompt = reset_env(env, seed)
+    finally:
+        env.close()
+    messages = [Message("system", system_prompt)] if system_prompt else []
+    return len(renderer.render_prompt([*messages, Message("user", observation)])), seed
+
+
+def check_context(config: Config, model: ModelConfig, renderer: ChatRenderer) -> None:
+    """Refuse a context (rollout.context_length, else policy.max_seq_len) that cannot hold the
+    env's first prompt plus one turn: every episode would overflow before its first action,
+    and the run would train on 0 tokens (or SFT find no trainable demonstration)."""
+    from .build import policy_max_seq_len
+
+    seq = policy_max_seq_len(config, model)
+    length = config.rollout.context_length
+    field, context = "policy.max_seq_len", seq  # the runner takes the smaller of the two
+    if length is not None and length < seq:
+        field, context = "rollout.context_length", length
+    turn = min(config.rollout.max_tokens_per_turn, config.rollout.max_tokens_per_episode)
+    checks = [("env.kwargs", config.env.kwargs)]
+    if config.sft.enabled and config.sft.source == "oracle" and config.sft.env_kwargs is not None:
+        checks.append(("sft.env_kwargs", config.sft.env_kwargs))
+    for where, kwargs in checks:
+        try:
+            prompt, seed = first_prompt_length(config, renderer, kwargs)
+        except Exception as exc:
+            raise ConfigError(where, f"cannot reset env {config.env.id!r} with {kwargs}: {exc}") from None
+        if prompt + turn > context:
+            raise ConfigError(
+                field,
+                f"must be >= {prompt + turn} to hold the env's first prompt ({prompt} tokens, "
+                f"{config.env.id} with {where} at task seed {seed}) and one turn "
+                f"(rollout.max_tokens_per_turn = {config.rollout.max_tokens_per_turn}), got {context}",
+            )
+
+
+def check_against_machine(
+    config: Config, model: ModelConfig, renderer: ChatRenderer, device: torch.device
+) -> None:
+    """The checks that need the model's shape, the renderer and the device (cheap: nothing is
+    allocated, one env is reset): the KV cache fits, the context holds the first prompt."""
+    check_memory(config, model, device)
+    check_context(config, model, renderer)
 
 
 # ---- writing the resolved config --------------------------------------------------------------------

@@ -74,6 +74,27 @@ def combine_rank_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, floa
     return out
 
 
+class NoLearningError(RuntimeError):
+    """The run cannot learn: run.max_steps_without_learning steps in a row changed nothing
+    (`str()` names the cause and the setting). `train` ends the run with exit code 1."""
+
+
+def no_learning_cause(metrics: Mapping[str, float]) -> str | None:
+    """Why a step's update could not change the policy (None: it could): every group dropped by
+    dynamic sampling, no trainable (sampled) token, or a non-finite loss or gradient. Every rank
+    reads the same combined metrics, so every rank decides alike."""
+    if metrics.get("train/episodes", 0.0) == 0:
+        return (
+            "batch.dynamic_sampling dropped every group (each group's episodes got one reward; reward "
+            f"mean {metrics.get('rollout/reward_mean', 0.0):.3f}: a constant reward, or a converged policy)"
+        )
+    if metrics.get("batch/sampled_tokens", 1.0) == 0:
+        return "0 trainable tokens (no sampled token in any episode)"
+    if metrics.get("train/skipped"):
+        return "the update was skipped (non-finite loss or gradient)"
+    return None
+
+
 class RLLoop:
     """Owns the per-run objects (runner, policy, trainer, stream); built once, stepped many times."""
 
@@ -95,6 +116,8 @@ class RLLoop:
         self.trainer, self.policy, self.renderer, self.log = trainer, policy, renderer, log
         self.checkpoints, self.stream = checkpoints, stream
         self.step = start_step
+        self.steps_without_learning = 0  # consecutive, with the cause of the last one
+        self._no_learning_cause = ""
         self.rollout: RolloutConfig = config.rollout_config()
         groups = config.batch.groups_per_batch // dist.world_size
         self.batch_config: BatchConfig = msgspec.structs.replace(
@@ -215,10 +238,26 @@ class RLLoop:
                 bar.set_postfix(
                     {"reward": f"{metrics.get('rollout/reward_mean', 0.0):.2f}", **headline}, refresh=False
                 )
+                self._check_learning(metrics)
                 if every_ckpt and self.step % every_ckpt == 0 and self.step != total:
                     self.save_checkpoint()
                 if self._eval_due(total):
                     self.evaluate(runner, f"step {self.step}")
+
+    def _check_learning(self, metrics: Mapping[str, float]) -> None:
+        """Count the steps in a row that could not change the policy; raise NoLearningError when
+        they reach run.max_steps_without_learning (a run that would otherwise finish "successfully"
+        having learned nothing)."""
+        cause = no_learning_cause(metrics)
+        self.steps_without_learning = 0 if cause is None else self.steps_without_learning + 1
+        self._no_learning_cause = cause or ""
+        limit = self.config.run.max_steps_without_learning
+        if limit and self.steps_without_learning >= limit:
+            raise NoLearningError(
+                f"the run cannot learn: {self.steps_without_learning} steps in a row (up to step "
+                f"{self.step}) changed nothing; last cause: {self._no_learning_cause} "
+                f"(run.max_steps_without_learning = {limit}; 0 never stops)"
+            )
 
     def close(self) -> None:
         if self._train_writer is not None:

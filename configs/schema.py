@@ -46,7 +46,7 @@ import msgspec
 from ..agents.vllm.engine import VLLMConfig
 from ..rollouts.evaluation import EvalConfig
 from ..rollouts.runner import RolloutConfig
-from ..rollouts.sampling import BatchConfig
+from ..rollouts.sampling import EVAL_SEED_COUNT, BatchConfig
 from ..rollouts.scripted import OracleConfig
 from ..rollouts.types import RolloutSettings, SamplingConfig
 from ..trainers.config import CheckpointConfig, OptimizerConfig, TrainerConfig
@@ -67,9 +67,13 @@ class RunSection(msgspec.Struct, **_STRICT):
     run_dir: str = ""  # "" = runs/<name>-<timestamp>
     export_hf: bool = True  # write the final policy as a Hugging Face directory
     plot: bool = True  # write plots/*.png at the end
+    # Consecutive RL steps that cannot change the policy (0 trainable tokens, every group dropped
+    # by dynamic sampling, or the update skipped as non-finite) before the run stops with an
+    # error (configs/loop.py); 0 = never stop.
+    max_steps_without_learning: int = 5
 
     def __post_init__(self) -> None:
-        for name in ("steps", "seed"):
+        for name in ("steps", "seed", "max_steps_without_learning"):
             if getattr(self, name) < 0:
                 raise ValueError(f"run.{name} must be >= 0, got {getattr(self, name)}")
 
@@ -90,7 +94,9 @@ class ModelSection(msgspec.Struct, **_STRICT):
         if self.path:
             self.name = ""
             if self.overrides:
-                raise ValueError("model.overrides apply to a named config, not to model.path")
+                raise ValueError(
+                    "model.overrides must be empty with model.path (they apply to a named config)"
+                )
         elif not self.name:
             raise ValueError("set model.name (a named config) or model.path (a Hugging Face directory)")
 
@@ -157,7 +163,7 @@ class SFTSection(msgspec.Struct, **_STRICT):
             log_every=self.log_every,
         )
         if self.enabled and self.source == "recording" and not self.recording:
-            raise ValueError('sft.source = "recording" needs sft.recording (a `toolgym record` file)')
+            raise ValueError('sft.recording must name a `toolgym record` file when sft.source = "recording"')
 
 
 class EvalSection(msgspec.Struct, **_STRICT):
@@ -171,9 +177,17 @@ class EvalSection(msgspec.Struct, **_STRICT):
     record: bool = True  # write each eval's trajectories under trajectories/
 
     def __post_init__(self) -> None:
+        # EvalConfig's own checks, each naming its key (EvalConfig reports only its repr)
         if self.every_steps < 0:
             raise ValueError(f"eval.every_steps must be >= 0, got {self.every_steps}")
-        self.to_eval_config()  # EvalConfig's own checks
+        if self.num_examples < 0:
+            raise ValueError(f"eval.num_examples must be >= 0, got {self.num_examples}")
+        _positive("eval", num_tasks=self.num_tasks, samples_per_task=self.samples_per_task)
+        if self.num_tasks > EVAL_SEED_COUNT:
+            raise ValueError(
+                f"eval.num_tasks must be <= {EVAL_SEED_COUNT} (the held-out seeds), got {self.num_tasks}"
+            )
+        self.to_eval_config()
 
     def to_eval_config(self) -> EvalConfig:
         return EvalConfig(

@@ -19,6 +19,7 @@ import copy
 import json
 import math
 import shutil
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,8 +47,8 @@ from .build import (
     select_policy_backend,
     setup_distributed,
 )
-from .load import ConfigError, check_environment, config_to_toml, load_config
-from .loop import RLLoop
+from .load import ConfigError, check_against_machine, check_environment, config_to_toml, load_config
+from .loop import NoLearningError, RLLoop
 from .metrics_log import MetricsLog, display_name, format_metric, read_metrics, truncate_metrics
 from .plot import plot_run
 from .run_dir import RunDir, create_run_dir, default_run_path
@@ -241,8 +242,10 @@ def _print_summary(log: MetricsLog, summary: dict[str, Any], headline: Sequence[
 
 
 def train(config: Config, resume: str | Path | None = None, progress: bool = True) -> int:
-    """Run (or resume) a training run; returns the exit code. Raises ConfigError before anything
-    starts when the config cannot work here."""
+    """Run (or resume) a training run; returns the exit code: 0, 130 (interrupted, checkpoint
+    saved) or 1 (a run that cannot learn, loop.py's NoLearningError: one line on stderr,
+    checkpoint saved). Raises ConfigError before anything starts (no run directory, no SFT) when
+    the config cannot work here, including against the machine (load.py, check_against_machine)."""
     started = time.perf_counter()
     progress = progress and config.logging.progress_bar
     dist = setup_distributed(config.parallel)
@@ -251,6 +254,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     check_environment(config, dist.world_size)
     renderer, tokenizer_file = build_renderer(config)
     check_model(config, model_config(config), renderer)
+    check_against_machine(config, model_config(config), renderer, dist.device)
     _check_sft_recording(config, renderer)
     run = _prepare_run_dir(config, resume, dist.is_main)
     if resume is not None and dist.is_main:  # first: a resume refused for a damaged file changes nothing
@@ -325,6 +329,11 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
                     f"interrupted at step {loop.step}; checkpoint saved: toolgym train --resume {run.root}"
                 )
                 return 130
+            except NoLearningError as exc:  # every rank raises it at the same step
+                loop.save_checkpoint()
+                if dist.is_main:
+                    print(f"error: {exc}; checkpoint saved at step {loop.step}", file=sys.stderr)
+                return 1
             if loop.step > resume_step or latest is None:
                 loop.save_checkpoint()
         if config.run.export_hf:

@@ -8,7 +8,10 @@
 
 `--set a.b=value` parses value as a TOML value (`3`, `1e-4`, `true`, `"x"`, `[1, 2]`,
 `{tier = "simple"}`), then as a Python float (`.001`, `1.`), and falls back to the plain string,
-so `--set env.id=toolgym/SumDigits-v0` works unquoted. A nan or inf anywhere is refused.
+so `--set env.id=toolgym/SumDigits-v0` works unquoted. A nan or inf anywhere is refused, and so
+is an integer beyond 64 bits. Rules between fields (`check_fields_together`) are checked at load
+time too; `check_environment` and `check_against_machine` (the KV cache fits the machine, the
+context holds the env's first prompt) run before a run directory is made.
 
 Derived defaults (filled only when the key is absent): trainer.optimizer.total_steps = run.steps,
 sft.optimizer.total_steps = sft.steps, sft.optimizer.lr = 1e-3.
@@ -464,14 +467,15 @@ def machine_memory(device: torch.device, replicas: int = 1) -> tuple[int, str]:
 
 
 def check_memory(config: Config, model: ModelConfig, device: torch.device) -> None:
-    """Refuse a torch-engine KV cache larger than the memory it would be allocated in (every
-    local rank makes its own), naming the fields that size it. Without this the allocator fails
+    """Refuse a torch-engine KV cache larger than the memory it would be allocated in (in RAM,
+    every local rank makes its own; on CUDA each rank has its GPU), naming the fields that size it. Without this the allocator fails
     after SFT, with a traceback, or a 64-bit size overflows. The vLLM backend sizes its own cache
     (policy.vllm.kv_cache_gib, gpu_memory_utilization)."""
     if config.policy.backend != "torch":
         return
     available, what = machine_memory(device, config.policy.replicas)
-    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    on_gpu = device.type == "cuda" and config.policy.replicas == 1
+    ranks = 1 if on_gpu else int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     needed = kv_cache_bytes(config, model) * ranks
     if not available or needed <= available:
         return
@@ -482,7 +486,7 @@ def check_memory(config: Config, model: ModelConfig, device: torch.device) -> No
     slots_positions = policy.max_batch_size * policy_max_seq_len(config, model)
     history_is_larger = policy.history_capacity > slots_positions
     field = "policy.history_capacity" if history_is_larger else "policy.max_batch_size"
-    per_ranks = f" x {ranks} local processes" if ranks > 1 else ""
+    per_ranks = f" ({ranks} local processes, a cache each)" if ranks > 1 else ""
     raise ConfigError(
         field,
         f"must keep the KV cache within {what} ({available:,} bytes): policy.max_batch_size = "

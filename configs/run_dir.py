@@ -30,8 +30,16 @@ SFT_DONE_FILE = "sft_done.json"
 
 
 class RunDir:
+    """The paths of one run directory. Every path is inside `root`: a `checkpoint_directory`
+    that is absolute or climbs out with `..` raises ConfigError (the schema refuses it first)."""
+
     def __init__(self, root: str | Path, checkpoint_directory: str = "checkpoints") -> None:
         self.root = Path(root)
+        if not _stays_inside(checkpoint_directory):
+            raise ConfigError(
+                "checkpoint.directory",
+                f"must be a relative folder inside the run directory {self.root}: got {checkpoint_directory!r}",
+            )
         self.checkpoints = self.root / checkpoint_directory
         self.config = self.root / CONFIG_FILE
         self.metrics = self.root / METRICS_FILE
@@ -64,10 +72,19 @@ class RunDir:
         tmp.replace(path)
 
 
+def _stays_inside(relative: str) -> bool:
+    """Whether `root / relative` is under `root` for any root: not absolute (pathlib would drop
+    the root), no drive, no `..` part. Judged by the parts: nothing has to exist yet."""
+    path = Path(relative)
+    return not path.is_absolute() and not path.drive and ".." not in path.parts and "\\" not in relative
+
+
 def default_run_path(config: Config) -> Path:
+    """run.run_dir when set, else <run.root>/<run.name>-<timestamp> (run.name is a name, never a
+    path: the schema refuses separators and `..`)."""
     if config.run.run_dir:
         return Path(config.run.run_dir)
-    return Path("runs") / f"{config.run.name or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Path(config.run.root) / f"{config.run.name or 'run'}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def create_run_dir(path: Path, config: Config) -> RunDir:

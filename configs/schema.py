@@ -2,7 +2,8 @@
 
 Sections (all optional; every key has a default):
 
-    [run]        name, steps (RL steps), seed, run_dir, export_hf, plot
+    [run]        name (a name, never a path), steps (RL steps), seed, root (the runs folder), run_dir,
+                 export_hf, plot
     [env]        id, kwargs (a table of the env's keyword arguments)
     [model]      name (a named config: tiny, test, ...) or path (a Hugging Face directory; wins when
                  set), overrides (ModelConfig fields for a named config), dtype (the policy's),
@@ -61,10 +62,11 @@ def _positive(section: str, **values: float | int | None) -> None:
 
 
 class RunSection(msgspec.Struct, **_STRICT):
-    name: str = ""  # "" = the config file's stem
+    name: str = ""  # "" = the config file's stem; a name, never a path (no separator, not . or ..)
     steps: int = 100  # RL steps (optimizer updates, one batch each)
     seed: int = 0  # task stream, sampling seeds, model init
-    run_dir: str = ""  # "" = runs/<name>-<timestamp>
+    root: str = "runs"  # the folder new run directories go in: <root>/<name>-<timestamp>
+    run_dir: str = ""  # this run's directory, exactly; "" = <root>/<name>-<timestamp>
     export_hf: bool = True  # write the final policy as a Hugging Face directory
     plot: bool = True  # write plots/*.png at the end
     # Consecutive RL steps that cannot change the policy (0 trainable tokens, every group dropped
@@ -76,6 +78,11 @@ class RunSection(msgspec.Struct, **_STRICT):
         for name in ("steps", "seed", "max_steps_without_learning"):
             if getattr(self, name) < 0:
                 raise ValueError(f"run.{name} must be >= 0, got {getattr(self, name)}")
+        if self.name in (".", "..") or any(sep in self.name for sep in ("/", "\\", "\0")):
+            raise ValueError(
+                f"run.name must be a name, not a path (no '/' or '\\', not '.' or '..'; the folder "
+                f"runs go in is run.root): got {self.name!r}"
+            )
 
 
 class EnvSection(msgspec.Struct, **_STRICT):
@@ -213,6 +220,20 @@ class LoggingSection(msgspec.Struct, **_STRICT):
         _positive("logging", every_steps=self.every_steps)
 
 
+class CheckpointSection(CheckpointConfig, **_STRICT):
+    """CheckpointConfig, with `directory` a relative folder inside the run directory: a
+    checkpoint never lands outside its run."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        parts = self.directory.replace("\\", "/").split("/")
+        if self.directory.startswith(("/", "\\", "~")) or ":" in self.directory or ".." in parts:
+            raise ValueError(
+                "checkpoint.directory must be a relative folder inside the run directory (not "
+                f"absolute, no '..'): got {self.directory!r}"
+            )
+
+
 class ParallelSection(msgspec.Struct, **_STRICT):
     """Processes come from torchrun (`torchrun --nproc_per_node=N -m toolgym.configs.cli train ...`)."""
 
@@ -238,7 +259,7 @@ class Config(msgspec.Struct, **_STRICT):
     sft: SFTSection = msgspec.field(default_factory=SFTSection)
     eval: EvalSection = msgspec.field(default_factory=EvalSection)
     logging: LoggingSection = msgspec.field(default_factory=LoggingSection)
-    checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
+    checkpoint: CheckpointSection = msgspec.field(default_factory=CheckpointSection)
     parallel: ParallelSection = msgspec.field(default_factory=ParallelSection)
 
     @property

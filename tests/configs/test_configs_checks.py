@@ -198,15 +198,16 @@ def small_run(run_dir, *extra: str) -> list[str]:
 
 @pytest.mark.slow
 def test_a_run_whose_every_group_is_dropped_stops_with_exit_code_1(tmp_path, capsys):
-    # one sampled token per episode: no episode can call a tool or answer, every reward is the
-    # same, and dynamic sampling drops every group; it used to run every step and exit 0
+    # a constant reward (every reward knob of the env at 0): every group has zero variance and
+    # dynamic sampling drops it, step after step; it used to run every step and exit 0
     run_dir = tmp_path / "run"
-    extra = ["rollout.max_tokens_per_turn=1", "rollout.max_tokens_per_episode=1"]
-    extra += ["batch.dynamic_sampling=true", "batch.max_extra_rounds=0"]
+    knobs = ("correct_reward", "format_reward", "incorrect_reward", "tool_call_penalty", "error_penalty")
+    extra = ["env.kwargs={tier='simple', " + ", ".join(f"{k}=0.0" for k in knobs) + "}"]
+    extra += ["rollout.max_tokens_per_turn=4", "batch.dynamic_sampling=true", "batch.max_extra_rounds=0"]
     assert main(small_run(run_dir, *extra)) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: the run cannot learn: 3 steps in a row"), err
-    assert "batch.dynamic_sampling dropped every group" in err[0]
+    assert "batch.dynamic_sampling dropped every group" in err[0] and "reward mean 0.000" in err[0]
     assert "run.max_steps_without_learning = 3" in err[0]
     steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert steps == [1, 2, 3]

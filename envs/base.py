@@ -104,7 +104,9 @@ def encodable_text(text: str) -> tuple[str, int]:
     return _SURROGATE.subn("\ufffd", text)
 
 
-def _encodable_reset(reset: Callable[..., tuple[Any, dict[str, Any]]]) -> Callable[..., tuple[Any, dict[str, Any]]]:
+def _encodable_reset(
+    reset: Callable[..., tuple[Any, dict[str, Any]]],
+) -> Callable[..., tuple[Any, dict[str, Any]]]:
     @functools.wraps(reset)
     def wrapped(self: TextEnv, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         observation, info = reset(self, *args, **kwargs)

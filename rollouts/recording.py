@@ -8,17 +8,18 @@ ids only mean something under the tokenizer that produced them.
 
 Integrity (schema version 2): every record line is the Trajectory's JSON object with a last key
 `"crc32"`, the crc32 of the object's exact bytes without that key, and the header carries the
-crc32 of its own line (with its `checksum` field zeroed), so a flipped byte anywhere is detected. Version 1 files (no
-checksums) still read, unchecked, and appending to one keeps it version 1. A damaged line (bad
-checksum, invalid UTF-8, not JSON, not a Trajectory) is named by path, line and reason: by
-default reading stops there with a `RecordingError`; with `skip_damaged=True` (what `replay
---verify` uses) it is skipped and listed in `reader.damaged`, and every intact record is still
-read. Non-finite floats in the typed float fields (rewards, sampler logprobs) are written as the
+crc32 of its own line (with its `checksum` field zeroed), so a flipped byte anywhere is
+detected. Version 1 files (no checksums) still read, unchecked, and appending to one keeps it
+version 1. A damaged line (bad checksum, invalid UTF-8, not JSON, not a Trajectory) is named by
+path, line and reason: by default reading stops there with a `RecordingError`; with
+`skip_damaged=True` (what `replay` uses) it is skipped and listed in `reader.damaged`, and every
+intact record is still read. Non-finite floats in the typed float fields (rewards, sampler logprobs) are written as the
 strings "nan", "inf", "-inf" and read back as floats (JSON has no NaN; msgspec would write null).
 
-Appending to an existing file checks its header first (same schema, tokenizer, env) and cuts a
-torn last line off before writing, so the file stays one header + whole lines. A last line that
-lacks only its newline (it decodes, so the reader keeps it) is kept: the newline is added.
+Appending to an existing file checks its header first (same tokenizer and env; its schema
+version is kept) and cuts a torn last line off before writing, so the file stays one header +
+whole lines. A last line that lacks only its newline (it decodes, so the reader keeps it) is
+kept: the newline is added.
 """
 
 from __future__ import annotations
@@ -123,7 +124,11 @@ def _decode_header(line: bytes, path: Path) -> RecordingHeader:
         )
     if raw["schema_version"] >= 2:  # the line ends with ,"checksum":"<crc32 of the line, zeroed>"}
         stored, field = line[-10:-2], line[-len(_HEADER_CRC_ZERO) : -10]
-        if field != _HEADER_CRC_ZERO[:-10] or not line.endswith(b'"}') or _crc(line[:-10] + b'00000000"}') != stored:
+        if (
+            field != _HEADER_CRC_ZERO[:-10]
+            or not line.endswith(b'"}')
+            or _crc(line[:-10] + b'00000000"}') != stored
+        ):
             raise RecordingError(f"{path}: line 1 (the header) is corrupt: checksum mismatch")
     try:
         return msgspec.convert(raw, RecordingHeader)

@@ -19,7 +19,9 @@ def untimed(metrics: dict[str, float]) -> dict[str, float]:
 
 def test_streamed_eval_matches_the_kept_one_and_holds_a_bounded_number_of_episodes(renderer):
     policy = OraclePolicy(renderer, OracleConfig(p_omit_tag=0.3, p_skip_lookup=0.3))
-    rollout = RolloutConfig(env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "simple"}, max_concurrent_episodes=8)
+    rollout = RolloutConfig(
+        env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "simple"}, max_concurrent_episodes=8
+    )
     config = EvalConfig(num_tasks=300, num_examples=3)
     kept = evaluate_sync(policy, renderer, rollout, config)
     assert [t.task_seed for t in kept.trajectories] == list(range(300))  # group-major, as before

@@ -39,7 +39,9 @@ def trajectory(seed: int, logprobs=(-0.5, -1.25, -0.125), reward: float = 0.1) -
 
 
 def header(version: int | None = None) -> RecordingHeader:
-    head = RecordingHeader(tokenizer_fingerprint="abc", env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "simple"})
+    head = RecordingHeader(
+        tokenizer_fingerprint="abc", env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "simple"}
+    )
     return head if version is None else msgspec.structs.replace(head, schema_version=version)
 
 

@@ -3,7 +3,7 @@
 Sections (all optional; every key has a default):
 
     [run]        name (a name, never a path), steps (RL steps), seed, root (the runs folder), run_dir,
-                 export_hf, plot
+                 export_hf, plot, max_steps_without_learning (a run that cannot learn stops)
     [env]        id, kwargs (a table of the env's keyword arguments)
     [model]      name (a named config: tiny, test, ...) or path (a Hugging Face directory; wins when
                  set), overrides (ModelConfig fields for a named config), dtype (the policy's),

@@ -260,8 +260,9 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     if resume is not None and dist.is_main:  # first: a resume refused for a damaged file changes nothing
         for path in sorted(run.trajectories.glob("train_rank*.jsonl")):
             check_recording(path)  # RecordingError: path, line, reason (cut_recordings rewrites these)
-    config_backup = _update_run_config(run, config) if resume is not None and dist.is_main else None
+    # before config.toml is rewritten: a `latest` pointer refused (trainers/checkpoint.py) changes nothing
     latest, resume_step, positions = _resume_point(run) if resume is not None else (None, 0, [])
+    config_backup = _update_run_config(run, config) if resume is not None and dist.is_main else None
     sft_done = run.sft_done.is_file()
     redo_sft = config.sft.enabled and not sft_done and latest is None
     if dist.is_main and resume is not None:

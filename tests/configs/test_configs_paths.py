@@ -79,7 +79,8 @@ def test_resume_refuses_a_latest_pointer_into_another_run(tmp_path, monkeypatch,
     assert (run.rl_checkpoints / pointer / "meta.json").is_file()  # it would be followed
     before = _snapshot(tmp_path)
 
-    assert main(["train", "--resume", str(run.root), "--no-progress"]) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(err) == 1 and "latest" in err[0] and repr(pointer) in err[0] and "refused" in err[0]
-    assert _snapshot(tmp_path) == before
+    for extra in ([], ["--set", "run.steps=3"]):  # with --set, config.toml is not rewritten either
+        assert main(["train", "--resume", str(run.root), "--no-progress", *extra]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(err) == 1 and "latest" in err[0] and repr(pointer) in err[0] and "refused" in err[0]
+        assert _snapshot(tmp_path) == before

@@ -153,7 +153,8 @@ class CheckpointManager:
         self.keep_last = keep_last
 
     def latest(self) -> Path | None:
-        """The newest complete checkpoint, or None."""
+        """The newest complete checkpoint, or None. Its rank states are read here already
+        (`load_rank_state`): a resume that would be refused is refused before it writes anything."""
         pointer = self.directory / LATEST
         if not pointer.is_file():
             return None
@@ -168,6 +169,8 @@ class CheckpointManager:
         path = self.directory / name
         if not (path / "meta.json").is_file():
             raise FileNotFoundError(f"{pointer} names {path}, which is not a complete checkpoint")
+        for rank_file in sorted(path.glob("rank*.pt")):
+            load_rank_state(rank_file)
         return path
 
     def checkpoints(self) -> list[Path]:

@@ -84,3 +84,46 @@ def test_resume_refuses_a_latest_pointer_into_another_run(tmp_path, monkeypatch,
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert len(err) == 1 and "latest" in err[0] and repr(pointer) in err[0] and "refused" in err[0]
         assert _snapshot(tmp_path) == before
+
+
+class _WritesMarker:
+    """Unpickling this writes a file: code run from data."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (Path(self.marker), "code ran"))
+
+
+def test_resume_refuses_a_rank_state_that_would_run_code(tmp_path, capsys):
+    """`toolgym train --resume` with a crafted rank0.pt: one line naming the file, no code run."""
+    import torch
+
+    from toolgym.configs.load import config_from_dict
+    from toolgym.configs.train import train
+
+    run_dir = tmp_path / "run"
+    raw = {
+        "run": {"steps": 1, "run_dir": str(run_dir), "export_hf": False, "plot": False},
+        "model": {"name": "test", "overrides": {"vocab_size": 1024}},
+        "policy": {"max_batch_size": 8, "max_seq_len": 256},
+        "rollout": {"group_size": 2, "max_turns": 2, "max_tokens_per_turn": 8, "max_tokens_per_episode": 16},
+        "batch": {"groups_per_batch": 2},
+        "eval": {"at_start": False, "at_end": False, "every_steps": 0},
+        "checkpoint": {"every_steps": 1},
+        "logging": {"progress_bar": False},
+    }
+    assert train(config_from_dict(raw)) == 0
+    rank_file = run_dir / "checkpoints" / "rl" / "step_00000001" / "rank0.pt"
+    local = torch.load(rank_file, weights_only=True)
+    marker = tmp_path / "pwned"
+    local["scheduler"] = _WritesMarker(str(marker))
+    torch.save(local, rank_file)
+    capsys.readouterr()
+    before = _snapshot(tmp_path)
+
+    assert main(["train", "--resume", str(run_dir), "--set", "run.steps=2", "--no-progress"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and str(rank_file) in err[0] and "refused" in err[0]
+    assert not marker.exists() and _snapshot(tmp_path) == before  # config.toml not rewritten either

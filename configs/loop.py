@@ -79,11 +79,18 @@ class NoLearningError(RuntimeError):
     (`str()` names the cause and the setting). `train` ends the run with exit code 1."""
 
 
-def no_learning_cause(metrics: Mapping[str, float]) -> str | None:
+def no_learning_cause(metrics: Mapping[str, float], updated_before: bool = False) -> str | None:
     """Why a step's update could not change the policy (None: it could): every group dropped by
     dynamic sampling, no trainable (sampled) token, or a non-finite loss or gradient. Every rank
-    reads the same combined metrics, so every rank decides alike."""
+    reads the same combined metrics, so every rank decides alike. updated_before: the run has
+    applied an update; then every group getting one reward is a converged policy (nothing left to
+    learn from, not a failure) and does not count."""
     if metrics.get("train/episodes", 0.0) == 0:
+        rolled = metrics.get("dynamic_sampling/groups_rolled_out", 0.0)
+        if rolled and metrics.get("batch/groups_without_trainable", 0.0) >= rolled:
+            return "0 trainable tokens (no sampled token in any episode)"
+        if updated_before:
+            return None
         return (
             "batch.dynamic_sampling dropped every group (each group's episodes got one reward; reward "
             f"mean {metrics.get('rollout/reward_mean', 0.0):.3f}: a constant reward, or a converged policy)"
@@ -248,7 +255,7 @@ class RLLoop:
         """Count the steps in a row that could not change the policy; raise NoLearningError when
         they reach run.max_steps_without_learning (a run that would otherwise finish "successfully"
         having learned nothing)."""
-        cause = no_learning_cause(metrics)
+        cause = no_learning_cause(metrics, updated_before=self.trainer.step > 0)
         self.steps_without_learning = 0 if cause is None else self.steps_without_learning + 1
         self._no_learning_cause = cause or ""
         limit = self.config.run.max_steps_without_learning

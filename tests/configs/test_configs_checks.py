@@ -232,11 +232,18 @@ def test_a_run_whose_every_update_is_skipped_stops_with_exit_code_1(tmp_path, ca
 def test_the_count_is_of_steps_in_a_row_and_names_the_cause():
     assert no_learning_cause({"train/episodes": 4.0, "batch/sampled_tokens": 10.0, "train/skipped": 0.0}) is None
     zero = {"train/episodes": 4.0, "batch/sampled_tokens": 0.0}
-    assert no_learning_cause(zero) == "0 trainable tokens (no sampled token in any episode)"
+    zero_cause = "0 trainable tokens (no sampled token in any episode)"
+    assert no_learning_cause(zero) == zero_cause
     assert "dropped every group" in (no_learning_cause({"train/episodes": 0.0}) or "")
+    # every group dropped for one reward after the run has learned: a converged policy, not counted
+    assert no_learning_cause({"train/episodes": 0.0}, updated_before=True) is None
+    # every group dropped for having no trainable token: counted, whatever came before
+    none_trainable = {"train/episodes": 0.0, "dynamic_sampling/groups_rolled_out": 4.0}
+    none_trainable["batch/groups_without_trainable"] = 4.0
+    assert no_learning_cause(none_trainable, updated_before=True) == zero_cause
     loop = SimpleNamespace(
         config=SimpleNamespace(run=SimpleNamespace(max_steps_without_learning=2)),
-        step=0, steps_without_learning=0, _no_learning_cause="",
+        step=0, steps_without_learning=0, _no_learning_cause="", trainer=SimpleNamespace(step=0),
     )  # fmt: skip
     learned = {"train/episodes": 4.0, "batch/sampled_tokens": 10.0}
     for metrics in (zero, learned, zero, learned):  # never two in a row

@@ -34,7 +34,9 @@ The choices (what each buys: docs/engine.md, bench/RESULTS.md 'bench/generate.py
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, get_args
 
 import torch
@@ -149,9 +151,12 @@ class Backend:
         return rope_table(cos, sin) if self.rope == "vllm" else None
 
     @staticmethod
-    def rotate(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int, table) -> None:
-        """vLLM's RoPE in place (agents/kernels/vllm_ops.py `rotary_embedding`)."""
-        rotary_embedding(positions, q, k, head_dim, table)
+    def rotary(
+        head_dim: int, table: torch.Tensor
+    ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
+        """vLLM's RoPE in place over `table` (`rope_table`), called as (positions, q rows, k rows)
+        (agents/kernels/vllm_ops.py `rotary_embedding`): a `ForwardBatch.rotary`."""
+        return partial(rotary_embedding, head_dim=head_dim, table=table)
 
     def decode_step(
         self, model: Transformer, attention: KernelAttention | None, table: torch.Tensor | None, slots: int

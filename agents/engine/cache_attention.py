@@ -22,8 +22,6 @@ step. vLLM's kernels implement the same protocol in agents/kernels/ (the backend
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 import torch.nn.functional as F
 
@@ -146,9 +144,7 @@ class Forwards:
             positions, cache.head_dim, config.rope_theta, cache.k.dtype
         )
         self.rope_table = backend.rope_table(self.rope_cos, self.rope_sin)
-        self.rotary = None
-        if self.rope_table is not None:
-            self.rotary = partial(_rotate, backend, cache.head_dim, self.rope_table)
+        self.rotary = None if self.rope_table is None else backend.rotary(cache.head_dim, self.rope_table)
         self._arange = positions
         kernel = backend.cache_attention(cache.k, cache.v, config.num_attention_heads)
         # vLLM's kernels over this cache (for a decode step that calls them itself), or None.
@@ -265,10 +261,6 @@ class Forwards:
             plan=self.attention.plan_decode(positions, span),
             rotary=self.rotary,
         )
-
-
-def _rotate(backend: Backend, head_dim: int, table: torch.Tensor, positions, q, k) -> None:
-    backend.rotate(positions, q, k, head_dim, table)
 
 
 __all__ = ["Forwards", "TorchCacheAttention", "TorchDecodePlan"]

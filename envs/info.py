@@ -10,7 +10,10 @@ reset info:
 step info (and the info of the optional `abandon()`, envs/base.py):
     reward_components  {name: float}: the episode's reward split into named parts, so far. The last
                     one reported becomes `Trajectory.reward_components`; their sum should equal the
-                    sum of the step rewards.
+                    sum of the step rewards. Summaries report each name's mean over the batch's
+                    episodes as `rollout/reward/<name>`, `eval/reward/<name>` (0 for an episode
+                    that never reported it); names are non-empty printable strings without `/`
+                    (else the episode ends as an env error).
     metrics         {name: float}: the env's own metrics of the episode so far (a bool counts as
                     0/1). Per name, the last value reported is the episode's (`Trajectory.metrics
                     ["env"]`). The rollout, eval and replay summaries report the mean over the

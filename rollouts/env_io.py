@@ -3,10 +3,9 @@
 The runner and replay (`toolgym replay --verify`) call an env only through these, so both see the
 same thing: an env output the runner cannot use (text that is not an encodable str, a reward that
 is not a finite number, an info that is not a dict, reward_components or metrics that are not
-name -> finite number (envs/info.py), end flags that are not bools) raises EnvOutputError naming
-it, and ends only that
-episode (ENV_ERROR). NaN or inf rewards matter most: one would make its whole group's advantages
-NaN.
+name -> finite number with usable names (envs/info.py), end flags that are not bools) raises
+EnvOutputError naming it, and ends only that episode (ENV_ERROR). NaN or inf rewards matter
+most: one would make its whole group's advantages NaN.
 
 An info is kept as plain JSON-able data, since recordings write it to disk: numpy scalars and
 arrays (common in Gymnasium envs) become their Python values, an object JSON has no type for
@@ -30,7 +29,7 @@ import msgspec
 import numpy as np
 
 from ..envs.info import METRICS
-from .metrics import metric_name_problem
+from .metrics import component_name_problem, metric_name_problem
 from .types import StopReason, Transition
 
 # The runner's own limits: when one ends an episode the env has not ended, the env settles it.
@@ -92,6 +91,9 @@ def _check_info(what: str, info: Any) -> dict[str, Any]:
             raise EnvOutputError(
                 f"info['reward_components'] must map names to numbers, got {components!r:.80}"
             )
+        for name in components:
+            if (problem := component_name_problem(name)) is not None:
+                raise EnvOutputError(f"info['reward_components']: {problem}")
         info["reward_components"] = {
             name: _check_number(f"info['reward_components'][{name!r}]", v) for name, v in components.items()
         }

@@ -9,9 +9,11 @@ episode through `abandon()`, whose info has them), and a step the env raised on 
 env) is taken the same way. Nothing here knows any particular env.
 
 Batch metrics (`batch_metrics`, under a prefix: `rollout/`, `eval/`): the runner's own
-(`RUNNER_METRICS` and the `failure_mode/`, `stop_reason/`, `errors/` breakdowns) and, for every
+(`RUNNER_METRICS` and the `failure_mode/`, `stop_reason/`, `errors/` breakdowns); for every
 name any episode's env reported, its mean over the batch's episodes (0 for an episode that
-reported none).
+reported none); and for every reward component name (`Trajectory.reward_components`), its mean
+over the batch's episodes as `reward/<name>` (0 for an episode that reported none, or whose
+value is not a finite number, as a recording read back may hold).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ RUNNER_METRICS = frozenset(
 )
 # Breakdown prefixes: `failure_mode/<label>`, `stop_reason/<reason>`, `errors/<kind>`.
 _BREAKDOWNS = ("failure_mode/", "stop_reason/", "errors/")
+# Reward components' means: `reward/<component name>`.
+REWARD_COMPONENT_PREFIX = "reward/"
 
 
 def metric_name_problem(name: Any) -> str | None:
@@ -51,6 +55,22 @@ def metric_name_problem(name: Any) -> str | None:
     if name in RUNNER_METRICS:
         return f"env metric name {name!r} is one the runner reports itself ({', '.join(sorted(RUNNER_METRICS))})"
     return None
+
+
+def component_name_problem(name: Any) -> str | None:
+    """Why `name` cannot be a reward component's name (None when it can): it becomes part of a
+    metric key (`rollout/reward/<name>`), a TensorBoard tag and a plot label, so it is a
+    non-empty printable string without '/'."""
+    if not isinstance(name, str) or not name or "/" in name or not name.isprintable():
+        return f"reward component names are non-empty printable strings without '/', got {name!r:.80}"
+    return None
+
+
+def reward_component_names(metrics: Mapping[str, Any], prefix: str) -> list[str]:
+    """The reward component names among batch metrics under `prefix` (`rollout/reward/correct`
+    -> `correct`), in their order."""
+    start = prefix + REWARD_COMPONENT_PREFIX
+    return [key.removeprefix(start) for key in metrics if key.startswith(start)]
 
 
 def env_metric_names(metrics: Mapping[str, Any], prefix: str) -> list[str]:
@@ -123,6 +143,7 @@ class BatchMetrics:
         self.n = 0
         self.reward_sum = 0.0
         self.env_sums: dict[str, float] = {}  # names in the order first seen
+        self.component_sums: dict[str, float] = {}  # likewise, per reward component
         self.turns_sum = 0.0
         self.tokens = 0
         self.failure_modes: Counter[str] = Counter()
@@ -136,6 +157,10 @@ class BatchMetrics:
         env = x["env"] if isinstance(x.get("env"), Mapping) else {}
         for name in _names_in_order([env]):
             self.env_sums[name] = self.env_sums.get(name, 0.0) + (_number(env.get(name)) or 0.0)
+        components = trajectory.reward_components
+        for name, value in components.items() if isinstance(components, Mapping) else ():
+            if component_name_problem(name) is None:
+                self.component_sums[name] = self.component_sums.get(name, 0.0) + (_number(value) or 0.0)
         self.turns_sum += float(x.get("turns", 0))
         self.tokens += int(x.get("sampled_tokens", 0))
         self.failure_modes[str(x.get("failure_mode"))] += 1
@@ -149,6 +174,8 @@ class BatchMetrics:
         if n == 0:
             return {prefix + k: v for k, v in m.items()}
         m["reward_mean"] = self.reward_sum / n
+        for name, total in self.component_sums.items():
+            m[REWARD_COMPONENT_PREFIX + name] = total / n
         for name, total in self.env_sums.items():
             m[name] = total / n
         m["turns_mean"] = self.turns_sum / n
@@ -171,7 +198,8 @@ class BatchMetrics:
 def batch_metrics(
     trajectories: Iterable[Trajectory], elapsed_s: float | None = None, prefix: str = "rollout/"
 ) -> dict[str, float]:
-    """Aggregate metrics for a batch: means, fractions per failure mode / stop reason, counts."""
+    """Aggregate metrics for a batch (see the module doc): means (reward, its components, the
+    env's metrics, turns), fractions per failure mode / stop reason, counts."""
     summary = BatchMetrics()
     for trajectory in trajectories:
         summary.add(trajectory)

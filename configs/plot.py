@@ -1,21 +1,25 @@
 """`toolgym plot RUN_DIR`: PNG curves from a run's metrics.jsonl (matplotlib, no display needed).
 
-One PNG per quantity over RL steps: reward, then every metric the env reported (envs/info.py:
+One PNG per quantity over RL steps: reward; the reward's named components in one panel
+(`reward_components.png`: `rollout/reward/<name>` as a line and `eval/reward/<name>` as markers
+per component, when the env reported any); every metric the env reported (envs/info.py:
 `rollout/<name>` for training batches as a line, `eval/<name>` for the held-out evals as markers;
-a metric the run did not log gets no plot), entropy and KL to the sampler (the trainer's);
-`curves.png` puts them side by side, with the SFT loss when the run had an SFT phase.
+a metric the run did not log gets no plot); entropy and KL to the sampler (the trainer's).
+`curves.png` puts them side by side, with the SFT loss when the run had an SFT phase. Names come
+from the env, so they are drawn as plain text (`_plain`), never as mathtext.
 """
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure  # no pyplot: no global backend state, no display
 
-from ..rollouts.metrics import env_metric_names
+from ..rollouts.metrics import env_metric_names, reward_component_names
 from .metrics_log import display_name, read_metrics
 from .run_dir import METRICS_FILE
 
@@ -26,7 +30,25 @@ TRAINER_PANELS: tuple[Panel, ...] = (
     ("entropy", "entropy (sampled tokens)", "train/entropy", None, ()),
     ("kl", "KL (trainer vs sampler, k3)", "train/sampler_kl_k3", None, ("train/kl_ref",)),
 )
-_FIXED_STEMS = {"reward", "entropy", "kl", "curves"}
+COMPONENTS_STEM = "reward_components"
+_FIXED_STEMS = {"reward", COMPONENTS_STEM, "entropy", "kl", "curves"}
+
+
+def _plain(text: str) -> str:
+    """`text` as matplotlib draws it literally: a pair of `$` would start mathtext (text that is
+    not valid TeX fails the whole figure) and a legend drops labels that start with `_`."""
+    text = text.replace("$", r"\$")
+    return " " + text if text.startswith("_") else text
+
+
+def component_names(train: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]) -> list[str]:
+    """Every reward component the records hold (`rollout/reward/<name>` or `eval/reward/<name>`),
+    in the order first logged."""
+    names: dict[str, None] = {}
+    for records, prefix in ((train, "rollout/"), (evals, "eval/")):
+        for record in records:
+            names.update(dict.fromkeys(reward_component_names(record, prefix)))
+    return list(names)
 
 
 def env_panels(train: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]]) -> list[Panel]:
@@ -37,7 +59,7 @@ def env_panels(train: Sequence[dict[str, Any]], evals: Sequence[dict[str, Any]])
         for record in records:
             names.update(dict.fromkeys(env_metric_names(record, prefix)))
     return [
-        (f"env_{n}" if n in _FIXED_STEMS else n, display_name(n), f"rollout/{n}", f"eval/{n}", ())
+        (f"env_{n}" if n in _FIXED_STEMS else n, _plain(display_name(n)), f"rollout/{n}", f"eval/{n}", ())
         for n in names
     ]
 
@@ -82,6 +104,27 @@ def _draw(
     return drawn
 
 
+def _draw_components(ax: Any, names: Sequence[str], train: list[dict], evals: list[dict]) -> bool:
+    """The reward components in one panel: per name a train line and eval markers of one colour."""
+    drawn = False
+    for i, name in enumerate(names):
+        color = f"C{i % 10}"
+        xs, ys = _series(train, f"rollout/reward/{name}")
+        if xs:
+            ax.plot(xs, ys, color=color, label=_plain(name), linewidth=1.2)
+            drawn = True
+        xs, ys = _series(evals, f"eval/reward/{name}")
+        if xs:
+            ax.plot(xs, ys, "o--", color=color, label=_plain(f"{name} (eval)"), markersize=4, linewidth=0.8)
+            drawn = True
+    ax.set_title("reward components")
+    ax.set_xlabel("RL step")
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8)
+    return drawn
+
+
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Write the PNGs; returns their paths. Raises FileNotFoundError without metrics, and
     NotADirectoryError when `out_dir` is a file."""
@@ -98,19 +141,26 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         raise NotADirectoryError(errno.ENOTDIR, "not a directory (the plots go in a folder)", str(out))
     out.mkdir(parents=True, exist_ok=True)
     panels = [REWARD_PANEL, *env_panels(train, evals), *TRAINER_PANELS]
+    drawers: list[tuple[str, Callable[[Any], bool]]] = [
+        (stem, partial(_draw, title=title, train=train, evals=evals, key=key, eval_key=eval_key, extra=extra))
+        for stem, title, key, eval_key, extra in panels
+    ]
+    if components := component_names(train, evals):  # right after the reward they split
+        draw_components = partial(_draw_components, names=components, train=train, evals=evals)
+        drawers.insert(1, (COMPONENTS_STEM, draw_components))
     written = []
-    for stem, title, key, eval_key, extra in panels:
+    for stem, draw in drawers:
         fig = Figure(figsize=(6, 4), layout="constrained")
-        _draw(fig.add_subplot(), title, train, evals, key, eval_key, extra)
+        draw(fig.add_subplot())
         fig.savefig(out / f"{stem}.png", dpi=100)
         written.append(out / f"{stem}.png")
 
-    count = len(panels) + bool(sft)
+    count = len(drawers) + bool(sft)
     columns = 3
     rows = -(-count // columns)
     fig = Figure(figsize=(5 * columns, 3.6 * rows), layout="constrained")
-    for i, (_, title, key, eval_key, extra) in enumerate(panels):
-        _draw(fig.add_subplot(rows, columns, i + 1), title, train, evals, key, eval_key, extra)
+    for i, (_, draw) in enumerate(drawers):
+        draw(fig.add_subplot(rows, columns, i + 1))
     if sft:
         ax = fig.add_subplot(rows, columns, count)
         xs, ys = _series(sft, "sft/loss")

@@ -19,9 +19,11 @@ from toolgym.rollouts.recording import read_recording
 
 pytestmark = pytest.mark.slow
 
-# reward, the metrics Zorplex reports (envs/base.py), the trainer's entropy and KL
+# reward, its components, the metrics Zorplex reports (envs/base.py), the trainer's entropy and KL
 PNGS = {"reward.png", "accuracy.png", "tag_rate.png", "success.png", "tool_calls.png", "env_errors.png"}
-PNGS |= {"entropy.png", "kl.png", "curves.png"}
+PNGS |= {"reward_components.png", "entropy.png", "kl.png", "curves.png"}
+# Zorplex's named reward components (envs/base.py), as metrics.jsonl keys
+COMPONENTS = ("reward/correct", "reward/format", "reward/tool_penalty", "reward/error_penalty")
 
 
 def small_config(run_dir: Path, **sections) -> dict:
@@ -89,6 +91,7 @@ def test_train_runs_sft_then_rl_end_to_end(tmp_path, capsys):
             "rollout/reward_mean", "rollout/accuracy", "rollout/tag_rate", "train/loss", "train/entropy",
             "train/clip_frac_low", "train/clip_frac_high", "train/sampler_kl_k3", "train/grad_norm",
             "batch/tokens", "time/rollout_s", "time/train_s", "time/sync_s",
+            *(f"rollout/{c}" for c in COMPONENTS),
         ):  # fmt: skip
             assert key in r, key
         assert r["rollout/episodes"] == 4
@@ -99,6 +102,7 @@ def test_train_runs_sft_then_rl_end_to_end(tmp_path, capsys):
     evals = records(run_dir, "eval")
     assert [r["step"] for r in evals] == [0, 1, 2]
     assert all(r["eval/episodes"] == 4 for r in evals)
+    assert all(isinstance(r[f"eval/{c}"], float) for r in evals for c in COMPONENTS)
     assert [r["eval/policy_version"] for r in evals] == [0.0, 1.0, 2.0]
     assert sorted(p.name for p in (run_dir / "trajectories").glob("eval_step_*.jsonl")) == [
         "eval_step_00000000.jsonl", "eval_step_00000001.jsonl", "eval_step_00000002.jsonl",

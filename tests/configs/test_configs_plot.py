@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -46,3 +47,33 @@ def test_plot_skips_lines_that_are_not_records(tmp_path, capsys):
         assert main(["plot", str(run_dir), "--out", str(tmp_path / "plots")]) == 0
     # no env metric was logged, so none is plotted (a metric is never drawn as a flat zero)
     assert {Path(p).name for p in capsys.readouterr().out.split()} == PNGS - {"accuracy.png", "tag_rate.png"}
+
+
+def test_reward_components_are_drawn_in_one_panel_whatever_their_names(tmp_path, capsys):
+    from matplotlib.figure import Figure
+
+    from toolgym.configs.plot import _draw_components, component_names
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    names = ["correct", "transfer_made", "$cost^$", "_hidden"]  # mathtext and legend-hiding characters
+    lines = [
+        {"kind": "train", "step": s, "rollout/reward_mean": 0.1 * s, **{f"rollout/reward/{n}": 0.1 * s for n in names[:3]}}
+        for s in (1, 2, 3)
+    ]
+    lines += [{"kind": "eval", "step": 3, "eval/reward_mean": 0.5, "eval/reward/_hidden": 0.5}]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert main(["plot", str(run_dir)]) == 0
+    written = {Path(p).name for p in capsys.readouterr().out.split()}
+    assert written == PNGS - {"accuracy.png", "tag_rate.png"} | {"reward_components.png"}
+
+    train = [x for x in lines if x["kind"] == "train"]
+    evals = [x for x in lines if x["kind"] == "eval"]
+    assert component_names(train, evals) == names
+    fig = Figure()
+    ax = fig.add_subplot()
+    assert _draw_components(ax, names, train, evals)
+    fig.savefig(io.BytesIO(), format="png")  # `$cost^$` as mathtext would fail here
+    assert len(ax.get_lines()) == 4  # three train lines, one eval series
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["correct", "transfer_made", r"\$cost^\$", " _hidden (eval)"]

@@ -7,7 +7,8 @@ configs/train.py and configs/plot.py.
     toolgym train --resume runs/zorplex_tiny-20250101-120000
     torchrun --nproc_per_node=2 -m toolgym.configs.cli train zorplex_tiny
     toolgym plot runs/zorplex_tiny-20250101-120000
-    toolgym envs
+    toolgym train my.toml --env-module mypkg.bank_env  # or [env] module = "mypkg.bank_env"
+    toolgym envs --env-module mypkg.bank_env
     toolgym record --env toolgym/Zorplex-v0 --env-kwargs '{"tier": "simple"}' --policy oracle \\
         --tasks 64 --group-size 4 --out runs/oracle.jsonl
     toolgym replay runs/oracle.jsonl --verify --limit 3
@@ -146,12 +147,15 @@ def _oracle_config(args: argparse.Namespace) -> Any:
 
 
 def add_envs(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("envs", help="list the registered toolgym envs and their default arguments")
+    p = sub.add_parser(
+        "envs", help="list the registered envs (toolgym's, --env-module's) and their default arguments"
+    )
+    _add_env_module_arg(p)
 
     def run(args: argparse.Namespace) -> int:
         from ..rollouts.commands import envs_command
 
-        return envs_command(Console())
+        return envs_command(Console(), env_modules=args.env_modules)
 
     p.set_defaults(func=run)
 
@@ -268,6 +272,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--resume", metavar="RUN_DIR", default=None, help="continue a run from its latest checkpoint"
     )
+    _add_env_module_arg(p)  # added to env.module: written to config.toml, imported again on --resume
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
@@ -281,7 +286,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
             spec = existing_run_config(args.resume) if args.resume is not None else args.config
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", ConfigDeprecationWarning)
-                config, _ = load_config(spec, args.overrides)
+                config, _ = load_config(spec, args.overrides, args.env_modules)
             for warning in caught:  # one line each, naming the new key; other warnings as usual
                 if issubclass(warning.category, ConfigDeprecationWarning):
                     print(f"warning: {warning.message}", file=sys.stderr)

@@ -8,7 +8,8 @@
 
 `--set a.b=value` parses value as a TOML value (`3`, `1e-4`, `true`, `"x"`, `[1, 2]`,
 `{tier = "simple"}`), then as a Python float (`.001`, `1.`), and falls back to the plain string,
-so `--set env.id=toolgym/SumDigits-v0` works unquoted. A nan or inf anywhere is refused, and so
+so `--set env.id=toolgym/SumDigits-v0` works unquoted. A file's env kwargs go with its env id:
+`--set env.id=other` drops them (`load_config`). A nan or inf anywhere is refused, and so
 is an integer beyond 64 bits. Rules between fields (`check_fields_together`) are checked at load
 time too; `check_environment` and `check_against_machine` (the KV cache fits the machine, the
 context holds the env's first prompt) run before a run directory is made.
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from msgspec import inspect
 
-from .schema import Config, PolicySection, RunSection, SFTSection
+from .schema import Config, EnvSection, PolicySection, RunSection, SFTSection
 
 if TYPE_CHECKING:
     import torch
@@ -359,13 +360,48 @@ def check_fields_together(config: Config) -> None:
         )
 
 
+def _without_env_kwargs(raw: dict[str, Any]) -> dict[str, Any]:
+    """`raw` without the env's keyword arguments (env.kwargs, sft.env_kwargs)."""
+    out = copy.deepcopy(raw)
+    for section, key in (("env", "kwargs"), ("sft", "env_kwargs")):
+        if isinstance(out.get(section), dict):
+            out[section].pop(key, None)
+    return out
+
+
+def _add_env_modules(raw: dict[str, Any], modules: Sequence[str]) -> None:
+    """Append `modules` (`--env-module`) to raw's env.module, each once (a value of the wrong
+    type is left for the conversion to report)."""
+    env = raw.setdefault("env", {}) if modules else None
+    if not isinstance(env, dict):
+        return
+    current = env.get("module", [])
+    if isinstance(current, str):
+        current = [current] if current else []
+    if isinstance(current, list):
+        current = list(current)
+        current += [m for m in dict.fromkeys(modules) if m not in current]
+        env["module"] = current
+
+
 def load_config(
-    spec: str | Path | None = None, overrides: Sequence[str] = ()
+    spec: str | Path | None = None, overrides: Sequence[str] = (), env_modules: Sequence[str] = ()
 ) -> tuple[Config, dict[str, Any]]:
     """(Config, the raw dict after overrides) from a file path or preset name (None: the CPU demo).
-    run.name defaults to the file's stem."""
+    run.name defaults to the file's stem; `env_modules` (`--env-module`) are added to env.module.
+
+    A file's env kwargs belong to its env id: when the env.id after overrides differs from the
+    file's own (a preset's `[env] id`, else the default), the file's env.kwargs and
+    sft.env_kwargs are dropped and only those given with --set apply, so a preset's knobs
+    (tier = "simple") never reach another env."""
     path = resolve_config_path(str(spec) if spec is not None else DEFAULT_PRESET)
-    raw = apply_overrides(_migrate_sections(read_toml(path)), [migrate_override(o) for o in overrides])
+    base = _migrate_sections(read_toml(path))
+    overrides = [migrate_override(o) for o in overrides]
+    raw = apply_overrides(base, overrides)
+    default_id = EnvSection().id
+    if _get(raw, "env.id", str, default_id) != _get(base, "env.id", str, default_id):
+        raw = apply_overrides(_without_env_kwargs(base), overrides)
+    _add_env_modules(raw, env_modules)
     run = raw.setdefault("run", {})
     if isinstance(run, dict) and not run.get("name"):
         run["name"] = path.stem
@@ -384,12 +420,18 @@ def tokenizer_path(config: Config) -> Path:
 
 
 def check_environment(config: Config, world_size: int = 1) -> None:
-    """What the schema cannot know: the env exists, files exist, packages are installed, the batch
-    splits over the ranks. Raises ConfigError; cheap (nothing heavy is imported)."""
+    """What the schema cannot know: env.module imports (it registers the user's envs, so it is
+    imported first), the env exists, files exist, packages are installed, the batch splits over
+    the ranks. Raises ConfigError; cheap (nothing heavy is imported beyond env.module)."""
     import gymnasium
 
     from .. import envs  # noqa: F401 (registers toolgym/*)
+    from ..rollouts.replay import import_env_modules
 
+    try:
+        import_env_modules(config.env.modules, where="env.module")
+    except ValueError as exc:
+        raise ConfigError("", str(exc)) from None
     for where, kwargs in (("env", config.env.kwargs), ("sft.env_kwargs", config.sft.env_kwargs)):
         if kwargs is None:
             continue

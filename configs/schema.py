@@ -4,7 +4,10 @@ Sections (all optional; every key has a default):
 
     [run]        name (a name, never a path), steps (RL steps), seed, root (the runs folder), run_dir,
                  export_hf, plot, max_steps_without_learning (a run that cannot learn stops)
-    [env]        id, kwargs (a table of the env's keyword arguments)
+    [env]        id, kwargs (a table of the env's keyword arguments), module (a module name or a
+                 list of them, imported first: they register the user's envs; `--env-module M`
+                 adds one). A preset's or file's kwargs apply only to its own env id
+                 (configs/load.py, load_config)
     [model]      name (a named config: tiny, test, ...) or path (a Hugging Face directory; wins when
                  set), overrides (ModelConfig fields for a named config), dtype (the policy's),
                  init_seed
@@ -86,8 +89,27 @@ class RunSection(msgspec.Struct, **_STRICT):
 
 
 class EnvSection(msgspec.Struct, **_STRICT):
+    """The env: `gymnasium.make(id, **kwargs)`, after importing `module` (the user's modules that
+    register their envs with gymnasium; a name or a list, kept as a list; the current directory
+    is importable). A module that cannot be imported is a ConfigError naming env.module before
+    anything starts (configs/load.py, check_environment); config.toml keeps the list, so
+    `--resume` imports them again."""
+
     id: str = "toolgym/Zorplex-v0"
     kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
+    module: str | list[str] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.module, str):  # one name; "" = none
+            self.module = [self.module] if self.module else []
+        for name in self.module:
+            if not name or not all(part.isidentifier() for part in name.split(".")):
+                raise ValueError(f"env.module must be module names like 'mypkg.bank_env', got {name!r}")
+
+    @property
+    def modules(self) -> list[str]:
+        """`module` as a list (a single name is one element)."""
+        return [self.module] if isinstance(self.module, str) else list(self.module)
 
 
 class ModelSection(msgspec.Struct, **_STRICT):

@@ -68,16 +68,23 @@ def _constructor_defaults(cls: type) -> dict[str, Any]:
     return defaults
 
 
-def list_envs() -> dict[str, dict[str, Any]]:
-    """Registered `toolgym/` env ids -> their default keyword arguments (registration kwargs win)."""
+def list_envs(include: set[str] | frozenset[str] = frozenset()) -> dict[str, dict[str, Any]]:
+    """Registered `toolgym/` env ids, and the registered ids in `include` (a user's, any
+    namespace), -> their default keyword arguments (registration kwargs win). An included id
+    whose entry point cannot be resolved lists only its registration kwargs."""
     envs: dict[str, dict[str, Any]] = {}
     for env_id, spec in sorted(gymnasium.registry.items()):
-        if spec.namespace != NAMESPACE:
+        if spec.namespace != NAMESPACE and env_id not in include:
             continue
         entry = spec.entry_point
-        if isinstance(entry, str):
-            module_name, _, attr = entry.partition(":")
-            entry = getattr(importlib.import_module(module_name), attr)
+        try:
+            if isinstance(entry, str):
+                module_name, _, attr = entry.partition(":")
+                entry = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError):
+            if spec.namespace == NAMESPACE:
+                raise
+            entry = None
         defaults = _constructor_defaults(entry) if isinstance(entry, type) else {}
         envs[env_id] = {**defaults, **spec.kwargs}
     return envs

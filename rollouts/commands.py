@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import gymnasium
 import msgspec
 from rich.console import Console
 from rich.table import Table
@@ -25,6 +27,7 @@ from .metrics import BatchMetrics, env_metric_names
 from .recording import RecordingHeader, RecordingReader, RecordingWriter
 from .replay import (
     check_env_id,
+    errored,
     format_transcript,
     import_env_modules,
     replay_problems,
@@ -34,6 +37,7 @@ from .replay import (
 from .runner import RolloutConfig, RolloutRunner
 from .sampling import TaskSeedStream
 from .scripted import OracleConfig, OraclePolicy
+from .types import Trajectory
 
 ORACLE = "oracle"
 
@@ -64,12 +68,33 @@ def load_policy(
     return TorchEngine(model, tokenizer=renderer.tokenizer), f"checkpoint:{path.resolve()}"
 
 
-def envs_command(console: Console) -> int:
+def envs_command(console: Console, env_modules: Sequence[str] = ()) -> int:
+    """The toolgym envs and those `env_modules` register (imported first; any namespace), each
+    with its default keyword arguments. An id counts as registered by a module when importing it
+    added the id, or when its entry point lives in that module or below (a module imported
+    earlier registers nothing new on a second import)."""
+    before = set(gymnasium.registry)
+    import_env_modules(env_modules)
+    added = set(gymnasium.registry) - before
+    added |= {env_id for env_id, spec in gymnasium.registry.items() if _entry_in(spec, env_modules)}
     table = Table("env id", "default keyword arguments")
-    for env_id, kwargs in list_envs().items():
+    for env_id, kwargs in list_envs(added).items():
         table.add_row(env_id, json.dumps(kwargs, default=str))
     console.print(table)
     return 0
+
+
+def _entry_in(spec: Any, modules: Sequence[str]) -> bool:
+    """Whether an env spec's entry point lives in one of `modules` or below."""
+    entry = spec.entry_point
+    where = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+    return isinstance(where, str) and any(where == m or where.startswith(f"{m}.") for m in modules)
+
+
+def _error_text(trajectory: Trajectory) -> str:
+    """What went wrong in an error-only episode: its error, else its stop reason."""
+    steps = "" if trajectory.transitions else ", no steps"
+    return trajectory.error or f"stop reason {trajectory.stop_reason.value}{steps}"
 
 
 def record_command(
@@ -90,6 +115,10 @@ def record_command(
     Task seeds come from the training stream (never eval seeds). When `out` already exists and
     `start` is None, the stream continues after the largest group id in the file. `env_modules`
     are imported first (they register the user's envs with gymnasium).
+
+    Returns 1 (a line on stderr with the first error) when every episode is error-only
+    (`replay.errored`: env_error, or no steps): nothing usable was recorded. A batch with some
+    errored episodes returns 0 and prints their count.
     """
     import_env_modules(env_modules)
     renderer = load_renderer(policy_spec, tokenizer_path)
@@ -120,6 +149,23 @@ def record_command(
         trajectories = runner.run(seeds, group_ids=group_ids, on_episode=done)
     policy.close()
     _print_summary(console, summarize(trajectories), f"recorded {len(trajectories)} episodes to {out}")
+    failed = [t for t in trajectories if errored(t)]
+    if not failed:
+        return 0
+    first = _error_text(failed[0])
+    if len(failed) == len(trajectories):
+        print(
+            f"toolgym record: error: every episode errored ({len(failed)} of {len(trajectories)}: "
+            f"env_error or no steps); the first: {first}",
+            file=sys.stderr,
+        )
+        return 1
+    console.print(
+        f"errored: {len(failed)} of {len(trajectories)} episodes (env_error or no steps); the first: {first}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
     return 0
 
 
@@ -133,8 +179,10 @@ def replay_command(
     env_modules: Sequence[str] = (),
 ) -> int:
     """Print transcripts (first `limit`) and a summary; with `verify`, re-run every episode.
-    Returns 1 when verification finds a difference or a line is damaged (each damaged line is
-    reported by path, line and reason and skipped; every intact record is still shown and checked).
+    Returns 1 when verification finds a difference, an episode is error-only (`replay.errored`:
+    env_error or no steps; reported as an error, never as replaying exactly) or a line is damaged
+    (each damaged line is reported by path, line and reason and skipped; every intact record is
+    still shown and checked).
 
     The recording imports nothing: `verify` makes only envs registered with gymnasium or whose
     module is imported already, toolgym's or one of `env_modules` (imported first, as the user
@@ -153,7 +201,7 @@ def replay_command(
     )
     if show and not console.is_terminal:
         console.print("(⟦ ⟧ marks the tokens the policy sampled, the ones it is trained on)")
-    summary, count, mismatches = BatchMetrics(), 0, 0  # streamed: memory does not grow with the file
+    summary, count, mismatches, errors = BatchMetrics(), 0, 0, 0  # streamed: memory does not grow
     for i, trajectory in enumerate(reader):
         summary.add(trajectory)
         count += 1
@@ -169,6 +217,14 @@ def replay_command(
             console.print(f"episode {i} (task seed {trajectory.task_seed}) does not replay:", markup=False)
             for problem in problems:
                 console.print(f"  {problem}", markup=False, highlight=False)
+        elif verify and errored(trajectory):
+            errors += 1
+            console.print(
+                f"episode {i} (task seed {trajectory.task_seed}) errored: {_error_text(trajectory)}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
     if reader.torn_lines:
         console.print(f"skipped {reader.torn_lines} torn last line")
     for damage in reader.damaged:  # each skipped line: path, line, reason; the rest were read
@@ -181,11 +237,12 @@ def replay_command(
         console.print(f"damaged: {damaged} line{'s' if damaged > 1 else ''} skipped (line {lines})")
     if verify:
         console.print(
-            f"verify: {count - mismatches}/{count} episodes replay exactly"
+            f"verify: {count - mismatches - errors}/{count} episodes replay exactly"
             + ("" if not mismatches else f", {mismatches} differ")
+            + ("" if not errors else f", {errors} errored (env_error or no steps)")
             + ("" if not damaged else f"; {damaged} damaged lines not checked")
         )
-    return 1 if mismatches or damaged else 0
+    return 1 if mismatches or errors or damaged else 0
 
 
 def eval_command(

@@ -26,6 +26,7 @@ from __future__ import annotations
 import enum
 import importlib
 import math
+import os
 import sys
 from collections.abc import Iterable, Sequence
 
@@ -128,14 +129,29 @@ def check_env_id(env_id: str) -> None:
         )
 
 
-def import_env_modules(modules: Iterable[str]) -> None:
-    """Import the modules the user named (`--env-module`), which register their envs with
-    gymnasium. Raises ValueError (one line) for one that cannot be imported."""
+def import_env_modules(modules: Iterable[str], where: str = "--env-module") -> None:
+    """Import the modules the user named (`--env-module`, a config's `env.module`), which
+    register their envs with gymnasium. The current directory is importable, as under
+    `python -m` (appended to sys.path when missing: the `toolgym` script's sys.path[0] is its own
+    folder), so it never shadows an installed package. Raises ValueError (one line, naming
+    `where` and the module) for one that cannot be imported or raises while importing."""
+    modules = list(modules)
+    if modules and "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     for module in modules:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise ValueError(f"--env-module {module}: cannot import it: {exc}") from None
+            raise ValueError(f"{where} {module}: cannot import it: {exc}") from None
+        except Exception as exc:  # the module itself failed (a syntax error, a duplicate id, ...)
+            raise ValueError(f"{where} {module}: cannot import it: {type(exc).__name__}: {exc}") from None
+
+
+def errored(trajectory: Trajectory) -> bool:
+    """Whether an episode is error-only: it ended in an env error (stop reason env_error) or has
+    no steps. `record` fails when every episode is; `replay --verify` counts them as errors, never
+    as replaying exactly."""
+    return trajectory.stop_reason == StopReason.ENV_ERROR or not trajectory.transitions
 
 
 def _was_stepped(trajectory: Trajectory, index: int) -> bool:

@@ -18,24 +18,31 @@ from typing import Any
 
 import gymnasium
 
-from .base import TextEnv, ToolEnv
+from .base import Task, TextEnv, ToolEnv
+from .grading import Grade, exact, numeric, text
 from .spaces import UnicodeText
 from .sum_digits import SumDigitsEnv
-from .tools import Task, Tool, ToolError, parse_action
+from .tools import Call, Tool, ToolError, ToolResult, tool
 from .zorplex import ZorplexEnv
 
 __all__ = [
+    "Call",
+    "Grade",
     "SumDigitsEnv",
     "Task",
     "TextEnv",
     "Tool",
     "ToolEnv",
     "ToolError",
+    "ToolResult",
     "UnicodeText",
     "ZorplexEnv",
+    "exact",
     "list_envs",
-    "parse_action",
+    "numeric",
     "register_envs",
+    "text",
+    "tool",
 ]
 
 NAMESPACE = "toolgym"

@@ -1,54 +1,53 @@
 """Text environments: `TextEnv` (the Gymnasium interface) and `ToolEnv` (tools, grading, limits).
 
-A new tool environment subclasses `ToolEnv`, passes its tools and a prompt to `__init__`, and
-implements `new_task()`; see tests/envs/test_envs_custom_example.py for a 30-line one.
+A new tool environment subclasses `ToolEnv`, passes its tools (or marks its methods `@tool`) and a
+prompt to `__init__`, and implements `new_task()`; the README's custom-env section has a whole
+one (tests/envs/test_envs_custom_example.py).
 
-How `ToolEnv.step` treats an action (the grammar is in tools.py):
+How `ToolEnv.step` treats an action (the formats are in tool_calls.py, tools in tools.py,
+graders in grading.py):
 
-- `[ANSWER] <int>` anywhere: the answer is graded and the episode terminates. Tool calls in the
-  same action are ignored. Without the tag, an action that has no tool call but states an integer
-  ("The answer is 42.") is graded too (`accept_untagged_answer`): correct credit, no format
-  credit, failure_mode `wrong_format` when right.
+- An answer (`[ANSWER] <answer>`, or a call of the `answer_tool` when the env has one): the
+  grader reads and grades it and the episode terminates. A response the grader cannot read
+  (`[ANSWER] ten` for a number) is a malformed answer: an error, and the episode goes on.
+  Without the env's answer format, an action with no call that states an answer the grader can
+  find (`The answer is 42.`) is graded too (`accept_untagged_answer`): correct credit, no format
+  credit.
 - Tool calls: every call in the action is handled IN ORDER and each counts toward
-  `max_tool_calls`; the observation has one line per call, `NAME[arg] = result`. The call that
+  `max_tool_calls`; the observation has one part per call (the format writes it). The call that
   would exceed `max_tool_calls` is not run: the episode is truncated (failure_mode `tool_spam`).
-- Errors (each is a line in the observation, one count in info `errors`, and costs
-  `error_penalty` at the step it happens):
-    unknown_tool      `NAME[arg] = UNKNOWN_TOOL`
-    empty_argument    `NAME[] = EMPTY_ARGUMENT`
-    tool_error        `NAME[arg] = <message>` (the tool raised ToolError/ValueError)
-    malformed_call    `ERROR: malformed tool call. ...` (`LOOKUP[`, `LOOKUP (x)`)
-    malformed_answer  `ERROR: [ANSWER] must be followed by an integer, ...`
-    no_call_no_answer `ERROR: no tool call and no answer. ...`
-    empty_action      `ERROR: empty action. ...`
+  Arguments are validated before the call; a tool may award named reward components
+  (`ToolResult.rewards`) that land at that step.
+- Errors (each costs `error_penalty` at its step and is counted in info `errors` and
+  `error_counts`): unknown_tool, empty_argument, bad_arguments, tool_error, tool_timeout,
+  malformed_call, malformed_answer, mixed_call_and_answer, no_call_no_answer, empty_action.
   An action that runs no tool but has an error extends the error streak (info
   `consecutive_errors`); at `max_consecutive_errors` the episode is truncated.
 - Limits end the episode in this order: tool budget, error streak, `max_turns`. When the episode
   ends without an answer, `incorrect_reward` is added to the `correct` component.
-- Rewards: `correct_reward` if right, `format_reward` if tagged (right or wrong),
-  `incorrect_reward` if neither; `-tool_call_penalty` per call beyond the task's
-  `needed_tool_calls`; `-error_penalty` per error. Each lands at the step it happens, so the sum
-  of step rewards equals the sum of info `reward_components`.
+- Rewards: `correct_reward * score` for a graded answer (`incorrect_reward` for a wrong one stated
+  outside the answer format), `format_reward` if in the format; `-tool_call_penalty` per call
+  beyond the task's `needed_tool_calls`; `-error_penalty` per error; tool awards; the grade's
+  components; and `final_reward()`'s components, run once however the episode ends (answered, a
+  limit, or abandoned). Each lands at the step it happens, so the sum of step rewards equals the
+  sum of info `reward_components`.
 
 Episodes the caller stops (the optional `abandon()` protocol): a runner that ends an episode the
 env has not ended, for a limit of its own (a token or context budget, its own turn limit), calls
 `env.unwrapped.abandon() -> (reward, info)` if the env has it. `ToolEnv.abandon` settles the
-episode as unanswered, exactly like the env's own limits: `incorrect_reward` is added to the
-`correct` component and returned as the reward (the caller adds it to the episode's last step,
-so the sum of rewards still equals the sum of `reward_components`); info has the final
-`reward_components`, the counters, failure_mode `no_answer` and `error_counts`, and no
-end_reason (the caller knows why it stopped); the episode is over (step() raises). So an
-unanswered episode scores the same whichever limit ends it. Envs without the method (plain
-Gymnasium envs) are simply not settled. Not meant for infrastructure failures (an env error or
-a timeout): those episodes are not trained on.
+episode as unanswered, exactly like the env's own limits (incorrect_reward, final_reward) and
+returns the reward to add to the episode's last step; info has the final `reward_components`,
+the counters, failure_mode and `error_counts`, and no end_reason (the caller knows why it
+stopped); the episode is over (step() raises). Envs without the method (plain Gymnasium envs)
+are simply not settled. Not meant for infrastructure failures: those episodes are not trained on.
 
-Metrics (info `metrics`, every step; the generic contract is envs/info.py): `accuracy` (1.0 once
-the graded answer is right, tagged or not), `tag_rate` (1.0 once the graded answer carried the
-`[ANSWER]` tag, right or wrong), `success` (both), `tool_calls` and `env_errors` (the counts so
-far). An unanswered episode keeps accuracy, tag_rate and success at 0.
+Metrics (info `metrics`, every step; the generic contract is envs/info.py): `accuracy` (the
+grade's score once an answer is graded), `tag_rate` (1.0 once the graded answer came in the
+env's answer format), `success` (the env's `success()`, decided when the episode ends; by
+default a fully right answer in the format), `tool_calls` and `env_errors` (the counts so far).
 
-Final-step info adds `failure_mode` (success, wrong_format, wrong_answer, tool_spam, no_answer),
-`end_reason` and `error_counts`. end_reason is `answered` (an answer was graded), `max_turns`
+Final-step info adds `failure_mode` (success, wrong_format, wrong_answer, goal_not_met,
+tool_spam, no_answer), `end_reason` and `error_counts`. end_reason is `answered`, `max_turns`
 (turn or tool budget), `parse_error` (error streak with a malformed action in it) or
 `no_tool_call` (error streak of actions with neither a call nor an answer, or a single-turn env
 whose one action had neither). A single-turn env (`max_turns=1`) always TERMINATES after its one
@@ -58,41 +57,23 @@ step: that step is the whole episode, not a cut-short one.
 from __future__ import annotations
 
 import functools
+import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium
+import msgspec
 
+from .grading import Grade, Reader, Unreadable, answer_text, default_grader, to_grade
 from .info import REPLACED_CHARS
 from .spaces import UnicodeText
-from .tools import (
-    ANSWER,
-    BAD_ANSWER,
-    BAD_CALL,
-    CALLS,
-    EMPTY,
-    MISTAKEN_ACTIONS,
-    NOTHING,
-    UNTAGGED,
-    Task,
-    Tool,
-    ToolError,
-    answer_action,
-    clean_argument,
-    malformed_call,
-    near_miss_pattern,
-    parse_action,
-)
+from .tool_calls import ANSWER, BAD_CALL, CALLS, EMPTY, MIXED, OTHER, ParsedCall, get_format
+from .tools import Call, Tool, ToolCallError, as_tool, marked_methods, result_text
 
-_SHOWN_ARG_CHARS = 40  # arguments echoed in observations are cut to this (observations stay short)
-_SHOWN_NAME_CHARS = 24
-_ERROR_KINDS = {
-    EMPTY: "empty_action",
-    NOTHING: "no_call_no_answer",
-    BAD_CALL: "malformed_call",
-    BAD_ANSWER: "malformed_answer",
-}
+_BUILTIN_COMPONENTS = ("correct", "format", "tool_penalty", "error_penalty")
+_SHOWN_ANSWER_CHARS = 200  # info `graded_answer` keeps this much of a text response
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -173,7 +154,7 @@ class TextEnv(gymnasium.Env[str, str]):
         raise NotImplementedError
 
     @property
-    def answer(self) -> int:
+    def answer(self) -> Any:
         raise NotImplementedError
 
     def oracle_actions(self) -> list[str]:
@@ -186,7 +167,7 @@ class TextEnv(gymnasium.Env[str, str]):
         an error observation (a recoverable mistake), or None when the action has none."""
         return None
 
-    def answer_action(self, answer: int, tagged: bool = True) -> str:
+    def answer_action(self, answer: Any, tagged: bool = True) -> str:
         """The action that states `answer` as the final answer; `tagged=False`: stated without the
         env's answer format (graded for correctness, no format credit)."""
         raise NotImplementedError
@@ -207,24 +188,93 @@ def _check_magnitude(name: str, value: Any) -> None:
         raise ValueError(f"{name} is a magnitude (subtracted per occurrence): a float >= 0, got {value!r}")
 
 
+def _plain(value: Any) -> Any:
+    """numpy scalars (from rng draws) as Python ones: `int64(3)` -> 3, `float64(1.864)` -> 1.864."""
+    item = getattr(value, "item", None)
+    if callable(item) and type(value).__module__ == "numpy":
+        return item()
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    """One episode's task, made by `ToolEnv.new_task`.
+
+    question: the first observation. answer: the ground truth, any JSON value (a float is kept
+    exactly; numpy scalars become Python ones). solution: the ideal steps before the answer, one
+    entry per turn: a `Call`, a list of Calls (several in one turn) or a literal action string;
+    the env writes them in its tool-call format and adds the answer (`env.oracle_actions()`).
+    needed_tool_calls: calls beyond this many are penalised; by default the solution's calls.
+    state: the episode's mutable state (`env.state`), which tools read and change and the grader
+    and `final_reward` see.
+    """
+
+    question: str
+    answer: Any
+    solution: Sequence[Call | Sequence[Call] | str] = ()
+    needed_tool_calls: int = -1
+    state: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.question, str):
+            raise TypeError(f"Task.question must be a str, got {type(self.question).__name__}")
+        answer = _plain(self.answer)
+        if isinstance(answer, float) and not math.isfinite(answer):
+            raise ValueError(f"Task.answer must be finite, got {answer!r}")
+        try:
+            msgspec.json.encode(answer)
+        except (TypeError, msgspec.EncodeError):
+            raise TypeError(f"Task.answer must be a JSON value, got {type(answer).__name__}") from None
+        object.__setattr__(self, "answer", answer)
+        steps = [self.solution] if isinstance(self.solution, str | Call) else list(self.solution)
+        calls = 0
+        for step in steps:
+            if isinstance(step, str | Call):
+                calls += 1
+            elif isinstance(step, Sequence) and step and all(isinstance(c, Call) for c in step):
+                calls += len(step)
+            else:
+                raise TypeError(
+                    f"Task.solution steps are Calls, lists of Calls or action strings, got {step!r:.80}"
+                )
+        object.__setattr__(self, "solution", tuple(steps))
+        if self.needed_tool_calls < 0:
+            object.__setattr__(self, "needed_tool_calls", calls)
+
+
+class Example(msgspec.Struct, frozen=True):
+    """A worked example for the system prompt, which the env writes in its own tool-call format:
+    the question, the (call, result) steps, the answer."""
+
+    question: str
+    steps: Sequence[tuple[Call, Any]] = ()
+    answer: Any = None
+
+
 class ToolEnv(TextEnv):
-    """A text env with tools, `[ANSWER]` grading, and error/turn limits (see the module doc).
+    """A text env with tools, graded answers, rewards and error/turn limits (see the module doc).
 
-    Subclasses call `super().__init__(tools=..., instructions=..., example=..., **knobs)` and
-    implement `new_task() -> Task`, drawing from `self.np_random` only.
+    Subclasses call `super().__init__(instructions=..., tools=..., **knobs)` and implement
+    `new_task() -> Task`, drawing from `self.np_random` only. Methods marked `@tool` are tools
+    too (bound to the env). Optional hooks: `final_reward(grade)` and `success(grade, tagged)`.
 
-    Knobs: max_turns, max_tool_calls, max_consecutive_errors (None: never), correct_reward,
+    Knobs: tool_format ("brackets" or "json"), grader (a callable `(response, task, state) ->
+    bool | float | Grade`; default: by the answer's type, grading.default_grader), answer_tool
+    (a tool name: answers come as `answer_tool(answer=...)` calls instead of the `[ANSWER]` tag),
+    max_turns, max_tool_calls, max_consecutive_errors (None: never), correct_reward,
     format_reward, incorrect_reward, tool_call_penalty, error_penalty, accept_untagged_answer,
-    max_action_chars (the action space; longer actions are parsed up to this many characters),
-    max_observation_chars.
+    max_action_chars (longer actions are parsed up to this many characters), max_observation_chars.
     """
 
     def __init__(
         self,
         *,
-        tools: Sequence[Tool] = (),
+        tools: Sequence[Tool | Callable[..., Any]] = (),
         instructions: str,
-        example: str = "",
+        example: str | Example = "",
+        tool_format: str = "brackets",
+        grader: Callable[[Any, Task, Any], Any] | None = None,
+        answer_tool: str | None = None,
         max_turns: int = 5,
         max_tool_calls: int = 8,
         max_consecutive_errors: int | None = 3,
@@ -251,13 +301,22 @@ class ToolEnv(TextEnv):
                 raise ValueError(f"{name} must be a float, got {value!r}")
         _check_magnitude("tool_call_penalty", tool_call_penalty)
         _check_magnitude("error_penalty", error_penalty)
+        if grader is not None and not callable(grader):
+            raise TypeError(f"grader must be a callable (response, task, state) -> score, got {grader!r}")
+        self.format = get_format(tool_format)
         self.tools: dict[str, Tool] = {}
-        for tool in tools:
-            if not isinstance(tool, Tool):
-                raise TypeError(f"tools must be Tool instances, got {tool!r}")
-            if tool.name in self.tools:
-                raise ValueError(f"two tools are named {tool.name}")
-            self.tools[tool.name] = tool
+        for value in [*tools, *marked_methods(self)]:
+            t = as_tool(value)
+            if t.name.upper() in self.tools:
+                raise ValueError(f"two tools are named {t.name}")
+            self.tools[t.name.upper()] = t
+        if answer_tool is not None:
+            if answer_tool.upper() in self.tools:
+                raise ValueError(f"answer_tool {answer_tool!r} clashes with a tool of that name")
+            submit = Tool.from_function(_submit, name=answer_tool, description="Submit the final answer.")
+            self.tools[submit.name.upper()] = submit
+        self.answer_tool = answer_tool.upper() if answer_tool is not None else None
+        self.grader = grader
         self.max_turns = max_turns
         self.max_tool_calls = max_tool_calls
         self.max_consecutive_errors = max_consecutive_errors
@@ -269,42 +328,64 @@ class ToolEnv(TextEnv):
         self.accept_untagged_answer = bool(accept_untagged_answer)
         self._max_action_chars = max_action_chars
         self._max_observation_chars = max_observation_chars
-        self._near_miss = near_miss_pattern(self.tools)
+        self._near_miss = self.format.near_miss(self.tools)
+        self._tool_list = [t for key, t in self.tools.items() if key != self.answer_tool]
+        hint = getattr(grader, "hint", "<answer>") if grader is not None else "<answer>"
+        if self.answer_tool is not None:
+            self._finish = f"Finish by calling {self.tools[self.answer_tool].name} with the answer."
+        else:
+            self._finish = f"Finish with [ANSWER] {hint}."
         self._system_prompt = self.build_system_prompt(instructions, example)
-
-        first_usage = next(iter(self.tools.values())).usage if self.tools else "NAME[x]"
-        hint = (
-            "Call a tool or finish with [ANSWER] <number>."
-            if self.tools
-            else "Finish with [ANSWER] <number>."
-        )
-        nothing = "no tool call and no answer" if self.tools else "no answer"
+        first = self._tool_list[0] if self._tool_list else None
+        call_or = "Call a tool or f" if self._tool_list else "F"
+        nothing = "no tool call and no answer" if self._tool_list else "no answer"
+        finish = call_or + self._finish[1:]
         self._error_lines = {
-            EMPTY: f"ERROR: empty action. {hint}",
-            NOTHING: f"ERROR: {nothing}. {hint}",
-            BAD_CALL: f"ERROR: malformed tool call. Write it like {first_usage}.",
-            BAD_ANSWER: "ERROR: [ANSWER] must be followed by an integer, like [ANSWER] 42.",
+            "empty_action": f"ERROR: empty action. {finish}",
+            "no_call_no_answer": f"ERROR: {nothing}. {finish}",
+            "malformed_call": f"ERROR: malformed tool call. Write it like {self.format.call_example(first)}.",
+            "mixed_call_and_answer": "ERROR: tool calls and an answer in one turn. Call the tools, "
+            "wait for their results, then answer.",
         }
         self._task: Task | None = None
-        self._graded: tuple[bool, bool] | None = None
         self._done = True
 
     # ---- what subclasses provide -------------------------------------------------------------
 
     def new_task(self) -> Task:
-        """Draw this episode's task (and any per-episode tool state) from `self.np_random`."""
+        """Draw this episode's task (and its per-episode state) from `self.np_random`."""
         raise NotImplementedError(f"{type(self).__name__} must implement new_task()")
 
-    def build_system_prompt(self, instructions: str, example: str) -> str:
-        lines = [instructions.strip()]
-        if self.tools:
-            lines.append("Tools:")
-            lines += [f"{tool.usage}: {tool.description}" for tool in self.tools.values()]
-            lines.append("Call one tool per turn and wait for its result. Finish with [ANSWER] <number>.")
-        else:
-            lines.append("Finish with [ANSWER] <number>.")
+    def final_reward(self, grade: Grade | None) -> Mapping[str, float]:
+        """Named reward components for the final state (`self.state`), run once when the episode
+        ends however it ends; `grade` is None when it ended unanswered. Default: none."""
+        return {}
+
+    def success(self, grade: Grade | None, tagged: bool) -> bool:
+        """Whether the episode reached its goal (metric `success`, failure_mode `success`), decided
+        when it ends. Default: a fully right answer in the env's answer format."""
+        return grade is not None and grade.correct and tagged
+
+    def build_system_prompt(self, instructions: str, example: str | Example) -> str:
+        lines = [instructions.strip(), *self.format.describe(self._tool_list, self._finish)]
+        if isinstance(example, Example):
+            example = self.render_example(example)
         if example:
             lines += ["Example:", example.strip()]
+        return "\n".join(lines)
+
+    def render_example(self, example: Example) -> str:
+        """`User: ...`, then `Assistant: <call>` / `Tool: <result>` per step, then the answer."""
+        lines = [f"User: {example.question}"]
+        for call, result in example.steps:
+            tool = self.tools.get(call.name.upper())
+            written = self.format.render_call(tool, call)
+            shown = ParsedCall(call.name, "", written)
+            lines += [
+                f"Assistant: {written}",
+                f"Tool: {self.format.result(call.name, shown, result_text(result))}",
+            ]
+        lines.append(f"Assistant: {self.answer_action(example.answer)}")
         return "\n".join(lines)
 
     # ---- the task ------------------------------------------------------------------------------
@@ -323,27 +404,57 @@ class ToolEnv(TextEnv):
         return self._current_task().question
 
     @property
-    def answer(self) -> int:
+    def answer(self) -> Any:
         return self._current_task().answer
+
+    @property
+    def task(self) -> Task:
+        """The current episode's Task."""
+        return self._current_task()
+
+    @property
+    def state(self) -> Any:
+        """The current task's per-episode state (`Task.state`)."""
+        return self._current_task().state
 
     @property
     def needed_tool_calls(self) -> int:
         return self._current_task().needed_tool_calls
 
+    @property
+    def tool_specs(self) -> list[dict[str, Any]]:
+        """Every tool as an OpenAI-style function spec (what a chat template's `tools` takes)."""
+        return [t.spec for t in self.tools.values()]
+
     def oracle_actions(self) -> list[str]:
-        return list(self._current_task().oracle_actions)
+        task = self._current_task()
+        actions = []
+        for step in task.solution:
+            if isinstance(step, str):
+                actions.append(step)
+            else:
+                actions.append(
+                    self.format.render_calls(self.tools, [step] if isinstance(step, Call) else step)
+                )
+        return [*actions, self.answer_action(task.answer)]
 
     def malformed_action(self, action: str) -> str | None:
-        """The action's first tool call with parentheses for brackets (`LOOKUP[cat]` ->
-        `LOOKUP(cat)`: a malformed call), or None when it has no call."""
-        return malformed_call(action)
+        """The action's first tool call fumbled by the format (`LOOKUP[cat]` -> `LOOKUP(cat)`), or
+        None when it has no call."""
+        return self.format.malformed(action)
 
-    def answer_action(self, answer: int, tagged: bool = True) -> str:
-        """`[ANSWER] <answer>`, or untagged `The answer is <answer>.` (correct credit only)."""
-        return answer_action(answer, tagged)
+    def answer_action(self, answer: Any, tagged: bool = True) -> str:
+        """`[ANSWER] <answer>` (or the answer tool's call); untagged: `The answer is <answer>.`"""
+        if not tagged:
+            return f"The answer is {answer_text(answer)}."
+        if self.answer_tool is not None:
+            return self.format.render_call(
+                self.tools[self.answer_tool], Call(self.answer_tool, {"answer": answer})
+            )
+        return f"[ANSWER] {answer_text(answer)}"
 
     def mistaken_actions(self) -> tuple[str, ...]:
-        return MISTAKEN_ACTIONS
+        return self.format.mistakes(self._tool_list)
 
     # ---- Gymnasium API -------------------------------------------------------------------------
 
@@ -359,6 +470,7 @@ class ToolEnv(TextEnv):
         if len(task.question) > self._max_observation_chars:
             raise ValueError(f"question is longer than max_observation_chars={self._max_observation_chars}")
         self._task = task
+        self._task_grader = self.grader if self.grader is not None else default_grader(task.answer)
         self._done = False
         self._turn = 0
         self._tool_calls = 0
@@ -366,11 +478,10 @@ class ToolEnv(TextEnv):
         self._error_counts: dict[str, int] = {}
         self._consecutive_errors = 0
         self._consecutive_no_call = 0
-        self._graded = None  # (right, tagged) once an answer is graded
-        self._correct = 0.0
-        self._format = 0.0
-        self._tool_penalty = 0.0
-        self._error_penalty = 0.0
+        self._grade: Grade | None = None
+        self._tagged = False
+        self._success = False
+        self._components: dict[str, float] = dict.fromkeys(_BUILTIN_COMPONENTS, 0.0)
         info = {
             "system_prompt": self._system_prompt,
             "question": task.question,
@@ -395,62 +506,107 @@ class ToolEnv(TextEnv):
         if len(action) > self._max_action_chars:
             action = action[: self._max_action_chars]
         self._turn += 1
-        parsed = parse_action(action, self._near_miss, self.accept_untagged_answer)
+        parsed = self.format.parse(action, self._near_miss)
         kind = parsed.kind
-        if kind in (ANSWER, UNTAGGED):
-            return self._grade(parsed.answer, tagged=kind == ANSWER)
-
         reward = 0.0
-        lines: list[str] = []
+        parts: list[str] = []
         step_errors: list[str] = []
+        if kind == ANSWER:
+            text = parsed.answer or ""
+            try:
+                response = self._read(text)
+            except Unreadable as unreadable:
+                reward -= self._count_error("malformed_answer", step_errors)
+                parts.append(f"ERROR: malformed answer ({unreadable}). {self._finish}")
+            else:
+                return self._graded(response, tagged=self.answer_tool is None, reward=reward)
+        elif kind == OTHER:
+            reader = self._task_grader
+            found = (
+                reader.find(action) if self.accept_untagged_answer and isinstance(reader, Reader) else None
+            )
+            if found is not None:
+                return self._graded(found, tagged=False, reward=reward)
+            reward -= self._count_error("no_call_no_answer", step_errors)
+            parts.append(self._error_lines["no_call_no_answer"])
+        elif kind == EMPTY:
+            reward -= self._count_error("empty_action", step_errors)
+            parts.append(self._error_lines["empty_action"])
+        elif kind == BAD_CALL:
+            reward -= self._count_error("malformed_call", step_errors)
+            parts.append(self._error_lines["malformed_call"])
+        elif kind == MIXED:
+            reward -= self._count_error("mixed_call_and_answer", step_errors)
+            parts.append(self._error_lines["mixed_call_and_answer"])
+
         ran_a_tool = False
         out_of_calls = False
-        if kind == CALLS:
-            for name, raw_arg in parsed.calls:  # type: ignore[union-attr]
-                if self._tool_calls >= self.max_tool_calls:
-                    out_of_calls = True
-                    break
-                self._tool_calls += 1
-                if self._tool_calls > self._task.needed_tool_calls:  # type: ignore[union-attr]
-                    self._tool_penalty -= self.tool_call_penalty
-                    reward -= self.tool_call_penalty
-                arg = clean_argument(raw_arg)
-                shown = arg if len(arg) <= _SHOWN_ARG_CHARS else arg[: _SHOWN_ARG_CHARS - 3] + "..."
-                tool = self.tools.get(name.upper())
-                if tool is None:
-                    reward -= self._count_error("unknown_tool", step_errors)
-                    lines.append(f"{name[:_SHOWN_NAME_CHARS]}[{shown}] = UNKNOWN_TOOL")
-                elif not arg:
-                    reward -= self._count_error("empty_argument", step_errors)
-                    lines.append(f"{tool.name}[] = EMPTY_ARGUMENT")
-                else:
-                    try:
-                        result = tool.fn(arg)
-                        ran_a_tool = True
-                    except (ToolError, ValueError) as rejected:
-                        reward -= self._count_error("tool_error", step_errors)
-                        result = str(rejected) or "ERROR"
-                    lines.append(f"{tool.name}[{shown}] = {result}")
-        else:
-            reward -= self._count_error(_ERROR_KINDS[kind], step_errors)
-            lines.append(self._error_lines[kind])
+        for call in (parsed.calls or []) if kind == CALLS else []:
+            if call.error is not None:  # unreadable: an error, not a call of any tool
+                reward -= self._count_error(call.error, step_errors)
+                parts.append(self.format.result("", call, call.message))
+                continue
+            if self._tool_calls >= self.max_tool_calls:
+                out_of_calls = True
+                break
+            self._tool_calls += 1
+            if self._tool_calls > self._task.needed_tool_calls:  # type: ignore[union-attr]
+                self._components["tool_penalty"] -= self.tool_call_penalty
+                reward -= self.tool_call_penalty
+            tool = self.tools.get(call.name.upper())
+            if tool is None:
+                reward -= self._count_error("unknown_tool", step_errors)
+                parts.append(self.format.unknown_tool(call, self._tool_list))
+                continue
+            try:
+                result = self._run(tool, call)
+            except ToolCallError as refused:
+                reward -= self._count_error(refused.kind, step_errors)
+                message = str(refused)
+                text = (
+                    message
+                    if refused.kind in ("tool_error", "empty_argument", "tool_timeout")
+                    else f"ERROR: {message}"
+                )
+                parts.append(self.format.result(tool.name, call, text))
+                continue
+            if tool.name.upper() == self.answer_tool:
+                try:
+                    response = self._read(result.content)
+                except Unreadable as unreadable:
+                    reward -= self._count_error("malformed_answer", step_errors)
+                    parts.append(
+                        self.format.result(tool.name, call, f"ERROR: malformed answer ({unreadable}).")
+                    )
+                    continue
+                return self._graded(response, tagged=True, reward=reward)
+            ran_a_tool = True
+            for name, value in result.rewards.items():
+                if name in _BUILTIN_COMPONENTS:
+                    raise ValueError(
+                        f"tool {tool.name}: reward name {name!r} is one of the env's own components"
+                    )
+                self._components[name] = self._components.get(name, 0.0) + float(value)
+                reward += float(value)
+            parts.append(self.format.result(tool.name, call, result_text(result.content)))
 
         if ran_a_tool:
             self._consecutive_errors = 0
         elif step_errors:
             self._consecutive_errors += 1
-        no_call = kind in (NOTHING, EMPTY)
+        no_call = kind in (OTHER, EMPTY)
         self._consecutive_no_call = self._consecutive_no_call + 1 if no_call else 0
 
         end_reason = None
         failure_mode = "no_answer"
         limit = self.max_consecutive_errors
+        stop = None
         if out_of_calls:
             end_reason, failure_mode = "max_turns", "tool_spam"
-            lines.append("STOP: tool call limit reached.")
+            stop = "STOP: tool call limit reached."
         elif limit is not None and self._consecutive_errors >= limit:
             end_reason = "no_tool_call" if self._consecutive_no_call >= limit else "parse_error"
-            lines.append("STOP: too many errors in a row.")
+            stop = "STOP: too many errors in a row."
         elif self._turn >= self.max_turns:
             if self.max_turns == 1 and no_call:
                 end_reason = "no_tool_call"
@@ -458,19 +614,18 @@ class ToolEnv(TextEnv):
                 end_reason = "parse_error"
             else:
                 end_reason = "max_turns"
-            lines.append("STOP: turn limit reached.")
+            stop = "STOP: turn limit reached."
 
-        observation = "\n".join(lines)
+        observation = self.format.join(parts)
+        if stop is not None:
+            observation = f"{observation}\n{stop}" if observation else stop
         if len(observation) > self._max_observation_chars:
             observation = observation[: self._max_observation_chars]
-        info = self._info(step_errors)
         if end_reason is None:
-            return observation, reward, False, False, info
-        self._done = True
-        self._correct += self.incorrect_reward
-        reward += self.incorrect_reward
-        info["reward_components"]["correct"] = self._correct
-        info["failure_mode"] = failure_mode
+            return observation, reward, False, False, self._info(step_errors)
+        reward += self._settle(None)
+        info = self._info(step_errors)
+        info["failure_mode"] = "success" if self._success else failure_mode
         info["end_reason"] = end_reason
         info["error_counts"] = dict(self._error_counts)
         single_turn = self.max_turns == 1
@@ -484,67 +639,123 @@ class ToolEnv(TextEnv):
             if self._task is None:
                 raise RuntimeError(f"{type(self).__name__}: call reset() before abandon()")
             raise RuntimeError(f"{type(self).__name__}: abandon() called after the episode ended")
-        self._done = True
-        self._correct += self.incorrect_reward
+        reward = self._settle(None)
         info = self._info([])
         del info["step_errors"]  # no step happened; the caller merges this into its last step's info
-        info["failure_mode"] = "no_answer"
+        info["failure_mode"] = "success" if self._success else "no_answer"
         info["error_counts"] = dict(self._error_counts)
-        return self.incorrect_reward, info
+        return reward, info
 
     # ---- helpers -------------------------------------------------------------------------------
+
+    def _read(self, response: Any) -> Any:
+        """The response as the grader reads it; Unreadable when it is no answer at all."""
+        grader = self._task_grader
+        if isinstance(grader, Reader):
+            return grader.read(response)
+        if isinstance(response, str) and not response.strip():
+            raise Unreadable("nothing after the tag")
+        return response
+
+    def _run(self, tool: Tool, call: ParsedCall) -> Any:
+        try:
+            arguments, strict = self.format.arguments(tool, call)
+        except ValueError as wrong:
+            raise ToolCallError("bad_arguments", str(wrong)) from None
+        return tool(arguments, strict=strict)
 
     def _count_error(self, kind: str, step_errors: list[str]) -> float:
         """Record one error; returns the penalty magnitude (the caller subtracts it)."""
         self._errors += 1
         self._error_counts[kind] = self._error_counts.get(kind, 0) + 1
-        self._error_penalty -= self.error_penalty
+        self._components["error_penalty"] -= self.error_penalty
         step_errors.append(kind)
         return self.error_penalty
 
-    def _grade(self, value: int | None, *, tagged: bool) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        truth = self._task.answer  # type: ignore[union-attr]
-        correct = value == truth
-        reward = 0.0
-        if correct:
-            self._correct += self.correct_reward
-            reward += self.correct_reward
-        if tagged:
-            self._format += self.format_reward
-            reward += self.format_reward
-        if not correct and not tagged:
-            self._correct += self.incorrect_reward
-            reward += self.incorrect_reward
+    def _add_components(self, components: Mapping[str, float], who: str) -> float:
+        total = 0.0
+        for name, value in components.items():
+            if not isinstance(name, str) or not name.isidentifier() or name in _BUILTIN_COMPONENTS:
+                raise ValueError(
+                    f"{who}: component name {name!r} is not an identifier or is one of the env's own"
+                )
+            if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"{who}: component {name!r} = {value!r} is not a finite number")
+            self._components[name] = self._components.get(name, 0.0) + float(value)
+            total += float(value)
+        return total
+
+    def _settle(self, grade: Grade | None) -> float:
+        """End the episode: the unanswered penalty, final_reward and success. Returns the reward."""
         self._done = True
-        self._graded = (correct, tagged)
+        reward = 0.0
+        if grade is None:
+            self._components["correct"] += self.incorrect_reward
+            reward += self.incorrect_reward
+        reward += self._add_components(self.final_reward(grade), f"{type(self).__name__}.final_reward")
+        self._success = bool(self.success(grade, self._tagged))
+        return reward
+
+    def _graded(
+        self, response: Any, *, tagged: bool, reward: float
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        task = self._current_task()
+        grade = to_grade(self._task_grader(response, task, task.state), f"{type(self).__name__}'s grader")
+        if grade.score > 0:
+            self._components["correct"] += self.correct_reward * grade.score
+            reward += self.correct_reward * grade.score
+        elif not tagged:
+            self._components["correct"] += self.incorrect_reward
+            reward += self.incorrect_reward
+        if tagged:
+            self._components["format"] += self.format_reward
+            reward += self.format_reward
+        reward += self._add_components(grade.components, "the grade")
+        self._grade, self._tagged = grade, tagged
+        reward += self._settle(grade)
         info = self._info([])
-        info["failure_mode"] = ("success" if tagged else "wrong_format") if correct else "wrong_answer"
+        if self._success:
+            failure_mode = "success"
+        elif grade.correct:
+            failure_mode = "goal_not_met" if tagged else "wrong_format"
+        else:
+            failure_mode = "wrong_answer"
+        info["failure_mode"] = failure_mode
         info["end_reason"] = "answered"
         info["error_counts"] = dict(self._error_counts)
-        if value is not None:
-            info["graded_answer"] = value
-        observation = "CORRECT" if correct else f"INCORRECT (answer: {truth})"
+        shown = response[:_SHOWN_ANSWER_CHARS] if isinstance(response, str) else response
+        if not (isinstance(shown, float) and not math.isfinite(shown)):
+            info["graded_answer"] = shown
+        truth = answer_text(task.answer)
+        if grade.correct:
+            observation = "CORRECT"
+        elif grade.score > 0:
+            observation = f"PARTLY CORRECT (score {grade.score:.2f}; answer: {truth})"
+        else:
+            observation = f"INCORRECT (answer: {truth})"
+        if len(observation) > self._max_observation_chars:
+            observation = observation[: self._max_observation_chars]
         return observation, reward, True, False, info
 
     def _info(self, step_errors: list[str]) -> dict[str, Any]:
-        right, tagged = self._graded or (False, False)
+        grade = self._grade
         return {
-            "reward_components": {
-                "correct": self._correct,
-                "format": self._format,
-                "tool_penalty": self._tool_penalty,
-                "error_penalty": self._error_penalty,
-            },
+            "reward_components": dict(self._components),
             "tool_calls": self._tool_calls,
             "errors": self._errors,
             "consecutive_errors": self._consecutive_errors,
             "turn": self._turn,
             "step_errors": step_errors,
             "metrics": {
-                "accuracy": float(right),
-                "tag_rate": float(tagged),
-                "success": float(right and tagged),
+                "accuracy": grade.score if grade is not None else 0.0,
+                "tag_rate": float(grade is not None and self._tagged),
+                "success": float(self._success),
                 "tool_calls": float(self._tool_calls),
                 "env_errors": float(self._errors),
             },
         }
+
+
+def _submit(answer: Any) -> Any:
+    """Submit the final answer."""
+    return answer

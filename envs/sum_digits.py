@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ToolEnv
-from .tools import Task
+from .base import Task, ToolEnv
+from .grading import numeric
 
 _INSTRUCTIONS = "Add up every digit of every number in the list."
 _EXAMPLE = "User: What is the total digit sum of [12, 34]?\nAssistant: 1+2+3+4 = 10 [ANSWER] 10"
@@ -63,7 +63,7 @@ class SumDigitsEnv(ToolEnv):
             format_reward=format_reward,
             incorrect_reward=incorrect_reward,
             error_penalty=error_penalty,
-            **knobs,
+            **{"grader": numeric(), **knobs},
         )
 
     def new_task(self) -> Task:
@@ -72,4 +72,4 @@ class SumDigitsEnv(ToolEnv):
         numbers = rng.integers(self.min_value, self.max_value + 1, size=count).tolist()
         answer = digit_sum(numbers)
         question = f"What is the total digit sum of [{', '.join(map(str, numbers))}]?"
-        return Task(question, answer, (f"[ANSWER] {answer}",))
+        return Task(question, answer)

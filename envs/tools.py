@@ -1,202 +1,383 @@
-"""Tools, tasks, and the parser that finds tool calls and answers in an action string.
+"""Tools: Python functions the policy can call, with typed, validated arguments.
 
-The action grammar (what `ToolEnv` understands), in the order it is checked:
+A tool is made from an ordinary (sync or async) function; its type hints give the JSON Schema of
+its parameters, its docstring the description:
 
-1. `[ANSWER] <int>`: a tagged final answer. The tag is case-insensitive, may be followed by `:`
-   or `=`, and the integer may be negative (`[ANSWER] -12`). The FIRST tag in the action counts.
-   A tag with no integer right after it (`[ANSWER]`, `[ANSWER] -`, `[ANSWER] ten`) is a
-   malformed answer. A bracket right after a tool NAME is a call's, not a tag: `LOOKUP[answer]`
-   is a call with the argument `answer`.
-2. `NAME[arg]`: a tool call. NAME is an identifier matched case-insensitively against the tools;
-   nothing may stand between NAME and `[`; the argument may not contain brackets or a newline;
-   surrounding whitespace and one pair of matching quotes are stripped (`lookup[ 'apple' ]` is
-   `LOOKUP[apple]`). Every call in the action is returned, in order.
-3. A known tool name followed by `[` or `(` that did not parse as a call (`LOOKUP[`,
-   `LOOKUP [apple]`, `LOOKUP(apple)`) is a malformed call.
-4. Otherwise, with untagged answers accepted, the LAST integer in the text is an untagged answer
-   ("The answer is 42." answers 42).
-5. Otherwise the action has neither a call nor an answer (empty when it is only whitespace).
+    @tool
+    def convert(value: float, unit: Literal["km", "mi"]) -> float:
+        '''Convert a distance between kilometres and miles.
 
-Only the first `max_chars` characters of an action are parsed.
+        Args:
+            value: the distance to convert.
+            unit: the unit `value` is in.
+        '''
+
+`Tool.from_function(fn)` (or `tool(fn)`) builds the `Tool`; a `ToolEnv` also collects its own
+methods marked `@tool`, bound to the env, so a tool can read and change the episode's state.
+Parameter types: str, int, float, bool, Literal, Enum, list, dict, tuple, Optional/unions and
+msgspec Structs (anything msgspec converts). Before the call, the arguments are validated and
+converted by msgspec: a wrong, missing or extra argument raises `ToolCallError` naming the
+parameter, and the function is never called. A result may be any JSON value (str is shown as it
+is, everything else JSON-encoded), or a `ToolResult` that also awards named reward components.
+Raising `ToolError` (or ValueError) rejects the call with a message. An async tool is awaited on
+a background event loop and cut off after `timeout_s`; a sync tool runs in the caller's thread.
+
+`Tool(name, description, fn, arg=...)` is the plain form: `fn` takes the one string argument.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import math
 import re
-import string
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Final, NamedTuple
+import threading
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgspec
 
 _NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_CALL_RE: Final = re.compile(r"(?<![A-Za-z0-9_])([A-Za-z_][A-Za-z0-9_]*)\[([^\[\]\n]*)\]")
-_ANSWER_TAG_RE: Final = re.compile(r"\[\s*answer\s*\]", re.IGNORECASE)
-_ANSWER_INT_RE: Final = re.compile(r"\s*[:=]?\s*(-?)([0-9]+)")
-_INT_RE: Final = re.compile(r"(?<![0-9])(-?)([0-9]+)")
-_IDENTIFIER_CHARS: Final = frozenset(string.ascii_letters + string.digits + "_")
-
-# Answers are compared as ints; anything longer cannot equal a task's answer (and Python refuses
-# int() on strings over 4300 digits), so longer digit strings are kept as "unrepresentable".
-MAX_ANSWER_DIGITS: Final = 18
-
-# One typical mistake each (malformed call, unknown tool, empty action, empty argument, malformed
-# answer, no call and no answer, a call without brackets): `ToolEnv.mistaken_actions()`.
-MISTAKEN_ACTIONS: Final = ("LOOKUP[", "FOO[x]", "", "LOOKUP[]", "[ANSWER]", "I am not sure.", "lookup apple")
-
-# Parse outcomes (ParsedAction.kind).
-ANSWER: Final = "answer"
-BAD_ANSWER: Final = "bad_answer"
-CALLS: Final = "calls"
-BAD_CALL: Final = "bad_call"
-UNTAGGED: Final = "untagged"
-NOTHING: Final = "nothing"
-EMPTY: Final = "empty"
+_MARK: Final = "__toolgym_tool__"
+DEFAULT_TIMEOUT_S: Final = 30.0
 
 
 class ToolError(Exception):
-    """Raised by a tool function to reject its argument.
+    """Raised by a tool function to reject its call.
 
-    The message becomes the call's result (`NAME[arg] = <message>`) and the call counts as an
-    error (info `errors`, the error penalty, the consecutive-error limit). A tool that wants a
-    "not found" to be an ordinary result simply returns a string instead.
+    The message becomes the call's result and the call counts as an error (info `errors`, the
+    error penalty, the consecutive-error limit). A tool that wants a "not found" to be an
+    ordinary result simply returns it instead.
     """
+
+
+class ToolCallError(Exception):
+    """A call the env refuses before or while running it: `kind` is the error counter's name
+    (bad_arguments, empty_argument, tool_error, tool_timeout), `str(self)` the observation."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+class ToolResult(msgspec.Struct, frozen=True):
+    """A tool's result with reward: `content` (any JSON value) is what the policy sees;
+    `rewards` ({name: float}) are added to the step's reward and to the episode's
+    `reward_components` under those names."""
+
+    content: Any
+    rewards: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+class Call(msgspec.Struct, frozen=True):
+    """One tool call: the tool's name and its arguments (a JSON object). A task's solution is
+    written in Calls, which each env renders in its own tool-call format."""
+
+    name: str
+    arguments: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class _Param(typing.NamedTuple):
+    name: str
+    annotation: Any
+    default: Any  # inspect.Parameter.empty when required
+    description: str
+
+
+def _doc_parts(fn: Callable[..., Any]) -> tuple[str, dict[str, str]]:
+    """(first paragraph as one line, {param: description} from a Google-style `Args:` section)."""
+    doc = inspect.getdoc(fn) or ""
+    paragraphs = doc.split("\n\n")
+    summary = " ".join(paragraphs[0].split()) if doc else ""
+    described: dict[str, str] = {}
+    lines = doc.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() in ("Args:", "Arguments:", "Parameters:"):
+            current, indent = None, 0
+            for entry in lines[i + 1 :]:
+                if entry.strip() and not entry.startswith((" ", "\t")):
+                    break
+                m = re.match(r"\s+([A-Za-z_][A-Za-z0-9_]*)\s*(?:\([^)]*\))?\s*:\s*(.*)", entry)
+                if m and (current is None or len(entry) - len(entry.lstrip()) <= indent):
+                    current, indent = m.group(1), len(entry) - len(entry.lstrip())
+                    described[current] = m.group(2).strip()
+                elif current is not None and entry.strip():
+                    described[current] += " " + entry.strip()
+            break
+    return summary, described
+
+
+def _params(fn: Callable[..., Any]) -> tuple[_Param, ...]:
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception as exc:  # an unresolvable forward reference: say which function
+        raise TypeError(
+            f"tool {getattr(fn, '__name__', fn)!r}: cannot resolve its type hints: {exc}"
+        ) from None
+    _, described = _doc_parts(fn)
+    params = []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise TypeError(f"tool {fn.__name__!r}: *args/**kwargs parameters cannot be described to a model")
+        if p.kind is p.POSITIONAL_ONLY:
+            raise TypeError(
+                f"tool {fn.__name__!r}: positional-only parameter {p.name!r}; tools are called by name"
+            )
+        if p.name not in hints:
+            raise TypeError(
+                f"tool {fn.__name__!r}: parameter {p.name!r} needs a type hint (it becomes the schema)"
+            )
+        params.append(_Param(p.name, hints[p.name], p.default, described.get(p.name, "")))
+    return tuple(params)
+
+
+def _arguments_struct(name: str, params: tuple[_Param, ...]) -> type[msgspec.Struct]:
+    fields = [
+        (p.name, p.annotation) if p.default is inspect.Parameter.empty else (p.name, p.annotation, p.default)
+        for p in params
+    ]
+    try:
+        return msgspec.defstruct(name, fields, forbid_unknown_fields=True, kw_only=True)
+    except TypeError as exc:
+        raise TypeError(f"tool {name!r}: its parameters cannot be validated: {exc}") from None
+
+
+def _parameters_schema(struct: type[msgspec.Struct], params: tuple[_Param, ...]) -> dict[str, Any]:
+    try:
+        (_,), defs = msgspec.json.schema_components([struct], ref_template="#/$defs/{name}")
+    except TypeError as exc:
+        raise TypeError(f"tool {struct.__name__!r}: a parameter type has no JSON Schema: {exc}") from None
+    schema = dict(defs.pop(struct.__name__))
+    schema.pop("title", None)
+    properties = {k: dict(v) for k, v in schema.get("properties", {}).items()}
+    for p in params:
+        if p.description and "description" not in properties[p.name]:
+            properties[p.name]["description"] = p.description
+    schema["properties"] = properties
+    schema.setdefault("required", [])
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+_VALIDATION_AT = re.compile(r"^(.*) - at `\$\.([A-Za-z_][A-Za-z0-9_]*)(.*)`$")
+
+
+def _explain(error: msgspec.ValidationError) -> str:
+    """msgspec's message in the tool's terms: which argument, what was wrong."""
+    text = str(error)
+    if m := re.fullmatch(r"Object missing required field `(.*)`", text):
+        return f"missing argument `{m.group(1)}`"
+    if m := re.fullmatch(r"Object contains unknown field `(.*)`", text):
+        return f"unexpected argument `{m.group(1)}`"
+    if m := _VALIDATION_AT.match(text):
+        where = m.group(2) + m.group(3).replace("$", "")
+        return f"argument `{where}`: {m.group(1)[0].lower()}{m.group(1)[1:]}"
+    return text
+
+
+class _Loop:
+    """One daemon thread running an asyncio loop that awaits every async tool (so a tool works
+    the same whether or not the caller is inside an event loop)."""
+
+    _lock = threading.Lock()
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def get(cls) -> asyncio.AbstractEventLoop:
+        with cls._lock:
+            if cls._loop is None or cls._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="toolgym-tools", daemon=True).start()
+                cls._loop = loop
+            return cls._loop
 
 
 @dataclass(frozen=True, slots=True)
 class Tool:
-    """A named function the policy can call as `NAME[arg]`.
+    """A named function the policy can call. Build typed tools with `Tool.from_function`.
 
-    name: an identifier; calls match it case-insensitively; it is shown upper-case.
-    description: one line for the system prompt, e.g. "the zorplex value of a word".
-    fn: str -> str; gets the argument (stripped, quotes removed, never empty) and returns the
-        result text. Raise `ToolError` (or ValueError) to reject the argument.
-    arg: what the argument is, for the prompt: `LOOKUP[word]: the zorplex value of a word`.
+    name: an identifier (`convert`, `LOOKUP`). description: one line for the system prompt.
+    fn: the function; in this plain form it takes one string (the argument, never empty).
+    arg: the plain form's parameter name, for the prompt (`LOOKUP[word]`).
+    timeout_s: an async tool's per-call limit (a sync tool cannot be cut off).
     """
 
     name: str
     description: str
-    fn: Callable[[str], str]
+    fn: Callable[..., Any]
     arg: str = "x"
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    params: tuple[_Param, ...] | None = None  # None: the plain form (one str argument `arg`)
+    is_async: bool = field(init=False, default=False)
+    _arguments: type[msgspec.Struct] = field(init=False, repr=False, compare=False)
+    parameters: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
             raise ValueError(f"Tool name must be an identifier like LOOKUP, got {self.name!r}")
         if self.name.upper() == "ANSWER":
             raise ValueError("Tool name ANSWER is reserved for the [ANSWER] tag")
-        if not self.description or "\n" in self.description:
-            raise ValueError(f"Tool {self.name}: description must be one non-empty line")
+        if not isinstance(self.description, str) or not self.description.strip() or "\n" in self.description:
+            raise ValueError(
+                f"Tool {self.name}: description must be one non-empty line, got {self.description!r}"
+            )
         if not callable(self.fn):
-            raise TypeError(f"Tool {self.name}: fn must be callable str -> str, got {self.fn!r}")
-        object.__setattr__(self, "name", self.name.upper())
+            raise TypeError(f"Tool {self.name}: fn must be callable, got {self.fn!r}")
+        if not (
+            isinstance(self.timeout_s, int | float) and self.timeout_s > 0 and math.isfinite(self.timeout_s)
+        ):
+            raise ValueError(f"Tool {self.name}: timeout_s must be a positive number, got {self.timeout_s!r}")
+        params = self.params
+        if params is None:
+            if not _NAME_RE.fullmatch(self.arg):
+                raise ValueError(f"Tool {self.name}: arg must be an identifier, got {self.arg!r}")
+            params = (_Param(self.arg, str, inspect.Parameter.empty, ""),)
+        struct = _arguments_struct(self.name, params)
+        object.__setattr__(self, "_arguments", struct)
+        object.__setattr__(self, "parameters", _parameters_schema(struct, params))
+        object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
+
+    @classmethod
+    def from_function(
+        cls,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> Tool:
+        """A typed tool: name from `fn.__name__`, description from the docstring's first
+        paragraph, parameters (and their descriptions, from an `Args:` section) from the
+        signature. Raises TypeError for a parameter that has no type hint or no JSON Schema."""
+        summary, _ = _doc_parts(fn)
+        name = name or str(getattr(fn, "__name__", ""))
+        description = description or summary
+        if not description:
+            raise ValueError(f"tool {name!r}: give it a docstring (its first line is the description)")
+        return cls(name, description, fn, timeout_s=timeout_s, params=_params(fn))
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params) if self.params is not None else (self.arg,)
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The tool as an OpenAI-style function spec: {"type": "function", "function": {name,
+        description, parameters}}; what a chat template's `tools` takes."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     @property
     def usage(self) -> str:
-        return f"{self.name}[{self.arg}]"
+        """The bracket format's call shape: `LOOKUP[word]`, `CONVERT[value, unit]`."""
+        return f"{self.name.upper()}[{', '.join(self.param_names)}]"
+
+    def validate(self, arguments: Any, *, strict: bool = True) -> dict[str, Any]:
+        """The arguments (a JSON object) checked and converted to the parameters' types.
+        strict=False also converts strings to numbers and bools (text from the bracket format).
+        Raises ToolCallError(bad_arguments) naming the offending parameter."""
+        if not isinstance(arguments, Mapping):
+            raise ToolCallError(
+                "bad_arguments", f"arguments must be a JSON object, got {type(arguments).__name__}"
+            )
+        try:
+            converted = msgspec.convert(arguments, self._arguments, strict=strict)
+        except msgspec.ValidationError as exc:
+            raise ToolCallError("bad_arguments", _explain(exc)) from None
+        return {name: getattr(converted, name) for name in self.param_names}
+
+    def __call__(self, arguments: Mapping[str, Any], *, strict: bool = True) -> ToolResult:
+        """Validate `arguments`, run the function (awaiting an async one, within `timeout_s`),
+        and return its result as a ToolResult. Raises ToolCallError for bad arguments, a
+        rejected call (ToolError/ValueError) or a timeout; anything else the function raises
+        propagates (a bug in the env, not the policy's mistake)."""
+        kwargs = self.validate(arguments, strict=strict)
+        if self.params is None and not kwargs[self.arg].strip():
+            raise ToolCallError("empty_argument", "EMPTY_ARGUMENT")
+        try:
+            if self.params is None:
+                result = self.fn(kwargs[self.arg])
+            else:
+                result = self.fn(**kwargs)
+            if inspect.isawaitable(result):
+                future = asyncio.run_coroutine_threadsafe(_awaited(result), _Loop.get())
+                try:
+                    result = future.result(timeout=self.timeout_s)
+                except TimeoutError:
+                    future.cancel()
+                    raise ToolCallError(
+                        "tool_timeout", f"ERROR: {self.name} timed out after {self.timeout_s:g} s"
+                    ) from None
+        except (ToolError, ValueError) as rejected:
+            raise ToolCallError("tool_error", str(rejected) or "ERROR") from None
+        if not isinstance(result, ToolResult):
+            result = ToolResult(result)
+        for key, value in result.rewards.items():
+            if not isinstance(key, str) or not _NAME_RE.fullmatch(key):
+                raise ValueError(f"tool {self.name}: reward names are identifiers, got {key!r}")
+            if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"tool {self.name}: reward {key!r} must be a finite number, got {value!r}")
+        return result
 
 
-@dataclass(frozen=True, slots=True)
-class Task:
-    """One episode's task, made by `ToolEnv.new_task`.
-
-    question: the first observation. answer: the ground truth. oracle_actions: the ideal action
-    strings, ending with `[ANSWER] <answer>`. needed_tool_calls: calls beyond this many are
-    penalised; by default, the number of oracle actions before the answer.
-    """
-
-    question: str
-    answer: int
-    oracle_actions: tuple[str, ...]
-    needed_tool_calls: int = -1
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.answer, int) or isinstance(self.answer, bool):
-            # numpy ints sneak in from rng draws; they are not JSON-serialisable.
-            object.__setattr__(self, "answer", int(self.answer))
-        object.__setattr__(self, "oracle_actions", tuple(self.oracle_actions))
-        final = answer_action(self.answer)
-        if not self.oracle_actions or self.oracle_actions[-1] != final:
-            raise ValueError(f"Task.oracle_actions must end with '{final}', got {self.oracle_actions!r}")
-        if self.needed_tool_calls < 0:
-            object.__setattr__(self, "needed_tool_calls", len(self.oracle_actions) - 1)
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
-class ParsedAction(NamedTuple):
-    kind: str  # one of ANSWER, BAD_ANSWER, CALLS, BAD_CALL, UNTAGGED, NOTHING, EMPTY
-    answer: int | None = None  # ANSWER/UNTAGGED: the int, or None when it has too many digits
-    calls: list[tuple[str, str]] | None = None  # CALLS: (NAME as written, raw argument)
+def result_text(content: Any) -> str:
+    """What the policy sees of a result: a str as it is, anything else compact JSON."""
+    if isinstance(content, str):
+        return content
+    try:
+        return msgspec.json.encode(content).decode()
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise TypeError(
+            f"a tool returned a value that is not JSON ({type(content).__name__}): {exc}"
+        ) from None
 
 
-def _to_int(sign: str, digits: str) -> int | None:
-    digits = digits.lstrip("0") or "0"
-    if len(digits) > MAX_ANSWER_DIGITS:
-        return None
-    return -int(digits) if sign else int(digits)
+def tool(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Any:
+    """Mark a function (or a ToolEnv method) as a tool: `@tool` or `@tool(name=..., timeout_s=...)`.
+
+    Returns the function itself, marked: a `ToolEnv` subclass collects its marked methods (bound
+    to the env) and `ToolEnv(tools=[fn])` takes marked or plain functions; `Tool.from_function`
+    builds the Tool."""
+
+    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(f):
+            raise TypeError(f"@tool marks a function, got {f!r}")
+        setattr(f, _MARK, {"name": name, "description": description, "timeout_s": timeout_s})
+        return f
+
+    return mark(fn) if fn is not None else mark
 
 
-def answer_action(answer: int, tagged: bool = True) -> str:
-    """The action that answers `answer`: `[ANSWER] 42`, or untagged `The answer is 42.`."""
-    return f"[ANSWER] {answer}" if tagged else f"The answer is {answer}."
+def as_tool(value: Any) -> Tool:
+    """A Tool from a Tool, or from a (marked or plain) function via `Tool.from_function`."""
+    if isinstance(value, Tool):
+        return value
+    if callable(value):
+        options = getattr(value, _MARK, None) or {}
+        return Tool.from_function(value, **options)
+    raise TypeError(f"tools must be Tools or functions, got {value!r}")
 
 
-def malformed_call(action: str) -> str | None:
-    """`action`'s first tool call with parentheses for brackets (`LOOKUP[cat]` -> `LOOKUP(cat)`,
-    which the parser reads as a malformed call), or None when it has no call."""
-    broken = _CALL_RE.sub(r"\1(\2)", action, count=1)
-    return None if broken == action else broken
-
-
-def clean_argument(raw: str) -> str:
-    """Strip whitespace and one pair of matching quotes: ` 'apple' ` -> `apple`."""
-    arg = raw.strip()
-    if len(arg) >= 2 and arg[0] == arg[-1] and arg[0] in "'\"":
-        arg = arg[1:-1].strip()
-    return arg
-
-
-def near_miss_pattern(tool_names: Iterable[str]) -> re.Pattern[str] | None:
-    """A regex that finds a known tool name followed by `[` or `(` (a call attempt)."""
-    names = sorted({n.upper() for n in tool_names}, key=len, reverse=True)
-    if not names:
-        return None
-    return re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(names) + r")\s*[\[(]", re.IGNORECASE)
-
-
-def _answer_tag(text: str) -> re.Match[str] | None:
-    """The first `[ANSWER]` tag whose bracket does not open a tool call's argument.
-
-    The bracket is a call's when a NAME that `_CALL_RE` would match ends right before it: a run of
-    identifier characters that does not start with a digit (`42[ANSWER] 42` is still tagged).
-    Each scan stops at the previous non-identifier character, so all scans together are linear.
-    """
-    for tag in _ANSWER_TAG_RE.finditer(text):
-        start = tag.start()
-        while start > 0 and text[start - 1] in _IDENTIFIER_CHARS:
-            start -= 1
-        if start == tag.start() or text[start].isdigit():
-            return tag
-    return None
-
-
-def parse_action(text: str, near_miss: re.Pattern[str] | None, accept_untagged: bool = True) -> ParsedAction:
-    """Classify an (already length-capped) action string. Never raises on any `str`."""
-    if "[" in text:
-        tag = _answer_tag(text)
-        if tag is not None:
-            number = _ANSWER_INT_RE.match(text, tag.end())
-            if number is None:
-                return ParsedAction(BAD_ANSWER)
-            return ParsedAction(ANSWER, _to_int(number.group(1), number.group(2)))
-        calls = _CALL_RE.findall(text)
-        if calls:
-            return ParsedAction(CALLS, None, calls)
-    if near_miss is not None and near_miss.search(text):
-        return ParsedAction(BAD_CALL)
-    if accept_untagged:
-        number = None
-        for number in _INT_RE.finditer(text):  # noqa: B007 (keep the last one)
-            pass
-        if number is not None:
-            return ParsedAction(UNTAGGED, _to_int(number.group(1), number.group(2)))
-    if not text.strip():
-        return ParsedAction(EMPTY)
-    return ParsedAction(NOTHING)
+def marked_methods(obj: Any) -> list[Callable[..., Any]]:
+    """`obj`'s methods marked `@tool`, bound, in definition order (base classes first)."""
+    seen: dict[str, None] = {}
+    for klass in reversed(type(obj).__mro__):
+        for attr, value in vars(klass).items():
+            if callable(value) and hasattr(value, _MARK):
+                seen[attr] = None
+    return [getattr(obj, attr) for attr in seen]

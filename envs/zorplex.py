@@ -30,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from .base import ToolEnv
-from .tools import Task, Tool
+from .base import Example, Task, ToolEnv
+from .grading import numeric
+from .tools import Call, Tool
 
 WORDS: tuple[str, ...] = (
     "apple", "banana", "cat", "dog", "elephant", "fish", "grape", "house", "ice", "jungle",
@@ -55,23 +56,29 @@ _INSTRUCTIONS = {
     "multi_step": "Every word has a secret zorplex value, stored under a key. Only the tools know them.",
     "recursive": _INTRO + " A word may point to another word (SEE: word); follow it until you get a number.",
 }
-_Q = "User: What is the zorplex value of 'cat'?\n"
+_Q = "What is the zorplex value of 'cat'?"
+
+
+def _lookup(word: str) -> Call:
+    return Call("LOOKUP", {"word": word})
+
+
+def _compositional(expression: str, values: dict[str, int], answer: int) -> Example:
+    return Example(f"What is {expression}?", [(_lookup(w), v) for w, v in values.items()], answer)
+
+
+# Worked examples for the system prompt, written in the env's tool-call format.
 _EXAMPLES = {
-    "simple": _Q + "Assistant: LOOKUP[cat]\nTool: LOOKUP[cat] = 17\nAssistant: [ANSWER] 17",
-    ("compositional", "easy"): "User: What is zorplex('cat') + zorplex('sun')?\n"
-    "Assistant: LOOKUP[cat]\nTool: LOOKUP[cat] = 17\n"
-    "Assistant: LOOKUP[sun]\nTool: LOOKUP[sun] = 5\nAssistant: [ANSWER] 22",
-    ("compositional", "medium"): "User: What is zorplex('cat') - zorplex('sun')?\n"
-    "Assistant: LOOKUP[cat]\nTool: LOOKUP[cat] = 17\n"
-    "Assistant: LOOKUP[sun]\nTool: LOOKUP[sun] = 5\nAssistant: [ANSWER] 12",
-    ("compositional", "hard"): "User: What is zorplex('cat') - zorplex('sun') * zorplex('ice')?\n"
-    "Assistant: LOOKUP[cat]\nTool: LOOKUP[cat] = 17\n"
-    "Assistant: LOOKUP[sun]\nTool: LOOKUP[sun] = 5\n"
-    "Assistant: LOOKUP[ice]\nTool: LOOKUP[ice] = 3\nAssistant: [ANSWER] 36",
-    "multi_step": _Q + "Assistant: GETKEY[cat]\nTool: GETKEY[cat] = ZK_3F9A01\n"
-    "Assistant: FETCH[ZK_3F9A01]\nTool: FETCH[ZK_3F9A01] = 17\nAssistant: [ANSWER] 17",
-    "recursive": _Q + "Assistant: LOOKUP[cat]\nTool: LOOKUP[cat] = SEE: sun\n"
-    "Assistant: LOOKUP[sun]\nTool: LOOKUP[sun] = 17\nAssistant: [ANSWER] 17",
+    "simple": Example(_Q, [(_lookup("cat"), 17)], 17),
+    ("compositional", "easy"): _compositional("zorplex('cat') + zorplex('sun')", {"cat": 17, "sun": 5}, 22),
+    ("compositional", "medium"): _compositional("zorplex('cat') - zorplex('sun')", {"cat": 17, "sun": 5}, 12),
+    ("compositional", "hard"): _compositional(
+        "zorplex('cat') - zorplex('sun') * zorplex('ice')", {"cat": 17, "sun": 5, "ice": 3}, 36
+    ),
+    "multi_step": Example(
+        _Q, [(Call("GETKEY", {"word": "cat"}), "ZK_3F9A01"), (Call("FETCH", {"key": "ZK_3F9A01"}), 17)], 17
+    ),
+    "recursive": Example(_Q, [(_lookup("cat"), "SEE: sun"), (_lookup("sun"), 17)], 17),
 }
 
 
@@ -137,6 +144,7 @@ class ZorplexEnv(ToolEnv):
             tools = [Tool("LOOKUP", "the zorplex value of a word", self._lookup, arg="word")]
         level = difficulty or "hard"
         example = _EXAMPLES[(tier, level)] if tier == "compositional" else _EXAMPLES[tier]
+        knobs.setdefault("grader", numeric())
         super().__init__(tools=tools, instructions=_INSTRUCTIONS[tier], example=example, **knobs)
 
         most_calls = {"simple": 1, "multi_step": 2}.get(tier) or (
@@ -183,7 +191,7 @@ class ZorplexEnv(ToolEnv):
 
         if self.tier == "simple":
             value = self.table[word]
-            return Task(question, value, (f"LOOKUP[{word}]", f"[ANSWER] {value}"))
+            return Task(question, value, [_lookup(word)])
 
         if self.tier == "compositional":
             level = self.difficulty or _LEVELS[int(rng.integers(3))]
@@ -197,15 +205,13 @@ class ZorplexEnv(ToolEnv):
                 f"{op} zorplex('{w}')" for op, w in zip(["", *ops], words, strict=True)
             ).lstrip()
             answer = _evaluate([self.table[w] for w in words], ops)
-            return Task(
-                f"What is {expression}?", answer, (*(f"LOOKUP[{w}]" for w in words), f"[ANSWER] {answer}")
-            )
+            return Task(f"What is {expression}?", answer, [_lookup(w) for w in words])
 
         if self.tier == "multi_step":
             self.keys = self._fixed_keys if self._fixed_keys is not None else draw_keys(rng)
             self._key_values = {key: self.table[w] for w, key in self.keys.items()}
             value, key = self.table[word], self.keys[word]
-            return Task(question, value, (f"GETKEY[{word}]", f"FETCH[{key}]", f"[ANSWER] {value}"))
+            return Task(question, value, [Call("GETKEY", {"word": word}), Call("FETCH", {"key": key})])
 
         # recursive: order[0] -> order[1] -> ... -> order[depth], which holds the number.
         level = self.difficulty or _LEVELS[int(rng.integers(3))]
@@ -213,4 +219,4 @@ class ZorplexEnv(ToolEnv):
         chain = [WORDS[i] for i in order[: depth + 1]]
         self.redirects = dict(itertools.pairwise(chain))
         value = self.table[chain[-1]]
-        return Task(question, value, (*(f"LOOKUP[{w}]" for w in chain), f"[ANSWER] {value}"))
+        return Task(question, value, [_lookup(w) for w in chain])

@@ -69,16 +69,23 @@ def plan_actions(env: Any, config: OracleConfig, rng: np.random.Generator) -> li
     malformed_flags = rng.random(len(calls)) < config.p_malformed_call
     script: list[str] = []
     if skip and calls:
-        final = _oracle_method(env, "answer_action")(int(env.answer) + offset, tagged=not omit_tag)
+        final = _oracle_method(env, "answer_action")(wrong_answer(env.answer, offset), tagged=not omit_tag)
     else:
         for call, bad in zip(calls, malformed_flags, strict=True):
             broken = _oracle_method(env, "malformed_action")(call) if bad else None
             if broken is not None and broken != call:
                 script.append(broken)
             script.append(call)
-        final = _oracle_method(env, "answer_action")(int(env.answer), tagged=False) if omit_tag else oracle[-1]
+        final = _oracle_method(env, "answer_action")(env.answer, tagged=False) if omit_tag else oracle[-1]
     script.append(final)
     return script
+
+
+def wrong_answer(answer: Any, offset: int) -> Any:
+    """A guess that is not `answer`: a number moved by `offset` (>= 1), anything else a string."""
+    if isinstance(answer, int | float) and not isinstance(answer, bool):
+        return answer + offset
+    return f"not {answer}"
 
 
 def _oracle_method(env: Any, name: str) -> Any:

@@ -4,14 +4,22 @@ import json
 
 import pytest
 
-from toolgym.envs import Task, Tool, ToolEnv, ToolError, ZorplexEnv
+from toolgym.envs import Call, Task, Tool, ToolEnv, ToolError, ZorplexEnv
 
-INFO_KEYS = {"reward_components", "tool_calls", "errors", "consecutive_errors", "turn", "step_errors", "metrics"}
+INFO_KEYS = {
+    "reward_components",
+    "tool_calls",
+    "errors",
+    "consecutive_errors",
+    "turn",
+    "step_errors",
+    "metrics",
+}
 FINAL_KEYS = INFO_KEYS | {"failure_mode", "end_reason", "error_counts"}
 NO_CALL = "ERROR: no tool call and no answer. Call a tool or finish with [ANSWER] <number>."
 EMPTY = "ERROR: empty action. Call a tool or finish with [ANSWER] <number>."
 BAD_CALL = "ERROR: malformed tool call. Write it like LOOKUP[word]."
-BAD_ANSWER = "ERROR: [ANSWER] must be followed by an integer, like [ANSWER] 42."
+BAD_ANSWER = "ERROR: malformed answer (expected a number, got '{}'). Finish with [ANSWER] <number>."
 
 
 def zorplex(**kwargs):
@@ -32,9 +40,9 @@ def zorplex(**kwargs):
         ("LOOKUP [apple]", BAD_CALL, "malformed_call"),
         ("lookup(apple)", BAD_CALL, "malformed_call"),
         ("LOOKUP[[apple]]", BAD_CALL, "malformed_call"),
-        ("[ANSWER]", BAD_ANSWER, "malformed_answer"),
-        ("[ANSWER] -", BAD_ANSWER, "malformed_answer"),
-        ("[answer] forty-two", BAD_ANSWER, "malformed_answer"),
+        ("[ANSWER]", BAD_ANSWER.format(""), "malformed_answer"),
+        ("[ANSWER] -", BAD_ANSWER.format("-"), "malformed_answer"),
+        ("[answer] forty-two", BAD_ANSWER.format("forty-two"), "malformed_answer"),
         ("SEARCH[apple]", "SEARCH[apple] = UNKNOWN_TOOL", "unknown_tool"),
         ("LOOKUP[]", "LOOKUP[] = EMPTY_ARGUMENT", "empty_argument"),
         ("LOOKUP['  ']", "LOOKUP[] = EMPTY_ARGUMENT", "empty_argument"),
@@ -73,7 +81,7 @@ def test_error_streak_truncates_with_parse_error():
         obs, _, terminated, truncated, info = env.step(action)
         assert info["consecutive_errors"] == turn
     assert truncated and not terminated
-    assert obs == BAD_ANSWER + "\nSTOP: too many errors in a row."
+    assert obs == BAD_ANSWER.format("") + "\nSTOP: too many errors in a row."
     assert info["end_reason"] == "parse_error" and info["failure_mode"] == "no_answer"
     assert info["error_counts"] == {"malformed_call": 1, "no_call_no_answer": 1, "malformed_answer": 1}
     with pytest.raises(RuntimeError, match="after the episode ended"):
@@ -160,7 +168,7 @@ def test_tool_budget_truncates_as_tool_spam():
 
 def test_answer_terminates_and_ignores_calls_in_the_same_action():
     env = zorplex()
-    obs, reward, terminated, truncated, info = env.step(f"LOOKUP[cat] [ANSWER] {env.answer} LOOKUP[dog]")
+    obs, reward, terminated, truncated, info = env.step(f"LOOKUP[cat] [ANSWER] {env.answer}\nLOOKUP[dog]")
     assert (obs, reward, terminated, truncated) == ("CORRECT", pytest.approx(1.2), True, False)
     assert info["tool_calls"] == 0 and info["graded_answer"] == env.answer
 
@@ -286,9 +294,13 @@ def test_tool_and_task_validation():
         Tool("answer", "x", str)
     with pytest.raises(ValueError, match="one non-empty line"):
         Tool("A", "two\nlines", str)
-    with pytest.raises(ValueError, match="must end with"):
-        Task("q", 3, ("A[x]", "[ANSWER] 4"))
-    assert Task("q", 3, ("A[x]", "B[y]", "[ANSWER] 3")).needed_tool_calls == 2
+    with pytest.raises(TypeError, match="solution steps"):
+        Task("q", 3, (42,))
+    with pytest.raises(TypeError, match="JSON value"):
+        Task("q", object())
+    with pytest.raises(ValueError, match="finite"):
+        Task("q", float("nan"))
+    assert Task("q", 3, ("A[x]", [Call("B", {}), Call("C", {})])).needed_tool_calls == 3
     with pytest.raises(ValueError, match="two tools are named"):
         ToolEnv(tools=[Tool("A", "x", str), Tool("a", "y", str)], instructions="x")
 

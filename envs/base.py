@@ -546,14 +546,16 @@ class ToolEnv(TextEnv):
                 reward -= self._count_error(call.error, step_errors)
                 parts.append(self.format.result("", call, call.message))
                 continue
-            if self._tool_calls >= self.max_tool_calls:
-                out_of_calls = True
-                break
-            self._tool_calls += 1
-            if self._tool_calls > self._task.needed_tool_calls:  # type: ignore[union-attr]
-                self._components["tool_penalty"] -= self.tool_call_penalty
-                reward -= self.tool_call_penalty
             tool = self.tools.get(call.name.upper())
+            answering = tool is not None and tool.name.upper() == self.answer_tool
+            if not answering:  # an answer is no tool call: it is never over budget
+                if self._tool_calls >= self.max_tool_calls:
+                    out_of_calls = True
+                    break
+                self._tool_calls += 1
+                if self._tool_calls > self._task.needed_tool_calls:  # type: ignore[union-attr]
+                    self._components["tool_penalty"] -= self.tool_call_penalty
+                    reward -= self.tool_call_penalty
             if tool is None:
                 reward -= self._count_error("unknown_tool", step_errors)
                 parts.append(self.format.unknown_tool(call, self._tool_list))
@@ -570,7 +572,7 @@ class ToolEnv(TextEnv):
                 )
                 parts.append(self.format.result(tool.name, call, text))
                 continue
-            if tool.name.upper() == self.answer_tool:
+            if answering:
                 try:
                     response = self._read(result.content)
                 except Unreadable as unreadable:

@@ -10,7 +10,8 @@ and tools are written back. A `ToolEnv` takes one by name (`tool_format=`).
    between NAME and `[`; the argument may not contain brackets or a newline. A tool with several
    parameters takes them comma-separated, in order (`CONVERT[1.5, km]`); each value is stripped of
    whitespace and one pair of matching quotes. Every call in the action counts, in order.
-3. A known tool name followed by `[` or `(` that did not parse as a call is a malformed call.
+3. A known tool name followed by `[` or `(` that did not parse as a call, or a JSON
+   `<tool_call>` block (the other format), is a malformed call.
 4. Otherwise the action has no call and no tag (empty when it is only whitespace).
 
 "json" (as Qwen2.5/Qwen3/Hermes-style models write calls): one or more blocks
@@ -194,7 +195,7 @@ class BracketFormat(ToolCallFormat):
                     shown = arg if len(arg) <= _SHOWN_ARG_CHARS else arg[: _SHOWN_ARG_CHARS - 3] + "..."
                     calls.append(ParsedCall(name, raw, f"{name[:_SHOWN_NAME_CHARS]}[{shown}]"))
                 return ParsedAction(CALLS, calls=calls)
-        if near_miss is not None and near_miss.search(text):
+        if (near_miss is not None and near_miss.search(text)) or "<tool_call>" in text:
             return ParsedAction(BAD_CALL)
         return ParsedAction(EMPTY if not text.strip() else OTHER)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import gymnasium
 
-from .base import Task, TextEnv, ToolEnv
+from .base import Example, Task, TextEnv, ToolEnv
 from .grading import Grade, exact, numeric, text
 from .spaces import UnicodeText
 from .sum_digits import SumDigitsEnv
@@ -27,6 +27,7 @@ from .zorplex import ZorplexEnv
 
 __all__ = [
     "Call",
+    "Example",
     "Grade",
     "SumDigitsEnv",
     "Task",

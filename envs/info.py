@@ -29,7 +29,7 @@ step info (and the info of the optional `abandon()`, envs/base.py):
                     parse_error (the StopReason values the env may give); other values map to
                     answered (terminated) or max_turns (truncated).
     failure_mode    str: a short label of how the episode ended (ToolEnv: success, wrong_format,
-                    wrong_answer, tool_spam, no_answer). Summaries count each label
+                    wrong_answer, goal_not_met, tool_spam, no_answer). Summaries count each label
                     (`failure_mode/<label>`) and evals pick example transcripts of distinct labels.
 
 Written by `TextEnv` itself (envs/base.py), recorded, not read by the runner:

@@ -336,6 +336,15 @@ class ToolEnv(TextEnv):
         else:
             self._finish = f"Finish with [ANSWER] {hint}."
         self._system_prompt = self.build_system_prompt(instructions, example)
+        # For a chat template that writes the tools block itself (reset info `instructions`).
+        shown_example = self.render_example(example) if isinstance(example, Example) else example
+        self._instructions = "\n".join(
+            [
+                instructions.strip(),
+                self._finish,
+                *(["Example:", shown_example.strip()] if shown_example else []),
+            ]
+        )
         first = self._tool_list[0] if self._tool_list else None
         call_or = "Call a tool or f" if self._tool_list else "F"
         nothing = "no tool call and no answer" if self._tool_list else "no answer"
@@ -484,6 +493,8 @@ class ToolEnv(TextEnv):
         self._components: dict[str, float] = dict.fromkeys(_BUILTIN_COMPONENTS, 0.0)
         info = {
             "system_prompt": self._system_prompt,
+            "instructions": self._instructions,
+            "tools": self.tool_specs,
             "question": task.question,
             "answer": task.answer,
             "needed_tool_calls": task.needed_tool_calls,
@@ -541,10 +552,12 @@ class ToolEnv(TextEnv):
 
         ran_a_tool = False
         out_of_calls = False
+        results: list[str] = []  # one text per call handled, for info `tool_results`
         for call in (parsed.calls or []) if kind == CALLS else []:
             if call.error is not None:  # unreadable: an error, not a call of any tool
                 reward -= self._count_error(call.error, step_errors)
                 parts.append(self.format.result("", call, call.message))
+                results.append(call.message)
                 continue
             tool = self.tools.get(call.name.upper())
             answering = tool is not None and tool.name.upper() == self.answer_tool
@@ -559,6 +572,7 @@ class ToolEnv(TextEnv):
             if tool is None:
                 reward -= self._count_error("unknown_tool", step_errors)
                 parts.append(self.format.unknown_tool(call, self._tool_list))
+                results.append(self.format.unknown_tool_text(call, self._tool_list))
                 continue
             try:
                 result = self._run(tool, call)
@@ -571,15 +585,16 @@ class ToolEnv(TextEnv):
                     else f"ERROR: {message}"
                 )
                 parts.append(self.format.result(tool.name, call, text))
+                results.append(text)
                 continue
             if answering:
                 try:
                     response = self._read(result.content)
                 except Unreadable as unreadable:
                     reward -= self._count_error("malformed_answer", step_errors)
-                    parts.append(
-                        self.format.result(tool.name, call, f"ERROR: malformed answer ({unreadable}).")
-                    )
+                    text = f"ERROR: malformed answer ({unreadable})."
+                    parts.append(self.format.result(tool.name, call, text))
+                    results.append(text)
                     continue
                 return self._graded(response, tagged=True, reward=reward)
             ran_a_tool = True
@@ -590,7 +605,9 @@ class ToolEnv(TextEnv):
                     )
                 self._components[name] = self._components.get(name, 0.0) + float(value)
                 reward += float(value)
-            parts.append(self.format.result(tool.name, call, result_text(result.content)))
+            text = result_text(result.content)
+            parts.append(self.format.result(tool.name, call, text))
+            results.append(text)
 
         if ran_a_tool:
             self._consecutive_errors = 0
@@ -623,10 +640,13 @@ class ToolEnv(TextEnv):
             observation = f"{observation}\n{stop}" if observation else stop
         if len(observation) > self._max_observation_chars:
             observation = observation[: self._max_observation_chars]
-        if end_reason is None:
-            return observation, reward, False, False, self._info(step_errors)
-        reward += self._settle(None)
         info = self._info(step_errors)
+        if kind == CALLS:
+            info["tool_results"] = results
+        if end_reason is None:
+            return observation, reward, False, False, info
+        reward += self._settle(None)
+        info.update(self._info(step_errors))
         info["failure_mode"] = "success" if self._success else failure_mode
         info["end_reason"] = end_reason
         info["error_counts"] = dict(self._error_counts)

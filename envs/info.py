@@ -6,8 +6,16 @@ JSON-safe) and never interpreted. All keys are optional.
 
 reset info:
     system_prompt   str: rendered as the system message before the first observation.
+    tools           [OpenAI-style function spec]: the env's tools, for a chat template that writes
+                    its own tools block (then it uses `instructions`, not system_prompt).
+    instructions    str: the system prompt without the env's own description of its tools.
 
-step info (and the info of the optional `abandon()`, envs/base.py):
+step info:
+    tool_results    [str]: when the action made tool calls, each handled call's result text, in
+                    order (what the observation shows per call), for a chat template that renders
+                    one tool message per result.
+
+step info, read by the runner (and the info of the optional `abandon()`, envs/base.py):
     reward_components  {name: float}: the episode's reward split into named parts, so far. The last
                     one reported becomes `Trajectory.reward_components`; their sum should equal the
                     sum of the step rewards. Summaries report each name's mean over the batch's
@@ -53,6 +61,8 @@ class ResetInfo(TypedDict, total=False):
     """The reset-info keys the runner reads (see the module doc)."""
 
     system_prompt: str
+    tools: list[dict[str, object]]
+    instructions: str
 
 
 class StepInfo(TypedDict, total=False):
@@ -65,6 +75,9 @@ class StepInfo(TypedDict, total=False):
 
 
 SYSTEM_PROMPT = "system_prompt"
+TOOLS = "tools"
+INSTRUCTIONS = "instructions"
+TOOL_RESULTS = "tool_results"
 REWARD_COMPONENTS = "reward_components"
 METRICS = "metrics"
 END_REASON = "end_reason"
@@ -75,11 +88,14 @@ REPLACED_CHARS = "replaced_chars"
 __all__ = [
     "END_REASON",
     "FAILURE_MODE",
+    "INSTRUCTIONS",
     "METRICS",
     "REPLACED_CHARS",
     "REWARD_COMPONENTS",
     "SUCCESS_METRIC",
     "SYSTEM_PROMPT",
+    "TOOLS",
+    "TOOL_RESULTS",
     "ResetInfo",
     "StepInfo",
 ]

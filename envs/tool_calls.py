@@ -139,7 +139,12 @@ class ToolCallFormat:
         return None
 
     def unknown_tool(self, call: ParsedCall, tools: Sequence[Tool]) -> str:
-        raise NotImplementedError
+        """The observation part for a call of a tool the env does not have."""
+        return self.result("", call, self.unknown_tool_text(call, tools))
+
+    def unknown_tool_text(self, call: ParsedCall, tools: Sequence[Tool]) -> str:
+        names = ", ".join(t.name for t in tools) or "none"
+        return f"ERROR: unknown tool {call.name[:_SHOWN_NAME_CHARS]!r}; the tools are: {names}."
 
     def mistakes(self, tools: Sequence[Tool]) -> tuple[str, ...]:
         """Actions with one typical mistake each (malformed call, unknown tool, empty action, ...)."""
@@ -175,6 +180,9 @@ class BracketFormat(ToolCallFormat):
 
     def unknown_tool(self, call: ParsedCall, tools: Sequence[Tool]) -> str:
         return f"{call.shown} = UNKNOWN_TOOL"
+
+    def unknown_tool_text(self, call: ParsedCall, tools: Sequence[Tool]) -> str:
+        return "UNKNOWN_TOOL"
 
     def mistakes(self, tools: Sequence[Tool]) -> tuple[str, ...]:
         if not tools:
@@ -244,12 +252,6 @@ class BracketFormat(ToolCallFormat):
 
 class JsonFormat(ToolCallFormat):
     name = "json"
-
-    def unknown_tool(self, call: ParsedCall, tools: Sequence[Tool]) -> str:
-        names = ", ".join(t.name for t in tools) or "none"
-        return self.result(
-            "", call, f"ERROR: unknown tool {call.name[:_SHOWN_NAME_CHARS]!r}; the tools are: {names}."
-        )
 
     def mistakes(self, tools: Sequence[Tool]) -> tuple[str, ...]:
         if not tools:

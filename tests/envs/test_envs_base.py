@@ -241,13 +241,28 @@ def test_step_before_reset_is_a_clear_error():
 def test_info_contract_and_reward_bookkeeping():
     env = ZorplexEnv(tier="compositional", difficulty="hard")
     _question, info = env.reset(seed=4)
-    assert set(info) == {"system_prompt", "question", "answer", "needed_tool_calls", "max_turns"}
+    assert set(info) == {
+        "system_prompt",
+        "instructions",
+        "tools",
+        "question",
+        "answer",
+        "needed_tool_calls",
+        "max_turns",
+    }
+    assert [t["function"]["name"] for t in info["tools"]] == ["LOOKUP"]
+    instructions = info["instructions"].splitlines()  # the system prompt without its tools block
+    assert instructions[:2] == [info["system_prompt"].splitlines()[0], "Finish with [ANSWER] <number>."]
+    assert "LOOKUP[word]: the zorplex value of a word" not in instructions and "Example:" in instructions
     actions = ["LOOKUP[cat] FOO[x]", "", "LOOKUP[", "LOOKUP[dog]", "[ANSWER] 3"]
     total = 0.0
     for action in actions:
         _obs, reward, terminated, truncated, info = env.step(action)
         total += reward
-        assert set(info) == (FINAL_KEYS | {"graded_answer"} if terminated else INFO_KEYS)
+        calls = {"tool_results"} if action.startswith("LOOKUP[") and action != "LOOKUP[" else set()
+        assert set(info) == (FINAL_KEYS | {"graded_answer"} if terminated else INFO_KEYS | calls)
+        if calls:
+            assert len(info["tool_results"]) == action.count("[")
         assert set(info["reward_components"]) == {"correct", "format", "tool_penalty", "error_penalty"}
         assert total == pytest.approx(sum(info["reward_components"].values()))
         json.dumps(info)

@@ -20,6 +20,7 @@ import gymnasium
 
 from .base import Example, Task, TextEnv, ToolEnv
 from .grading import Grade, exact, numeric, text
+from .shop import ShopEnv
 from .spaces import UnicodeText
 from .sum_digits import SumDigitsEnv
 from .tools import Call, Tool, ToolError, ToolResult, tool
@@ -29,6 +30,7 @@ __all__ = [
     "Call",
     "Example",
     "Grade",
+    "ShopEnv",
     "SumDigitsEnv",
     "Task",
     "TextEnv",
@@ -50,6 +52,7 @@ NAMESPACE = "toolgym"
 _ENVS = {
     f"{NAMESPACE}/Zorplex-v0": "toolgym.envs.zorplex:ZorplexEnv",
     f"{NAMESPACE}/SumDigits-v0": "toolgym.envs.sum_digits:SumDigitsEnv",
+    f"{NAMESPACE}/Shop-v0": "toolgym.envs.shop:ShopEnv",
 }
 
 
@@ -71,8 +74,8 @@ def _constructor_defaults(cls: type) -> dict[str, Any]:
         for name, param in inspect.signature(init).parameters.items():
             if param.default is not inspect.Parameter.empty and name not in ("tools", "render_mode"):
                 defaults[name] = param.default
-    defaults.pop("instructions", None)
-    defaults.pop("example", None)
+    for code_only in ("instructions", "example", "grader"):  # set from code, not from a config
+        defaults.pop(code_only, None)
     return defaults
 
 

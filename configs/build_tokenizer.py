@@ -55,6 +55,10 @@ ENV_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("toolgym/Zorplex-v0", {"tier": "recursive", "difficulty": "hard"}),
     ("toolgym/SumDigits-v0", {}),
     ("toolgym/SumDigits-v0", {"max_count": 8, "max_value": 999}),
+    # JSON tool calls (<tool_call> blocks, JSON Schemas, <tool_response> blocks) merge into few tokens.
+    ("toolgym/Shop-v0", {}),
+    ("toolgym/Zorplex-v0", {"tier": "simple", "tool_format": "json"}),
+    ("toolgym/Zorplex-v0", {"tier": "multi_step", "tool_format": "json"}),
 )
 SEEDS_PER_CONFIG = 200
 

@@ -478,6 +478,12 @@ class ToolEnv(TextEnv):
             raise TypeError(f"{type(self).__name__}.new_task() must return a Task, got {task!r}")
         if len(task.question) > self._max_observation_chars:
             raise ValueError(f"question is longer than max_observation_chars={self._max_observation_chars}")
+        for step in task.solution:
+            if isinstance(step, str) and self.format.parse(step, self._near_miss).kind == ANSWER:
+                raise ValueError(
+                    f"Task.solution ends with the answer ({step[:40]!r}); leave it out: the env adds "
+                    "the answer in its own format (env.oracle_actions())"
+                )
         self._task = task
         self._task_grader = self.grader if self.grader is not None else default_grader(task.answer)
         self._done = False

@@ -45,7 +45,7 @@ USER_MODULE = textwrap.dedent(
             self.balances = {{a: int(rng.integers(self.low, self.low + 100)) for a in self.ACCOUNTS}}
             who = str(rng.choice(self.ACCOUNTS))
             answer = self.balances[who]
-            return Task(f"What is {{who}}'s balance?", answer, (f"BALANCE[{{who}}]", f"[ANSWER] {{answer}}"))
+            return Task(f"What is {{who}}'s balance?", answer, (f"BALANCE[{{who}}]",))
 
 
     if "{ENV_ID}" not in gymnasium.registry:

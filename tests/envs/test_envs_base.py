@@ -288,7 +288,7 @@ class Echo(ToolEnv):
         return "fine"
 
     def new_task(self):
-        return Task("Say 1.", 1, ("NUM[1]", "[ANSWER] 1"))
+        return Task("Say 1.", 1, ("NUM[1]",))
 
 
 def test_tool_errors_become_error_observations():

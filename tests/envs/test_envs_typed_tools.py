@@ -476,3 +476,15 @@ def test_a_tool_error_is_an_observation_and_other_exceptions_are_env_errors():
     assert env.step("PICKY[12]")[0] == "PICKY[12] = too big"
     with pytest.raises(KeyError):
         env.step("PICKY[-1]")
+
+
+def test_a_solution_that_holds_the_answer_is_refused_with_a_hint():
+    class Env(ToolEnv):
+        def __init__(self):
+            super().__init__(instructions="x")
+
+        def new_task(self):
+            return Task("q", 3, ("[ANSWER] 3",))
+
+    with pytest.raises(ValueError, match="leave it out: the env adds the answer"):
+        Env().reset(seed=0)

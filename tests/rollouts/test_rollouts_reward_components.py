@@ -32,7 +32,7 @@ class BonusEnv(ToolEnv):
 
     def new_task(self) -> Task:
         self.secret = int(self.np_random.integers(0, 100))
-        return Task("What is the value of magic?", self.secret, ("VALUE[magic]", f"[ANSWER] {self.secret}"))
+        return Task("What is the value of magic?", self.secret, ("VALUE[magic]",))
 
     def reset(self, *, seed=None, options=None):
         self.rewarded, self.found = seed is not None and seed % 2 == 0, None

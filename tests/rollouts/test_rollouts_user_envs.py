@@ -42,7 +42,7 @@ USER_MODULE = textwrap.dedent(
             self.prices = {i: self.markup + int(rng.integers(1, 50)) for i in self.ITEMS}
             item = str(rng.choice(self.ITEMS))
             answer = self.prices[item]
-            return Task(f"What does a {item} cost?", answer, (f"PRICE[{item}]", f"[ANSWER] {answer}"))
+            return Task(f"What does a {item} cost?", answer, (f"PRICE[{item}]",))
 
 
     class ClosedShopEnv(ShopEnv):

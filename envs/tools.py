@@ -23,6 +23,9 @@ Raising `ToolError` (or ValueError) rejects the call with a message. An async to
 a background event loop and cut off after `timeout_s`; a sync tool runs in the caller's thread.
 
 `Tool(name, description, fn, arg=...)` is the plain form: `fn` takes the one string argument.
+`Tool.from_schema(name, description, parameters, fn)` is a tool whose JSON Schema comes from
+outside (an MCP server's tool, envs/mcp.py): its arguments are checked against that schema
+(`check_arguments`, a sound subset) and `fn(**arguments)` gets them as JSON values.
 """
 
 from __future__ import annotations
@@ -211,8 +214,10 @@ class Tool:
     arg: str = "x"
     timeout_s: float = DEFAULT_TIMEOUT_S
     params: tuple[_Param, ...] | None = None  # None: the plain form (one str argument `arg`)
+    # A JSON Schema given from outside (Tool.from_schema): validated by it, not by a Struct.
+    schema: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     is_async: bool = field(init=False, default=False)
-    _arguments: type[msgspec.Struct] = field(init=False, repr=False, compare=False)
+    _arguments: type[msgspec.Struct] | None = field(init=False, repr=False, compare=False)
     parameters: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -230,6 +235,14 @@ class Tool:
             isinstance(self.timeout_s, int | float) and self.timeout_s > 0 and math.isfinite(self.timeout_s)
         ):
             raise ValueError(f"Tool {self.name}: timeout_s must be a positive number, got {self.timeout_s!r}")
+        if self.schema is not None:
+            parameters = _given_schema(self.name, self.schema)
+            if self.params is None:
+                object.__setattr__(self, "params", _schema_params(parameters))
+            object.__setattr__(self, "_arguments", None)
+            object.__setattr__(self, "parameters", parameters)
+            object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.fn))
+            return
         params = self.params
         if params is None:
             if not _NAME_RE.fullmatch(self.arg):
@@ -259,6 +272,22 @@ class Tool:
             raise ValueError(f"tool {name!r}: give it a docstring (its first line is the description)")
         return cls(name, description, fn, timeout_s=timeout_s, params=_params(fn))
 
+    @classmethod
+    def from_schema(
+        cls,
+        name: str,
+        description: str,
+        parameters: Mapping[str, Any],
+        fn: Callable[..., Any],
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> Tool:
+        """A tool described by a given JSON Schema (an object schema, e.g. an MCP server's
+        `inputSchema`): `parameters` is what the model sees, `check_arguments` validates a call
+        against it, and `fn(**arguments)` receives the arguments as given (no defaults filled
+        in). Raises ValueError for a schema that is not an object schema."""
+        return cls(name, description, fn, timeout_s=timeout_s, schema=parameters)
+
     @property
     def param_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params) if self.params is not None else (self.arg,)
@@ -285,6 +314,8 @@ class Tool:
             raise ToolCallError(
                 "bad_arguments", f"arguments must be a JSON object, got {type(arguments).__name__}"
             )
+        if self.schema is not None or self._arguments is None:
+            return check_arguments(arguments, self.parameters, strict=strict)
         try:
             converted = msgspec.convert(arguments, self._arguments, strict=strict)
         except msgspec.ValidationError as exc:
@@ -323,6 +354,160 @@ class Tool:
             if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
                 raise ValueError(f"tool {self.name}: reward {key!r} must be a finite number, got {value!r}")
         return result
+
+
+def _given_schema(name: str, schema: Any) -> dict[str, Any]:
+    """A copy of `schema` as a tool's parameters: an object schema with `properties` and
+    `required` (its top-level `title` dropped, as the typed tools' schemas have none)."""
+    if not isinstance(schema, Mapping) or schema.get("type", "object") != "object":
+        raise ValueError(f"tool {name!r}: parameters must be a JSON Schema of type object, got {schema!r:.200}")
+    properties = schema.get("properties", {})
+    required = schema.get("required", [])
+    if not isinstance(properties, Mapping) or not all(isinstance(k, str) for k in properties):
+        raise ValueError(f"tool {name!r}: the schema's properties must be an object, got {properties!r:.200}")
+    if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
+        raise ValueError(f"tool {name!r}: the schema's required must be a list of names, got {required!r:.200}")
+    parameters = {k: v for k, v in schema.items() if k != "title"}
+    parameters.update(type="object", properties=dict(properties), required=list(required))
+    return parameters
+
+
+def _schema_params(parameters: Mapping[str, Any]) -> tuple[_Param, ...]:
+    """The schema's properties as parameters, in order (the bracket format's positions)."""
+    required = set(parameters["required"])
+    params = []
+    for name, prop in parameters["properties"].items():
+        described = prop.get("description", "") if isinstance(prop, Mapping) else ""
+        default = inspect.Parameter.empty if name in required else None
+        params.append(_Param(name, Any, default, described if isinstance(described, str) else ""))
+    return tuple(params)
+
+
+_JSON_TYPE_NAMES: Final = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
+_INTEGER_TEXT: Final = re.compile(r"[+-]?[0-9]+")
+_NUMBER_TEXT: Final = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, Mapping):
+        return "object"
+    if isinstance(value, list | tuple):
+        return "array"
+    return _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+
+
+def _as_type(value: Any, kind: str, strict: bool) -> tuple[bool, Any]:
+    """(whether `value` is of JSON type `kind`, the value converted). strict=False also reads
+    numbers and booleans from strings (text from the bracket format)."""
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
+    if kind == "integer":
+        if is_number and (isinstance(value, int) or (math.isfinite(value) and value.is_integer())):
+            return True, int(value)
+        if not strict and isinstance(value, str) and _INTEGER_TEXT.fullmatch(value.strip()):
+            return True, int(value.strip())
+    elif kind == "number":
+        if is_number and math.isfinite(value):
+            return True, value
+        if not strict and isinstance(value, str) and _NUMBER_TEXT.fullmatch(value.strip()):
+            number = float(value.strip())
+            return math.isfinite(number), int(number) if _INTEGER_TEXT.fullmatch(value.strip()) else number
+    elif kind == "boolean":
+        if isinstance(value, bool):
+            return True, value
+        if not strict and isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            return True, value.strip().lower() == "true"
+    elif kind in ("string", "null", "array", "object"):
+        return _json_type(value) == kind, value
+    else:  # a type this check does not know: the server decides
+        return True, value
+    return False, value
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
+    return a == b if numbers else (_json_type(a) == _json_type(b) and a == b)
+
+
+def _check(value: Any, schema: Any, where: str, strict: bool) -> Any:
+    """`value` checked against `schema` (see check_arguments); returns it converted."""
+    if schema is False:
+        raise ToolCallError("bad_arguments", f"argument `{where}` is not allowed")
+    if not isinstance(schema, Mapping):
+        return value
+    kinds = schema.get("type")
+    if isinstance(kinds, str):
+        kinds = [kinds]
+    if isinstance(kinds, list) and kinds:
+        for kind in (*((k, True) for k in kinds), *(((k, False) for k in kinds) if not strict else ())):
+            ok, converted = _as_type(value, kind[0], kind[1])
+            if ok:
+                value = converted
+                break
+        else:
+            expected = " or ".join(f"`{k}`" for k in kinds)
+            raise ToolCallError(
+                "bad_arguments", f"argument `{where}`: expected {expected}, got `{_json_type(value)}`"
+            )
+    if "const" in schema and not _same_json(value, schema["const"]):
+        raise ToolCallError("bad_arguments", f"argument `{where}`: expected {schema['const']!r}")
+    choices = schema.get("enum")
+    if isinstance(choices, list) and not any(_same_json(value, c) for c in choices):
+        shown = ", ".join(repr(c) for c in choices[:10])
+        raise ToolCallError("bad_arguments", f"argument `{where}`: expected one of {shown}, got {value!r:.80}")
+    for key in ("anyOf", "oneOf"):
+        branches = schema.get(key)
+        if isinstance(branches, list) and branches:
+            for branch in branches:
+                try:
+                    value = _check(value, branch, where, strict)
+                    break
+                except ToolCallError:
+                    continue
+            else:
+                raise ToolCallError("bad_arguments", f"argument `{where}`: matches none of its allowed forms")
+    if isinstance(value, list) and "items" in schema:
+        value = [_check(v, schema["items"], f"{where}[{i}]", strict) for i, v in enumerate(value)]
+    elif isinstance(value, Mapping):
+        value = _check_object(value, schema, f"{where}.", strict)
+    return value
+
+
+def _check_object(value: Mapping[str, Any], schema: Mapping[str, Any], prefix: str, strict: bool) -> dict[str, Any]:
+    properties = schema.get("properties", {})
+    properties = properties if isinstance(properties, Mapping) else {}
+    required = schema.get("required", [])
+    for name in required if isinstance(required, list) else ():
+        if name not in value:
+            if not prefix:
+                raise ToolCallError("bad_arguments", f"missing argument `{name}`")
+            raise ToolCallError("bad_arguments", f"argument `{prefix[:-1]}`: missing field `{name}`")
+    extra = schema.get("additionalProperties", True)
+    checked: dict[str, Any] = {}
+    for name, item in value.items():
+        if name in properties:
+            checked[name] = _check(item, properties[name], f"{prefix}{name}", strict)
+        elif extra is False and "patternProperties" not in schema:
+            if not prefix:
+                raise ToolCallError("bad_arguments", f"unexpected argument `{name}`")
+            raise ToolCallError("bad_arguments", f"argument `{prefix[:-1]}`: unexpected field `{name}`")
+        else:
+            checked[name] = _check(item, extra, f"{prefix}{name}", strict) if isinstance(extra, Mapping) else item
+    return checked
+
+
+def check_arguments(arguments: Any, schema: Mapping[str, Any], *, strict: bool = True) -> dict[str, Any]:
+    """`arguments` checked against an object JSON Schema and converted (strict=False: numbers
+    and booleans read from strings; an integral float is an integer). Returns the arguments as
+    given, converted; defaults are not filled in.
+
+    A sound subset, so it never rejects what the schema allows: required keys, unknown keys
+    where `additionalProperties` is false, `type` (one or a list), `enum`, `const`, `anyOf` /
+    `oneOf` (some branch matches), nested `properties` and `items`. Other keywords ($ref,
+    bounds, patterns, formats) are left to whoever runs the call (an MCP server rejects what it
+    refuses). Raises ToolCallError(bad_arguments) naming the argument."""
+    if not isinstance(arguments, Mapping):
+        raise ToolCallError("bad_arguments", f"arguments must be a JSON object, got {type(arguments).__name__}")
+    return _check_object(arguments, schema, "", strict)
 
 
 async def _awaited(awaitable: Any) -> Any:

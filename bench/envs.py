@@ -114,7 +114,9 @@ def call_microseconds(env: ToolEnv, action: str, calls: int) -> float:
     near_miss = fmt.near_miss(tools)
     start = time.perf_counter()
     for _ in range(calls):
-        (call,) = fmt.parse(action, near_miss).calls or ()
+        parsed = fmt.parse(action, near_miss).calls
+        assert parsed is not None and len(parsed) == 1, action
+        call = parsed[0]
         one = tools[call.name.upper()]
         arguments, strict = fmt.arguments(one, call)
         fmt.result(one.name, call, result_text(one(arguments, strict=strict).content))

@@ -88,11 +88,31 @@ def to_grade(value: Any, who: str = "grader") -> Grade:
     return value
 
 
-class ExactGrader:
-    """Equal as JSON values: the response text is decoded as JSON when it is JSON (`[1, 2]`,
-    `true`, `"x"`), else compared as the string it is. `True` never equals `1`."""
+class _ReadingGrader:
+    """A grader that reads the response first: one it cannot read scores 0."""
 
     hint = "<answer>"
+
+    def read(self, response: Any) -> Any:
+        return response
+
+    def find(self, text: str) -> Any | None:
+        return None
+
+    def score(self, said: Any, truth: Any) -> float:
+        raise NotImplementedError
+
+    def __call__(self, response: Any, task: Any, state: Any) -> float:
+        try:
+            said = self.read(response)
+        except Unreadable:
+            return 0.0
+        return self.score(said, task.answer)
+
+
+class ExactGrader(_ReadingGrader):
+    """Equal as JSON values: the response text is decoded as JSON when it is JSON (`[1, 2]`,
+    `true`, `"x"`), else compared as the string it is. `True` never equals `1`."""
 
     def read(self, response: Any) -> Any:
         if isinstance(response, str):
@@ -102,11 +122,8 @@ class ExactGrader:
                 return response
         return response
 
-    def find(self, text: str) -> Any | None:
-        return None
-
-    def __call__(self, response: Any, task: Any, state: Any) -> float:
-        return float(_json_equal(self.read(response), task.answer))
+    def score(self, said: Any, truth: Any) -> float:
+        return float(_json_equal(said, truth))
 
 
 def _json_equal(a: Any, b: Any) -> bool:
@@ -119,7 +136,7 @@ def _json_equal(a: Any, b: Any) -> bool:
     return a == b
 
 
-class TextGrader:
+class TextGrader(_ReadingGrader):
     """Strings equal after case folding and collapsing whitespace (`  New   york ` == `new york`)."""
 
     hint = "<text>"
@@ -135,18 +152,11 @@ class TextGrader:
             raise Unreadable("empty answer")
         return response
 
-    def find(self, text: str) -> Any | None:
-        return None
-
-    def __call__(self, response: Any, task: Any, state: Any) -> float:
-        try:
-            said = self.read(response)
-        except Unreadable:
-            return 0.0
-        return float(self.normalise(said) == self.normalise(answer_text(task.answer)))
+    def score(self, said: Any, truth: Any) -> float:
+        return float(self.normalise(said) == self.normalise(answer_text(truth)))
 
 
-class NumericGrader:
+class NumericGrader(_ReadingGrader):
     """A number within `max(rel_tol * max(|a|, |b|), abs_tol)` of the answer. Text must be
     exactly one number (a trailing '.' allowed): `28.9`, `28 or 29`, `28-29`, `28,29` and
     `0x1c` are never 28. Ints are compared exactly when both tolerances are 0."""
@@ -196,12 +206,7 @@ class NumericGrader:
         except Unreadable:
             return None
 
-    def __call__(self, response: Any, task: Any, state: Any) -> float:
-        try:
-            said = self.read(response)
-        except Unreadable:
-            return 0.0
-        truth = task.answer
+    def score(self, said: Any, truth: Any) -> float:
         if isinstance(truth, bool) or not isinstance(truth, int | float):
             return 0.0
         if isinstance(said, int) and isinstance(truth, int):

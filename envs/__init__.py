@@ -20,6 +20,7 @@ import gymnasium
 
 from .base import Example, Task, TextEnv, ToolEnv
 from .grading import Grade, exact, numeric, text
+from .mcp import MCPServer, MCPServerError
 from .shop import ShopEnv
 from .spaces import UnicodeText
 from .sum_digits import SumDigitsEnv
@@ -30,6 +31,8 @@ __all__ = [
     "Call",
     "Example",
     "Grade",
+    "MCPServer",
+    "MCPServerError",
     "ShopEnv",
     "SumDigitsEnv",
     "Task",

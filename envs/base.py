@@ -66,7 +66,7 @@ from typing import Any
 import gymnasium
 import msgspec
 
-from .grading import Grade, Reader, Unreadable, answer_text, default_grader, to_grade
+from .grading import Grade, Unreadable, answer_text, default_grader, is_reader, to_grade
 from .info import REPLACED_CHARS
 from .spaces import UnicodeText
 from .tool_calls import ANSWER, BAD_CALL, CALLS, EMPTY, MIXED, OTHER, ParsedCall, get_format
@@ -486,6 +486,7 @@ class ToolEnv(TextEnv):
                 )
         self._task = task
         self._task_grader = self.grader if self.grader is not None else default_grader(task.answer)
+        self._task_reader = self._task_grader if is_reader(self._task_grader) else None
         self._done = False
         self._turn = 0
         self._tool_calls = 0
@@ -538,10 +539,8 @@ class ToolEnv(TextEnv):
             else:
                 return self._graded(response, tagged=self.answer_tool is None, reward=reward)
         elif kind == OTHER:
-            reader = self._task_grader
-            found = (
-                reader.find(action) if self.accept_untagged_answer and isinstance(reader, Reader) else None
-            )
+            reader = self._task_reader
+            found = reader.find(action) if self.accept_untagged_answer and reader is not None else None
             if found is not None:
                 return self._graded(found, tagged=False, reward=reward)
             reward -= self._count_error("no_call_no_answer", step_errors)
@@ -678,9 +677,8 @@ class ToolEnv(TextEnv):
 
     def _read(self, response: Any) -> Any:
         """The response as the grader reads it; Unreadable when it is no answer at all."""
-        grader = self._task_grader
-        if isinstance(grader, Reader):
-            return grader.read(response)
+        if self._task_reader is not None:
+            return self._task_reader.read(response)
         if isinstance(response, str) and not response.strip():
             raise Unreadable("nothing after the tag")
         return response

@@ -61,6 +61,18 @@ class Reader(Protocol):
     def find(self, text: str) -> Any | None: ...
 
 
+_READER_TYPES: dict[type, bool] = {}
+
+
+def is_reader(grader: Any) -> bool:
+    """Whether `grader` reads and finds answers (the Reader protocol), decided once per type:
+    a runtime Protocol check costs microseconds, more than a whole env step."""
+    kind = type(grader)
+    if kind not in _READER_TYPES:
+        _READER_TYPES[kind] = isinstance(grader, Reader)
+    return _READER_TYPES[kind]
+
+
 def answer_text(answer: Any) -> str:
     """How an answer is written after the tag: a str as it is, a float in its shortest exact form,
     anything else as JSON."""
@@ -236,11 +248,15 @@ def numeric(rel_tol: float = 0.0, abs_tol: float = 0.0) -> NumericGrader:
 def default_grader(answer: Any) -> Any:
     """numeric() for an int, numeric(rel_tol=1e-6) for a float, text() for a str, exact() else."""
     if isinstance(answer, bool):
-        return ExactGrader()
+        return _EXACT
     if isinstance(answer, int):
-        return NumericGrader()
+        return _INTEGER
     if isinstance(answer, float):
-        return NumericGrader(rel_tol=1e-6)
+        return _FLOAT
     if isinstance(answer, str):
-        return TextGrader()
-    return ExactGrader()
+        return _TEXT
+    return _EXACT
+
+
+# The defaults hold no state: one of each serves every env.
+_EXACT, _TEXT, _INTEGER, _FLOAT = ExactGrader(), TextGrader(), NumericGrader(), NumericGrader(rel_tol=1e-6)

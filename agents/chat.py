@@ -32,7 +32,8 @@ How text becomes ids (the canonical rendering):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from tokenizers import Tokenizer
 
@@ -44,12 +45,60 @@ ENDOFTEXT = "<|endoftext|>"
 ROLES = ("system", "user", "assistant", "tool")
 
 
+class RenderedTurn(NamedTuple):
+    """What to feed the policy after a sampled turn.
+
+    tokens: the delta to append to the history; or, when `restarted`, the whole new history (the
+        renderer's full re-rendering of the conversation), which starts a new training sequence.
+    """
+
+    tokens: list[int]
+    restarted: bool = False
+
+
+class EpisodeRendering(Protocol):
+    """One episode's conversation as tokens: `prompt` first, then one `extend` per sampled turn."""
+
+    prompt: list[int]
+    restarts: int  # how many times `extend` had to restart from a full re-rendering
+
+    def extend(self, sampled_tokens: Sequence[int], replies: Sequence[Message]) -> RenderedTurn:
+        """The tokens after the sampled turn `sampled_tokens` (kept verbatim, never re-encoded)
+        and the env's `replies`, ending with the next generation prompt."""
+        ...
+
+
+class Renderer(Protocol):
+    """What the rollout runner, the scripted policies and the CLI use of a renderer: plain ChatML
+    (`ChatRenderer`) or a model's own chat template (agents/chat_template.py)."""
+
+    tokenizer: Tokenizer
+    renders_tools: bool  # True: give it the tools' specs and one `tool` message per tool result
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def im_end_id(self) -> int: ...
+    @property
+    def pad_id(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+    def render_prompt(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]: ...
+    def start_episode(
+        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> EpisodeRendering: ...
+
+
 class ChatRenderer:
     """Renders ChatML messages to token ids for one tokenizer. Thread-safe; holds no conversation.
 
     The tokenizer must have `<|im_start|>` and `<|im_end|>` as special added tokens;
     `<|endoftext|>` is optional (it is then a stop token and the pad token, as in Qwen).
     """
+
+    renders_tools = False  # tools are described in the env's own system prompt
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -158,6 +207,36 @@ class ChatRenderer:
         if add_generation_prompt:
             delta += self._headers["assistant"]
         return delta
+
+    def start_episode(
+        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> ChatMLEpisode:
+        """An episode's rendering: `render_prompt(messages)`, then `render_observation` per turn.
+        `tools` is ignored (plain ChatML has no tools block: the env's text describes them)."""
+        return ChatMLEpisode(self, messages)
+
+
+class ChatMLEpisode:
+    """`ChatRenderer`'s EpisodeRendering: append-only by construction, so it never restarts."""
+
+    restarts = 0
+
+    def __init__(self, renderer: ChatRenderer, messages: Sequence[Message]) -> None:
+        self.renderer = renderer
+        self.prompt = renderer.render_prompt(messages)
+
+    def extend(self, sampled_tokens: Sequence[int], replies: Sequence[Message]) -> RenderedTurn:
+        """`render_observation(replies[0], sampled_tokens)`; further replies follow as whole turns
+        before the generation prompt."""
+        if not replies:
+            raise ValueError("extend needs at least one reply message")
+        renderer = self.renderer
+        if len(replies) == 1:
+            return RenderedTurn(renderer.render_observation(replies[0], sampled_tokens))
+        tokens = renderer.render_observation(replies[0], sampled_tokens, add_generation_prompt=False)
+        for reply in replies[1:]:
+            tokens += renderer.render_message(reply)
+        return RenderedTurn(tokens + renderer.generation_prompt)
 
 
 def _require_token(tokenizer: Tokenizer, token: str) -> int:

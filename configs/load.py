@@ -45,7 +45,7 @@ from .schema import Config, EnvSection, PolicySection, RunSection, SFTSection
 if TYPE_CHECKING:
     import torch
 
-    from ..agents.chat import ChatRenderer
+    from ..agents.chat import Renderer
     from ..agents.model.config import ModelConfig
 
 PRESETS_DIR = Path(__file__).resolve().parent
@@ -539,29 +539,29 @@ def check_memory(config: Config, model: ModelConfig, device: torch.device) -> No
 
 
 def first_prompt_length(
-    config: Config, renderer: ChatRenderer, env_kwargs: dict[str, Any]
+    config: Config, renderer: Renderer, env_kwargs: dict[str, Any]
 ) -> tuple[int, int]:
     """(tokens, task seed): the env's first prompt for the run's first training task (the
     system prompt and the reset observation, rendered as the runner renders them)."""
     import gymnasium
 
     from .. import envs  # noqa: F401 (registers toolgym/*)
-    from ..agents.types import Message
     from ..rollouts.env_io import reset_env
+    from ..rollouts.runner import first_messages
     from ..rollouts.sampling import TaskSeedStream
     from .sft import rl_stream
 
     (seed,), _ = TaskSeedStream(stream=rl_stream(config)).take(1)
     env = gymnasium.make(config.env.id, **env_kwargs)
     try:
-        observation, _, system_prompt = reset_env(env, seed)
+        observation, info, system_prompt = reset_env(env, seed)
     finally:
         env.close()
-    messages = [Message("system", system_prompt)] if system_prompt else []
-    return len(renderer.render_prompt([*messages, Message("user", observation)])), seed
+    messages, tools = first_messages(renderer, observation, info, system_prompt)
+    return len(renderer.start_episode(messages, tools).prompt), seed
 
 
-def check_context(config: Config, model: ModelConfig, renderer: ChatRenderer) -> None:
+def check_context(config: Config, model: ModelConfig, renderer: Renderer) -> None:
     """Refuse a context (rollout.context_length, else policy.max_seq_len) that cannot hold the
     env's first prompt plus one turn: every episode would overflow before its first action,
     and the run would train on 0 tokens (or SFT find no trainable demonstration)."""
@@ -591,7 +591,7 @@ def check_context(config: Config, model: ModelConfig, renderer: ChatRenderer) ->
 
 
 def check_against_machine(
-    config: Config, model: ModelConfig, renderer: ChatRenderer, device: torch.device
+    config: Config, model: ModelConfig, renderer: Renderer, device: torch.device
 ) -> None:
     """The checks that need the model's shape, the renderer and the device (cheap: nothing is
     allocated, one env is reset): the KV cache fits, the context holds the first prompt."""

@@ -22,7 +22,7 @@ from typing import Any
 import msgspec
 from tqdm import tqdm
 
-from ..agents.chat import ChatRenderer
+from ..agents.chat import Renderer
 from ..agents.policy import Policy
 from ..agents.tokenizer import tokenizer_fingerprint
 from ..rollouts.evaluation import EvalReport, evaluate
@@ -112,7 +112,7 @@ class RLLoop:
         dist: DistInfo,
         trainer: Trainer,
         policy: Policy,
-        renderer: ChatRenderer,
+        renderer: Renderer,
         log: MetricsLog,
         checkpoints: CheckpointManager,
         stream: TaskSeedStream,

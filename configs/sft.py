@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 from tqdm import tqdm
 
-from ..agents.chat import ChatRenderer
+from ..agents.chat import Renderer
 from ..agents.model.transformer import Transformer
 from ..agents.tokenizer import tokenizer_fingerprint
 from ..rollouts.recording import RecordingHeader, RecordingWriter, read_recording
@@ -42,7 +42,7 @@ def sft_stream(config: Config) -> int:
     return 2 * config.run.seed + 1
 
 
-def demo_trajectories(config: Config, renderer: ChatRenderer) -> tuple[list[Trajectory], str]:
+def demo_trajectories(config: Config, renderer: Renderer) -> tuple[list[Trajectory], str]:
     """The demonstrations and a description of where they came from."""
     sft = config.sft
     if sft.source == "recording":
@@ -56,7 +56,7 @@ def demo_trajectories(config: Config, renderer: ChatRenderer) -> tuple[list[Traj
 
 
 def demo_episodes(
-    config: Config, renderer: ChatRenderer, max_seq_len: int, record_to: Path | None = None
+    config: Config, renderer: Renderer, max_seq_len: int, record_to: Path | None = None
 ) -> tuple[list[Episode], dict[str, float], str]:
     """(Episodes, metrics of the demos, source description). `record_to`: also write the demos."""
     trajectories, source = demo_trajectories(config, renderer)

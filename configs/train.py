@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..agents.chat import ChatRenderer
+from ..agents.chat import Renderer
 from ..agents.tokenizer import tokenizer_fingerprint
 from ..rollouts.metrics import env_metric_names
 from ..rollouts.recording import RecordingError, RecordingReader, RecordingWriter, check_recording
@@ -75,7 +75,7 @@ def _prepare_run_dir(config: Config, resume: str | Path | None, is_main: bool) -
     return RunDir(path, config.checkpoint.directory)
 
 
-def _check_sft_recording(config: Config, renderer: ChatRenderer) -> None:
+def _check_sft_recording(config: Config, renderer: Renderer) -> None:
     """The SFT recording's header (not its episodes): a recording made with another tokenizer."""
     if not (config.sft.enabled and config.sft.source == "recording"):
         return

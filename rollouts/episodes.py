@@ -24,6 +24,12 @@ Episodes longer than the trainer's sequence limit (rule `OverlongEpisodeRule`):
   - DROP: drop the whole episode.
 Both are counted in `EpisodeStats` (truncated, dropped, tokens_dropped); nothing is ever cut
 mid-turn.
+
+Several sequences per episode: where a chat template was not append-only (agents/chat_template.py),
+the runner restarted the history from the template's full re-rendering and marked that transition
+(`info[SEQUENCE_START]`, rollouts/types.py). `trajectory_to_episodes` then builds one Episode per
+sequence (each from its own first observation, all with the trajectory's advantage; the rule above
+applies to each); `build_episodes` uses it. The runner counts restarts (`sequence_restarts`).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from .types import Episode, StopReason, Trajectory
+from .types import SEQUENCE_START, Episode, StopReason, Trajectory, Transition
 
 # Episodes that ended because the infrastructure failed (an env or tool raised, a generation error
 # or the wall clock): their outcome says nothing about the policy, so they are not trained on.
@@ -65,7 +71,38 @@ def sampled_length(trajectory: Trajectory) -> int:
 
 def turn_segments(trajectory: Trajectory) -> list[tuple[list[int], list[int], list[float]]]:
     """Per turn: (observation tokens, sampled tokens, sampler logprobs)."""
-    return [(t.observation_tokens, t.action.tokens, t.action.logprobs) for t in trajectory.transitions]
+    return _segments(trajectory.transitions)
+
+
+def _segments(transitions: Sequence[Transition]) -> list[tuple[list[int], list[int], list[float]]]:
+    return [(t.observation_tokens, t.action.tokens, t.action.logprobs) for t in transitions]
+
+
+def sequences(trajectory: Trajectory) -> list[list[Transition]]:
+    """The trajectory's transitions cut where a new training sequence starts (one list for an
+    episode whose rendering never restarted)."""
+    parts: list[list[Transition]] = []
+    for i, transition in enumerate(trajectory.transitions):
+        if i == 0 or transition.info.get(SEQUENCE_START) is True:
+            parts.append([])
+        parts[-1].append(transition)
+    return parts
+
+
+def trajectory_to_episodes(
+    trajectory: Trajectory,
+    advantage: float,
+    max_seq_len: int | None = None,
+    rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
+    stats: EpisodeStats | None = None,
+) -> list[Episode]:
+    """One Episode per training sequence of the trajectory (see the module doc)."""
+    stats = stats if stats is not None else EpisodeStats()
+    built = (
+        _episode(trajectory, _segments(part), advantage, max_seq_len, rule, stats)
+        for part in sequences(trajectory)
+    )
+    return [episode for episode in built if episode is not None]
 
 
 def trajectory_to_episode(
@@ -75,9 +112,22 @@ def trajectory_to_episode(
     rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
     stats: EpisodeStats | None = None,
 ) -> Episode | None:
-    """Build the Episode, or None when the sequence-limit rule drops it (counted in `stats`)."""
+    """Build the Episode, or None when the sequence-limit rule drops it (counted in `stats`).
+    For a trajectory of one training sequence (`trajectory_to_episodes` takes any)."""
+    if len(sequences(trajectory)) > 1:
+        raise ValueError("the trajectory holds several training sequences: use trajectory_to_episodes")
     stats = stats if stats is not None else EpisodeStats()
-    segments = turn_segments(trajectory)
+    return _episode(trajectory, turn_segments(trajectory), advantage, max_seq_len, rule, stats)
+
+
+def _episode(
+    trajectory: Trajectory,
+    segments: list[tuple[list[int], list[int], list[float]]],
+    advantage: float,
+    max_seq_len: int | None,
+    rule: OverlongEpisodeRule,
+    stats: EpisodeStats,
+) -> Episode | None:
     lengths = [len(o) + len(a) for o, a, _ in segments]
     total = sum(lengths)
     keep = len(segments)
@@ -141,7 +191,5 @@ def build_episodes(
         if skip_infra_failures and trajectory.stop_reason in INFRA_STOP_REASONS:
             stats.dropped_infra += 1
             continue
-        episode = trajectory_to_episode(trajectory, advantage, max_seq_len, rule, stats)
-        if episode is not None:
-            episodes.append(episode)
+        episodes += trajectory_to_episodes(trajectory, advantage, max_seq_len, rule, stats)
     return episodes, stats

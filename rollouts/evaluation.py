@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from ..agents.chat import ChatRenderer
+from ..agents.chat import Renderer
 from ..agents.policy import Policy
 from .metrics import BatchMetrics
 from .replay import format_transcript
@@ -92,7 +92,7 @@ class ExampleCandidates:
 
 async def evaluate(
     policy: Policy,
-    renderer: ChatRenderer,
+    renderer: Renderer,
     rollout: RolloutConfig,
     config: EvalConfig | None = None,
     keep_trajectories: bool = True,
@@ -133,7 +133,7 @@ async def evaluate(
 
 def evaluate_sync(
     policy: Policy,
-    renderer: ChatRenderer,
+    renderer: Renderer,
     rollout: RolloutConfig,
     config: EvalConfig | None = None,
     keep_trajectories: bool = True,

@@ -40,8 +40,12 @@ RUNNER_METRICS = frozenset(
         "episodes_per_s",
         "tokens_per_s",
         "policy_version",  # the training loop's eval/policy_version
+        "sequence_restarts",
     }
 )
+# A chat-template renderer's restarts (agents/chat_template.py): in Trajectory.metrics and, summed
+# over the batch, in its summary, only for renderers that can restart (never for plain ChatML).
+SEQUENCE_RESTARTS = "sequence_restarts"
 # Breakdown prefixes: `failure_mode/<label>`, `stop_reason/<reason>`, `errors/<kind>`.
 _BREAKDOWNS = ("failure_mode/", "stop_reason/", "errors/")
 # Reward components' means: `reward/<component name>`.
@@ -149,6 +153,7 @@ class BatchMetrics:
         self.failure_modes: Counter[str] = Counter()
         self.stop_reasons: Counter[StopReason] = Counter()
         self.errors: Counter[str] = Counter()
+        self.restarts: int | None = None  # None: no episode came from a renderer that restarts
 
     def add(self, trajectory: Trajectory) -> None:
         x = trajectory.metrics
@@ -167,6 +172,8 @@ class BatchMetrics:
         self.stop_reasons[trajectory.stop_reason] += 1
         if trajectory.error is not None:
             self.errors[_error_kind(trajectory)] += 1
+        if SEQUENCE_RESTARTS in x:
+            self.restarts = (self.restarts or 0) + int(_number(x[SEQUENCE_RESTARTS]) or 0)
 
     def result(self, elapsed_s: float | None = None, prefix: str = "rollout/") -> dict[str, float]:
         n = self.n
@@ -188,6 +195,8 @@ class BatchMetrics:
         m["errors"] = float(self.errors.total())
         for kind, count in self.errors.items():
             m[f"errors/{kind}"] = float(count)
+        if self.restarts is not None:
+            m[SEQUENCE_RESTARTS] = float(self.restarts)
         if elapsed_s is not None:
             m["time_s"] = elapsed_s
             m["episodes_per_s"] = n / elapsed_s if elapsed_s > 0 else 0.0

@@ -34,7 +34,7 @@ import gymnasium
 from rich.text import Text
 
 from .. import envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
-from ..agents.chat import ChatRenderer, Message
+from ..agents.chat import ChatRenderer, Message, Renderer
 from ..agents.types import Role
 from ..envs.info import METRICS, SUCCESS_METRIC
 from .advantages import AdvantageConfig, batch_advantages
@@ -47,7 +47,7 @@ SAMPLED_OPEN, SAMPLED_CLOSE = "⟦", "⟧"
 _STYLES = {"prompt": "", "sampled": "bold green", "note": "dim italic", "header": "bold cyan"}
 
 
-def transcript_segments(trajectory: Trajectory, renderer: ChatRenderer) -> list[tuple[str, str]]:
+def transcript_segments(trajectory: Trajectory, renderer: Renderer) -> list[tuple[str, str]]:
     """(text, kind) pieces of one episode's transcript; kind: header, prompt, sampled, note."""
     t = trajectory
     components = ", ".join(f"{k} {v:+.2f}" for k, v in t.reward_components.items())
@@ -87,7 +87,7 @@ def _format_metrics(metrics: object) -> str:
     )
 
 
-def format_transcript(trajectory: Trajectory, renderer: ChatRenderer) -> str:
+def format_transcript(trajectory: Trajectory, renderer: Renderer) -> str:
     """Plain text: sampled spans between ⟦ and ⟧."""
     return "".join(
         f"{SAMPLED_OPEN}{text}{SAMPLED_CLOSE}" if kind == "sampled" else text
@@ -95,7 +95,7 @@ def format_transcript(trajectory: Trajectory, renderer: ChatRenderer) -> str:
     )
 
 
-def rich_transcript(trajectory: Trajectory, renderer: ChatRenderer) -> Text:
+def rich_transcript(trajectory: Trajectory, renderer: Renderer) -> Text:
     """For a terminal: sampled spans in colour."""
     out = Text()
     for text, kind in transcript_segments(trajectory, renderer):

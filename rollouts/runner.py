@@ -60,13 +60,14 @@ import msgspec
 import numpy as np
 
 from .. import envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
-from ..agents.chat import ChatRenderer
+from ..agents.chat import ChatRenderer, EpisodeRendering, Renderer
 from ..agents.errors import ContextOverflowError
 from ..agents.policy import Policy
 from ..agents.types import Completion, Message, SamplingParams
+from ..envs.info import INSTRUCTIONS, TOOL_RESULTS, TOOLS
 from .env_io import EnvOutputError, abandon_env, env_stop_reason, reset_env, settles, step_env
-from .metrics import episode_metrics
-from .types import RolloutSettings, SamplingConfig, StopReason, Trajectory, Transition
+from .metrics import SEQUENCE_RESTARTS, episode_metrics
+from .types import SEQUENCE_START, RolloutSettings, SamplingConfig, StopReason, Trajectory, Transition
 
 
 class RolloutConfig(RolloutSettings, frozen=True, kw_only=True):
@@ -125,7 +126,31 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _render(render: Callable[..., list[int]], *args: Any) -> list[int]:
+def first_messages(
+    renderer: Renderer, observation: str, info: dict[str, Any], system_prompt: str
+) -> tuple[list[Message], list[dict[str, Any]] | None]:
+    """The first prompt's messages (the system message if any, the reset observation as the user
+    message) and tools: a renderer that renders tools itself gets the env's tool specs and its
+    instructions (the system prompt without its tools block); any other gets the system prompt."""
+    system, tools = _system_and_tools(renderer, info, system_prompt)
+    return [*([Message("system", system)] if system else []), Message("user", observation)], tools
+
+
+def _system_and_tools(
+    renderer: Renderer, info: dict[str, Any], system_prompt: str
+) -> tuple[str, list[dict[str, Any]] | None]:
+    tools = info.get(TOOLS) if renderer.renders_tools else None
+    if not tools:
+        return system_prompt, None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise EnvOutputError(f"info['tools'] must be a list of tool specs (dicts), got {tools!r:.80}")
+    instructions = info.get(INSTRUCTIONS, system_prompt)
+    if not isinstance(instructions, str):
+        raise EnvOutputError(f"info['instructions'] must be a str, got {instructions!r:.80}")
+    return instructions, tools
+
+
+def _render(render: Callable[..., Any], *args: Any) -> Any:
     try:
         return render(*args)
     except Exception as exc:
@@ -146,6 +171,7 @@ class _EpisodeState:
         self.generate_s = 0.0  # awaiting the policy
         self.env_s = 0.0  # env reset/step and chat rendering: the runner's own work
         self.env: gymnasium.Env | None = None
+        self.rendering: EpisodeRendering | None = None
 
     def end(self, reason: StopReason, error: str | None = None) -> None:
         if self.stop_reason is None:
@@ -155,7 +181,7 @@ class _EpisodeState:
 class RolloutRunner:
     """Rolls out `policy` on `config.env_id`. Reusable across batches and policy versions."""
 
-    def __init__(self, policy: Policy, renderer: ChatRenderer, config: RolloutConfig):
+    def __init__(self, policy: Policy, renderer: Renderer, config: RolloutConfig):
         self.policy = policy
         self.renderer = renderer
         self.config = config
@@ -209,6 +235,8 @@ class RolloutRunner:
         trajectory.metrics = episode_metrics(
             trajectory, time.perf_counter() - started, state.generate_s, state.env_s
         )
+        if not isinstance(self.renderer, ChatRenderer):  # plain ChatML is append-only by construction
+            trajectory.metrics[SEQUENCE_RESTARTS] = state.rendering.restarts if state.rendering else 0
         return trajectory
 
     def _settle(self, state: _EpisodeState) -> None:
@@ -237,12 +265,14 @@ class RolloutRunner:
         tick = time.perf_counter()
         try:
             env = state.env = gymnasium.make(config.env_id, **config.env_kwargs)
-            observation, _, state.system_prompt = reset_env(env, task_seed)
-            messages = [Message("system", state.system_prompt)] if state.system_prompt else []
-            observation_tokens = _render(renderer.render_prompt, [*messages, Message("user", observation)])
+            observation, info, state.system_prompt = reset_env(env, task_seed)
+            messages, tools = first_messages(renderer, observation, info, state.system_prompt)
+            rendering = state.rendering = _render(renderer.start_episode, messages, tools)
+            observation_tokens = rendering.prompt
         except Exception as exc:
             return state.end(StopReason.ENV_ERROR, _describe(exc))
         history = list(observation_tokens)
+        restarted = False
         state.env_s += time.perf_counter() - tick
 
         episode_seed = sampling_seed(config.seed, task_seed, sample_index)
@@ -276,7 +306,7 @@ class RolloutRunner:
             tick = time.perf_counter()
             try:
                 turn_result = self._step(
-                    state, env, turn, observation, observation_tokens, completion, history
+                    state, env, rendering, turn, (observation, observation_tokens, restarted), completion, history
                 )
             finally:
                 state.env_s += time.perf_counter() - tick
@@ -285,25 +315,30 @@ class RolloutRunner:
                     context_bound = room is not None and room < budget
                     state.end(StopReason.CONTEXT_OVERFLOW if context_bound else StopReason.MAX_TOKENS)
                 return
-            observation, observation_tokens = turn_result
+            observation, observation_tokens, restarted = turn_result
         return state.end(StopReason.MAX_TURNS)  # unreachable unless max_turns == 0
 
     def _step(
         self,
         state: _EpisodeState,
         env: gymnasium.Env,
+        rendering: EpisodeRendering,
         turn: int,
-        observation: str,
-        observation_tokens: list[int],
+        shown: tuple[str, list[int], bool],
         completion: Completion,
         history: list[int],
-    ) -> tuple[str, list[int]] | None:
-        """Record the turn, step the env, render the delta (appended to `history`). Returns the
-        next (observation, observation tokens), or None when the episode ends here (a turn cut
-        by a token limit ends it without a stop reason: the caller knows which limit)."""
+    ) -> tuple[str, list[int], bool] | None:
+        """Record the turn, step the env, render the delta (appended to `history`; a restarted
+        rendering replaces it). `shown` is what the model saw before this turn: (observation,
+        observation tokens, whether they restart the sequence). Returns the next such triple, or
+        None when the episode ends here (a turn cut by a token limit ends it without a stop
+        reason: the caller knows which limit)."""
+        observation, observation_tokens, restarted = shown
         if not completion.text and completion.tokens:  # a backend without a tokenizer
             completion.text = self.renderer.decode(completion.tokens, skip_special_tokens=True)
         transition = Transition(observation, observation_tokens, completion)
+        if restarted:
+            transition.info = {SEQUENCE_START: True}
         state.transitions.append(transition)
         state.sampled_tokens += len(completion.tokens)
         history += completion.tokens
@@ -318,23 +353,35 @@ class RolloutRunner:
             ended = terminated or truncated or turn + 1 == self.config.max_turns
             delta = None
             if not ended:
-                message = Message(self.config.observation_role, observation)
-                delta = _render(self.renderer.render_observation, message, completion.tokens)
+                delta = _render(rendering.extend, completion.tokens, self._replies(observation, info))
         except Exception as exc:
-            transition.info = {"error": _describe(exc)}
+            transition.info = {**transition.info, "error": _describe(exc)}
             state.end(StopReason.ENV_ERROR, _describe(exc))
             return None
         transition.reward = reward
         transition.terminated, transition.truncated = terminated, truncated
-        transition.info = info
+        transition.info = {**transition.info, **info} if transition.info else info
         if "reward_components" in info:
             state.reward_components = info["reward_components"]
         if delta is None:
             state.final_observation = observation
             state.end(env_stop_reason(info, terminated) if terminated or truncated else StopReason.MAX_TURNS)
             return None
-        history += delta
-        return observation, delta
+        if delta.restarted:
+            history[:] = delta.tokens
+        else:
+            history += delta.tokens
+        return observation, delta.tokens, delta.restarted
+
+    def _replies(self, observation: str, info: dict[str, Any]) -> list[Message]:
+        """The env's reply as messages: one `tool` message per `info["tool_results"]` entry for a
+        renderer that renders tools itself, else the observation in `observation_role`."""
+        results = info.get(TOOL_RESULTS) if self.renderer.renders_tools else None
+        if not results:
+            return [Message(self.config.observation_role, observation)]
+        if not isinstance(results, list) or not all(isinstance(r, str) for r in results):
+            raise EnvOutputError(f"info['tool_results'] must be a list of str, got {results!r:.80}")
+        return [Message("tool", r) for r in results]
 
     async def _generate(
         self, state: _EpisodeState, policy: Policy, history: list[int], params: SamplingParams

@@ -38,7 +38,7 @@ import msgspec
 import numpy as np
 import torch
 
-from ..agents.chat import ChatRenderer
+from ..agents.chat import Renderer
 from ..agents.types import Completion, SamplingParams
 
 
@@ -98,7 +98,7 @@ def _oracle_method(env: Any, name: str) -> Any:
 class ScriptedEpisodePolicy:
     """Plays a fixed script, one action per `generate` call, as tokens. One per episode."""
 
-    def __init__(self, renderer: ChatRenderer, script: Sequence[str], policy_version: int = 0):
+    def __init__(self, renderer: Renderer, script: Sequence[str], policy_version: int = 0):
         if not script:
             raise ValueError("ScriptedEpisodePolicy needs at least one action")
         self.renderer = renderer
@@ -134,7 +134,7 @@ class ScriptedEpisodePolicy:
 class OraclePolicy:
     """The env's oracle as a policy (an `EpisodePolicyFactory` for the rollout runner)."""
 
-    def __init__(self, renderer: ChatRenderer, config: OracleConfig | None = None, policy_version: int = 0):
+    def __init__(self, renderer: Renderer, config: OracleConfig | None = None, policy_version: int = 0):
         self.renderer = renderer
         self.config = config or OracleConfig()
         self.policy_version = policy_version

@@ -80,13 +80,19 @@ class StopReason(enum.StrEnum):
     TIMEOUT = "timeout"  # the wall-clock limit, or a generation error
 
 
+# The runner's key in a Transition's info: its observation_tokens are a chat template's full
+# re-rendering of the conversation (the template was not append-only there), so a new training
+# sequence starts at this transition (rollouts/episodes.py).
+SEQUENCE_START = "sequence_start"
+
+
 class Transition(msgspec.Struct):
     """One turn: what the model saw, what it sampled, and what the env said back.
 
     observation: the env's text shown before this action (the reset observation on turn 0).
     observation_tokens: the tokens fed to the model before this action: the whole rendered
         prompt on turn 0, then only the delta (end of the last turn, the env message, the next
-        assistant header).
+        assistant header); or, where info[SEQUENCE_START] is true, the whole re-rendered history.
     """
 
     observation: str

@@ -441,6 +441,7 @@ class MCPServer:
         self._connection = connection
         self._tools: list[tuple[str, Tool]] | None = None  # (the server's name, the Tool)
         self._release = weakref.finalize(self, _release, connection, self.keep_alive_s, False)
+        self._release.atexit = False  # at exit, _close_all stops every server and waits for it
 
     @property
     def label(self) -> str:

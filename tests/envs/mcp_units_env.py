@@ -17,8 +17,8 @@ KM_PER_MILE = 1.609344
 class UnitsEnv(ToolEnv):
     """Convert a distance between kilometres and miles with the server's `convert` tool."""
 
-    def __init__(self, fault=None, fault_seeds=(), timeout_s=30.0, **knobs):
-        self.server = MCPServer(SERVER_COMMAND, shared=True, timeout_s=timeout_s)
+    def __init__(self, fault=None, fault_seeds=(), timeout_s=30.0, shared=True, keep_alive_s=5.0, **knobs):
+        self.server = MCPServer(SERVER_COMMAND, shared=shared, keep_alive_s=keep_alive_s, timeout_s=timeout_s)
         knobs.setdefault("grader", numeric(abs_tol=0.005))
         super().__init__(tools=self.server.tools(), instructions="Convert distances with the tools.", **knobs)
         self.fault, self.fault_seeds, self._seed = fault, set(fault_seeds), None

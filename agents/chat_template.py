@@ -99,7 +99,9 @@ class ChatTemplateError(ValueError):
 class ChatTemplate:
     """A template's text, where it came from, and the tokenizer config's special tokens."""
 
-    def __init__(self, text: str, source: str = "<chat template>", special_tokens: Mapping[str, str] | None = None):
+    def __init__(
+        self, text: str, source: str = "<chat template>", special_tokens: Mapping[str, str] | None = None
+    ):
         self.text = text
         self.source = source
         self.special_tokens = dict(special_tokens or {})
@@ -158,10 +160,16 @@ def _raise_exception(message: str) -> None:
 
 
 def _tojson(
-    value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
 ) -> str:
     # jinja2's own tojson escapes HTML characters; templates expect json.dumps.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(format: str) -> str:
@@ -212,7 +220,9 @@ class TemplateRenderer:
         try:
             self._template = compile_template(template.text)
         except jinja2.TemplateSyntaxError as exc:
-            raise self._error(f"the chat template does not compile (line {exc.lineno}: {exc.message})") from None
+            raise self._error(
+                f"the chat template does not compile (line {exc.lineno}: {exc.message})"
+            ) from None
         self._probe(template.special_tokens)
 
     # ---- properties (as ChatRenderer's) ------------------------------------------------------
@@ -306,7 +316,9 @@ class TemplateRenderer:
         return self.tokens_of(text)
 
     def render_conversation(
-        self, messages: Sequence[Message | Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None = None
+        self,
+        messages: Sequence[Message | Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
         """The full rendering, assistant turns included, no generation prompt (SFT data, tests)."""
         return self.render_prompt(messages, add_generation_prompt=False, tools=tools)
@@ -330,7 +342,9 @@ class TemplateRenderer:
             without = self.render_text(probe, PROBE_TOOLS, add_generation_prompt=False)
             full = self.render_text(conversation, PROBE_TOOLS)
         except Exception as exc:
-            raise self._error(f"the chat template raises on a probe conversation: {type(exc).__name__}: {exc}") from None
+            raise self._error(
+                f"the chat template raises on a probe conversation: {type(exc).__name__}: {exc}"
+            ) from None
         self.renders_tools = "probe_lookup" in prompt
         if not prompt.startswith(without):
             raise self._error("the generation prompt does not extend the rendering without it")
@@ -362,7 +376,9 @@ class TemplateRenderer:
             for text, results in PROBE_TURNS:
                 episode.extend([*self.encode(text), self.im_end_id], [Message("tool", r) for r in results])
         except Exception as exc:
-            raise self._error(f"the chat template raises on a probe tool conversation: {type(exc).__name__}: {exc}") from None
+            raise self._error(
+                f"the chat template raises on a probe tool conversation: {type(exc).__name__}: {exc}"
+            ) from None
         if episode.restarts:
             raise self._error(
                 f"the chat template is not append-only on a multi-turn tool conversation ({episode.last_restart})"

@@ -305,9 +305,8 @@ class RolloutRunner:
                 return
             tick = time.perf_counter()
             try:
-                turn_result = self._step(
-                    state, env, rendering, turn, (observation, observation_tokens, restarted), completion, history
-                )
+                shown = (observation, observation_tokens, restarted)
+                turn_result = self._step(state, env, rendering, turn, shown, completion, history)
             finally:
                 state.env_s += time.perf_counter() - tick
             if turn_result is None:

@@ -13,6 +13,7 @@ configs/train.py and configs/plot.py.
         --tasks 64 --group-size 4 --out runs/oracle.jsonl
     toolgym replay runs/oracle.jsonl --verify --limit 3
     toolgym eval --env toolgym/Zorplex-v0 --policy runs/ckpt/hf --tasks 64
+    toolgym view runs/zorplex_tiny-20250101-120000   # or a recording; a page on 127.0.0.1:8765
 
 A subcommand is a function `add_<name>(subparsers)` in `SUBCOMMANDS` that adds its parser and
 sets `func` (args -> exit code).
@@ -58,6 +59,11 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="oracle", help="'oracle' or a Hugging Face checkpoint directory")
     p.add_argument(
         "--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer.json (default: the shipped one)"
+    )
+    p.add_argument(
+        "--chat-template",
+        default="",
+        help="render with this tokenizer_config.json's or .jinja file's chat template (default: plain ChatML)",
     )
     oracle = p.add_argument_group("oracle knobs (with --policy oracle)")
     oracle.add_argument("--p-omit-tag", type=float, default=0.0, help="state the answer without the env's answer format")
@@ -186,6 +192,7 @@ def add_record(sub: argparse._SubParsersAction) -> None:
             start=args.start,
             progress=not args.no_progress,
             env_modules=args.env_modules,
+            chat_template=args.chat_template,
         )
 
     p.set_defaults(func=run)
@@ -246,6 +253,7 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
             config,
             args.out,
             env_modules=args.env_modules,
+            chat_template=args.chat_template,
         )
 
     p.set_defaults(func=run)
@@ -320,6 +328,58 @@ def add_plot(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _view_sources(paths: Sequence[str]) -> tuple[list[Path], list[dict[str, Any]] | None, Path | None]:
+    """(recordings, the run's metrics records or None, the run's tokenizer.json or None) for the
+    paths given to `toolgym view`: a run directory stands for its trajectories/*.jsonl (evals
+    first, by step) and its metrics.jsonl."""
+    from .metrics_log import read_metrics
+    from .run_dir import RunDir
+
+    recordings: list[Path] = []
+    metrics, tokenizer = None, None
+    for path in map(Path, paths):
+        if not path.is_dir():
+            recordings.append(path)
+            continue
+        run = RunDir(path)
+        found = sorted(run.trajectories.glob("*.jsonl"), key=lambda p: (not p.name.startswith("eval_"), p.name))
+        if not found:
+            raise ValueError(f"{path}: no recordings in {run.trajectories}")
+        recordings += found
+        if metrics is None and run.metrics.is_file():
+            metrics = read_metrics(run.metrics)
+        if tokenizer is None and (run.final_model / "tokenizer.json").is_file():
+            tokenizer = run.final_model / "tokenizer.json"
+    return recordings, metrics, tokenizer
+
+
+def add_view(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "view",
+        help="browse recordings in a local web page: episodes, token shading, comparison, run charts",
+    )
+    p.add_argument(
+        "paths", nargs="+", metavar="PATH", help="a recording, or a run directory (its recordings and metrics)"
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="the tokenizer the files were recorded with (default: a run's final_model's, else the shipped one)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to serve on (default: this machine only)")
+    p.add_argument("--port", type=int, default=8765, help="port (0: any free one)")
+
+    def run(args: argparse.Namespace) -> int:
+        from ..rollouts.commands import view_command
+
+        recordings, metrics, run_tokenizer = _view_sources(args.paths)
+        tokenizer = args.tokenizer or run_tokenizer or DEFAULT_TOKENIZER
+        title = args.paths[0] if len(args.paths) == 1 else ""
+        return view_command(Console(), recordings, tokenizer, metrics, args.host, args.port, title)
+
+    p.set_defaults(func=run)
+
+
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_train,
     add_eval,
@@ -327,6 +387,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_replay,
     add_envs,
     add_plot,
+    add_view,
 ]
 
 

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from ..agents.chat import ChatRenderer
+from ..agents.chat import ChatRenderer, Renderer
 from ..agents.policy import Policy
 from ..agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from ..envs import list_envs
@@ -42,14 +42,23 @@ from .types import Trajectory
 ORACLE = "oracle"
 
 
-def load_renderer(policy_spec: str, tokenizer_path: str | os.PathLike) -> ChatRenderer:
-    """The renderer for a policy: a checkpoint directory's own tokenizer.json if it has one."""
+def load_renderer(
+    policy_spec: str, tokenizer_path: str | os.PathLike, chat_template: str | os.PathLike = ""
+) -> Renderer:
+    """The renderer for a policy: a checkpoint directory's own tokenizer.json if it has one; plain
+    ChatML, or the chat template of `chat_template` (a tokenizer_config.json or .jinja file; one
+    that cannot be used raises ChatTemplateError, a ValueError naming the file)."""
     own = Path(policy_spec) / "tokenizer.json"
-    return ChatRenderer(load_tokenizer(own if policy_spec != ORACLE and own.is_file() else tokenizer_path))
+    tokenizer = load_tokenizer(own if policy_spec != ORACLE and own.is_file() else tokenizer_path)
+    if not chat_template:
+        return ChatRenderer(tokenizer)
+    from ..agents.chat_template import TemplateRenderer, load_chat_template
+
+    return TemplateRenderer(tokenizer, load_chat_template(chat_template))
 
 
 def load_policy(
-    policy_spec: str, renderer: ChatRenderer, oracle: OracleConfig | None = None, device: str = "cpu"
+    policy_spec: str, renderer: Renderer, oracle: OracleConfig | None = None, device: str = "cpu"
 ) -> tuple[Policy, str]:
     """`oracle` (the env's scripted oracle with `oracle` knobs) or a Hugging Face checkpoint
     directory served by the torch engine. Returns the policy and an id for recording headers."""
@@ -109,6 +118,7 @@ def record_command(
     start: int | None = None,
     progress: bool = True,
     env_modules: Sequence[str] = (),
+    chat_template: str = "",
 ) -> int:
     """Roll out `num_tasks` training task seeds x group_size episodes and append them to `out`.
 
@@ -121,7 +131,7 @@ def record_command(
     errored episodes returns 0 and prints their count.
     """
     import_env_modules(env_modules)
-    renderer = load_renderer(policy_spec, tokenizer_path)
+    renderer = load_renderer(policy_spec, tokenizer_path, chat_template)
     policy, policy_id = load_policy(policy_spec, renderer, oracle)
     fingerprint = tokenizer_fingerprint(renderer.tokenizer)
     if start is None:
@@ -254,11 +264,12 @@ def eval_command(
     eval_config: EvalConfig,
     out: str | os.PathLike | None = None,
     env_modules: Sequence[str] = (),
+    chat_template: str = "",
 ) -> int:
     """Evaluate a policy on the held-out task seeds; `env_modules` are imported first (they
-    register the user's envs with gymnasium)."""
+    register the user's envs with gymnasium). `chat_template`: see `load_renderer`."""
     import_env_modules(env_modules)
-    renderer = load_renderer(policy_spec, tokenizer_path)
+    renderer = load_renderer(policy_spec, tokenizer_path, chat_template)
     policy, policy_id = load_policy(policy_spec, renderer, oracle)
     report = evaluate_sync(policy, renderer, rollout, eval_config, keep_trajectories=False)
     policy.close()
@@ -282,3 +293,43 @@ def _print_summary(console: Console, metrics: dict[str, float], title: str) -> N
         elif key.startswith("errors"):
             table.add_row(key, f"{value:g}")
     console.print(table)
+
+
+def view_command(
+    console: Console,
+    recordings: Sequence[str | os.PathLike],
+    tokenizer_path: str | os.PathLike | None,
+    metrics: Sequence[dict[str, Any]] | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    title: str = "",
+) -> int:
+    """Serve the trace viewer (rollouts/traces/server.py) over `recordings` until interrupted;
+    `metrics` (a run's metrics records) feed its charts. The first recording is read before the
+    URL is printed, so the page opens at once. Raises ValueError for a path that is not a file;
+    a file that is damaged or not a recording still opens (the page says what it skipped)."""
+    from .traces.server import ViewerData, ViewerServer
+
+    missing = [str(p) for p in recordings if not Path(p).is_file()]
+    if not recordings or missing:
+        raise ValueError(f"no such recording: {', '.join(missing) or '(none given)'}")
+    renderer = ChatRenderer(load_tokenizer(tokenizer_path)) if tokenizer_path is not None else None
+    data = ViewerData(recordings, renderer, metrics, title)
+    first = data.index(0)
+    skipped = f", {first.skipped} lines skipped" if first.skipped else ""
+    console.print(f"{first.label}: {len(first.rows)} episodes{skipped}", markup=False, highlight=False)
+    for problem in first.problems[:5]:
+        console.print(f"  {problem}", markup=False, highlight=False, soft_wrap=True)
+    server = ViewerServer(data, host, port)
+    console.print(
+        f"toolgym view: {len(data.paths)} recording(s) at {server.url}  (Ctrl-C stops)",
+        markup=False,
+        highlight=False,
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+    return 0

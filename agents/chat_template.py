@@ -42,6 +42,7 @@ append-only on the probe multi-turn tool conversation.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -107,7 +108,7 @@ class ChatTemplate:
         self.special_tokens = dict(special_tokens or {})
 
 
-def load_chat_template(path: str | Path) -> ChatTemplate:
+def load_chat_template(path: str | os.PathLike[str]) -> ChatTemplate:
     """Read a template: a tokenizer_config.json (its `chat_template`, the "default" one of a
     named list, else a chat_template.jinja beside it; plus its special tokens) or a template
     file (.jinja or any other text file). Raises ChatTemplateError naming the file."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import torch
 
-from ..agents.chat import ChatRenderer
+from ..agents.chat import ChatRenderer, Renderer
 from ..agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from ..agents.model.config import NAMED_CONFIGS, ModelConfig
 from ..agents.model.transformer import Transformer, build_model
@@ -61,9 +61,20 @@ def broadcast_object(obj: object) -> object:
     return all_gather_objects(obj)[0]
 
 
-def build_renderer(config: Config) -> tuple[ChatRenderer, Path]:
+def build_renderer(config: Config) -> tuple[Renderer, Path]:
+    """The run's renderer (plain ChatML, or policy.chat_template's; a template that cannot be used
+    is a ConfigError naming its file) and the tokenizer file it reads."""
     path = tokenizer_path(config)
-    return ChatRenderer(load_tokenizer(path)), path
+    tokenizer = load_tokenizer(path)
+    if not config.policy.chat_template:
+        return ChatRenderer(tokenizer), path
+    from ..agents.chat_template import ChatTemplateError, TemplateRenderer, load_chat_template
+
+    try:
+        template = load_chat_template(config.policy.chat_template)
+        return TemplateRenderer(tokenizer, template, config.policy.chat_template_kwargs), path
+    except ChatTemplateError as exc:
+        raise ConfigError("policy.chat_template", str(exc)) from None
 
 
 def model_config(config: Config) -> ModelConfig:
@@ -74,7 +85,7 @@ def model_config(config: Config) -> ModelConfig:
     return ModelConfig(**{**NAMED_CONFIGS[config.model.name], **config.model.overrides})
 
 
-def check_vocab(model: ModelConfig, renderer: ChatRenderer) -> None:
+def check_vocab(model: ModelConfig, renderer: Renderer) -> None:
     size = renderer.tokenizer.get_vocab_size()
     if model.vocab_size < size:
         raise ConfigError(
@@ -82,7 +93,7 @@ def check_vocab(model: ModelConfig, renderer: ChatRenderer) -> None:
         )
 
 
-def check_model(config: Config, model: ModelConfig, renderer: ChatRenderer) -> None:
+def check_model(config: Config, model: ModelConfig, renderer: Renderer) -> None:
     """The checks that need the model's shape and the tokenizer (cheap: no weights are made)."""
     check_vocab(model, renderer)
     max_seq_len = policy_max_seq_len(config, model)
@@ -166,7 +177,7 @@ def build_policy(
     config: Config,
     model: Transformer,
     hf_dir: Path | None,
-    renderer: ChatRenderer,
+    renderer: Renderer,
     device: torch.device,
     backend: Backend | None = None,
 ) -> Policy:

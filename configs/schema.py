@@ -14,7 +14,8 @@ Sections (all optional; every key has a default):
     [tokenizer]  path ("" = the model directory's tokenizer.json, else the shipped one)
     [policy]     the policy that samples: temperature, top_p, top_k (SamplingConfig), backend
                  (torch | vllm), max_batch_size, max_seq_len, cuda_graphs, fused_layers,
-                 history_capacity, replicas, [policy.vllm] (VLLMConfig: dtype, kv_cache_gib,
+                 history_capacity, replicas, chat_template ("" = plain ChatML, else a
+                 tokenizer_config.json or .jinja file), chat_template_kwargs, [policy.vllm] (VLLMConfig: dtype, kv_cache_gib,
                  gpu_memory_utilization, ...). `[agent]`, its old name, is still read for one
                  release, with a warning (configs/load.py).
     [rollout]    RolloutSettings: group_size, max_turns, max_tokens_per_turn, max_tokens_per_episode,
@@ -151,6 +152,11 @@ class PolicySection(SamplingConfig, frozen=True, **_STRICT):
     # torch engine on CPU: this many engine processes, each with the cores / replicas threads and
     # max_batch_size slots (agents/engine/replicas.py); 1 = one engine in the training process.
     replicas: int = 1
+    # The chat rendering: "" = plain ChatML (agents/chat.py; the shipped tiny models), else a path
+    # to a tokenizer_config.json or .jinja file whose chat template renders every prompt, token in
+    # and token out (agents/chat_template.py), with chat_template_kwargs as template variables.
+    chat_template: str = ""
+    chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
     vllm: VLLMConfig = msgspec.field(default_factory=VLLMConfig)
 
     def __post_init__(self) -> None:

@@ -43,7 +43,7 @@ ORACLE = "oracle"
 
 
 def load_renderer(
-    policy_spec: str, tokenizer_path: str | os.PathLike, chat_template: str | os.PathLike = ""
+    policy_spec: str, tokenizer_path: str | os.PathLike, chat_template: str | os.PathLike[str] = ""
 ) -> Renderer:
     """The renderer for a policy: a checkpoint directory's own tokenizer.json if it has one; plain
     ChatML, or the chat template of `chat_template` (a tokenizer_config.json or .jinja file; one

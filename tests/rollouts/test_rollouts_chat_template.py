@@ -124,3 +124,35 @@ def test_dropped_reasoning_splits_the_episode_into_sequences(shipped):
         assert episode.tokens == [*t.observation_tokens, *t.action.tokens]
         assert sum(episode.loss_mask) == len(t.action.tokens) and set(episode.advantages) == {0.0, 0.5}
     assert batch_metrics([trajectory])["rollout/sequence_restarts"] == restarts
+
+
+def test_config_and_cli_pick_the_template_and_refuse_a_bad_one_in_one_line(tmp_path, capsys):
+    from toolgym.agents.chat import ChatRenderer
+    from toolgym.configs.build import build_renderer
+    from toolgym.configs.cli import main
+    from toolgym.configs.load import ConfigError, load_config
+
+    good, bad = tmp_path / "good.jinja", tmp_path / "bad.jinja"
+    good.write_text(QWEN25_LIKE)
+    bad.write_text(
+        QWEN25_LIKE.replace(
+            "{%- for message in messages %}", "{{ raise_exception('nope') }}{%- for message in messages %}", 1
+        )
+    )
+    config, _ = load_config("zorplex_tiny")
+    assert isinstance(build_renderer(config)[0], ChatRenderer)  # the default: plain ChatML
+    config, _ = load_config("zorplex_tiny", [f"policy.chat_template={good}"])
+    assert isinstance(build_renderer(config)[0], TemplateRenderer)
+    config, _ = load_config("zorplex_tiny", [f"policy.chat_template={bad}"])
+    with pytest.raises(ConfigError) as info:
+        build_renderer(config)
+    assert str(info.value).startswith(f"config error: policy.chat_template: {bad}: the chat template raises")
+
+    out = tmp_path / "rec.jsonl"
+    args = ["--env", "toolgym/Zorplex-v0", "--env-kwargs", '{"tool_format": "json"}', "--tasks", "2"]
+    assert main(["record", *args, "--out", str(out), "--no-progress", "--chat-template", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{bad}: the chat template raises" in err
+    assert main(["record", *args, "--out", str(out), "--no-progress", "--chat-template", str(good)]) == 0
+    assert main(["eval", *args, "--chat-template", str(good)]) == 0
+    assert "<tool_response>" in capsys.readouterr().out

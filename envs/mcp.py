@@ -175,10 +175,9 @@ class _Connection:
 
     def error(self, process: _Process | None, why: str) -> MCPServerError:
         tail = process.tail(self.tail_chars) if process is not None else ""
+        readable = process is not None and process.stderr is not None and not process.stderr.closed
         shown = (
-            f"; its stderr ends:\n{tail}"
-            if tail
-            else ("; it wrote nothing to stderr" if self.spec["command"] else "")
+            f"; its stderr ends:\n{tail}" if tail else ("; it wrote nothing to stderr" if readable else "")
         )
         return MCPServerError(f"MCP server `{self.label}`: {why}{shown}")
 
@@ -291,13 +290,13 @@ class _Connection:
             raise self.error(
                 process, f"{name} failed with JSON-RPC error {exc.code}: {exc.message}"
             ) from None
-        except Exception as exc:
+        except (ValueError, RuntimeError) as exc:  # pydantic's ValidationError, a bad structured result
             if process.dead:
-                raise self.fail(
-                    process, f"exited during a call of {name} ({type(exc).__name__}: {exc})"
-                ) from None
+                raise self.fail(process, f"exited during a call of {name} ({exc})") from None
             message = f"{name} sent a result the client cannot read ({type(exc).__name__}: {exc})"
             raise self.error(process, message[:2000]) from None
+        except Exception as exc:  # the transport broke (closed streams, a lost connection): restart
+            raise self.fail(process, f"lost during a call of {name} ({type(exc).__name__}: {exc})") from None
 
     async def close(self) -> None:
         """Stop the server and wait until every process it started has ended."""
@@ -553,7 +552,12 @@ class _Call:
             )
         except concurrent.futures.TimeoutError:
             raise MCPServerError(f"MCP server `{connection.label}`: its event loop did not answer") from None
-        text = _result_text(result)
+        try:
+            text = _result_text(result)
+        except Exception as exc:
+            raise MCPServerError(
+                f"MCP server `{connection.label}`: {remote} sent an unreadable result ({exc})"
+            ) from None
         if result.is_error:
             raise ToolError(text or f"{remote} failed")
         return text

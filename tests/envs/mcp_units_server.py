@@ -1,5 +1,6 @@
 """An MCP server for tests/envs/test_envs_mcp.py and bench/mcp_tools.py, written with the SDK's
-high-level server and run as a subprocess over stdio (`python mcp_units_server.py`).
+high-level server and run as a subprocess over stdio (`python mcp_units_server.py`), or over
+streamable HTTP (`python mcp_units_server.py --http PORT`).
 
 Tools: `convert` (typed, three arguments, one with a default), `refuse` (an isError result),
 `whoami` (structured content: the server's pid, so a test can see a restart), and the faults:
@@ -84,4 +85,7 @@ async def malformed(ctx: Context) -> str:
 
 
 if __name__ == "__main__":
-    server.run()
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":  # streamable HTTP on 127.0.0.1:PORT/mcp
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()

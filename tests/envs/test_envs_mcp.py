@@ -6,8 +6,10 @@ after close(). Also Tool.from_schema's argument check, which needs no server."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gymnasium
@@ -226,6 +228,33 @@ def test_no_server_outlives_the_interpreter(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert not alive(json.loads(done.stdout)["pid"])
+
+
+@pytest.mark.slow
+def test_a_streamable_http_server():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [*SERVER_COMMAND, "--http", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and process.poll() is None, "the HTTP server did not start"
+                time.sleep(0.05)
+        with MCPServer(url=f"http://127.0.0.1:{port}/mcp", timeout_s=0.5) as server:
+            tools = {t.name: t for t in server.tools()}
+            assert tools["convert"]({"value": 10, "unit": "mi"}).content == "16.09"
+            with pytest.raises(MCPServerError, match=r"hang did not answer within 0\.5 s"):
+                tools["hang"]({"seconds": 1.0})
+            assert tools["convert"]({"value": 10, "unit": "km"}).content == "6.21"  # a new session
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 @pytest.mark.slow

@@ -14,6 +14,8 @@ configs/train.py and configs/plot.py.
     toolgym replay runs/oracle.jsonl --verify --limit 3
     toolgym eval --env toolgym/Zorplex-v0 --policy runs/ckpt/hf --tasks 64
     toolgym view runs/zorplex_tiny-20250101-120000   # or a recording; a page on 127.0.0.1:8765
+    toolgym export runs/oracle.jsonl --out chat.jsonl  # OpenAI chat-messages JSONL
+    toolgym import chat.jsonl --out demos.jsonl      # SFT data ([sft] source = "recording")
 
 A subcommand is a function `add_<name>(subparsers)` in `SUBCOMMANDS` that adds its parser and
 sets `func` (args -> exit code).
@@ -380,6 +382,52 @@ def add_view(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write a recording as OpenAI chat-messages JSONL (tools, tool_calls)")
+    p.add_argument("file", help="a recording")
+    p.add_argument("--out", required=True, help="the JSONL file to write ('-': stdout)")
+    p.add_argument("--no-tools", action="store_true", help="do not make the envs to read their tools")
+    p.add_argument(
+        "--observation-role",
+        choices=["user", "tool"],
+        default="user",
+        help="the role of env replies that answer no tool_calls (default: user)",
+    )
+    p.add_argument("--no-metadata", action="store_true", help="messages (and tools) only")
+    _add_env_module_arg(p)
+
+    def run(args: argparse.Namespace) -> int:
+        from ..rollouts.commands import export_command
+
+        return export_command(
+            Console(),
+            args.file,
+            args.out,
+            tools=not args.no_tools,
+            observation_role=args.observation_role,
+            metadata=not args.no_metadata,
+            env_modules=args.env_modules,
+        )
+
+    p.set_defaults(func=run)
+
+
+def add_import(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "import", help="turn OpenAI chat-messages JSONL into a recording for SFT (not token-exact)"
+    )
+    p.add_argument("file", help="chat-messages JSONL: one {\"messages\": [...], \"tools\": [...]} per line")
+    p.add_argument("--out", required=True, help="the recording to write (appended to if it exists)")
+    p.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer.json to tokenize with")
+
+    def run(args: argparse.Namespace) -> int:
+        from ..rollouts.commands import import_command
+
+        return import_command(Console(), args.file, args.out, args.tokenizer)
+
+    p.set_defaults(func=run)
+
+
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_train,
     add_eval,
@@ -388,6 +436,8 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_envs,
     add_plot,
     add_view,
+    add_export,
+    add_import,
 ]
 
 

@@ -333,3 +333,68 @@ def view_command(
     finally:
         server.close()
     return 0
+
+
+def export_command(
+    console: Console,
+    recording: str | os.PathLike,
+    out: str | os.PathLike,
+    tools: bool = True,
+    observation_role: str = "user",
+    metadata: bool = True,
+    env_modules: Sequence[str] = (),
+) -> int:
+    """Write `recording` as OpenAI chat-messages JSONL to `out` ("-": stdout); see
+    rollouts/traces/chat_jsonl.py. `env_modules` are imported first (the envs whose tools are
+    exported). Returns 1 when a line of the recording was damaged (the rest are written)."""
+    from .traces.chat_jsonl import export_chat_jsonl
+
+    import_env_modules(env_modules)
+    if str(out) == "-":
+        report = export_chat_jsonl(recording, sys.stdout, tools, observation_role, metadata)
+    else:
+        with Path(out).open("w", encoding="utf-8") as f:
+            report = export_chat_jsonl(recording, f, tools, observation_role, metadata)
+    where = Console(stderr=True) if str(out) == "-" else console
+    for problem in report.problems:
+        where.print(f"skipped: {problem}", markup=False, highlight=False, soft_wrap=True)
+    where.print(
+        f"exported {report.episodes} episodes to {out} ({report.with_tools} with tools, "
+        f"{report.tool_call_turns} turns with tool_calls)",
+        markup=False,
+        highlight=False,
+    )
+    damaged = any(p.startswith(str(recording)) for p in report.problems)
+    return 1 if damaged else 0
+
+
+def import_command(
+    console: Console, source: str | os.PathLike, out: str | os.PathLike, tokenizer_path: str | os.PathLike
+) -> int:
+    """Turn OpenAI chat-messages JSONL into a recording SFT reads (`sft.source = "recording"`),
+    tokenized with the renderer of `tokenizer_path` and marked not token-exact; see
+    rollouts/traces/chat_jsonl.py. Returns 1 when no line was a conversation; lines that are not
+    are reported and skipped."""
+    from .traces.chat_jsonl import import_chat_jsonl, import_header
+
+    renderer = ChatRenderer(load_tokenizer(tokenizer_path))
+    problems: list[str] = []
+    count = 0
+    header = import_header(source, tokenizer_fingerprint(renderer.tokenizer))
+    with RecordingWriter(out, header) as writer:
+        for trajectory in import_chat_jsonl(source, renderer, problems):
+            writer.write(trajectory)
+            count += 1
+    for problem in problems[:20]:
+        console.print(f"skipped {problem}", markup=False, highlight=False, soft_wrap=True)
+    if len(problems) > 20:
+        console.print(f"... and {len(problems) - 20} more lines skipped", markup=False)
+    console.print(
+        f"imported {count} conversations to {out} (not token-exact; {len(problems)} lines skipped)",
+        markup=False,
+        highlight=False,
+    )
+    if count == 0:
+        print(f"toolgym import: error: no line of {source} is a chat-messages conversation", file=sys.stderr)
+        return 1
+    return 0

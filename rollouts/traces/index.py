@@ -5,8 +5,9 @@
 turns, sampled tokens, env metrics, GRPO advantage) and the byte span of its line, never the
 Trajectory itself, so a 10,000-episode file costs a few MB and any episode is one seek away.
 Filters, sorting and pages run over the rows (`query`); `episode` decodes one line again and
-returns its per-token view (`stream`): token ids, their text, loss mask, sampler logprob, advantage, turn
-and policy version, built by `trajectory_to_episode` (what training reads), so what the page
+returns its per-token view (`stream`): token ids, their text, loss mask, sampler logprob,
+advantage, turn and policy version, built by `trajectory_to_episodes` (what training reads; a
+history a chat template re-rendered starts a new sequence, marked on its turn), so what the page
 shades is what the trainer masks.
 
 Reading never fails on a bad file: a header that does not read (a foreign or damaged file) is
@@ -33,9 +34,9 @@ from ...agents.chat import ChatRenderer
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...envs.info import FAILURE_MODE, METRICS, REWARD_COMPONENTS
 from ..advantages import AdvantageConfig, batch_advantages
-from ..episodes import INFRA_STOP_REASONS, sampled_length, trajectory_to_episode
+from ..episodes import INFRA_STOP_REASONS, sampled_length, trajectory_to_episodes
 from ..recording import RecordingError, RecordingHeader, _decode_header, _decode_record, _record_decoder
-from ..types import Trajectory
+from ..types import SEQUENCE_START, Trajectory
 
 MAX_PROBLEMS = 100
 MAX_PAGE = 500
@@ -242,8 +243,8 @@ class RecordingIndex:
         recording's tokenizer is given, and `notice` says why)."""
         t = self.trajectory(i)
         row = self.rows[i]
-        built = trajectory_to_episode(t, row["adv"])
-        ids = built.tokens if built is not None else []
+        built = trajectory_to_episodes(t, row["adv"])  # one per training sequence, in turn order
+        ids = [x for e in built for x in e.tokens]
         turn_of: list[int] = []
         version_of: list[int | None] = []
         turns = []
@@ -262,6 +263,7 @@ class RecordingIndex:
                     "components": _numbers(info.get(REWARD_COMPONENTS)),
                     "metrics": _numbers(info.get(METRICS)),
                     "error": info.get("error"),
+                    "sequence_start": k > 0 and info.get(SEQUENCE_START) is True,
                     "obs_tokens": len(tr.observation_tokens),
                     "act_tokens": len(tr.action.tokens),
                 }
@@ -292,9 +294,9 @@ class RecordingIndex:
             "stream": {
                 "id": ids,
                 "text": texts,
-                "mask": built.loss_mask if built is not None else [],
-                "logprob": [_finite(x) for x in built.sampler_logprobs] if built is not None else [],
-                "adv": built.advantages if built is not None else [],
+                "mask": [x for e in built for x in e.loss_mask],
+                "logprob": [_finite(x) for e in built for x in e.sampler_logprobs],
+                "adv": [x for e in built for x in e.advantages],
                 "turn": turn_of,
                 "pv": version_of,
             },

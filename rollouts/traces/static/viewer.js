@@ -225,6 +225,9 @@ function drawTranscript(box, ep) {
   if (t.text) {
     for (let k = 0; k < t.id.length; k++) {
       const text = t.text[k];
+      if (k > 0 && t.turn[k] !== t.turn[k - 1] && ep.turn_list[t.turn[k]].sequence_start) {
+        frag.append(el("span", { class: "turn-note", text: "[a new training sequence: the chat template re-rendered the history]" }));
+      }
       const span = el("span", { class: `tok m${t.mask[k]}`, "data-k": k, text });
       if (/^<\|.*\|>$/.test(text)) span.classList.add("special");
       frag.append(span);

@@ -6,6 +6,16 @@ user message) into the turn-0 prompt, then loop: generate one turn on the whole 
 give the completion's text to `env.step`, render only the observation delta and append it, until
 the env terminates/truncates or a limit ends the episode.
 
+Rendering goes through the renderer's per-episode `EpisodeRendering` (agents/chat.py). Plain
+ChatML gets the system prompt and each observation as one `observation_role` message. A renderer
+that writes tools itself (`renders_tools`: a model's chat template, agents/chat_template.py) gets
+the env's tool specs (reset info `tools`) with its `instructions` as the system message, and one
+`tool` message per `info["tool_results"]` entry (else the observation). Where a template is not
+append-only, the history restarts from its full re-rendering: that transition's info gets
+`sequence_start` (rollouts/types.py, SEQUENCE_START), its observation_tokens are the whole new
+history, Episodes split there (rollouts/episodes.py), and `Trajectory.metrics["sequence_restarts"]`
+counts restarts (template renderers only).
+
 Limits, each ending the episode with its StopReason (checked in this order every turn):
 - max_tokens_per_episode spent, or a turn cut by a token budget (finish_reason "length"):
   MAX_TOKENS. A cut turn is recorded (its tokens were sampled) but never given to the env.

@@ -1,0 +1,28 @@
+"""Adapters for environment libraries written elsewhere, each an optional extra.
+
+    toolgym/ReasoningGym-v0   reasoning-gym's procedural datasets (`pip install toolgym[reasoning-gym]`)
+    toolgym/TextArena-v0      TextArena's text games (`pip install toolgym[textarena]`)
+
+`available_envs()` lists the ids whose library is installed (found without importing it, so
+importing toolgym.envs stays fast); toolgym.envs registers exactly those. The adapter modules
+import their library at the top: import one only when its library is there.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+# env id suffix -> (the library's import name, the entry point)
+ADAPTERS: dict[str, tuple[str, str]] = {
+    "ReasoningGym-v0": ("reasoning_gym", "toolgym.envs.adapters.reasoning_gym:ReasoningGymEnv"),
+    "TextArena-v0": ("textarena", "toolgym.envs.adapters.textarena:TextArenaEnv"),
+}
+
+
+def available_envs(namespace: str) -> dict[str, str]:
+    """`{namespace}/<id>` -> entry point, for each adapter whose library is importable."""
+    return {
+        f"{namespace}/{name}": entry
+        for name, (library, entry) in ADAPTERS.items()
+        if importlib.util.find_spec(library) is not None
+    }

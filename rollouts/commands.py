@@ -363,6 +363,7 @@ def export_command(
         f"{report.tool_call_turns} turns with tool_calls)",
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )
     damaged = any(p.startswith(str(recording)) for p in report.problems)
     return 1 if damaged else 0
@@ -388,11 +389,12 @@ def import_command(
     for problem in problems[:20]:
         console.print(f"skipped {problem}", markup=False, highlight=False, soft_wrap=True)
     if len(problems) > 20:
-        console.print(f"... and {len(problems) - 20} more lines skipped", markup=False)
+        console.print(f"... and {len(problems) - 20} more lines skipped", markup=False, soft_wrap=True)
     console.print(
         f"imported {count} conversations to {out} (not token-exact; {len(problems)} lines skipped)",
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )
     if count == 0:
         print(f"toolgym import: error: no line of {source} is a chat-messages conversation", file=sys.stderr)

@@ -18,6 +18,7 @@ from typing import Any
 
 import gymnasium
 
+from .adapters import available_envs
 from .base import Example, Task, TextEnv, ToolEnv
 from .grading import Grade, exact, numeric, text
 from .mcp import MCPServer, MCPServerError
@@ -57,6 +58,7 @@ _ENVS = {
     f"{NAMESPACE}/SumDigits-v0": "toolgym.envs.sum_digits:SumDigitsEnv",
     f"{NAMESPACE}/Shop-v0": "toolgym.envs.shop:ShopEnv",
 }
+_ENVS.update(available_envs(NAMESPACE))  # the adapters whose library is installed (envs/adapters/)
 
 
 def register_envs() -> None:

@@ -288,7 +288,7 @@ async function loadCompare() {
   const a = $("compare-a").value, b = $("compare-b").value;
   const page = await api("compare", { a, b, changed: $("compare-changed").checked ? 1 : 0, offset: state.cmpOffset, limit: 100 });
   const delta = page.mean_a !== null && page.mean_b !== null ? page.mean_b - page.mean_a : null;
-  $("compare-summary").textContent = `${page.a} vs ${page.b}: ${page.common} task seeds in both (mean reward A ${fmt(page.mean_a)}, B ${fmt(page.mean_b)}, B − A ${signed(delta)}) · only in A ${page.only_a} · only in B ${page.only_b} · rows ${page.total ? page.offset + 1 : 0}–${page.offset + page.rows.length} of ${page.total}`;
+  $("compare-summary").textContent = `${page.a} vs ${page.b}: ${page.common} (task seed, sample) pairs in both (mean reward A ${fmt(page.mean_a)}, B ${fmt(page.mean_b)}, B − A ${signed(delta)}) · only in A ${page.only_a} · only in B ${page.only_b} · rows ${page.total ? page.offset + 1 : 0}–${page.offset + page.rows.length} of ${page.total}`;
   $("compare-table").tBodies[0].replaceChildren(...page.rows.map((row) => {
     const d = row.a && row.b && row.a.reward !== null && row.b.reward !== null ? row.b.reward - row.a.reward : null;
     const cls = d === null || d === 0 ? "" : d > 0 ? "better" : "worse";

@@ -176,10 +176,12 @@ async function showEpisode(rid, i, target) {
   applyShade(transcript, ep);
 }
 
+let shadeGroups = 0;
 function shadeSwitch() {
   const box = el("div", { class: "shade" }, "shade by:");
+  const group = `shade-${(shadeGroups += 1)}`; // one radio group per transcript
   for (const [mode, label] of [["mask", "loss mask"], ["logprob", "sampler logprob"], ["adv", "advantage"]]) {
-    const input = el("input", { type: "radio", name: `shade-${Math.random()}`, value: mode, class: `shade-${mode}` });
+    const input = el("input", { type: "radio", name: group, value: mode, class: `shade-${mode}` });
     input.checked = state.shade === mode;
     input.addEventListener("change", () => {
       state.shade = mode;

@@ -45,7 +45,8 @@ Written by `TextEnv` itself (envs/base.py), recorded, not read by the runner:
                     observation (or the reset observation), present only when > 0: text that
                     UTF-8 cannot encode never crosses the env boundary.
 
-The runner writes `error` (the step raised or returned an unusable output) and `abandon_error`
+The runner writes `error` (the step raised or returned an unusable output), `abandon_error` and
+`sequence_start` (a chat template re-rendered the history: a new training sequence starts here)
 into a transition's info itself; an env should not use those keys.
 
 The scripted oracle (rollouts/scripted.py) plays an env through `TextEnv`'s oracle methods

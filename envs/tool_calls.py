@@ -24,7 +24,7 @@ call (one error each, the other calls still run); a `[ANSWER]` tag outside the b
 answer; blocks together with a tag are an error (`mixed_call_and_answer`), not a guess. A JSON
 object naming a tool outside any block is a malformed call. Results come back as one
 `<tool_response>` block per call, in order. As in Hermes-style parsers, a block ends at the first
-`</tool_call>`, even one inside a JSON string (JSON may write it `<\/tool_call>`).
+`</tool_call>`, even one inside a JSON string (JSON may write it `<\\/tool_call>`).
 
 Both: only the first `max_chars` characters of an action are parsed (the env cuts it); parsing
 never raises on any str.

@@ -307,6 +307,13 @@ def test_cli_export_import_and_sft_reads_the_result(shop, tmp_path, capsys):
     assert main(["import", str(chat), "--out", str(demos)]) == 0
     header, trajectories = read_recording(demos)
     assert header.extra["token_exact"] is False and len(trajectories) == len(chat.read_text().splitlines())
+    from toolgym.configs.load import load_config
+    from toolgym.configs.sft import demo_episodes
+
+    config, _ = load_config(None, ["sft.enabled=true", 'sft.source="recording"', f'sft.recording="{demos}"'])
+    episodes, metrics, source = demo_episodes(config, shipped_renderer(), max_seq_len=4096)
+    assert len(episodes) == len(trajectories) and str(demos) in source
+    assert metrics["sft_data/episodes_built"] == len(trajectories)
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"messages": []}\n')
     assert main(["import", str(empty), "--out", str(tmp_path / "none.jsonl")]) == 1

@@ -186,7 +186,7 @@ def test_a_damaged_file_shows_what_it_read_and_what_it_skipped(page):
     _wait_list_change(page, version)
     page.wait_for_selector("#problems:not([hidden])")
     assert "line 3 is corrupt" in page.text_content("#problems")
-    assert len(_rows(page)) == 11 and "1 lines skipped" in page.text_content("#status")
+    assert len(_rows(page)) == 11 and "1 line skipped" in page.text_content("#status")
 
 
 def test_charts_draw(page):

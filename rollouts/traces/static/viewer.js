@@ -73,7 +73,7 @@ async function openRecording(rid) {
 function showSummary(s) {
   const h = s.header;
   const head = h ? `${h.env_id} ${JSON.stringify(h.env_kwargs)} · policy ${h.policy_id || "?"} · created ${h.created || "?"} · schema v${h.schema_version}` : "no readable header";
-  $("status").textContent = `${s.label}: ${s.episodes} episodes · ${head}` + (s.skipped ? ` · ${s.skipped} lines skipped` : "");
+  $("status").textContent = `${s.label}: ${s.episodes} episodes · ${head}` + (s.skipped ? ` · ${s.skipped} ${s.skipped === 1 ? "line" : "lines"} skipped` : "");
   const box = $("problems");
   box.hidden = !s.problems.length;
   box.replaceChildren(

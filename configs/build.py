@@ -25,7 +25,7 @@ from ..rollouts.types import SamplingConfig
 from ..trainers.config import TrainerConfig
 from ..trainers.distributed import DistInfo, all_gather_objects, barrier, init_distributed
 from ..trainers.trainer import Trainer
-from .load import ConfigError, tokenizer_path
+from .load import ConfigError, chat_template_path, tokenizer_path
 from .schema import Config, ParallelSection
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def build_renderer(config: Config) -> tuple[Renderer, Path]:
     from ..agents.chat_template import ChatTemplateError, TemplateRenderer, load_chat_template
 
     try:
-        template = load_chat_template(config.policy.chat_template)
+        template = load_chat_template(chat_template_path(config.policy.chat_template))
         return TemplateRenderer(tokenizer, template, config.policy.chat_template_kwargs), path
     except ChatTemplateError as exc:
         raise ConfigError("policy.chat_template", str(exc)) from None

@@ -65,7 +65,8 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--chat-template",
         default="",
-        help="render with this tokenizer_config.json's or .jinja file's chat template (default: plain ChatML)",
+        help="render with this tokenizer_config.json's or .jinja file's chat template, or a shipped one's "
+        "name (qwen2.5-style); default: plain ChatML",
     )
     oracle = p.add_argument_group("oracle knobs (with --policy oracle)")
     oracle.add_argument("--p-omit-tag", type=float, default=0.0, help="state the answer without the env's answer format")
@@ -83,6 +84,12 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
             flag, dest=field, type=kind, choices=choices, default=info.default, help=_SETTING_HELP.get(field)
         )
     limits.add_argument("--seed", type=int, default=0, help="sampling seed (and the task stream for record)")
+
+
+def _chat_template(value: str) -> str:
+    from .load import chat_template_path
+
+    return chat_template_path(value)
 
 
 def _add_env_module_arg(p: argparse.ArgumentParser) -> None:
@@ -194,7 +201,7 @@ def add_record(sub: argparse._SubParsersAction) -> None:
             start=args.start,
             progress=not args.no_progress,
             env_modules=args.env_modules,
-            chat_template=args.chat_template,
+            chat_template=_chat_template(args.chat_template),
         )
 
     p.set_defaults(func=run)
@@ -255,7 +262,7 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
             config,
             args.out,
             env_modules=args.env_modules,
-            chat_template=args.chat_template,
+            chat_template=_chat_template(args.chat_template),
         )
 
     p.set_defaults(func=run)

@@ -411,6 +411,18 @@ def load_config(
 # ---- checks that look outside the config (before anything starts) ------------------------------
 
 
+SHIPPED_CHAT_TEMPLATES = PRESETS_DIR / "assets" / "chat_templates"
+
+
+def chat_template_path(value: str) -> str:
+    """`policy.chat_template` / `--chat-template` as a file: "" stays "" (plain ChatML), a shipped
+    template's name (`qwen2.5-style`, configs/assets/chat_templates/) becomes its file, anything
+    else is a path."""
+    if value and not Path(value).exists() and (SHIPPED_CHAT_TEMPLATES / f"{value}.jinja").is_file():
+        return str(SHIPPED_CHAT_TEMPLATES / f"{value}.jinja")
+    return value
+
+
 def tokenizer_path(config: Config) -> Path:
     if config.tokenizer.path:
         return Path(config.tokenizer.path)

@@ -1,0 +1,239 @@
+"""Agent rollouts: the user's agent program, run G times per task against the endpoint, as the
+training loop's episodes.
+
+The user writes `async def run_agent(client: openai.AsyncOpenAI, task) -> float` (or an
+`AgentResult` with named reward components and metrics, or a {name: value} dict of components
+whose sum is the reward) in a module; a config's `[agent_program]` section names the module, the
+function and, optionally, a function `task(seed) -> task` (default: the task is the seed).
+`AgentRunner.run_groups` (what `collect_batch` calls, as it calls the env runner's) serves the
+policy on a loopback endpoint (rollouts/serving/server.py) in the caller's event loop for the
+batch, and runs every (task, sample) concurrently, each with its own client whose API key is its
+conversation id, so its requests are captured into its own Trajectory (task seed, group, sample
+index, the reward on its last turn). Groups, advantages and Episodes are then built as for env
+rollouts (rollouts/sampling.py).
+
+One episode's failure is its own: a timeout (`rollout.episode_timeout_s`) ends it with TIMEOUT,
+an exception in the agent with ENV_ERROR (the endpoint's refusal of a token or context limit:
+MAX_TOKENS / CONTEXT_OVERFLOW, reward 0, trained on), a capture broken by a disconnect or a
+generation error with TIMEOUT; TIMEOUT and ENV_ERROR are infrastructure failures, never trained
+on, counted in `rollout/stop_reason/*` and `rollout/errors/*`. A cancelled client request frees
+its engine slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib
+import inspect
+import math
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from ...agents.chat import Renderer
+from ...agents.policy import Policy
+from ..evaluation import EvalConfig, EvalReport
+from ..metrics import BatchMetrics
+from ..replay import format_transcript, import_env_modules
+from ..runner import RolloutConfig, sampling_seed
+from ..sampling import eval_seeds
+from ..types import StopReason, Trajectory
+from .capture import CaptureInfo
+from .server import EndpointConfig, PolicyServer
+
+
+class AgentProgram(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A config's `[agent_program]`: where the agent is. Empty `module`: env rollouts."""
+
+    module: str = ""  # imported (the current directory is importable), e.g. "my_agent"
+    function: str = "run_agent"  # async def run_agent(client, task) -> float | AgentResult | dict
+    task: str = ""  # a function of the module, seed -> task; "" = the task is the seed
+    request_timeout_s: float = 120.0  # the client's per-request timeout
+
+    def __post_init__(self) -> None:
+        for name in (self.module, self.function, self.task):
+            if name and not all(part.isidentifier() for part in name.split(".")):
+                raise ValueError(f"agent_program names modules and functions, got {name!r}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"agent_program.request_timeout_s must be > 0, got {self.request_timeout_s}")
+
+    @property
+    def label(self) -> str:
+        """`module:function`: the Trajectories' env_id."""
+        return f"{self.module}:{self.function}"
+
+
+class AgentResult(msgspec.Struct, kw_only=True):
+    """What an agent may return instead of a float: the reward, its named parts, its metrics
+    (logged as `rollout/<name>`, as an env's are)."""
+
+    reward: float
+    components: dict[str, float] = msgspec.field(default_factory=dict)
+    metrics: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+def load_program(program: AgentProgram) -> tuple[Callable[..., Any], Callable[[int], Any] | None]:
+    """(the agent function, the task function or None); ValueError in one line naming the key."""
+    import_env_modules([program.module], where="agent_program.module")
+    module = importlib.import_module(program.module)
+    agent = getattr(module, program.function, None)
+    if agent is None or not inspect.iscoroutinefunction(agent):
+        raise ValueError(
+            f"agent_program.function: {program.module} has no async function {program.function!r} "
+            "(async def run_agent(client, task) -> float)"
+        )
+    task = getattr(module, program.task, None) if program.task else None
+    if program.task and not callable(task):
+        raise ValueError(f"agent_program.task: {program.module} has no function {program.task!r}")
+    return agent, task
+
+
+def as_result(value: Any) -> AgentResult:
+    """An agent's return value as an AgentResult; TypeError/ValueError for one that is not."""
+    if isinstance(value, AgentResult):
+        result = value
+    elif isinstance(value, Mapping):
+        components = {str(k): float(v) for k, v in value.items()}
+        result = AgentResult(reward=sum(components.values()), components=components)
+    elif isinstance(value, bool | int | float):
+        result = AgentResult(reward=float(value))
+    else:
+        raise TypeError(
+            f"the agent returned {type(value).__name__}: return a float, an AgentResult or a dict"
+        )
+    numbers = [result.reward, *result.components.values(), *result.metrics.values()]
+    if not all(isinstance(x, int | float) and math.isfinite(x) for x in numbers):
+        raise ValueError(
+            f"the agent's reward, components and metrics must be finite numbers, got {value!r:.80}"
+        )
+    return result
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class AgentRunner:
+    """Runs an agent program's episodes through the endpoint (module doc). Reusable across
+    batches and policy versions; `run_groups` has the env runner's signature."""
+
+    def __init__(self, policy: Policy, renderer: Renderer, program: AgentProgram, config: RolloutConfig):
+        self.policy, self.renderer, self.program, self.config = policy, renderer, program, config
+        self.agent, self.make_task = load_program(program)
+        self.last_server: PolicyServer | None = None  # the endpoint of the last batch (stats)
+
+    def endpoint_config(self) -> EndpointConfig:
+        c = self.config
+        return EndpointConfig(
+            max_n=max(c.group_size, 16),
+            max_tokens_per_turn=c.max_tokens_per_turn,
+            max_tokens_per_episode=c.max_tokens_per_episode,
+            context_length=c.context_length,
+            sampling=c.sampling,
+        )
+
+    async def run_episode(
+        self, server: PolicyServer, task_seed: int, group_id: int = 0, sample_index: int = 0
+    ) -> Trajectory:
+        """One agent run on a serving `server`: its conversation, finished into a Trajectory."""
+        import openai
+
+        cid = f"episode-{group_id}-{sample_index}-{uuid.uuid4().hex[:12]}"
+        seed = sampling_seed(self.config.seed, task_seed, sample_index)
+        info = CaptureInfo(
+            label=self.program.label,
+            task_seed=task_seed,
+            group_id=group_id,
+            sample_index=sample_index,
+            sampling_seed=seed,
+        )
+        server.captures.register(cid, info)
+        result, stop, error = AgentResult(reward=0.0), StopReason.ANSWERED, None
+        client = openai.AsyncOpenAI(
+            base_url=server.base_url, api_key=cid, max_retries=0, timeout=self.program.request_timeout_s
+        )
+        timeout = self.config.episode_timeout_s
+        try:
+            task = self.make_task(task_seed) if self.make_task is not None else task_seed
+            result = as_result(await asyncio.wait_for(self.agent(client, task), timeout))
+        except TimeoutError:
+            stop, error = (
+                StopReason.TIMEOUT,
+                f"TimeoutError: the agent exceeded the {timeout}s wall-clock limit",
+            )
+        except Exception as exc:
+            stop, error = StopReason.ENV_ERROR, _describe(exc)
+        finally:
+            await client.close()
+        return server.captures.finish(
+            cid,
+            result.reward if error is None else 0.0,
+            components=result.components,
+            metrics=result.metrics,
+            stop_reason=stop,
+            error=error,
+            policy_version=self.policy.policy_version,
+        )
+
+    async def run_groups(
+        self,
+        task_seeds: Sequence[int],
+        group_ids: Sequence[int] | None = None,
+        on_episode: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """G agent runs per task seed, all concurrently (up to `max_concurrent_episodes`), against
+        an endpoint served for this call. Group-major, as the env runner returns them."""
+        group_ids = range(len(task_seeds)) if group_ids is None else group_ids
+        if len(group_ids) != len(task_seeds):
+            raise ValueError(f"{len(task_seeds)} task seeds but {len(group_ids)} group ids")
+        limit = self.config.max_concurrent_episodes
+        semaphore = asyncio.Semaphore(limit) if limit else None
+        async with PolicyServer(self.policy, self.renderer, self.endpoint_config()) as server:
+            self.last_server = server
+
+            async def one(seed: int, group_id: int, sample: int) -> Trajectory:
+                if semaphore is None:
+                    trajectory = await self.run_episode(server, seed, group_id, sample)
+                else:
+                    async with semaphore:
+                        trajectory = await self.run_episode(server, seed, group_id, sample)
+                if on_episode is not None:
+                    on_episode(trajectory)
+                return trajectory
+
+            jobs = [
+                one(seed, group_id, s)
+                for seed, group_id in zip(task_seeds, group_ids, strict=True)
+                for s in range(self.config.group_size)
+            ]
+            return list(await asyncio.gather(*jobs))
+
+
+async def evaluate_agent(runner: AgentRunner, config: EvalConfig | None = None) -> EvalReport:
+    """The held-out eval of an agent program (rollouts/evaluation.py's, through the endpoint):
+    the first `num_tasks` eval seeds, greedy by default, summarised under `eval/`."""
+    config = config or EvalConfig()
+    rollout = runner.config
+    if config.greedy:
+        greedy = msgspec.structs.replace(rollout.sampling, temperature=0.0)
+        rollout = msgspec.structs.replace(rollout, sampling=greedy, group_size=1)
+    else:
+        rollout = msgspec.structs.replace(rollout, group_size=config.samples_per_task)
+    evaluator = copy.copy(runner)  # the same program and policy, the eval's sampling
+    evaluator.config = rollout
+    started = time.perf_counter()
+    seeds = eval_seeds(config.num_tasks)
+    trajectories = await evaluator.run_groups(seeds, seeds)
+    summary = BatchMetrics()
+    for trajectory in trajectories:
+        summary.add(trajectory)
+    examples = [format_transcript(t, runner.renderer) for t in trajectories[: config.num_examples]]
+    return EvalReport(
+        metrics=summary.result(time.perf_counter() - started, prefix="eval/"),
+        examples=examples,
+        trajectories=trajectories,
+    )

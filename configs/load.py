@@ -444,6 +444,13 @@ def check_environment(config: Config, world_size: int = 1) -> None:
         import_env_modules(config.env.modules, where="env.module")
     except ValueError as exc:
         raise ConfigError("", str(exc)) from None
+    if config.agent_program.module:  # the agent program's module and functions exist
+        from ..rollouts.serving.program import load_program
+
+        try:
+            load_program(config.agent_program)
+        except ValueError as exc:
+            raise ConfigError("", str(exc)) from None
     for where, kwargs in (("env", config.env.kwargs), ("sft.env_kwargs", config.sft.env_kwargs)):
         if kwargs is None:
             continue

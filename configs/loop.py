@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from tqdm import tqdm
@@ -36,6 +36,9 @@ from ..trainers.weight_sync import push_weights
 from .metrics_log import MetricsLog, eval_line, train_line
 from .run_dir import RunDir
 from .schema import Config
+
+if TYPE_CHECKING:
+    from ..rollouts.serving.agent_runner import AgentRunner
 
 # Per-rank batch metrics that add up over ranks (the rest are means over episodes, or maxima).
 _SUMMED = (
@@ -130,7 +133,13 @@ class RLLoop:
         self.batch_config: BatchConfig = msgspec.structs.replace(
             config.batch, groups_per_batch=groups, max_seq_len=config.batch.max_seq_len or max_seq_len
         )
-        self.runner = RolloutRunner(policy, renderer, self.rollout)
+        self.runner: RolloutRunner | AgentRunner
+        if config.agent_program.module:  # an agent program, through the endpoint
+            from ..rollouts.serving.agent_runner import AgentRunner
+
+            self.runner = AgentRunner(policy, renderer, config.agent_program, self.rollout)
+        else:
+            self.runner = RolloutRunner(policy, renderer, self.rollout)
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self._fingerprint = tokenizer_fingerprint(renderer.tokenizer)
         self._train_writer: RecordingWriter | None = None
@@ -161,9 +170,13 @@ class RLLoop:
         """Rank 0 evaluates its policy on the held-out seeds, logs, prints a few transcripts."""
         if not self.dist.is_main:
             return None
-        report: EvalReport = runner.run(
-            evaluate(self.policy, self.renderer, self.rollout, self.config.eval.to_eval_config())
-        )
+        eval_config = self.config.eval.to_eval_config()
+        if isinstance(self.runner, RolloutRunner):
+            report: EvalReport = runner.run(evaluate(self.policy, self.renderer, self.rollout, eval_config))
+        else:
+            from ..rollouts.serving.agent_runner import evaluate_agent
+
+            report = runner.run(evaluate_agent(self.runner, eval_config))
         metrics = dict(report.metrics)
         metrics["eval/policy_version"] = float(self.policy.policy_version)
         self.log.log("eval", self.step, metrics)

@@ -33,6 +33,9 @@ Sections (all optional; every key has a default):
                  record_training
     [checkpoint] CheckpointConfig: directory (inside the run dir), every_steps, keep_last
     [parallel]   device (auto | cpu | cuda), threads (torch threads per process; 0 = cores / local ranks)
+    [agent_program] module, function, task, request_timeout_s: train an agent program written
+                 against the `openai` client through the endpoint instead of rolling out [env]
+                 (rollouts/serving/agent_runner.py); empty module = env rollouts
 
 Each setting is declared once: the components' own config Structs are the sections where their
 shape suits TOML (RolloutSettings, BatchConfig, TrainerConfig, LossConfig, OptimizerConfig,
@@ -53,6 +56,7 @@ from ..rollouts.evaluation import EvalConfig
 from ..rollouts.runner import RolloutConfig
 from ..rollouts.sampling import EVAL_SEED_COUNT, BatchConfig
 from ..rollouts.scripted import OracleConfig
+from ..rollouts.serving.program import AgentProgram
 from ..rollouts.types import RolloutSettings, SamplingConfig
 from ..trainers.config import CheckpointConfig, OptimizerConfig, TrainerConfig
 
@@ -289,6 +293,7 @@ class Config(msgspec.Struct, **_STRICT):
     logging: LoggingSection = msgspec.field(default_factory=LoggingSection)
     checkpoint: CheckpointSection = msgspec.field(default_factory=CheckpointSection)
     parallel: ParallelSection = msgspec.field(default_factory=ParallelSection)
+    agent_program: AgentProgram = msgspec.field(default_factory=AgentProgram)
 
     @property
     def agent(self) -> PolicySection:

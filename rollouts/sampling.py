@@ -28,7 +28,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import msgspec
 
@@ -138,7 +139,21 @@ def _split_groups(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
     return list(groups.values())
 
 
-async def collect_batch(runner: RolloutRunner, seeds: TaskSeedStream, config: BatchConfig) -> RolloutBatch:
+class GroupRunner(Protocol):
+    """What `collect_batch` needs of a runner: G episodes per task seed, group-major. The env
+    runner (runner.py) and the agent programs' (rollouts/serving/agent_runner.py) are ones."""
+
+    async def run_groups(
+        self,
+        task_seeds: Sequence[int],
+        group_ids: Sequence[int] | None = None,
+        on_episode: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]: ...
+
+
+async def collect_batch(
+    runner: RolloutRunner | GroupRunner, seeds: TaskSeedStream, config: BatchConfig
+) -> RolloutBatch:
     """Roll out, grade, compute advantages and build Episodes for one training step."""
     started = time.perf_counter()
     needed = config.groups_per_batch

@@ -9,8 +9,9 @@ the env terminates/truncates or a limit ends the episode.
 Rendering goes through the renderer's per-episode `EpisodeRendering` (agents/chat.py). Plain
 ChatML gets the system prompt and each observation as one `observation_role` message. A renderer
 that writes tools itself (`renders_tools`: a model's chat template, agents/chat_template.py) gets
-the env's tool specs (reset info `tools`) with its `instructions` as the system message, and one
-`tool` message per `info["tool_results"]` entry (else the observation). Where a template is not
+the env's tool specs (reset info `tools`) with its `instructions` as the system message (both
+kept in `Trajectory.reset_info`, so replay renders the same prompt), and one `tool` message per
+`info["tool_results"]` entry (else the observation; `env_replies`). Where a template is not
 append-only, the history restarts from its full re-rendering: that transition's info gets
 `sequence_start` (rollouts/types.py, SEQUENCE_START), its observation_tokens are the whole new
 history, Episodes split there (rollouts/episodes.py), and `Trajectory.metrics["sequence_restarts"]`
@@ -73,7 +74,7 @@ from .. import envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
 from ..agents.chat import ChatRenderer, EpisodeRendering, Renderer
 from ..agents.errors import ContextOverflowError
 from ..agents.policy import Policy
-from ..agents.types import Completion, Message, SamplingParams
+from ..agents.types import Completion, Message, Role, SamplingParams
 from ..envs.info import INSTRUCTIONS, TOOL_RESULTS, TOOLS
 from .env_io import EnvOutputError, abandon_env, env_stop_reason, reset_env, settles, step_env
 from .metrics import SEQUENCE_RESTARTS, episode_metrics
@@ -160,6 +161,18 @@ def _system_and_tools(
     return instructions, tools
 
 
+def env_replies(renderer: Renderer, observation: str, info: dict[str, Any], role: Role) -> list[Message]:
+    """The env's reply to an action as messages: one `tool` message per `info["tool_results"]`
+    entry for a renderer that renders tools itself, else the observation in `role`
+    (rollout.observation_role)."""
+    results = info.get(TOOL_RESULTS) if renderer.renders_tools else None
+    if not results:
+        return [Message(role, observation)]
+    if not isinstance(results, list) or not all(isinstance(r, str) for r in results):
+        raise EnvOutputError(f"info['tool_results'] must be a list of str, got {results!r:.80}")
+    return [Message("tool", r) for r in results]
+
+
 def _render(render: Callable[..., Any], *args: Any) -> Any:
     try:
         return render(*args)
@@ -177,6 +190,7 @@ class _EpisodeState:
         self.system_prompt = ""
         self.final_observation = ""
         self.reward_components: dict[str, float] = {}
+        self.reset_info: dict[str, Any] = {}  # what a tools-rendering renderer was given
         self.sampled_tokens = 0
         self.generate_s = 0.0  # awaiting the policy
         self.env_s = 0.0  # env reset/step and chat rendering: the runner's own work
@@ -241,6 +255,7 @@ class RolloutRunner:
             ),
             sample_index=sample_index,
             error=state.error,
+            reset_info=state.reset_info,
         )
         trajectory.metrics = episode_metrics(
             trajectory, time.perf_counter() - started, state.generate_s, state.env_s
@@ -277,6 +292,8 @@ class RolloutRunner:
             env = state.env = gymnasium.make(config.env_id, **config.env_kwargs)
             observation, info, state.system_prompt = reset_env(env, task_seed)
             messages, tools = first_messages(renderer, observation, info, state.system_prompt)
+            if tools is not None:
+                state.reset_info = {k: info[k] for k in (TOOLS, INSTRUCTIONS) if k in info}
             rendering = state.rendering = _render(renderer.start_episode, messages, tools)
             observation_tokens = rendering.prompt
         except Exception as exc:
@@ -362,7 +379,8 @@ class RolloutRunner:
             ended = terminated or truncated or turn + 1 == self.config.max_turns
             delta = None
             if not ended:
-                delta = _render(rendering.extend, completion.tokens, self._replies(observation, info))
+                replies = env_replies(self.renderer, observation, info, self.config.observation_role)
+                delta = _render(rendering.extend, completion.tokens, replies)
         except Exception as exc:
             transition.info = {**transition.info, "error": _describe(exc)}
             state.end(StopReason.ENV_ERROR, _describe(exc))
@@ -381,16 +399,6 @@ class RolloutRunner:
         else:
             history += delta.tokens
         return observation, delta.tokens, delta.restarted
-
-    def _replies(self, observation: str, info: dict[str, Any]) -> list[Message]:
-        """The env's reply as messages: one `tool` message per `info["tool_results"]` entry for a
-        renderer that renders tools itself, else the observation in `observation_role`."""
-        results = info.get(TOOL_RESULTS) if self.renderer.renders_tools else None
-        if not results:
-            return [Message(self.config.observation_role, observation)]
-        if not isinstance(results, list) or not all(isinstance(r, str) for r in results):
-            raise EnvOutputError(f"info['tool_results'] must be a list of str, got {results!r:.80}")
-        return [Message("tool", r) for r in results]
 
     async def _generate(
         self, state: _EpisodeState, policy: Policy, history: list[int], params: SamplingParams

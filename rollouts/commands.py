@@ -24,12 +24,13 @@ from ..agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from ..envs import list_envs
 from .evaluation import EvalConfig, evaluate_sync
 from .metrics import BatchMetrics, env_metric_names
-from .recording import RecordingHeader, RecordingReader, RecordingWriter
+from .recording import CHAT_TEMPLATE, RecordingHeader, RecordingReader, RecordingWriter, chat_template_entry
 from .replay import (
     check_env_id,
     errored,
     format_transcript,
     import_env_modules,
+    recorded_renderer,
     replay_problems,
     rich_transcript,
     summarize,
@@ -55,6 +56,17 @@ def load_renderer(
     from ..agents.chat_template import TemplateRenderer, load_chat_template
 
     return TemplateRenderer(tokenizer, load_chat_template(chat_template))
+
+
+def chat_template_extra(chat_template: str | os.PathLike[str] = "") -> dict[str, Any]:
+    """A recording header's `extra` entry for episodes rendered through `chat_template` (as
+    `load_renderer` takes it): the template itself, so `replay` rebuilds the renderer; {} for
+    plain ChatML."""
+    if not chat_template:
+        return {}
+    from ..agents.chat_template import load_chat_template
+
+    return {CHAT_TEMPLATE: chat_template_entry(load_chat_template(chat_template))}
 
 
 def load_policy(
@@ -143,7 +155,11 @@ def record_command(
         env_id=rollout.env_id,
         env_kwargs=rollout.env_kwargs,
         policy_id=policy_id,
-        extra={"rollout_config": msgspec.to_builtins(rollout), "task_stream": stream},
+        extra={
+            "rollout_config": msgspec.to_builtins(rollout),
+            "task_stream": stream,
+            **chat_template_extra(chat_template),
+        },
     )
     seeds, group_ids = TaskSeedStream(stream=stream, position=start).take(num_tasks)
     runner = RolloutRunner(policy, renderer, rollout)
@@ -197,15 +213,22 @@ def replay_command(
     The recording imports nothing: `verify` makes only envs registered with gymnasium or whose
     module is imported already, toolgym's or one of `env_modules` (imported first, as the user
     named them); a header env id that needs any other module raises EnvModuleNotAllowed (one line)
-    before any episode is replayed."""
+    before any episode is replayed.
+
+    Transcripts and `verify` use the renderer the recording was made with
+    (`replay.recorded_renderer`: the chat template its header records, run in the sandbox; plain
+    ChatML when it records none); a recorded template that cannot be used raises ValueError."""
     import_env_modules(env_modules)
-    renderer = ChatRenderer(load_tokenizer(tokenizer_path))
-    reader = RecordingReader(path, tokenizer_fingerprint(renderer.tokenizer), skip_damaged=True)
+    tokenizer = load_tokenizer(tokenizer_path)
+    reader = RecordingReader(path, tokenizer_fingerprint(tokenizer), skip_damaged=True)
     head = reader.header
     if verify:
         check_env_id(head.env_id)
+    renderer = recorded_renderer(head, tokenizer, path)
+    template = head.extra.get(CHAT_TEMPLATE)
+    rendered = f"  chat template {template.get('source')}" if isinstance(template, dict) else ""
     console.print(
-        f"{path}: {head.env_id} {head.env_kwargs}  policy {head.policy_id}  created {head.created}",
+        f"{path}: {head.env_id} {head.env_kwargs}  policy {head.policy_id}  created {head.created}{rendered}",
         markup=False,
         soft_wrap=True,
     )

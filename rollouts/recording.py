@@ -16,8 +16,13 @@ path, line and reason: by default reading stops there with a `RecordingError`; w
 intact record is still read. Non-finite floats in the typed float fields (rewards, sampler logprobs) are written as the
 strings "nan", "inf", "-inf" and read back as floats (JSON has no NaN; msgspec would write null).
 
-Appending to an existing file checks its header first (same tokenizer and env; its schema
-version is kept) and cuts a torn last line off before writing, so the file stays one header +
+The chat template (header `extra["chat_template"]`, `chat_template_entry`): a recording rendered
+through a model's own chat template keeps the template's text, the tokenizer config's special
+tokens and the template variables, so `replay` rebuilds that renderer (rollouts/replay.py
+`recorded_renderer`); no such key means plain ChatML (every recording made before templates).
+
+Appending to an existing file checks its header first (same tokenizer, env and chat template;
+its schema version is kept) and cuts a torn last line off before writing, so the file stays one header +
 whole lines. A last line that lacks only its newline (it decodes, so the reader keeps it) is
 kept: the newline is added.
 """
@@ -29,13 +34,16 @@ import math
 import os
 import warnings
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from .types import Trajectory
+
+if TYPE_CHECKING:
+    from ..agents.chat_template import ChatTemplate
 
 SCHEMA_VERSION = 2  # 2: a crc32 on every line; 1 (no checksums) still reads
 READABLE_VERSIONS = (1, 2)
@@ -71,6 +79,34 @@ class RecordingHeader(msgspec.Struct):
     schema_version: int = SCHEMA_VERSION
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
     checksum: str = ""  # version 2: crc32 of this line with this field's value zeroed (last field)
+
+
+CHAT_TEMPLATE = "chat_template"  # RecordingHeader.extra key: the chat template the episodes used
+
+
+def chat_template_entry(
+    template: ChatTemplate, template_kwargs: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """`RecordingHeader.extra[CHAT_TEMPLATE]` for episodes rendered through `template` with
+    `template_kwargs` as template variables: what rebuilds the same renderer (the template's
+    text, the tokenizer config's special tokens, the variables) and, for humans, where the
+    template came from (`source`: its file)."""
+    return {
+        "source": template.source,
+        "text": template.text,
+        "special_tokens": dict(template.special_tokens),
+        "template_kwargs": dict(template_kwargs or {}),
+    }
+
+
+def rendering_of(extra: Mapping[str, Any]) -> tuple[str, Any]:
+    """How the episodes of a header with this `extra` were rendered: (in words, a value equal for
+    headers whose episodes were rendered alike: the template and its variables, where its file
+    was aside; None for plain ChatML)."""
+    entry = extra.get(CHAT_TEMPLATE)
+    if not isinstance(entry, dict):
+        return "plain ChatML", None
+    return f"chat template {entry.get('source')}", {k: v for k, v in entry.items() if k != "source"}
 
 
 def _now_iso() -> str:
@@ -274,7 +310,7 @@ class RecordingWriter:
     """Appends Trajectories to a recording, one flushed line each. Use as a context manager.
 
     A new file gets `header` (its schema version decides the line format); an existing one must
-    have a compatible header (tokenizer fingerprint and env id/kwargs), its schema version is kept,
+    have a compatible header (tokenizer fingerprint, env id/kwargs, chat template), its schema version is kept,
     and a torn last line is cut off first (a last line that lacks only its newline gets it back
     instead).
     """
@@ -293,6 +329,12 @@ class RecordingWriter:
                 raise RecordingError(
                     f"{self.path}: holds {existing.env_id} {existing.env_kwargs}, refusing to append "
                     f"{header.env_id} {header.env_kwargs}; write to a new file"
+                )
+            (had, had_key), (new, new_key) = rendering_of(existing.extra), rendering_of(header.extra)
+            if had_key != new_key:
+                raise RecordingError(
+                    f"{self.path}: holds episodes rendered with {had}, refusing to append episodes "
+                    f"rendered with {new}; write to a new file"
                 )
             self._cut_torn_tail()
             self._file = self.path.open("ab")

@@ -14,7 +14,9 @@ stop_reason) that disagrees with the steps or the re-run. Actions the runner nev
 could not use) are handled as the runner handled them: the env is stepped through the runner's
 own checks (`step_env`), and an episode the runner cut is settled as the runner settled it
 (`abandon_env`, its reward on the last turn). Given the recording's tokenizer, verification also
-checks the tokens training reads against that text (`verify_tokens`).
+checks the tokens training reads against that text (`verify_tokens`), through the renderer the
+recording was made with (`recorded_renderer`: the chat template its header records, or plain
+ChatML).
 
 A recording never causes an import: gymnasium imports the module of a `module:Env-v0` id, so
 verification makes only envs whose module is already imported (toolgym's own, and modules the
@@ -32,16 +34,19 @@ from collections.abc import Iterable, Sequence
 
 import gymnasium
 from rich.text import Text
+from tokenizers import Tokenizer
 
 from .. import envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
-from ..agents.chat import ChatRenderer, Message, Renderer
+from ..agents.chat import ChatRenderer, Renderer
 from ..agents.types import Role
 from ..envs.info import METRICS, SUCCESS_METRIC
 from .advantages import AdvantageConfig, batch_advantages
 from .env_io import abandon_env, env_stop_reason, reset_env, settles, step_env
 from .episodes import INFRA_STOP_REASONS, EpisodeStats, OverlongEpisodeRule, build_episodes, sampled_length
 from .metrics import batch_metrics
-from .types import Episode, StopReason, Trajectory
+from .recording import CHAT_TEMPLATE, RecordingError, RecordingHeader
+from .runner import env_replies, first_messages
+from .types import SEQUENCE_START, Episode, StopReason, Trajectory
 
 SAMPLED_OPEN, SAMPLED_CLOSE = "⟦", "⟧"
 _STYLES = {"prompt": "", "sampled": "bold green", "note": "dim italic", "header": "bold cyan"}
@@ -298,31 +303,83 @@ def _episode_problems(
     return problems
 
 
-def verify_tokens(trajectory: Trajectory, renderer: ChatRenderer) -> list[str]:
+def recorded_renderer(
+    header: RecordingHeader, tokenizer: Tokenizer, path: str | os.PathLike = ""
+) -> Renderer:
+    """The renderer a recording was made with, rebuilt from its header (`path` names the file in
+    errors): a `TemplateRenderer` of the chat template it records (`extra["chat_template"]`,
+    rollouts/recording.py: the recorded text runs in the sandbox, as every template does), or
+    plain ChatML when it records none. Raises RecordingError for an entry that is not a recorded
+    template, ChatTemplateError (a ValueError, one line) for a template `tokenizer` cannot use."""
+    entry = header.extra.get(CHAT_TEMPLATE)
+    if entry is None:
+        return ChatRenderer(tokenizer)
+    where = f"{path}: " if path else ""
+    special = entry.get("special_tokens", {}) if isinstance(entry, dict) else None
+    kwargs = entry.get("template_kwargs", {}) if isinstance(entry, dict) else None
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("text"), str)
+        or not isinstance(special, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in special.items())
+        or not isinstance(kwargs, dict)
+    ):
+        raise RecordingError(
+            f"{where}the header's extra[{CHAT_TEMPLATE!r}] is not a recorded chat template "
+            "(an object with text, special_tokens and template_kwargs)"
+        )
+    from ..agents.chat_template import ChatTemplate, TemplateRenderer
+
+    source = f"{where}the recorded chat template ({entry.get('source', '?')})"
+    return TemplateRenderer(tokenizer, ChatTemplate(entry["text"], source, special), kwargs)
+
+
+def verify_tokens(trajectory: Trajectory, renderer: Renderer) -> list[str]:
     """Differences between the recorded token stream and the recorded text ([] if none): what
-    training reads (tokens) against what the env graded (text). Each action's tokens must decode
-    to its text (skip_special_tokens, as every backend and the runner decode); the first turn's
-    observation tokens must be the rendered prompt, and every later turn's the delta the renderer
-    makes from the env's reply and the previous action's tokens, in one chat role for the whole
-    episode ("tool" or "user": rollout.observation_role, which the recording does not keep)."""
+    training reads (tokens) against what the env graded (text), through `renderer` (the one the
+    recording was made with: `recorded_renderer`). Each action's tokens must decode to its text
+    (skip_special_tokens, as every backend and the runner decode). The episode is rendered again
+    as the runner rendered it (runner.first_messages, runner.env_replies): the first prompt from
+    the system prompt (or, with the tools the renderer was given, `reset_info`'s instructions)
+    and the first observation; then after each action its recorded tokens, verbatim, and the
+    env's reply (a tool message per recorded `tool_results` entry where the renderer writes
+    tools, else the observation), in one chat role for the whole episode ("tool" or "user":
+    rollout.observation_role, which the recording does not keep). Every turn's observation
+    tokens must be that rendering's, and a turn marked `sequence_start` exactly where the
+    rendering restarts (a chat template that is not append-only there)."""
     t, problems = trajectory, []
     if not t.transitions:
         return problems
     try:
-        messages = [Message("system", t.system_prompt)] if t.system_prompt else []
-        prompt = renderer.render_prompt([*messages, Message("user", t.transitions[0].observation)])
-        if t.transitions[0].observation_tokens != prompt:
-            problems.append("turn 0: observation tokens are not the rendered prompt")
+        messages, tools = first_messages(
+            renderer, t.transitions[0].observation, t.reset_info, t.system_prompt
+        )
         roles: list[Role] = ["tool", "user"]  # the roles that still explain every turn so far
+        renderings = [renderer.start_episode(messages, tools) for _ in roles]
+        if t.transitions[0].observation_tokens != renderings[0].prompt:
+            problems.append("turn 0: observation tokens are not the rendered prompt")
         for i in range(1, len(t.transitions)):
-            tokens, observation = t.transitions[i].observation_tokens, t.transitions[i].observation
-            previous = t.transitions[i - 1].action.tokens
-            roles = [
-                r for r in roles if renderer.render_observation(Message(r, observation), previous) == tokens
+            before, transition = t.transitions[i - 1], t.transitions[i]
+            restart = bool(transition.info.get(SEQUENCE_START))
+            turns = [
+                rendering.extend(
+                    before.action.tokens, env_replies(renderer, transition.observation, before.info, role)
+                )
+                for role, rendering in zip(roles, renderings, strict=True)
             ]
-            if not roles:
-                problems.append(f"turn {i}: observation tokens are not the rendered env reply")
+            same = [turn.tokens == transition.observation_tokens for turn in turns]
+            keep = [k for k, turn in enumerate(turns) if same[k] and turn.restarted == restart]
+            if not keep:
+                if any(same):
+                    problems.append(
+                        f"turn {i}: sequence_start is {restart}, but the rendering "
+                        f"{'does not restart' if restart else 'restarts'} there"
+                    )
+                else:
+                    problems.append(f"turn {i}: observation tokens are not the rendered env reply")
                 break
+            roles = [roles[k] for k in keep]
+            renderings = [renderings[k] for k in keep]
         for i, transition in enumerate(t.transitions):
             text = renderer.decode(transition.action.tokens, skip_special_tokens=True)
             if text != transition.action.text:
@@ -334,14 +391,14 @@ def verify_tokens(trajectory: Trajectory, renderer: ChatRenderer) -> list[str]:
     return problems
 
 
-def replay_problems(trajectory: Trajectory, renderer: ChatRenderer | None = None) -> list[str]:
+def replay_problems(trajectory: Trajectory, renderer: Renderer | None = None) -> list[str]:
     """What `replay --verify` reports for one trajectory: `verify_trajectory`'s problems and, with
     the recording's renderer, `verify_tokens`'s ([] if it replays exactly)."""
     return verify_trajectory(trajectory) + (verify_tokens(trajectory, renderer) if renderer else [])
 
 
 def verify_trajectories(
-    trajectories: Iterable[Trajectory], renderer: ChatRenderer | None = None
+    trajectories: Iterable[Trajectory], renderer: Renderer | None = None
 ) -> list[tuple[int, Trajectory, list[str]]]:
     """(index, trajectory, problems) for every trajectory with `replay_problems`."""
     checked = ((i, t, replay_problems(t, renderer)) for i, t in enumerate(trajectories))

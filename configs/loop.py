@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from tqdm import tqdm
 
-from ..agents.chat import Renderer
+from ..agents.chat import ChatRenderer, Renderer
 from ..agents.policy import Policy
 from ..agents.tokenizer import tokenizer_fingerprint
 from ..rollouts.evaluation import EvalReport, evaluate
-from ..rollouts.recording import RecordingHeader, RecordingWriter
+from ..rollouts.recording import CHAT_TEMPLATE, RecordingHeader, RecordingWriter, chat_template_entry
 from ..rollouts.runner import RolloutConfig, RolloutRunner
 from ..rollouts.sampling import BatchConfig, TaskSeedStream, collect_batch
 from ..trainers.checkpoint import CheckpointManager
@@ -75,6 +75,19 @@ def combine_rank_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, floa
         else:
             out[key] = sum(values) / len(values)
     return out
+
+
+def chat_template_extra(config: Config, renderer: Renderer) -> dict[str, Any]:
+    """A run recording's header `extra`: the chat template the run renders with
+    (policy.chat_template and its variables), so `replay` rebuilds the same renderer; {} for
+    plain ChatML."""
+    if isinstance(renderer, ChatRenderer) or not config.policy.chat_template:
+        return {}
+    from ..agents.chat_template import load_chat_template
+    from .load import chat_template_path
+
+    template = load_chat_template(chat_template_path(config.policy.chat_template))
+    return {CHAT_TEMPLATE: chat_template_entry(template, config.policy.chat_template_kwargs)}
 
 
 class NoLearningError(RuntimeError):
@@ -142,6 +155,7 @@ class RLLoop:
             self.runner = RolloutRunner(policy, renderer, self.rollout)
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self._fingerprint = tokenizer_fingerprint(renderer.tokenizer)
+        self._header_extra = chat_template_extra(config, renderer)
         self._train_writer: RecordingWriter | None = None
         if config.logging.record_training:
             self._train_writer = RecordingWriter(run.train_recording(dist.rank), self._header("train"))
@@ -164,6 +178,7 @@ class RLLoop:
             env_id=self.rollout.env_id,
             env_kwargs=dict(self.rollout.env_kwargs),
             policy_id=f"{self.run.root.name} {what}",
+            extra=dict(self._header_extra),
         )
 
     def evaluate(self, runner: asyncio.Runner, label: str) -> dict[str, float] | None:

@@ -23,13 +23,15 @@ from tqdm import tqdm
 from ..agents.chat import Renderer
 from ..agents.model.transformer import Transformer
 from ..agents.tokenizer import tokenizer_fingerprint
-from ..rollouts.recording import RecordingHeader, RecordingWriter, read_recording
+from ..rollouts.recording import RecordingHeader, RecordingWriter, read_recording, rendering_of
 from ..rollouts.replay import OfflineMode, episodes_from_trajectories, summarize
 from ..rollouts.runner import RolloutRunner
 from ..rollouts.sampling import TaskSeedStream
 from ..rollouts.scripted import OraclePolicy
 from ..rollouts.types import Episode, Trajectory
 from ..trainers.trainer import Trainer
+from .load import ConfigError
+from .loop import chat_template_extra
 from .metrics_log import MetricsLog, sft_line
 from .schema import Config
 
@@ -42,11 +44,28 @@ def sft_stream(config: Config) -> int:
     return 2 * config.run.seed + 1
 
 
+def check_demo_rendering(config: Config, renderer: Renderer, header: RecordingHeader) -> None:
+    """Raise ConfigError (sft.recording, one line) unless the SFT recording's episodes were
+    rendered as the run renders (the chat template its header records, or plain ChatML, against
+    policy.chat_template): its tokens are what SFT trains on, and a warm start in another
+    format than RL's would teach the model a format it never sees again."""
+    recorded, recorded_key = rendering_of(header.extra)
+    run, run_key = rendering_of(chat_template_extra(config, renderer))
+    if recorded_key != run_key:
+        raise ConfigError(
+            "sft.recording",
+            f"{config.sft.recording} was rendered with {recorded}, but this run renders with {run} "
+            "(policy.chat_template, chat_template_kwargs): record the demonstrations with the run's template",
+        )
+
+
 def demo_trajectories(config: Config, renderer: Renderer) -> tuple[list[Trajectory], str]:
-    """The demonstrations and a description of where they came from."""
+    """The demonstrations and a description of where they came from. A recording must have been
+    rendered as the run renders (`check_demo_rendering`)."""
     sft = config.sft
     if sft.source == "recording":
         header, trajectories = read_recording(sft.recording, tokenizer_fingerprint(renderer.tokenizer))
+        check_demo_rendering(config, renderer, header)
         return trajectories, f"{sft.recording} ({header.policy_id})"
     rollout = msgspec.structs.replace(config.rollout_config(sft.env_kwargs), group_size=1)
     policy = OraclePolicy(renderer, sft.oracle)
@@ -66,6 +85,7 @@ def demo_episodes(
             env_id=config.env.id,
             env_kwargs=dict(trajectories[0].env_kwargs if trajectories else config.env.kwargs),
             policy_id=source,
+            extra=chat_template_extra(config, renderer),
         )
         with RecordingWriter(record_to, header) as writer:
             writer.write_all(trajectories)

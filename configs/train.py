@@ -53,7 +53,7 @@ from .metrics_log import MetricsLog, display_name, format_metric, read_metrics, 
 from .plot import plot_run
 from .run_dir import RunDir, create_run_dir, default_run_path
 from .schema import Config
-from .sft import demo_episodes, rl_stream, run_sft
+from .sft import check_demo_rendering, demo_episodes, rl_stream, run_sft
 
 # summary.json's before/after: these and every metric the env reported (envs/info.py).
 SUMMARY_KEYS = ("eval/reward_mean", "eval/turns_mean")
@@ -76,13 +76,15 @@ def _prepare_run_dir(config: Config, resume: str | Path | None, is_main: bool) -
 
 
 def _check_sft_recording(config: Config, renderer: Renderer) -> None:
-    """The SFT recording's header (not its episodes): a recording made with another tokenizer."""
+    """The SFT recording's header (not its episodes): a recording made with another tokenizer, or
+    rendered otherwise than the run renders (sft.check_demo_rendering)."""
     if not (config.sft.enabled and config.sft.source == "recording"):
         return
     try:
-        RecordingReader(config.sft.recording, tokenizer_fingerprint(renderer.tokenizer))
+        header = RecordingReader(config.sft.recording, tokenizer_fingerprint(renderer.tokenizer)).header
     except (RecordingError, OSError) as exc:
         raise ConfigError("sft.recording", str(exc)) from None
+    check_demo_rendering(config, renderer, header)
 
 
 def _update_run_config(run: RunDir, config: Config) -> Path | None:

@@ -16,6 +16,7 @@ configs/train.py and configs/plot.py.
     toolgym view runs/zorplex_tiny-20250101-120000   # or a recording; a page on 127.0.0.1:8765
     toolgym export runs/oracle.jsonl --out chat.jsonl  # OpenAI chat-messages JSONL
     toolgym import chat.jsonl --out demos.jsonl      # SFT data ([sft] source = "recording")
+    toolgym serve --policy runs/x/final_model --record captures.jsonl  # OpenAI API on 127.0.0.1
 
 A subcommand is a function `add_<name>(subparsers)` in `SUBCOMMANDS` that adds its parser and
 sets `func` (args -> exit code).
@@ -435,6 +436,35 @@ def add_import(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a checkpoint as an OpenAI-compatible API (chat/completions, tools) that captures "
+        "each conversation token-exactly",
+    )
+    p.add_argument("--policy", required=True, help="a Hugging Face checkpoint directory")
+    p.add_argument(
+        "--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer.json (default: the checkpoint's, else the shipped one)"
+    )
+    p.add_argument("--chat-template", default="", help="as for `toolgym eval` (default: plain ChatML)")
+    p.add_argument("--host", default="127.0.0.1", help="address (default: this machine only; there is no auth)")
+    p.add_argument("--port", type=int, default=8000, help="port (0: any free one)")
+    p.add_argument("--max-tokens-per-turn", type=int, default=256, help="a request's max_tokens cap and default")
+    p.add_argument("--max-n", type=int, default=16, help="the largest n a request may ask for")
+    p.add_argument("--record", default=None, help="append every captured conversation to this recording")
+
+    def run(args: argparse.Namespace) -> int:
+        from ..rollouts.serving.server import EndpointConfig, serve_command
+
+        config = EndpointConfig(
+            host=args.host, port=args.port, max_tokens_per_turn=args.max_tokens_per_turn, max_n=args.max_n
+        )
+        chat_template = _chat_template(args.chat_template)
+        return serve_command(Console(), args.policy, args.tokenizer, chat_template, config, args.record)
+
+    p.set_defaults(func=run)
+
+
 SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_train,
     add_eval,
@@ -445,6 +475,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_view,
     add_export,
     add_import,
+    add_serve,
 ]
 
 

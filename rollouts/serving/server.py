@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -53,7 +54,7 @@ from ...agents.types import Completion, SamplingParams
 from ..recording import RecordingWriter
 from ..runner import sampling_seed
 from ..types import SamplingConfig, StopReason
-from .capture import CaptureInfo, CaptureStore, Choice, Conversation
+from .capture import ENDPOINT_ENV_ID, CaptureInfo, CaptureStore, Choice, Conversation
 from .openai_api import (
     APIError,
     ChatCompletionRequest,
@@ -102,6 +103,20 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+class _ForegroundServer(uvicorn.Server):
+    """uvicorn's server for `toolgym serve`: Ctrl+C and SIGTERM stop it gracefully, and the
+    command then ends normally (uvicorn would raise the signal again after shutting down)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -153,7 +168,7 @@ class PolicyServer:
         config = uvicorn.Config(
             self.app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
         )
-        return _Server(config) if quiet else uvicorn.Server(config)
+        return _Server(config) if quiet else _ForegroundServer(config)
 
     async def start(self) -> None:
         """Serve from the running event loop; returns once the socket accepts connections."""
@@ -184,13 +199,17 @@ class PolicyServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def run(self) -> None:
-        """Serve until interrupted (Ctrl+C, SIGTERM), then close the captures: `toolgym serve`."""
+    def run(self, on_ready: Callable[[str], None] | None = None) -> None:
+        """Serve until interrupted (Ctrl+C, SIGTERM), then close the captures: `toolgym serve`.
+        `on_ready` gets the base URL once the port is bound."""
 
         async def serve() -> None:
             server = self._server = self._uvicorn(quiet=False)
+            sock = self._socket()
+            if on_ready is not None:
+                on_ready(self.base_url)
             try:
-                await server.serve(sockets=[self._socket()])
+                await server.serve(sockets=[sock])
             finally:
                 self.captures.close_all()
 
@@ -475,3 +494,41 @@ class PolicyServer:
             "choices": out,
             "usage": self._usage(prompt, [c.completion for c in choices]),
         }
+
+
+def serve_command(
+    console: Any,
+    policy_spec: str,
+    tokenizer_path: str,
+    chat_template: str = "",
+    config: EndpointConfig | None = None,
+    record: str | None = None,
+) -> int:
+    """`toolgym serve`: a checkpoint directory served by the torch engine until interrupted;
+    with `record`, every finished or (at shutdown) incomplete conversation is appended there."""
+    from ...agents.tokenizer import tokenizer_fingerprint
+    from ..commands import ORACLE, load_policy, load_renderer
+    from ..recording import RecordingHeader
+
+    if policy_spec == ORACLE:
+        raise ValueError("--policy must be a checkpoint directory (the oracle plays envs, not conversations)")
+    renderer = load_renderer(policy_spec, tokenizer_path, chat_template)
+    policy, policy_id = load_policy(policy_spec, renderer)
+    writer = None
+    if record:
+        header = RecordingHeader(
+            tokenizer_fingerprint=tokenizer_fingerprint(renderer.tokenizer),
+            env_id=ENDPOINT_ENV_ID,
+            policy_id=policy_id,
+        )
+        writer = RecordingWriter(record, header)
+    server = PolicyServer(policy, renderer, config, writer)
+    try:
+        server.run(lambda url: console.print(f"serving {policy_id} at {url} (Ctrl+C stops)", soft_wrap=True))
+    finally:
+        policy.close()
+        if writer is not None:
+            writer.close()
+    captured = server.captures.finished
+    console.print(f"stopped: {captured} conversations captured ({server.captures.incomplete} incomplete)")
+    return 0

@@ -348,3 +348,37 @@ def test_shutdown_with_captures_open_flushes_them_marked_incomplete(chat, tmp_pa
         assert (t.error or "").startswith("IncompleteCapture") and len(t.transitions) == 1
     assert server.captures.incomplete == 2 and not server.captures.open
     assert build_episodes(records, [0.0, 0.0])[0] == []  # never trained on
+
+
+@pytest.mark.slow
+def test_toolgym_serve_serves_a_checkpoint_until_interrupted_and_records_the_captures(tmp_path):
+    import signal
+
+    from serving_testlib import TOKENIZER, tiny_model
+
+    from toolgym.agents.model.checkpoint import save_hf_checkpoint
+
+    model = tiny_model()
+    save_hf_checkpoint(model, model.config, tmp_path / "ckpt", tokenizer_path=TOKENIZER)
+    record = tmp_path / "captures.jsonl"
+    command = [sys.executable, "-m", "toolgym.configs.cli", "serve", "--policy", str(tmp_path / "ckpt")]
+    command += ["--port", "0", "--record", str(record)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        while line and not line.startswith("serving "):
+            line = proc.stdout.readline()
+        url = line.split(" at ", 1)[1].split()[0]
+        c = openai.OpenAI(base_url=url, api_key="cli-conv", max_retries=0, timeout=60)
+        r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        assert r.usage.completion_tokens == 3
+        c.close()
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    assert "1 incomplete" in out
+    _, (trajectory,) = read_recording(record)
+    assert trajectory.env_kwargs == {"conversation_id": "cli-conv"} and trajectory.metrics[INCOMPLETE]

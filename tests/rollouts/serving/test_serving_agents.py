@@ -175,3 +175,30 @@ def test_toolgym_train_runs_the_shop_agent_through_the_endpoint_for_two_rl_steps
     assert [r["step"] for r in train] == [1, 2]
     assert all(r["rollout/episodes"] == 4.0 for r in train)
     assert len([r for r in records if r.get("kind") == "eval"]) == 2
+
+
+def test_through_the_endpoint_the_agent_sees_the_tokens_the_env_runner_would_show(tmp_path):
+    """With the model's chat template, the README's agent on Shop-v0 gets the same prompts, token
+    for token, as the env runner rolling out Shop-v0 with the same replies: what SFT on the env's
+    demonstrations teaches carries over to the agent program."""
+    import gymnasium
+    from serving_testlib import ScriptedPolicy
+
+    from toolgym.agents.chat_template import TemplateRenderer, load_chat_template
+    from toolgym.configs.load import chat_template_path
+    from toolgym.rollouts.runner import RolloutRunner
+
+    chat = renderer()
+    template = TemplateRenderer(chat.tokenizer, load_chat_template(chat_template_path("qwen2.5-style")))
+    env = gymnasium.make("toolgym/Shop-v0").unwrapped
+    env.reset(seed=5)
+    replies = env.oracle_actions()  # a price call, then the tagged answer
+    by_env, by_agent = ScriptedPolicy(template, replies), ScriptedPolicy(template, replies)
+    config = rollout(group_size=1, max_tokens_per_turn=64, max_tokens_per_episode=256)
+    (env_run,) = asyncio.run(RolloutRunner(by_env, template, config).run_groups([5]))
+    (agent_run,) = asyncio.run(AgentRunner(by_agent, template, SHOP, config).run_groups([5]))
+    assert len(by_env.prompts) == len(by_agent.prompts) == 2
+    assert by_agent.prompts == by_env.prompts
+    assert agent_run.reward_components == {"correct": 1.0, "used_tool": 0.2}
+    assert env_run.metrics["env"]["success"] == 1.0
+    assert agent_run.metrics["sequence_restarts"] == 0

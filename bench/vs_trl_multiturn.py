@@ -128,12 +128,12 @@ def warm_model(args: argparse.Namespace, directory: Path) -> str:
     torch.set_num_threads(args.threads)
     config = toolgym_config(args)
     renderer, _ = build_renderer(config)
-    episodes, _, _ = demo_episodes(config, renderer, max_seq_len=1024)
+    episodes, _, _ = demo_episodes(config, renderer, max_seq_len=512)
     model = build_model(args.model, seed=0)
     trainer = Trainer(
         model,
         TrainerConfig(
-            optimizer=OptimizerConfig(lr=2e-3, betas=(0.9, 0.95), warmup_steps=10, max_grad_norm=1.0),
+            optimizer=OptimizerConfig(lr=2e-3, betas=(0.9, 0.95), warmup_steps=20),
             micro_batch_tokens=16384,
         ),
         device="cpu",

@@ -27,6 +27,7 @@ import copy
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import msgspec
 
@@ -67,9 +68,16 @@ class AgentRunner:
         )
 
     async def run_episode(
-        self, server: PolicyServer, task_seed: int, group_id: int = 0, sample_index: int = 0
+        self,
+        server: PolicyServer,
+        task_seed: int,
+        group_id: int = 0,
+        sample_index: int = 0,
+        http_client: Any = None,
     ) -> Trajectory:
-        """One agent run on a serving `server`: its conversation, finished into a Trajectory."""
+        """One agent run on a serving `server`: its conversation, finished into a Trajectory.
+        `http_client` (an `openai.DefaultAsyncHttpxClient`) is shared by the episodes of a batch:
+        each client of its own would build its own TLS context, a cost per episode."""
         import openai
 
         cid = f"episode-{group_id}-{sample_index}-{uuid.uuid4().hex[:12]}"
@@ -84,7 +92,11 @@ class AgentRunner:
         server.captures.register(cid, info)
         result, stop, error = AgentResult(reward=0.0), StopReason.ANSWERED, None
         client = openai.AsyncOpenAI(
-            base_url=server.base_url, api_key=cid, max_retries=0, timeout=self.program.request_timeout_s
+            base_url=server.base_url,
+            api_key=cid,
+            max_retries=0,
+            timeout=self.program.request_timeout_s,
+            http_client=http_client,
         )
         timeout = self.config.episode_timeout_s
         try:
@@ -98,7 +110,8 @@ class AgentRunner:
         except Exception as exc:
             stop, error = StopReason.ENV_ERROR, _describe(exc)
         finally:
-            await client.close()
+            if http_client is None:  # its own connections; a shared client is closed by its owner
+                await client.close()
         return server.captures.finish(
             cid,
             result.reward if error is None else 0.0,
@@ -122,15 +135,18 @@ class AgentRunner:
             raise ValueError(f"{len(task_seeds)} task seeds but {len(group_ids)} group ids")
         limit = self.config.max_concurrent_episodes
         semaphore = asyncio.Semaphore(limit) if limit else None
+        import openai
+
+        http = openai.DefaultAsyncHttpxClient()
         async with PolicyServer(self.policy, self.renderer, self.endpoint_config()) as server:
             self.last_server = server
 
             async def one(seed: int, group_id: int, sample: int) -> Trajectory:
                 if semaphore is None:
-                    trajectory = await self.run_episode(server, seed, group_id, sample)
+                    trajectory = await self.run_episode(server, seed, group_id, sample, http)
                 else:
                     async with semaphore:
-                        trajectory = await self.run_episode(server, seed, group_id, sample)
+                        trajectory = await self.run_episode(server, seed, group_id, sample, http)
                 if on_episode is not None:
                     on_episode(trajectory)
                 return trajectory
@@ -140,7 +156,10 @@ class AgentRunner:
                 for seed, group_id in zip(task_seeds, group_ids, strict=True)
                 for s in range(self.config.group_size)
             ]
-            return list(await asyncio.gather(*jobs))
+            try:
+                return list(await asyncio.gather(*jobs))
+            finally:
+                await http.aclose()
 
 
 async def evaluate_agent(runner: AgentRunner, config: EvalConfig | None = None) -> EvalReport:

@@ -83,6 +83,9 @@ class EndpointConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     max_tokens_per_episode: int | None = None
     context_length: int | None = None  # None: the policy's
     sampling: SamplingConfig | None = None  # fixed sampling for every request (training)
+    # Event-loop turns a request waits before it reaches the policy, so that the requests of many
+    # agents that arrive within a few turns start in one prefill (bench/RESULTS.md, bench/serve.py).
+    coalesce_ticks: int = 8
 
     def __post_init__(self) -> None:
         for name in ("max_n", "max_tokens_per_turn"):
@@ -351,6 +354,8 @@ class PolicyServer:
     ) -> list[Completion]:
         started = time.perf_counter()
         try:
+            for _ in range(self.config.coalesce_ticks):  # requests arriving together batch together
+                await asyncio.sleep(0)
             return await self.policy.generate([prompt], params)
         except asyncio.CancelledError:
             conversation.broken = "ClientDisconnected: the client went away mid-generation"

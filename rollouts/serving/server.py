@@ -161,7 +161,10 @@ class PolicyServer:
     # ---- lifecycle --------------------------------------------------------------------------
 
     def _socket(self) -> socket.socket:
-        sock = socket.socket(socket.AF_INET6 if ":" in self.config.host else socket.AF_INET)
+        # IPPROTO_TCP given, not 0: asyncio sets TCP_NODELAY only on sockets that name it, and
+        # without it every response waits for a delayed ACK (Nagle) before its last segment.
+        family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.config.host, self.config.port))
         self.port = sock.getsockname()[1]

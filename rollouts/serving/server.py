@@ -83,9 +83,12 @@ class EndpointConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     max_tokens_per_episode: int | None = None
     context_length: int | None = None  # None: the policy's
     sampling: SamplingConfig | None = None  # fixed sampling for every request (training)
-    # Event-loop turns a request waits before it reaches the policy, so that the requests of many
-    # agents that arrive within a few turns start in one prefill (bench/RESULTS.md, bench/serve.py).
-    coalesce_ticks: int = 8
+    # Requests wait at a gate before they reach the policy: it opens once no request has arrived
+    # for `gather_quiet_s` (or after `gather_max_s`), so that many agents' requests arriving in a
+    # burst start in one prefill, as the env runner's do (bench/RESULTS.md, bench/serve.py).
+    # 0 turns the gate off.
+    gather_quiet_s: float = 0.001
+    gather_max_s: float = 0.02
 
     def __post_init__(self) -> None:
         for name in ("max_n", "max_tokens_per_turn"):
@@ -149,6 +152,9 @@ class PolicyServer:
         limits = [int(n) for n in known if isinstance(n, int)]
         self.context_length = min(limits) if limits else None
         self.app = self._build_app()
+        self._gate: asyncio.Future[None] | None = None
+        self._gate_task: asyncio.Future[None] | None = None
+        self._last_arrival = 0.0
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self.port = 0
@@ -357,8 +363,7 @@ class PolicyServer:
     ) -> list[Completion]:
         started = time.perf_counter()
         try:
-            for _ in range(self.config.coalesce_ticks):  # requests arriving together batch together
-                await asyncio.sleep(0)
+            await self._gather()
             return await self.policy.generate([prompt], params)
         except asyncio.CancelledError:
             conversation.broken = "ClientDisconnected: the client went away mid-generation"
@@ -373,6 +378,27 @@ class PolicyServer:
             ) from None
         finally:
             conversation.generate_s += time.perf_counter() - started
+
+    async def _gather(self) -> None:
+        """Wait at the gate (see EndpointConfig): one task per burst watches for quiet."""
+        if self.config.gather_quiet_s <= 0:
+            return
+        self._last_arrival = time.perf_counter()
+        if self._gate is None:
+            self._gate = asyncio.get_running_loop().create_future()
+            self._gate_task = asyncio.ensure_future(self._open_gate(self._gate))
+        await asyncio.shield(self._gate)
+
+    async def _open_gate(self, gate: asyncio.Future[None]) -> None:
+        opened = time.perf_counter()
+        quiet, longest = self.config.gather_quiet_s, self.config.gather_max_s
+        while True:
+            await asyncio.sleep(0)  # a loop turn: sockets are read, handlers run up to the gate
+            now = time.perf_counter()
+            if now - self._last_arrival >= quiet or now - opened >= longest:
+                break
+        self._gate = None
+        gate.set_result(None)
 
     def _cut(self, completion: Completion, stops: list[str]) -> tuple[Completion, str]:
         """The completion up to the token that completes the first stop string, and its text

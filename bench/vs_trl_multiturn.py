@@ -263,7 +263,7 @@ def toolgym_worker(args: argparse.Namespace, workdir: Path) -> dict:
                     sampled=sum(sum(e.loss_mask) for e in batch.episodes),
                     tokens=sum(len(e.tokens) for e in batch.episodes),
                     turns=sum(len(t.transitions) for t in trajectories),
-                    tool_calls=sum(t.metrics.get("tool_calls", 0.0) for t in trajectories),
+                    tool_calls=sum(t.metrics["env"].get("tool_calls", 0.0) for t in trajectories),
                     reward=statistics.mean(t.total_reward for t in trajectories),
                     episodes=len(batch.episodes),
                 )

@@ -137,7 +137,7 @@ def test_errors_are_one_line_naming_the_field():
     assert error_of({"rollout": {"gruop_size": 8}}).startswith(
         "config error: rollout.gruop_size: unknown key (rollout keys: context_length,"
     )
-    assert error_of({"rollouts": {}}).startswith("config error: rollouts: unknown key (sections: batch,")
+    assert error_of({"rollouts": {}}).startswith("config error: rollouts: unknown key (sections: agent_program, batch,")
     # inside reused component Structs that would otherwise ignore unknown keys
     assert error_of({"policy": {"vllm": {"gpu_mem": 0.5}}}).startswith(
         "config error: policy.vllm.gpu_mem: unknown key"

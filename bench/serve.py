@@ -17,7 +17,7 @@ for every capture, every turn's tokens and logprobs must equal what the engine r
 request, each prompt must be the previous prompt + its sampled tokens + a delta (history reused
 verbatim), and the training Episode's loss-masked tokens must be exactly the sampled ones.
 
-    python bench/serve.py [--agents 64] [--solo-agents 8] [--turns 3] [--max-tokens 16] [--repeats 3]
+    python bench/serve.py [--agents 64] [--solo-agents 8] [--turns 3] [--max-tokens 16] [--repeats 3] [--threads N]
 """
 
 from __future__ import annotations
@@ -191,7 +191,15 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads (0: torch's default); 1 on a machine shared with other work",
+    )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     tokenizer = load_tokenizer(ROOT / "configs" / "assets" / "tokenizer.json")
     renderer = ChatRenderer(tokenizer)

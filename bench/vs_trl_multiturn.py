@@ -62,7 +62,10 @@ its continuous batching), `Trainer.train_step`, `push_weights`. TRL's step is th
 `model.generate` turn by turn for the rows that called a tool, tool calls, parsing, reward).
 
 On a shared machine the wall time moves with other work; the process CPU time per step (all
-threads) is the steadier figure, and the one to prefer there.
+threads) is steadier, and the fastest step (`best`) is the least disturbed. Neither survives
+another process holding a core while `--threads` equals the core count: OpenMP threads then spin
+at barriers and CPU time grows with wall time (bench/RESULTS.md, this script's section);
+`--threads 1` is the robust setting there.
 """
 
 from __future__ import annotations

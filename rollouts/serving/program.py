@@ -82,5 +82,3 @@ def as_result(value: Any) -> AgentResult:
             f"the agent's reward, components and metrics must be finite numbers, got {value!r:.80}"
         )
     return result
-
-

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import gymnasium
@@ -200,6 +200,40 @@ class _EpisodeState:
     def end(self, reason: StopReason, error: str | None = None) -> None:
         if self.stop_reason is None:
             self.stop_reason, self.error = reason, error
+
+
+async def run_grouped(
+    config: RolloutConfig,
+    run_episode: Callable[[int, int, int], Awaitable[Trajectory]],
+    task_seeds: Sequence[int],
+    group_ids: Sequence[int] | None = None,
+    on_episode: Callable[[Trajectory], None] | None = None,
+) -> list[Trajectory]:
+    """`config.group_size` calls of `run_episode(seed, group_id, sample)` per task seed, all
+    concurrent (at most `config.max_concurrent_episodes` at a time), group-major; `on_episode` is
+    called as each finishes. The one group loop of the env runner and the agent runner."""
+    group_ids = range(len(task_seeds)) if group_ids is None else group_ids
+    if len(group_ids) != len(task_seeds):
+        raise ValueError(f"{len(task_seeds)} task seeds but {len(group_ids)} group ids")
+    limit = config.max_concurrent_episodes
+    semaphore = asyncio.Semaphore(limit) if limit else None
+
+    async def one(seed: int, group_id: int, sample: int) -> Trajectory:
+        if semaphore is None:
+            trajectory = await run_episode(seed, group_id, sample)
+        else:
+            async with semaphore:
+                trajectory = await run_episode(seed, group_id, sample)
+        if on_episode is not None:
+            on_episode(trajectory)
+        return trajectory
+
+    jobs = [
+        one(seed, group_id, s)
+        for seed, group_id in zip(task_seeds, group_ids, strict=True)
+        for s in range(config.group_size)
+    ]
+    return list(await asyncio.gather(*jobs))
 
 
 class RolloutRunner:
@@ -430,28 +464,7 @@ class RolloutRunner:
         """G episodes per task seed, all concurrently. Returns them group-major
         ([seed0 s0..s(G-1), seed1 s0, ...]); group_ids (default 0, 1, ...) name the groups.
         `on_episode` is called as each episode finishes (progress bars, streaming recorders)."""
-        group_ids = range(len(task_seeds)) if group_ids is None else group_ids
-        if len(group_ids) != len(task_seeds):
-            raise ValueError(f"{len(task_seeds)} task seeds but {len(group_ids)} group ids")
-        limit = self.config.max_concurrent_episodes
-        semaphore = asyncio.Semaphore(limit) if limit else None
-
-        async def one(seed: int, group_id: int, sample: int) -> Trajectory:
-            if semaphore is None:
-                trajectory = await self.run_episode(seed, group_id, sample)
-            else:
-                async with semaphore:
-                    trajectory = await self.run_episode(seed, group_id, sample)
-            if on_episode is not None:
-                on_episode(trajectory)
-            return trajectory
-
-        jobs = [
-            one(seed, group_id, s)
-            for seed, group_id in zip(task_seeds, group_ids, strict=True)
-            for s in range(self.config.group_size)
-        ]
-        return list(await asyncio.gather(*jobs))
+        return await run_grouped(self.config, self.run_episode, task_seeds, group_ids, on_episode)
 
     def run(self, task_seeds: Sequence[int], **kwargs: Any) -> list[Trajectory]:
         """Synchronous wrapper around `run_groups` (not callable from inside a running loop)."""

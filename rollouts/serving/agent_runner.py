@@ -36,7 +36,7 @@ from ...agents.policy import Policy
 from ..evaluation import EvalConfig, EvalReport
 from ..metrics import BatchMetrics
 from ..replay import format_transcript
-from ..runner import RolloutConfig, sampling_seed
+from ..runner import RolloutConfig, run_grouped, sampling_seed
 from ..sampling import eval_seeds
 from ..types import StopReason, Trajectory
 from .capture import CaptureInfo
@@ -130,34 +130,19 @@ class AgentRunner:
     ) -> list[Trajectory]:
         """G agent runs per task seed, all concurrently (up to `max_concurrent_episodes`), against
         an endpoint served for this call. Group-major, as the env runner returns them."""
-        group_ids = range(len(task_seeds)) if group_ids is None else group_ids
-        if len(group_ids) != len(task_seeds):
+        if group_ids is not None and len(group_ids) != len(task_seeds):
             raise ValueError(f"{len(task_seeds)} task seeds but {len(group_ids)} group ids")
-        limit = self.config.max_concurrent_episodes
-        semaphore = asyncio.Semaphore(limit) if limit else None
         import openai
 
         http = openai.DefaultAsyncHttpxClient()
         async with PolicyServer(self.policy, self.renderer, self.endpoint_config()) as server:
             self.last_server = server
 
-            async def one(seed: int, group_id: int, sample: int) -> Trajectory:
-                if semaphore is None:
-                    trajectory = await self.run_episode(server, seed, group_id, sample, http)
-                else:
-                    async with semaphore:
-                        trajectory = await self.run_episode(server, seed, group_id, sample, http)
-                if on_episode is not None:
-                    on_episode(trajectory)
-                return trajectory
+            def run_episode(seed: int, group_id: int, sample: int) -> Any:
+                return self.run_episode(server, seed, group_id, sample, http)
 
-            jobs = [
-                one(seed, group_id, s)
-                for seed, group_id in zip(task_seeds, group_ids, strict=True)
-                for s in range(self.config.group_size)
-            ]
             try:
-                return list(await asyncio.gather(*jobs))
+                return await run_grouped(self.config, run_episode, task_seeds, group_ids, on_episode)
             finally:
                 await http.aclose()
 

@@ -13,6 +13,11 @@ Losses (LossConfig.name) and their defaults:
 | grpo      | per token, PPO clipped         | 0.2, 0.2                 | seq-mean-token-mean  |
 | dapo      | per token, clip-higher         | 0.2, 0.28                | token-mean           |
 | gspo      | per sequence (geometric mean)  | 3e-4, 4e-4               | seq-mean-token-mean  |
+| cispo     | per token, clipped IS weight   | 1.0, 0.28                | token-mean           |
+
+CISPO (MiniMax-M1): the per-token loss is -sg(clip(ratio, 1 - eps_low, 1 + eps_high)) * A * logp:
+the clipped ratio is a stop-gradient weight on the REINFORCE term, so every token keeps a gradient
+(PPO's clip zeroes it outside the range). eps_low = 1.0 is no lower bound, as in the paper.
 
 Aggregation modes, each divided by step-wide counts (a `LossNormaliser`) so that summing the
 losses of micro-batches and data-parallel ranks gives exactly the loss of the whole batch:
@@ -27,6 +32,20 @@ The PPO ratio is exp(logp - logp_old). With one update per batch logp_old is the
 logprob by default (the ratio then corrects the sampler/trainer mismatch and any policy lag).
 With truncated importance sampling on (tis_cap), logp_old is the trainer's own detached logprob,
 so the ratio is 1, and each token is weighted by min(exp(logp_old - logp_sampler), tis_cap).
+
+Sequence-level IS masking (`seq_mask`, the "MIS" / rejection family): a sequence whose
+importance ratio between the trainer's (detached) logprobs and the sampler's falls outside
+[seq_mask_low, seq_mask_high] gives no policy-gradient term at all (its KL and entropy terms
+stay; the step's normaliser still counts it). "sequence": the ratio is the product over the
+sequence's sampled tokens, exp(sum(logp - logp_sampler)); "geometric": its per-token geometric
+mean, exp(mean(logp - logp_sampler)), which does not grow with length. A token-level
+mismatch (a stale or numerically different sampler) that a token TIS cap would only truncate
+rejects the whole sequence here. Counted: seq_masked_frac.
+
+Staleness: `staleness` [B, T] (the trainer's version minus the version that sampled each token)
+splits the sampler/trainer logprob gap by age: logprob_gap_mean_s0 .. _s{N-1}plus, and
+staleness_tokens_s* (token counts) for the histogram; `finish_metrics` turns the summed parts into
+means after `combine_metrics`.
 """
 
 from __future__ import annotations
@@ -39,11 +58,17 @@ import msgspec
 import torch
 from torch import Tensor
 
-LossName = Literal["reinforce", "grpo", "dapo", "gspo"]
+LossName = Literal["reinforce", "grpo", "dapo", "gspo", "cispo"]
+SeqMask = Literal["off", "sequence", "geometric"]
 Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 KLEstimator = Literal["k1", "k3"]
 
-LOSS_NAMES: tuple[str, ...] = ("reinforce", "grpo", "dapo", "gspo")
+LOSS_NAMES: tuple[str, ...] = ("reinforce", "grpo", "dapo", "gspo", "cispo")
+SEQ_MASKS: tuple[str, ...] = ("off", "sequence", "geometric")
+# seq_mask -> default (low, high) bounds on the sequence ratio (starting values; tune per run)
+SEQ_MASK_DEFAULTS: dict[str, tuple[float, float]] = {"sequence": (0.5, 2.0), "geometric": (0.99, 1.01)}
+# staleness buckets of the logprob-gap metrics: 0, 1, ..., STALENESS_BUCKETS - 1 and more
+STALENESS_BUCKETS = 4
 AGGREGATIONS: tuple[str, ...] = (
     "token-mean",
     "seq-mean-token-mean",
@@ -56,6 +81,7 @@ LOSS_DEFAULTS: dict[str, tuple[float, float, Aggregation]] = {
     "grpo": (0.2, 0.2, "seq-mean-token-mean"),
     "dapo": (0.2, 0.28, "token-mean"),
     "gspo": (3e-4, 4e-4, "seq-mean-token-mean"),
+    "cispo": (1.0, 0.28, "token-mean"),
 }
 
 
@@ -70,6 +96,8 @@ class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         low-variance non-negative estimator exp(ref - p) - (ref - p) - 1).
     entropy_coef: entropy bonus (the loss subtracts coef x the aggregated entropy).
     tis_cap: truncated importance sampling cap C (None: off).
+    seq_mask: sequence-level IS masking ("off", "sequence" or "geometric"; module doc), with
+        the bounds seq_mask_low < 1 < seq_mask_high on the ratio (None: SEQ_MASK_DEFAULTS).
     """
 
     name: LossName = "grpo"
@@ -83,6 +111,9 @@ class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kl_estimator: KLEstimator = "k3"
     entropy_coef: float = 0.0
     tis_cap: float | None = None
+    seq_mask: SeqMask = "off"
+    seq_mask_low: float | None = None
+    seq_mask_high: float | None = None
 
     def __post_init__(self) -> None:
         if self.name not in LOSS_DEFAULTS:
@@ -94,7 +125,10 @@ class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             self.eps_high = eps_high
         if self.aggregation is None:
             self.aggregation = aggregation
-        if not 0.0 <= self.eps_low < 1.0:
+        if self.name == "cispo":  # a weight, not a clip of the objective: 1.0 is "no lower bound"
+            if not 0.0 <= self.eps_low <= 1.0:
+                raise ValueError(f"LossConfig.eps_low must be in [0, 1] for cispo, got {self.eps_low}")
+        elif not 0.0 <= self.eps_low < 1.0:
             raise ValueError(f"LossConfig.eps_low must be in [0, 1), got {self.eps_low}")
         if self.eps_high < 0.0:
             raise ValueError(f"LossConfig.eps_high must be >= 0, got {self.eps_high}")
@@ -114,6 +148,19 @@ class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError(f"LossConfig.kl_estimator must be 'k1' or 'k3', got {self.kl_estimator!r}")
         if self.tis_cap is not None and self.tis_cap <= 0:
             raise ValueError(f"LossConfig.tis_cap must be > 0 (or None), got {self.tis_cap}")
+        if self.seq_mask not in SEQ_MASKS:
+            raise ValueError(f"LossConfig.seq_mask must be one of {SEQ_MASKS}, got {self.seq_mask!r}")
+        if self.seq_mask != "off":
+            low, high = SEQ_MASK_DEFAULTS[self.seq_mask]
+            if self.seq_mask_low is None:
+                self.seq_mask_low = low
+            if self.seq_mask_high is None:
+                self.seq_mask_high = high
+            if not 0.0 <= self.seq_mask_low < 1.0 < self.seq_mask_high:
+                raise ValueError(
+                    "LossConfig.seq_mask_low and seq_mask_high must satisfy 0 <= low < 1 < high, got "
+                    f"{self.seq_mask_low}, {self.seq_mask_high}"
+                )
 
 
 class LossNormaliser(NamedTuple):
@@ -178,6 +225,7 @@ def policy_loss(
     old_logprobs: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
     entropy: Tensor | None = None,
+    staleness: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of one (micro-)batch and its metrics.
 
@@ -186,6 +234,7 @@ def policy_loss(
     old_logprobs: the PPO ratio's denominator; default see the module doc.
     ref_logprobs: reference-policy logprobs (needed when kl_coef > 0).
     entropy: per-token entropy [B, T] (needed when entropy_coef > 0, with grad; else a metric).
+    staleness: per-token policy-version lag [B, T] (integers >= 0): the gap metrics per bucket.
     Returns (loss, metrics); metrics are detached 0-dim tensors, local to this batch; combine
     them over micro-batches and ranks with `combine_metrics`.
     """
@@ -232,6 +281,12 @@ def policy_loss(
         ratio = torch.ones_like(logp)
         per_token = -adv * logp
         clipped_low = clipped_high = torch.zeros_like(mask)
+    elif config.name == "cispo":
+        ratio = torch.exp((logp.detach() - old_logp).clamp(-clamp, clamp))
+        weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+        per_token = -weight * adv * logp
+        clipped_low = mask & (ratio < 1.0 - eps_low)
+        clipped_high = mask & (ratio > 1.0 + eps_high)
     else:
         if config.name == "gspo":
             # GSPO-token form: the value is the sequence ratio, the gradient flows per token.
@@ -259,6 +314,14 @@ def policy_loss(
         metrics["tis_weight_mean"] = _masked_mean(tis_weight, mask, num_tokens)
         truncated = mask & (old_logp - sampler_logp > math.log(config.tis_cap))
         metrics["tis_truncated_frac"] = truncated.sum() / num_tokens.clamp(min=1)
+
+    if config.seq_mask != "off":
+        keep, seq_log_ratio, has_tokens = _sequence_mask(config, logp.detach() - sampler_logp, mask)
+        per_token = torch.where(keep[:, None], per_token, torch.zeros_like(per_token))
+        metrics["seq_masked_sum"] = (has_tokens & ~keep).sum().to(torch.float32)
+        seq_ratio = torch.exp(seq_log_ratio.clamp(-clamp, clamp))
+        metrics["seq_ratio_max"] = _masked_extreme(seq_ratio, has_tokens, largest=True)
+        metrics["seq_ratio_min"] = _masked_extreme(seq_ratio, has_tokens, largest=False)
 
     if config.kl_coef > 0:
         assert ref_logprobs is not None
@@ -295,12 +358,56 @@ def policy_loss(
             sampler_kl_k1=_masked_mean(-gap, mask, num_tokens),
             sampler_kl_k3=_masked_mean(torch.exp(gap.clamp(max=clamp)) - gap - 1.0, mask, num_tokens),
             logprob_gap_max=_masked_extreme(gap.abs(), mask, largest=True),
+            logprob_gap_mean=_masked_mean(gap.abs(), mask, num_tokens),
             advantage_mean=adv_mean,
             advantage_std=_masked_mean((adv - adv_mean) ** 2, mask, num_tokens).sqrt(),
             num_tokens=num_tokens.to(torch.float32),
             num_sequences=mask.any(dim=-1).sum().to(torch.float32),
         )
+        if staleness is not None:
+            if staleness.shape != shape:
+                raise ValueError(f"staleness has shape {tuple(staleness.shape)}, logprobs has {tuple(shape)}")
+            bucket = staleness.clamp(0, STALENESS_BUCKETS - 1)
+            for k in range(STALENESS_BUCKETS):
+                in_bucket = mask & (bucket == k)
+                name = _bucket_name(k)
+                metrics[f"staleness_tokens_{name}_sum"] = in_bucket.sum().to(torch.float32)
+                metrics[f"logprob_gap_abs_{name}_sum"] = torch.where(in_bucket, gap.abs(), zeros).sum()
     return loss, metrics
+
+
+def _bucket_name(k: int) -> str:
+    return f"s{k}plus" if k == STALENESS_BUCKETS - 1 else f"s{k}"
+
+
+def _sequence_mask(config: LossConfig, log_ratio: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(rows kept [B], each row's log sequence ratio [B], rows with a sampled token [B]) for
+    `config.seq_mask` (the module doc). `log_ratio` is 0 where masked."""
+    tokens = mask.sum(dim=-1)
+    seq_log_ratio = log_ratio.sum(dim=-1)
+    if config.seq_mask == "geometric":
+        seq_log_ratio = seq_log_ratio / tokens.clamp(min=1).to(log_ratio.dtype)
+    low, high = cast(float, config.seq_mask_low), cast(float, config.seq_mask_high)
+    log_low = math.log(low) if low > 0 else -math.inf
+    keep = (seq_log_ratio >= log_low) & (seq_log_ratio <= math.log(high))
+    return keep, seq_log_ratio, tokens > 0
+
+
+def finish_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The step's metrics after `combine_metrics`: the counts summed over parts become what they
+    count for (seq_masked_frac over the step's sequences; logprob_gap_mean_s* as the mean |gap|
+    of the tokens in each staleness bucket, 0.0 for an empty bucket). The counts themselves stay
+    (seq_masked_sum; staleness_tokens_s*_sum, the histogram's data)."""
+    out = dict(metrics)
+    if "seq_masked_sum" in out:
+        out["seq_masked_frac"] = out["seq_masked_sum"] / max(out.get("num_sequences", 0.0), 1.0)
+    for k in range(STALENESS_BUCKETS):
+        name = _bucket_name(k)
+        gap = out.pop(f"logprob_gap_abs_{name}_sum", None)
+        if gap is not None:
+            count = out.get(f"staleness_tokens_{name}_sum", 0.0)
+            out[f"logprob_gap_mean_{name}"] = gap / count if count > 0 else 0.0
+    return out
 
 
 def combine_metrics(parts: Iterable[Mapping[str, float]]) -> dict[str, float]:

@@ -33,7 +33,7 @@ from .batching import MicroBatch, empty_micro_batch, make_micro_batches, shard_e
 from .config import OptimizerConfig, TrainerConfig
 from .distributed import all_gather_objects, all_reduce, device_mesh, init_distributed, shard_model
 from .logprobs import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
-from .losses import LossNormaliser, combine_metrics, policy_loss
+from .losses import LossNormaliser, combine_metrics, finish_metrics, policy_loss
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ class Trainer:
         local = combine_metrics(
             [dict(zip(m, torch.stack([v.double() for v in m.values()]).tolist(), strict=True)) for m in parts]
         )
-        metrics = combine_metrics([m for m in all_gather_objects(local) if m])
+        metrics = finish_metrics(combine_metrics([m for m in all_gather_objects(local) if m]))
         metrics.update(
             loss=global_loss,
             num_micro_batches=float(len(batches)),

@@ -11,6 +11,7 @@ from toolgym.trainers.losses import (
     LossNormaliser,
     aggregate,
     combine_metrics,
+    finish_metrics,
     policy_loss,
 )
 
@@ -212,6 +213,9 @@ ALL_CONFIGS = [
     LossConfig(name="dapo", tis_cap=2.0, kl_coef=0.05),
     LossConfig(name="gspo", eps_low=0.1, eps_high=0.1),
     LossConfig(name="grpo", aggregation="seq-mean-token-sum-norm", constant_normaliser=16.0),
+    LossConfig(name="cispo"),
+    LossConfig(name="cispo", tis_cap=2.0, seq_mask="sequence"),
+    LossConfig(name="grpo", seq_mask="geometric", seq_mask_low=0.9, seq_mask_high=1.1),
 ]
 
 
@@ -304,3 +308,88 @@ def test_micro_batched_accumulation_equals_full_batch(config):
 def test_shape_mismatch_is_a_clear_error():
     with pytest.raises(ValueError, match="advantages"):
         policy_loss(LossConfig(), torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 4), torch.ones(2, 3))
+
+
+def test_cispo_hand_computed():
+    # ratios 1.1, 1.3, 0.7 with A = +1, +1, -1; weights clip(ratio, 0, 1.28) = 1.1, 1.28, 0.7
+    loss, grad, m = _run(LossConfig(name="cispo"), LOGP, SAMPLER, ADV, MASK)
+    l0, l1, l2 = LOGP[0]
+    assert loss == pytest.approx((-1.1 * l0 - 1.28 * l1 + 0.7 * l2) / 3)
+    # the weight is a stop-gradient: d/dlogp = -w * A / 3 on every token, none zeroed by the clip
+    torch.testing.assert_close(grad, torch.tensor([[-1.1 / 3, -1.28 / 3, 0.7 / 3]], dtype=torch.float64))
+    assert m["clip_frac_high"].item() == pytest.approx(1 / 3)
+    assert m["clip_frac_low"].item() == 0.0
+    # a lower bound when asked: eps_low 0.2 lifts the 0.7 weight to 0.8
+    _, grad, m = _run(LossConfig(name="cispo", eps_low=0.2), LOGP, SAMPLER, ADV, MASK)
+    assert grad[0, 2].item() == pytest.approx(0.8 / 3)
+    assert m["clip_frac_low"].item() == pytest.approx(1 / 3)
+    config = LossConfig(name="cispo")
+    assert (config.eps_low, config.eps_high, config.aggregation) == (1.0, 0.28, "token-mean")
+    with pytest.raises(ValueError, match="eps_low"):
+        LossConfig(name="grpo", eps_low=1.0)
+
+
+# seq 0: log-ratios 0.1, 0.3 (product e^0.4 = 1.49, geometric mean e^0.2 = 1.22); seq 1: one token,
+# log-ratio -0.0001
+SEQ_LOGP = [[0.1, 0.3], [-0.0001, 9.0]]
+SEQ_ARGS = ([[0.0, 0.0], [0.0, 0.0]], [[1.0, 1.0], [2.0, 0.0]], [[1, 1], [1, 0]])
+
+
+def test_sequence_mask_hand_computed():
+    # the product bounds [0.5, 2.0] keep both sequences: plain REINFORCE, token mean over 3 tokens
+    loss, grad, m = _run(LossConfig(name="reinforce", seq_mask="sequence"), SEQ_LOGP, *SEQ_ARGS)
+    assert loss == pytest.approx(-(0.1 + 0.3 + 2 * -0.0001) / 3)
+    assert m["seq_masked_sum"].item() == 0.0
+    assert m["seq_ratio_max"].item() == pytest.approx(math.exp(0.4))
+    # high 1.4 rejects seq 0 (1.49): no gradient there; the normaliser still counts its 2 tokens
+    config = LossConfig(name="reinforce", seq_mask="sequence", seq_mask_high=1.4)
+    loss, grad, m = _run(config, SEQ_LOGP, *SEQ_ARGS)
+    assert loss == pytest.approx(-(2 * -0.0001) / 3)
+    torch.testing.assert_close(grad, torch.tensor([[0.0, 0.0], [-2 / 3, 0.0]], dtype=torch.float64))
+    assert m["seq_masked_sum"].item() == 1.0
+    assert finish_metrics({k: v.item() for k, v in m.items()})["seq_masked_frac"] == 0.5
+
+
+def test_geometric_sequence_mask_hand_computed():
+    config = LossConfig(name="reinforce", seq_mask="geometric")
+    assert (config.seq_mask_low, config.seq_mask_high) == (0.99, 1.01)
+    _, grad, m = _run(config, SEQ_LOGP, *SEQ_ARGS)  # e^0.2 = 1.22 > 1.01: seq 0 rejected
+    torch.testing.assert_close(grad, torch.tensor([[0.0, 0.0], [-2 / 3, 0.0]], dtype=torch.float64))
+    assert m["seq_ratio_max"].item() == pytest.approx(math.exp(0.2))
+    assert m["seq_ratio_min"].item() == pytest.approx(math.exp(-0.0001))
+    # the geometric mean does not grow with length: bounds [0.8, 1.25] keep e^0.2 = 1.22
+    config = LossConfig(name="reinforce", seq_mask="geometric", seq_mask_low=0.8, seq_mask_high=1.25)
+    _, _, m = _run(config, SEQ_LOGP, *SEQ_ARGS)
+    assert m["seq_masked_sum"].item() == 0.0
+    # and the low bound rejects from below: seq 1's e^-0.0001 < 0.99999
+    config = LossConfig(name="reinforce", seq_mask="geometric", seq_mask_low=0.99999, seq_mask_high=1.25)
+    _, grad, m = _run(config, SEQ_LOGP, *SEQ_ARGS)
+    assert m["seq_masked_sum"].item() == 1.0 and grad[1, 0].item() == 0.0
+    with pytest.raises(ValueError, match="seq_mask_low"):
+        LossConfig(seq_mask="sequence", seq_mask_high=0.9)
+    with pytest.raises(ValueError, match="seq_mask"):
+        LossConfig(seq_mask="token")
+
+
+def test_logprob_gap_by_staleness_hand_computed():
+    # gaps (trainer - sampler) 0.5, -1.0, 0.25 at staleness 0, 1, 5; the 4th token is masked
+    logp, sampler = [[-1.0, -2.0, -0.75, 3.0]], [[-1.5, -1.0, -1.0, 0.0]]
+    staleness = torch.tensor([[0, 1, 5, 1]])
+    _, _, m = _run(LossConfig(name="grpo"), logp, sampler, [[1.0] * 4], [[1, 1, 1, 0]], staleness=staleness)
+    assert m["logprob_gap_mean"].item() == pytest.approx((0.5 + 1.0 + 0.25) / 3)
+    done = finish_metrics(combine_metrics([{k: v.item() for k, v in m.items()}]))
+    assert done["logprob_gap_mean_s0"] == pytest.approx(0.5)
+    assert done["logprob_gap_mean_s1"] == pytest.approx(1.0)
+    assert done["logprob_gap_mean_s2"] == 0.0  # an empty bucket
+    assert done["logprob_gap_mean_s3plus"] == pytest.approx(0.25)  # staleness 5 falls in 3+
+    counts = [done[f"staleness_tokens_{b}_sum"] for b in ("s0", "s1", "s2", "s3plus")]
+    assert counts == [1.0, 1.0, 0.0, 1.0]
+    # over micro-batches: token-weighted within each bucket (s1: gaps 1.0 and 0.5, 0.5, 0.5)
+    _, _, other = _run(
+        LossConfig(name="grpo"), [[0.5] * 3], [[0.0] * 3], [[1.0] * 3], [[1, 1, 1]],
+        staleness=torch.tensor([[1, 1, 1]]),
+    )  # fmt: skip
+    parts = [{k: v.item() for k, v in x.items()} for x in (m, other)]
+    done = finish_metrics(combine_metrics(parts))
+    assert done["logprob_gap_mean_s1"] == pytest.approx((1.0 + 1.5) / 4)
+    assert done["staleness_tokens_s1_sum"] == 4.0

@@ -4,7 +4,9 @@ One PNG per quantity over RL steps: reward; the reward's named components in one
 (`reward_components.png`: `rollout/reward/<name>` as a line and `eval/reward/<name>` as markers
 per component, when the env reported any); every metric the env reported (envs/info.py:
 `rollout/<name>` for training batches as a line, `eval/<name>` for the held-out evals as markers;
-a metric the run did not log gets no plot); entropy and KL to the sampler (the trainer's).
+a metric the run did not log gets no plot); entropy and KL to the sampler (the trainer's); the
+staleness histogram (`staleness.png`: sampled tokens trained on, by policy versions behind the
+trainer, over the whole run, with the mean |trainer - sampler| logprob gap of each bar).
 `curves.png` puts them side by side, with the SFT loss when the run had an SFT phase. Names come
 from the env, so they are drawn as plain text (`_plain`), never as mathtext.
 """
@@ -31,7 +33,9 @@ TRAINER_PANELS: tuple[Panel, ...] = (
     ("kl", "KL (trainer vs sampler, k3)", "train/sampler_kl_k3", None, ("train/kl_ref",)),
 )
 COMPONENTS_STEM = "reward_components"
-_FIXED_STEMS = {"reward", COMPONENTS_STEM, "entropy", "kl", "curves"}
+STALENESS_STEM = "staleness"
+_FIXED_STEMS = {"reward", COMPONENTS_STEM, "entropy", "kl", "curves", STALENESS_STEM}
+_STALENESS_BUCKETS = ("s0", "s1", "s2", "s3plus")  # trainers/losses.py, STALENESS_BUCKETS
 
 
 def _plain(text: str) -> str:
@@ -125,6 +129,35 @@ def _draw_components(ax: Any, names: Sequence[str], train: list[dict], evals: li
     return drawn
 
 
+def _draw_staleness(ax: Any, train: list[dict]) -> bool:
+    """Bars: tokens trained on per staleness bucket, summed over the run; each labelled with its
+    token-weighted mean logprob gap."""
+    counts, gaps = [], []
+    for bucket in _STALENESS_BUCKETS:
+        _, ns = _series(train, f"train/staleness_tokens_{bucket}_sum")
+        _, means = _series(train, f"train/logprob_gap_mean_{bucket}")
+        counts.append(sum(ns))
+        gaps.append(sum(n * g for n, g in zip(ns, means, strict=False)) / sum(ns) if sum(ns) else 0.0)
+    labels = ["0", "1", "2", "3+"]
+    drawn = sum(counts) > 0
+    if drawn:
+        bars = ax.bar(labels, counts, color="C0")
+        for bar, gap, n in zip(bars, gaps, counts, strict=True):
+            if n:
+                ax.annotate(
+                    f"gap {gap:.3f}",
+                    (bar.get_x() + bar.get_width() / 2, n),
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                )
+    ax.set_title("staleness of trained tokens (mean |logprob gap|)")
+    ax.set_xlabel("policy versions behind the trainer")
+    ax.set_ylabel("sampled tokens")
+    ax.grid(alpha=0.3, axis="y")
+    return drawn
+
+
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Write the PNGs; returns their paths. Raises FileNotFoundError without metrics, and
     NotADirectoryError when `out_dir` is a file."""
@@ -148,6 +181,8 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     if components := component_names(train, evals):  # right after the reward they split
         draw_components = partial(_draw_components, names=components, train=train, evals=evals)
         drawers.insert(1, (COMPONENTS_STEM, draw_components))
+    if any("train/staleness_tokens_s0_sum" in r for r in train):
+        drawers.append((STALENESS_STEM, partial(_draw_staleness, train=train)))
     written = []
     for stem, draw in drawers:
         fig = Figure(figsize=(6, 4), layout="constrained")

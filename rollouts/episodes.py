@@ -99,7 +99,7 @@ def trajectory_to_episodes(
     """One Episode per training sequence of the trajectory (see the module doc)."""
     stats = stats if stats is not None else EpisodeStats()
     built = (
-        _episode(trajectory, _segments(part), advantage, max_seq_len, rule, stats)
+        _episode(trajectory, _segments(part), advantage, max_seq_len, rule, stats, _versions(part))
         for part in sequences(trajectory)
     )
     return [episode for episode in built if episode is not None]
@@ -117,7 +117,15 @@ def trajectory_to_episode(
     if len(sequences(trajectory)) > 1:
         raise ValueError("the trajectory holds several training sequences: use trajectory_to_episodes")
     stats = stats if stats is not None else EpisodeStats()
-    return _episode(trajectory, turn_segments(trajectory), advantage, max_seq_len, rule, stats)
+    return _episode(
+        trajectory, turn_segments(trajectory), advantage, max_seq_len, rule, stats,
+        _versions(trajectory.transitions),
+    )  # fmt: skip
+
+
+def _versions(transitions: Sequence[Transition]) -> list[int]:
+    """Per turn, the policy version that sampled its action."""
+    return [t.action.policy_version for t in transitions]
 
 
 def _episode(
@@ -127,6 +135,7 @@ def _episode(
     max_seq_len: int | None,
     rule: OverlongEpisodeRule,
     stats: EpisodeStats,
+    versions: list[int],
 ) -> Episode | None:
     lengths = [len(o) + len(a) for o, a, _ in segments]
     total = sum(lengths)
@@ -153,7 +162,9 @@ def _episode(
     loss_mask: list[int] = []
     logprobs: list[float] = []
     advantages: list[float] = []
-    for obs, act, lps in segments[:keep]:
+    token_versions: list[int] = []
+    for (obs, act, lps), version in zip(segments[:keep], versions[:keep], strict=True):
+        token_versions += [version] * (len(obs) + len(act))
         tokens += obs
         loss_mask += [0] * len(obs)
         logprobs += [0.0] * len(obs)
@@ -172,6 +183,7 @@ def _episode(
         group_id=trajectory.group_id,
         reward=trajectory.total_reward,
         task_seed=trajectory.task_seed,
+        token_versions=token_versions,
     )
 
 

@@ -131,6 +131,10 @@ class Episode(msgspec.Struct):
 
     loss_mask is 1 exactly on tokens the policy sampled; sampler_logprobs is 0.0 where masked;
     advantages is the trajectory's advantage on sampled tokens and 0.0 elsewhere.
+    token_versions: per token, the policy version that sampled it (an observation token carries
+    the version of the action after it); [] means every token is `policy_version`, the oldest.
+    A policy that takes new weights between requests (the torch engine) gives an episode's turns
+    their own versions; the trainer's staleness of a token is its version minus this one.
     """
 
     tokens: list[int]
@@ -141,9 +145,12 @@ class Episode(msgspec.Struct):
     group_id: int = 0
     reward: float = 0.0
     task_seed: int = 0
+    token_versions: list[int] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
+        if self.token_versions and len(self.token_versions) != n:
+            raise ValueError(f"Episode has {n} tokens but {len(self.token_versions)} token_versions")
         if not (len(self.loss_mask) == len(self.sampler_logprobs) == len(self.advantages) == n):
             raise ValueError(
                 "Episode fields disagree in length: "

@@ -48,6 +48,7 @@ class MicroBatch:
     loss_mask: Tensor  # bool: loss_mask[1:], False on padding
     advantages: Tensor  # float32: advantages[1:]
     sampler_logprobs: Tensor  # float32: sampler_logprobs[1:]
+    versions: Tensor  # long: the policy version that sampled each target (token_versions[1:])
     episode_index: Tensor  # long [B]: the row's index in the list given to make_micro_batches
     lengths: Tensor  # long [B]: real positions per row (episode length - 1 - prefix_len)
     positions: Tensor | None = None  # long [prefix_rows + B, T] when a prefix is shared
@@ -86,6 +87,8 @@ def validate_episode(episode: Episode, index: int, vocab_size: int | None = None
         raise ValueError(f"episode {index}: field lengths disagree (tokens={n})")
     if n < 2:
         raise ValueError(f"episode {index}: needs at least 2 tokens to predict one, has {n}")
+    if episode.token_versions and len(episode.token_versions) != n:
+        raise ValueError(f"episode {index}: {len(episode.token_versions)} token_versions for {n} tokens")
     if vocab_size is not None:
         bad = [t for t in episode.tokens if not 0 <= t < vocab_size]
         if bad:
@@ -123,8 +126,13 @@ def collate(
     loss_mask = torch.zeros((rows, width), dtype=torch.bool)
     advantages = torch.zeros((rows, width), dtype=torch.float32)
     sampler_logprobs = torch.zeros((rows, width), dtype=torch.float32)
+    versions = torch.zeros((rows, width), dtype=torch.long)
     for row, (i, n) in enumerate(zip(indices, lengths, strict=True)):
         episode = episodes[i]
+        if episode.token_versions:
+            versions[row, :n] = torch.tensor(episode.token_versions[prefix_len + 1 :], dtype=torch.long)
+        else:
+            versions[row, :n] = episode.policy_version
         tokens = torch.tensor(episode.tokens, dtype=torch.long)
         input_ids[row, :n] = tokens[prefix_len:-1]
         targets[row, :n] = tokens[prefix_len + 1 :]
@@ -152,6 +160,7 @@ def collate(
         loss_mask=loss_mask,
         advantages=advantages,
         sampler_logprobs=sampler_logprobs,
+        versions=versions,
         episode_index=torch.tensor(list(indices), dtype=torch.long),
         lengths=torch.tensor(lengths, dtype=torch.long),
         positions=positions,
@@ -187,6 +196,7 @@ def empty_micro_batch(pad_token_id: int = 0) -> MicroBatch:
         loss_mask=torch.zeros((1, 1), dtype=torch.bool),
         advantages=torch.zeros((1, 1)),
         sampler_logprobs=torch.zeros((1, 1)),
+        versions=torch.zeros((1, 1), dtype=torch.long),
         episode_index=torch.full((1,), -1, dtype=torch.long),
         lengths=torch.zeros((1,), dtype=torch.long),
     )

@@ -138,6 +138,7 @@ class Trainer:
             normaliser=norm,
             ref_logprobs=ref_logprobs,
             entropy=entropy,
+            staleness=(self.step - mb.versions).clamp(min=0),
         )
 
     def sft_loss(

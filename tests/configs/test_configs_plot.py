@@ -77,3 +77,17 @@ def test_reward_components_are_drawn_in_one_panel_whatever_their_names(tmp_path,
     assert len(ax.get_lines()) == 4  # three train lines, one eval series
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == ["correct", "transfer_made", r"\$cost^\$", " _hidden (eval)"]
+
+
+def test_staleness_histogram_is_drawn_when_the_trainer_reported_it(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lines = [
+        {"kind": "train", "step": s, "rollout/reward_mean": 0.5, "train/staleness_tokens_s0_sum": 10.0,
+         "train/staleness_tokens_s1_sum": 5.0 * s, "train/logprob_gap_mean_s1": 0.02}
+        for s in (1, 2)
+    ]  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert main(["plot", str(run_dir)]) == 0
+    written = {Path(p).name for p in capsys.readouterr().out.split()}
+    assert "staleness.png" in written

@@ -1,5 +1,6 @@
 """Trajectory -> Episode invariants on random multi-turn trajectories (hypothesis)."""
 
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -112,6 +113,21 @@ def test_truncated_last_turn_is_kept_verbatim(renderer):
     assert episode.tokens[-len(last) :] == last and episode.tokens[-1] != renderer.im_end_id
     assert episode.loss_mask[-len(last) :] == [1] * len(last)
     assert sampled_length(trajectory) == len(renderer.encode("LOOKUP[zorp]")) + 1 + len(last)
+
+
+def test_each_token_carries_the_version_that_sampled_its_turn(renderer):
+    spec = ("sys", "q?", [("LOOKUP[zorp]", "zorp = 17", True), ("[ANSWER] 4", "", True)], 0.5)
+    trajectory, _, _ = make_trajectory(renderer, spec)
+    first, second = trajectory.transitions
+    first.action.policy_version, second.action.policy_version = 3, 5  # new weights between turns
+    episode = trajectory_to_episode(trajectory, 0.5)
+    turn0 = len(first.observation_tokens) + len(first.action.tokens)
+    assert episode.token_versions == [3] * turn0 + [5] * (len(episode.tokens) - turn0)
+    # cut at the sequence limit: the versions are cut with the turns
+    cut = trajectory_to_episode(trajectory, 0.5, max_seq_len=turn0)
+    assert cut is not None and cut.token_versions == [3] * turn0
+    with pytest.raises(ValueError, match="token_versions"):
+        msgspec.structs.replace(episode, token_versions=[1])
 
 
 def test_build_episodes_skips_infra_failures_and_counts(renderer):

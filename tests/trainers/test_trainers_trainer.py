@@ -43,6 +43,20 @@ def test_shift_is_applied_once_and_padding_is_on_the_right():
     assert mb.lengths.tolist() == [3, 2] and mb.episode_index.tolist() == [0, 1]
 
 
+def test_micro_batches_carry_token_versions_and_the_trainer_reports_staleness():
+    episodes = [_episode([5, 6, 7, 8], [0, 0, 1, 1], 2.0), _episode([9, 10, 11], [0, 1, 1], -1.0)]
+    episodes[0].token_versions = [1, 1, 1, 2]  # the last turn's token sampled by a newer version
+    episodes[1].policy_version = 2  # no per-token versions: all the episode's version
+    (mb,) = make_micro_batches(episodes, token_budget=100)
+    assert mb.versions.tolist() == [[1, 1, 2], [2, 2, 0]]  # shifted like the targets; 0 on padding
+    trainer = _trainer("grpo")
+    trainer.step = 3  # as if three updates were applied since: staleness 3 - version
+    metrics = trainer._forward_backward(episodes, trainer.policy_loss, sharded=False)
+    counts = [metrics[f"staleness_tokens_{b}_sum"] for b in ("s0", "s1", "s2", "s3plus")]
+    assert counts == [0.0, 3.0, 1.0, 0.0]
+    assert metrics["logprob_gap_mean_s1"] > 0 and metrics["logprob_gap_mean_s0"] == 0.0
+
+
 def test_token_budget_groups_sorted_and_complete():
     lengths = [3, 50, 7, 7, 20, 1, 120, 8]
     groups = split_by_token_budget(lengths, token_budget=40)

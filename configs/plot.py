@@ -181,7 +181,12 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     if components := component_names(train, evals):  # right after the reward they split
         draw_components = partial(_draw_components, names=components, train=train, evals=evals)
         drawers.insert(1, (COMPONENTS_STEM, draw_components))
-    if any("train/staleness_tokens_s0_sum" in r for r in train):
+    stale = (
+        "train/staleness_tokens_s1_sum",
+        "train/staleness_tokens_s2_sum",
+        "train/staleness_tokens_s3plus_sum",
+    )
+    if any(r.get(key) for r in train for key in stale):  # a synchronous run's tokens are all fresh
         drawers.append((STALENESS_STEM, partial(_draw_staleness, train=train)))
     written = []
     for stem, draw in drawers:

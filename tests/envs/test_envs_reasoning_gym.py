@@ -5,15 +5,28 @@ recording replayed with --verify through the CLI."""
 import math
 import subprocess
 import sys
+import tomllib
 import warnings
 
 import gymnasium
+import msgspec
 import numpy as np
 import pytest
+import torch
 from gymnasium.utils.env_checker import check_env
 
 pytest.importorskip("reasoning_gym")
 
+from toolgym.configs.build import build_renderer, model_config
+from toolgym.configs.cli import main as cli_main
+from toolgym.configs.load import (
+    check_against_machine,
+    check_environment,
+    config_from_dict,
+    config_to_toml,
+    load_config,
+)
+from toolgym.configs.metrics_log import read_metrics
 from toolgym.envs import list_envs
 from toolgym.envs.adapters.reasoning_gym import ScoreAnswer
 
@@ -147,6 +160,54 @@ def test_multi_line_answers_use_the_submit_tool():
     _, info = env.reset(seed=0)
     assert "\n" in info["answer"] and "submit" in info["system_prompt"]
     assert make("mini_sudoku", answer_tool=None).unwrapped.answer_tool is None
+
+
+# ---- the CPU demo preset (configs/reasoning_gym_chain_sum_tiny.toml) -------------------------------
+
+DEMO = "reasoning_gym_chain_sum_tiny"
+
+
+def test_the_demo_preset_parses_and_passes_the_checks():
+    config, _ = load_config(DEMO)
+    assert config.env.id == ENV_ID and config.env.kwargs["task"] == "chain_sum"
+    again = config_from_dict(tomllib.loads(config_to_toml(config)))
+    assert msgspec.to_builtins(again) == msgspec.to_builtins(config)
+    check_environment(config)
+    renderer, _ = build_renderer(config)
+    check_against_machine(config, model_config(config), renderer, torch.device("cpu"))
+    # what the demo rests on: demonstrations that leave out the tag half the time, an SFT long
+    # enough (at beta2 0.95) for the sum table to form, and a sampled eval
+    assert config.sft.enabled and config.sft.oracle.p_omit_tag == 0.5 and config.sft.steps >= 400
+    assert config.sft.optimizer.betas[1] == 0.95 and not config.eval.greedy
+
+
+def test_the_demo_env_reads_only_tagged_answers():
+    # RL's signal in the demo: the untagged answer its demonstrations teach is no answer at all
+    config, _ = load_config(DEMO)
+    env = make(**config.env.kwargs)
+    env.reset(seed=3)
+    answer = env.unwrapped.answer
+    _, reward, _, _, info = env.step(env.unwrapped.answer_action(answer, tagged=False))
+    assert info["metrics"]["accuracy"] == 0.0 and info["failure_mode"] == "no_answer"
+    assert reward == pytest.approx(-0.1)
+    env.reset(seed=3)
+    _, reward, _, _, info = env.step(env.unwrapped.answer_action(answer))
+    assert info["metrics"]["accuracy"] == 1.0 and reward == pytest.approx(1.2)
+
+
+def test_the_demo_preset_trains_end_to_end_when_shortened(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [
+        f"run.run_dir={run_dir}", "run.steps=2", "sft.steps=4", "sft.optimizer.warmup_steps=1",
+        "sft.num_tasks=64",
+        "batch.groups_per_batch=4", "eval.num_tasks=8", "eval.every_steps=1",
+        "run.export_hf=false", "run.plot=false", "parallel.threads=1",
+    ]  # fmt: skip
+    assert cli_main(["train", DEMO, "--no-progress", *(a for o in overrides for a in ("--set", o))]) == 0
+    records = read_metrics(run_dir / "metrics.jsonl")
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 1, 2]
+    assert all(0.0 <= r["eval/accuracy"] <= 1.0 for r in evals)
 
 
 @pytest.mark.slow

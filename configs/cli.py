@@ -77,6 +77,9 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
     oracle.add_argument(
         "--p-malformed-call", type=float, default=0.0, help="per call: a malformed call first"
     )
+    oracle.add_argument(
+        "--p-stop-early", type=float, default=0.0, help="stop one call short and guess (wrong)"
+    )
     limits = p.add_argument_group("rollout limits and sampling (defaults: RolloutSettings', SamplingConfig's)")
     for flag, (owner, field) in _SETTING_FLAGS.items():
         info = next(f for f in msgspec.structs.fields(owner) if f.name == field)
@@ -155,7 +158,10 @@ def _oracle_config(args: argparse.Namespace) -> Any:
     from ..rollouts.scripted import OracleConfig
 
     return OracleConfig(
-        p_omit_tag=args.p_omit_tag, p_skip_lookup=args.p_skip_lookup, p_malformed_call=args.p_malformed_call
+        p_omit_tag=args.p_omit_tag,
+        p_skip_lookup=args.p_skip_lookup,
+        p_malformed_call=args.p_malformed_call,
+        p_stop_early=args.p_stop_early,
     )
 
 

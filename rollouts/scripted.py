@@ -20,6 +20,13 @@ Knobs (each drawn once per episode):
 - p_skip_lookup: answer at once, without the oracle's earlier actions, with a guess. The guess is
   always wrong (the answer plus a random offset in 1..9) so the knob means exactly "skipped the
   tools and got it wrong". No effect when the oracle's only action is the answer.
+- p_stop_early: stop one action short (the oracle's earlier actions but the last one, e.g. a
+  SEE chain left one link early) and answer with a guess, always wrong like p_skip_lookup's. No
+  effect with fewer than two earlier actions, or in an episode that already skips.
+- guess: what the two knobs above answer with: None, the answer moved by a random 1..9 (for a
+  number); a number, that number (or that number + 1 where it is the answer), like a
+  demonstrator who guesses the middle of the range. A fixed guess is easy to imitate, so SFT's
+  copy of a looked-up value is not drowned by noise in the guessed answers' tokens.
 - p_malformed_call: per earlier action, first emit the env's `malformed_action` of it, which the
   env answers with an error, then the action itself (a recovery).
 - p_omit_tag: the final answer is stated without the env's answer format
@@ -46,9 +53,11 @@ class OracleConfig(msgspec.Struct, frozen=True):
     p_omit_tag: float = 0.0
     p_skip_lookup: float = 0.0
     p_malformed_call: float = 0.0
+    p_stop_early: float = 0.0
+    guess: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("p_omit_tag", "p_skip_lookup", "p_malformed_call"):
+        for name in ("p_omit_tag", "p_skip_lookup", "p_malformed_call", "p_stop_early"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(
                     f"OracleConfig.{name} must be a probability in [0, 1], got {getattr(self, name)}"
@@ -67,23 +76,33 @@ def plan_actions(env: Any, config: OracleConfig, rng: np.random.Generator) -> li
     omit_tag = rng.random() < config.p_omit_tag
     offset = int(rng.integers(1, 10))
     malformed_flags = rng.random(len(calls)) < config.p_malformed_call
+    stop_early = rng.random() < config.p_stop_early  # drawn last: older knobs keep their draws
     script: list[str] = []
+    answer_action = _oracle_method(env, "answer_action")
+    guessed = wrong_answer(env.answer, offset, config.guess)
     if skip and calls:
-        final = _oracle_method(env, "answer_action")(wrong_answer(env.answer, offset), tagged=not omit_tag)
+        final = answer_action(guessed, tagged=not omit_tag)
     else:
-        for call, bad in zip(calls, malformed_flags, strict=True):
+        short = stop_early and len(calls) >= 2
+        for call, bad in zip(calls[:-1] if short else calls, malformed_flags, strict=False):
             broken = _oracle_method(env, "malformed_action")(call) if bad else None
             if broken is not None and broken != call:
                 script.append(broken)
             script.append(call)
-        final = _oracle_method(env, "answer_action")(env.answer, tagged=False) if omit_tag else oracle[-1]
+        if short:
+            final = answer_action(guessed, tagged=not omit_tag)
+        else:
+            final = answer_action(env.answer, tagged=False) if omit_tag else oracle[-1]
     script.append(final)
     return script
 
 
-def wrong_answer(answer: Any, offset: int) -> Any:
-    """A guess that is not `answer`: a number moved by `offset` (>= 1), anything else a string."""
+def wrong_answer(answer: Any, offset: int, guess: int | None = None) -> Any:
+    """A guess that is not `answer`: for a number, `guess` (+ 1 where that is the answer) or, with
+    no `guess`, the answer moved by `offset` (>= 1); anything else a string."""
     if isinstance(answer, int | float) and not isinstance(answer, bool):
+        if guess is not None:
+            return guess + 1 if guess == answer else guess
         return answer + offset
     return f"not {answer}"
 
@@ -142,7 +161,12 @@ class OraclePolicy:
     @property
     def policy_id(self) -> str:
         c = self.config
-        return f"oracle(p_omit_tag={c.p_omit_tag}, p_skip_lookup={c.p_skip_lookup}, p_malformed_call={c.p_malformed_call})"
+        stop = f", p_stop_early={c.p_stop_early}" if c.p_stop_early else ""
+        stop += f", guess={c.guess}" if c.guess is not None else ""
+        return (
+            f"oracle(p_omit_tag={c.p_omit_tag}, p_skip_lookup={c.p_skip_lookup}, "
+            f"p_malformed_call={c.p_malformed_call}{stop})"
+        )
 
     def for_episode(self, env: gymnasium.Env, seed: int) -> ScriptedEpisodePolicy:
         oracle = getattr(env.unwrapped, "oracle_actions", None)

@@ -5,7 +5,7 @@ import pytest
 
 from toolgym.rollouts.metrics import batch_metrics
 from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
-from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
+from toolgym.rollouts.scripted import OracleConfig, OraclePolicy, wrong_answer
 from toolgym.rollouts.types import StopReason
 
 ENVS = [
@@ -65,3 +65,34 @@ def test_oracle_knobs_on_zorplex(renderer):
     assert texts[0].startswith("GETKEY(") and texts[1].startswith("GETKEY[") and texts[2].startswith("FETCH(")
     assert broken.metrics["env"]["env_errors"] == 2 and broken.transitions[-1].info["failure_mode"] == "success"
     assert broken.stop_reason == StopReason.ANSWERED
+
+
+def test_oracle_stops_a_see_chain_one_link_early(renderer):
+    def play(seed, **knobs):
+        config = RolloutConfig(
+            env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "recursive", "difficulty": "medium"}, group_size=1
+        )
+        (t,) = RolloutRunner(OraclePolicy(renderer, OracleConfig(**knobs)), renderer, config).run([seed])
+        return t
+
+    full, short = play(3), play(3, p_stop_early=1.0)
+    assert [tr.action.text for tr in full.transitions][:2] == [tr.action.text for tr in short.transitions][:2]
+    assert len(full.transitions) == 4 and len(short.transitions) == 3
+    assert "SEE:" in short.transitions[1].observation
+    assert short.transitions[-1].action.text.startswith("[ANSWER] ")
+    assert short.transitions[-1].info["failure_mode"] == "wrong_answer" and not short.metrics["env"]["accuracy"]
+    assert full.transitions[-1].info["failure_mode"] == "success"
+    fixed = play(3, p_stop_early=1.0, guess=50)
+    assert fixed.transitions[-1].action.text in ("[ANSWER] 50", "[ANSWER] 51")
+    assert fixed.transitions[-1].info["failure_mode"] == "wrong_answer"
+    # one earlier action (simple tier): nothing to stop short of
+    config = RolloutConfig(env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "simple"}, group_size=1)
+    (simple,) = RolloutRunner(OraclePolicy(renderer, OracleConfig(p_stop_early=1.0)), renderer, config).run([3])
+    assert simple.transitions[-1].info["failure_mode"] == "success"
+
+
+def test_a_fixed_guess_is_never_the_answer():
+    assert wrong_answer(50, offset=3, guess=50) == 51
+    assert wrong_answer(17, offset=3, guess=50) == 50
+    assert wrong_answer(17, offset=3) == 20
+    assert wrong_answer("paris", offset=3, guess=50) == "not paris"

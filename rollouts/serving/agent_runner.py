@@ -48,6 +48,19 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def shared_http_client() -> Any:
+    """The HTTP client a batch's agents share (keep-alive connections, one pool): the `openai`
+    package's aiohttp transport where aiohttp is installed, else its httpx one. Why aiohttp: the
+    client's per-request CPU, which competes with the engine for the same cores, is markedly
+    lower (bench/RESULTS.md, 'bench/serve.py'). Call it inside the event loop that will use it."""
+    import openai
+
+    try:
+        return openai.DefaultAioHttpClient()
+    except RuntimeError:  # openai without its aiohttp extra
+        return openai.DefaultAsyncHttpxClient()
+
+
 class AgentRunner:
     """Runs an agent program's episodes through the endpoint (module doc). Reusable across
     batches and policy versions; `run_groups` has the env runner's signature."""
@@ -76,8 +89,8 @@ class AgentRunner:
         http_client: Any = None,
     ) -> Trajectory:
         """One agent run on a serving `server`: its conversation, finished into a Trajectory.
-        `http_client` (an `openai.DefaultAsyncHttpxClient`) is shared by the episodes of a batch:
-        each client of its own would build its own TLS context, a cost per episode."""
+        `http_client` (`shared_http_client()`) is shared by the episodes of a batch: each client
+        of its own would build its own TLS context and connections, a cost per episode."""
         import openai
 
         cid = f"episode-{group_id}-{sample_index}-{uuid.uuid4().hex[:12]}"
@@ -132,9 +145,7 @@ class AgentRunner:
         an endpoint served for this call. Group-major, as the env runner returns them."""
         if group_ids is not None and len(group_ids) != len(task_seeds):
             raise ValueError(f"{len(task_seeds)} task seeds but {len(group_ids)} group ids")
-        import openai
-
-        http = openai.DefaultAsyncHttpxClient()
+        http = shared_http_client()
         async with PolicyServer(self.policy, self.renderer, self.endpoint_config()) as server:
             self.last_server = server
 

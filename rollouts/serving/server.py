@@ -304,7 +304,8 @@ class PolicyServer:
                 await asyncio.gather(task, return_exceptions=True)
         if task.cancelled():
             return Response(status_code=499)
-        return task.result()
+        # Encoded here (msgspec), not by FastAPI's jsonable_encoder walking every field.
+        return Response(msgspec.json.encode(task.result()), media_type="application/json")
 
     # ---- requests ---------------------------------------------------------------------------
 

@@ -199,10 +199,17 @@ def build_policy(
             history_capacity=None if config.policy.history_capacity == -1 else config.policy.history_capacity,
             backend=backend,
         )
-        if replicas:
+        if replicas or config.loop.mode == "async":  # async: the generator is its own process
             from ..agents.engine.replicas import EngineReplicas
 
-            return EngineReplicas(model, replicas=config.policy.replicas, **engine_kwargs)
+            threads = None
+            if config.loop.mode == "async":
+                from .async_rl.placement import thread_split
+
+                threads = max(1, thread_split(config)[0] // config.policy.replicas)
+            return EngineReplicas(
+                model, replicas=config.policy.replicas, threads_per_replica=threads, **engine_kwargs
+            )
         from ..agents.engine.engine import TorchEngine
 
         return TorchEngine(model, **engine_kwargs)

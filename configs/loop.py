@@ -1,6 +1,12 @@
-"""The synchronous RL loop: sample task seeds -> roll out groups -> grade -> advantages (and DAPO
-dynamic sampling) -> train -> push the new weights into the policy -> repeat, with an eval on
-the held-out seeds every N steps.
+"""The RL loop: sample task seeds -> roll out groups -> grade -> advantages (and DAPO dynamic
+sampling) -> train -> push the new weights into the policy -> repeat, with an eval on the held-out
+seeds every N steps.
+
+`loop.mode = "sync"` (default) does these one after the other. `loop.mode = "async"` rolls out on
+a background producer (configs/async_rl/) while the trainer trains: each step takes finished
+groups from its buffer under the staleness bound, trains, and pushes the weights, which the
+generator takes between requests. Its checkpoints also store the task indices drawn but not yet
+trained on (`pending`), which a resumed run rolls out first.
 
 Under torchrun every rank has its own policy, rolls out its share of the groups from its own
 (rank-disjoint) task seed stream, and trains on its own episodes (`train_step(sharded=True)`: the
@@ -28,11 +34,14 @@ from ..agents.tokenizer import tokenizer_fingerprint
 from ..rollouts.evaluation import EvalReport, evaluate
 from ..rollouts.recording import CHAT_TEMPLATE, RecordingHeader, RecordingWriter, chat_template_entry
 from ..rollouts.runner import RolloutConfig, RolloutRunner
-from ..rollouts.sampling import BatchConfig, TaskSeedStream, collect_batch
+from ..rollouts.sampling import BatchConfig, RolloutBatch, TaskSeedStream, collect_batch
 from ..trainers.checkpoint import CheckpointManager
 from ..trainers.distributed import DistInfo, all_gather_objects, all_reduce
 from ..trainers.trainer import Trainer
 from ..trainers.weight_sync import push_weights
+from .async_rl.batch import take_batch
+from .async_rl.placement import buffer_capacity
+from .async_rl.producer import GroupProducer
 from .metrics_log import MetricsLog, eval_line, train_line
 from .run_dir import RunDir
 from .schema import Config
@@ -156,6 +165,8 @@ class RLLoop:
         self.eval_history: list[tuple[int, dict[str, float]]] = []
         self._fingerprint = tokenizer_fingerprint(renderer.tokenizer)
         self._header_extra = chat_template_extra(config, renderer)
+        self.producer: GroupProducer | None = None  # async mode: started at the first step
+        self.pending_groups: list[int] = []  # async resume: task indices to roll out first
         self._train_writer: RecordingWriter | None = None
         if config.logging.record_training:
             self._train_writer = RecordingWriter(run.train_recording(dist.rank), self._header("train"))
@@ -163,7 +174,20 @@ class RLLoop:
     # ---- checkpoints ------------------------------------------------------------------------
 
     def data_position(self) -> dict[str, Any]:
-        """Collective: every rank's stream position."""
+        """Collective: every rank's stream position; in async mode (one rank) also the task
+        indices drawn and not yet trained on, which a resumed run rolls out first."""
+        if self.config.loop.mode == "async":
+            position, pending = (
+                self.producer.position()
+                if self.producer is not None
+                else (self.stream.position, sorted(self.pending_groups))
+            )
+            return {
+                "rl_step": self.step,
+                "stream": self.stream.stream,
+                "positions": [position],
+                "pending": pending,
+            }
         positions = all_gather_objects(self.stream.position)
         return {"rl_step": self.step, "stream": self.stream.stream, "positions": positions}
 
@@ -217,7 +241,10 @@ class RLLoop:
     def train_one_step(self, runner: asyncio.Runner) -> dict[str, float]:
         """Roll out, train, sync. Collective. Returns the step's metrics (all ranks combined)."""
         started = time.perf_counter()
-        batch = runner.run(collect_batch(self.runner, self.stream, self.batch_config))
+        if self.config.loop.mode == "async":
+            batch = self._take_async_batch()
+        else:
+            batch = runner.run(collect_batch(self.runner, self.stream, self.batch_config))
         rolled = time.perf_counter()
         (episodes,) = all_reduce([float(len(batch.episodes))])
         train: dict[str, float] = {}
@@ -245,6 +272,27 @@ class RLLoop:
             }
         )
         return metrics
+
+    def _take_async_batch(self) -> RolloutBatch:
+        """The next batch from the producer (started on first use), under the staleness bound."""
+        if self.producer is None:
+            self.producer = GroupProducer(
+                self.runner,
+                self.stream,
+                self.batch_config,
+                concurrent_groups=self.batch_config.groups_per_batch,
+                capacity=buffer_capacity(self.config),
+                replay=self.pending_groups,
+            )
+        loop = self.config.loop
+        return take_batch(
+            self.producer,
+            self.batch_config,
+            self.trainer.step,
+            loop.max_staleness,
+            loop.over_stale,
+            loop.stale_weight,
+        )
 
     def run_steps(self, total: int, runner: asyncio.Runner, progress: bool) -> None:
         """Steps self.step+1 .. total, evals and checkpoints as configured."""
@@ -295,5 +343,7 @@ class RLLoop:
             )
 
     def close(self) -> None:
+        if self.producer is not None:
+            self.producer.close()
         if self._train_writer is not None:
             self._train_writer.close()

@@ -33,6 +33,8 @@ Sections (all optional; every key has a default):
                  record_training
     [checkpoint] CheckpointConfig: directory (inside the run dir), every_steps, keep_last
     [parallel]   device (auto | cpu | cuda), threads (torch threads per process; 0 = cores / local ranks)
+    [loop]       mode (sync | async), max_staleness, over_stale (drop | downweight), stale_weight,
+                 buffer_groups, generator_threads: asynchronous RL (configs/async_rl/)
     [agent_program] module, function, task, request_timeout_s: train an agent program written
                  against the `openai` client through the endpoint instead of rolling out [env]
                  (rollouts/serving/agent_runner.py); empty module = env rollouts
@@ -277,6 +279,38 @@ class ParallelSection(msgspec.Struct, **_STRICT):
             raise ValueError(f"parallel.threads must be >= 0, got {self.threads}")
 
 
+class LoopSection(msgspec.Struct, **_STRICT):
+    """How rollouts and training take turns (docs/training.md, "Asynchronous RL").
+
+    mode: "sync" (default): roll out a batch, train on it, push the weights, repeat. "async": a
+        generator process samples groups continuously into a bounded buffer while the trainer
+        trains; it takes new weights between requests (configs/async_rl/).
+    max_staleness: async: the most policy versions a trained group may lag the trainer (by its
+        oldest token); an older group is handled by `over_stale`.
+    over_stale: "drop" (not trained on) or "downweight" (its advantages x stale_weight); both
+        counted (async/over_stale_dropped, async/over_stale_downweighted).
+    buffer_groups: finished groups waiting for the trainer, at most (0: groups_per_batch x
+        max_staleness, at least groups_per_batch); generation pauses while it is full.
+    generator_threads: the generator process's torch threads (0: half this process's, at least
+        1); the trainer keeps the rest.
+    """
+
+    mode: Literal["sync", "async"] = "sync"
+    max_staleness: int = 1
+    over_stale: Literal["drop", "downweight"] = "drop"
+    stale_weight: float = 0.5
+    buffer_groups: int = 0
+    generator_threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0:
+            raise ValueError(f"loop.max_staleness must be >= 0, got {self.max_staleness}")
+        if not 0.0 <= self.stale_weight <= 1.0:
+            raise ValueError(f"loop.stale_weight must be in [0, 1], got {self.stale_weight}")
+        if self.buffer_groups < 0 or self.generator_threads < 0:
+            raise ValueError("loop.buffer_groups and loop.generator_threads must be >= 0")
+
+
 class Config(msgspec.Struct, **_STRICT):
     """A whole run's config: one field per TOML section (the module doc)."""
 
@@ -293,6 +327,7 @@ class Config(msgspec.Struct, **_STRICT):
     logging: LoggingSection = msgspec.field(default_factory=LoggingSection)
     checkpoint: CheckpointSection = msgspec.field(default_factory=CheckpointSection)
     parallel: ParallelSection = msgspec.field(default_factory=ParallelSection)
+    loop: LoopSection = msgspec.field(default_factory=LoopSection)
     agent_program: AgentProgram = msgspec.field(default_factory=AgentProgram)
 
     @property

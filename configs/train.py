@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..agents.chat import Renderer
 from ..agents.tokenizer import tokenizer_fingerprint
 from ..rollouts.metrics import env_metric_names
@@ -33,6 +35,7 @@ from ..rollouts.sampling import TaskSeedStream
 from ..trainers.checkpoint import CheckpointManager, export_hf
 from ..trainers.distributed import all_gather_objects, barrier
 from ..trainers.weight_sync import push_weights
+from .async_rl.placement import check_async, thread_split
 from .build import (
     build_policy,
     build_renderer,
@@ -125,13 +128,15 @@ def schedule_notes(config: Config) -> list[str]:
     return notes
 
 
-def _resume_point(run: RunDir) -> tuple[Path | None, int, list[int]]:
-    """The latest RL checkpoint (or None), the RL step it holds and the task streams' positions."""
+def _resume_point(run: RunDir) -> tuple[Path | None, int, list[int], list[int]]:
+    """The latest RL checkpoint (or None), the RL step it holds, the task streams' positions and
+    (async mode) the task indices drawn but not trained on by then."""
     latest = CheckpointManager(run.rl_checkpoints).latest()
     if latest is None:
-        return None, 0, []
+        return None, 0, [], []
     data = json.loads((latest / "meta.json").read_text())["data_position"]
-    return latest, int(data.get("rl_step", 0)), [int(p) for p in data.get("positions", [0])]
+    positions = [int(p) for p in data.get("positions", [0])]
+    return latest, int(data.get("rl_step", 0)), positions, [int(i) for i in data.get("pending", [])]
 
 
 def _drawn_before(group_id: int, positions: list[int]) -> bool:
@@ -143,18 +148,20 @@ def _drawn_before(group_id: int, positions: list[int]) -> bool:
     return world > 0 and group_id // world < positions[group_id % world]
 
 
-def cut_recordings(run: RunDir, last_step: int, positions: list[int]) -> None:
+def cut_recordings(run: RunDir, last_step: int, positions: list[int], pending: Sequence[int] = ()) -> None:
     """On resume: leave the recordings as they were at the checkpoint, so each step the resumed
     run redoes is recorded once (the writers append). Evals after `last_step` are deleted (they
     are redone, like their metrics records); train_rank*.jsonl keeps the episodes of the tasks
     the checkpoint's steps drew (task index = group id, below the streams' positions: this holds
-    for surplus and dropped groups too, and needs no step number in the file) and is rewritten
-    through a RecordingWriter, header kept. No checkpoint (`positions` empty): RL starts over,
+    for surplus and dropped groups too, and needs no step number in the file), less the `pending`
+    ones (async mode: drawn but not trained on by the checkpoint, so rolled out again), and is
+    rewritten through a RecordingWriter, header kept. No checkpoint (`positions` empty): RL starts over,
     and the file goes."""
     for path in run.trajectories.glob("eval_step_*.jsonl"):
         step = path.stem.removeprefix("eval_step_")
         if step.isdigit() and int(step) > last_step:
             path.unlink()
+    redone = set(pending)
     for path in run.trajectories.glob("train_rank*.jsonl"):
         reader = RecordingReader(path)
         tmp = path.with_name(path.name + ".tmp")
@@ -162,7 +169,7 @@ def cut_recordings(run: RunDir, last_step: int, positions: list[int]) -> None:
         kept = 0
         with RecordingWriter(tmp, reader.header) as writer:
             for trajectory in reader:
-                if _drawn_before(trajectory.group_id, positions):
+                if _drawn_before(trajectory.group_id, positions) and trajectory.group_id not in redone:
                     writer.write(trajectory)
                     kept += 1
         if kept:
@@ -254,6 +261,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     # Every check that can refuse the config comes before the run directory exists: a directory
     # left behind by a refused config would block the retry ("already exists and is not empty").
     check_environment(config, dist.world_size)
+    check_async(config, dist.world_size, dist.device)
     renderer, tokenizer_file = build_renderer(config)
     check_model(config, model_config(config), renderer)
     check_against_machine(config, model_config(config), renderer, dist.device)
@@ -263,7 +271,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         for path in sorted(run.trajectories.glob("train_rank*.jsonl")):
             check_recording(path)  # RecordingError: path, line, reason (cut_recordings rewrites these)
     # before config.toml is rewritten: a `latest` pointer refused (trainers/checkpoint.py) changes nothing
-    latest, resume_step, positions = _resume_point(run) if resume is not None else (None, 0, [])
+    latest, resume_step, positions, pending = _resume_point(run) if resume is not None else (None, 0, [], [])
     config_backup = _update_run_config(run, config) if resume is not None and dist.is_main else None
     sft_done = run.sft_done.is_file()
     redo_sft = config.sft.enabled and not sft_done and latest is None
@@ -273,7 +281,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         last_step = resume_step if latest is not None and resume_step > 0 else -1
         if run.metrics.is_file():
             truncate_metrics(run.metrics, last_step, keep_sft=not redo_sft)
-        cut_recordings(run, last_step, positions)
+        cut_recordings(run, last_step, positions, pending if latest is not None else ())
     barrier()
     log = MetricsLog(config.logging, run.metrics, run.tensorboard, enabled=dist.is_main)
     log.print(
@@ -299,6 +307,13 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         hf_dir = save_initial_model(model, run.initial_model, tokenizer_file, dist.is_main)
     policy = build_policy(config, model, hf_dir, renderer, dist.device, backend)
     log.print(describe_policy(policy))
+    if config.loop.mode == "async":  # the generator process took its threads; the trainer the rest
+        generator_threads, trainer_threads = thread_split(config)
+        torch.set_num_threads(trainer_threads)
+        log.print(
+            f"loop: async, max_staleness {config.loop.max_staleness} ({config.loop.over_stale} older groups), "
+            f"generator {generator_threads} thread(s), trainer {trainer_threads}"
+        )
     reference = copy.deepcopy(model) if config.trainer.loss.kl_coef > 0 else None
     trainer = build_trainer(config.trainer, model, dist.device, reference, sampling=config.policy)
     manager = CheckpointManager(run.rl_checkpoints, config.checkpoint.keep_last)
@@ -311,6 +326,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         config, run, dist, trainer, policy, renderer, log, manager, stream, resume_step,
         policy_max_seq_len(config, model.config),
     )  # fmt: skip
+    loop.pending_groups = pending if latest is not None else []
     total = config.run.steps
     try:
         with asyncio.Runner() as runner:

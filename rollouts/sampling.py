@@ -68,6 +68,10 @@ class TaskSeedStream:
         self.position += n
         return [TRAIN_SEED_BASE + self.stream * _STREAM_STRIDE + i for i in indices], indices
 
+    def seed_of(self, index: int) -> int:
+        """The task seed of task index `index` (its group id), drawn or not, on any rank."""
+        return TRAIN_SEED_BASE + self.stream * _STREAM_STRIDE + index
+
     def state_dict(self) -> dict[str, int]:
         return {"stream": self.stream, "position": self.position}
 

@@ -146,7 +146,7 @@ def test_errors_are_one_line_naming_the_field():
         "config error: batch.advantage.estimater: unknown key"
     )
     assert error_of({"trainer": {"loss": {"name": "ppo"}}}) == (
-        "config error: trainer.loss.name: invalid value 'ppo' (expected one of 'dapo', 'grpo', 'gspo', 'reinforce')"
+        "config error: trainer.loss.name: invalid value 'ppo' (expected one of 'cispo', 'dapo', 'grpo', 'gspo', 'reinforce')"
     )
     assert "expected one of 'grpo', 'dr_grpo'" in error_of({"batch": {"advantage": {"estimator": "x"}}})
     assert error_of({"trainer": {"optimizer": {"lr": [1]}}}) == (

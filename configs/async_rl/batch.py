@@ -1,0 +1,119 @@
+"""take_batch: one training batch from a GroupProducer's buffer, with the staleness bound.
+
+A group's staleness is the trainer's policy version minus the oldest version that sampled one of
+its tokens. Groups are taken in the order they finished, as `collect_batch` (rollouts/sampling.py)
+would keep them: a group whose episodes all failed (infra) or, with DAPO dynamic sampling, whose
+rewards are all equal is not trained on; a group staler than `max_staleness` is dropped or has its
+advantages scaled by `stale_weight` (`over_stale`). Taking stops when `groups_per_batch` groups are
+kept, or after as many groups as a synchronous step could roll out at most (groups_per_batch +
+max_extra_rounds x max_groups_per_round; then the batch is short, as a sync batch would be), not
+counting the over-stale groups dropped: the generator, on newer weights, replaces them. Every
+group taken is returned, kept or not, so the caller records each exactly once.
+
+The metrics have the names `collect_batch` gives them (no rollout rates: the groups were rolled
+out while the trainer worked), plus async/*: staleness (mean and max over
+the kept groups), over-stale counts, the buffer's depth, how long the trainer waited.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from ...rollouts.episodes import INFRA_STOP_REASONS, build_episodes
+from ...rollouts.metrics import batch_metrics
+from ...rollouts.sampling import BatchConfig, RolloutBatch
+from .producer import GroupProducer, ScoredGroup
+
+
+def _trainable(group: ScoredGroup, config: BatchConfig) -> bool:
+    return config.train_on_infra_failures or any(
+        t.stop_reason not in INFRA_STOP_REASONS for t in group.trajectories
+    )
+
+
+def take_batch(
+    producer: GroupProducer,
+    config: BatchConfig,
+    trainer_version: int,
+    max_staleness: int,
+    over_stale: Literal["drop", "downweight"],
+    stale_weight: float,
+) -> RolloutBatch:
+    """Take groups until the batch is full (module doc); build its Episodes and metrics."""
+    started = time.perf_counter()
+    buffered = producer.buffered
+    needed = config.groups_per_batch
+    limit = needed + config.max_extra_rounds * (config.max_groups_per_round or 4 * needed)
+    if not config.dynamic_sampling:
+        limit = needed
+    kept: list[tuple[ScoredGroup, list[float]]] = []
+    other: list[ScoredGroup] = []
+    zero_variance = dropped = no_trainable = stale_dropped = stale_downweighted = taken = 0
+    kept_staleness: list[int] = []
+    while len(kept) < needed and taken - stale_dropped < limit:  # wait out stale groups for fresh ones
+        group = producer.take()
+        taken += 1
+        staleness = trainer_version - group.oldest_version
+        if not _trainable(group, config):
+            no_trainable += 1
+        elif not group.informative and config.dynamic_sampling:
+            zero_variance += 1
+            dropped += 1
+        elif staleness > max_staleness and over_stale == "drop":
+            stale_dropped += 1
+        else:
+            advantages = group.advantages
+            if staleness > max_staleness:
+                stale_downweighted += 1
+                advantages = [a * stale_weight for a in advantages]
+            zero_variance += not group.informative
+            kept.append((group, advantages))
+            kept_staleness.append(staleness)
+            continue
+        other.append(group)
+    waited = time.perf_counter() - started
+
+    kept_trajectories = [t for g, _ in kept for t in g.trajectories]
+    kept_advantages = [a for _, advs in kept for a in advs]
+    episodes, stats = build_episodes(
+        kept_trajectories,
+        kept_advantages,
+        config.max_seq_len,
+        config.overlong_rule,
+        skip_infra_failures=not config.train_on_infra_failures,
+    )
+    trajectories = kept_trajectories + [t for g in other for t in g.trajectories]
+    metrics = batch_metrics(trajectories)  # no rate: the groups were rolled out while others trained
+    metrics.update(stats.as_metrics())
+    trained = [
+        a
+        for t, a in zip(kept_trajectories, kept_advantages, strict=True)
+        if config.train_on_infra_failures or t.stop_reason not in INFRA_STOP_REASONS
+    ]
+    metrics.update(
+        {
+            "batch/groups": float(len(kept)),
+            "batch/fill": len(kept) / needed,
+            "batch/tokens": float(sum(len(e.tokens) for e in episodes)),
+            "batch/sampled_tokens": float(sum(sum(e.loss_mask) for e in episodes)),
+            "advantage/mean_abs": sum(abs(a) for a in trained) / len(trained) if trained else 0.0,
+            "dynamic_sampling/groups_rolled_out": float(taken),
+            "dynamic_sampling/dropped_frac": dropped / max(taken, 1),
+            "dynamic_sampling/zero_variance_frac": zero_variance / max(taken, 1),
+            "batch/groups_without_trainable": float(no_trainable),
+            "async/staleness_mean": sum(kept_staleness) / len(kept_staleness) if kept_staleness else 0.0,
+            "async/staleness_max": float(max(kept_staleness, default=0)),
+            "async/over_stale_dropped": float(stale_dropped),
+            "async/over_stale_downweighted": float(stale_downweighted),
+            "async/buffered_groups": float(buffered),
+            "time/wait_s": waited,
+        }
+    )
+    return RolloutBatch(
+        episodes=episodes,
+        trajectories=trajectories,
+        advantages=kept_advantages + [a for g in other for a in g.advantages],
+        kept=[i < len(kept_trajectories) for i in range(len(trajectories))],
+        metrics=metrics,
+    )

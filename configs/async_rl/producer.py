@@ -1,0 +1,179 @@
+"""GroupProducer: groups rolled out on a background thread, continuously, into a bounded buffer.
+
+The thread runs its own asyncio loop over the runner and keeps `concurrent_groups` groups in
+flight: as one finishes it is scored (its advantages, `rollouts/sampling.py`'s `score_group`) and
+put in the buffer, and the next task index is drawn. The policy's compute is elsewhere (on CPU a
+generator process, `agents/engine/replicas.py`), so this thread only drives envs and requests
+while the trainer's thread computes; the trainer's new weights reach the policy between requests,
+so a group's turns may carry different policy versions (each Completion records its own).
+
+Backpressure: when the buffer holds `capacity` groups, finished groups wait (their tasks hold
+them) and no new group starts, so at most capacity + concurrent_groups groups are ahead of the
+trainer.
+
+Resume without losing or repeating a group: a task index is *outstanding* from when it is drawn
+until the trainer takes its group. `position()` gives (the stream position, the outstanding
+indices) consistently; a checkpoint stores both, and a producer built with `replay` = those
+indices rolls them out again first, then continues the stream from the position. Everything the
+trainer took before the checkpoint is below the position and not outstanding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Sequence
+
+import msgspec
+
+from ...rollouts.sampling import BatchConfig, GroupRunner, TaskSeedStream, score_group
+from ...rollouts.types import Trajectory
+
+_POLL_S = 0.02
+
+
+class ScoredGroup(msgspec.Struct):
+    """One finished group: its G trajectories, their advantages, whether it carries signal
+    (rewards not all equal), and the oldest policy version among its sampled tokens."""
+
+    group_id: int
+    trajectories: list[Trajectory]
+    advantages: list[float]
+    informative: bool
+    oldest_version: int
+    finished_at: float  # time.perf_counter() when it was scored
+
+
+def oldest_version(trajectories: Sequence[Trajectory]) -> int:
+    """The oldest policy version that sampled a token of these trajectories."""
+    versions = [t.action.policy_version for tr in trajectories for t in tr.transitions]
+    return min(versions, default=min((tr.policy_version for tr in trajectories), default=0))
+
+
+class ProducerError(RuntimeError):
+    """The producer's thread failed; the message holds its exception."""
+
+
+class GroupProducer:
+    """Rolls out groups of `runner` from `stream` on a thread (see the module doc). Use as a
+    context manager, or call `close`."""
+
+    def __init__(
+        self,
+        runner: GroupRunner,
+        stream: TaskSeedStream,
+        config: BatchConfig,
+        *,
+        concurrent_groups: int,
+        capacity: int,
+        replay: Sequence[int] = (),
+    ) -> None:
+        if concurrent_groups < 1 or capacity < 1:
+            raise ValueError(
+                f"concurrent_groups and capacity must be >= 1, got {concurrent_groups}, {capacity}"
+            )
+        self.runner, self.stream, self.config = runner, stream, config
+        self.concurrent_groups, self.capacity = concurrent_groups, capacity
+        self._buffer: queue.Queue[ScoredGroup] = queue.Queue()
+        self._lock = threading.Lock()
+        self._replay = list(replay)
+        self._outstanding: set[int] = set(self._replay)
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self.groups_produced = 0
+        self._thread = threading.Thread(target=self._run, name="toolgym-group-producer", daemon=True)
+        self._thread.start()
+
+    # ---- the trainer's side ---------------------------------------------------------------------
+    def take(self, timeout_s: float | None = None) -> ScoredGroup:
+        """The next finished group (blocks). Raises ProducerError if the producer failed, and
+        TimeoutError after `timeout_s` without one."""
+        deadline = None if timeout_s is None else time.perf_counter() + timeout_s
+        while True:
+            try:
+                group = self._buffer.get(timeout=_POLL_S)
+            except queue.Empty:
+                if self._error is not None:
+                    raise ProducerError(f"the group producer failed: {self._error!r}") from self._error
+                if not self._thread.is_alive():
+                    raise ProducerError("the group producer stopped") from None
+                if deadline is not None and time.perf_counter() > deadline:
+                    raise TimeoutError(f"no group in {timeout_s} s") from None
+                continue
+            with self._lock:
+                self._outstanding.discard(group.group_id)
+            return group
+
+    @property
+    def buffered(self) -> int:
+        """Finished groups waiting for the trainer."""
+        return self._buffer.qsize()
+
+    def position(self) -> tuple[int, list[int]]:
+        """(stream position, outstanding task indices), consistent with each other."""
+        with self._lock:
+            return self.stream.position, sorted(self._outstanding)
+
+    def close(self) -> None:
+        """Stop rolling out and wait for the thread; groups in flight are abandoned (they stay
+        outstanding, so a checkpoint taken after this still replays them)."""
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def __enter__(self) -> GroupProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the producer's thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._produce())
+        except BaseException as exc:  # handed to the trainer's next take()
+            self._error = exc
+
+    def _draw(self) -> tuple[int, int]:
+        with self._lock:
+            if self._replay:
+                index = self._replay.pop(0)
+            else:
+                (_,), (index,) = self.stream.take(1)
+                self._outstanding.add(index)
+            return self.stream.seed_of(index), index
+
+    async def _produce(self) -> None:
+        tasks: set[asyncio.Task] = set()
+        try:
+            while not self._stop.is_set():
+                while len(tasks) < self.concurrent_groups and self._buffer.qsize() < self.capacity:
+                    tasks.add(asyncio.create_task(self._one_group(*self._draw())))
+                if not tasks:  # the buffer is full: wait for the trainer to take some
+                    await asyncio.sleep(_POLL_S)
+                    continue
+                done, tasks = await asyncio.wait(tasks, timeout=_POLL_S, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # an exception ends the producer (and reaches take())
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _one_group(self, seed: int, index: int) -> None:
+        trajectories = await self.runner.run_groups([seed], [index])
+        advantages, informative = score_group(trajectories, self.config)
+        group = ScoredGroup(
+            group_id=index,
+            trajectories=trajectories,
+            advantages=advantages,
+            informative=informative,
+            oldest_version=oldest_version(trajectories),
+            finished_at=time.perf_counter(),
+        )
+        while self._buffer.qsize() >= self.capacity and not self._stop.is_set():
+            await asyncio.sleep(_POLL_S)
+        if not self._stop.is_set():
+            self._buffer.put(group)
+            self.groups_produced += 1

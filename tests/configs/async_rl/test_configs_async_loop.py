@@ -1,0 +1,140 @@
+"""`loop.mode = "async"` end to end on CPU with a test-size model: a generator process samples
+groups while the trainer trains; the staleness bound holds (drop and downweight, counted); a
+`kill -9` mid-run and `--resume` lose and repeat no group in the recordings and metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from toolgym.configs.load import ConfigError, config_from_dict, config_to_toml
+from toolgym.configs.metrics_log import read_metrics
+from toolgym.configs.train import train
+from toolgym.rollouts.recording import read_recording
+
+pytestmark = pytest.mark.slow
+
+GROUP_SIZE = 2
+
+
+def async_config(run_dir: Path, steps: int, **loop) -> dict:
+    """The 'test' model shape, no SFT, 2 groups of 2 per step, evals off: seconds per run."""
+    return {
+        "run": {"steps": steps, "run_dir": str(run_dir), "plot": False, "export_hf": False},
+        "model": {"name": "test", "overrides": {"vocab_size": 1024}},
+        "policy": {"max_batch_size": 16, "max_seq_len": 256},
+        "rollout": {
+            "group_size": GROUP_SIZE,
+            "max_turns": 3,
+            "max_tokens_per_turn": 8,
+            "max_tokens_per_episode": 24,
+        },
+        "batch": {"groups_per_batch": 2},
+        "trainer": {"optimizer": {"lr": 1e-3}},
+        "eval": {"every_steps": 0, "at_start": False, "at_end": False},
+        "checkpoint": {"every_steps": 2, "keep_last": 1},
+        "logging": {"progress_bar": False, "record_training": True},
+        "loop": {"mode": "async", **loop},
+    }
+
+
+def train_records(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+
+
+@pytest.mark.parametrize("over_stale", ["drop", "downweight"])
+def test_async_mode_trains_with_staleness_bounded(tmp_path, capsys, over_stale):
+    run_dir = tmp_path / "run"
+    # max_staleness 0 with a deep buffer: groups sampled before the last push are over-stale
+    config = async_config(run_dir, 6, max_staleness=0, over_stale=over_stale, buffer_groups=6)
+    assert train(config_from_dict(config)) == 0
+    out = capsys.readouterr().out
+    assert "loop: async, max_staleness 0" in out and "policy: 1 torch engine processes" in out
+    records = train_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 7))
+    assert [r["policy_version"] for r in records] == [float(s) for s in range(1, 7)]
+    assert all(r["train/episodes"] == 2 * GROUP_SIZE for r in records)
+    counted = sum(
+        r[f"async/over_stale_{'dropped' if over_stale == 'drop' else 'downweighted'}"] for r in records
+    )
+    assert counted > 0  # the deep buffer held groups from older versions
+    for r in records:
+        stale_tokens = r["train/staleness_tokens_s1_sum"] + r["train/staleness_tokens_s2_sum"]
+        stale_tokens += r["train/staleness_tokens_s3plus_sum"]
+        if over_stale == "drop":  # nothing older than the bound was trained on
+            assert r["async/staleness_max"] == 0 and stale_tokens == 0
+        assert r["train/num_tokens"] == r["train/staleness_tokens_s0_sum"] + stale_tokens
+    # every group the trainer took is recorded once, with its G episodes
+    recorded = Counter(t.group_id for t in read_recording(run_dir / "trajectories" / "train_rank0.jsonl")[1])
+    assert set(recorded.values()) == {GROUP_SIZE}
+    taken = sum(r["dynamic_sampling/groups_rolled_out"] for r in records)
+    assert len(recorded) == taken
+
+
+def test_async_refuses_what_it_cannot_run(tmp_path):
+    config = config_from_dict(
+        async_config(tmp_path / "run", 1) | {"agent_program": {"module": "toolgym.configs.shop_agent"}}
+    )
+    with pytest.raises(ConfigError, match="agent_program"):
+        train(config)
+    assert not (tmp_path / "run").exists()
+
+
+def test_kill_9_mid_run_and_resume_lose_and_repeat_no_group(tmp_path):
+    run_dir = tmp_path / "run"
+    config_file = tmp_path / "async.toml"
+    config_file.write_text(config_to_toml(config_from_dict(async_config(run_dir, 8))))
+    command = [sys.executable, "-m", "toolgym.configs.cli", "train", str(config_file)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    log = (tmp_path / "first.log").open("w")  # a file, not a pipe nobody reads while it runs
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
+    try:  # kill -9 (the trainer and its generator process) once step 5 is logged: past step 4's checkpoint
+        deadline = time.monotonic() + 300
+        while not any(r["step"] >= 5 for r in _train_records_if_any(run_dir)):
+            assert process.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the run did not reach step 5"
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGKILL)
+    finally:
+        process.wait()
+        log.close()
+    assert process.returncode == -signal.SIGKILL
+    killed_at = max(r["step"] for r in train_records(run_dir))
+    assert killed_at < 8, "the run finished before it was killed"
+
+    started = time.monotonic()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "toolgym.configs.cli", "train", "--resume", str(run_dir)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming at step 4" in resumed.stdout
+    print(f"resumed run: {time.monotonic() - started:.1f} s")
+
+    # metrics: each step once
+    assert [r["step"] for r in train_records(run_dir)] == list(range(1, 9))
+    # recordings: every group taken once, with its G episodes; with the groups still outstanding
+    # at the end (the final checkpoint's pending), exactly the task indices the stream drew
+    recorded = Counter(t.group_id for t in read_recording(run_dir / "trajectories" / "train_rank0.jsonl")[1])
+    assert set(recorded.values()) == {GROUP_SIZE}, recorded
+    meta = json.loads((run_dir / "checkpoints" / "rl" / "step_00000008" / "meta.json").read_text())
+    position, pending = meta["data_position"]["positions"][0], meta["data_position"]["pending"]
+    assert not set(recorded) & set(pending)
+    assert set(recorded) | set(pending) == set(range(position))
+    taken = sum(r["dynamic_sampling/groups_rolled_out"] for r in train_records(run_dir))
+    assert len(recorded) == taken
+
+
+def _train_records_if_any(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [r for r in read_metrics(path) if r["kind"] == "train"]

@@ -24,7 +24,7 @@ from toolgym.configs.load import (
 from toolgym.configs.loop import NoLearningError, RLLoop, no_learning_cause
 from toolgym.configs.metrics_log import read_metrics
 
-CPU_PRESETS = ["zorplex_tiny", "sum_digits_tiny", "zorplex_compositional_tiny"]
+CPU_PRESETS = ["zorplex_tiny", "sum_digits_tiny", "zorplex_compositional_tiny", "zorplex_recursive_tiny"]
 
 
 def refused(tmp_path, capsys, *overrides: str) -> str:

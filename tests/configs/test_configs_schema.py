@@ -24,7 +24,13 @@ from toolgym.configs.load import (
 from toolgym.configs.schema import Config
 from toolgym.rollouts.advantages import AdvantageEstimator
 
-PRESETS = ["zorplex_tiny", "sum_digits_tiny", "zorplex_compositional_tiny", "qwen2.5_0.5b_vllm"]
+PRESETS = [
+    "zorplex_tiny",
+    "sum_digits_tiny",
+    "zorplex_compositional_tiny",
+    "zorplex_recursive_tiny",
+    "qwen2.5_0.5b_vllm",
+]
 
 
 def error_of(raw: dict) -> str:
@@ -43,7 +49,7 @@ def test_every_shipped_preset_parses_and_round_trips(name):
 
 
 def test_cpu_presets_pass_the_environment_checks():
-    for name in PRESETS[:3]:
+    for name in PRESETS[:-1]:
         config, _ = load_config(name)
         check_environment(config)
         assert config.policy.backend == "torch" and config.sft.enabled

@@ -1,0 +1,180 @@
+"""The multi-turn CPU demo (configs/zorplex_recursive_tiny.toml): does RL take the policy past its
+fallible demonstrator, and does SFT alone, given the same wall-clock budget, not?
+
+Per seed S (`model.init_seed=S` and `run.seed=S`: the model's init, the demonstrations and the
+task streams):
+1. the preset as `toolgym train` runs it: SFT on the demonstrator, then RL on outcome reward;
+2. SFT only, on the same demonstrations (same seed, so the same demos), for as many SFT steps as
+   fit in step 1's whole wall time at step 1's own SFT step rate (cosine schedule stretched to
+   match), then the same held-out eval.
+The demonstrator's accuracy is the one `toolgym train` logs for its demonstrations
+(`sft_data/accuracy`, 8,192 episodes). Held-out accuracy is the preset's eval (64 task seeds x 2
+samples at temperature 1, the same task seeds in every run).
+
+With `--jobs 2` two runs go at once, each pinned to its own core with one torch thread (so each
+figure is a one-core figure; the preset itself uses both cores). Prints one row per seed and
+the mean, and writes a curves PNG (held-out accuracy, tool calls per episode and failure modes
+by kind against RL step, every seed).
+
+    python bench/multiturn_demo.py [--seeds 0 1 2] [--jobs 2] [--out DIR] [--set KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from _common import format_table
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLGYM = str(Path(sys.executable).with_name("toolgym"))
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def train(run_dir: Path, preset: str, overrides: list[str], core: int | None, log: Path) -> float:
+    """One `toolgym train` run; returns its wall time in seconds (the process's, install-free)."""
+    cmd = [TOOLGYM, "train", preset, "--set", f'run.run_dir="{run_dir}"', "--set", "run.plot=false"]
+    for item in overrides:
+        cmd += ["--set", item]
+    env = dict(os.environ)
+    if core is not None:
+        cmd = ["taskset", "-c", str(core), *cmd, "--set", "parallel.threads=1"]
+        env["OMP_NUM_THREADS"] = "1"
+    started = time.perf_counter()
+    with log.open("w") as out:
+        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+    if rc != 0:
+        raise SystemExit(f"{' '.join(cmd)} exited {rc}; its output: {log}")
+    return time.perf_counter() - started
+
+
+def sft_phase(records: list[dict]) -> tuple[int, float]:
+    """(SFT steps, SFT phase seconds) from a run's metrics."""
+    steps = [r for r in records if r.get("kind") == "sft" and r.get("step", 0) > 0]
+    start = next(r["time"] for r in records if r.get("kind") == "sft")
+    return len(steps), steps[-1]["time"] - start
+
+
+def evals(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("kind") == "eval"]
+
+
+def plot(rows: dict[int, list[dict]], out: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(15, 4), layout="constrained")
+    acc, calls, modes = fig.subplots(1, 3)
+    for seed, records in sorted(rows.items()):
+        ev = evals(records)
+        acc.plot([r["step"] for r in ev], [r["eval/accuracy"] for r in ev], marker="o", label=f"seed {seed}")
+        train = [r for r in records if r.get("kind") == "train"]
+        calls.plot([r["step"] for r in train], [r.get("rollout/tool_calls") for r in train], label=f"seed {seed}")
+        for i, mode in enumerate(sorted({k for r in train for k in r if k.startswith("rollout/failure_mode/")})):
+            if mode.endswith("/success"):
+                continue
+            modes.plot(
+                [r["step"] for r in train],
+                [r.get(mode, 0.0) for r in train],
+                color=f"C{i}",
+                alpha=0.4 + 0.2 * (seed % 4),
+                label=f"{mode.rsplit('/', 1)[-1]} (seed {seed})",
+            )
+    acc.set(title="held-out accuracy (sampled, T=1)", xlabel="RL step", ylim=(0, 1))
+    calls.set(title="tool calls per episode (rollouts)", xlabel="RL step")
+    modes.set(title="failure modes (share of rollouts)", xlabel="RL step", ylim=(0, 1))
+    for ax in (acc, calls, modes):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.savefig(out, dpi=100)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", default="zorplex_recursive_tiny")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--jobs", type=int, default=2, help="runs at once, each on its own core (1: one run, all cores)")
+    p.add_argument("--out", type=Path, default=Path("bench_runs/multiturn_demo"))
+    p.add_argument("--curves", type=Path, default=ROOT / "bench" / "multiturn_demo_curves.png")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    args = p.parse_args()
+    args.out = args.out.resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
+    cores: queue.Queue[int | None] = queue.Queue()
+    for core in range(args.jobs) if args.jobs > 1 else [None]:
+        cores.put(core)
+
+    def job(name: str, overrides: list[str]) -> tuple[Path, float]:
+        core = cores.get()
+        try:
+            run_dir = args.out / name
+            wall = train(run_dir, args.preset, [*args.overrides, *overrides], core, args.out / f"{name}.log")
+            print(f"  {name}: {wall:.0f} s" + (f" (core {core})" if core is not None else ""), flush=True)
+            return run_dir, wall
+        finally:
+            cores.put(core)
+
+    def seed_pair(seed: int) -> dict:
+        seeds = [f"model.init_seed={seed}", f"run.seed={seed}"]
+        rl_dir, rl_wall = job(f"rl-seed{seed}", seeds)
+        records = read_metrics(rl_dir)
+        sft_steps, sft_seconds = sft_phase(records)
+        budget_steps = int(sft_steps * rl_wall / sft_seconds)
+        sft_dir, sft_wall = job(
+            f"sft-only-seed{seed}", [*seeds, "run.steps=0", f"sft.steps={budget_steps}"]
+        )
+        ev = evals(records)
+        demo = next(r["sft_data/accuracy"] for r in records if "sft_data/accuracy" in r)
+        return {
+            "seed": seed,
+            "records": records,
+            "demonstrator": demo,
+            "after_sft": ev[0]["eval/accuracy"],
+            "after_rl": ev[-1]["eval/accuracy"],
+            "rl_wall": rl_wall,
+            "sft_steps": sft_steps,
+            "sft_seconds": sft_seconds,
+            "sft_only": evals(read_metrics(sft_dir))[-1]["eval/accuracy"],
+            "sft_only_steps": budget_steps,
+            "sft_only_wall": sft_wall,
+        }
+
+    print(f"{args.preset}: seeds {args.seeds}, {args.jobs} at once; runs in {args.out}", flush=True)
+    with ThreadPoolExecutor(max_workers=len(args.seeds)) as pool:
+        results = list(pool.map(seed_pair, args.seeds))
+    headers = ["seed", "demonstrator", "after SFT", "after RL", "SFT only, same budget", "RL run s (SFT s)", "SFT-only steps, s"]
+    rows = [
+        [
+            r["seed"],
+            f"{r['demonstrator']:.3f}",
+            f"{r['after_sft']:.3f}",
+            f"{r['after_rl']:.3f}",
+            f"{r['sft_only']:.3f}",
+            f"{r['rl_wall']:.0f} ({r['sft_seconds']:.0f})",
+            f"{r['sft_only_steps']}, {r['sft_only_wall']:.0f}",
+        ]
+        for r in results
+    ]
+    mean = {k: statistics.mean(r[k] for r in results) for k in ("demonstrator", "after_sft", "after_rl", "sft_only")}
+    rows.append(["mean", *(f"{mean[k]:.3f}" for k in ("demonstrator", "after_sft", "after_rl", "sft_only")), "", ""])
+    print(format_table(headers, rows))
+    print(
+        f"RL over SFT: {mean['after_rl'] - mean['after_sft']:+.3f}; SFT only over the demonstrator: "
+        f"{mean['sft_only'] - mean['demonstrator']:+.3f}"
+    )
+    plot({r["seed"]: r["records"] for r in results}, args.curves)
+    print(f"curves: {args.curves}")
+
+
+if __name__ == "__main__":
+    main()

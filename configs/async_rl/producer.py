@@ -82,7 +82,6 @@ class GroupProducer:
         self._outstanding: set[int] = set(self._replay)
         self._stop = threading.Event()
         self._error: BaseException | None = None
-        self.groups_produced = 0
         self._thread = threading.Thread(target=self._run, name="toolgym-group-producer", daemon=True)
         self._thread.start()
 
@@ -176,4 +175,3 @@ class GroupProducer:
             await asyncio.sleep(_POLL_S)
         if not self._stop.is_set():
             self._buffer.put(group)
-            self.groups_produced += 1

@@ -4,9 +4,10 @@ fallible demonstrator, and does SFT alone, given the same wall-clock budget, not
 Per seed S (`model.init_seed=S` and `run.seed=S`: the model's init, the demonstrations and the
 task streams):
 1. the preset as `toolgym train` runs it: SFT on the demonstrator, then RL on outcome reward;
-2. SFT only, on the same demonstrations (same seed, so the same demos), for as many SFT steps as
-   fit in step 1's whole wall time at step 1's own SFT step rate (cosine schedule stretched to
-   match), then the same held-out eval.
+2. SFT only, given step 1's whole wall time: step 1's SFT model trained on by SFT alone, on the
+   same demonstrations, for as many more steps as step 1 spent on everything after SFT (RL,
+   evals, export) at step 1's own SFT step rate, at the schedule's final lr (a fresh AdamW), then
+   the same held-out eval. (Continuing rather than rerunning costs a quarter of a run, not one.)
 The demonstrator's accuracy is the one `toolgym train` logs for its demonstrations
 (`sft_data/accuracy`, 8,192 episodes). Held-out accuracy is the preset's eval (64 task seeds x 2
 samples at temperature 1, the same task seeds in every run).
@@ -29,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -129,10 +131,25 @@ def main() -> None:
         rl_dir, rl_wall = job(f"rl-seed{seed}", seeds)
         records = read_metrics(rl_dir)
         sft_steps, sft_seconds = sft_phase(records)
-        budget_steps = int(sft_steps * rl_wall / sft_seconds)
+        extra_steps = max(1, int(sft_steps * (rl_wall - sft_seconds) / sft_seconds))
+        config = tomllib.loads(subprocess.check_output(
+                [TOOLGYM, "train", args.preset, *(a for o in args.overrides for a in ("--set", o)), "--print-config"],
+                text=True,
+            ))
+        final_lr = config["sft"]["optimizer"]["lr"] * config["sft"]["optimizer"]["min_lr_ratio"]
         sft_dir, sft_wall = job(
-            f"sft-only-seed{seed}", [*seeds, "run.steps=0", f"sft.steps={budget_steps}"]
+            f"sft-only-seed{seed}",
+            [
+                *seeds,
+                f'model.path="{rl_dir / "sft_model"}"',
+                "run.steps=0",
+                f"sft.steps={extra_steps}",
+                f"sft.optimizer.lr={final_lr}",
+                "sft.optimizer.warmup_steps=0",
+                'sft.optimizer.decay="constant"',
+            ],
         )
+        budget_steps = sft_steps + extra_steps
         ev = evals(records)
         demo = next(r["sft_data/accuracy"] for r in records if "sft_data/accuracy" in r)
         return {
@@ -146,7 +163,7 @@ def main() -> None:
             "sft_seconds": sft_seconds,
             "sft_only": evals(read_metrics(sft_dir))[-1]["eval/accuracy"],
             "sft_only_steps": budget_steps,
-            "sft_only_wall": sft_wall,
+            "sft_only_wall": sft_seconds + sft_wall,
         }
 
     print(f"{args.preset}: seeds {args.seeds}, {args.jobs} at once; runs in {args.out}", flush=True)

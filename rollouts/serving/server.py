@@ -72,6 +72,7 @@ from .openai_api import (
 )
 
 CONVERSATION_HEADER = "x-conversation-id"
+KEEP_ALIVE_S = 300  # longer than any client keeps an idle connection
 
 
 class EndpointConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -177,8 +178,16 @@ class PolicyServer:
         return sock
 
     def _uvicorn(self, quiet: bool) -> uvicorn.Server:
+        # Idle keep-alive connections are closed by the clients (httpx after 5 s, aiohttp after
+        # 15 s), never by the server: a server closing one (uvicorn's default, after 5 s) races a
+        # client reusing it, whose request then fails with a connection error.
         config = uvicorn.Config(
-            self.app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
+            self.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
         return _Server(config) if quiet else _ForegroundServer(config)
 

@@ -160,8 +160,10 @@ def check_chat(request: ChatCompletionRequest) -> None:
             )
 
 
-def _text(content: Any, where: str) -> str:
-    """A message's content as text: a str, None, or a list of {"type": "text", "text": ...} parts."""
+def message_text(content: Any) -> str:
+    """A chat message's content as text: a str, None (""), or a list of {"type": "text", "text":
+    ...} parts joined. ValueError for anything else (an image part, a number). The endpoint's
+    requests and rollouts/traces/chat_jsonl.py's imported lines both read content with it."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -172,10 +174,17 @@ def _text(content: Any, where: str) -> str:
             if not (
                 isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)
             ):
-                raise APIError(f"{where}.content: only text parts are supported", param=f"{where}.content")
+                raise ValueError("a content part that is not text: only text parts are supported")
             parts.append(part["text"])
         return "".join(parts)
-    raise APIError(f"{where}.content must be a string or a list of text parts", param=f"{where}.content")
+    raise ValueError(f"content must be a string, a list of text parts or null, got {type(content).__name__}")
+
+
+def _text(content: Any, where: str) -> str:
+    try:
+        return message_text(content)
+    except ValueError as exc:
+        raise APIError(f"{where}.content: {exc}", param=f"{where}.content") from None
 
 
 def _arguments(raw: Any, where: str) -> Any:

@@ -50,6 +50,7 @@ from ...envs.tool_calls import CALLS, get_format
 from ..env_io import reset_env
 from ..recording import RecordingHeader, RecordingReader
 from ..replay import EnvModuleNotAllowed, check_env_id
+from ..serving.openai_api import message_text
 from ..types import SEQUENCE_START, StopReason, Trajectory, Transition
 
 IMPORT_ENV_ID = "chat-import"  # never registered: an import is not an env's episode
@@ -223,22 +224,6 @@ def export_chat_jsonl(
 # ---- import -------------------------------------------------------------------------------------
 
 
-def _content(message: Mapping[str, Any]) -> str:
-    content = message.get("content")
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError("a content part that is not text (only text parts can be imported)")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise ValueError(f"content must be a string, a list of text parts or null, got {type(content).__name__}")
-
-
 def _call_blocks(message: Mapping[str, Any]) -> str:
     """An assistant message's `tool_calls` as `<tool_call>` JSON blocks (how Qwen and Hermes
     models write them), one per line."""
@@ -286,7 +271,7 @@ def chat_trajectory(record: Any, renderer: Renderer, index: int) -> Trajectory:
         if not isinstance(m, dict) or m.get("role") not in _ROLES:
             raise ValueError(f"a message with role {m.get('role') if isinstance(m, dict) else m!r}")
         role = _ROLES[m["role"]]
-        text = _content(m)
+        text = message_text(m.get("content"))
         if role == "assistant" and m.get("tool_calls"):
             text = "\n".join(x for x in (text, _call_blocks(m)) if x)
         messages.append((role, text))

@@ -65,6 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -111,27 +112,55 @@ def save_model(name: str, directory: Path) -> int:
     return model.config.num_params()
 
 
-def run_worker(system: str, args: argparse.Namespace, workdir: Path) -> dict:
-    command = [sys.executable, __file__, "--worker", system, "--workdir", str(workdir)]
-    for flag in (
-        "prompts",
-        "group",
-        "completion_len",
-        "steps",
-        "warmup",
-        "threads",
-        "lr",
-        "precision",
-        "replicas",
-    ):
+def spawn_worker(
+    script: str, system: str, args: argparse.Namespace, workdir: Path, flags: Sequence[str], **env: str
+) -> dict:
+    """Run `script --worker SYSTEM` in a fresh process (OMP_NUM_THREADS = --threads) with `flags`
+    of `args` passed on; returns its last RESULT line. Shared by bench/vs_trl_multiturn.py."""
+    command = [sys.executable, script, "--worker", system, "--workdir", str(workdir)]
+    for flag in flags:
         command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
+    environ = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false", **env)
+    proc = subprocess.run(command, capture_output=True, text=True, env=environ, cwd=REPO)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
         raise SystemExit(f"{system} worker failed (exit {proc.returncode})")
     return json.loads(lines[-1][len(RESULT) :])
+
+
+def run_rounds(rounds: int, run: Callable[[str], dict], show_cpu: bool = False) -> dict[str, list[dict]]:
+    """Each system's worker `rounds` times, alternating which goes first; prints each run's timed
+    steps. Shared by bench/vs_trl_multiturn.py."""
+    runs: dict[str, list[dict]] = {"toolgym": [], "trl": []}
+    for round_index in range(rounds):
+        order = ("toolgym", "trl") if round_index % 2 == 0 else ("trl", "toolgym")
+        for system in order:
+            started = time.perf_counter()
+            result = run(system)
+            runs[system].append(result)
+            times = ", ".join(f"{s['step']:.2f}" for s in result["steps"])
+            cpus = ", cpu " + ", ".join(f"{s['cpu']:.2f}" for s in result["steps"]) + " s" if show_cpu else ""
+            print(
+                f"  round {round_index + 1} {result['system']}: timed steps {times} s{cpus} "
+                f"({result['threads']} threads; process {time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
+    return runs
+
+
+def require_trl(script: str) -> None:
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        raise SystemExit(
+            f"{script} needs TRL: install the bench extra in its own venv (see bench/vs_trl.py)"
+        ) from None
+
+
+def run_worker(system: str, args: argparse.Namespace, workdir: Path) -> dict:
+    flags = ("prompts", "group", "completion_len", "steps", "warmup", "threads", "lr", "precision", "replicas")  # fmt: skip
+    return spawn_worker(__file__, system, args, workdir, flags)
 
 
 # ---- workers (one subprocess per system) --------------------------------------------------------
@@ -412,12 +441,7 @@ def main() -> None:
         print(RESULT + json.dumps(worker(args, args.workdir)), flush=True)
         return
 
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        raise SystemExit(
-            "bench/vs_trl.py needs TRL: install the bench extra in its own venv (see the module doc)"
-        ) from None
+    require_trl("bench/vs_trl.py")
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as tmp:
         workdir = Path(tmp)
         params = save_model(args.model, workdir / "model")
@@ -429,19 +453,7 @@ def main() -> None:
             f"{args.threads} threads, {args.warmup} warm-up + {args.steps} timed steps x {args.rounds} round(s)",
             flush=True,
         )
-        runs: dict[str, list[dict]] = {"toolgym": [], "trl": []}
-        for round_index in range(args.rounds):
-            order = ("toolgym", "trl") if round_index % 2 == 0 else ("trl", "toolgym")
-            for system in order:
-                started = time.perf_counter()
-                result = run_worker(system, args, workdir)
-                runs[system].append(result)
-                times = ", ".join(f"{s['step']:.2f}" for s in result["steps"])
-                print(
-                    f"  round {round_index + 1} {result['system']}: timed steps {times} s "
-                    f"({result['threads']} threads; process {time.perf_counter() - started:.0f} s)",
-                    flush=True,
-                )
+        runs = run_rounds(args.rounds, lambda system: run_worker(system, args, workdir))
 
     ours, theirs = summarise(runs["toolgym"]), summarise(runs["trl"])
     versions = runs["trl"][0]["versions"]

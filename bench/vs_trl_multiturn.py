@@ -75,7 +75,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -83,7 +82,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_trl import RESULT, TOKENIZER, cpu_seconds
+from vs_trl import RESULT, TOKENIZER, cpu_seconds, require_trl, run_rounds, spawn_worker
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATE = "qwen2.5-style"
@@ -183,20 +182,11 @@ def make_workload(args: argparse.Namespace, count: int) -> dict[str, Any]:
 
 
 def run_worker(system: str, args: argparse.Namespace, workdir: Path) -> dict:
-    command = [sys.executable, __file__, "--worker", system, "--workdir", str(workdir)]
-    for flag in (
+    flags = (
         "model", "prompts", "group", "max_turns", "turn_tokens", "episode_tokens",
         "steps", "warmup", "threads", "lr", "precision",
-    ):  # fmt: skip
-        command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false")
-    env["TRL_EXPERIMENTAL_SILENCE"] = "1"
-    proc = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
-    if proc.returncode != 0 or not lines:
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
-        raise SystemExit(f"{system} worker failed (exit {proc.returncode})")
-    return json.loads(lines[-1][len(RESULT) :])
+    )  # fmt: skip
+    return spawn_worker(__file__, system, args, workdir, flags, TRL_EXPERIMENTAL_SILENCE="1")
 
 
 # ---- workers (one subprocess per system) --------------------------------------------------------
@@ -574,12 +564,7 @@ def main() -> None:
         print(RESULT + json.dumps(worker(args, args.workdir)), flush=True)
         return
 
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        raise SystemExit(
-            "bench/vs_trl_multiturn.py needs TRL: install the bench extra (see bench/vs_trl.py)"
-        ) from None
+    require_trl("bench/vs_trl_multiturn.py")
     with tempfile.TemporaryDirectory(prefix="vs_trl_mt_") as tmp:
         workdir = Path(tmp)
         if args.model_dir:
@@ -603,20 +588,7 @@ def main() -> None:
             f"{args.warmup} warm-up + {args.steps} timed steps x {args.rounds} round(s)",
             flush=True,
         )
-        runs: dict[str, list[dict]] = {"toolgym": [], "trl": []}
-        for round_index in range(args.rounds):
-            order = ("toolgym", "trl") if round_index % 2 == 0 else ("trl", "toolgym")
-            for system in order:
-                started = time.perf_counter()
-                result = run_worker(system, args, workdir)
-                runs[system].append(result)
-                times = ", ".join(f"{s['step']:.2f}" for s in result["steps"])
-                cpus = ", ".join(f"{s['cpu']:.2f}" for s in result["steps"])
-                print(
-                    f"  round {round_index + 1} {result['system']}: timed steps {times} s, cpu {cpus} s "
-                    f"({result['threads']} threads; process {time.perf_counter() - started:.0f} s)",
-                    flush=True,
-                )
+        runs = run_rounds(args.rounds, lambda system: run_worker(system, args, workdir), show_cpu=True)
 
     ours, theirs = summarise(runs["toolgym"]), summarise(runs["trl"])
     versions = runs["trl"][0]["versions"]

@@ -120,6 +120,27 @@ def _trainable(trajectory: Trajectory, config: BatchConfig) -> bool:
     return config.train_on_infra_failures or trajectory.stop_reason not in INFRA_STOP_REASONS
 
 
+def kept_batch_metrics(
+    kept_trajectories: Sequence[Trajectory],
+    kept_advantages: Sequence[float],
+    episodes: Sequence[Episode],
+    groups: int,
+    needed: int,
+    config: BatchConfig,
+) -> dict[str, float]:
+    """The batch metrics every way of filling a batch reports: the groups kept, the fill against
+    `needed`, the episodes' tokens and sampled tokens, and the mean |advantage| of the kept
+    trajectories that are trained on."""
+    trained = [a for t, a in zip(kept_trajectories, kept_advantages, strict=True) if _trainable(t, config)]
+    return {
+        "batch/groups": float(groups),
+        "batch/fill": groups / needed,
+        "batch/tokens": float(sum(len(e.tokens) for e in episodes)),
+        "batch/sampled_tokens": float(sum(sum(e.loss_mask) for e in episodes)),
+        "advantage/mean_abs": sum(abs(a) for a in trained) / len(trained) if trained else 0.0,
+    }
+
+
 def score_group(group: Sequence[Trajectory], config: BatchConfig) -> tuple[list[float], bool]:
     """Advantages for one group (0.0 for untrainable members) and whether it carries signal."""
     members = [i for i, t in enumerate(group) if _trainable(t, config)]
@@ -207,14 +228,9 @@ async def collect_batch(
     elapsed = time.perf_counter() - started
     metrics = batch_metrics(all_trajectories, elapsed)
     metrics.update(stats.as_metrics())
-    trained = [a for t, a in zip(kept_trajectories, kept_advantages, strict=True) if _trainable(t, config)]
+    metrics.update(kept_batch_metrics(kept_trajectories, kept_advantages, episodes, len(kept_groups), needed, config))
     metrics.update(
         {
-            "batch/groups": float(len(kept_groups)),
-            "batch/fill": len(kept_groups) / needed,
-            "batch/tokens": float(sum(len(e.tokens) for e in episodes)),
-            "batch/sampled_tokens": float(sum(sum(e.loss_mask) for e in episodes)),
-            "advantage/mean_abs": sum(abs(a) for a in trained) / len(trained) if trained else 0.0,
             "dynamic_sampling/rounds": float(rounds),
             "dynamic_sampling/groups_rolled_out": float(rolled),
             "dynamic_sampling/dropped_frac": dropped / rolled,

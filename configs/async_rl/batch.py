@@ -22,7 +22,7 @@ from typing import Literal
 
 from ...rollouts.episodes import INFRA_STOP_REASONS, build_episodes
 from ...rollouts.metrics import batch_metrics
-from ...rollouts.sampling import BatchConfig, RolloutBatch
+from ...rollouts.sampling import BatchConfig, RolloutBatch, kept_batch_metrics
 from .producer import GroupProducer, ScoredGroup
 
 
@@ -86,18 +86,9 @@ def take_batch(
     trajectories = kept_trajectories + [t for g in other for t in g.trajectories]
     metrics = batch_metrics(trajectories)  # no rate: the groups were rolled out while others trained
     metrics.update(stats.as_metrics())
-    trained = [
-        a
-        for t, a in zip(kept_trajectories, kept_advantages, strict=True)
-        if config.train_on_infra_failures or t.stop_reason not in INFRA_STOP_REASONS
-    ]
+    metrics.update(kept_batch_metrics(kept_trajectories, kept_advantages, episodes, len(kept), needed, config))
     metrics.update(
         {
-            "batch/groups": float(len(kept)),
-            "batch/fill": len(kept) / needed,
-            "batch/tokens": float(sum(len(e.tokens) for e in episodes)),
-            "batch/sampled_tokens": float(sum(sum(e.loss_mask) for e in episodes)),
-            "advantage/mean_abs": sum(abs(a) for a in trained) / len(trained) if trained else 0.0,
             "dynamic_sampling/groups_rolled_out": float(taken),
             "dynamic_sampling/dropped_frac": dropped / max(taken, 1),
             "dynamic_sampling/zero_variance_frac": zero_variance / max(taken, 1),

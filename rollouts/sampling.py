@@ -120,19 +120,27 @@ def _trainable(trajectory: Trajectory, config: BatchConfig) -> bool:
     return config.train_on_infra_failures or trajectory.stop_reason not in INFRA_STOP_REASONS
 
 
-def kept_batch_metrics(
+def build_kept_batch(
     kept_trajectories: Sequence[Trajectory],
     kept_advantages: Sequence[float],
-    episodes: Sequence[Episode],
     groups: int,
     needed: int,
     config: BatchConfig,
-) -> dict[str, float]:
-    """The batch metrics every way of filling a batch reports: the groups kept, the fill against
-    `needed`, the episodes' tokens and sampled tokens, and the mean |advantage| of the kept
-    trajectories that are trained on."""
+) -> tuple[list[Episode], dict[str, float]]:
+    """The kept groups' training Episodes and the batch metrics every way of filling a batch
+    reports: the episode builder's counts, the groups kept, the fill against `needed`, the
+    episodes' tokens and sampled tokens, and the mean |advantage| of the kept trajectories that
+    are trained on."""
+    episodes, stats = build_episodes(
+        kept_trajectories,
+        kept_advantages,
+        config.max_seq_len,
+        config.overlong_rule,
+        skip_infra_failures=not config.train_on_infra_failures,
+    )
     trained = [a for t, a in zip(kept_trajectories, kept_advantages, strict=True) if _trainable(t, config)]
-    return {
+    return episodes, {
+        **stats.as_metrics(),
         "batch/groups": float(groups),
         "batch/fill": groups / needed,
         "batch/tokens": float(sum(len(e.tokens) for e in episodes)),
@@ -216,19 +224,12 @@ async def collect_batch(
 
     kept_trajectories = [t for group, _ in kept_groups for t in group]
     kept_advantages = [a for _, advs in kept_groups for a in advs]
-    episodes, stats = build_episodes(
-        kept_trajectories,
-        kept_advantages,
-        config.max_seq_len,
-        config.overlong_rule,
-        skip_infra_failures=not config.train_on_infra_failures,
-    )
+    episodes, kept_metrics = build_kept_batch(kept_trajectories, kept_advantages, len(kept_groups), needed, config)
     everything = kept_groups + other_groups
     all_trajectories = [t for group, _ in everything for t in group]
     elapsed = time.perf_counter() - started
     metrics = batch_metrics(all_trajectories, elapsed)
-    metrics.update(stats.as_metrics())
-    metrics.update(kept_batch_metrics(kept_trajectories, kept_advantages, episodes, len(kept_groups), needed, config))
+    metrics.update(kept_metrics)
     metrics.update(
         {
             "dynamic_sampling/rounds": float(rounds),

@@ -20,9 +20,9 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from ...rollouts.episodes import INFRA_STOP_REASONS, build_episodes
+from ...rollouts.episodes import INFRA_STOP_REASONS
 from ...rollouts.metrics import batch_metrics
-from ...rollouts.sampling import BatchConfig, RolloutBatch, kept_batch_metrics
+from ...rollouts.sampling import BatchConfig, RolloutBatch, build_kept_batch
 from .producer import GroupProducer, ScoredGroup
 
 
@@ -76,17 +76,10 @@ def take_batch(
 
     kept_trajectories = [t for g, _ in kept for t in g.trajectories]
     kept_advantages = [a for _, advs in kept for a in advs]
-    episodes, stats = build_episodes(
-        kept_trajectories,
-        kept_advantages,
-        config.max_seq_len,
-        config.overlong_rule,
-        skip_infra_failures=not config.train_on_infra_failures,
-    )
+    episodes, kept_metrics = build_kept_batch(kept_trajectories, kept_advantages, len(kept), needed, config)
     trajectories = kept_trajectories + [t for g in other for t in g.trajectories]
     metrics = batch_metrics(trajectories)  # no rate: the groups were rolled out while others trained
-    metrics.update(stats.as_metrics())
-    metrics.update(kept_batch_metrics(kept_trajectories, kept_advantages, episodes, len(kept), needed, config))
+    metrics.update(kept_metrics)
     metrics.update(
         {
             "dynamic_sampling/groups_rolled_out": float(taken),

@@ -60,7 +60,10 @@ class Completion(msgspec.Struct):
         requests (temperature 0) it is the log-probability under the unscaled distribution.
     finish_reason: "stop" (hit a stop token), "length" (hit max_tokens) or "abort".
     text: the decoded tokens (for humans and for envs; never re-encoded).
-    policy_version: the version of the weights that sampled these tokens.
+    policy_version: the version of the weights that sampled the first token (the oldest).
+    token_versions: per token, the version that sampled it, when new weights arrived while this
+        sample ran (an engine with in-flight weight updates); [] means every token is
+        `policy_version`.
     """
 
     tokens: list[int]
@@ -68,7 +71,12 @@ class Completion(msgspec.Struct):
     finish_reason: FinishReason
     text: str = ""
     policy_version: int = 0
+    token_versions: list[int] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.logprobs):
             raise ValueError(f"Completion has {len(self.tokens)} tokens but {len(self.logprobs)} logprobs")
+        if self.token_versions and len(self.token_versions) != len(self.tokens):
+            raise ValueError(
+                f"Completion has {len(self.tokens)} tokens but {len(self.token_versions)} token_versions"
+            )

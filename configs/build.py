@@ -207,6 +207,7 @@ def build_policy(
                 from .async_rl.placement import thread_split
 
                 threads = max(1, thread_split(config)[0] // config.policy.replicas)
+                engine_kwargs["weight_updates"] = config.loop.weight_updates
             return EngineReplicas(
                 model, replicas=config.policy.replicas, threads_per_replica=threads, **engine_kwargs
             )

@@ -284,7 +284,11 @@ class LoopSection(msgspec.Struct, **_STRICT):
 
     mode: "sync" (default): roll out a batch, train on it, push the weights, repeat. "async": a
         generator process samples groups continuously into a bounded buffer while the trainer
-        trains; it takes new weights between requests (configs/async_rl/).
+        trains (configs/async_rl/).
+    weight_updates: async: how the generator takes new weights. "in_flight" (default): between
+        two decode steps, without draining; a running sample goes on with the new weights and its
+        tokens record the version that sampled each. "drain": its running samples finish on the
+        old weights first (agents/engine/engine.py).
     max_staleness: async: the most policy versions a trained group may lag the trainer (by its
         oldest token); an older group is handled by `over_stale`.
     over_stale: "drop" (not trained on) or "downweight" (its advantages x stale_weight); both
@@ -296,6 +300,7 @@ class LoopSection(msgspec.Struct, **_STRICT):
     """
 
     mode: Literal["sync", "async"] = "sync"
+    weight_updates: Literal["in_flight", "drain"] = "in_flight"
     max_staleness: int = 1
     over_stale: Literal["drop", "downweight"] = "drop"
     stale_weight: float = 0.5

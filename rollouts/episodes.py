@@ -123,9 +123,10 @@ def trajectory_to_episode(
     )  # fmt: skip
 
 
-def _versions(transitions: Sequence[Transition]) -> list[int]:
-    """Per turn, the policy version that sampled its action."""
-    return [t.action.policy_version for t in transitions]
+def _versions(transitions: Sequence[Transition]) -> list[list[int]]:
+    """Per turn, per sampled token, the policy version that sampled it (several versions in one
+    turn where weights were loaded in flight: Completion.token_versions)."""
+    return [t.action.token_versions or [t.action.policy_version] * len(t.action.tokens) for t in transitions]
 
 
 def _episode(
@@ -135,7 +136,7 @@ def _episode(
     max_seq_len: int | None,
     rule: OverlongEpisodeRule,
     stats: EpisodeStats,
-    versions: list[int],
+    versions: list[list[int]],
 ) -> Episode | None:
     lengths = [len(o) + len(a) for o, a, _ in segments]
     total = sum(lengths)
@@ -163,8 +164,9 @@ def _episode(
     logprobs: list[float] = []
     advantages: list[float] = []
     token_versions: list[int] = []
-    for (obs, act, lps), version in zip(segments[:keep], versions[:keep], strict=True):
-        token_versions += [version] * (len(obs) + len(act))
+    for (obs, act, lps), action_versions in zip(segments[:keep], versions[:keep], strict=True):
+        # An observation carries the version of the action after it.
+        token_versions += [action_versions[0] if action_versions else trajectory.policy_version] * len(obs) + action_versions
         tokens += obs
         loss_mask += [0] * len(obs)
         logprobs += [0.0] * len(obs)

@@ -133,8 +133,9 @@ class Episode(msgspec.Struct):
     advantages is the trajectory's advantage on sampled tokens and 0.0 elsewhere.
     token_versions: per token, the policy version that sampled it (an observation token carries
     the version of the action after it); [] means every token is `policy_version`, the oldest.
-    A policy that takes new weights between requests (the torch engine) gives an episode's turns
-    their own versions; the trainer's staleness of a token is its version minus this one.
+    A policy that takes new weights between requests gives an episode's turns their own
+    versions, and one that takes them in flight (the torch engine's "in_flight" weight updates)
+    a turn's tokens theirs; the trainer's staleness of a token is its step minus the version.
     """
 
     tokens: list[int]

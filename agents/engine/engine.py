@@ -42,9 +42,14 @@ hash, so what it samples does not depend on the batch it shares or when it was a
 agents/engine/sampling.py for the exact guarantee). Requests without a seed get one from the engine's
 own generator (`seed=` at construction).
 
-Weights: `load_weights` lets the running samples finish on the old weights (nothing new is
-admitted meanwhile), copies the new tensors into the existing parameters in place, and bumps
-`policy_version`; every Completion was sampled by one version and carries it.
+Weights: `load_weights` copies the new tensors into the existing parameters in place and bumps
+`policy_version`. With `weight_updates="drain"` (the default) the running samples finish on the
+old weights first (nothing new is admitted meanwhile), so every Completion was sampled by one
+version and carries it. With "in_flight" the copy happens between two decode steps without
+draining: running samples go on with the new weights (their k/v so far stay as the old weights
+computed them, as a partial rollout's do) and their Completions record, per token, the version
+that sampled it (`Completion.token_versions`); the trainer corrects for the gap with its
+off-policy losses (trainers/losses.py).
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ import concurrent.futures
 import copy
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -99,7 +104,8 @@ class TorchEngine:
     recomputes every prompt in full, for comparison). history_capacity: token positions of KV
     cache that keep finished samples' k/v for their conversation's next turn
     (agents/engine/history.py; default max_batch_size * max_seq_len, which doubles the cache; 0
-    turns this off).
+    turns this off). weight_updates: "drain" or "in_flight", how `load_weights` treats running
+    samples (module doc).
     """
 
     def __init__(
@@ -118,7 +124,11 @@ class TorchEngine:
         continuous_batching: bool = True,
         share_prefixes: bool = True,
         history_capacity: int | None = None,
+        weight_updates: Literal["drain", "in_flight"] = "drain",
     ) -> None:
+        if weight_updates not in ("drain", "in_flight"):
+            raise ValueError(f"weight_updates must be 'drain' or 'in_flight', got {weight_updates!r}")
+        self.weight_updates = weight_updates
         cfg = model.config
         self.config = cfg
         if backend is None:
@@ -180,6 +190,7 @@ class TorchEngine:
         self._incoming: list[Request] = []
         self._paused = False  # worker thread: load_weights waits for the running samples
         self._busy = False  # worker thread: inside a step
+        self._loading = False  # worker thread: an in-flight load_weights waits for the step to end
         self._closed = False
         # No worker thread: the task that steps for each event loop that has called `generate`.
         self._drivers: dict[asyncio.AbstractEventLoop, asyncio.Task] = {}
@@ -223,14 +234,28 @@ class TorchEngine:
         return [c for r in requests for c in r.future.result()]
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy HF-named tensors into the parameters in place; later samples carry `version`.
+        """Copy HF-named tensors into the parameters in place; later tokens carry `version`.
 
-        All names and shapes are checked before anything is copied. Running samples finish on the
-        old weights first (nothing new is admitted meanwhile), so no Completion mixes two versions.
+        All names and shapes are checked before anything is copied. "drain": running samples
+        finish on the old weights first (nothing new is admitted meanwhile), so no Completion
+        mixes two versions. "in_flight": the copy waits only for the step in progress; running
+        samples continue on the new weights (module doc).
         """
         updates = checked_weights(named_tensors, self._params, self.config.model_type)
         with self._cv:
             self._check_open()
+            if self.weight_updates == "in_flight":
+                # Steps run under _cv (no worker) or flag _busy under it (worker): between two.
+                # _loading holds the worker back once its step ends (it would retake _cv first).
+                self._loading = True
+                try:
+                    self._cv.wait_for(lambda: not self._busy or self._closed)
+                    self._check_open()
+                    self._copy_weights(updates, version)
+                finally:
+                    self._loading = False
+                    self._cv.notify_all()
+                return
             if self._worker is None:
                 while self._scheduler.slots.running:
                     self._scheduler.step(admit=False)
@@ -324,7 +349,7 @@ class TorchEngine:
                 self._params[name].copy_(tensor)
             self._prefiller.forget()
             self.backend.refresh_model(self.model)
-        self._scheduler.policy_version = version
+        self._scheduler.retag(version)
 
     def _enqueue_incoming(self) -> None:  # under _cv
         self._scheduler.enqueue(self._incoming)
@@ -340,6 +365,8 @@ class TorchEngine:
     # ---- computing on the driving thread (no worker thread) ---------------------------------------
     def _step_here(self) -> bool:
         """One engine step on this thread (under _cv); False when there was nothing to do."""
+        if self._loading:  # an in-flight load_weights from another thread goes first
+            self._cv.wait_for(lambda: not self._loading or self._closed)
         if self._closed:
             return False
         self._enqueue_incoming()
@@ -371,8 +398,8 @@ class TorchEngine:
                 self._cv.wait_for(
                     lambda: (
                         self._closed
-                        or scheduler.slots.running
-                        or ((self._incoming or scheduler.waiting) and not self._paused)
+                        or (scheduler.slots.running and not self._loading)
+                        or ((self._incoming or scheduler.waiting) and not self._paused and not self._loading)
                     )
                 )
                 if self._closed:

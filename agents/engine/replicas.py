@@ -18,7 +18,8 @@ process are slower still, as the GIL serialises the Python between their ops (be
   before anything is sent.
 - Weights: this process keeps the model's parameters in shared memory. `load_weights` copies the
   new tensors into them and every replica then loads them into its own engine (as
-  TorchEngine.load_weights: running samples finish first), in parallel; it returns when all have.
+  TorchEngine.load_weights, with the engines' `weight_updates`: running samples finish first, or
+  go on with the new weights), in parallel; it returns when all have.
 - A replica that fails or exits fails its requests in flight with a RuntimeError that says so;
   `close` (or leaving the `with` block, or the interpreter exiting) ends every worker.
 

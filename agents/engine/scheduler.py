@@ -77,6 +77,13 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.slots.running or self.waiting)
 
+    def retag(self, version: int) -> None:
+        """New weights, loaded between steps with samples running (in flight): new samples are
+        drawn from `version`, and the running ones' next tokens are recorded as its."""
+        self.policy_version = version
+        for sample in self.slots.running:
+            sample.version_changes.append((len(sample.tokens), version))
+
     def enqueue(self, requests: list[Request]) -> None:
         self.waiting.extend(requests)
         self.stats.requests += len(requests)
@@ -208,6 +215,7 @@ class Scheduler:
             finish_reason=reason,  # type: ignore[arg-type]
             text=text,
             policy_version=sample.version,
+            token_versions=sample.token_versions(),
         )
         request.unfinished -= 1
         if not request.unfinished:

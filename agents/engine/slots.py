@@ -41,6 +41,17 @@ class Sample:
     version: int  # the policy version that samples it
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # (token index, version) from where weights loaded in flight sample it (Scheduler.retag)
+    version_changes: list[tuple[int, int]] = field(default_factory=list)
+
+    def token_versions(self) -> list[int]:
+        """Per token, the version that sampled it; [] when one version sampled them all."""
+        if not self.version_changes:
+            return []
+        versions = [self.version] * len(self.tokens)
+        for start, version in self.version_changes:
+            versions[start:] = [version] * (len(self.tokens) - start)
+        return versions
 
 
 class Slots:

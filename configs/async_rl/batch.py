@@ -12,7 +12,8 @@ group taken is returned, kept or not, so the caller records each exactly once.
 
 The metrics have the names `collect_batch` gives them (no rollout rates: the groups were rolled
 out while the trainer worked), plus async/*: staleness (mean and max over
-the kept groups), over-stale counts, the buffer's depth, how long the trainer waited.
+the kept groups), over-stale counts, the turns whose tokens more than one policy version sampled
+(weights loaded in flight), the buffer's depth, how long the trainer waited.
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ def take_batch(
             "async/staleness_max": float(max(kept_staleness, default=0)),
             "async/over_stale_dropped": float(stale_dropped),
             "async/over_stale_downweighted": float(stale_downweighted),
+            "async/mixed_version_turns": float(
+                sum(len(set(tr.action.token_versions)) > 1 for t in kept_trajectories for tr in t.transitions)
+            ),
             "async/buffered_groups": float(buffered),
             "time/wait_s": waited,
         }

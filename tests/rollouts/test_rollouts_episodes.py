@@ -130,6 +130,25 @@ def test_each_token_carries_the_version_that_sampled_its_turn(renderer):
         msgspec.structs.replace(episode, token_versions=[1])
 
 
+def test_tokens_sampled_after_an_in_flight_update_carry_the_new_version(renderer):
+    spec = ("sys", "q?", [("LOOKUP[zorp]", "zorp = 17", True), ("[ANSWER] 4", "", True)], 0.5)
+    trajectory, _, _ = make_trajectory(renderer, spec)
+    first, second = trajectory.transitions
+    n1, n2 = len(first.action.tokens), len(second.action.tokens)
+    first.action.policy_version = 3
+    # weights 4 arrived after the first token of turn 1
+    first.action.token_versions = [3] + [4] * (n1 - 1)
+    second.action.policy_version = 4
+    episode = trajectory_to_episode(trajectory, 0.5)
+    expected = (
+        [3] * len(first.observation_tokens) + [3] + [4] * (n1 - 1)
+        + [4] * len(second.observation_tokens) + [4] * n2
+    )  # fmt: skip
+    assert episode.token_versions == expected
+    with pytest.raises(ValueError, match="token_versions"):
+        msgspec.structs.replace(first.action, token_versions=[3])
+
+
 def test_build_episodes_skips_infra_failures_and_counts(renderer):
     spec = ("s", "q", [("a", "b", True)], 0.0)
     ok, _, _ = make_trajectory(renderer, spec)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import math
 import threading
 import warnings
 
@@ -285,6 +286,36 @@ def test_load_weights_waits_for_running_samples(worker_thread, model) -> None:
         (old,), (new,) = asyncio.run(scenario())
     assert old.policy_version == 0 and len(old.tokens) == 150 and new.policy_version == 1
     assert (torch.tensor(old.logprobs) - teacher_forced(model, prompt, old.tokens)).abs().max() <= 1e-5
+
+
+def test_in_flight_weight_updates_continue_running_samples_on_the_new_weights(worker_thread, model) -> None:
+    # The new weights zero the final norm, so every logit is 0: a token they sample has logprob
+    # -ln(vocab), which tells exactly which tokens each version sampled.
+    flat = {name: t.clone() for name, t in hf_named_tensors(model)}
+    flat["model.norm.weight"].zero_()
+    uniform = -math.log(model.config.vocab_size)
+    prompt = prompts_of([5])[0]
+    backend = backend_for(model, worker_thread=worker_thread)
+    with TorchEngine(model, max_batch_size=4, max_seq_len=256, backend=backend, weight_updates="in_flight") as engine:
+
+        async def scenario():
+            running = asyncio.ensure_future(engine.generate([prompt], SamplingParams(max_tokens=200, seed=1)))
+            while engine.stats.decode_steps < 3:
+                await asyncio.sleep(0.001)
+            await asyncio.to_thread(engine.load_weights, flat.items(), 1)
+            return await running, await engine.generate([prompt], SamplingParams(max_tokens=5, seed=1))
+
+        (mixed,), (new,) = asyncio.run(scenario())
+    assert len(mixed.tokens) == 200 and mixed.policy_version == 0
+    switch = mixed.token_versions.index(1)
+    assert 3 <= switch < 200 and mixed.token_versions == [0] * switch + [1] * (200 - switch)
+    logprobs = torch.tensor(mixed.logprobs)
+    before = teacher_forced(model, prompt, mixed.tokens)[:switch]
+    assert (logprobs[:switch] - before).abs().max() <= 1e-5
+    assert (logprobs[switch:] - uniform).abs().max() <= 1e-4
+    assert new.policy_version == 1 and new.token_versions == []  # one version: nothing per token
+    with pytest.raises(ValueError, match="weight_updates"):
+        TorchEngine(model, weight_updates="later")  # type: ignore[arg-type]
 
 
 def test_engine_owns_a_copy_of_the_weights() -> None:

@@ -73,8 +73,14 @@ def test_async_mode_trains_with_staleness_bounded(tmp_path, capsys, over_stale):
             assert r["async/staleness_max"] == 0 and stale_tokens == 0
         assert r["train/num_tokens"] == r["train/staleness_tokens_s0_sum"] + stale_tokens
     # every group the trainer took is recorded once, with its G episodes
-    recorded = Counter(t.group_id for t in read_recording(run_dir / "trajectories" / "train_rank0.jsonl")[1])
+    trajectories = read_recording(run_dir / "trajectories" / "train_rank0.jsonl")[1]
+    recorded = Counter(t.group_id for t in trajectories)
     assert set(recorded.values()) == {GROUP_SIZE}
+    # weights loaded in flight: a turn's tokens carry non-decreasing versions, none ahead of training
+    for transition in (tr for t in trajectories for tr in t.transitions):
+        versions = transition.action.token_versions or [transition.action.policy_version]
+        assert versions == sorted(versions) and versions[0] == transition.action.policy_version
+        assert versions[-1] <= 6
     taken = sum(r["dynamic_sampling/groups_rolled_out"] for r in records)
     assert len(recorded) == taken
 

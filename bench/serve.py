@@ -3,8 +3,9 @@ directly on the same requests, and a check that every capture holds the tokens t
 
 Workload: agent programs that each hold a multi-turn conversation through the real `openai`
 client (a system prompt, a question, then follow-ups; every turn samples `--max-tokens` tokens of
-the `tiny` model on the torch engine, no stop token, so both paths sample exactly the same
-amount). The endpoint run records every (prompt, sampling params) the engine got, per agent; the
+the `--model` named shape, `tiny` by default, on the torch engine, no stop token, so both paths
+sample exactly the same amount). The endpoint's cost is per request, so its share falls as the
+model's per-token cost grows: `--model small-25m` measures it at 8x tiny's parameters. The endpoint run records every (prompt, sampling params) the engine got, per agent; the
 direct run replays the same requests with `engine.generate` in the same shape (each agent's turns
 in order, the agents concurrent). Same seeds, so the same tokens are sampled. Each run gets a fresh
 engine (no k/v kept from the other path). Overhead = (endpoint wall - direct wall) / endpoint
@@ -21,6 +22,7 @@ request, each prompt must be the previous prompt + its sampled tokens + a delta 
 verbatim), and the training Episode's loss-masked tokens must be exactly the sampled ones.
 
     python bench/serve.py [--agents 64] [--solo-agents 8] [--turns 3] [--max-tokens 16] [--repeats 3] [--threads N]
+                          [--model tiny]
 """
 
 from __future__ import annotations
@@ -197,6 +199,7 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--model", default="tiny", help="a named model shape (agents/model/config.py)")
     parser.add_argument(
         "--threads",
         type=int,
@@ -209,10 +212,10 @@ def main() -> int:
     torch.manual_seed(0)
     tokenizer = load_tokenizer(ROOT / "configs" / "assets" / "tokenizer.json")
     renderer = ChatRenderer(tokenizer)
-    model = build_model("tiny", seed=0)
+    model = build_model(args.model, seed=0)
     print(machine_summary())
     print(
-        f"workload: {args.agents} agents x {args.turns} turns x {args.max_tokens} tokens, `tiny` on the torch engine"
+        f"workload: {args.agents} agents x {args.turns} turns x {args.max_tokens} tokens, `{args.model}` on the torch engine"
     )
 
     engine = make_engine(model, tokenizer, args.agents)

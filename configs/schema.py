@@ -191,6 +191,9 @@ class SFTSection(msgspec.Struct, **_STRICT):
     steps: int = 100  # optimizer steps
     batch_episodes: int = 64  # episodes per optimizer step
     micro_batch_tokens: int | None = None  # None = trainer.micro_batch_tokens
+    # None = trainer.precision. "bf16" autocasts SFT's matmuls: about 2x faster on a CPU with
+    # AVX-512 BF16, while RL can stay fp32, as the sampler computes.
+    precision: Literal["fp32", "bf16"] | None = None
     log_every: int = 10
     optimizer: OptimizerConfig = msgspec.field(default_factory=OptimizerConfig)  # lr: 1e-3 (load.py)
 

@@ -105,6 +105,7 @@ def sft_trainer_config(config: Config):
         config.trainer,
         optimizer=sft.optimizer,
         micro_batch_tokens=sft.micro_batch_tokens or config.trainer.micro_batch_tokens,
+        precision=sft.precision or config.trainer.precision,
     )
 
 

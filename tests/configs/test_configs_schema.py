@@ -22,6 +22,7 @@ from toolgym.configs.load import (
     resolve_config_path,
 )
 from toolgym.configs.schema import Config
+from toolgym.configs.sft import sft_trainer_config
 from toolgym.rollouts.advantages import AdvantageEstimator
 
 PRESETS = [
@@ -199,6 +200,17 @@ def test_components_get_their_configs():
     assert config.batch.advantage.estimator is AdvantageEstimator.GRPO
     assert config.eval.to_eval_config().num_tasks == config.eval.num_tasks
     assert isinstance(Config(), Config)
+
+
+def test_sft_takes_the_trainer_settings_with_its_own_optimizer_and_precision():
+    config = config_from_dict({"trainer": {"precision": "bf16", "micro_batch_tokens": 4096}})
+    sft = sft_trainer_config(config)
+    assert sft.precision == "bf16" and sft.micro_batch_tokens == 4096 and sft.optimizer == config.sft.optimizer
+    config = config_from_dict({"sft": {"precision": "bf16", "micro_batch_tokens": 2048}})
+    sft = sft_trainer_config(config)
+    assert config.trainer.precision == "fp32" and sft.precision == "bf16" and sft.micro_batch_tokens == 2048
+    with pytest.raises(ConfigError, match=r"sft\.precision"):
+        config_from_dict({"sft": {"precision": "fp16"}})
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from test_configs_loop import records, small_config
 
 from toolgym.configs.load import config_from_dict
 from toolgym.configs.train import train
+from toolgym.rollouts.recording import read_recording
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -52,3 +53,30 @@ def test_the_loop_runs_on_the_vllm_backend(tmp_path):
         assert abs(r["train/sampler_kl_k3"]) < 1e-4
     assert [r["eval/policy_version"] for r in records(run_dir, "eval")] == [0.0, 2.0]
     assert (run_dir / "final_model" / "model.safetensors").is_file()
+
+
+def test_async_mode_runs_on_the_vllm_backend(tmp_path):
+    """The producer's requests reach vLLM from its own thread while the trainer pushes weights,
+    which vLLM takes between requests: each turn was sampled by one version, never newer than
+    the trainer, and the staleness bound holds."""
+    run_dir = tmp_path / "run"
+    raw = small_config(
+        run_dir,
+        run={"steps": 3},
+        sft={"enabled": False},
+        policy={"backend": "vllm", "vllm": {"dtype": "float32", "kv_cache_gib": 0.0625, "max_num_seqs": 16}},
+        eval={"every_steps": 0, "at_start": False, "at_end": False},
+        checkpoint={"every_steps": 0},
+        loop={"mode": "async", "max_staleness": 1},
+    )
+    assert train(config_from_dict(raw)) == 0
+    steps = records(run_dir, "train")
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert [r["policy_version"] for r in steps] == [1.0, 2.0, 3.0]
+    for r in steps:
+        assert r["train/num_tokens"] > 0 and r["async/staleness_max"] <= 1
+        assert r["async/mixed_version_turns"] == 0  # vLLM takes weights between requests
+    trajectories = read_recording(run_dir / "trajectories" / "train_rank0.jsonl")[1]
+    assert trajectories and all(
+        not tr.action.token_versions and tr.action.policy_version <= 2 for t in trajectories for tr in t.transitions
+    )

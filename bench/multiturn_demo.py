@@ -9,7 +9,7 @@ task streams):
    evals, export) at step 1's own SFT step rate, at the schedule's final lr (a fresh AdamW), then
    the same held-out eval. (Continuing rather than rerunning costs a quarter of a run, not one.)
 The demonstrator's accuracy is the one `toolgym train` logs for its demonstrations
-(`sft_data/accuracy`, 8,192 episodes). Held-out accuracy is the preset's eval (64 task seeds x 2
+(`sft_data/accuracy`, 8,192 episodes). Held-out accuracy is the preset's eval (256 task seeds x 2
 samples at temperature 1, the same task seeds in every run).
 
 With `--jobs 2` two runs go at once, each pinned to its own core with one torch thread (so each

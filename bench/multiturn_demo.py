@@ -14,10 +14,13 @@ samples at temperature 1, the same task seeds in every run).
 
 With `--jobs 2` two runs go at once, each pinned to its own core with one torch thread (so each
 figure is a one-core figure; the preset itself uses both cores). Prints one row per seed and
-the mean, and writes a curves PNG (held-out accuracy, tool calls per episode and failure modes
-by kind against RL step, every seed).
+the mean, then per seed the held-out episodes' failures by kind after SFT and after RL (guessed
+without a lookup, stopped a link early, mis-copied a word or number, other), and writes a
+curves PNG (held-out accuracy, tool calls per episode and those failure kinds against RL step,
+every seed).
 
     python bench/multiturn_demo.py [--seeds 0 1 2] [--jobs 2] [--out DIR] [--set KEY=VALUE ...]
+    python bench/multiturn_demo.py --plot-only --out DIR    # the kinds table and curves of DIR's runs
 """
 
 from __future__ import annotations
@@ -72,7 +75,38 @@ def evals(records: list[dict]) -> list[dict]:
     return [r for r in records if r.get("kind") == "eval"]
 
 
-def plot(rows: dict[int, list[dict]], out: Path) -> None:
+FAILURE_KINDS = ("no lookup, guessed", "stopped a link early", "mis-copied a word or number", "other")
+
+
+def failure_kind(trajectory) -> str | None:
+    """What went wrong in one held-out episode (None: it was right). The answer turn's observation
+    is the last tool result it saw: a SEE pointer means it stopped a link early; a number (or an
+    unknown-word error) that it still got wrong means a copy went wrong."""
+    if trajectory.metrics.get("failure_mode") == "success":
+        return None
+    if trajectory.stop_reason != "answered":
+        return "other"
+    if not trajectory.metrics.get("env", {}).get("tool_calls"):
+        return "no lookup, guessed"
+    if "SEE:" in trajectory.transitions[-1].observation:
+        return "stopped a link early"
+    return "mis-copied a word or number"
+
+
+def failure_kinds(run_dir: Path) -> dict[int, dict[str, float]]:
+    """Per eval step, the share of held-out episodes that failed in each way (FAILURE_KINDS)."""
+    from toolgym.rollouts.recording import read_recording
+
+    shares: dict[int, dict[str, float]] = {}
+    for path in sorted((run_dir / "trajectories").glob("eval_step_*.jsonl")):
+        _, trajectories = read_recording(path)
+        kinds = [failure_kind(t) for t in trajectories]
+        step = int(path.stem.rsplit("_", 1)[-1])
+        shares[step] = {k: sum(kind == k for kind in kinds) / max(len(kinds), 1) for k in FAILURE_KINDS}
+    return shares
+
+
+def plot(rows: dict[int, list[dict]], kinds: dict[int, dict[int, dict[str, float]]], out: Path) -> None:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(15, 4), layout="constrained")
@@ -82,19 +116,19 @@ def plot(rows: dict[int, list[dict]], out: Path) -> None:
         acc.plot([r["step"] for r in ev], [r["eval/accuracy"] for r in ev], marker="o", label=f"seed {seed}")
         train = [r for r in records if r.get("kind") == "train"]
         calls.plot([r["step"] for r in train], [r.get("rollout/tool_calls") for r in train], label=f"seed {seed}")
-        for i, mode in enumerate(sorted({k for r in train for k in r if k.startswith("rollout/failure_mode/")})):
-            if mode.endswith("/success"):
-                continue
+        steps = sorted(kinds.get(seed, {}))
+        for i, kind in enumerate(FAILURE_KINDS):
             modes.plot(
-                [r["step"] for r in train],
-                [r.get(mode, 0.0) for r in train],
+                steps,
+                [kinds[seed][step][kind] for step in steps],
                 color=f"C{i}",
+                marker="o",
                 alpha=0.4 + 0.2 * (seed % 4),
-                label=f"{mode.rsplit('/', 1)[-1]} (seed {seed})",
+                label=f"{kind} (seed {seed})",
             )
     acc.set(title="held-out accuracy (sampled, T=1)", xlabel="RL step", ylim=(0, 1))
     calls.set(title="tool calls per episode (rollouts)", xlabel="RL step")
-    modes.set(title="failure modes (share of rollouts)", xlabel="RL step", ylim=(0, 1))
+    modes.set(title="held-out failures by kind (share of episodes)", xlabel="RL step", ylim=(0, 0.6))
     for ax in (acc, calls, modes):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -109,8 +143,11 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("bench_runs/multiturn_demo"))
     p.add_argument("--curves", type=Path, default=ROOT / "bench" / "multiturn_demo_curves.png")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--plot-only", action="store_true", help="no runs: the failure kinds and curves of the runs in --out")
     args = p.parse_args()
     args.out = args.out.resolve()
+    if args.plot_only:
+        return print_kinds_and_plot(args.out, args.seeds, args.curves)
     args.out.mkdir(parents=True, exist_ok=True)
     cores: queue.Queue[int | None] = queue.Queue()
     for core in range(args.jobs) if args.jobs > 1 else [None]:
@@ -189,8 +226,21 @@ def main() -> None:
         f"RL over SFT: {mean['after_rl'] - mean['after_sft']:+.3f}; SFT only over the demonstrator: "
         f"{mean['sft_only'] - mean['demonstrator']:+.3f}"
     )
-    plot({r["seed"]: r["records"] for r in results}, args.curves)
-    print(f"curves: {args.curves}")
+    print_kinds_and_plot(args.out, args.seeds, args.curves)
+
+
+def print_kinds_and_plot(out: Path, seeds: list[int], curves: Path) -> None:
+    """The held-out failures by kind after SFT and after RL, per seed, and the curves PNG, from
+    the runs under `out` (rl-seed<S>)."""
+    kinds = {seed: failure_kinds(out / f"rl-seed{seed}") for seed in seeds}
+    rows = []
+    for seed in seeds:
+        first, last = min(kinds[seed]), max(kinds[seed])
+        rows.append([seed, *(f"{kinds[seed][first][k]:.3f} -> {kinds[seed][last][k]:.3f}" for k in FAILURE_KINDS)])
+    print("held-out episodes by failure kind, after SFT -> after RL:")
+    print(format_table(["seed", *FAILURE_KINDS], rows))
+    plot({seed: read_metrics(out / f"rl-seed{seed}") for seed in seeds}, kinds, curves)
+    print(f"curves: {curves}")
 
 
 if __name__ == "__main__":

@@ -193,8 +193,10 @@ class Scheduler:
         finished = [(self.slots.running[slot], reason) for slot, reason in done]
         if self.prefiller.history.capacity > 0:
             for (slot, _), (sample, _) in zip(done, finished, strict=True):
-                # k/v of the prompt and every sampled token fed back (not the last one)
-                self.prefiller.park(slot, sample.request.prompt + sample.tokens[:-1])
+                # k/v of the prompt and every sampled token fed back (not the last one); not
+                # where weights changed in flight: part of those k/v are the old weights'
+                if not sample.version_changes:
+                    self.prefiller.park(slot, sample.request.prompt + sample.tokens[:-1])
         self.slots.remove([slot for slot, _ in done], self.cache.move_slot)
         # With a worker thread, completing wakes the callers' event loop, whose Python work (env
         # steps, rendering) then competes for the GIL with every torch call made here: copies first.

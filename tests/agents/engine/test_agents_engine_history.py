@@ -133,6 +133,30 @@ def test_history_is_dropped_when_the_weights_change() -> None:
         assert gap.abs().max().item() <= 1e-5
 
 
+def test_a_sample_that_ran_across_an_in_flight_weight_update_keeps_no_history() -> None:
+    model = make_model("test")
+    new_weights = make_model("test", seed=1)
+    prompt = list(range(20))
+    with TorchEngine(model, max_batch_size=2, max_seq_len=128, weight_updates="in_flight") as engine:
+
+        async def across_an_update():
+            running = asyncio.ensure_future(engine.generate([prompt], SamplingParams(max_tokens=40, seed=1)))
+            while engine.stats.decode_steps < 3:
+                await asyncio.sleep(0)
+            engine.load_weights(new_weights.state_dict().items(), version=1)  # between two steps
+            return await running
+
+        (first,) = asyncio.run(across_an_update())
+        assert set(first.token_versions) == {0, 1}
+        follow_up = prompt + first.tokens + [3, 4, 5]
+        (second,) = engine.generate_sync([follow_up], SamplingParams(max_tokens=5, seed=2))
+        assert engine.stats.history_tokens == 0  # its k/v are partly the old weights': not reused
+    with torch.no_grad():
+        reference = causal_lm_logprobs(new_weights, torch.tensor([follow_up + second.tokens]), 1.0)
+    gap = torch.tensor(second.logprobs) - reference[0, len(follow_up) - 1 :]
+    assert gap.abs().max().item() <= 1e-5
+
+
 def test_history_store_claims_the_longest_match_and_evicts_the_oldest() -> None:
     store = HistoryStore(10)
     a = store.place([1, 2, 3])

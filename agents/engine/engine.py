@@ -47,9 +47,10 @@ Weights: `load_weights` copies the new tensors into the existing parameters in p
 old weights first (nothing new is admitted meanwhile), so every Completion was sampled by one
 version and carries it. With "in_flight" the copy happens between two decode steps without
 draining: running samples go on with the new weights (their k/v so far stay as the old weights
-computed them, as a partial rollout's do) and their Completions record, per token, the version
-that sampled it (`Completion.token_versions`); the trainer corrects for the gap with its
-off-policy losses (trainers/losses.py).
+computed them, as a partial rollout's do; such a sample's k/v are not kept for its
+conversation's next turn) and their Completions record, per token, the version that sampled it
+(`Completion.token_versions`); the trainer corrects for the gap with its off-policy losses
+(trainers/losses.py).
 """
 
 from __future__ import annotations

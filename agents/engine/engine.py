@@ -366,8 +366,6 @@ class TorchEngine:
     # ---- computing on the driving thread (no worker thread) ---------------------------------------
     def _step_here(self) -> bool:
         """One engine step on this thread (under _cv); False when there was nothing to do."""
-        if self._loading:  # an in-flight load_weights from another thread goes first
-            self._cv.wait_for(lambda: not self._loading or self._closed)
         if self._closed:
             return False
         self._enqueue_incoming()

@@ -5,7 +5,8 @@ Workload: agent programs that each hold a multi-turn conversation through the re
 client (a system prompt, a question, then follow-ups; every turn samples `--max-tokens` tokens of
 the `--model` named shape, `tiny` by default, on the torch engine, no stop token, so both paths
 sample exactly the same amount). The endpoint's cost is per request, so its share falls as the
-model's per-token cost grows: `--model small-25m` measures it at 8x tiny's parameters. The endpoint run records every (prompt, sampling params) the engine got, per agent; the
+model's per-token cost grows: `--model small-25m` measures it at 8x tiny's parameters. The
+endpoint run records every (prompt, sampling params) the engine got, per agent; the
 direct run replays the same requests with `engine.generate` in the same shape (each agent's turns
 in order, the agents concurrent). Same seeds, so the same tokens are sampled. Each run gets a fresh
 engine (no k/v kept from the other path). Overhead = (endpoint wall - direct wall) / endpoint

@@ -12,9 +12,14 @@ Reported per run, from its metrics.jsonl: the RL wall time to the demo's held-ou
 first eval with tag rate >= 0.95 and accuracy >= 0.90, timed from the step-0 eval's record, so
 both modes pay for the same evals), the final held-out tag rate and accuracy, and the RL wall time
 in all. The headline: sync's time to target / async's (the median over seeds that reached it in
-both modes; the target is >= 1.5 on 2 cores), and the final metrics' mean over seeds per
-mode. `--out/curves.png`: held-out accuracy and tag rate of every run against RL wall time and
-against training samples (episodes the trainer took).
+both modes; the target is >= 1.5 on 2 cores), and the final metrics' mean over seeds per mode.
+`--out/curves.png`: held-out accuracy and tag rate of every run against RL wall time and against
+training samples (episodes the trainer took); `--out/results.json`: the figures. Both are
+rewritten after each seed, so a run cut short keeps what it measured.
+
+The device is the preset's (`parallel.device = "auto"`: CUDA where there is one). `--one-sft`:
+only the first seed's sync run does SFT, and every later run (both modes) starts RL from its
+model, for a machine whose time is short (a GPU's lease).
 """
 
 from __future__ import annotations
@@ -47,6 +52,15 @@ def train(run_dir: Path, seed: int, mode: str, sets: list[str], sft_model: Path 
     with open(f"{run_dir}.log", "w") as log:
         subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
     return time.perf_counter() - started
+
+
+def commit() -> str:
+    """This tree's commit, or "?" where there is no git (a copy of the tree)."""
+    try:
+        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    except OSError:
+        return "?"
+    return found.stdout.strip() or "?"
 
 
 def read_run(run_dir: Path) -> dict:
@@ -102,29 +116,9 @@ def plot(results: dict[tuple[str, int], dict], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument(
-        "--set", dest="sets", action="append", default=[], help="a config override for both modes"
-    )
-    parser.add_argument("--out", type=Path, default=Path("runs/async_vs_sync"))
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    print(machine_summary())
-    print(f"commit {subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True).stdout.strip()}, "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, overrides {args.sets or 'none'}")  # fmt: skip
-
-    results: dict[tuple[str, int], dict] = {}
-    for seed in args.seeds:
-        sync_dir, async_dir = args.out / f"sync_s{seed}", args.out / f"async_s{seed}"
-        for path in (sync_dir, async_dir):
-            if path.exists():
-                raise SystemExit(f"{path} exists: give another --out")
-        wall = train(sync_dir, seed, "sync", args.sets, None)
-        results["sync", seed] = read_run(sync_dir) | {"process_s": wall}
-        wall = train(async_dir, seed, "async", args.sets, sync_dir / "sft_model")
-        results["async", seed] = read_run(async_dir) | {"process_s": wall}
+def report(results: dict[tuple[str, int], dict], seeds: list[int], out: Path) -> None:
+    """The table, the means, the ratios and the curves of the seeds run so far (printed after
+    each seed, so that a run cut short still reports what it measured)."""
 
     def fmt(value: float | None, spec: str = ".1f") -> str:
         return "-" if value is None else format(value, spec)
@@ -145,7 +139,7 @@ def main() -> None:
                   f"(mean of {len(runs)} seeds)")  # fmt: skip
     ratios = [
         results["sync", s]["time_to_target_s"] / results["async", s]["time_to_target_s"]
-        for s in args.seeds
+        for s in seeds
         if results["sync", s]["time_to_target_s"] and results["async", s]["time_to_target_s"]
     ]
     if ratios:
@@ -154,12 +148,50 @@ def main() -> None:
         )
     else:
         print("time to target, sync / async: not measured (a mode did not reach the targets in any seed)")
-    wall_ratios = [results["sync", s]["rl_wall_s"] / results["async", s]["rl_wall_s"] for s in args.seeds
+    wall_ratios = [results["sync", s]["rl_wall_s"] / results["async", s]["rl_wall_s"] for s in seeds
                    if results["async", s]["rl_wall_s"] > 0]  # fmt: skip
     if wall_ratios:
         print(f"RL wall time for the same steps, sync / async: {statistics.median(wall_ratios):.2f}x")
-    plot(results, args.out / "curves.png")
-    print(f"curves: {args.out / 'curves.png'}")
+    (out / "results.json").write_text(
+        json.dumps([{"mode": m, "seed": s} | r for (m, s), r in sorted(results.items())], indent=1)
+    )
+    plot(results, out / "curves.png")
+    print(f"curves: {out / 'curves.png'}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--set", dest="sets", action="append", default=[], help="a config override for both modes"
+    )
+    parser.add_argument(
+        "--one-sft",
+        action="store_true",
+        help="SFT once, in the first seed's sync run; every later run's RL starts from that model",
+    )
+    parser.add_argument("--out", type=Path, default=Path("runs/async_vs_sync"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(machine_summary())
+    print(f"commit {commit()}, "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, overrides {args.sets or 'none'}"
+          f"{', one SFT' if args.one_sft else ''}", flush=True)  # fmt: skip
+
+    results: dict[tuple[str, int], dict] = {}
+    sft_model: Path | None = None
+    for done, seed in enumerate(args.seeds):
+        sync_dir, async_dir = args.out / f"sync_s{seed}", args.out / f"async_s{seed}"
+        for path in (sync_dir, async_dir):
+            if path.exists():
+                raise SystemExit(f"{path} exists: give another --out")
+        wall = train(sync_dir, seed, "sync", args.sets, sft_model if args.one_sft else None)
+        results["sync", seed] = read_run(sync_dir) | {"process_s": wall}
+        if sft_model is None or not args.one_sft:
+            sft_model = sync_dir / "sft_model"
+        wall = train(async_dir, seed, "async", args.sets, sft_model)
+        results["async", seed] = read_run(async_dir) | {"process_s": wall}
+        report(results, args.seeds[: done + 1], args.out)
 
 
 if __name__ == "__main__":

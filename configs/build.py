@@ -199,15 +199,17 @@ def build_policy(
             history_capacity=None if config.policy.history_capacity == -1 else config.policy.history_capacity,
             backend=backend,
         )
-        if replicas or config.loop.mode == "async":  # async: the generator is its own process
+        from .async_rl.placement import generator_placement, thread_split
+
+        placement = generator_placement(config, device)
+        if placement is not None:
+            engine_kwargs["weight_updates"] = config.loop.weight_updates
+        if replicas or placement == "process":  # async: the generator is its own process
             from ..agents.engine.replicas import EngineReplicas
 
             threads = None
-            if config.loop.mode == "async":
-                from .async_rl.placement import thread_split
-
+            if placement == "process":
                 threads = max(1, thread_split(config)[0] // config.policy.replicas)
-                engine_kwargs["weight_updates"] = config.loop.weight_updates
             return EngineReplicas(
                 model, replicas=config.policy.replicas, threads_per_replica=threads, **engine_kwargs
             )

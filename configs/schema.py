@@ -34,7 +34,8 @@ Sections (all optional; every key has a default):
     [checkpoint] CheckpointConfig: directory (inside the run dir), every_steps, keep_last
     [parallel]   device (auto | cpu | cuda), threads (torch threads per process; 0 = cores / local ranks)
     [loop]       mode (sync | async), max_staleness, over_stale (drop | downweight), stale_weight,
-                 buffer_groups, generator_threads: asynchronous RL (configs/async_rl/)
+                 buffer_groups, generator (auto | process | thread), generator_threads: asynchronous
+                 RL (configs/async_rl/)
     [agent_program] module, function, task, request_timeout_s: train an agent program written
                  against the `openai` client through the endpoint instead of rolling out [env]
                  (rollouts/serving/agent_runner.py); empty module = env rollouts
@@ -298,6 +299,10 @@ class LoopSection(msgspec.Struct, **_STRICT):
         counted (async/over_stale_dropped, async/over_stale_downweighted).
     buffer_groups: finished groups waiting for the trainer, at most (0: groups_per_batch x
         max_staleness, at least groups_per_batch); generation pauses while it is full.
+    generator: async, torch backend: where the engine runs. "auto" (default): "process" on CPU,
+        "thread" on CUDA. "process": its own process beside the trainer's (CPU only; weights
+        through shared memory). "thread": in this process, on the engine's thread, sharing the
+        device with the trainer (on CPU it shares the cores too: for tests and small runs).
     generator_threads: the generator process's torch threads (0: half this process's, at least
         1); the trainer keeps the rest.
     """
@@ -308,6 +313,7 @@ class LoopSection(msgspec.Struct, **_STRICT):
     over_stale: Literal["drop", "downweight"] = "drop"
     stale_weight: float = 0.5
     buffer_groups: int = 0
+    generator: Literal["auto", "process", "thread"] = "auto"
     generator_threads: int = 0
 
     def __post_init__(self) -> None:

@@ -35,7 +35,7 @@ from ..rollouts.sampling import TaskSeedStream
 from ..trainers.checkpoint import CheckpointManager, export_hf
 from ..trainers.distributed import all_gather_objects, barrier
 from ..trainers.weight_sync import push_weights
-from .async_rl.placement import check_async, thread_split
+from .async_rl.placement import check_async, generator_placement, thread_split
 from .build import (
     build_policy,
     build_renderer,
@@ -307,12 +307,16 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         hf_dir = save_initial_model(model, run.initial_model, tokenizer_file, dist.is_main)
     policy = build_policy(config, model, hf_dir, renderer, dist.device, backend)
     log.print(describe_policy(policy))
-    if config.loop.mode == "async":  # the generator process took its threads; the trainer the rest
-        generator_threads, trainer_threads = thread_split(config)
-        torch.set_num_threads(trainer_threads)
+    placement = generator_placement(config, dist.device)
+    if config.loop.mode == "async":
+        where = "the vLLM engine" if placement is None else "the engine's thread in this process"
+        if placement == "process":  # the generator process took its threads; the trainer the rest
+            generator_threads, trainer_threads = thread_split(config)
+            torch.set_num_threads(trainer_threads)
+            where = f"a process with {generator_threads} thread(s), the trainer {trainer_threads}"
         log.print(
             f"loop: async, max_staleness {config.loop.max_staleness} ({config.loop.over_stale} older groups), "
-            f"generator {generator_threads} thread(s), trainer {trainer_threads}"
+            f"generator: {where}"
         )
     reference = copy.deepcopy(model) if config.trainer.loss.kl_coef > 0 else None
     trainer = build_trainer(config.trainer, model, dist.device, reference, sampling=config.policy)

@@ -1,10 +1,14 @@
 """Where async mode runs: the configs it supports, and the split of the cores.
 
-On CPU the torch generator is a separate process (`agents/engine/replicas.py`'s EngineReplicas,
-even for one replica: its weights arrive through shared memory) with `generator_threads` torch
-threads, and the trainer keeps the rest of this process's threads. Why a process: the trainer's
-forward/backward and the engine's decode steps then run on their own cores, and neither waits
-for the other's Python (the GIL).
+The torch generator (`loop.generator`, `generator_placement`):
+- "process", the default on CPU: a separate process (`agents/engine/replicas.py`'s
+  EngineReplicas, even for one replica: its weights arrive through shared memory) with
+  `generator_threads` torch threads; the trainer keeps the rest of this process's threads. Why a
+  process: the trainer's forward/backward and the engine's decode steps then run on their own
+  cores, and neither waits for the other's Python (the GIL).
+- "thread", the default on CUDA: the engine in this process on its worker thread, sharing the GPU
+  with the trainer; new weights are copied device to device between two decode steps. On CPU the
+  engine then computes on the producer's thread and shares the trainer's cores.
 
 The vLLM backend is its own engine (its driver thread, and its engine-core process where
 `policy.vllm.multiprocess` is set) and takes new weights between requests: VLLMPolicy's
@@ -21,16 +25,31 @@ from ..load import ConfigError
 from ..schema import Config
 
 
+def generator_placement(config: Config, device: torch.device | str) -> str | None:
+    """Where the async torch generator runs, "process" or "thread" (module doc); None in sync
+    mode and for the vLLM backend (its own engine)."""
+    if config.loop.mode != "async" or config.policy.backend != "torch":
+        return None
+    if config.loop.generator != "auto":
+        return config.loop.generator
+    return "process" if torch.device(device).type == "cpu" else "thread"
+
+
 def check_async(config: Config, world_size: int, device: torch.device | str) -> None:
-    """ConfigError when `loop.mode = "async"` cannot run this config here (one process, on
-    CPU for the torch backend, env rollouts); nothing for sync mode."""
+    """ConfigError when `loop.mode = "async"` cannot run this config here (one process, a
+    generator process on CPU only, env rollouts); nothing for sync mode."""
     if config.loop.mode != "async":
         return
     if world_size > 1:
         raise ConfigError("loop.mode", "async mode runs in one process (torchrun ranks are not split yet)")
-    if config.policy.backend == "torch" and torch.device(device).type != "cpu":
+    if generator_placement(config, device) == "process" and torch.device(device).type != "cpu":
         raise ConfigError(
-            "loop.mode", "async mode with the torch backend runs on CPU (a generator process beside the trainer)"
+            "loop.generator",
+            '"process" shares weights through CPU shared memory; on a GPU use "thread" (or "auto")',
+        )
+    if generator_placement(config, device) == "thread" and config.policy.replicas > 1:
+        raise ConfigError(
+            "loop.generator", '"thread" runs one engine in this process: set policy.replicas = 1'
         )
     if config.agent_program.module:
         raise ConfigError("loop.mode", "async mode rolls out [env] episodes, not an [agent_program]")

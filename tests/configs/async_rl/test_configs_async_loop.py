@@ -1,6 +1,7 @@
-"""`loop.mode = "async"` end to end on CPU with a test-size model: a generator process samples
-groups while the trainer trains; the staleness bound holds (drop and downweight, counted); a
-`kill -9` mid-run and `--resume` lose and repeat no group in the recordings and metrics."""
+"""`loop.mode = "async"` end to end with a test-size model: a generator process (or, with
+`loop.generator = "thread"` and on CUDA, the engine's thread) samples groups while the trainer
+trains; the staleness bound holds (drop and downweight, counted); a `kill -9` mid-run and
+`--resume` lose and repeat no group in the recordings and metrics."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from toolgym.configs.load import ConfigError, config_from_dict, config_to_toml
 from toolgym.configs.metrics_log import read_metrics
@@ -58,6 +60,32 @@ def test_async_mode_trains_with_staleness_bounded(tmp_path, capsys, over_stale):
     assert train(config_from_dict(config)) == 0
     out = capsys.readouterr().out
     assert "loop: async, max_staleness 0" in out and "policy: 1 torch engine processes" in out
+    check_async_run(run_dir, over_stale)
+
+
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")),
+    ],
+)
+def test_async_mode_with_the_generator_in_this_process(tmp_path, capsys, device):
+    """`loop.generator = "thread"` (CUDA's default): the engine runs on its thread beside the
+    trainer and takes the weights in flight, with the same guarantees as the process."""
+    run_dir = tmp_path / "run"
+    config = async_config(run_dir, 6, max_staleness=0, buffer_groups=6)
+    config["parallel"] = {"device": device}
+    if device == "cpu":
+        config["loop"]["generator"] = "thread"
+    assert train(config_from_dict(config)) == 0
+    out = capsys.readouterr().out
+    assert "generator: the engine's thread in this process" in out and "policy: torch engine, " in out
+    check_async_run(run_dir, "drop")
+
+
+def check_async_run(run_dir: Path, over_stale: str) -> None:
+    """The async run's metrics and recording keep the staleness bound and count every group."""
     records = train_records(run_dir)
     assert [r["step"] for r in records] == list(range(1, 7))
     assert [r["policy_version"] for r in records] == [float(s) for s in range(1, 7)]
@@ -90,6 +118,10 @@ def test_async_refuses_what_it_cannot_run(tmp_path):
         async_config(tmp_path / "run", 1) | {"agent_program": {"module": "toolgym.configs.shop_agent"}}
     )
     with pytest.raises(ConfigError, match="agent_program"):
+        train(config)
+    config = config_from_dict(async_config(tmp_path / "run", 1) | {"policy": {"replicas": 2}})
+    config.loop.generator = "thread"
+    with pytest.raises(ConfigError, match=r"policy\.replicas = 1"):
         train(config)
     assert not (tmp_path / "run").exists()
 

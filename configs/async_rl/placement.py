@@ -42,12 +42,13 @@ def check_async(config: Config, world_size: int, device: torch.device | str) -> 
         return
     if world_size > 1:
         raise ConfigError("loop.mode", "async mode runs in one process (torchrun ranks are not split yet)")
-    if generator_placement(config, device) == "process" and torch.device(device).type != "cpu":
+    placement = generator_placement(config, device)
+    if placement == "process" and torch.device(device).type != "cpu":
         raise ConfigError(
             "loop.generator",
             '"process" shares weights through CPU shared memory; on a GPU use "thread" (or "auto")',
         )
-    if generator_placement(config, device) == "thread" and config.policy.replicas > 1:
+    if placement == "thread" and config.policy.replicas > 1:
         raise ConfigError(
             "loop.generator", '"thread" runs one engine in this process: set policy.replicas = 1'
         )

@@ -23,7 +23,7 @@ from ..agents.policy import Policy
 from ..agents.tokenizer import load_tokenizer
 from ..rollouts.types import SamplingConfig
 from ..trainers.config import TrainerConfig
-from ..trainers.distributed import DistInfo, all_gather_objects, barrier, init_distributed
+from ..trainers.distributed import DistInfo, barrier, init_distributed
 from ..trainers.trainer import Trainer
 from .load import ConfigError, chat_template_path, tokenizer_path
 from .schema import Config, ParallelSection
@@ -41,24 +41,25 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def setup_distributed(parallel: ParallelSection) -> DistInfo:
-    """Join torchrun's process group (or make a one-process one) and split the cores between the
-    processes of this node, so two ranks on two cores do not each start two threads."""
+def resolve_device(parallel: ParallelSection) -> str:
+    """The device type, "cpu" or "cuda": parallel.device, "auto" being CUDA where torch has one."""
     device = parallel.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("parallel.device", "cuda was asked for but torch sees no CUDA device")
-    info = init_distributed(device)
+    return device
+
+
+def setup_distributed(parallel: ParallelSection, generator_ranks: int = 0) -> DistInfo:
+    """Join torchrun's process group (or make a one-process one; `generator_ranks`: split the
+    ranks, trainers/distributed.py) and split the cores between the processes of this node, so
+    two ranks on two cores do not each start two threads."""
+    info = init_distributed(resolve_device(parallel), generator_ranks)
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
     threads = parallel.threads or max(1, usable_cores() // max(1, local_world))
     torch.set_num_threads(threads)
     return info
-
-
-def broadcast_object(obj: object) -> object:
-    """Rank 0's value on every rank (collective)."""
-    return all_gather_objects(obj)[0]
 
 
 def build_renderer(config: Config) -> tuple[Renderer, Path]:

@@ -8,7 +8,12 @@ groups from its buffer under the staleness bound, trains, and pushes the weights
 generator takes between requests. Its checkpoints also store the task indices drawn but not yet
 trained on (`pending`), which a resumed run rolls out first.
 
-Under torchrun every rank has its own policy, rolls out its share of the groups from its own
+Async mode under torchrun (`loop.generator_ranks`) splits the ranks: generator ranks roll out,
+trainer rank 0 takes their groups (configs/async_rl/ranks.py' RankGroups) and broadcasts each
+batch to the other trainers, which train on their share; the weights go back to the generators
+after each step. Rank 0 keeps its own policy for evals.
+
+Otherwise, under torchrun every rank has its own policy, rolls out its share of the groups from its own
 (rank-disjoint) task seed stream, and trains on its own episodes (`train_step(sharded=True)`: the
 trainer's counts are all-reduced, so the update is the whole batch's). Every rank's policy gets
 the new weights. Rank 0 logs, evaluates and records; checkpoints are collectives. The ranks stay
@@ -36,12 +41,13 @@ from ..rollouts.recording import CHAT_TEMPLATE, RecordingHeader, RecordingWriter
 from ..rollouts.runner import RolloutConfig, RolloutRunner
 from ..rollouts.sampling import BatchConfig, RolloutBatch, TaskSeedStream, collect_batch
 from ..trainers.checkpoint import CheckpointManager
-from ..trainers.distributed import DistInfo, all_gather_objects, all_reduce
+from ..trainers.distributed import DistInfo, all_gather_objects, all_reduce, broadcast_object
 from ..trainers.trainer import Trainer
-from ..trainers.weight_sync import push_weights
+from ..trainers.weight_sync import gather_weights, push_weights
 from .async_rl.batch import take_batch
 from .async_rl.placement import buffer_capacity
 from .async_rl.producer import GroupProducer
+from .async_rl.ranks import RankGroups
 from .metrics_log import MetricsLog, eval_line, train_line
 from .run_dir import RunDir
 from .schema import Config
@@ -151,7 +157,8 @@ class RLLoop:
         self.steps_without_learning = 0  # consecutive, with the cause of the last one
         self._no_learning_cause = ""
         self.rollout: RolloutConfig = config.rollout_config()
-        groups = config.batch.groups_per_batch // dist.world_size
+        self.split = dist.generators > 0  # async across ranks: generator ranks roll out
+        groups = config.batch.groups_per_batch // (1 if self.split else dist.world_size)
         self.batch_config: BatchConfig = msgspec.structs.replace(
             config.batch, groups_per_batch=groups, max_seq_len=config.batch.max_seq_len or max_seq_len
         )
@@ -167,8 +174,12 @@ class RLLoop:
         self._header_extra = chat_template_extra(config, renderer)
         self.producer: GroupProducer | None = None  # async mode: started at the first step
         self.pending_groups: list[int] = []  # async resume: task indices to roll out first
+        self.resume_positions: list[int] = []  # split async resume: each generator's stream position
+        # split async: rank 0 speaks to the generators (it always tells them to stop, in close)
+        self.rank_groups = RankGroups(dist.channel, dist.generators) if self.split and dist.is_main else None
+        self._generators_started = False
         self._train_writer: RecordingWriter | None = None
-        if config.logging.record_training:
+        if config.logging.record_training and (dist.is_main or not self.split):  # split: rank 0 has the groups
             self._train_writer = RecordingWriter(run.train_recording(dist.rank), self._header("train"))
 
     # ---- checkpoints ------------------------------------------------------------------------
@@ -176,6 +187,13 @@ class RLLoop:
     def data_position(self) -> dict[str, Any]:
         """Collective: every rank's stream position; in async mode (one rank) also the task
         indices drawn and not yet trained on, which a resumed run rolls out first."""
+        if self.split:  # rank 0's view is the one saved
+            if self.rank_groups is not None and self._generators_started:
+                positions, pending = self.rank_groups.position()
+            else:
+                positions, pending = self.resume_positions, sorted(self.pending_groups)
+            stream = self.stream.stream
+            return {"rl_step": self.step, "stream": stream, "positions": positions, "pending": pending}
         if self.config.loop.mode == "async":
             position, pending = (
                 self.producer.position()
@@ -246,20 +264,24 @@ class RLLoop:
         else:
             batch = runner.run(collect_batch(self.runner, self.stream, self.batch_config))
         rolled = time.perf_counter()
-        (episodes,) = all_reduce([float(len(batch.episodes))])
+        # split: every trainer holds the whole batch and trains on its share
+        (episodes,) = [float(len(batch.episodes))] if self.split else all_reduce([float(len(batch.episodes))])
         train: dict[str, float] = {}
         sync_s = 0.0
         if episodes > 0:
-            train = self.trainer.train_step(batch.episodes, sharded=True)
+            train = self.trainer.train_step(batch.episodes, sharded=not self.split)
             trained = time.perf_counter()
             if not train["skipped"]:
-                sync_s = push_weights(self.trainer, self.policy)
+                sync_s = self._sync_weights()
         else:  # every group was dropped (zero variance): nothing to learn from this step
             trained = rolled
         self.step += 1
         if self._train_writer is not None:
             self._train_writer.write_all(batch.trajectories)
-        metrics = combine_rank_metrics(all_gather_objects(batch.metrics))
+        if self.split:  # rank 0's, broadcast with the batch
+            metrics = dict(batch.metrics)
+        else:
+            metrics = combine_rank_metrics(all_gather_objects(batch.metrics))
         metrics.update({f"train/{k}": v for k, v in train.items()})
         metrics.update(
             {
@@ -273,8 +295,44 @@ class RLLoop:
         )
         return metrics
 
+    def _sync_weights(self) -> float:
+        """The trainer's new weights into this rank's policy and (split) the generator ranks'.
+        Collective; returns its wall time."""
+        if not self.split:
+            return push_weights(self.trainer, self.policy)
+        started = time.perf_counter()
+        weights = gather_weights(self.trainer)
+        self.policy.load_weights(weights.items(), self.trainer.step)
+        if self.rank_groups is not None:
+            self.rank_groups.send_weights(weights, self.trainer.step)
+        return time.perf_counter() - started
+
+    def _take_split_batch(self) -> RolloutBatch:
+        """Split async: rank 0 takes the batch from the generator ranks (the first time, it sends
+        them their stream positions and the weights: a collective, every trainer gathers them)
+        and broadcasts its episodes and metrics to the other trainers."""
+        if not self._generators_started:
+            weights = gather_weights(self.trainer)
+            if self.rank_groups is not None:
+                self.rank_groups.start(self.resume_positions, sorted(self.pending_groups))
+                self.rank_groups.send_weights(weights, self.trainer.step)
+            self._generators_started = True
+        batch = None
+        if self.rank_groups is not None:
+            loop = self.config.loop
+            batch = take_batch(
+                self.rank_groups, self.batch_config, self.trainer.step,
+                loop.max_staleness, loop.over_stale, loop.stale_weight,
+            )  # fmt: skip
+        episodes, metrics = broadcast_object((batch.episodes, batch.metrics) if batch is not None else None)
+        if batch is None:
+            batch = RolloutBatch(episodes=episodes, trajectories=[], advantages=[], kept=[], metrics=metrics)
+        return batch
+
     def _take_async_batch(self) -> RolloutBatch:
         """The next batch from the producer (started on first use), under the staleness bound."""
+        if self.split:
+            return self._take_split_batch()
         if self.producer is None:
             self.producer = GroupProducer(
                 self.runner,
@@ -345,5 +403,7 @@ class RLLoop:
     def close(self) -> None:
         if self.producer is not None:
             self.producer.close()
+        if self.rank_groups is not None:
+            self.rank_groups.close()
         if self._train_writer is not None:
             self._train_writer.close()

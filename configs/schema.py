@@ -34,8 +34,8 @@ Sections (all optional; every key has a default):
     [checkpoint] CheckpointConfig: directory (inside the run dir), every_steps, keep_last
     [parallel]   device (auto | cpu | cuda), threads (torch threads per process; 0 = cores / local ranks)
     [loop]       mode (sync | async), max_staleness, over_stale (drop | downweight), stale_weight,
-                 buffer_groups, generator (auto | process | thread), generator_threads: asynchronous
-                 RL (configs/async_rl/)
+                 buffer_groups, generator (auto | process | thread), generator_threads,
+                 generator_ranks: asynchronous RL (configs/async_rl/)
     [agent_program] module, function, task, request_timeout_s: train an agent program written
                  against the `openai` client through the endpoint instead of rolling out [env]
                  (rollouts/serving/agent_runner.py); empty module = env rollouts
@@ -305,6 +305,10 @@ class LoopSection(msgspec.Struct, **_STRICT):
         device with the trainer (on CPU it shares the cores too: for tests and small runs).
     generator_threads: the generator process's torch threads (0: half this process's, at least
         1); the trainer keeps the rest.
+    generator_ranks: async under torchrun: the last this many ranks generate (each an engine in
+        its process, its own share of the task stream), the others train with FSDP2; trainer rank
+        0 takes their groups and sends them the weights (configs/async_rl/ranks.py). 0 (default):
+        one process only.
     """
 
     mode: Literal["sync", "async"] = "sync"
@@ -315,14 +319,17 @@ class LoopSection(msgspec.Struct, **_STRICT):
     buffer_groups: int = 0
     generator: Literal["auto", "process", "thread"] = "auto"
     generator_threads: int = 0
+    generator_ranks: int = 0
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
             raise ValueError(f"loop.max_staleness must be >= 0, got {self.max_staleness}")
         if not 0.0 <= self.stale_weight <= 1.0:
             raise ValueError(f"loop.stale_weight must be in [0, 1], got {self.stale_weight}")
-        if self.buffer_groups < 0 or self.generator_threads < 0:
-            raise ValueError("loop.buffer_groups and loop.generator_threads must be >= 0")
+        if self.buffer_groups < 0 or self.generator_threads < 0 or self.generator_ranks < 0:
+            raise ValueError(
+                "loop.buffer_groups, loop.generator_threads and loop.generator_ranks must be >= 0"
+            )
 
 
 class Config(msgspec.Struct, **_STRICT):

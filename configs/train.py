@@ -18,6 +18,7 @@ import asyncio
 import copy
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -36,6 +37,7 @@ from ..trainers.checkpoint import CheckpointManager, export_hf
 from ..trainers.distributed import all_gather_objects, barrier
 from ..trainers.weight_sync import push_weights
 from .async_rl.placement import check_async, generator_placement, thread_split
+from .async_rl.ranks import run_generator
 from .build import (
     build_policy,
     build_renderer,
@@ -46,6 +48,7 @@ from .build import (
     load_model,
     model_config,
     policy_max_seq_len,
+    resolve_device,
     save_initial_model,
     select_policy_backend,
     setup_distributed,
@@ -257,15 +260,18 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     the config cannot work here, including against the machine (load.py, check_against_machine)."""
     started = time.perf_counter()
     progress = progress and config.logging.progress_bar
-    dist = setup_distributed(config.parallel)
     # Every check that can refuse the config comes before the run directory exists: a directory
     # left behind by a refused config would block the retry ("already exists and is not empty").
+    check_async(config, int(os.environ.get("WORLD_SIZE", "1")), resolve_device(config.parallel))
+    split = config.loop.generator_ranks if config.loop.mode == "async" else 0
+    dist = setup_distributed(config.parallel, split)
     check_environment(config, dist.world_size)
-    check_async(config, dist.world_size, dist.device)
     renderer, tokenizer_file = build_renderer(config)
     check_model(config, model_config(config), renderer)
     check_against_machine(config, model_config(config), renderer, dist.device)
     _check_sft_recording(config, renderer)
+    if dist.role == "generate":  # a generator rank: rolls out until trainer rank 0 says stop
+        return run_generator(config, dist, renderer)
     run = _prepare_run_dir(config, resume, dist.is_main)
     if resume is not None and dist.is_main:  # first: a resume refused for a damaged file changes nothing
         for path in sorted(run.trajectories.glob("train_rank*.jsonl")):
@@ -310,6 +316,11 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     placement = generator_placement(config, dist.device)
     if config.loop.mode == "async":
         where = "the vLLM engine" if placement is None else "the engine's thread in this process"
+        if placement == "ranks":
+            where = (
+                f"torchrun ranks {dist.world_size}..{dist.world_size + dist.generators - 1}, "
+                f"the trainer on ranks 0..{dist.world_size - 1}"
+            )
         if placement == "process":  # the generator process took its threads; the trainer the rest
             generator_threads, trainer_threads = thread_split(config)
             torch.set_num_threads(trainer_threads)
@@ -331,6 +342,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         policy_max_seq_len(config, model.config),
     )  # fmt: skip
     loop.pending_groups = pending if latest is not None else []
+    loop.resume_positions = positions if latest is not None else []
     total = config.run.steps
     try:
         with asyncio.Runner() as runner:

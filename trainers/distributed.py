@@ -1,10 +1,18 @@
-"""Process group and FSDP2 wrapping: torchrun (gloo on CPU, NCCL on GPU) or one plain process."""
+"""Process group and FSDP2 wrapping: torchrun (gloo on CPU, NCCL on GPU) or one plain process.
+
+Async RL's rank split (`init_distributed(..., generator_ranks=N)`): torchrun's W ranks become
+trainers (ranks 0..W-N-1, the default process group, so FSDP2, the collectives and checkpoints
+below see the trainers alone) and generators (the last N, in no default group). A gloo group of
+its own, the *channel*, joins trainer rank 0 (member 0) and the generators (members 1..N), built
+from torchrun's store (configs/async_rl/ranks.py speaks over it).
+"""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from datetime import timedelta
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -15,31 +23,36 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 @dataclass(frozen=True)
 class DistInfo:
+    """rank / world_size: in the default process group (the trainers' when torchrun's ranks are
+    split; a generator's index among the generators). role, channel, generators: the split
+    (module doc); channel is None on trainer ranks other than 0 and without a split."""
+
     rank: int
     world_size: int
     local_rank: int
     device: torch.device
+    role: Literal["train", "generate"] = "train"
+    channel: Any = None  # dist.ProcessGroupGloo: trainer rank 0 and the generator ranks
+    generators: int = 0
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return self.role == "train" and self.rank == 0
 
 
-def init_distributed(device: str | torch.device | None = None) -> DistInfo:
+def init_distributed(device: str | torch.device | None = None, generator_ranks: int = 0) -> DistInfo:
     """Join the process group torchrun describes, or make a one-process group when run plainly.
 
     Under torchrun (RANK/WORLD_SIZE set) this is init_process_group(env://) with gloo for CPU
     tensors and NCCL for CUDA ones. Without torchrun it is a world of one on an in-memory store,
     so FSDP2 and every collective below work unchanged. Calling it again reuses the group.
-    device: "cpu", "cuda" or None (CUDA when available).
+    device: "cpu", "cuda" or None (CUDA when available). generator_ranks > 0 (under torchrun):
+    the last that many ranks generate (module doc).
     """
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
-    if device.type == "cuda":
-        device = torch.device("cuda", local_rank if device.index is None else device.index)
-        torch.cuda.set_device(device)
+    if generator_ranks and not dist.is_initialized():
+        return _init_split(_resolve_device(device, local_rank), generator_ranks, local_rank)
+    device = _resolve_device(device, local_rank)
     if not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
@@ -47,6 +60,42 @@ def init_distributed(device: str | torch.device | None = None) -> DistInfo:
         else:
             dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device)
+
+
+def _resolve_device(device: str | torch.device | None, local_rank: int) -> torch.device:
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank if device.index is None else device.index)
+        torch.cuda.set_device(device)
+    return device
+
+
+def _init_split(device: torch.device, generators: int, local_rank: int) -> DistInfo:
+    """torchrun's ranks split into trainers and generators (module doc). The channel's timeout
+    is long: a generator waits on it while the trainers train, evaluate and checkpoint."""
+    store, rank, world = next(dist.rendezvous("env://"))
+    trainers = world - generators
+    if trainers < 1:
+        raise ValueError(f"{generators} generator ranks leave no trainer among {world} ranks")
+    channel = None
+    if rank == 0 or rank >= trainers:
+        member = 0 if rank == 0 else rank - trainers + 1
+        channel = dist.ProcessGroupGloo(
+            dist.PrefixStore("toolgym/async", store), member, generators + 1, timedelta(hours=2)
+        )
+    if rank >= trainers:
+        return DistInfo(rank - trainers, generators, local_rank, device, "generate", channel, generators)
+    backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend=backend,
+        store=dist.PrefixStore("toolgym/train", store),
+        rank=rank,
+        world_size=trainers,
+        device_id=device if device.type == "cuda" else None,
+    )
+    return DistInfo(rank, trainers, local_rank, device, "train", channel, generators)
 
 
 def device_mesh(info: DistInfo) -> DeviceMesh:
@@ -103,6 +152,15 @@ def all_gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's `obj` on every rank (pickled; the others pass anything)."""
+    if dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def barrier() -> None:

@@ -6,4 +6,6 @@
   (over-stale groups dropped or down-weighted, counted).
 - `placement.py`: which configs can run async here, and the split of the cores between the
   generator process and the trainer.
+- `ranks.py`: the same across torchrun's ranks: generator ranks send their groups to trainer
+  rank 0, which sends them the weights (`loop.generator_ranks`).
 """

@@ -1,4 +1,4 @@
-"""take_batch: one training batch from a GroupProducer's buffer, with the staleness bound.
+"""take_batch: one training batch from a GroupProducer's buffer (or the generator ranks'), with the staleness bound.
 
 A group's staleness is the trainer's policy version minus the oldest version that sampled one of
 its tokens. Groups are taken in the order they finished, as `collect_batch` (rollouts/sampling.py)
@@ -24,7 +24,7 @@ from typing import Literal
 from ...rollouts.episodes import INFRA_STOP_REASONS
 from ...rollouts.metrics import batch_metrics
 from ...rollouts.sampling import BatchConfig, RolloutBatch, build_kept_batch
-from .producer import GroupProducer, ScoredGroup
+from .producer import GroupSource, ScoredGroup
 
 
 def _trainable(group: ScoredGroup, config: BatchConfig) -> bool:
@@ -34,7 +34,7 @@ def _trainable(group: ScoredGroup, config: BatchConfig) -> bool:
 
 
 def take_batch(
-    producer: GroupProducer,
+    producer: GroupSource,
     config: BatchConfig,
     trainer_version: int,
     max_staleness: int,

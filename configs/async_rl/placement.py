@@ -15,6 +15,9 @@ The vLLM backend is its own engine (its driver thread, and its engine-core proce
 `load_weights` stops admitting, lets the running requests finish and reloads (vLLM 0.32 has no
 pause that keeps requests running across a weight reload), so `loop.weight_updates` does not
 apply to it and versions change between a turn's requests only.
+
+Under torchrun (`loop.generator_ranks = N`, "ranks"): the last N ranks generate, each with its
+engine in its process (as "thread"), and the others train (configs/async_rl/ranks.py).
 """
 
 from __future__ import annotations
@@ -26,22 +29,44 @@ from ..schema import Config
 
 
 def generator_placement(config: Config, device: torch.device | str) -> str | None:
-    """Where the async torch generator runs, "process" or "thread" (module doc); None in sync
-    mode and for the vLLM backend (its own engine)."""
+    """Where the async torch generator runs, "process", "thread" or "ranks" (module doc); None in
+    sync mode and for the vLLM backend (its own engine)."""
     if config.loop.mode != "async" or config.policy.backend != "torch":
         return None
+    if config.loop.generator_ranks:
+        return "ranks"
     if config.loop.generator != "auto":
         return config.loop.generator
     return "process" if torch.device(device).type == "cpu" else "thread"
 
 
 def check_async(config: Config, world_size: int, device: torch.device | str) -> None:
-    """ConfigError when `loop.mode = "async"` cannot run this config here (one process, a
-    generator process on CPU only, env rollouts); nothing for sync mode."""
+    """ConfigError when `loop.mode = "async"` cannot run this config here (`world_size`: all of
+    torchrun's ranks; one process, or ranks split by loop.generator_ranks; a generator process
+    on CPU only; env rollouts); nothing for sync mode."""
+    generators = config.loop.generator_ranks
     if config.loop.mode != "async":
+        if generators:
+            raise ConfigError("loop.generator_ranks", 'splits the ranks in loop.mode = "async" only')
         return
-    if world_size > 1:
-        raise ConfigError("loop.mode", "async mode runs in one process (torchrun ranks are not split yet)")
+    if world_size > 1 and not generators:
+        raise ConfigError(
+            "loop.generator_ranks",
+            f"async mode under torchrun splits the {world_size} ranks: set how many of them generate "
+            f"(1 to {world_size - 1}; the others train)",
+        )
+    if generators and not 0 < generators < world_size:
+        raise ConfigError(
+            "loop.generator_ranks",
+            f"{generators} generator rank(s) need torchrun with more ranks than that (this run has "
+            f"{world_size}): the others train",
+        )
+    if generators and config.policy.backend != "torch":
+        raise ConfigError("loop.generator_ranks", "generator ranks run the torch engine (policy.backend)")
+    if generators and config.policy.replicas > 1:
+        raise ConfigError(
+            "loop.generator_ranks", "each generator rank runs one engine: set policy.replicas = 1"
+        )
     placement = generator_placement(config, device)
     if placement == "process" and torch.device(device).type != "cpu":
         raise ConfigError(

@@ -25,6 +25,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 import msgspec
 
@@ -50,6 +51,16 @@ def oldest_version(trajectories: Sequence[Trajectory]) -> int:
     """The oldest policy version that sampled a token of these trajectories."""
     versions = [t.action.policy_version for tr in trajectories for t in tr.transitions]
     return min(versions, default=min((tr.policy_version for tr in trajectories), default=0))
+
+
+class GroupSource(Protocol):
+    """Where `take_batch` takes finished groups from: a GroupProducer, or the generator ranks
+    (ranks.py's RankGroups)."""
+
+    def take(self, timeout_s: float | None = None) -> ScoredGroup: ...
+
+    @property
+    def buffered(self) -> int: ...
 
 
 class ProducerError(RuntimeError):
@@ -109,6 +120,14 @@ class GroupProducer:
     def buffered(self) -> int:
         """Finished groups waiting for the trainer."""
         return self._buffer.qsize()
+
+    def failure(self) -> str | None:
+        """Why the producer's thread ended, if it did (it runs until `close`)."""
+        if self._error is not None:
+            return repr(self._error)
+        if not self._thread.is_alive() and not self._stop.is_set():
+            return "the group producer stopped"
+        return None
 
     def position(self) -> tuple[int, list[int]]:
         """(stream position, outstanding task indices), consistent with each other."""

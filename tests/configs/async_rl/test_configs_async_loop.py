@@ -113,7 +113,7 @@ def check_async_run(run_dir: Path, over_stale: str) -> None:
     assert len(recorded) == taken
 
 
-def test_async_refuses_what_it_cannot_run(tmp_path):
+def test_async_refuses_what_it_cannot_run(tmp_path, monkeypatch):
     config = config_from_dict(
         async_config(tmp_path / "run", 1) | {"agent_program": {"module": "toolgym.configs.shop_agent"}}
     )
@@ -122,6 +122,17 @@ def test_async_refuses_what_it_cannot_run(tmp_path):
     config = config_from_dict(async_config(tmp_path / "run", 1) | {"policy": {"replicas": 2}})
     config.loop.generator = "thread"
     with pytest.raises(ConfigError, match=r"policy\.replicas = 1"):
+        train(config)
+    # the torchrun split (tests/configs/async_rl/test_configs_async_ranks.py): refused before any
+    # process group forms when the ranks cannot be split as asked
+    config = config_from_dict(async_config(tmp_path / "run", 1, generator_ranks=1))
+    with pytest.raises(ConfigError, match="generator_ranks: 1 generator rank.*more ranks than that"):
+        train(config)
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ConfigError, match="generator_ranks: async mode under torchrun splits the 3 ranks"):
+        train(config_from_dict(async_config(tmp_path / "run", 1)))
+    config.loop.mode = "sync"
+    with pytest.raises(ConfigError, match='generator_ranks: splits the ranks in loop.mode = "async" only'):
         train(config)
     assert not (tmp_path / "run").exists()
 

@@ -1,7 +1,7 @@
 """Asynchronous against synchronous RL on the CPU demo (configs/zorplex_tiny.toml), in one run.
 
     python bench/async_vs_sync.py                                  # 3 seeds, the preset as shipped
-    python bench/async_vs_sync.py --seeds 0 --set run.steps=4 --set sft.steps=20 \
+    python bench/async_vs_sync.py --seeds 0 --set run.steps=4 --set sft.steps=60 \
         --set eval.num_tasks=8 --out /tmp/avs                      # a tiny smoke run (no figure)
 
 Per seed: `toolgym train zorplex_tiny` in sync mode (SFT, then RL), then in async mode
@@ -19,7 +19,9 @@ rewritten after each seed, so a run cut short keeps what it measured.
 
 The device is the preset's (`parallel.device = "auto"`: CUDA where there is one). `--one-sft`:
 only the first seed's sync run does SFT, and every later run (both modes) starts RL from its
-model, for a machine whose time is short (a GPU's lease).
+model, for a machine whose time is short (a GPU's lease). `--generator-ranks N`: the async run
+is torchrun's 1 + N processes, N of them generating (`loop.generator_ranks`; on one GPU they
+share it).
 """
 
 from __future__ import annotations
@@ -39,13 +41,19 @@ from _common import format_table, machine_summary
 TAG_RATE, ACCURACY = 0.95, 0.90  # the CPU demo's targets (configs/zorplex_tiny.toml)
 
 
-def train(run_dir: Path, seed: int, mode: str, sets: list[str], sft_model: Path | None) -> float:
-    """One `toolgym train zorplex_tiny` process; returns its wall time. Its output goes to
-    run_dir.log."""
+def train(
+    run_dir: Path, seed: int, mode: str, sets: list[str], sft_model: Path | None, generator_ranks: int = 0
+) -> float:
+    """One `toolgym train zorplex_tiny` (under torchrun with `generator_ranks`); returns its wall
+    time. Its output goes to run_dir.log."""
     overrides = [f"run.seed={seed}", f"run.run_dir={run_dir}", f"loop.mode={mode}", "run.export_hf=false"]
     if sft_model is not None:
         overrides += ["sft.enabled=false", f"model.path={sft_model}"]
     command = [sys.executable, "-m", "toolgym.configs.cli", "train", "zorplex_tiny", "--no-progress"]
+    if generator_ranks:
+        overrides.append(f"loop.generator_ranks={generator_ranks}")
+        torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={1 + generator_ranks}"]
+        command[1:3] = [*torchrun, "-m", "toolgym.configs.cli"]
     for item in overrides + sets:  # the user's --set last: they win
         command += ["--set", item]
     started = time.perf_counter()
@@ -170,13 +178,21 @@ def main() -> None:
         action="store_true",
         help="SFT once, in the first seed's sync run; every later run's RL starts from that model",
     )
+    parser.add_argument(
+        "--generator-ranks",
+        type=int,
+        default=0,
+        help="async under torchrun: 1 trainer rank and this many generators",
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/async_vs_sync"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     print(machine_summary())
     print(f"commit {commit()}, "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, overrides {args.sets or 'none'}"
-          f"{', one SFT' if args.one_sft else ''}", flush=True)  # fmt: skip
+          f"{', one SFT' if args.one_sft else ''}"
+          f"{f', async on {args.generator_ranks} generator rank(s)' if args.generator_ranks else ''}",
+          flush=True)  # fmt: skip
 
     results: dict[tuple[str, int], dict] = {}
     sft_model: Path | None = None
@@ -189,7 +205,7 @@ def main() -> None:
         results["sync", seed] = read_run(sync_dir) | {"process_s": wall}
         if sft_model is None or not args.one_sft:
             sft_model = sync_dir / "sft_model"
-        wall = train(async_dir, seed, "async", args.sets, sft_model)
+        wall = train(async_dir, seed, "async", args.sets, sft_model, args.generator_ranks)
         results["async", seed] = read_run(async_dir) | {"process_s": wall}
         report(results, args.seeds[: done + 1], args.out)
 

@@ -47,11 +47,13 @@ def init_distributed(device: str | torch.device | None = None, generator_ranks: 
     tensors and NCCL for CUDA ones. Without torchrun it is a world of one on an in-memory store,
     so FSDP2 and every collective below work unchanged. Calling it again reuses the group.
     device: "cpu", "cuda" or None (CUDA when available). generator_ranks > 0 (under torchrun):
-    the last that many ranks generate (module doc).
+    the last that many ranks generate (module doc); local rank r then takes GPU r mod the GPUs,
+    so on one GPU a generator shares it with the trainer (processes, not threads: no shared GIL).
     """
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if generator_ranks and not dist.is_initialized():
-        return _init_split(_resolve_device(device, local_rank), generator_ranks, local_rank)
+    if generator_ranks and not dist.is_initialized():  # more ranks than GPUs: they share, round-robin
+        gpus = torch.cuda.device_count()
+        return _init_split(_resolve_device(device, local_rank % max(gpus, 1)), generator_ranks, local_rank)
     device = _resolve_device(device, local_rank)
     if not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"

@@ -21,7 +21,8 @@ The device is the preset's (`parallel.device = "auto"`: CUDA where there is one)
 only the first seed's sync run does SFT, and every later run (both modes) starts RL from its
 model, for a machine whose time is short (a GPU's lease). `--generator-ranks N`: the async run
 is torchrun's 1 + N processes, N of them generating (`loop.generator_ranks`; on one GPU they
-share it).
+share it). Those start before the step-0 eval, so their warm-up and first groups overlap it and
+the clock does not count them (the sync policy's warm-up is in that eval too).
 """
 
 from __future__ import annotations

@@ -307,16 +307,24 @@ class RLLoop:
             self.rank_groups.send_weights(weights, self.trainer.step)
         return time.perf_counter() - started
 
+    def start_generators(self) -> None:
+        """Split async: send the generator ranks their stream positions and the weights, which
+        starts their rollouts (collective: every trainer gathers the weights). Called before the
+        step-0 eval, so the generators' warm-up (a CUDA engine compiles and captures graphs on its
+        first requests) and first groups overlap it; otherwise at the first step. A no-op once
+        done, and outside the split."""
+        if not self.split or self._generators_started:
+            return
+        weights = gather_weights(self.trainer)
+        if self.rank_groups is not None:
+            self.rank_groups.start(self.resume_positions, sorted(self.pending_groups))
+            self.rank_groups.send_weights(weights, self.trainer.step)
+        self._generators_started = True
+
     def _take_split_batch(self) -> RolloutBatch:
-        """Split async: rank 0 takes the batch from the generator ranks (the first time, it sends
-        them their stream positions and the weights: a collective, every trainer gathers them)
-        and broadcasts its episodes and metrics to the other trainers."""
-        if not self._generators_started:
-            weights = gather_weights(self.trainer)
-            if self.rank_groups is not None:
-                self.rank_groups.start(self.resume_positions, sorted(self.pending_groups))
-                self.rank_groups.send_weights(weights, self.trainer.step)
-            self._generators_started = True
+        """Split async: rank 0 takes the batch from the generator ranks (started first, if not
+        yet) and broadcasts its episodes and metrics to the other trainers."""
+        self.start_generators()
         batch = None
         if self.rank_groups is not None:
             loop = self.config.loop

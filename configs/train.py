@@ -346,6 +346,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     total = config.run.steps
     try:
         with asyncio.Runner() as runner:
+            loop.start_generators()  # split async: they roll out while rank 0 evaluates
             if loop.step == 0 and config.eval.at_start:
                 metrics = loop.evaluate(
                     runner, "after SFT (step 0)" if config.sft.enabled else "initial policy (step 0)"

@@ -41,7 +41,7 @@ def test_generator_ranks_and_trainer_ranks(tmp_path, generators):
     # The entropy bonus changes the weights every step even with all-zero rewards.
     config = async_config(run_dir, 4, max_staleness=0, generator_ranks=generators)
     config["trainer"] = {"optimizer": {"lr": 1e-3}, "loss": {"entropy_coef": 0.05}}
-    config["eval"] = {"every_steps": 0, "at_start": False, "at_end": True, "num_tasks": 2}
+    config["eval"] = {"every_steps": 0, "at_start": True, "at_end": True, "num_tasks": 2}
     path = tmp_path / "split.toml"
     path.write_text(config_to_toml(config_from_dict(config)))
     trainers = 3 - generators

@@ -304,7 +304,8 @@ class LoopSection(msgspec.Struct, **_STRICT):
         through shared memory). "thread": in this process, on the engine's thread, sharing the
         device with the trainer (on CPU it shares the cores too: for tests and small runs).
     generator_threads: the generator process's torch threads (0: half this process's, at least
-        1); the trainer keeps the rest.
+        1); the trainer keeps the rest. With generator_ranks: each generator rank's (0: as every
+        rank, parallel.threads).
     generator_ranks: async under torchrun: the last this many ranks generate (each an engine in
         its process, its own share of the task stream), the others train with FSDP2; trainer rank
         0 takes their groups and sends them the weights (configs/async_rl/ranks.py). 0 (default):

@@ -253,6 +253,8 @@ def run_generator(config: Config, dist_info: DistInfo, renderer: Renderer) -> in
     from ..build import build_policy, initial_model, policy_max_seq_len
     from ..sft import rl_stream
 
+    if config.loop.generator_threads:  # else parallel.threads, or the cores / the node's ranks
+        torch.set_num_threads(config.loop.generator_threads)
     model = initial_model(config)
     policy = build_policy(config, model, None, renderer, dist_info.device)
     runner = RolloutRunner(policy, renderer, config.rollout_config())

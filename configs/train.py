@@ -357,8 +357,8 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
             try:
                 loop.run_steps(total, runner, progress)
             except KeyboardInterrupt:
-                if dist.world_size > 1:  # the other ranks got the signal too: no collective is safe
-                    raise
+                if dist.world_size > 1 or dist.generators:  # the other ranks got the signal too:
+                    raise  # no collective (nor exchange with a generator rank) is safe
                 trainer.optimizer.zero_grad(set_to_none=True)
                 loop.save_checkpoint()
                 log.print(

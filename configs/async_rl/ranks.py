@@ -112,14 +112,17 @@ class RankGroups:
         self.channel, self.generators = Channel(group), generators
         self._received: collections.deque[ScoredGroup] = collections.deque()
         self._stopped = False
+        self._in_exchange = False  # an exchange cut short (an exception) leaves the protocol torn
 
     def _command(self, command: Command) -> None:
+        self._in_exchange = True
         self.channel.broadcast_bytes(_ENCODER.encode(command))
 
     def start(self, positions: list[int], pending: list[int]) -> None:
         """Each generator's stream position (the checkpoint's, or 0) and the task indices drawn
         but not trained on (resume), dealt round-robin among the generators."""
         self._command(Command(kind="start", positions=positions, pending=pending))
+        self._in_exchange = False
 
     def send_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         names = list(weights)
@@ -127,17 +130,21 @@ class RankGroups:
         self._command(Command(kind="weights", version=version, names=names, shapes=shapes))
         flat = torch.cat([weights[n].detach().reshape(-1).to("cpu", torch.float32) for n in names])
         self.channel.broadcast(flat)
+        self._in_exchange = False
 
     def _poll(self) -> int:
         """One "groups" exchange; returns how many groups arrived."""
         self._command(Command(kind="groups"))
-        arrived = 0
-        for member in range(1, self.generators + 1):
+        arrived, errors = 0, []
+        for member in range(1, self.generators + 1):  # every reply first: the exchange completes
             reply = _GROUPS.decode(self.channel.recv_bytes(member))
             if reply.error is not None:
-                raise ProducerError(f"generator rank {member - 1}'s group producer failed: {reply.error}")
+                errors.append(f"generator rank {member - 1}'s group producer failed: {reply.error}")
             self._received.extend(reply.groups)
             arrived += len(reply.groups)
+        self._in_exchange = False
+        if errors:
+            raise ProducerError("; ".join(errors))
         return arrived
 
     def take(self, timeout_s: float | None = None) -> ScoredGroup:
@@ -164,10 +171,13 @@ class RankGroups:
             reply = _POSITION.decode(self.channel.recv_bytes(member))
             positions.append(reply.position)
             pending.update(reply.outstanding)
+        self._in_exchange = False
         return positions, sorted(pending)
 
     def close(self) -> None:
-        if not self._stopped:
+        """Tell the generators to stop, unless an exchange was cut short: then they are not
+        listening for a command, and torchrun ends them when this rank exits with the error."""
+        if not self._stopped and not self._in_exchange:
             self._stopped = True
             self._command(Command(kind="stop"))
 

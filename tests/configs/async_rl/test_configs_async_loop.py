@@ -126,13 +126,13 @@ def test_async_refuses_what_it_cannot_run(tmp_path, monkeypatch):
     # the torchrun split (tests/configs/async_rl/test_configs_async_ranks.py): refused before any
     # process group forms when the ranks cannot be split as asked
     config = config_from_dict(async_config(tmp_path / "run", 1, generator_ranks=1))
-    with pytest.raises(ConfigError, match="generator_ranks: 1 generator rank.*more ranks than that"):
+    with pytest.raises(ConfigError, match=r"generator_ranks: 1 generator rank.*more ranks than that"):
         train(config)
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(ConfigError, match="generator_ranks: async mode under torchrun splits the 3 ranks"):
         train(config_from_dict(async_config(tmp_path / "run", 1)))
     config.loop.mode = "sync"
-    with pytest.raises(ConfigError, match='generator_ranks: splits the ranks in loop.mode = "async" only'):
+    with pytest.raises(ConfigError, match=r'generator_ranks: splits the ranks in loop\.mode = "async" only'):
         train(config)
     assert not (tmp_path / "run").exists()
 

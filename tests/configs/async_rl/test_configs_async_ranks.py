@@ -20,16 +20,17 @@ from toolgym.rollouts.recording import read_recording
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 
-def torchrun(cwd: Path, nproc: int, *args: str) -> subprocess.CompletedProcess:
+def torchrun(cwd: Path, nproc: int, *args: str, program: str = "-m toolgym.configs.cli", ok: bool = True):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
     done = subprocess.run(
-        [*command, "-m", "toolgym.configs.cli", "train", *args, "--no-progress"],
+        [*command, *program.split(), "train", *args, "--no-progress"],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    if ok:
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
 
@@ -74,3 +75,17 @@ def test_generator_ranks_and_trainer_ranks(tmp_path, generators):
     assert {i % generators for i in recorded} == set(range(generators))  # every generator's groups
     assert len(recorded) == sum(r["dynamic_sampling/groups_rolled_out"] for r in records)
     assert not list(run_dir.glob("trajectories/train_rank[1-9]*.jsonl"))
+
+
+def test_a_failing_generator_rank_ends_the_run_with_its_error(tmp_path):
+    """A generator's producer fails (injected: tests/configs/async_rl/failing_generator.py): trainer
+    rank 0 names the rank and the error, and the run ends (no rank waits on the others)."""
+    config = async_config(tmp_path / "run", 20, generator_ranks=1)
+    path = tmp_path / "split.toml"
+    path.write_text(config_to_toml(config_from_dict(config)))
+    program = str(Path(__file__).with_name("failing_generator.py"))
+    done = torchrun(tmp_path, 2, str(path), program=program, ok=False)
+    assert done.returncode != 0
+    assert "generator rank 0's group producer failed: RuntimeError('injected failure in the generator')" in (
+        done.stdout + done.stderr
+    )

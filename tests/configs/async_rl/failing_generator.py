@@ -1,0 +1,26 @@
+"""`toolgym train` whose generator ranks' producers fail on their third group (fault injection
+for test_configs_async_ranks.py): `python failing_generator.py train CONFIG ...` under torchrun."""
+
+from __future__ import annotations
+
+import sys
+
+from toolgym.configs import cli
+from toolgym.configs.async_rl.producer import GroupProducer
+
+_real = GroupProducer._one_group
+_started = 0
+
+
+async def _one_group(self: GroupProducer, seed: int, index: int) -> None:
+    global _started
+    _started += 1
+    if _started > 2:
+        raise RuntimeError("injected failure in the generator")
+    await _real(self, seed, index)
+
+
+GroupProducer._one_group = _one_group  # type: ignore[method-assign]
+
+if __name__ == "__main__":
+    sys.exit(cli.main(sys.argv[1:]))

@@ -200,20 +200,17 @@ def build_policy(
             history_capacity=None if config.policy.history_capacity == -1 else config.policy.history_capacity,
             backend=backend,
         )
-        from .async_rl.placement import generator_placement, thread_split
+        from .async_rl.placement import generator_placement
 
         placement = generator_placement(config, device)
         if placement is not None:
             engine_kwargs["weight_updates"] = config.loop.weight_updates
-        if replicas or placement == "process":  # async: the generator is its own process
+        # async: a generator's engine, or the trainer's own for evals (the generators are
+        # processes or ranks of their own, each with its engine: configs/async_rl/ranks.py)
+        if replicas and placement is None:
             from ..agents.engine.replicas import EngineReplicas
 
-            threads = None
-            if placement == "process":
-                threads = max(1, thread_split(config)[0] // config.policy.replicas)
-            return EngineReplicas(
-                model, replicas=config.policy.replicas, threads_per_replica=threads, **engine_kwargs
-            )
+            return EngineReplicas(model, replicas=config.policy.replicas, **engine_kwargs)
         from ..agents.engine.engine import TorchEngine
 
         return TorchEngine(model, **engine_kwargs)

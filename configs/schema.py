@@ -158,6 +158,7 @@ class PolicySection(SamplingConfig, frozen=True, **_STRICT):
     history_capacity: int = -1
     # torch engine on CPU: this many engine processes, each with the cores / replicas threads and
     # max_batch_size slots (agents/engine/replicas.py); 1 = one engine in the training process.
+    # Async mode's "process" generator: this many generator processes (loop.generator).
     replicas: int = 1
     # The chat rendering: "" = plain ChatML (agents/chat.py; the shipped tiny models), else a path
     # to a tokenizer_config.json or .jinja file whose chat template renders every prompt, token in
@@ -300,12 +301,13 @@ class LoopSection(msgspec.Struct, **_STRICT):
     buffer_groups: finished groups waiting for the trainer, at most (0: groups_per_batch x
         max_staleness, at least groups_per_batch); generation pauses while it is full.
     generator: async, torch backend: where the engine runs. "auto" (default): "process" on CPU,
-        "thread" on CUDA. "process": its own process beside the trainer's (CPU only; weights
-        through shared memory). "thread": in this process, on the engine's thread, sharing the
-        device with the trainer (on CPU it shares the cores too: for tests and small runs).
-    generator_threads: the generator process's torch threads (0: half this process's, at least
-        1); the trainer keeps the rest. With generator_ranks: each generator rank's (0: as every
-        rank, parallel.threads).
+        "thread" on CUDA. "process": policy.replicas generator processes beside the trainer's,
+        each an engine and the envs' rollouts (CPU only; groups and weights over loopback).
+        "thread": in this process, on the engine's thread, sharing the device with the trainer
+        (on CPU it shares the cores too: for tests and small runs).
+    generator_threads: the generator processes' torch threads, in all (0: half this process's,
+        at least 1); the trainer keeps the rest. With generator_ranks: each generator rank's (0:
+        as every rank, parallel.threads).
     generator_ranks: async under torchrun: the last this many ranks generate (each an engine in
         its process, its own share of the task stream), the others train with FSDP2; trainer rank
         0 takes their groups and sends them the weights (configs/async_rl/ranks.py). 0 (default):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -37,7 +38,7 @@ from ..trainers.checkpoint import CheckpointManager, export_hf
 from ..trainers.distributed import all_gather_objects, barrier
 from ..trainers.weight_sync import push_weights
 from .async_rl.placement import check_async, generator_placement, thread_split
-from .async_rl.ranks import run_generator
+from .async_rl.ranks import GeneratorProcesses, run_generator
 from .build import (
     build_policy,
     build_renderer,
@@ -271,7 +272,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     check_against_machine(config, model_config(config), renderer, dist.device)
     _check_sft_recording(config, renderer)
     if dist.role == "generate":  # a generator rank: rolls out until trainer rank 0 says stop
-        return run_generator(config, dist, renderer)
+        return run_generator(config, dist, renderer, config.loop.generator_threads)
     run = _prepare_run_dir(config, resume, dist.is_main)
     if resume is not None and dist.is_main:  # first: a resume refused for a damaged file changes nothing
         for path in sorted(run.trajectories.glob("train_rank*.jsonl")):
@@ -311,20 +312,24 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     hf_dir = base_dir
     if config.policy.backend == "vllm" and hf_dir is None:
         hf_dir = save_initial_model(model, run.initial_model, tokenizer_file, dist.is_main)
+    placement = generator_placement(config, dist.device)
+    generators: GeneratorProcesses | None = None
+    where = "the vLLM engine" if placement is None else "the engine's thread in this process"
+    if placement == "process":  # the generator processes take their threads; the trainer the rest
+        generator_threads, trainer_threads = thread_split(config)
+        torch.set_num_threads(trainer_threads)
+        count, threads = config.policy.replicas, max(1, generator_threads // config.policy.replicas)
+        generators = GeneratorProcesses(config, count, threads)
+        dist = dataclasses.replace(dist, channel=generators.channel, generators=count)
+        where = f"{count} process(es) with {threads} thread(s) each, the trainer {trainer_threads}"
     policy = build_policy(config, model, hf_dir, renderer, dist.device, backend)
     log.print(describe_policy(policy))
-    placement = generator_placement(config, dist.device)
     if config.loop.mode == "async":
-        where = "the vLLM engine" if placement is None else "the engine's thread in this process"
         if placement == "ranks":
             where = (
                 f"torchrun ranks {dist.world_size}..{dist.world_size + dist.generators - 1}, "
                 f"the trainer on ranks 0..{dist.world_size - 1}"
             )
-        if placement == "process":  # the generator process took its threads; the trainer the rest
-            generator_threads, trainer_threads = thread_split(config)
-            torch.set_num_threads(trainer_threads)
-            where = f"a process with {generator_threads} thread(s), the trainer {trainer_threads}"
         log.print(
             f"loop: async, max_staleness {config.loop.max_staleness} ({config.loop.over_stale} older groups), "
             f"generator: {where}"
@@ -386,7 +391,9 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
             log.print(f"done in {summary['wall_time_s']:.0f}s: {run.root}")
         barrier()
     finally:
-        loop.close()
+        loop.close()  # tells the generators to stop
+        if generators is not None:
+            generators.close()
         policy.close()
         log.close()
     return 0

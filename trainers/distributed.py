@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
@@ -75,18 +75,14 @@ def _resolve_device(device: str | torch.device | None, local_rank: int) -> torch
 
 
 def _init_split(device: torch.device, generators: int, local_rank: int) -> DistInfo:
-    """torchrun's ranks split into trainers and generators (module doc). The channel's timeout
-    is long: a generator waits on it while the trainers train, evaluate and checkpoint."""
+    """torchrun's ranks split into trainers and generators (module doc)."""
     store, rank, world = next(dist.rendezvous("env://"))
     trainers = world - generators
     if trainers < 1:
         raise ValueError(f"{generators} generator ranks leave no trainer among {world} ranks")
     channel = None
     if rank == 0 or rank >= trainers:
-        member = 0 if rank == 0 else rank - trainers + 1
-        channel = dist.ProcessGroupGloo(
-            dist.PrefixStore("toolgym/async", store), member, generators + 1, timedelta(hours=2)
-        )
+        channel = channel_group(store, 0 if rank == 0 else rank - trainers + 1, generators)
     if rank >= trainers:
         return DistInfo(rank - trainers, generators, local_rank, device, "generate", channel, generators)
     backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
@@ -98,6 +94,16 @@ def _init_split(device: torch.device, generators: int, local_rank: int) -> DistI
         device_id=device if device.type == "cuda" else None,
     )
     return DistInfo(rank, trainers, local_rank, device, "train", channel, generators)
+
+
+def channel_group(store: dist.Store, member: int, generators: int) -> dist.ProcessGroup:
+    """The channel (module doc): member 0 the trainer, 1..generators the generators; built from
+    `store` (torchrun's, or a local TCPStore for generator processes). Blocks until all joined.
+    The timeout is long: a generator waits on it while the trainers train, evaluate and save."""
+    group = dist.ProcessGroupGloo(
+        dist.PrefixStore("toolgym/async", store), member, generators + 1, timedelta(hours=2)
+    )
+    return cast(dist.ProcessGroup, group)  # it has broadcast/send/recv; torch's stubs omit them
 
 
 def device_mesh(info: DistInfo) -> DeviceMesh:

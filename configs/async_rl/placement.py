@@ -1,11 +1,13 @@
 """Where async mode runs: the configs it supports, and the split of the cores.
 
 The torch generator (`loop.generator`, `generator_placement`):
-- "process", the default on CPU: a separate process (`agents/engine/replicas.py`'s
-  EngineReplicas, even for one replica: its weights arrive through shared memory) with
-  `generator_threads` torch threads; the trainer keeps the rest of this process's threads. Why a
-  process: the trainer's forward/backward and the engine's decode steps then run on their own
-  cores, and neither waits for the other's Python (the GIL).
+- "process", the default on CPU: `policy.replicas` generator processes (ranks.py's
+  GeneratorProcesses), each an engine and a producer over its share of the task stream, with
+  `generator_threads` torch threads between them; the trainer keeps the rest of this process's
+  threads and an engine of its own for evals. Groups and weights cross a gloo channel on
+  loopback. Why processes: the trainer's forward/backward, and the engine's decode steps and the
+  producer's env steps, then run on their own cores, and neither waits for the other's Python
+  (the GIL).
 - "thread", the default on CUDA: the engine in this process on its worker thread, sharing the GPU
   with the trainer; new weights are copied device to device between two decode steps. On CPU the
   engine then computes on the producer's thread and shares the trainer's cores.
@@ -71,7 +73,8 @@ def check_async(config: Config, world_size: int, device: torch.device | str) -> 
     if placement == "process" and torch.device(device).type != "cpu":
         raise ConfigError(
             "loop.generator",
-            '"process" shares weights through CPU shared memory; on a GPU use "thread" (or "auto")',
+            '"process" runs its generators on CPU; on a GPU use "thread" (or "auto"), or torchrun '
+            "with loop.generator_ranks",
         )
     if placement == "thread" and config.policy.replicas > 1:
         raise ConfigError(

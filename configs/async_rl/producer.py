@@ -2,10 +2,11 @@
 
 The thread runs its own asyncio loop over the runner and keeps `concurrent_groups` groups in
 flight: as one finishes it is scored (its advantages, `rollouts/sampling.py`'s `score_group`) and
-put in the buffer, and the next task index is drawn. The policy's compute is elsewhere (on CPU a
-generator process, `agents/engine/replicas.py`), so this thread only drives envs and requests
-while the trainer's thread computes; the trainer's new weights reach the policy between requests,
-so a group's turns may carry different policy versions (each Completion records its own).
+put in the buffer, and the next task index is drawn. The policy's compute is elsewhere (the
+engine's worker thread, or vLLM's engine), so this thread only drives envs and requests. It runs
+in a generator process or rank (ranks.py) beside that generator's engine, or, with the "thread"
+placement and vLLM, in the trainer's process. New weights reach the policy between decode steps or
+requests, so a group's turns may carry different policy versions (each Completion records its own).
 
 Backpressure: when the buffer holds `capacity` groups, finished groups wait (their tasks hold
 them) and no new group starts, so at most capacity + concurrent_groups groups are ahead of the

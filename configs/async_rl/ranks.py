@@ -34,7 +34,7 @@ import torch.distributed as dist
 from ...agents.chat import Renderer
 from ...rollouts.runner import RolloutRunner
 from ...rollouts.sampling import TaskSeedStream
-from ...trainers.distributed import DistInfo
+from ...trainers.distributed import DistInfo, channel_group
 from ..schema import Config
 from .placement import buffer_capacity
 from .producer import GroupProducer, ProducerError, ScoredGroup
@@ -257,14 +257,15 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-def run_generator(config: Config, dist_info: DistInfo, renderer: Renderer) -> int:
-    """A generator rank's whole run: its engine (the trainers' weights replace the initial ones
-    before its first rollout), its share of the task stream, until trainer rank 0 says stop."""
+def run_generator(config: Config, dist_info: DistInfo, renderer: Renderer, threads: int = 0) -> int:
+    """A generator's whole run (a torchrun rank's, or a GeneratorProcesses process's): its engine
+    (the trainer's weights replace the initial ones before its first rollout), its share of the
+    task stream, until trainer rank 0 says stop. `threads`: its torch threads (0: as set)."""
     from ..build import build_policy, initial_model, policy_max_seq_len
     from ..sft import rl_stream
 
-    if config.loop.generator_threads:  # else parallel.threads, or the cores / the node's ranks
-        torch.set_num_threads(config.loop.generator_threads)
+    if threads:
+        torch.set_num_threads(threads)
     model = initial_model(config)
     policy = build_policy(config, model, None, renderer, dist_info.device)
     runner = RolloutRunner(policy, renderer, config.rollout_config())
@@ -287,3 +288,49 @@ def run_generator(config: Config, dist_info: DistInfo, renderer: Renderer) -> in
         return serve_generator(dist_info, rl_stream(config), policy.load_weights, make_producer)
     finally:
         policy.close()
+
+
+class GeneratorProcesses:
+    """`count` generator processes on this machine, without torchrun: each runs `run_generator`
+    (an engine and a producer over its share of the task stream) with `threads` torch threads,
+    and speaks to this process (member 0) over a channel built on a local TCPStore. Why
+    processes: the producer's env steps and tokenizing then run beside the engine, not in the
+    trainer's process, where they would hold its GIL (bench/RESULTS.md, "The generator as a
+    torchrun rank, on 2 cores"). `close` waits for them to exit (after RankGroups' "stop") and
+    ends any still running."""
+
+    def __init__(self, config: Config, count: int, threads: int) -> None:
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        context = torch.multiprocessing.get_context("spawn")
+        self.processes = [
+            context.Process(
+                target=_generator_process,
+                args=(config, self.store.port, member, count, threads),
+                name=f"toolgym-generator-{member - 1}",
+                daemon=True,
+            )
+            for member in range(1, count + 1)
+        ]
+        for process in self.processes:
+            process.start()
+        # blocks until every generator has joined (gloo connects the full mesh here)
+        self.channel = channel_group(self.store, 0, count)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for process in self.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+def _generator_process(config: Config, port: int, member: int, count: int, threads: int) -> None:
+    """A spawned generator process's main (GeneratorProcesses)."""
+    from ..build import build_renderer
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    channel = channel_group(store, member, count)
+    renderer, _ = build_renderer(config)
+    info = DistInfo(member - 1, count, 0, torch.device("cpu"), "generate", channel, count)
+    run_generator(config, info, renderer, threads)

@@ -59,7 +59,7 @@ def test_async_mode_trains_with_staleness_bounded(tmp_path, capsys, over_stale):
     config = async_config(run_dir, 6, max_staleness=0, over_stale=over_stale, buffer_groups=6)
     assert train(config_from_dict(config)) == 0
     out = capsys.readouterr().out
-    assert "loop: async, max_staleness 0" in out and "policy: 1 torch engine processes" in out
+    assert "loop: async, max_staleness 0" in out and "generator: 1 process(es) with " in out
     check_async_run(run_dir, over_stale)
 
 

@@ -175,6 +175,13 @@ def main() -> None:
         "--set", dest="sets", action="append", default=[], help="a config override for both modes"
     )
     parser.add_argument(
+        "--async-set",
+        dest="async_sets",
+        action="append",
+        default=[],
+        help="a config override for the async runs only (after --set's)",
+    )
+    parser.add_argument(
         "--one-sft",
         action="store_true",
         help="SFT once, in the first seed's sync run; every later run's RL starts from that model",
@@ -191,6 +198,7 @@ def main() -> None:
     print(machine_summary())
     print(f"commit {commit()}, "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, overrides {args.sets or 'none'}"
+          f"{f', async only {args.async_sets}' if args.async_sets else ''}"
           f"{', one SFT' if args.one_sft else ''}"
           f"{f', async on {args.generator_ranks} generator rank(s)' if args.generator_ranks else ''}",
           flush=True)  # fmt: skip
@@ -206,7 +214,7 @@ def main() -> None:
         results["sync", seed] = read_run(sync_dir) | {"process_s": wall}
         if sft_model is None or not args.one_sft:
             sft_model = sync_dir / "sft_model"
-        wall = train(async_dir, seed, "async", args.sets, sft_model, args.generator_ranks)
+        wall = train(async_dir, seed, "async", args.sets + args.async_sets, sft_model, args.generator_ranks)
         results["async", seed] = read_run(async_dir) | {"process_s": wall}
         report(results, args.seeds[: done + 1], args.out)
 

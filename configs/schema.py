@@ -34,8 +34,8 @@ Sections (all optional; every key has a default):
     [checkpoint] CheckpointConfig: directory (inside the run dir), every_steps, keep_last
     [parallel]   device (auto | cpu | cuda), threads (torch threads per process; 0 = cores / local ranks)
     [loop]       mode (sync | async), max_staleness, over_stale (drop | downweight), stale_weight,
-                 buffer_groups, generator (auto | process | thread), generator_threads,
-                 generator_ranks: asynchronous RL (configs/async_rl/)
+                 buffer_groups, generator (auto | process | thread), generator_processes,
+                 generator_threads, generator_ranks: asynchronous RL (configs/async_rl/)
     [agent_program] module, function, task, request_timeout_s: train an agent program written
                  against the `openai` client through the endpoint instead of rolling out [env]
                  (rollouts/serving/agent_runner.py); empty module = env rollouts
@@ -301,13 +301,15 @@ class LoopSection(msgspec.Struct, **_STRICT):
     buffer_groups: finished groups waiting for the trainer, at most (0: groups_per_batch x
         max_staleness, at least groups_per_batch); generation pauses while it is full.
     generator: async, torch backend: where the engine runs. "auto" (default): "process" on CPU,
-        "thread" on CUDA. "process": policy.replicas generator processes beside the trainer's,
-        each an engine and the envs' rollouts (CPU only; groups and weights over loopback).
-        "thread": in this process, on the engine's thread, sharing the device with the trainer
-        (on CPU it shares the cores too: for tests and small runs).
-    generator_threads: the generator processes' torch threads, in all (0: half this process's,
-        at least 1); the trainer keeps the rest. With generator_ranks: each generator rank's (0:
-        as every rank, parallel.threads).
+        "thread" on CUDA. "process": generator_processes processes beside the trainer's, each an
+        engine and the envs' rollouts (CPU only; groups and weights over loopback). "thread": in
+        this process, on the engine's thread, sharing the device with the trainer (on CPU it
+        shares the cores too: for tests and small runs).
+    generator_processes: "process": how many (0: one per core, at most 4).
+    generator_threads: "process": the generator processes' torch threads, in all, the trainer
+        keeping the rest (0, the default: one each, and the trainer keeps all its threads: the
+        two sides share the cores, configs/async_rl/placement.py). With generator_ranks: each
+        generator rank's (0: as every rank, parallel.threads).
     generator_ranks: async under torchrun: the last this many ranks generate (each an engine in
         its process, its own share of the task stream), the others train with FSDP2; trainer rank
         0 takes their groups and sends them the weights (configs/async_rl/ranks.py). 0 (default):
@@ -321,6 +323,7 @@ class LoopSection(msgspec.Struct, **_STRICT):
     stale_weight: float = 0.5
     buffer_groups: int = 0
     generator: Literal["auto", "process", "thread"] = "auto"
+    generator_processes: int = 0
     generator_threads: int = 0
     generator_ranks: int = 0
 
@@ -329,10 +332,10 @@ class LoopSection(msgspec.Struct, **_STRICT):
             raise ValueError(f"loop.max_staleness must be >= 0, got {self.max_staleness}")
         if not 0.0 <= self.stale_weight <= 1.0:
             raise ValueError(f"loop.stale_weight must be in [0, 1], got {self.stale_weight}")
-        if self.buffer_groups < 0 or self.generator_threads < 0 or self.generator_ranks < 0:
-            raise ValueError(
-                "loop.buffer_groups, loop.generator_threads and loop.generator_ranks must be >= 0"
-            )
+        counts = ("buffer_groups", "generator_processes", "generator_threads", "generator_ranks")
+        negative = [name for name in counts if getattr(self, name) < 0]
+        if negative:
+            raise ValueError(f"loop.{negative[0]} must be >= 0, got {getattr(self, negative[0])}")
 
 
 class Config(msgspec.Struct, **_STRICT):

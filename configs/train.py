@@ -37,7 +37,7 @@ from ..rollouts.sampling import TaskSeedStream
 from ..trainers.checkpoint import CheckpointManager, export_hf
 from ..trainers.distributed import all_gather_objects, barrier
 from ..trainers.weight_sync import push_weights
-from .async_rl.placement import check_async, generator_placement, thread_split
+from .async_rl.placement import check_async, generator_layout, generator_placement
 from .async_rl.ranks import GeneratorProcesses, run_generator
 from .build import (
     build_policy,
@@ -315,13 +315,13 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     placement = generator_placement(config, dist.device)
     generators: GeneratorProcesses | None = None
     where = "the vLLM engine" if placement is None else "the engine's thread in this process"
-    if placement == "process":  # the generator processes take their threads; the trainer the rest
-        generator_threads, trainer_threads = thread_split(config)
+    if placement == "process":  # the generator processes and the trainer: their threads
+        count, threads, trainer_threads = generator_layout(config)
         torch.set_num_threads(trainer_threads)
-        count, threads = config.policy.replicas, max(1, generator_threads // config.policy.replicas)
         generators = GeneratorProcesses(config, count, threads)
         dist = dataclasses.replace(dist, channel=generators.channel, generators=count)
-        where = f"{count} process(es) with {threads} thread(s) each, the trainer {trainer_threads}"
+        shared = "" if config.loop.generator_threads else ", sharing the cores"
+        where = f"{count} process(es) with {threads} thread(s) each, the trainer {trainer_threads}{shared}"
     policy = build_policy(config, model, hf_dir, renderer, dist.device, backend)
     log.print(describe_policy(policy))
     if config.loop.mode == "async":

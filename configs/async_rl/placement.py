@@ -1,13 +1,17 @@
 """Where async mode runs: the configs it supports, and the split of the cores.
 
 The torch generator (`loop.generator`, `generator_placement`):
-- "process", the default on CPU: `policy.replicas` generator processes (ranks.py's
-  GeneratorProcesses), each an engine and a producer over its share of the task stream, with
-  `generator_threads` torch threads between them; the trainer keeps the rest of this process's
-  threads and an engine of its own for evals. Groups and weights cross a gloo channel on
+- "process", the default on CPU: `loop.generator_processes` generator processes (ranks.py's
+  GeneratorProcesses), each an engine and a producer over its share of the task stream; the
+  trainer keeps an engine of its own for evals. Groups and weights cross a gloo channel on
   loopback. Why processes: the trainer's forward/backward, and the engine's decode steps and the
-  producer's env steps, then run on their own cores, and neither waits for the other's Python
-  (the GIL).
+  producer's env steps, then run side by side, and neither waits for the other's Python (the
+  GIL). The cores (`generator_layout`): by default every generator process has one thread and
+  the trainer keeps all of its own, so the two sides share the cores and the OS gives them to
+  whichever is not waiting (the trainer for groups, the generators on a full buffer); a set
+  `loop.generator_threads` splits them instead, that many to the generators and the rest to the
+  trainer. Decoding a small model gains little from a second thread and much from a second
+  process, and training gains from every core: bench/RESULTS.md, "async_vs_sync".
 - "thread", the default on CUDA: the engine in this process on its worker thread, sharing the GPU
   with the trainer; new weights are copied device to device between two decode steps. On CPU the
   engine then computes on the producer's thread and shares the trainer's cores.
@@ -65,10 +69,6 @@ def check_async(config: Config, world_size: int, device: torch.device | str) -> 
         )
     if generators and config.policy.backend != "torch":
         raise ConfigError("loop.generator_ranks", "generator ranks run the torch engine (policy.backend)")
-    if generators and config.policy.replicas > 1:
-        raise ConfigError(
-            "loop.generator_ranks", "each generator rank runs one engine: set policy.replicas = 1"
-        )
     placement = generator_placement(config, device)
     if placement == "process" and torch.device(device).type != "cpu":
         raise ConfigError(
@@ -76,20 +76,29 @@ def check_async(config: Config, world_size: int, device: torch.device | str) -> 
             '"process" runs its generators on CPU; on a GPU use "thread" (or "auto"), or torchrun '
             "with loop.generator_ranks",
         )
-    if placement == "thread" and config.policy.replicas > 1:
+    if placement is not None and config.policy.replicas > 1:
         raise ConfigError(
-            "loop.generator", '"thread" runs one engine in this process: set policy.replicas = 1'
+            "policy.replicas",
+            "is sync mode's engine processes; async mode's generators are loop.generator_processes "
+            '("process", on CPU) or loop.generator_ranks (torchrun): set policy.replicas = 1',
         )
     if config.agent_program.module:
         raise ConfigError("loop.mode", "async mode rolls out [env] episodes, not an [agent_program]")
 
 
-def thread_split(config: Config, threads: int | None = None) -> tuple[int, int]:
-    """(generator threads, trainer threads) out of `threads` (default this process's torch
-    threads): loop.generator_threads, or half, at least 1 each."""
+def generator_layout(config: Config, threads: int | None = None) -> tuple[int, int, int]:
+    """The "process" placement's cores, out of `threads` (default this process's torch threads):
+    (generator processes, torch threads each, the trainer's torch threads). Processes:
+    loop.generator_processes, or one per thread up to 4 (each holds the weights and a KV cache).
+    Threads: one each, the trainer keeping all of its own (the cores shared), or with
+    loop.generator_threads set, those split between the processes (at least one each) and the
+    trainer the rest (at least one)."""
     total = threads or torch.get_num_threads()
-    generator = config.loop.generator_threads or max(1, total // 2)
-    return generator, max(1, total - generator)
+    loop = config.loop
+    processes = loop.generator_processes or max(1, min(total, 4))
+    if not loop.generator_threads:
+        return processes, 1, total
+    return processes, max(1, loop.generator_threads // processes), max(1, total - loop.generator_threads)
 
 
 def buffer_capacity(config: Config) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from toolgym.configs.async_rl.placement import generator_layout
 from toolgym.configs.load import ConfigError, config_from_dict, config_to_toml
 from toolgym.configs.metrics_log import read_metrics
 from toolgym.configs.train import train
@@ -55,12 +57,37 @@ def train_records(run_dir: Path) -> list[dict]:
 @pytest.mark.parametrize("over_stale", ["drop", "downweight"])
 def test_async_mode_trains_with_staleness_bounded(tmp_path, capsys, over_stale):
     run_dir = tmp_path / "run"
-    # max_staleness 0 with a deep buffer: groups sampled before the last push are over-stale
-    config = async_config(run_dir, 6, max_staleness=0, over_stale=over_stale, buffer_groups=6)
+    # max_staleness 0 with a deep buffer: groups sampled before the last push are over-stale.
+    # "drop" runs the default layout (a generator process per core, the cores shared); "downweight"
+    # splits them: one generator process on one thread, the trainer the rest.
+    layout = {} if over_stale == "drop" else {"generator_processes": 1, "generator_threads": 1}
+    config = async_config(run_dir, 6, max_staleness=0, over_stale=over_stale, buffer_groups=6, **layout)
     assert train(config_from_dict(config)) == 0
     out = capsys.readouterr().out
-    assert "loop: async, max_staleness 0" in out and "generator: 1 process(es) with " in out
+    assert "loop: async, max_staleness 0" in out
+    found = re.search(r"generator: (\d+) process\(es\) with 1 thread\(s\) each, the trainer (\d+)(.*)", out)
+    assert found, out
+    processes, trainer_threads, shared = int(found[1]), int(found[2]), found[3]
+    if over_stale == "drop":
+        assert processes == min(trainer_threads, 4) and shared == ", sharing the cores"
+    else:
+        assert processes == 1 and shared == ""
     check_async_run(run_dir, over_stale)
+
+
+@pytest.mark.parametrize(
+    ("threads", "loop", "expected"),
+    [
+        (2, {}, (2, 1, 2)),  # the cores shared: a generator per core, the trainer all of its threads
+        (16, {}, (4, 1, 16)),  # at most 4 generators by default
+        (2, {"generator_processes": 1, "generator_threads": 1}, (1, 1, 1)),  # split
+        (8, {"generator_processes": 2, "generator_threads": 6}, (2, 3, 2)),
+        (1, {"generator_threads": 1}, (1, 1, 1)),  # each side keeps a thread
+    ],
+)
+def test_generator_layout(tmp_path, threads, loop, expected):
+    config = config_from_dict(async_config(tmp_path / "run", 1, **loop))
+    assert generator_layout(config, threads) == expected
 
 
 @pytest.mark.parametrize(
@@ -120,9 +147,10 @@ def test_async_refuses_what_it_cannot_run(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="agent_program"):
         train(config)
     config = config_from_dict(async_config(tmp_path / "run", 1) | {"policy": {"replicas": 2}})
-    config.loop.generator = "thread"
-    with pytest.raises(ConfigError, match=r"policy\.replicas = 1"):
-        train(config)
+    for generator in ("process", "thread"):  # sync mode's engine processes, not async's generators
+        config.loop.generator = generator
+        with pytest.raises(ConfigError, match=r"policy\.replicas: .*loop\.generator_processes.*= 1"):
+            train(config)
     # the torchrun split (tests/configs/async_rl/test_configs_async_ranks.py): refused before any
     # process group forms when the ranks cannot be split as asked
     config = config_from_dict(async_config(tmp_path / "run", 1, generator_ranks=1))
@@ -175,9 +203,11 @@ def test_kill_9_mid_run_and_resume_lose_and_repeat_no_group(tmp_path):
     recorded = Counter(t.group_id for t in read_recording(run_dir / "trajectories" / "train_rank0.jsonl")[1])
     assert set(recorded.values()) == {GROUP_SIZE}, recorded
     meta = json.loads((run_dir / "checkpoints" / "rl" / "step_00000008" / "meta.json").read_text())
-    position, pending = meta["data_position"]["positions"][0], meta["data_position"]["pending"]
+    positions, pending = meta["data_position"]["positions"], meta["data_position"]["pending"]
+    # generator g of n draws task indices g, g + n, g + 2n, ... up to its position
+    drawn = {k * len(positions) + g for g, position in enumerate(positions) for k in range(position)}
     assert not set(recorded) & set(pending)
-    assert set(recorded) | set(pending) == set(range(position))
+    assert set(recorded) | set(pending) == drawn
     taken = sum(r["dynamic_sampling/groups_rolled_out"] for r in train_records(run_dir))
     assert len(recorded) == taken
 

@@ -22,7 +22,9 @@ only the first seed's sync run does SFT, and every later run (both modes) starts
 model, for a machine whose time is short (a GPU's lease). `--generator-ranks N`: the async run
 is torchrun's 1 + N processes, N of them generating (`loop.generator_ranks`; on one GPU they
 share it). Those start before the step-0 eval, so their warm-up and first groups overlap it and
-the clock does not count them (the sync policy's warm-up is in that eval too).
+the clock does not count them (the sync policy's warm-up is in that eval too). `--async-set
+KEY=VALUE`: an override for the async runs only, to compare async layouts against the same sync
+runs (e.g. `--async-set loop.generator_processes=1 --async-set loop.generator_threads=1`).
 """
 
 from __future__ import annotations

@@ -316,9 +316,9 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     generators: GeneratorProcesses | None = None
     where = "the vLLM engine" if placement is None else "the engine's thread in this process"
     if placement == "process":  # the generator processes and the trainer: their threads
-        count, threads, trainer_threads = generator_layout(config)
+        count, threads, trainer_threads = generator_layout(config, device=dist.device)
         torch.set_num_threads(trainer_threads)
-        generators = GeneratorProcesses(config, count, threads)
+        generators = GeneratorProcesses(config, count, threads, dist.device)
         dist = dataclasses.replace(dist, channel=generators.channel, generators=count)
         shared = "" if config.loop.generator_threads else ", sharing the cores"
         where = f"{count} process(es) with {threads} thread(s) each, the trainer {trainer_threads}{shared}"

@@ -2,8 +2,8 @@
 
 The torch generator (`loop.generator`, `generator_placement`):
 - "process", the default on CPU: `loop.generator_processes` generator processes (ranks.py's
-  GeneratorProcesses), each an engine and a producer over its share of the task stream; the
-  trainer keeps an engine of its own for evals. Groups and weights cross a gloo channel on
+  GeneratorProcesses), each an engine and a producer over its share of the task stream, on the
+  trainer's device; the trainer keeps an engine of its own for evals. Groups and weights cross a gloo channel on
   loopback. Why processes: the trainer's forward/backward, and the engine's decode steps and the
   producer's env steps, then run side by side, and neither waits for the other's Python (the
   GIL). The cores (`generator_layout`): by default every generator process has one thread and
@@ -11,7 +11,9 @@ The torch generator (`loop.generator`, `generator_placement`):
   whichever is not waiting (the trainer for groups, the generators on a full buffer); a set
   `loop.generator_threads` splits them instead, that many to the generators and the rest to the
   trainer. Decoding a small model gains little from a second thread and much from a second
-  process, and training gains from every core: bench/RESULTS.md, "async_vs_sync".
+  process, and training gains from every core: bench/RESULTS.md, "async_vs_sync". On CUDA it is
+  one process by default, sharing the GPU as a torchrun generator rank does, but without
+  torchrun.
 - "thread", the default on CUDA: the engine in this process on its worker thread, sharing the GPU
   with the trainer; new weights are copied device to device between two decode steps. On CPU the
   engine then computes on the producer's thread and shares the trainer's cores.
@@ -70,12 +72,6 @@ def check_async(config: Config, world_size: int, device: torch.device | str) -> 
     if generators and config.policy.backend != "torch":
         raise ConfigError("loop.generator_ranks", "generator ranks run the torch engine (policy.backend)")
     placement = generator_placement(config, device)
-    if placement == "process" and torch.device(device).type != "cpu":
-        raise ConfigError(
-            "loop.generator",
-            '"process" runs its generators on CPU; on a GPU use "thread" (or "auto"), or torchrun '
-            "with loop.generator_ranks",
-        )
     if placement is not None and config.policy.replicas > 1:
         raise ConfigError(
             "policy.replicas",
@@ -86,16 +82,19 @@ def check_async(config: Config, world_size: int, device: torch.device | str) -> 
         raise ConfigError("loop.mode", "async mode rolls out [env] episodes, not an [agent_program]")
 
 
-def generator_layout(config: Config, threads: int | None = None) -> tuple[int, int, int]:
+def generator_layout(
+    config: Config, threads: int | None = None, device: torch.device | str = "cpu"
+) -> tuple[int, int, int]:
     """The "process" placement's cores, out of `threads` (default this process's torch threads):
     (generator processes, torch threads each, the trainer's torch threads). Processes:
-    loop.generator_processes, or one per thread up to 4 (each holds the weights and a KV cache).
-    Threads: one each, the trainer keeping all of its own (the cores shared), or with
-    loop.generator_threads set, those split between the processes (at least one each) and the
-    trainer the rest (at least one)."""
+    loop.generator_processes, or on CPU one per thread up to 4 (each holds the weights and a KV
+    cache), on CUDA one. Threads: one each, the trainer keeping all of its own (the cores
+    shared), or with loop.generator_threads set, those split between the processes (at least one
+    each) and the trainer the rest (at least one)."""
     total = threads or torch.get_num_threads()
     loop = config.loop
-    processes = loop.generator_processes or max(1, min(total, 4))
+    default = max(1, min(total, 4)) if torch.device(device).type == "cpu" else 1
+    processes = loop.generator_processes or default
     if not loop.generator_threads:
         return processes, 1, total
     return processes, max(1, loop.generator_threads // processes), max(1, total - loop.generator_threads)

@@ -292,20 +292,23 @@ def run_generator(config: Config, dist_info: DistInfo, renderer: Renderer, threa
 
 class GeneratorProcesses:
     """`count` generator processes on this machine, without torchrun: each runs `run_generator`
-    (an engine and a producer over its share of the task stream) with `threads` torch threads,
+    (an engine on `device` and a producer over its share of the task stream) with `threads` torch
+    threads,
     and speaks to this process (member 0) over a channel built on a local TCPStore. Why
     processes: the producer's env steps and tokenizing then run beside the engine, not in the
     trainer's process, where they would hold its GIL (bench/RESULTS.md, "The generator as a
     torchrun rank, on 2 cores"). `close` waits for them to exit (after RankGroups' "stop") and
     ends any still running."""
 
-    def __init__(self, config: Config, count: int, threads: int) -> None:
+    def __init__(
+        self, config: Config, count: int, threads: int, device: torch.device | str = "cpu"
+    ) -> None:
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         context = torch.multiprocessing.get_context("spawn")
         self.processes = [
             context.Process(
                 target=_generator_process,
-                args=(config, self.store.port, member, count, threads),
+                args=(config, self.store.port, member, count, threads, str(device)),
                 name=f"toolgym-generator-{member - 1}",
                 daemon=True,
             )
@@ -325,12 +328,14 @@ class GeneratorProcesses:
                 process.join()
 
 
-def _generator_process(config: Config, port: int, member: int, count: int, threads: int) -> None:
-    """A spawned generator process's main (GeneratorProcesses)."""
+def _generator_process(
+    config: Config, port: int, member: int, count: int, threads: int, device: str
+) -> None:
+    """A spawned generator process's main (GeneratorProcesses), its engine on `device`."""
     from ..build import build_renderer
 
     store = dist.TCPStore("127.0.0.1", port, is_master=False)
     channel = channel_group(store, member, count)
     renderer, _ = build_renderer(config)
-    info = DistInfo(member - 1, count, 0, torch.device("cpu"), "generate", channel, count)
+    info = DistInfo(member - 1, count, 0, torch.device(device), "generate", channel, count)
     run_generator(config, info, renderer, threads)

@@ -88,6 +88,21 @@ def test_async_mode_trains_with_staleness_bounded(tmp_path, capsys, over_stale):
 def test_generator_layout(tmp_path, threads, loop, expected):
     config = config_from_dict(async_config(tmp_path / "run", 1, **loop))
     assert generator_layout(config, threads) == expected
+    # on CUDA one generator process by default (it shares the GPU), the trainer all its threads
+    assert generator_layout(config, 16, "cuda")[0] == (loop.get("generator_processes") or 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_async_mode_with_a_generator_process_on_cuda(tmp_path, capsys):
+    """`loop.generator = "process"` on CUDA: the generator process's engine on the trainer's GPU,
+    groups and weights over the loopback channel, as a torchrun generator rank but without it."""
+    run_dir = tmp_path / "run"
+    config = async_config(run_dir, 6, max_staleness=0, buffer_groups=6, generator="process")
+    config["parallel"] = {"device": "cuda"}
+    assert train(config_from_dict(config)) == 0
+    out = capsys.readouterr().out
+    assert "generator: 1 process(es) with 1 thread(s) each" in out
+    check_async_run(run_dir, "drop")
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ from ..trainers.distributed import DistInfo, all_gather_objects, all_reduce, bro
 from ..trainers.trainer import Trainer
 from ..trainers.weight_sync import gather_weights, push_weights
 from .async_rl.batch import take_batch
-from .async_rl.placement import buffer_capacity
+from .async_rl.placement import buffer_capacity, generator_placement
 from .async_rl.producer import GroupProducer
 from .async_rl.ranks import RankGroups
 from .metrics_log import MetricsLog, eval_line, train_line
@@ -176,7 +176,10 @@ class RLLoop:
         self.pending_groups: list[int] = []  # async resume: task indices to roll out first
         self.resume_positions: list[int] = []  # split async resume: each generator's stream position
         # split async: rank 0 speaks to the generators (it always tells them to stop, in close)
-        self.rank_groups = RankGroups(dist.channel, dist.generators) if self.split and dist.is_main else None
+        self.rank_groups = None
+        if self.split and dist.is_main:  # generator processes on this machine share the weights' memory
+            shared = generator_placement(config, dist.device) == "process"
+            self.rank_groups = RankGroups(dist.channel, dist.generators, shared_weights=shared)
         self._generators_started = False
         self._train_writer: RecordingWriter | None = None
         if config.logging.record_training and (dist.is_main or not self.split):  # split: rank 0 has the groups

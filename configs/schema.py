@@ -302,9 +302,9 @@ class LoopSection(msgspec.Struct, **_STRICT):
         max_staleness, at least groups_per_batch); generation pauses while it is full.
     generator: async, torch backend: where the engine runs. "auto" (default): "process" on CPU,
         "thread" on CUDA. "process": generator_processes processes beside the trainer's, each an
-        engine on the trainer's device and the envs' rollouts (groups and weights over loopback). "thread": in
-        this process, on the engine's thread, sharing the device with the trainer (on CPU it
-        shares the cores too: for tests and small runs).
+        engine on the trainer's device and the envs' rollouts (groups over loopback, weights
+        through shared memory). "thread": in this process, on the engine's thread, sharing the
+        device with the trainer (on CPU it shares the cores too: for tests and small runs).
     generator_processes: "process": how many (0: on CPU one per core, at most 4; on CUDA one).
     generator_threads: "process": the generator processes' torch threads, in all, the trainer
         keeping the rest (0, the default: one each, and the trainer keeps all its threads: the

@@ -3,10 +3,10 @@
 The torch generator (`loop.generator`, `generator_placement`):
 - "process", the default on CPU: `loop.generator_processes` generator processes (ranks.py's
   GeneratorProcesses), each an engine and a producer over its share of the task stream, on the
-  trainer's device; the trainer keeps an engine of its own for evals. Groups and weights cross a gloo channel on
-  loopback. Why processes: the trainer's forward/backward, and the engine's decode steps and the
-  producer's env steps, then run side by side, and neither waits for the other's Python (the
-  GIL). The cores (`generator_layout`): by default every generator process has one thread and
+  trainer's device; the trainer keeps an engine of its own for evals. Groups cross a gloo
+  channel on loopback, the weights a shared-memory buffer (ranks.py's SharedWeights). Why
+  processes: the trainer's forward/backward, and the engine's decode steps and the producer's
+  env steps, then run side by side, and neither waits for the other's Python (the GIL). The cores (`generator_layout`): by default every generator process has one thread and
   the trainer keeps all of its own, so the two sides share the cores and the OS gives them to
   whichever is not waiting (the trainer for groups, the generators on a full buffer); a set
   `loop.generator_threads` splits them instead, that many to the generators and the rest to the

@@ -11,8 +11,11 @@ trainer rank 0 and the generators).
 
 Trainer rank 0 drives; every exchange is a Command it broadcasts, then the exchange it names:
 - "start": each generator's stream position and the task indices to roll out again (resume);
-- "weights": the trainer's weights, one flat float32 tensor broadcast (names and shapes in the
-  command); a generator loads them in flight and starts its producer on the first;
+- "weights": the trainer's weights, one flat float32 tensor (names and shapes in the command);
+  a generator loads them in flight and starts its producer on the first. Broadcast over the
+  channel, or, for generator processes on this machine (GeneratorProcesses, CPU), written into
+  a shared-memory file that every generator maps: each copies it out and acknowledges, so the
+  trainer never overwrites weights a generator is still reading;
 - "groups": each generator sends the groups its buffer holds now (msgpack; none is fine);
 - "position": each generator sends its stream position and outstanding indices (checkpoints);
 - "stop": the generators close and exit.
@@ -23,6 +26,8 @@ Tensors cross as CPU tensors (gloo), so on GPUs the weights go through host memo
 from __future__ import annotations
 
 import collections
+import os
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Literal
@@ -49,6 +54,25 @@ class Command(msgspec.Struct, kw_only=True):
     pending: list[int] = []
     names: list[str] = []
     shapes: list[list[int]] = []
+    weights_file: str = ""  # "weights": in this shared-memory file (SharedWeights), not broadcast
+
+
+class SharedWeights:
+    """One flat float32 buffer in a shared-memory file, mapped by the trainer and by generator
+    processes on the same machine. The file is unlinked once every generator has mapped it (the
+    mappings stay), so a run leaves none behind unless it dies in between."""
+
+    def __init__(self, numel: int, path: str = "") -> None:
+        self.owner = not path
+        if self.owner:
+            folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+            path = os.path.join(folder, f"toolgym-weights-{os.getpid()}-{time.monotonic_ns()}")
+        self.path, self.numel = path, numel
+        self.buffer = torch.from_file(path, shared=True, size=numel, dtype=torch.float32)
+
+    def unlink(self) -> None:
+        if self.owner and os.path.exists(self.path):
+            os.unlink(self.path)
 
 
 class GroupsReply(msgspec.Struct):
@@ -108,8 +132,12 @@ class RankGroups:
     """Trainer rank 0's side: the generators' groups behind GroupProducer's interface (`take`,
     `buffered`, `position`), for `take_batch`, and the weights going the other way."""
 
-    def __init__(self, group: dist.ProcessGroup, generators: int) -> None:
+    def __init__(self, group: dist.ProcessGroup, generators: int, shared_weights: bool = False) -> None:
+        """`shared_weights`: the generators are processes on this machine (GeneratorProcesses):
+        the weights go through a shared-memory file instead of the channel."""
         self.channel, self.generators = Channel(group), generators
+        self.shared_weights = shared_weights
+        self._shared: SharedWeights | None = None
         self._received: collections.deque[ScoredGroup] = collections.deque()
         self._stopped = False
         self._in_exchange = False  # an exchange cut short (an exception) leaves the protocol torn
@@ -127,10 +155,32 @@ class RankGroups:
     def send_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
         names = list(weights)
         shapes = [list(weights[n].shape) for n in names]
-        self._command(Command(kind="weights", version=version, names=names, shapes=shapes))
-        flat = torch.cat([weights[n].detach().reshape(-1).to("cpu", torch.float32) for n in names])
-        self.channel.broadcast(flat)
+        parts = [weights[n].detach().reshape(-1).to("cpu", torch.float32) for n in names]
+        if not self.shared_weights:
+            self._command(Command(kind="weights", version=version, names=names, shapes=shapes))
+            self.channel.broadcast(torch.cat(parts))
+            self._in_exchange = False
+            return
+        numel = sum(part.numel() for part in parts)
+        first = self._shared is None or self._shared.numel != numel
+        if first:
+            self.close_shared()
+            self._shared = SharedWeights(numel)
+        assert self._shared is not None
+        torch.cat(parts, out=self._shared.buffer)
+        command = Command(kind="weights", version=version, names=names, shapes=shapes)
+        command.weights_file = self._shared.path if first else ""  # mapped already otherwise
+        self._command(command)
+        for member in range(1, self.generators + 1):  # each has copied the buffer out
+            self.channel.recv_bytes(member)
+        if first:
+            self._shared.unlink()
         self._in_exchange = False
+
+    def close_shared(self) -> None:
+        if self._shared is not None:
+            self._shared.unlink()
+            self._shared = None
 
     def _poll(self) -> int:
         """One "groups" exchange; returns how many groups arrived."""
@@ -177,6 +227,7 @@ class RankGroups:
     def close(self) -> None:
         """Tell the generators to stop, unless an exchange was cut short: then they are not
         listening for a command, and torchrun ends them when this rank exits with the error."""
+        self.close_shared()
         if not self._stopped and not self._in_exchange:
             self._stopped = True
             self._command(Command(kind="stop"))
@@ -197,6 +248,7 @@ def serve_generator(
     stream = TaskSeedStream(stream=stream_id, rank=rank, world_size=generators)
     replay: list[int] = []
     producer: GroupProducer | None = None
+    shared: SharedWeights | None = None  # the trainer's shared-memory weights, once mapped
     try:
         while True:
             command = _COMMAND.decode(channel.broadcast_bytes(None))
@@ -204,9 +256,14 @@ def serve_generator(
                 stream.position = _start_position(command.positions, rank, generators)
                 replay = command.pending[rank::generators]
             elif command.kind == "weights":
-                flat = channel.broadcast(
-                    torch.empty(sum(_numel(s) for s in command.shapes), dtype=torch.float32)
-                )
+                numel = sum(_numel(s) for s in command.shapes)
+                if command.weights_file:  # the trainer's shared buffer: mapped once, then reused
+                    shared = SharedWeights(numel, command.weights_file)
+                if shared is not None:
+                    flat = shared.buffer.clone()
+                    channel.send_bytes(b"")  # copied: the trainer may write the next version
+                else:
+                    flat = channel.broadcast(torch.empty(numel, dtype=torch.float32))
                 tensors, offset = [], 0
                 for name, shape in zip(command.names, command.shapes, strict=True):
                     tensors.append((name, flat[offset : offset + _numel(shape)].view(shape)))

@@ -62,6 +62,7 @@ def test_async_mode_trains_with_staleness_bounded(tmp_path, capsys, over_stale):
     # splits them: one generator process on one thread, the trainer the rest.
     layout = {} if over_stale == "drop" else {"generator_processes": 1, "generator_threads": 1}
     config = async_config(run_dir, 6, max_staleness=0, over_stale=over_stale, buffer_groups=6, **layout)
+    config["trainer"]["loss"] = {"entropy_coef": 0.05}  # the weights move every step
     assert train(config_from_dict(config)) == 0
     out = capsys.readouterr().out
     assert "loop: async, max_staleness 0" in out
@@ -73,6 +74,11 @@ def test_async_mode_trains_with_staleness_bounded(tmp_path, capsys, over_stale):
     else:
         assert processes == 1 and shared == ""
     check_async_run(run_dir, over_stale)
+    # the generator processes' weights (through shared memory) are exactly each version's: tokens
+    # sampled by the current version have the trainer's logprobs
+    for r in train_records(run_dir):
+        assert r["train/grad_norm"] > 0 and r["train/logprob_gap_mean_s0"] < 1e-4, r
+    assert not list(Path("/dev/shm").glob(f"toolgym-weights-{os.getpid()}-*"))  # none left behind
 
 
 @pytest.mark.parametrize(

@@ -6,12 +6,14 @@ The torch generator (`loop.generator`, `generator_placement`):
   trainer's device; the trainer keeps an engine of its own for evals. Groups cross a gloo
   channel on loopback, the weights a shared-memory buffer (ranks.py's SharedWeights). Why
   processes: the trainer's forward/backward, and the engine's decode steps and the producer's
-  env steps, then run side by side, and neither waits for the other's Python (the GIL). The cores (`generator_layout`): by default every generator process has one thread and
-  the trainer keeps all of its own, so the two sides share the cores and the OS gives them to
-  whichever is not waiting (the trainer for groups, the generators on a full buffer); a set
+  env steps, then run side by side, and neither waits for the other's Python (the GIL). The
+  cores (`generator_layout`): by default every generator process has one thread and the trainer
+  keeps all of its own, so the two sides share the cores and the OS gives them to whichever is
+  not waiting (the trainer for groups, the generators on a full buffer); a set
   `loop.generator_threads` splits them instead, that many to the generators and the rest to the
-  trainer. Decoding a small model gains little from a second thread and much from a second
-  process, and training gains from every core: bench/RESULTS.md, "async_vs_sync". On CUDA it is
+  trainer. Rolling out a small model gains 1.4x from a second thread, and a second
+  process cuts the trainer's wait for groups more; training gains 1.9x from a second core:
+  bench/RESULTS.md, "async_vs_sync". On CUDA it is
   one process by default, sharing the GPU as a torchrun generator rank does, but without
   torchrun.
 - "thread", the default on CUDA: the engine in this process on its worker thread, sharing the GPU
@@ -76,7 +78,7 @@ def check_async(config: Config, world_size: int, device: torch.device | str) -> 
         raise ConfigError(
             "policy.replicas",
             "is sync mode's engine processes; async mode's generators are loop.generator_processes "
-            '("process", on CPU) or loop.generator_ranks (torchrun): set policy.replicas = 1',
+            '("process") or loop.generator_ranks (torchrun): set policy.replicas = 1',
         )
     if config.agent_program.module:
         raise ConfigError("loop.mode", "async mode rolls out [env] episodes, not an [agent_program]")

@@ -13,7 +13,7 @@ Trainer rank 0 drives; every exchange is a Command it broadcasts, then the excha
 - "start": each generator's stream position and the task indices to roll out again (resume);
 - "weights": the trainer's weights, one flat float32 tensor (names and shapes in the command);
   a generator loads them in flight and starts its producer on the first. Broadcast over the
-  channel, or, for generator processes on this machine (GeneratorProcesses, CPU), written into
+  channel, or, for generator processes on this machine (GeneratorProcesses), written into
   a shared-memory file that every generator maps: each copies it out and acknowledges, so the
   trainer never overwrites weights a generator is still reading;
 - "groups": each generator sends the groups its buffer holds now (msgpack; none is fine);
@@ -350,8 +350,7 @@ def run_generator(config: Config, dist_info: DistInfo, renderer: Renderer, threa
 class GeneratorProcesses:
     """`count` generator processes on this machine, without torchrun: each runs `run_generator`
     (an engine on `device` and a producer over its share of the task stream) with `threads` torch
-    threads,
-    and speaks to this process (member 0) over a channel built on a local TCPStore. Why
+    threads, and speaks to this process (member 0) over a channel built on a local TCPStore. Why
     processes: the producer's env steps and tokenizing then run beside the engine, not in the
     trainer's process, where they would hold its GIL (bench/RESULTS.md, "The generator as a
     torchrun rank, on 2 cores"). `close` waits for them to exit (after RankGroups' "stop") and

@@ -168,9 +168,8 @@ class RankGroups:
             self._shared = SharedWeights(numel)
         assert self._shared is not None
         torch.cat(parts, out=self._shared.buffer)
-        command = Command(kind="weights", version=version, names=names, shapes=shapes)
-        command.weights_file = self._shared.path if first else ""  # mapped already otherwise
-        self._command(command)
+        path = self._shared.path if first else ""  # mapped already otherwise
+        self._command(Command(kind="weights", version=version, names=names, shapes=shapes, weights_file=path))
         for member in range(1, self.generators + 1):  # each has copied the buffer out
             self.channel.recv_bytes(member)
         if first:

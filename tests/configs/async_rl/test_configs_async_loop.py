@@ -101,7 +101,8 @@ def test_generator_layout(tmp_path, threads, loop, expected):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_async_mode_with_a_generator_process_on_cuda(tmp_path, capsys):
     """`loop.generator = "process"` on CUDA: the generator process's engine on the trainer's GPU,
-    groups and weights over the loopback channel, as a torchrun generator rank but without it."""
+    groups over the loopback channel and weights through shared memory, as a torchrun generator
+    rank but without torchrun."""
     run_dir = tmp_path / "run"
     config = async_config(run_dir, 6, max_staleness=0, buffer_groups=6, generator="process")
     config["parallel"] = {"device": "cuda"}

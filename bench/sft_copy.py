@@ -29,11 +29,12 @@ import msgspec
 import numpy as np
 import torch
 
-from toolgym.configs.build import build_renderer, initial_model
+from toolgym.configs.build.demos import demo_episodes, sft_trainer_config
+from toolgym.configs.build.parts import build_renderer, initial_model
 from toolgym.configs.load import load_config
-from toolgym.configs.sft import BatchOrder, demo_episodes, sft_trainer_config
 from toolgym.rollouts.types import Episode
 from toolgym.trainers.config import OptimizerConfig
+from toolgym.trainers.sft import BatchOrder
 from toolgym.trainers.trainer import Trainer
 
 KINDS = ("after", "call", "digit1", "digitN", "final")

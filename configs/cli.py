@@ -70,7 +70,9 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
         "name (qwen2.5-style); default: plain ChatML",
     )
     oracle = p.add_argument_group("oracle knobs (with --policy oracle)")
-    oracle.add_argument("--p-omit-tag", type=float, default=0.0, help="state the answer without the env's answer format")
+    oracle.add_argument(
+        "--p-omit-tag", type=float, default=0.0, help="state the answer without the env's answer format"
+    )
     oracle.add_argument(
         "--p-skip-lookup", type=float, default=0.0, help="guess without calling tools (wrong)"
     )
@@ -80,7 +82,9 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
     oracle.add_argument(
         "--p-stop-early", type=float, default=0.0, help="stop one call short and guess (wrong)"
     )
-    limits = p.add_argument_group("rollout limits and sampling (defaults: RolloutSettings', SamplingConfig's)")
+    limits = p.add_argument_group(
+        "rollout limits and sampling (defaults: RolloutSettings', SamplingConfig's)"
+    )
     for flag, (owner, field) in _SETTING_FLAGS.items():
         info = next(f for f in msgspec.structs.fields(owner) if f.name == field)
         kind, choices = _flag_type(info.type)
@@ -315,7 +319,9 @@ def add_train(sub: argparse._SubParsersAction) -> None:
                 if issubclass(warning.category, ConfigDeprecationWarning):
                     print(f"warning: {warning.message}", file=sys.stderr)
                 else:
-                    warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+                    warnings.warn_explicit(
+                        warning.message, warning.category, warning.filename, warning.lineno
+                    )
             if args.print_config:
                 print(config_to_toml(config), end="")
                 return 0
@@ -335,7 +341,7 @@ def add_plot(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="output folder (default: RUN_DIR/plots)")
 
     def run(args: argparse.Namespace) -> int:
-        from .plot import plot_run
+        from ..trainers.plots import plot_run
 
         for path in plot_run(args.run_dir, args.out):
             print(path)
@@ -348,7 +354,7 @@ def _view_sources(paths: Sequence[str]) -> tuple[list[Path], list[dict[str, Any]
     """(recordings, the run's metrics records or None, the run's tokenizer.json or None) for the
     paths given to `toolgym view`: a run directory stands for its trajectories/*.jsonl (evals
     first, by step) and its metrics.jsonl."""
-    from .metrics_log import read_metrics
+    from ..trainers.metrics_log import read_metrics
     from .run_dir import RunDir
 
     recordings: list[Path] = []
@@ -358,7 +364,9 @@ def _view_sources(paths: Sequence[str]) -> tuple[list[Path], list[dict[str, Any]
             recordings.append(path)
             continue
         run = RunDir(path)
-        found = sorted(run.trajectories.glob("*.jsonl"), key=lambda p: (not p.name.startswith("eval_"), p.name))
+        found = sorted(
+            run.trajectories.glob("*.jsonl"), key=lambda p: (not p.name.startswith("eval_"), p.name)
+        )
         if not found:
             raise ValueError(f"{path}: no recordings in {run.trajectories}")
         recordings += found
@@ -375,7 +383,10 @@ def add_view(sub: argparse._SubParsersAction) -> None:
         help="browse recordings in a local web page: episodes, token shading, comparison, run charts",
     )
     p.add_argument(
-        "paths", nargs="+", metavar="PATH", help="a recording, or a run directory (its recordings and metrics)"
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="a recording, or a run directory (its recordings and metrics)",
     )
     p.add_argument(
         "--tokenizer",
@@ -430,7 +441,7 @@ def add_import(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "import", help="turn OpenAI chat-messages JSONL into a recording for SFT (not token-exact)"
     )
-    p.add_argument("file", help="chat-messages JSONL: one {\"messages\": [...], \"tools\": [...]} per line")
+    p.add_argument("file", help='chat-messages JSONL: one {"messages": [...], "tools": [...]} per line')
     p.add_argument("--out", required=True, help="the recording to write (appended to if it exists)")
     p.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer.json to tokenize with")
 
@@ -450,12 +461,18 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--policy", required=True, help="a Hugging Face checkpoint directory")
     p.add_argument(
-        "--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer.json (default: the checkpoint's, else the shipped one)"
+        "--tokenizer",
+        default=str(DEFAULT_TOKENIZER),
+        help="tokenizer.json (default: the checkpoint's, else the shipped one)",
     )
     p.add_argument("--chat-template", default="", help="as for `toolgym eval` (default: plain ChatML)")
-    p.add_argument("--host", default="127.0.0.1", help="address (default: this machine only; there is no auth)")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address (default: this machine only; there is no auth)"
+    )
     p.add_argument("--port", type=int, default=8000, help="port (0: any free one)")
-    p.add_argument("--max-tokens-per-turn", type=int, default=256, help="a request's max_tokens cap and default")
+    p.add_argument(
+        "--max-tokens-per-turn", type=int, default=256, help="a request's max_tokens cap and default"
+    )
     p.add_argument("--max-n", type=int, default=16, help="the largest n a request may ask for")
     p.add_argument("--record", default=None, help="append every captured conversation to this recording")
 

@@ -11,20 +11,28 @@ runs/zorplex_tiny-20250101-120000/
     trajectories/            eval_step_00000010.jsonl per eval, train_rank0.jsonl (optional)
     plots/                   reward.png, <metric>.png per env metric, entropy.png, kl.png, curves.png
     tensorboard/             (optional)
+
+Resuming (below): the latest RL checkpoint's point, the recordings cut back to it, the config
+updated with the resuming session's overrides.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .load import ConfigError, config_to_toml
+from ..rollouts.recording import RecordingReader, RecordingWriter
+from ..trainers.checkpoint import CheckpointManager
+from ..trainers.metrics_log import METRICS_FILE
+from .load import ConfigError, config_to_toml, load_config
 from .schema import Config
 
 CONFIG_FILE = "config.toml"
-METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 SFT_DONE_FILE = "sft_done.json"
 
@@ -106,3 +114,84 @@ def existing_run_config(path: str | Path) -> Path:
     if not config.is_file():
         raise ConfigError("--resume", f"{path} is not a toolgym run directory (no {CONFIG_FILE})")
     return config
+
+
+# ---- resuming a run --------------------------------------------------------------------------------
+
+
+def update_run_config(run: RunDir, config: Config) -> Path | None:
+    """On resume: write `config` to the run's config.toml when it differs (--resume with --set),
+    keeping the previous one as config.toml.bak. A later `--resume RUN` (the command printed on
+    an interrupt) reads config.toml alone: without this it would run with the old values, e.g.
+    the old run.steps, train nothing and exit 0. Returns the backup, or None when unchanged."""
+    text = config_to_toml(config)
+    try:
+        unchanged = config_to_toml(load_config(run.config)[0]) == text
+    except ConfigError:  # the old file no longer loads (the overrides may be what fixes it)
+        unchanged = False
+    if unchanged:
+        return None
+    backup = run.config.with_name(run.config.name + ".bak")
+    shutil.copy2(run.config, backup)
+    run.write_text(run.config, text)
+    return backup
+
+
+def resume_point(run: RunDir) -> tuple[Path | None, int, list[int], list[int]]:
+    """The latest RL checkpoint (or None), the RL step it holds, the task streams' positions and
+    (async mode) the task indices drawn but not trained on by then."""
+    latest = CheckpointManager(run.rl_checkpoints).latest()
+    if latest is None:
+        return None, 0, [], []
+    data = json.loads((latest / "meta.json").read_text())["data_position"]
+    positions = [int(p) for p in data.get("positions", [0])]
+    return latest, int(data.get("rl_step", 0)), positions, [int(i) for i in data.get("pending", [])]
+
+
+def drawn_before(group_id: int, positions: list[int]) -> bool:
+    """Whether training task `group_id` (its index in the stream) was drawn by the checkpoint's
+    steps: rank r of W draws the indices k * W + r for k < positions[r]. A session run with
+    another world size drew only indices below where the checkpoint's session started, or (a
+    later one, resumed from it) at or past every rank's position: the rule holds for those too."""
+    world = len(positions)
+    return world > 0 and group_id // world < positions[group_id % world]
+
+
+def cut_recordings(run: RunDir, last_step: int, positions: list[int], pending: Sequence[int] = ()) -> None:
+    """On resume: leave the recordings as they were at the checkpoint, so each step the resumed
+    run redoes is recorded once (the writers append). Evals after `last_step` are deleted (they
+    are redone, like their metrics records); train_rank*.jsonl keeps the episodes of the tasks
+    the checkpoint's steps drew (task index = group id, below the streams' positions: this holds
+    for surplus and dropped groups too, and needs no step number in the file), less the `pending`
+    ones (async mode: drawn but not trained on by the checkpoint, so rolled out again), and is
+    rewritten through a RecordingWriter, header kept. No checkpoint (`positions` empty): RL starts over,
+    and the file goes."""
+    for path in run.trajectories.glob("eval_step_*.jsonl"):
+        step = path.stem.removeprefix("eval_step_")
+        if step.isdigit() and int(step) > last_step:
+            path.unlink()
+    redone = set(pending)
+    for path in run.trajectories.glob("train_rank*.jsonl"):
+        reader = RecordingReader(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        kept = 0
+        with RecordingWriter(tmp, reader.header) as writer:
+            for trajectory in reader:
+                if drawn_before(trajectory.group_id, positions) and trajectory.group_id not in redone:
+                    writer.write(trajectory)
+                    kept += 1
+        if kept:
+            tmp.replace(path)
+        else:  # the run starts over: its writer makes a new file, with this session's header
+            tmp.unlink()
+            path.unlink()
+
+
+def stream_position(data: dict[str, Any], rank: int, world_size: int) -> int:
+    """This rank's task-stream position in a checkpoint's data position."""
+    positions = [int(p) for p in data.get("positions", [0])]
+    if len(positions) == world_size:
+        return positions[rank]
+    # Another world size: start past every task index the old ranks drew (index = k * W + r).
+    return math.ceil(max(positions) * len(positions) / world_size)

@@ -62,6 +62,7 @@ from ..rollouts.scripted import OracleConfig
 from ..rollouts.serving.program import AgentProgram
 from ..rollouts.types import RolloutSettings, SamplingConfig
 from ..trainers.config import CheckpointConfig, OptimizerConfig, TrainerConfig
+from ..trainers.metrics_log import LoggingConfig
 
 _STRICT = {"kw_only": True, "forbid_unknown_fields": True}
 
@@ -124,7 +125,9 @@ class ModelSection(msgspec.Struct, **_STRICT):
     name: str = "tiny"  # ModelConfig.named(name), randomly initialised with init_seed
     path: str = ""  # a Hugging Face directory (config.json + safetensors); wins over name when set
     overrides: dict[str, Any] = msgspec.field(default_factory=dict)  # ModelConfig fields (named only)
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"  # the policy's weights (the trainer's are float32)
+    dtype: Literal["float32", "bfloat16", "float16"] = (
+        "float32"  # the policy's weights (the trainer's are float32)
+    )
     init_seed: int = 0
 
     def __post_init__(self) -> None:
@@ -244,19 +247,8 @@ class EvalSection(msgspec.Struct, **_STRICT):
         )
 
 
-class LoggingSection(msgspec.Struct, **_STRICT):
-    console: bool = True  # a metrics line per `every_steps` steps
-    # Metrics the env reports (envs/info.py) shown on the console lines, the progress bar and the
-    # before/after summary, in this order; every metric is logged and plotted either way.
-    headline_metrics: list[str] = msgspec.field(default_factory=lambda: ["accuracy"])
-    every_steps: int = 1
-    progress_bar: bool = True
-    jsonl: bool = True  # metrics.jsonl in the run dir
-    tensorboard: bool = False  # needs the tensorboard package
-    record_training: bool = False  # write every training episode under trajectories/
-
-    def __post_init__(self) -> None:
-        _positive("logging", every_steps=self.every_steps)
+class LoggingSection(LoggingConfig, **_STRICT):
+    """trainers/metrics_log.py's LoggingConfig."""
 
 
 class CheckpointSection(CheckpointConfig, **_STRICT):

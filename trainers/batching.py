@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..agents.engine.prefill import padded_chunks
+from ..agents.model.chunks import padded_chunks
 from ..rollouts.types import Episode
 from .shared_prefix import SharedPrefixAttention, shared_prefix_length
 

@@ -4,7 +4,8 @@ Async RL's rank split (`init_distributed(..., generator_ranks=N)`): torchrun's W
 trainers (ranks 0..W-N-1, the default process group, so FSDP2, the collectives and checkpoints
 below see the trainers alone) and generators (the last N, in no default group). A gloo group of
 its own, the *channel*, joins trainer rank 0 (member 0) and the generators (members 1..N), built
-from torchrun's store (configs/async_rl/ranks.py speaks over it).
+from torchrun's store; `Channel` carries bytes and tensors over it (trainers/loop/generators.py
+speaks its protocol).
 """
 
 from __future__ import annotations
@@ -104,6 +105,43 @@ def channel_group(store: dist.Store, member: int, generators: int) -> dist.Proce
         dist.PrefixStore("toolgym/async", store), member, generators + 1, timedelta(hours=2)
     )
     return cast(dist.ProcessGroup, group)  # it has broadcast/send/recv; torch's stubs omit them
+
+
+class Channel:
+    """Bytes and tensors over the channel's gloo group (`channel_group`); member 0 is trainer rank 0."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+
+    def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.group.broadcast([tensor], opts).wait()
+        return tensor
+
+    def broadcast_bytes(self, data: bytes | None) -> bytes:
+        """Member 0's `data` on every member (the others pass None)."""
+        size = self.broadcast(torch.tensor([len(data) if data is not None else 0], dtype=torch.int64))
+        buffer = (
+            torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            if data
+            else torch.empty(int(size), dtype=torch.uint8)
+        )
+        return self.broadcast(buffer).numpy().tobytes() if int(size) else b""
+
+    def send_bytes(self, data: bytes, dst: int = 0) -> None:
+        self.group.send([torch.tensor([len(data)], dtype=torch.int64)], dst, 0).wait()
+        if data:
+            self.group.send([torch.frombuffer(bytearray(data), dtype=torch.uint8)], dst, 1).wait()
+
+    def recv_bytes(self, src: int) -> bytes:
+        size = torch.zeros(1, dtype=torch.int64)
+        self.group.recv([size], src, 0).wait()
+        if not int(size):
+            return b""
+        buffer = torch.empty(int(size), dtype=torch.uint8)
+        self.group.recv([buffer], src, 1).wait()
+        return buffer.numpy().tobytes()
 
 
 def device_mesh(info: DistInfo) -> DeviceMesh:

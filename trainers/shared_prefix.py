@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..agents.engine.prefix_attention import attend_after_prefix, common_prefix_length, prefix_mask
 from ..agents.model.attention import scaled_dot_product_attention
+from ..agents.model.prefix_attention import attend_after_prefix, common_prefix_length, prefix_mask
 
 
 def shared_prefix_length(rows: list[list[int]], masks: list[list[int]]) -> int:

@@ -6,7 +6,7 @@ the model receives as its `cache=` and hands, layer by layer, to the backend's `
   k/v are written to their slots (one source row may fill several slots: n samples, one prefill).
   When the prompts share a prefix, the engine prefills it once as one row that fills every slot
   (or copies it from the prefix store), then the rows' own tokens with `prefix_len` set: they are
-  written after the prefix and attend to it (agents/engine/prefix_attention.py) and causally to
+  written after the prefix and attend to it (agents/model/prefix_attention.py) and causally to
   themselves;
 - continue: prompts that extend a finished sample's conversation (agents/engine/history.py) find its
   k/v copied back into their slots (`KVCache.unpark`); only their new tokens run, written after
@@ -28,10 +28,10 @@ import torch.nn.functional as F
 from ..model.attention import scaled_dot_product_attention
 from ..model.config import ModelConfig
 from ..model.forward import CacheAttention, ForwardBatch, write_new_tokens
+from ..model.prefix_attention import attend_after_prefix, prefix_mask
 from ..model.transformer import rope_cos_sin
 from .backend import Backend
 from .kv_cache import KVCache
-from .prefix_attention import attend_after_prefix, prefix_mask
 
 
 class TorchDecodePlan:

@@ -6,8 +6,8 @@ whose k/v fill n slots. Prompts that start alike share work (`share_prefixes`):
   kept in the cache's prefix store;
 - a batch whose prompts all start with (part of) the kept prefix copies it from the store;
 then only each row's own tokens run, attending to the prefix and causally to themselves
-(agents/engine/cache_attention.py, agents/engine/prefix_attention.py). Whether sharing is worth it:
-agents/engine/prefix_attention.py. The kept prefix's k/v belong to the weights they were computed with:
+(agents/engine/cache_attention.py, agents/model/prefix_attention.py). Whether sharing is worth it:
+agents/model/prefix_attention.py. The kept prefix's k/v belong to the weights they were computed with:
 the engine calls `forget()` when it loads new ones.
 
 A prompt that continues a finished sample's conversation (its prompt, the tokens it sampled,
@@ -17,41 +17,17 @@ kept in the cache's history pool (agents/engine/history.py), are copied back and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from ..model.chunks import padded_chunks
+from ..model.prefix_attention import reusable_prefix_length, shared_prefix_length
 from ..model.transformer import Transformer
 from .cache_attention import Forwards
 from .history import HistoryStore
 from .kv_cache import KVCache
-from .prefix_attention import reusable_prefix_length, shared_prefix_length
-
-Item = TypeVar("Item")
-
-
-def padded_chunks(
-    items: Iterable[Item], width: Callable[[Item], int], max_tokens: int, *, longest_first: bool = False
-) -> list[list[Item]]:
-    """`items` sorted by `width` (stably) and cut into chunks that are run together, each padded
-    to its widest item: a chunk grows while its rows x its widest <= max_tokens (an item wider
-    than that goes alone). Similar widths share a chunk, so little of it is padding. The engine
-    groups its prefills this way, the trainer its micro-batches (trainers/batching.py)."""
-    chunks: list[list[Item]] = []
-    chunk: list[Item] = []
-    widest = 0
-    for item in sorted(items, key=width, reverse=longest_first):
-        grown = max(widest, width(item))
-        if chunk and grown * (len(chunk) + 1) > max_tokens:
-            chunks.append(chunk)
-            chunk, grown = [], width(item)
-        chunk.append(item)
-        widest = grown
-    if chunk:
-        chunks.append(chunk)
-    return chunks
 
 
 def _right_padded(token_lists: Sequence[Sequence[int]]) -> np.ndarray:
@@ -146,4 +122,4 @@ class Prefiller:
         return (logits if source_rows is None else logits[source_rows]), saved
 
 
-__all__ = ["Prefiller", "padded_chunks"]
+__all__ = ["Prefiller"]

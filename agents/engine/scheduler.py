@@ -21,10 +21,11 @@ import msgspec
 import torch
 
 from ..errors import resolve_future
+from ..model.chunks import padded_chunks
 from ..types import Completion
 from .decode import DecodeGraphs
 from .kv_cache import KVCache
-from .prefill import Prefiller, padded_chunks
+from .prefill import Prefiller
 from .sampling import sample_tokens
 from .slots import Request, Sample, Slots
 

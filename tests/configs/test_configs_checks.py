@@ -10,19 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from toolgym.configs.build import build_policy, build_renderer, initial_model, model_config
+from toolgym.configs.build.parts import build_policy, build_renderer, initial_model, model_config
+from toolgym.configs.checks import check_against_machine, check_context, first_prompt_length, kv_cache_bytes
 from toolgym.configs.cli import main
-from toolgym.configs.load import (
-    ConfigError,
-    check_against_machine,
-    check_context,
-    config_from_dict,
-    first_prompt_length,
-    kv_cache_bytes,
-    load_config,
-)
-from toolgym.configs.loop import NoLearningError, RLLoop, no_learning_cause
-from toolgym.configs.metrics_log import read_metrics
+from toolgym.configs.load import ConfigError, config_from_dict, load_config
+from toolgym.trainers.loop.rl import NoLearningError, RLLoop, no_learning_cause
+from toolgym.trainers.metrics_log import read_metrics
 
 CPU_PRESETS = ["zorplex_tiny", "sum_digits_tiny", "zorplex_compositional_tiny", "zorplex_recursive_tiny"]
 
@@ -78,7 +71,12 @@ def test_integers_beyond_64_bits_are_refused_at_load_time(override, field, capsy
 
 
 def test_the_kv_cache_estimate_is_what_the_engine_allocates():
-    for extra in ([], ["policy.history_capacity=0"], ["policy.history_capacity=1000"], ["model.dtype=bfloat16"]):
+    for extra in (
+        [],
+        ["policy.history_capacity=0"],
+        ["policy.history_capacity=1000"],
+        ["model.dtype=bfloat16"],
+    ):
         config, _ = load_config("zorplex_tiny", ["model.name=test", "policy.max_batch_size=8", *extra])
         renderer, _ = build_renderer(config)
         with build_policy(config, initial_model(config), None, renderer, torch.device("cpu")) as engine:
@@ -165,7 +163,10 @@ def test_a_group_of_one_with_a_group_relative_estimator_is_refused(tmp_path, cap
             {"sft": {"enabled": True, "source": "recording"}},
             'config error: sft.recording: must name a `toolgym record` file when sft.source = "recording"',
         ),
-        ({"run": {"max_steps_without_learning": -1}}, "config error: run.max_steps_without_learning: must be >= 0"),
+        (
+            {"run": {"max_steps_without_learning": -1}},
+            "config error: run.max_steps_without_learning: must be >= 0",
+        ),
     ],
 )
 def test_section_checks_name_the_field_and_the_rule_not_a_repr(raw, message):
@@ -230,7 +231,9 @@ def test_a_run_whose_every_update_is_skipped_stops_with_exit_code_1(tmp_path, ca
 
 
 def test_the_count_is_of_steps_in_a_row_and_names_the_cause():
-    assert no_learning_cause({"train/episodes": 4.0, "batch/sampled_tokens": 10.0, "train/skipped": 0.0}) is None
+    assert (
+        no_learning_cause({"train/episodes": 4.0, "batch/sampled_tokens": 10.0, "train/skipped": 0.0}) is None
+    )
     zero = {"train/episodes": 4.0, "batch/sampled_tokens": 0.0}
     zero_cause = "0 trainable tokens (no sampled token in any episode)"
     assert no_learning_cause(zero) == zero_cause
@@ -242,7 +245,7 @@ def test_the_count_is_of_steps_in_a_row_and_names_the_cause():
     none_trainable["batch/groups_without_trainable"] = 4.0
     assert no_learning_cause(none_trainable, updated_before=True) == zero_cause
     loop = SimpleNamespace(
-        config=SimpleNamespace(run=SimpleNamespace(max_steps_without_learning=2)),
+        settings=SimpleNamespace(max_steps_without_learning=2),
         step=0, steps_without_learning=0, _no_learning_cause="", trainer=SimpleNamespace(step=0),
     )  # fmt: skip
     learned = {"train/episodes": 4.0, "batch/sampled_tokens": 10.0}
@@ -254,6 +257,6 @@ def test_the_count_is_of_steps_in_a_row_and_names_the_cause():
     with pytest.raises(NoLearningError, match=r"2 steps in a row \(up to step 6\).*0 trainable tokens"):
         loop.step += 1
         RLLoop._check_learning(loop, zero)  # type: ignore[arg-type]
-    loop.config.run.max_steps_without_learning = 0  # never stops
+    loop.settings.max_steps_without_learning = 0  # never stops
     for _ in range(10):
         RLLoop._check_learning(loop, zero)  # type: ignore[arg-type]

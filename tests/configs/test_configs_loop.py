@@ -13,9 +13,9 @@ import pytest
 from toolgym.agents.model.checkpoint import load_hf_checkpoint
 from toolgym.configs.cli import main
 from toolgym.configs.load import config_from_dict
-from toolgym.configs.metrics_log import read_metrics
 from toolgym.configs.train import sft_shortfall, train
 from toolgym.rollouts.recording import read_recording
+from toolgym.trainers.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -45,7 +45,11 @@ def small_config(run_dir: Path, **sections) -> dict:
         },
         "eval": {"every_steps": 1, "num_tasks": 4, "num_examples": 1},
         "checkpoint": {"every_steps": 1, "keep_last": 1},
-        "logging": {"progress_bar": False, "record_training": True, "headline_metrics": ["tag_rate", "accuracy"]},
+        "logging": {
+            "progress_bar": False,
+            "record_training": True,
+            "headline_metrics": ["tag_rate", "accuracy"],
+        },
     }
     for name, values in sections.items():
         raw[name] = {**raw.get(name, {}), **values}

@@ -5,33 +5,32 @@ from __future__ import annotations
 import tomllib
 
 from toolgym.configs.load import config_from_dict
-from toolgym.configs.run_dir import create_run_dir
-from toolgym.configs.train import _update_run_config
+from toolgym.configs.run_dir import create_run_dir, update_run_config
 
 
 def test_resume_with_overrides_writes_them_to_the_run_config_and_keeps_the_old_one(tmp_path):
     run = create_run_dir(tmp_path / "run", config_from_dict({"run": {"steps": 12, "name": "x"}}))
     started = run.config.read_text()
-    assert _update_run_config(run, config_from_dict(tomllib.loads(started))) is None  # no overrides
+    assert update_run_config(run, config_from_dict(tomllib.loads(started))) is None  # no overrides
     assert run.config.read_text() == started and not (tmp_path / "run" / "config.toml.bak").exists()
 
     raw = tomllib.loads(started)
     raw["run"]["steps"] = 20
-    backup = _update_run_config(run, config_from_dict(raw))
+    backup = update_run_config(run, config_from_dict(raw))
     assert backup == tmp_path / "run" / "config.toml.bak" and backup.read_text() == started
     assert tomllib.loads(run.config.read_text())["run"]["steps"] == 20
 
 
 def test_the_training_recording_is_cut_at_the_checkpoints_task_positions():
-    from toolgym.configs.train import _drawn_before
+    from toolgym.configs.run_dir import drawn_before
 
-    assert [g for g in range(6) if _drawn_before(g, [3])] == [0, 1, 2]
-    assert [g for g in range(8) if _drawn_before(g, [2, 2])] == [0, 1, 2, 3]
-    assert [g for g in range(8) if _drawn_before(g, [3, 2])] == [0, 1, 2, 3, 4]  # rank 0 one ahead
+    assert [g for g in range(6) if drawn_before(g, [3])] == [0, 1, 2]
+    assert [g for g in range(8) if drawn_before(g, [2, 2])] == [0, 1, 2, 3]
+    assert [g for g in range(8) if drawn_before(g, [3, 2])] == [0, 1, 2, 3, 4]  # rank 0 one ahead
     # 1 process drew tasks 0-2, then 2 processes resumed past them (position ceil(3 / 2) = 2 each)
     # and drew 4-7 before the checkpoint: everything up to 7 was drawn by its steps, 8 on was not
-    assert [g for g in range(12) if _drawn_before(g, [4, 4])] == [0, 1, 2, 3, 4, 5, 6, 7]
-    assert not _drawn_before(0, [])  # no checkpoint: RL starts over
+    assert [g for g in range(12) if drawn_before(g, [4, 4])] == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert not drawn_before(0, [])  # no checkpoint: RL starts over
 
 
 def test_steps_past_a_decaying_schedule_are_named_and_how_to_stretch_it():

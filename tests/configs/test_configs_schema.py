@@ -9,11 +9,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from toolgym.configs.build.demos import sft_trainer_config
+from toolgym.configs.checks import check_environment
 from toolgym.configs.cli import main
 from toolgym.configs.load import (
     ConfigError,
     apply_overrides,
-    check_environment,
     config_from_dict,
     config_to_toml,
     load_config,
@@ -22,7 +23,6 @@ from toolgym.configs.load import (
     resolve_config_path,
 )
 from toolgym.configs.schema import Config
-from toolgym.configs.sft import sft_trainer_config
 from toolgym.rollouts.advantages import AdvantageEstimator
 
 PRESETS = [
@@ -144,7 +144,9 @@ def test_errors_are_one_line_naming_the_field():
     assert error_of({"rollout": {"gruop_size": 8}}).startswith(
         "config error: rollout.gruop_size: unknown key (rollout keys: context_length,"
     )
-    assert error_of({"rollouts": {}}).startswith("config error: rollouts: unknown key (sections: agent_program, batch,")
+    assert error_of({"rollouts": {}}).startswith(
+        "config error: rollouts: unknown key (sections: agent_program, batch,"
+    )
     # inside reused component Structs that would otherwise ignore unknown keys
     assert error_of({"policy": {"vllm": {"gpu_mem": 0.5}}}).startswith(
         "config error: policy.vllm.gpu_mem: unknown key"
@@ -196,7 +198,9 @@ def test_components_get_their_configs():
     )
     rollout = config.rollout_config()
     assert rollout.env_kwargs == {"tier": "compositional"} and rollout.sampling.temperature == 0.9
-    assert rollout.sampling.top_k == 5 and rollout.seed == 3 and rollout.group_size == config.rollout.group_size
+    assert (
+        rollout.sampling.top_k == 5 and rollout.seed == 3 and rollout.group_size == config.rollout.group_size
+    )
     assert config.batch.advantage.estimator is AdvantageEstimator.GRPO
     assert config.eval.to_eval_config().num_tasks == config.eval.num_tasks
     assert isinstance(Config(), Config)
@@ -205,7 +209,9 @@ def test_components_get_their_configs():
 def test_sft_takes_the_trainer_settings_with_its_own_optimizer_and_precision():
     config = config_from_dict({"trainer": {"precision": "bf16", "micro_batch_tokens": 4096}})
     sft = sft_trainer_config(config)
-    assert sft.precision == "bf16" and sft.micro_batch_tokens == 4096 and sft.optimizer == config.sft.optimizer
+    assert (
+        sft.precision == "bf16" and sft.micro_batch_tokens == 4096 and sft.optimizer == config.sft.optimizer
+    )
     config = config_from_dict({"sft": {"precision": "bf16", "micro_batch_tokens": 2048}})
     sft = sft_trainer_config(config)
     assert config.trainer.precision == "fp32" and sft.precision == "bf16" and sft.micro_batch_tokens == 2048
@@ -246,7 +252,7 @@ def test_the_rollout_config_a_run_builds_is_the_one_validated():
 def test_policy_gpu_settings_reach_the_engine(setting, on):
     import torch
 
-    from toolgym.configs.build import build_policy, build_renderer, initial_model
+    from toolgym.configs.build.parts import build_policy, build_renderer, initial_model
 
     config, _ = load_config("zorplex_tiny", ["model.name=test", f"policy.{setting}={str(on).lower()}"])
     assert getattr(config.policy, setting) is on
@@ -262,7 +268,7 @@ def test_policy_gpu_settings_reach_the_engine(setting, on):
 def test_policy_history_capacity_reaches_the_engine(setting, positions):
     import torch
 
-    from toolgym.configs.build import build_policy, build_renderer, describe_policy, initial_model
+    from toolgym.configs.build.parts import build_policy, build_renderer, describe_policy, initial_model
 
     overrides = ["model.name=test"] + ([] if setting is None else [f"policy.history_capacity={setting}"])
     config, _ = load_config("zorplex_tiny", overrides)  # 128 slots of 256 positions
@@ -279,9 +285,11 @@ def test_policy_replicas_build_engine_processes():
     import torch
 
     from toolgym.agents.types import SamplingParams
-    from toolgym.configs.build import build_policy, build_renderer, describe_policy, initial_model
+    from toolgym.configs.build.parts import build_policy, build_renderer, describe_policy, initial_model
 
-    config, _ = load_config("zorplex_tiny", ["model.name=test", "policy.replicas=2", "policy.max_batch_size=4"])
+    config, _ = load_config(
+        "zorplex_tiny", ["model.name=test", "policy.replicas=2", "policy.max_batch_size=4"]
+    )
     renderer, _ = build_renderer(config)
     with build_policy(config, initial_model(config), None, renderer, torch.device("cpu")) as engine:
         assert describe_policy(engine).startswith("policy: 2 torch engine processes (policy.replicas)")
@@ -412,7 +420,7 @@ def test_the_old_agent_section_still_loads_with_a_warning(tmp_path, capsys):
         "config error: agent.top_k: is also set as policy.top_k"
     )
     old = tmp_path / "old.toml"
-    old.write_text('[agent]\ntemperature = 1.0\n[run]\nsteps = 1\n')
+    old.write_text("[agent]\ntemperature = 1.0\n[run]\nsteps = 1\n")
     assert main(["train", str(old), "--set", "agent.top_k=3", "--print-config"]) == 0
     out, err = capsys.readouterr()
     assert "[policy]" in out and "top_k = 3" in out and "[agent]" not in out

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from toolgym.configs.checks import check_environment
 from toolgym.configs.cli import main
-from toolgym.configs.load import check_environment, load_config
+from toolgym.configs.load import load_config
 
 MODULE = "tg_user_bank_env"  # the user's module, written into each test's folder
 ENV_ID = "tgbank/Bank-v0"

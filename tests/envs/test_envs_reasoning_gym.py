@@ -17,7 +17,7 @@ from gymnasium.utils.env_checker import check_env
 
 pytest.importorskip("reasoning_gym")
 
-from toolgym.configs.build import build_renderer, model_config
+from toolgym.configs.build.parts import build_renderer, model_config
 from toolgym.configs.cli import main as cli_main
 from toolgym.configs.load import (
     check_against_machine,
@@ -26,9 +26,9 @@ from toolgym.configs.load import (
     config_to_toml,
     load_config,
 )
-from toolgym.configs.metrics_log import read_metrics
 from toolgym.envs import list_envs
 from toolgym.envs.adapters.reasoning_gym import ScoreAnswer
+from toolgym.trainers.metrics_log import read_metrics
 
 ENV_ID = "toolgym/ReasoningGym-v0"
 # Quick generators with one reference answer each; rotate_matrix and mini_sudoku answer in

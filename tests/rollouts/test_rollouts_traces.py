@@ -37,7 +37,9 @@ SHOP = "toolgym/Shop-v0"
 @pytest.fixture(scope="module")
 def zorplex(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("traces") / "zorplex.jsonl"
-    return write(path, play(ZORPLEX, list(range(6)), env_kwargs={"tier": "simple"}), ZORPLEX, {"tier": "simple"})
+    return write(
+        path, play(ZORPLEX, list(range(6)), env_kwargs={"tier": "simple"}), ZORPLEX, {"tier": "simple"}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +126,9 @@ def test_damaged_torn_and_foreign_files_show_what_they_could_read(zorplex, tmp_p
     assert any("torn" in p for p in index.problems)
 
     headless = tmp_path / "headless.jsonl"  # header damaged: the records still read
-    headless.write_bytes(lines[0].replace(b"toolgym.trajectories", b"toolgym.trajectorieX") + b"".join(lines[1:]))
+    headless.write_bytes(
+        lines[0].replace(b"toolgym.trajectories", b"toolgym.trajectorieX") + b"".join(lines[1:])
+    )
     index = RecordingIndex(headless)
     assert index.header is None and len(index.rows) == len(lines) - 1
     assert "line 1" in index.problems[0]
@@ -144,7 +148,9 @@ def test_damaged_torn_and_foreign_files_show_what_they_could_read(zorplex, tmp_p
 
 def test_compare_aligns_by_task_seed(tmp_path):
     a = write(tmp_path / "a.jsonl", play(ZORPLEX, [0, 1, 2, 3], group_size=1), ZORPLEX)
-    b_trajectories = play(ZORPLEX, [2, 3, 4], group_size=1, oracle=OracleConfig(p_omit_tag=1.0), policy_version=5)
+    b_trajectories = play(
+        ZORPLEX, [2, 3, 4], group_size=1, oracle=OracleConfig(p_omit_tag=1.0), policy_version=5
+    )
     b = write(tmp_path / "b.jsonl", b_trajectories, ZORPLEX)
     result = compare(RecordingIndex(a), RecordingIndex(b), {})
     assert (result["common"], result["only_a"], result["only_b"], result["total"]) == (2, 2, 1, 5)
@@ -169,7 +175,10 @@ def test_api_answers_and_refuses(zorplex, tmp_path):
                 return exc.code, json.loads(exc.read())
 
         status, body = get("api/recordings")
-        assert status == 200 and [r["label"] for r in body["recordings"]] == ["zorplex.jsonl", "missing.jsonl"]
+        assert status == 200 and [r["label"] for r in body["recordings"]] == [
+            "zorplex.jsonl",
+            "missing.jsonl",
+        ]
         assert body["charts_kind"] == "recordings" and body["charts"]["reward"][0]["points"]
         assert get("api/episodes?r=0&limit=3")[1]["rows"][2]["i"] == 2
         assert get("api/episode?r=0&i=1")[1]["stream"]["mask"]
@@ -233,7 +242,9 @@ def test_export_writes_tools_and_tool_calls_for_json_envs(shop, tmp_path):
         tool_messages = [m for m in messages if m["role"] == "tool"]
         assert tool_messages[0]["tool_call_id"] == call["id"]
         assert tool_messages[0]["content"] == t.transitions[0].info["tool_results"][0]
-        assert messages[-1]["role"] == "assistant" and messages[-1]["content"] == t.transitions[-1].action.text
+        assert (
+            messages[-1]["role"] == "assistant" and messages[-1]["content"] == t.transitions[-1].action.text
+        )
         assert record["metadata"]["task_seed"] == t.task_seed
 
 
@@ -282,7 +293,13 @@ def test_import_renders_tool_calls_and_refuses_two_assistant_turns_in_a_row():
             {
                 "role": "assistant",
                 "content": None,
-                "tool_calls": [{"id": "c", "type": "function", "function": {"name": "price", "arguments": '{"item": "pen"}'}}],
+                "tool_calls": [
+                    {
+                        "id": "c",
+                        "type": "function",
+                        "function": {"name": "price", "arguments": '{"item": "pen"}'},
+                    }
+                ],
             },
             {"role": "tool", "tool_call_id": "c", "content": "3.5"},
             {"role": "assistant", "content": "3.5"},
@@ -292,10 +309,19 @@ def test_import_renders_tool_calls_and_refuses_two_assistant_turns_in_a_row():
     }
     t = chat_trajectory(record, renderer, 7)
     assert t.task_seed == 7 and t.system_prompt.startswith("Be brief.") and "<tools>" in t.system_prompt
-    assert t.transitions[0].action.text == '<tool_call>\n{"name": "price", "arguments": {"item": "pen"}}\n</tool_call>'
+    assert (
+        t.transitions[0].action.text
+        == '<tool_call>\n{"name": "price", "arguments": {"item": "pen"}}\n</tool_call>'
+    )
     assert t.transitions[1].observation == "3.5" and t.final_observation == "thanks"
     assert t.transitions[0].action.tokens[-1] == renderer.im_end_id
-    bad = {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    bad = {
+        "messages": [
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "content": "a"},
+            {"role": "assistant", "content": "b"},
+        ]
+    }
     with pytest.raises(ValueError, match="two assistant"):
         chat_trajectory(bad, renderer, 0)
 
@@ -307,8 +333,8 @@ def test_cli_export_import_and_sft_reads_the_result(shop, tmp_path, capsys):
     assert main(["import", str(chat), "--out", str(demos)]) == 0
     header, trajectories = read_recording(demos)
     assert header.extra["token_exact"] is False and len(trajectories) == len(chat.read_text().splitlines())
+    from toolgym.configs.build.demos import demo_episodes
     from toolgym.configs.load import load_config
-    from toolgym.configs.sft import demo_episodes
 
     config, _ = load_config(None, ["sft.enabled=true", 'sft.source="recording"', f'sft.recording="{demos}"'])
     episodes, metrics, source = demo_episodes(config, shipped_renderer(), max_seq_len=4096)
@@ -339,10 +365,17 @@ def test_view_sources_of_a_run_directory(tmp_path, zorplex):
         + "\n"
     )
     recordings, metrics, tokenizer = _view_sources([str(run)])
-    assert [p.name for p in recordings] == ["eval_step_00000000.jsonl", "eval_step_00000010.jsonl", "train_rank0.jsonl"]
+    assert [p.name for p in recordings] == [
+        "eval_step_00000000.jsonl",
+        "eval_step_00000010.jsonl",
+        "train_rank0.jsonl",
+    ]
     assert metrics is not None and len(metrics) == 2 and tokenizer is None
     charts = ViewerData(recordings, None, metrics).recordings()["charts"]
-    assert charts["reward"] == [{"name": "train", "points": [[1, 0.5]]}, {"name": "eval", "points": [[0, 0.25]]}]
+    assert charts["reward"] == [
+        {"name": "train", "points": [[1, 0.5]]},
+        {"name": "eval", "points": [[0, 0.25]]},
+    ]
     assert charts["accuracy"] == [{"name": "eval", "points": [[0, 1.0]]}]
     with pytest.raises(ValueError, match="no recordings"):
         _view_sources([str(tmp_path)])

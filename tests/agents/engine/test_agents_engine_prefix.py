@@ -12,7 +12,7 @@ from agents_testlib import backend_for, make_model
 
 from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.engine import TorchEngine
-from toolgym.agents.engine.prefix_attention import shared_prefix_length
+from toolgym.agents.model.prefix_attention import shared_prefix_length
 from toolgym.agents.model.transformer import build_model, causal_lm_logprobs
 from toolgym.agents.types import SamplingParams
 

@@ -7,9 +7,9 @@ import concurrent.futures
 import numpy as np
 import pytest
 
-from toolgym.agents.engine.prefill import padded_chunks
 from toolgym.agents.engine.sampling import uniform_draws
 from toolgym.agents.engine.slots import Request, Sample, Slots
+from toolgym.agents.model.chunks import padded_chunks
 from toolgym.agents.types import SamplingParams
 
 

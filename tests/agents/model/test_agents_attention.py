@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import toolgym.agents.model.attention as attention_module
-from toolgym.agents.engine.prefix_attention import attend_after_prefix, prefix_mask
 from toolgym.agents.model.attention import matmul_attention, scaled_dot_product_attention
+from toolgym.agents.model.prefix_attention import attend_after_prefix, prefix_mask
 from toolgym.agents.model.transformer import build_model
 
 

@@ -133,7 +133,8 @@ def test_the_held_out_eval_runs_the_agent_greedily(shop_engine):
 
 
 def test_a_missing_agent_function_is_refused_in_one_line(tmp_path, monkeypatch):
-    from toolgym.configs.load import ConfigError, check_environment, load_config
+    from toolgym.configs.checks import check_environment
+    from toolgym.configs.load import ConfigError, load_config
 
     (tmp_path / "sync_agent.py").write_text("def run_agent(client, task):\n    return 1.0\n")
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolgym.configs.async_rl.placement import generator_layout
+from toolgym.configs.build.placement import generator_layout
 from toolgym.configs.load import ConfigError, config_from_dict, config_to_toml
-from toolgym.configs.metrics_log import read_metrics
 from toolgym.configs.train import train
 from toolgym.rollouts.recording import read_recording
+from toolgym.trainers.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -173,7 +173,7 @@ def test_async_refuses_what_it_cannot_run(tmp_path, monkeypatch):
         config.loop.generator = generator
         with pytest.raises(ConfigError, match=r"policy\.replicas: .*loop\.generator_processes.*= 1"):
             train(config)
-    # the torchrun split (tests/configs/async_rl/test_configs_async_ranks.py): refused before any
+    # the torchrun split (tests/trainers/loop/test_loop_generator_ranks.py): refused before any
     # process group forms when the ranks cannot be split as asked
     config = config_from_dict(async_config(tmp_path / "run", 1, generator_ranks=1))
     with pytest.raises(ConfigError, match=r"generator_ranks: 1 generator rank.*more ranks than that"):

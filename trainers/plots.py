@@ -22,8 +22,7 @@ from typing import Any
 from matplotlib.figure import Figure  # no pyplot: no global backend state, no display
 
 from ..rollouts.metrics import env_metric_names, reward_component_names
-from .metrics_log import display_name, read_metrics
-from .run_dir import METRICS_FILE
+from .metrics_log import METRICS_FILE, display_name, read_metrics
 
 Panel = tuple[str, str, str, str | None, tuple[str, ...]]
 # (file stem, title, train-record key, eval-record key or None, extra train keys)

@@ -52,13 +52,18 @@ def test_plot_skips_lines_that_are_not_records(tmp_path, capsys):
 def test_reward_components_are_drawn_in_one_panel_whatever_their_names(tmp_path, capsys):
     from matplotlib.figure import Figure
 
-    from toolgym.configs.plot import _draw_components, component_names
+    from toolgym.trainers.plots import _draw_components, component_names
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     names = ["correct", "transfer_made", "$cost^$", "_hidden"]  # mathtext and legend-hiding characters
     lines = [
-        {"kind": "train", "step": s, "rollout/reward_mean": 0.1 * s, **{f"rollout/reward/{n}": 0.1 * s for n in names[:3]}}
+        {
+            "kind": "train",
+            "step": s,
+            "rollout/reward_mean": 0.1 * s,
+            **{f"rollout/reward/{n}": 0.1 * s for n in names[:3]},
+        }
         for s in (1, 2, 3)
     ]
     lines += [{"kind": "eval", "step": 3, "eval/reward_mean": 0.5, "eval/reward/_hidden": 0.5}]

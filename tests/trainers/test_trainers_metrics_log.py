@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from toolgym.configs.metrics_log import MetricsWarning, read_metrics, truncate_metrics
+from toolgym.trainers.metrics_log import MetricsWarning, read_metrics, truncate_metrics
 
 GOOD = [
     {"kind": "sft", "step": 1, "sft/loss": 2.0},

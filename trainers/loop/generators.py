@@ -1,8 +1,9 @@
-"""Async RL across torchrun's ranks (`loop.generator_ranks = N`): the last N ranks generate, the
-others train with FSDP2, over the channel `trainers/distributed.py` builds (a gloo group of
-trainer rank 0 and the generators).
+"""Generators that are processes of their own: torchrun ranks (`loop.generator_ranks = N`: the last
+N ranks generate, the others train with FSDP2), or processes this one spawns on its machine
+(`GeneratorProcesses`). They speak to trainer rank 0 over the channel `trainers/distributed.py`
+builds (a gloo group of trainer rank 0 and the generators).
 
-    generator rank g (of N)                          trainer rank 0           trainer ranks 1..
+    generator g (of N)                               trainer rank 0           trainer ranks 1..
     ------------------------------------------       ----------------------   ----------------
     GroupProducer (thread) -> TorchEngine  --groups-->  RankGroups.take()      (FSDP2 peers)
       task indices k*N + g                             take_batch (staleness)
@@ -14,7 +15,7 @@ Trainer rank 0 drives; every exchange is a Command it broadcasts, then the excha
 - "weights": the trainer's weights, one flat float32 tensor (names and shapes in the command);
   a generator loads them in flight and starts its producer on the first. Broadcast over the
   channel, or, for generator processes on this machine (GeneratorProcesses), written into
-  a shared-memory file that every generator maps: each copies it out and acknowledges, so the
+  a shared-memory file that every generator maps (trainers/weight_sync.py): each copies it out and acknowledges, so the
   trainer never overwrites weights a generator is still reading;
 - "groups": each generator sends the groups its buffer holds now (msgpack; none is fine);
 - "position": each generator sends its stream position and outstanding indices (checkpoints);
@@ -26,22 +27,17 @@ Tensors cross as CPU tensors (gloo), so on GPUs the weights go through host memo
 from __future__ import annotations
 
 import collections
-import os
-import tempfile
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import torch
 import torch.distributed as dist
 
-from ...agents.chat import Renderer
-from ...rollouts.runner import RolloutRunner
 from ...rollouts.sampling import TaskSeedStream
-from ...trainers.distributed import DistInfo, channel_group
-from ..schema import Config
-from .placement import buffer_capacity
+from ..distributed import Channel, DistInfo, channel_group
+from ..weight_sync import SharedWeights, broadcast_weights, flat_weights, numel_of, unflatten_weights
 from .producer import GroupProducer, ProducerError, ScoredGroup
 
 _POLL_S = 0.02
@@ -57,24 +53,6 @@ class Command(msgspec.Struct, kw_only=True):
     weights_file: str = ""  # "weights": in this shared-memory file (SharedWeights), not broadcast
 
 
-class SharedWeights:
-    """One flat float32 buffer in a shared-memory file, mapped by the trainer and by generator
-    processes on the same machine. The file is unlinked once every generator has mapped it (the
-    mappings stay), so a run leaves none behind unless it dies in between."""
-
-    def __init__(self, numel: int, path: str = "") -> None:
-        self.owner = not path
-        if self.owner:
-            folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-            path = os.path.join(folder, f"toolgym-weights-{os.getpid()}-{time.monotonic_ns()}")
-        self.path, self.numel = path, numel
-        self.buffer = torch.from_file(path, shared=True, size=numel, dtype=torch.float32)
-
-    def unlink(self) -> None:
-        if self.owner and os.path.exists(self.path):
-            os.unlink(self.path)
-
-
 class GroupsReply(msgspec.Struct):
     groups: list[ScoredGroup]
     error: str | None = None  # the generator's producer failed: why
@@ -83,43 +61,6 @@ class GroupsReply(msgspec.Struct):
 class PositionReply(msgspec.Struct):
     position: int
     outstanding: list[int]
-
-
-class Channel:
-    """Bytes and tensors over the channel's gloo group; member 0 is trainer rank 0."""
-
-    def __init__(self, group: dist.ProcessGroup) -> None:
-        self.group = group
-
-    def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
-        opts = dist.BroadcastOptions()
-        opts.rootRank = 0
-        self.group.broadcast([tensor], opts).wait()
-        return tensor
-
-    def broadcast_bytes(self, data: bytes | None) -> bytes:
-        """Member 0's `data` on every member (the others pass None)."""
-        size = self.broadcast(torch.tensor([len(data) if data is not None else 0], dtype=torch.int64))
-        buffer = (
-            torch.frombuffer(bytearray(data), dtype=torch.uint8)
-            if data
-            else torch.empty(int(size), dtype=torch.uint8)
-        )
-        return self.broadcast(buffer).numpy().tobytes() if int(size) else b""
-
-    def send_bytes(self, data: bytes, dst: int = 0) -> None:
-        self.group.send([torch.tensor([len(data)], dtype=torch.int64)], dst, 0).wait()
-        if data:
-            self.group.send([torch.frombuffer(bytearray(data), dtype=torch.uint8)], dst, 1).wait()
-
-    def recv_bytes(self, src: int) -> bytes:
-        size = torch.zeros(1, dtype=torch.int64)
-        self.group.recv([size], src, 0).wait()
-        if not int(size):
-            return b""
-        buffer = torch.empty(int(size), dtype=torch.uint8)
-        self.group.recv([buffer], src, 1).wait()
-        return buffer.numpy().tobytes()
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -153,12 +94,10 @@ class RankGroups:
         self._in_exchange = False
 
     def send_weights(self, weights: dict[str, torch.Tensor], version: int) -> None:
-        names = list(weights)
-        shapes = [list(weights[n].shape) for n in names]
-        parts = [weights[n].detach().reshape(-1).to("cpu", torch.float32) for n in names]
+        names, shapes, parts = flat_weights(weights)
         if not self.shared_weights:
             self._command(Command(kind="weights", version=version, names=names, shapes=shapes))
-            self.channel.broadcast(torch.cat(parts))
+            broadcast_weights(self.channel, parts, 0)
             self._in_exchange = False
             return
         numel = sum(part.numel() for part in parts)
@@ -255,18 +194,15 @@ def serve_generator(
                 stream.position = _start_position(command.positions, rank, generators)
                 replay = command.pending[rank::generators]
             elif command.kind == "weights":
-                numel = sum(_numel(s) for s in command.shapes)
+                numel = numel_of(command.shapes)
                 if command.weights_file:  # the trainer's shared buffer: mapped once, then reused
                     shared = SharedWeights(numel, command.weights_file)
                 if shared is not None:
                     flat = shared.buffer.clone()
                     channel.send_bytes(b"")  # copied: the trainer may write the next version
                 else:
-                    flat = channel.broadcast(torch.empty(numel, dtype=torch.float32))
-                tensors, offset = [], 0
-                for name, shape in zip(command.names, command.shapes, strict=True):
-                    tensors.append((name, flat[offset : offset + _numel(shape)].view(shape)))
-                    offset += _numel(shape)
+                    flat = broadcast_weights(channel, None, numel)
+                tensors = unflatten_weights(flat, command.names, command.shapes)
                 load_weights(tensors, command.version)
                 if producer is None:
                     producer = make_producer(stream, replay)
@@ -306,64 +242,28 @@ def _start_position(positions: list[int], rank: int, generators: int) -> int:
     return -(-max(positions) * len(positions) // generators)
 
 
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def run_generator(config: Config, dist_info: DistInfo, renderer: Renderer, threads: int = 0) -> int:
-    """A generator's whole run (a torchrun rank's, or a GeneratorProcesses process's): its engine
-    (the trainer's weights replace the initial ones before its first rollout), its share of the
-    task stream, until trainer rank 0 says stop. `threads`: its torch threads (0: as set)."""
-    from ..build import build_policy, initial_model, policy_max_seq_len
-    from ..sft import rl_stream
-
-    if threads:
-        torch.set_num_threads(threads)
-    model = initial_model(config)
-    policy = build_policy(config, model, None, renderer, dist_info.device)
-    runner = RolloutRunner(policy, renderer, config.rollout_config())
-    max_seq_len = config.batch.max_seq_len or policy_max_seq_len(config, model.config)
-    batch_config = msgspec.structs.replace(config.batch, max_seq_len=max_seq_len)
-    share = dist_info.generators
-
-    def make_producer(stream: TaskSeedStream, replay: list[int]) -> GroupProducer:
-        return GroupProducer(
-            runner,
-            stream,
-            batch_config,
-            concurrent_groups=-(-config.batch.groups_per_batch // share),
-            capacity=-(-buffer_capacity(config) // share),
-            replay=replay,
-        )
-
-    del model
-    try:
-        return serve_generator(dist_info, rl_stream(config), policy.load_weights, make_producer)
-    finally:
-        policy.close()
-
-
 class GeneratorProcesses:
-    """`count` generator processes on this machine, without torchrun: each runs `run_generator`
-    (an engine on `device` and a producer over its share of the task stream) with `threads` torch
-    threads, and speaks to this process (member 0) over a channel built on a local TCPStore. Why
-    processes: the producer's env steps and tokenizing then run beside the engine, not in the
-    trainer's process, where they would hold its GIL (bench/RESULTS.md, "The generator as a
-    torchrun rank, on 2 cores"). `close` waits for them to exit (after RankGroups' "stop") and
-    ends any still running."""
+    """`count` generator processes on this machine, without torchrun. Each runs
+    `main(*args, info)`, a module-level function (the processes are spawned), with `info` its
+    DistInfo: its index, the count, `device`, and the channel to this process (member 0), built on
+    a local TCPStore; `main` builds its engine and calls `serve_generator`. Why processes: the
+    producer's env steps and tokenizing then run beside the engine, not in the trainer's process,
+    where they would hold its GIL (bench/RESULTS.md, "async_vs_sync"). `close` waits for them to
+    exit (after RankGroups' "stop") and ends any still running."""
 
     def __init__(
-        self, config: Config, count: int, threads: int, device: torch.device | str = "cpu"
+        self,
+        main: Callable[..., Any],
+        args: tuple[Any, ...],
+        count: int,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         context = torch.multiprocessing.get_context("spawn")
         self.processes = [
             context.Process(
                 target=_generator_process,
-                args=(config, self.store.port, member, count, threads, str(device)),
+                args=(main, args, self.store.port, member, count, str(device)),
                 name=f"toolgym-generator-{member - 1}",
                 daemon=True,
             )
@@ -384,13 +284,9 @@ class GeneratorProcesses:
 
 
 def _generator_process(
-    config: Config, port: int, member: int, count: int, threads: int, device: str
+    main: Callable[..., Any], args: tuple[Any, ...], port: int, member: int, count: int, device: str
 ) -> None:
-    """A spawned generator process's main (GeneratorProcesses), its engine on `device`."""
-    from ..build import build_renderer
-
+    """A spawned generator process's entry (GeneratorProcesses): joins the channel, runs `main`."""
     store = dist.TCPStore("127.0.0.1", port, is_master=False)
     channel = channel_group(store, member, count)
-    renderer, _ = build_renderer(config)
-    info = DistInfo(member - 1, count, 0, torch.device(device), "generate", channel, count)
-    run_generator(config, info, renderer, threads)
+    main(*args, DistInfo(member - 1, count, 0, torch.device(device), "generate", channel, count))

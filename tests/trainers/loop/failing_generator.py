@@ -1,12 +1,12 @@
 """`toolgym train` whose generator ranks' producers fail on their third group (fault injection
-for test_configs_async_ranks.py): `python failing_generator.py train CONFIG ...` under torchrun."""
+for test_loop_generator_ranks.py): `python failing_generator.py train CONFIG ...` under torchrun."""
 
 from __future__ import annotations
 
 import sys
 
 from toolgym.configs import cli
-from toolgym.configs.async_rl.producer import GroupProducer
+from toolgym.trainers.loop.producer import GroupProducer
 
 _real = GroupProducer._one_group
 _started = 0

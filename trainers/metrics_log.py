@@ -17,9 +17,28 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from tqdm import tqdm
 
-from .schema import LoggingSection
+METRICS_FILE = "metrics.jsonl"  # in a run directory
+
+
+class LoggingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where a run's metrics go ([logging] in a config)."""
+
+    console: bool = True  # a metrics line per `every_steps` steps
+    # Metrics the env reports (its info["metrics"]) shown on the console lines, the progress bar and the
+    # before/after summary, in this order; every metric is logged and plotted either way.
+    headline_metrics: list[str] = msgspec.field(default_factory=lambda: ["accuracy"])
+    every_steps: int = 1
+    progress_bar: bool = True
+    jsonl: bool = True  # metrics.jsonl in the run dir
+    tensorboard: bool = False  # needs the tensorboard package
+    record_training: bool = False  # write every training episode under trajectories/
+
+    def __post_init__(self) -> None:
+        if self.every_steps < 1:
+            raise ValueError(f"logging.every_steps must be >= 1, got {self.every_steps}")
 
 
 class MetricsWarning(UserWarning):
@@ -83,7 +102,7 @@ class MetricsLog:
     """Writes records (rank 0 only: other ranks pass enabled=False and everything is a no-op)."""
 
     def __init__(
-        self, config: LoggingSection, metrics_file: Path, tensorboard_dir: Path, enabled: bool = True
+        self, config: LoggingConfig, metrics_file: Path, tensorboard_dir: Path, enabled: bool = True
     ):
         self.config = config
         self.enabled = enabled

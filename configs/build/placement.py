@@ -1,10 +1,11 @@
 """Where async mode runs: the configs it supports, and the split of the cores.
 
 The torch generator (`loop.generator`, `generator_placement`):
-- "process", the default on CPU: `loop.generator_processes` generator processes (ranks.py's
-  GeneratorProcesses), each an engine and a producer over its share of the task stream, on the
-  trainer's device; the trainer keeps an engine of its own for evals. Groups cross a gloo
-  channel on loopback, the weights a shared-memory buffer (ranks.py's SharedWeights). Why
+- "process", the default on CPU: `loop.generator_processes` generator processes
+  (trainers/loop/generators.py's GeneratorProcesses), each an engine and a producer over its
+  share of the task stream, on the trainer's device; the trainer keeps an engine of its own for
+  evals. Groups cross a gloo channel on loopback, the weights a shared-memory buffer
+  (trainers/weight_sync.py's SharedWeights). Why
   processes: the trainer's forward/backward, and the engine's decode steps and the producer's
   env steps, then run side by side, and neither waits for the other's Python (the GIL). The
   cores (`generator_layout`): by default every generator process has one thread and the trainer
@@ -27,7 +28,7 @@ pause that keeps requests running across a weight reload), so `loop.weight_updat
 apply to it and versions change between a turn's requests only.
 
 Under torchrun (`loop.generator_ranks = N`, "ranks"): the last N ranks generate, each with its
-engine in its process (as "thread"), and the others train (configs/async_rl/ranks.py).
+engine in its process (as "thread"), and the others train (trainers/loop/generators.py).
 """
 
 from __future__ import annotations

@@ -15,21 +15,24 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import torch
 
-from ..agents.chat import ChatRenderer, Renderer
-from ..agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
-from ..agents.model.config import NAMED_CONFIGS, ModelConfig
-from ..agents.model.transformer import Transformer, build_model
-from ..agents.policy import Policy
-from ..agents.tokenizer import load_tokenizer
-from ..rollouts.types import SamplingConfig
-from ..trainers.config import TrainerConfig
-from ..trainers.distributed import DistInfo, barrier, init_distributed
-from ..trainers.trainer import Trainer
-from .load import ConfigError, chat_template_path, tokenizer_path
-from .schema import Config, ParallelSection
+from ...agents.chat import ChatRenderer, Renderer
+from ...agents.chat_template import ChatTemplateError, TemplateRenderer, load_chat_template
+from ...agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
+from ...agents.model.config import NAMED_CONFIGS, ModelConfig
+from ...agents.model.transformer import Transformer, build_model
+from ...agents.policy import Policy
+from ...agents.tokenizer import load_tokenizer
+from ...rollouts.recording import CHAT_TEMPLATE, chat_template_entry
+from ...rollouts.types import SamplingConfig
+from ...trainers.config import TrainerConfig
+from ...trainers.distributed import DistInfo, barrier, init_distributed
+from ...trainers.trainer import Trainer
+from ..load import ConfigError, chat_template_path, tokenizer_path
+from ..schema import Config, ParallelSection
+from .placement import generator_placement
 
 if TYPE_CHECKING:
-    from ..agents.engine.backend import Backend
+    from ...agents.engine.backend import Backend
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -69,8 +72,6 @@ def build_renderer(config: Config) -> tuple[Renderer, Path]:
     tokenizer = load_tokenizer(path)
     if not config.policy.chat_template:
         return ChatRenderer(tokenizer), path
-    from ..agents.chat_template import ChatTemplateError, TemplateRenderer, load_chat_template
-
     try:
         template = load_chat_template(chat_template_path(config.policy.chat_template))
         return TemplateRenderer(tokenizer, template, config.policy.chat_template_kwargs), path
@@ -78,9 +79,19 @@ def build_renderer(config: Config) -> tuple[Renderer, Path]:
         raise ConfigError("policy.chat_template", str(exc)) from None
 
 
+def chat_template_extra(config: Config, renderer: Renderer) -> dict[str, Any]:
+    """A run recording's header `extra`: the chat template the run renders with
+    (policy.chat_template and its variables), so `replay` rebuilds the same renderer; {} for
+    plain ChatML."""
+    if isinstance(renderer, ChatRenderer) or not config.policy.chat_template:
+        return {}
+    template = load_chat_template(chat_template_path(config.policy.chat_template))
+    return {CHAT_TEMPLATE: chat_template_entry(template, config.policy.chat_template_kwargs)}
+
+
 def model_config(config: Config) -> ModelConfig:
     if config.model.path:
-        from ..agents.model.checkpoint import load_config
+        from ...agents.model.checkpoint import load_config
 
         return load_config(config.model.path)
     return ModelConfig(**{**NAMED_CONFIGS[config.model.name], **config.model.overrides})
@@ -136,7 +147,7 @@ def select_policy_backend(config: Config, model: ModelConfig, device: torch.devi
     replicas decode on CPU."""
     if config.policy.backend != "torch":
         return None
-    from ..agents.engine.backend import select_backend
+    from ...agents.engine.backend import select_backend
 
     replicas = config.policy.replicas > 1
     return select_backend(
@@ -200,22 +211,20 @@ def build_policy(
             history_capacity=None if config.policy.history_capacity == -1 else config.policy.history_capacity,
             backend=backend,
         )
-        from .async_rl.placement import generator_placement
-
         placement = generator_placement(config, device)
         if placement is not None:
             engine_kwargs["weight_updates"] = config.loop.weight_updates
         # async: a generator's engine, or the trainer's own for evals (the generators are
-        # processes or ranks of their own, each with its engine: configs/async_rl/ranks.py)
+        # processes or ranks of their own, each with its engine: trainers/loop/generators.py)
         if replicas and placement is None:
-            from ..agents.engine.replicas import EngineReplicas
+            from ...agents.engine.replicas import EngineReplicas
 
             return EngineReplicas(model, replicas=config.policy.replicas, **engine_kwargs)
-        from ..agents.engine.engine import TorchEngine
+        from ...agents.engine.engine import TorchEngine
 
         return TorchEngine(model, **engine_kwargs)
-    from ..agents.vllm.engine import VLLMConfig
-    from ..agents.vllm.policy import VLLMPolicy
+    from ...agents.vllm.engine import VLLMConfig
+    from ...agents.vllm.policy import VLLMPolicy
 
     if hf_dir is None:
         raise ValueError("the vLLM backend needs the model as a Hugging Face directory")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ..model.attention import scaled_dot_product_attention
+from .attention import scaled_dot_product_attention
 
 
 def common_prefix_length(sequences: Sequence[Sequence[int]]) -> int:

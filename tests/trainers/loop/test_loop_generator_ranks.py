@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from test_configs_async_loop import GROUP_SIZE, async_config, train_records
+from test_loop_async import GROUP_SIZE, async_config, train_records
 
 from toolgym.configs.load import config_from_dict, config_to_toml
 from toolgym.rollouts.recording import read_recording
@@ -78,7 +78,7 @@ def test_generator_ranks_and_trainer_ranks(tmp_path, generators):
 
 
 def test_a_failing_generator_rank_ends_the_run_with_its_error(tmp_path):
-    """A generator's producer fails (injected: tests/configs/async_rl/failing_generator.py): trainer
+    """A generator's producer fails (injected: tests/trainers/loop/failing_generator.py): trainer
     rank 0 names the rank and the error, and the run ends (no rank waits on the others)."""
     config = async_config(tmp_path / "run", 20, generator_ranks=1)
     path = tmp_path / "split.toml"

@@ -1,0 +1,190 @@
+"""The checks a config must pass before anything starts, beyond what the schema checks alone:
+the environment (env.module imports, the env exists, files and packages are there, the batch
+splits over the ranks), async mode's layout, and against the machine (the KV cache fits, the
+context holds the first prompt). Each raises ConfigError naming the field; none allocates.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import torch
+
+from .. import envs  # noqa: F401 (registers toolgym/*)
+from ..agents.chat import Renderer
+from ..agents.model.config import NAMED_CONFIGS, ModelConfig
+from ..agents.vllm.engine import INSTALL_HINT
+from ..rollouts.env_io import reset_env
+from ..rollouts.replay import import_env_modules
+from ..rollouts.runner import first_messages
+from ..rollouts.sampling import TaskSeedStream
+from ..rollouts.serving.program import load_program
+from .build.demos import rl_stream
+from .build.parts import policy_max_seq_len
+from .build.placement import check_async
+from .load import ConfigError, tokenizer_path
+from .schema import Config
+
+__all__ = ["check_against_machine", "check_async", "check_environment"]
+
+
+def check_environment(config: Config, world_size: int = 1) -> None:
+    """What the schema cannot know: env.module imports (it registers the user's envs, so it is
+    imported first), the env exists, files exist, packages are installed, the batch splits over
+    the ranks. Raises ConfigError; cheap (nothing heavy is imported beyond env.module)."""
+    try:
+        import_env_modules(config.env.modules, where="env.module")
+    except ValueError as exc:
+        raise ConfigError("", str(exc)) from None
+    if config.agent_program.module:  # the agent program's module and functions exist
+        try:
+            load_program(config.agent_program)
+        except ValueError as exc:
+            raise ConfigError("", str(exc)) from None
+    for where, kwargs in (("env", config.env.kwargs), ("sft.env_kwargs", config.sft.env_kwargs)):
+        if kwargs is None:
+            continue
+        try:
+            gymnasium.make(config.env.id, **kwargs).close()
+        except Exception as exc:
+            raise ConfigError(where, f"cannot make env {config.env.id!r} with {kwargs}: {exc}") from None
+    if config.model.path:
+        if not (Path(config.model.path) / "config.json").is_file():
+            raise ConfigError(
+                "model.path", f"{config.model.path} is not a Hugging Face directory (no config.json)"
+            )
+    else:
+        if config.model.name not in NAMED_CONFIGS:
+            raise ConfigError(
+                "model.name",
+                f"unknown named config {config.model.name!r} (known: {', '.join(sorted(NAMED_CONFIGS))})",
+            )
+        try:
+            ModelConfig(**{**NAMED_CONFIGS[config.model.name], **config.model.overrides})
+        except (TypeError, ValueError) as exc:
+            raise ConfigError("model.overrides", str(exc)) from None
+    if not tokenizer_path(config).is_file():
+        raise ConfigError("tokenizer.path", f"no such file: {tokenizer_path(config)}")
+    if config.sft.enabled and config.sft.source == "recording" and not Path(config.sft.recording).is_file():
+        raise ConfigError("sft.recording", f"no such file: {config.sft.recording}")
+    if config.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "logging.tensorboard", "needs the tensorboard package: pip install 'toolgym[tensorboard]'"
+        )
+    if config.policy.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("policy.backend", f"'vllm' needs vllm: {INSTALL_HINT}")
+    if config.batch.groups_per_batch % world_size:
+        raise ConfigError(
+            "batch.groups_per_batch",
+            f"{config.batch.groups_per_batch} groups do not split evenly over {world_size} processes",
+        )
+
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def kv_cache_bytes(config: Config, model: ModelConfig) -> int:
+    """The torch engine's KV cache for `config` and `model`, in bytes, computed (never allocated)
+    as agents/engine/kv_cache.py lays it out: (max_batch_size + 1) slots (one holds a shared
+    prefix) of max_seq_len positions, plus the history pool (policy.history_capacity; -1 =
+    max_batch_size x max_seq_len positions), each position k and v for every layer and kv head,
+    once per engine (policy.replicas)."""
+    policy = config.policy
+    seq = policy_max_seq_len(config, model)
+    history = policy.max_batch_size * seq if policy.history_capacity == -1 else policy.history_capacity
+    per_position = model.num_hidden_layers * model.num_key_value_heads * model.head_dim * 2
+    per_position *= _DTYPE_BYTES[config.model.dtype]
+    return per_position * ((policy.max_batch_size + 1) * seq + history) * policy.replicas
+
+
+def machine_memory(device: torch.device, replicas: int = 1) -> tuple[int, str]:
+    """(bytes, what they are) a policy's KV cache can live in: the GPU's memory for a CUDA engine,
+    else the machine's RAM (replicas decode on CPU). No psutil: sysconf reads it on Linux and
+    macOS; where it cannot, (0, "") and the caller checks nothing."""
+    if device.type == "cuda" and replicas == 1:
+        return torch.cuda.get_device_properties(device).total_memory, "the GPU's memory"
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this machine's memory"
+    except (AttributeError, OSError, ValueError):
+        return 0, ""
+
+
+def check_memory(config: Config, model: ModelConfig, device: torch.device) -> None:
+    """Refuse a torch-engine KV cache larger than the memory it would be allocated in (in RAM,
+    every local rank makes its own; on CUDA each rank has its GPU), naming the fields that size it. Without this the allocator fails
+    after SFT, with a traceback, or a 64-bit size overflows. The vLLM backend sizes its own cache
+    (policy.vllm.kv_cache_gib, gpu_memory_utilization)."""
+    if config.policy.backend != "torch":
+        return
+    available, what = machine_memory(device, config.policy.replicas)
+    on_gpu = device.type == "cuda" and config.policy.replicas == 1
+    ranks = 1 if on_gpu else int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    needed = kv_cache_bytes(config, model) * ranks
+    if not available or needed <= available:
+        return
+    policy = config.policy
+    # the field that sizes most of it: an explicit history pool larger than the slots, else the slots
+    slots_positions = policy.max_batch_size * policy_max_seq_len(config, model)
+    history_is_larger = policy.history_capacity > slots_positions
+    field = "policy.history_capacity" if history_is_larger else "policy.max_batch_size"
+    per_ranks = f" ({ranks} local processes, a cache each)" if ranks > 1 else ""
+    raise ConfigError(
+        field,
+        f"must keep the KV cache within {what} ({available:,} bytes): policy.max_batch_size = "
+        f"{policy.max_batch_size:,}, policy.max_seq_len = {policy.max_seq_len or 'the model default'}, "
+        f"policy.history_capacity = {policy.history_capacity:,} and policy.replicas = {policy.replicas} "
+        f"need {needed:,} bytes{per_ranks}",
+    )
+
+
+def first_prompt_length(config: Config, renderer: Renderer, env_kwargs: dict[str, Any]) -> tuple[int, int]:
+    """(tokens, task seed): the env's first prompt for the run's first training task (the
+    system prompt and the reset observation, rendered as the runner renders them)."""
+    (seed,), _ = TaskSeedStream(stream=rl_stream(config)).take(1)
+    env = gymnasium.make(config.env.id, **env_kwargs)
+    try:
+        observation, info, system_prompt = reset_env(env, seed)
+    finally:
+        env.close()
+    messages, tools = first_messages(renderer, observation, info, system_prompt)
+    return len(renderer.start_episode(messages, tools).prompt), seed
+
+
+def check_context(config: Config, model: ModelConfig, renderer: Renderer) -> None:
+    """Refuse a context (rollout.context_length, else policy.max_seq_len) that cannot hold the
+    env's first prompt plus one turn: every episode would overflow before its first action,
+    and the run would train on 0 tokens (or SFT find no trainable demonstration)."""
+    seq = policy_max_seq_len(config, model)
+    length = config.rollout.context_length
+    field, context = "policy.max_seq_len", seq  # the runner takes the smaller of the two
+    if length is not None and length < seq:
+        field, context = "rollout.context_length", length
+    turn = min(config.rollout.max_tokens_per_turn, config.rollout.max_tokens_per_episode)
+    checks = [("env.kwargs", config.env.kwargs)]
+    if config.sft.enabled and config.sft.source == "oracle" and config.sft.env_kwargs is not None:
+        checks.append(("sft.env_kwargs", config.sft.env_kwargs))
+    for where, kwargs in checks:
+        try:
+            prompt, seed = first_prompt_length(config, renderer, kwargs)
+        except Exception as exc:
+            raise ConfigError(where, f"cannot reset env {config.env.id!r} with {kwargs}: {exc}") from None
+        if prompt + turn > context:
+            raise ConfigError(
+                field,
+                f"must be >= {prompt + turn} to hold the env's first prompt ({prompt} tokens, "
+                f"{config.env.id} with {where} at task seed {seed}) and one turn "
+                f"(rollout.max_tokens_per_turn = {config.rollout.max_tokens_per_turn}), got {context}",
+            )
+
+
+def check_against_machine(
+    config: Config, model: ModelConfig, renderer: Renderer, device: torch.device
+) -> None:
+    """The checks that need the model's shape, the renderer and the device (cheap: nothing is
+    allocated, one env is reset): the KV cache fits, the context holds the first prompt."""
+    check_memory(config, model, device)
+    check_context(config, model, renderer)

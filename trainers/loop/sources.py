@@ -1,0 +1,282 @@
+"""Batch sources: where the RL loop's batches come from, and where its new weights go.
+
+The loop (rl.py) asks a source for the next batch, trains on it, and hands the source the
+trainer after each applied update; a source owns its rollouts, its task stream(s), and the
+weights' way back to whatever samples. Three sources, one per `loop.mode` / placement:
+
+    SyncSource       sync: roll a batch out now (collect_batch), every rank its own share; the
+                     weights go into this rank's policy (push_weights).
+    ProducerSource   async in this process: a GroupProducer rolls out on a background thread
+                     (the engine's worker thread, or vLLM) into a bounded buffer; take_batch
+                     applies the staleness bound; the weights go into the policy in flight.
+    GeneratorSource  async with generators of their own (spawned processes, or torchrun ranks):
+                     trainer rank 0 takes their groups over the channel (RankGroups) and
+                     broadcasts the batch to the other trainers; the weights go back over
+                     shared memory or the channel.
+
+Every method is collective where the source's ranks must agree (noted per method). A checkpoint's
+data position is `position()`: the task stream(s)' positions and, for async sources, the task
+indices drawn but not yet trained on, which a resumed source rolls out first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Protocol
+
+import msgspec
+
+from ...agents.policy import Policy
+from ...rollouts.sampling import BatchConfig, GroupRunner, RolloutBatch, TaskSeedStream, collect_batch
+from ...rollouts.types import Episode, Trajectory
+from ..distributed import all_gather_objects, all_reduce, broadcast_object
+from ..trainer import Trainer
+from ..weight_sync import gather_weights, push_weights
+from .generators import RankGroups
+from .producer import GroupProducer
+from .staleness import take_batch
+
+
+class StepBatch(msgspec.Struct):
+    """One step's batch as the loop sees it: this rank's `episodes` to train on, the
+    `trajectories` this rank records (every one rolled out, kept or not), the step's rollout
+    metrics over all ranks, and how many episodes the step trains on over all ranks."""
+
+    episodes: list[Episode]
+    trajectories: list[Trajectory]
+    metrics: dict[str, float]
+    total_episodes: float
+
+
+class BatchSource(Protocol):
+    """What the loop needs of a source (module doc)."""
+
+    # True: each rank trains on its own episodes and the trainer all-reduces its counts;
+    # False: every trainer rank holds the whole batch and trains on its share.
+    sharded: bool
+
+    def start(self, trainer: Trainer, positions: Sequence[int], pending: Sequence[int]) -> None:
+        """Resume at the checkpoint's stream positions and pending task indices (empty: from the
+        start), sampling with `trainer`'s weights. Called once, before the step-0 eval. Collective."""
+        ...
+
+    def next_batch(self, runner: asyncio.Runner, trainer_version: int) -> StepBatch:
+        """The next batch (blocks). Collective."""
+        ...
+
+    def publish(self, trainer: Trainer) -> float:
+        """The trainer's new weights to whatever samples; returns the wall time. Collective."""
+        ...
+
+    def position(self) -> dict[str, Any]:
+        """The data position a checkpoint stores (module doc). Collective."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# Per-rank batch metrics that add up over ranks (the rest are means over episodes, or maxima).
+_SUMMED = (
+    "rollout/episodes",
+    "rollout/tokens_generated",
+    "rollout/errors",
+    "rollout/episodes_per_s",
+    "rollout/tokens_per_s",
+    "batch/groups",
+    "batch/tokens",
+    "batch/sampled_tokens",
+    "batch/groups_without_trainable",
+    "dynamic_sampling/groups_rolled_out",
+    "dynamic_sampling/surplus_groups",
+)
+_MAXED = ("rollout/time_s", "dynamic_sampling/rounds")
+
+
+def combine_rank_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """One step's rollout metrics over all ranks: sums of counts, episode-weighted means of the rest."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    weights = [float(p.get("rollout/episodes", 0.0)) for p in parts]
+    total = sum(weights)
+    out: dict[str, float] = {}
+    for key in sorted({k for p in parts for k in p}):
+        values = [float(p.get(key, 0.0)) for p in parts]
+        if key in _SUMMED or key.startswith(("rollout/errors/", "episodes/")):
+            out[key] = sum(values)
+        elif key in _MAXED:
+            out[key] = max(values)
+        elif total > 0:
+            out[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / total
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+class StalenessBound(msgspec.Struct, frozen=True):
+    """The async sources' bound (loop.max_staleness, over_stale, stale_weight; staleness.py)."""
+
+    max_staleness: int = 1
+    over_stale: Literal["drop", "downweight"] = "drop"
+    stale_weight: float = 0.5
+
+
+class SyncSource:
+    """Sync mode: each rank rolls out its share of the batch from its own (rank-disjoint) task
+    stream, then trains on its own episodes; every rank's policy takes the new weights."""
+
+    sharded = True
+
+    def __init__(
+        self, runner: GroupRunner, stream: TaskSeedStream, config: BatchConfig, policy: Policy
+    ) -> None:
+        self.runner, self.stream, self.config, self.policy = runner, stream, config, policy
+
+    def start(self, trainer: Trainer, positions: Sequence[int], pending: Sequence[int]) -> None:
+        pass  # the stream's position is set where the stream is built, the policy's weights too
+
+    def next_batch(self, runner: asyncio.Runner, trainer_version: int) -> StepBatch:
+        batch = runner.run(collect_batch(self.runner, self.stream, self.config))
+        (total,) = all_reduce([float(len(batch.episodes))])
+        metrics = combine_rank_metrics(all_gather_objects(batch.metrics))
+        return StepBatch(batch.episodes, batch.trajectories, metrics, total)
+
+    def publish(self, trainer: Trainer) -> float:
+        return push_weights(trainer, self.policy)
+
+    def position(self) -> dict[str, Any]:
+        return {"stream": self.stream.stream, "positions": all_gather_objects(self.stream.position)}
+
+    def close(self) -> None:
+        pass
+
+
+class ProducerSource:
+    """Async in this process (one rank): a GroupProducer over `runner`, started at the first
+    batch, keeps up to `capacity` finished groups ahead of the trainer; `policy` takes the new
+    weights in flight (the torch engine between decode steps, vLLM between requests)."""
+
+    sharded = True
+
+    def __init__(
+        self,
+        runner: GroupRunner,
+        stream: TaskSeedStream,
+        config: BatchConfig,
+        policy: Policy,
+        capacity: int,
+        bound: StalenessBound,
+    ) -> None:
+        self.runner, self.stream, self.config, self.policy = runner, stream, config, policy
+        self.capacity, self.bound = capacity, bound
+        self.producer: GroupProducer | None = None
+        self.pending: list[int] = []
+
+    def start(self, trainer: Trainer, positions: Sequence[int], pending: Sequence[int]) -> None:
+        self.pending = sorted(pending)  # rolled out first, when the producer starts
+
+    def next_batch(self, runner: asyncio.Runner, trainer_version: int) -> StepBatch:
+        if self.producer is None:
+            self.producer = GroupProducer(
+                self.runner,
+                self.stream,
+                self.config,
+                concurrent_groups=self.config.groups_per_batch,
+                capacity=self.capacity,
+                replay=self.pending,
+            )
+        bound = self.bound
+        batch = take_batch(
+            self.producer,
+            self.config,
+            trainer_version,
+            bound.max_staleness,
+            bound.over_stale,
+            bound.stale_weight,
+        )
+        return StepBatch(batch.episodes, batch.trajectories, batch.metrics, float(len(batch.episodes)))
+
+    def publish(self, trainer: Trainer) -> float:
+        return push_weights(trainer, self.policy)
+
+    def position(self) -> dict[str, Any]:
+        position, pending = (
+            self.producer.position() if self.producer is not None else (self.stream.position, self.pending)
+        )
+        return {"stream": self.stream.stream, "positions": [position], "pending": pending}
+
+    def close(self) -> None:
+        if self.producer is not None:
+            self.producer.close()
+
+
+class GeneratorSource:
+    """Async with generators of their own (trainers/loop/generators.py), spawned processes or
+    torchrun ranks. Trainer rank 0 holds `groups` (RankGroups over the channel; None on the other
+    trainer ranks), takes each batch from the generators under the staleness bound and broadcasts
+    its episodes and metrics, so every trainer holds the whole batch; `policy` (this rank's, for
+    evals) and the generators take the new weights."""
+
+    sharded = False
+
+    def __init__(
+        self,
+        groups: RankGroups | None,
+        stream_id: int,
+        config: BatchConfig,
+        policy: Policy,
+        bound: StalenessBound,
+    ) -> None:
+        self.groups, self.stream_id, self.config, self.policy = groups, stream_id, config, policy
+        self.bound = bound
+        self.started = False
+        self.resume_positions: list[int] = []
+        self.pending: list[int] = []
+
+    def start(self, trainer: Trainer, positions: Sequence[int], pending: Sequence[int]) -> None:
+        """Send the generators their stream positions and `trainer`'s weights, which starts their
+        rollouts (collective: every trainer gathers the weights). Called before the step-0 eval,
+        so the generators' warm-up (a CUDA engine compiles and captures graphs on its first
+        requests) and first groups overlap it."""
+        self.resume_positions, self.pending = list(positions), sorted(pending)
+        weights = gather_weights(trainer)
+        if self.groups is not None:
+            self.groups.start(self.resume_positions, self.pending)
+            self.groups.send_weights(weights, trainer.step)
+        self.started = True
+
+    def next_batch(self, runner: asyncio.Runner, trainer_version: int) -> StepBatch:
+        batch: RolloutBatch | None = None
+        if self.groups is not None:
+            bound = self.bound
+            batch = take_batch(
+                self.groups,
+                self.config,
+                trainer_version,
+                bound.max_staleness,
+                bound.over_stale,
+                bound.stale_weight,
+            )
+        episodes, metrics = broadcast_object((batch.episodes, batch.metrics) if batch is not None else None)
+        trajectories = batch.trajectories if batch is not None else []
+        return StepBatch(episodes, trajectories, metrics, float(len(episodes)))
+
+    def publish(self, trainer: Trainer) -> float:
+        started = time.perf_counter()
+        weights = gather_weights(trainer)
+        self.policy.load_weights(weights.items(), trainer.step)
+        if self.groups is not None:
+            self.groups.send_weights(weights, trainer.step)
+        return time.perf_counter() - started
+
+    def position(self) -> dict[str, Any]:
+        if self.groups is not None and self.started:
+            positions, pending = self.groups.position()
+        else:
+            positions, pending = self.resume_positions, self.pending
+        return {"stream": self.stream_id, "positions": positions, "pending": pending}
+
+    def close(self) -> None:
+        if self.groups is not None:
+            self.groups.close()

@@ -1,0 +1,109 @@
+"""The SFT warm start's demonstrations, from a config: a `toolgym record` file, or the env's
+oracle rolled out here (`OraclePolicy` through the rollout runner, so they take the exact token
+path a model's episodes take) with its imperfection knobs, e.g. `p_omit_tag = 0.5`: half the demos
+state the answer without the env's answer format. Oracle task seeds come from their own training
+stream (`sft_stream`), never from the held-out eval seeds nor RL's (`rl_stream`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from ...agents.chat import Renderer
+from ...agents.tokenizer import tokenizer_fingerprint
+from ...rollouts.recording import RecordingHeader, RecordingWriter, read_recording, rendering_of
+from ...rollouts.replay import OfflineMode, episodes_from_trajectories, summarize
+from ...rollouts.runner import RolloutRunner
+from ...rollouts.sampling import TaskSeedStream
+from ...rollouts.scripted import OraclePolicy
+from ...rollouts.types import Episode, Trajectory
+from ...trainers.config import TrainerConfig
+from ...trainers.sft import SFTSchedule
+from ..load import ConfigError
+from ..schema import Config
+from .parts import chat_template_extra
+
+
+def rl_stream(config: Config) -> int:
+    """The RL task stream's id: 2 x run.seed."""
+    return 2 * config.run.seed
+
+
+def sft_stream(config: Config) -> int:
+    """The oracle demonstrations' task stream's id: 2 x run.seed + 1."""
+    return 2 * config.run.seed + 1
+
+
+def check_demo_rendering(config: Config, renderer: Renderer, header: RecordingHeader) -> None:
+    """Raise ConfigError (sft.recording, one line) unless the SFT recording's episodes were
+    rendered as the run renders (the chat template its header records, or plain ChatML, against
+    policy.chat_template): its tokens are what SFT trains on, and a warm start in another
+    format than RL's would teach the model a format it never sees again."""
+    recorded, recorded_key = rendering_of(header.extra)
+    run, run_key = rendering_of(chat_template_extra(config, renderer))
+    if recorded_key != run_key:
+        raise ConfigError(
+            "sft.recording",
+            f"{config.sft.recording} was rendered with {recorded}, but this run renders with {run} "
+            "(policy.chat_template, chat_template_kwargs): record the demonstrations with the run's template",
+        )
+
+
+def demo_trajectories(config: Config, renderer: Renderer) -> tuple[list[Trajectory], str]:
+    """The demonstrations and a description of where they came from. A recording must have been
+    rendered as the run renders (`check_demo_rendering`)."""
+    sft = config.sft
+    if sft.source == "recording":
+        header, trajectories = read_recording(sft.recording, tokenizer_fingerprint(renderer.tokenizer))
+        check_demo_rendering(config, renderer, header)
+        return trajectories, f"{sft.recording} ({header.policy_id})"
+    rollout = msgspec.structs.replace(config.rollout_config(sft.env_kwargs), group_size=1)
+    policy = OraclePolicy(renderer, sft.oracle)
+    seeds, group_ids = TaskSeedStream(stream=sft_stream(config)).take(sft.num_tasks)
+    trajectories = RolloutRunner(policy, renderer, rollout).run(seeds, group_ids=group_ids)
+    return trajectories, policy.policy_id
+
+
+def demo_episodes(
+    config: Config, renderer: Renderer, max_seq_len: int, record_to: Path | None = None
+) -> tuple[list[Episode], dict[str, float], str]:
+    """(Episodes, metrics of the demos, source description). `record_to`: also write the demos."""
+    trajectories, source = demo_trajectories(config, renderer)
+    if record_to is not None and config.sft.source == "oracle":
+        header = RecordingHeader(
+            tokenizer_fingerprint=tokenizer_fingerprint(renderer.tokenizer),
+            env_id=config.env.id,
+            env_kwargs=dict(trajectories[0].env_kwargs if trajectories else config.env.kwargs),
+            policy_id=source,
+            extra=chat_template_extra(config, renderer),
+        )
+        with RecordingWriter(record_to, header) as writer:
+            writer.write_all(trajectories)
+    episodes, stats = episodes_from_trajectories(
+        trajectories, OfflineMode.SFT, only_successful=config.sft.only_successful, max_seq_len=max_seq_len
+    )
+    if not episodes:
+        raise ValueError(f"the SFT demonstrations from {source} give no trainable episodes")
+    metrics = {f"sft_data/{k}": float(v) for k, v in summarize(trajectories).items() if isinstance(v, int | float)}
+    metrics.update(stats.as_metrics("sft_data/episodes_"))
+    return episodes, metrics, source
+
+
+def sft_trainer_config(config: Config) -> TrainerConfig:
+    """[trainer] with [sft]'s optimizer, micro-batch and precision where set."""
+    sft = config.sft
+    return msgspec.structs.replace(
+        config.trainer,
+        optimizer=sft.optimizer,
+        micro_batch_tokens=sft.micro_batch_tokens or config.trainer.micro_batch_tokens,
+        precision=sft.precision or config.trainer.precision,
+    )
+
+
+def sft_schedule(config: Config) -> SFTSchedule:
+    sft = config.sft
+    return SFTSchedule(
+        steps=sft.steps, batch_episodes=sft.batch_episodes, seed=config.run.seed, log_every=sft.log_every
+    )

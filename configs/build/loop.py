@@ -1,0 +1,202 @@
+"""The RL loop's parts from a config: the rollout runner, the batch source (trainers/loop/
+sources.py: sync, async in this process, or async with generator processes or ranks), the
+evaluator, the loop's schedule, and the generators' own main.
+
+Which source: `loop.mode = "sync"` -> SyncSource; async -> `placement.py` decides where the
+generator runs: "thread" (and vLLM, its own engine) -> ProducerSource; "process" or "ranks" ->
+GeneratorSource, whose generators run `run_generator` below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import msgspec
+import torch
+
+from ...agents.chat import Renderer
+from ...agents.policy import Policy
+from ...agents.tokenizer import tokenizer_fingerprint
+from ...rollouts.evaluation import EvalReport, evaluate
+from ...rollouts.recording import RecordingHeader, RecordingWriter
+from ...rollouts.runner import RolloutRunner
+from ...rollouts.sampling import BatchConfig, TaskSeedStream
+from ...trainers.checkpoint import CheckpointManager
+from ...trainers.distributed import DistInfo
+from ...trainers.loop.generators import RankGroups, serve_generator
+from ...trainers.loop.producer import GroupProducer
+from ...trainers.loop.rl import Evaluator, LoopSettings, RLLoop
+from ...trainers.loop.sources import BatchSource, GeneratorSource, ProducerSource, StalenessBound, SyncSource
+from ...trainers.metrics_log import MetricsLog
+from ...trainers.trainer import Trainer
+from ..run_dir import RunDir
+from ..schema import Config
+from .demos import rl_stream
+from .parts import build_policy, build_renderer, chat_template_extra, initial_model, policy_max_seq_len
+from .placement import buffer_capacity, generator_placement
+
+if TYPE_CHECKING:
+    from ...rollouts.serving.agent_runner import AgentRunner
+
+
+def loop_settings(config: Config) -> LoopSettings:
+    return LoopSettings(
+        eval_every=config.eval.every_steps,
+        eval_at_start=config.eval.at_start,
+        eval_at_end=config.eval.at_end,
+        checkpoint_every=config.checkpoint.every_steps,
+        log_every=config.logging.every_steps,
+        headline_metrics=tuple(config.logging.headline_metrics),
+        max_steps_without_learning=config.run.max_steps_without_learning,
+    )
+
+
+def staleness_bound(config: Config) -> StalenessBound:
+    loop = config.loop
+    return StalenessBound(loop.max_staleness, loop.over_stale, loop.stale_weight)
+
+
+def build_runner(config: Config, policy: Policy, renderer: Renderer) -> RolloutRunner | AgentRunner:
+    """The env runner, or, with an [agent_program], the runner that drives it through the endpoint."""
+    if config.agent_program.module:
+        # the endpoint's packages (fastapi, uvicorn, openai) are the `serve` extra: imported when used
+        from ...rollouts.serving.agent_runner import AgentRunner
+
+        return AgentRunner(policy, renderer, config.agent_program, config.rollout_config())
+    return RolloutRunner(policy, renderer, config.rollout_config())
+
+
+def recording_header(config: Config, run: RunDir, renderer: Renderer) -> Callable[[str], RecordingHeader]:
+    """`header(what)`: a run recording's header (the env, the tokenizer, the chat template)."""
+    rollout = config.rollout_config()
+    fingerprint = tokenizer_fingerprint(renderer.tokenizer)
+    extra = chat_template_extra(config, renderer)
+
+    def header(what: str) -> RecordingHeader:
+        return RecordingHeader(
+            tokenizer_fingerprint=fingerprint,
+            env_id=rollout.env_id,
+            env_kwargs=dict(rollout.env_kwargs),
+            policy_id=f"{run.root.name} {what}",
+            extra=dict(extra),
+        )
+
+    return header
+
+
+def build_evaluator(
+    config: Config, run: RunDir, policy: Policy, renderer: Renderer, runner: RolloutRunner | AgentRunner
+) -> Evaluator:
+    """Rank 0's held-out eval: the env rollouts of `policy`, or the agent program's."""
+    eval_config = config.eval.to_eval_config()
+    rollout = config.rollout_config()
+
+    def run_eval(loop: asyncio.Runner) -> EvalReport:
+        if isinstance(runner, RolloutRunner):
+            return loop.run(evaluate(policy, renderer, rollout, eval_config))
+        from ...rollouts.serving.agent_runner import evaluate_agent  # the `serve` extra, as above
+
+        return loop.run(evaluate_agent(runner, eval_config))
+
+    return Evaluator(
+        run=run_eval,
+        header=recording_header(config, run, renderer),
+        recording=run.eval_recording if config.eval.record else None,
+    )
+
+
+def build_source(
+    config: Config,
+    dist: DistInfo,
+    runner: RolloutRunner | AgentRunner,
+    policy: Policy,
+    stream: TaskSeedStream,
+    batch_config: BatchConfig,
+) -> BatchSource:
+    """The loop's batch source (module doc). `dist.generators`: generator processes or ranks
+    joined over `dist.channel` (0: none)."""
+    if config.loop.mode == "sync":
+        return SyncSource(runner, stream, batch_config, policy)
+    if not dist.generators:
+        return ProducerSource(runner, stream, batch_config, policy, buffer_capacity(config), staleness_bound(config))
+    groups = None
+    if dist.is_main:  # trainer rank 0 speaks to the generators; processes on this machine share memory
+        shared = generator_placement(config, dist.device) == "process"
+        groups = RankGroups(dist.channel, dist.generators, shared_weights=shared)
+    return GeneratorSource(groups, stream.stream, batch_config, policy, staleness_bound(config))
+
+
+def build_loop(
+    config: Config,
+    run: RunDir,
+    dist: DistInfo,
+    trainer: Trainer,
+    policy: Policy,
+    renderer: Renderer,
+    log: MetricsLog,
+    checkpoints: CheckpointManager,
+    stream: TaskSeedStream,
+    start_step: int = 0,
+    max_seq_len: int | None = None,
+) -> RLLoop:
+    """The RL loop over this config's source; `max_seq_len`: the policy's, for batch.max_seq_len 0."""
+    split = dist.generators > 0  # every trainer takes the whole batch from the generators
+    groups = config.batch.groups_per_batch // (1 if split else dist.world_size)
+    batch_config = msgspec.structs.replace(
+        config.batch, groups_per_batch=groups, max_seq_len=config.batch.max_seq_len or max_seq_len
+    )
+    runner = build_runner(config, policy, renderer)
+    source = build_source(config, dist, runner, policy, stream, batch_config)
+    writer = None
+    if config.logging.record_training and (dist.is_main or not split):  # split: rank 0 has the groups
+        writer = RecordingWriter(run.train_recording(dist.rank), recording_header(config, run, renderer)("train"))
+    return RLLoop(
+        loop_settings(config),
+        source,
+        trainer,
+        policy,
+        build_evaluator(config, run, policy, renderer, runner),
+        log,
+        checkpoints,
+        dist,
+        start_step,
+        writer,
+    )
+
+
+def run_generator(config: Config, dist_info: DistInfo, renderer: Renderer, threads: int = 0) -> int:
+    """A generator's whole run (a torchrun rank's, or a GeneratorProcesses process's): its engine
+    (the trainer's weights replace the initial ones before its first rollout), its share of the
+    task stream, until trainer rank 0 says stop. `threads`: its torch threads (0: as set)."""
+    if threads:
+        torch.set_num_threads(threads)
+    model = initial_model(config)
+    policy = build_policy(config, model, None, renderer, dist_info.device)
+    runner = RolloutRunner(policy, renderer, config.rollout_config())
+    max_seq_len = config.batch.max_seq_len or policy_max_seq_len(config, model.config)
+    batch_config = msgspec.structs.replace(config.batch, max_seq_len=max_seq_len)
+    share = dist_info.generators
+
+    def make_producer(stream: TaskSeedStream, replay: list[int]) -> GroupProducer:
+        return GroupProducer(
+            runner,
+            stream,
+            batch_config,
+            concurrent_groups=-(-config.batch.groups_per_batch // share),
+            capacity=-(-buffer_capacity(config) // share),
+            replay=replay,
+        )
+
+    del model
+    try:
+        return serve_generator(dist_info, rl_stream(config), policy.load_weights, make_producer)
+    finally:
+        policy.close()
+
+
+def generator_process_main(config: Config, threads: int, info: DistInfo) -> None:
+    """A spawned generator process's main (trainers/loop/generators.py's GeneratorProcesses)."""
+    renderer, _ = build_renderer(config)
+    run_generator(config, info, renderer, threads)

@@ -2,7 +2,7 @@
 
 The runner and replay (`toolgym replay --verify`) call an env only through these, so both see the
 same thing: an env output the runner cannot use (text that is not an encodable str, a reward that
-is not a finite number, an info that is not a dict, reward_components or metrics that are not
+is not a finite number within ±1e30, an info that is not a dict, reward_components or metrics that are not
 name -> finite number with usable names (envs/info.py), end flags that are not bools) raises
 EnvOutputError naming it, and ends only that episode (ENV_ERROR). NaN or inf rewards matter
 most: one would make its whole group's advantages NaN.
@@ -63,6 +63,20 @@ def _check_number(what: str, value: Any) -> float:
     return number
 
 
+# A reward beyond this overflows its group's advantage arithmetic (sums and squares in float64, the
+# advantages in the trainer's float32); NaN or inf would poison the group the same way.
+MAX_ABS_REWARD = 1e30
+
+
+def _check_reward(what: str, value: Any) -> float:
+    number = _check_number(what, value)
+    if abs(number) > MAX_ABS_REWARD:
+        raise EnvOutputError(
+            f"{what} must be within ±{MAX_ABS_REWARD:g} (beyond, its group's advantages overflow), got {number!r:.80}"
+        )
+    return number
+
+
 def _check_flag(what: str, value: Any) -> bool:
     if not isinstance(value, bool | np.bool_):
         raise EnvOutputError(f"{what} must be a bool, got {type(value).__name__} {value!r:.80}")
@@ -95,7 +109,7 @@ def _check_info(what: str, info: Any) -> dict[str, Any]:
             if (problem := component_name_problem(name)) is not None:
                 raise EnvOutputError(f"info['reward_components']: {problem}")
         info["reward_components"] = {
-            name: _check_number(f"info['reward_components'][{name!r}]", v) for name, v in components.items()
+            name: _check_reward(f"info['reward_components'][{name!r}]", v) for name, v in components.items()
         }
     if METRICS in info:
         reported = info[METRICS]
@@ -130,7 +144,7 @@ def step_env(env: gymnasium.Env, action: str) -> tuple[str, float, bool, bool, d
     observation, reward, terminated, truncated, info = env.step(action)
     return (
         _check_text("observation", observation),
-        _check_number("reward", reward),
+        _check_reward("reward", reward),
         _check_flag("terminated", terminated),
         _check_flag("truncated", truncated),
         _check_info("info", info),
@@ -145,7 +159,7 @@ def abandon_env(env: gymnasium.Env) -> tuple[float, dict[str, Any]] | None:
         return None
     settled: Any = abandon()
     reward, info = settled
-    return _check_number("abandon() reward", reward), _check_info("abandon() info", info)
+    return _check_reward("abandon() reward", reward), _check_info("abandon() info", info)
 
 
 def settles(stop_reason: StopReason | None, transitions: Sequence[Transition]) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from ..env_io import MAX_ABS_REWARD
 from ..replay import import_env_modules
 
 
@@ -80,5 +81,11 @@ def as_result(value: Any) -> AgentResult:
     if not all(isinstance(x, int | float) and math.isfinite(x) for x in numbers):
         raise ValueError(
             f"the agent's reward, components and metrics must be finite numbers, got {value!r:.80}"
+        )
+    rewards = [result.reward, *result.components.values()]
+    if any(abs(x) > MAX_ABS_REWARD for x in rewards):
+        raise ValueError(
+            f"the agent's reward and components must be within ±{MAX_ABS_REWARD:g} (beyond, its group's "
+            f"advantages overflow), got {value!r:.80}"
         )
     return result

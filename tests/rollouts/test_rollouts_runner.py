@@ -103,6 +103,9 @@ def test_failing_env_ends_only_its_episode(renderer):
         (2, "reward", "1.2", "reward must be a finite number, got '1.2'"),
         (2, "reward", math.nan, "reward must be a finite number, got nan"),
         (2, "reward", -math.inf, "reward must be a finite number, got -inf"),
+        (2, "reward", 1e308, "reward must be within ±1e+30 (beyond, its group's advantages overflow), got 1e+308"),
+        (2, "reward", -1e308, "reward must be within ±1e+30"),
+        (2, "reward_components", {"correct": 1e300}, "info['reward_components']['correct'] must be within ±1e+30"),
         (
             2,
             "reward_components",

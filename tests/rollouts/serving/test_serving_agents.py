@@ -203,3 +203,12 @@ def test_through_the_endpoint_the_agent_sees_the_tokens_the_env_runner_would_sho
     assert agent_run.reward_components == {"correct": 1.0, "used_tool": 0.2}
     assert env_run.metrics["env"]["success"] == 1.0
     assert agent_run.metrics["sequence_restarts"] == 0
+
+
+def test_an_agent_reward_too_large_for_the_advantages_is_refused():
+    from toolgym.rollouts.serving.program import AgentResult, as_result
+
+    assert as_result(1e30).reward == 1e30
+    for value in (1e308, -1e300, {"a": 1e308}, AgentResult(reward=1.0, components={"a": -1e31})):
+        with pytest.raises(ValueError, match=r"within ±1e\+30"):
+            as_result(value)

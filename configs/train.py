@@ -50,6 +50,7 @@ from .build.parts import (
     build_policy,
     build_renderer,
     build_trainer,
+    chat_template_text,
     check_model,
     describe_policy,
     initial_model,
@@ -292,7 +293,7 @@ def _finish(
     """The final policy exported, summary.json, the before/after lines and the plots."""
     loop = rl.loop
     if config.run.export_hf:
-        export_hf(loop.trainer, run.final_model, tokenizer_file)
+        export_hf(loop.trainer, run.final_model, tokenizer_file, chat_template=chat_template_text(config))
     if loop.dist.is_main:
         summary = _summary(run, loop, config.sft.enabled, started)
         run.write_json(run.summary, summary)
@@ -374,7 +375,7 @@ def _sft_phase(
         initial_model(config), episodes, sft_trainer_config(config), config.policy, sft_schedule(config),
         log, dist.device, progress and dist.is_main,
     )  # fmt: skip
-    export_hf(trainer, run.sft_model, tokenizer_file)
+    export_hf(trainer, run.sft_model, tokenizer_file, chat_template=chat_template_text(config))
     if dist.is_main:
         run.write_json(run.sft_done, {"steps": config.sft.steps, "episodes": len(episodes), "source": source})
     barrier()

@@ -290,15 +290,19 @@ def export_hf(
     directory: str | Path,
     tokenizer_path: str | Path | None = None,
     dtype: torch.dtype | None = None,
+    chat_template: str | None = None,
 ) -> Path:
-    """Write the policy as a Hugging Face directory (config.json, model.safetensors[, tokenizer])
-    that `toolgym.agents.model.checkpoint.load_hf_checkpoint`, transformers and vLLM load. Rank 0 writes."""
+    """Write the policy as a Hugging Face directory (config.json, model.safetensors[, tokenizer,
+    with `chat_template`: the template text the policy was trained with]) that
+    `toolgym.agents.model.checkpoint.load_hf_checkpoint`, transformers and vLLM load. Rank 0 writes."""
     from ..agents.model.checkpoint import save_hf_checkpoint
 
     if trainer.model_config is None:
         raise ValueError("export_hf needs a model with a `config` (agents' Transformer)")
     state = full_state_dict(trainer, cpu=True)
     if trainer.dist.is_main:
-        save_hf_checkpoint(state, trainer.model_config, directory, tokenizer_path, dtype=dtype)
+        save_hf_checkpoint(
+            state, trainer.model_config, directory, tokenizer_path, dtype=dtype, chat_template=chat_template
+        )
     barrier()  # everyone waits until the directory is written
     return Path(directory)

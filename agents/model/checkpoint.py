@@ -132,12 +132,15 @@ def save_hf_checkpoint(
     dtype: torch.dtype | None = None,
     max_shard_bytes: int | None = None,
     eos_token: str | None = None,
+    chat_template: str | None = None,
 ) -> Path:
     """Write config.json + model.safetensors (or shards + index when `max_shard_bytes` is set).
 
     With `tokenizer_path` (a tokenizer.json), copy it and write a minimal tokenizer_config.json
     (eos_token: `eos_token`, else <|im_end|> or <|endoftext|> if the vocabulary has them) so
-    transformers' AutoTokenizer and vLLM load the directory. `dtype` casts (default: as stored).
+    transformers' AutoTokenizer and vLLM load the directory; `chat_template` (a template's text)
+    goes into it, so they render chats as the policy was trained to. `dtype` casts (default: as
+    stored).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -154,7 +157,7 @@ def save_hf_checkpoint(
     else:
         _save_sharded(state, directory, max_shard_bytes)
     if tokenizer_path is not None:
-        _write_tokenizer(Path(tokenizer_path), directory, eos_token)
+        _write_tokenizer(Path(tokenizer_path), directory, eos_token, chat_template)
     return directory
 
 
@@ -178,7 +181,9 @@ def _save_sharded(state: dict[str, torch.Tensor], directory: Path, max_shard_byt
     (directory / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
 
 
-def _write_tokenizer(tokenizer_path: Path, directory: Path, eos_token: str | None) -> None:
+def _write_tokenizer(
+    tokenizer_path: Path, directory: Path, eos_token: str | None, chat_template: str | None = None
+) -> None:
     if tokenizer_path.is_dir():
         tokenizer_path = tokenizer_path / "tokenizer.json"
     if not tokenizer_path.is_file():
@@ -197,6 +202,8 @@ def _write_tokenizer(tokenizer_path: Path, directory: Path, eos_token: str | Non
         "clean_up_tokenization_spaces": False,
         "model_max_length": 1_000_000,
     }
+    if chat_template is not None:
+        tokenizer_config["chat_template"] = chat_template
     (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
 
 

@@ -89,6 +89,14 @@ def chat_template_extra(config: Config, renderer: Renderer) -> dict[str, Any]:
     return {CHAT_TEMPLATE: chat_template_entry(template, config.policy.chat_template_kwargs)}
 
 
+def chat_template_text(config: Config) -> str | None:
+    """The text of the chat template the run renders with (policy.chat_template), for the
+    exported models' tokenizer_config.json; None for plain ChatML."""
+    if not config.policy.chat_template:
+        return None
+    return load_chat_template(chat_template_path(config.policy.chat_template)).text
+
+
 def model_config(config: Config) -> ModelConfig:
     if config.model.path:
         from ...agents.model.checkpoint import load_config

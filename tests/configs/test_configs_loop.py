@@ -78,6 +78,8 @@ def test_train_runs_sft_then_rl_end_to_end(tmp_path, capsys):
     for model_dir in ("sft_model", "final_model"):
         model = load_hf_checkpoint(run_dir / model_dir)
         assert model.config.vocab_size == 1024 and (run_dir / model_dir / "tokenizer.json").is_file()
+        # plain ChatML: no template in the exported tokenizer config (transformers' default is its own)
+        assert "chat_template" not in json.loads((run_dir / model_dir / "tokenizer_config.json").read_text())
 
     # SFT: the data record, then one record per step
     sft = records(run_dir, "sft")
@@ -196,6 +198,25 @@ def test_a_run_without_metrics_jsonl_finishes_without_plots(tmp_path, capsys):
     assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "plots").exists()
     assert (run_dir / "final_model" / "model.safetensors").is_file()
     assert json.loads((run_dir / "summary.json").read_text())["after"]["step"] == 1
+
+
+def test_the_exported_models_carry_the_chat_template_the_run_trained_with(tmp_path):
+    from toolgym.configs.load import SHIPPED_CHAT_TEMPLATES
+
+    run_dir = tmp_path / "run"
+    raw = small_config(
+        run_dir,
+        run={"steps": 1, "plot": False},
+        policy={"chat_template": "qwen2.5-style"},
+        sft={"steps": 1},
+        eval={"at_start": False, "record": False},
+        logging={"record_training": False},
+    )
+    assert train(config_from_dict(raw)) == 0
+    template = (SHIPPED_CHAT_TEMPLATES / "qwen2.5-style.jinja").read_text()
+    for model_dir in ("sft_model", "final_model"):
+        config = json.loads((run_dir / model_dir / "tokenizer_config.json").read_text())
+        assert config["chat_template"] == template, model_dir
 
 
 def test_resume_leaves_one_copy_of_each_recorded_episode(tmp_path):

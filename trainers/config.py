@@ -11,6 +11,8 @@ import msgspec
 
 from .losses import LossConfig
 
+MAX_LR = 1.0  # OptimizerConfig.lr's upper bound (AdamW's step is about lr per weight)
+
 Decay = Literal["constant", "linear", "cosine"]
 Precision = Literal["fp32", "bf16"]
 
@@ -34,8 +36,12 @@ class OptimizerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_lr_ratio: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"OptimizerConfig.lr must be > 0, got {self.lr}")
+        if not 0 < self.lr <= MAX_LR:
+            # AdamW moves every weight by about lr a step, whatever the gradient's scale
+            raise ValueError(
+                f"OptimizerConfig.lr must be in (0, {MAX_LR:g}], got {self.lr:g}: AdamW moves every weight "
+                "by about lr each step, so a larger lr destroys the model"
+            )
         if not all(0.0 <= b < 1.0 for b in self.betas) or len(self.betas) != 2:
             raise ValueError(f"OptimizerConfig.betas must be two numbers in [0, 1), got {self.betas}")
         if self.eps <= 0 or self.weight_decay < 0:

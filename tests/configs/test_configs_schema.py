@@ -120,6 +120,16 @@ def test_non_finite_numbers_are_refused_at_load_time(override, message, capsys):
     assert out == "" and err.startswith(message) and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("key", ["trainer.optimizer.lr", "sft.optimizer.lr"])
+def test_a_learning_rate_that_would_destroy_the_weights_is_refused(key, capsys):
+    # lr = 1e30 used to train to "done": every weight moved by ~1e30 on the first update
+    assert main(["train", "zorplex_tiny", "--set", f"{key}=1e30", "--print-config"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"config error: {key}: ") and "must be in (0, 1], got 1e+30" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["train", "zorplex_tiny", "--set", f"{key}=1.0", "--print-config"]) == 0
+
+
 def test_overrides_set_nested_keys_and_keep_the_rest():
     raw = {"rollout": {"group_size": 8, "max_turns": 4}}
     out = apply_overrides(

@@ -167,6 +167,13 @@ class CheckpointManager:
                 f"(expected a name like {STEP_PREFIX}00000004)"
             )
         path = self.directory / name
+        # nor through a link: a step directory (or its files) that is a symlink into another run
+        home = self.directory.resolve()
+        for part in (path, path / "meta.json", path / "dcp"):
+            if part.is_symlink() or (part.exists() and home not in part.resolve().parents):
+                raise CheckpointError(
+                    f"{pointer}: refused: {part} is a link to {part.resolve()}, outside {self.directory}"
+                )
         if not (path / "meta.json").is_file():
             raise FileNotFoundError(f"{pointer} names {path}, which is not a complete checkpoint")
         for rank_file in sorted(path.glob("rank*.pt")):

@@ -3,6 +3,7 @@ and the `latest` pointer never leaves its directory."""
 
 import pickle
 import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -114,3 +115,20 @@ def test_a_latest_pointer_outside_the_directory_is_refused(tmp_path, pointer):
     with pytest.raises(CheckpointError) as err:
         manager.latest()
     assert "\n" not in str(err.value) and repr(pointer) in str(err.value)
+
+
+@pytest.mark.parametrize("what", ["step", "dcp"])
+def test_a_checkpoint_linked_into_another_run_is_refused(tmp_path, what):
+    """`latest` names a step directory here, but the directory (or its weights) is a symlink into
+    another run: resuming from it would train on that run's weights."""
+    manager, path = _saved(tmp_path / "this")
+    _, other_path = _saved(tmp_path / "other")
+    if what == "step":
+        shutil.rmtree(path)
+        path.symlink_to(other_path, target_is_directory=True)
+    else:
+        shutil.rmtree(path / "dcp")
+        (path / "dcp").symlink_to(other_path / "dcp", target_is_directory=True)
+    with pytest.raises(CheckpointError, match="outside") as err:
+        manager.latest()
+    assert "\n" not in str(err.value) and str(tmp_path / "other") in str(err.value)

@@ -324,12 +324,15 @@ def _prepare_run_dir(config: Config, resume: str | Path | None, is_main: bool) -
 
 
 def _check_sft_recording(config: Config, renderer: Renderer) -> None:
-    """The SFT recording's header (not its episodes): a recording made with another tokenizer, or
-    rendered otherwise than the run renders (sft.check_demo_rendering)."""
+    """The SFT recording: every record readable (rollouts/recording.py's check_recording), made
+    with the run's tokenizer and rendered as the run renders (build/demos.py's
+    check_demo_rendering); ConfigError (sft.recording) otherwise."""
     if not (config.sft.enabled and config.sft.source == "recording"):
         return
-    try:
-        header = RecordingReader(config.sft.recording, tokenizer_fingerprint(renderer.tokenizer)).header
+    fingerprint = tokenizer_fingerprint(renderer.tokenizer)
+    try:  # every record: a damaged one found after the run directory exists would leave it behind
+        check_recording(config.sft.recording, fingerprint)
+        header = RecordingReader(config.sft.recording, fingerprint).header
     except (RecordingError, OSError) as exc:
         raise ConfigError("sft.recording", str(exc)) from None
     check_demo_rendering(config, renderer, header)

@@ -371,6 +371,35 @@ def test_cli_refuses_an_sft_recording_of_another_tokenizer_and_starts_nothing(tm
     assert len(err.strip().splitlines()) == 1 and not run_dir.exists()
 
 
+def test_cli_refuses_a_damaged_sft_recording_in_one_line_and_starts_nothing(tmp_path, capsys):
+    recording, run_dir = tmp_path / "demos.jsonl", tmp_path / "run"
+    assert (
+        main(
+            [
+                "record",
+                "--env",
+                "toolgym/Zorplex-v0",
+                "--policy",
+                "oracle",
+                "--tasks",
+                "4",
+                "--out",
+                str(recording),
+            ]
+        )
+        == 0
+    )
+    lines = recording.read_text().splitlines(keepends=True)
+    lines[2] = '{"transitions": [oops\n'  # a damaged record in the middle (not a torn last line)
+    recording.write_text("".join(lines))
+    capsys.readouterr()
+    args = ["train", "--set", f"run.run_dir={run_dir}", "--set", "sft.source=recording"]
+    assert main([*args, "--set", f"sft.recording={recording}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"config error: sft.recording: {recording}") and "line 3" in err, err
+    assert len(err.strip().splitlines()) == 1 and not run_dir.exists()
+
+
 def test_cli_refuses_an_existing_run_dir_and_a_missing_one_to_resume(tmp_path, capsys):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium
+import msgspec
 import torch
 
 from .. import envs  # noqa: F401 (registers toolgym/*)
@@ -20,10 +21,12 @@ from ..agents.model.config import NAMED_CONFIGS, ModelConfig
 from ..agents.vllm.engine import INSTALL_HINT
 from ..rollouts.env_io import reset_env
 from ..rollouts.replay import import_env_modules
-from ..rollouts.runner import first_messages
+from ..rollouts.runner import RolloutRunner, first_messages
 from ..rollouts.sampling import TaskSeedStream
+from ..rollouts.scripted import OraclePolicy
 from ..rollouts.serving.program import load_program
-from .build.demos import rl_stream
+from ..rollouts.types import StopReason
+from .build.demos import rl_stream, sft_stream
 from .build.parts import policy_max_seq_len
 from .build.placement import check_async
 from .load import ConfigError, tokenizer_path
@@ -181,10 +184,62 @@ def check_context(config: Config, model: ModelConfig, renderer: Renderer) -> Non
             )
 
 
+# The runner's own limits: an episode stopped by one of these was cut short, not finished.
+_RUNNER_LIMITS = (StopReason.MAX_TOKENS, StopReason.CONTEXT_OVERFLOW, StopReason.MAX_TURNS)
+
+
+def check_demo_limits(config: Config, model: ModelConfig, renderer: Renderer, sample: int = 4) -> None:
+    """Refuse oracle SFT demonstrations that the run's token, turn and context limits would cut
+    short, every one of them: SFT would train on nothing but cut-off episodes (and report their
+    accuracy as 0). Rolls out the first `sample` demonstrations under the run's limits (the
+    oracle is cheap); where all are cut, again without them, and names each limit with the value
+    the demonstrations need."""
+    sft = config.sft
+    if not (sft.enabled and sft.source == "oracle"):
+        return
+    seq = policy_max_seq_len(config, model)
+    context = min(config.rollout.context_length or seq, seq)
+    rollout = msgspec.structs.replace(config.rollout_config(sft.env_kwargs), group_size=1, context_length=context)
+    seeds, group_ids = TaskSeedStream(stream=sft_stream(config)).take(min(sample, sft.num_tasks))
+    policy = OraclePolicy(renderer, sft.oracle)
+    cut = RolloutRunner(policy, renderer, rollout).run(seeds, group_ids=group_ids)
+    if not cut or any(t.stop_reason not in _RUNNER_LIMITS for t in cut):
+        return
+    free = msgspec.structs.replace(
+        rollout, max_turns=1024, max_tokens_per_turn=1 << 20, max_tokens_per_episode=1 << 24, context_length=None
+    )
+    whole = RolloutRunner(policy, renderer, free).run(seeds, group_ids=group_ids)
+    needs = {
+        "rollout.max_turns": (config.rollout.max_turns, max(len(t.transitions) for t in whole)),
+        "rollout.max_tokens_per_turn": (
+            config.rollout.max_tokens_per_turn,
+            max((len(tr.action.tokens) for t in whole for tr in t.transitions), default=0),
+        ),
+        "rollout.max_tokens_per_episode": (
+            config.rollout.max_tokens_per_episode,
+            max(sum(len(tr.action.tokens) for tr in t.transitions) for t in whole),
+        ),
+        "rollout.context_length" if context < seq else "policy.max_seq_len": (
+            context,
+            max(sum(len(tr.observation_tokens) + len(tr.action.tokens) for tr in t.transitions) for t in whole),
+        ),
+    }
+    short = [f"{key} >= {need} (it is {have})" for key, (have, need) in needs.items() if need > have]
+    field = short[0].split(" ")[0] if short else "rollout"
+    reasons = sorted({str(t.stop_reason) for t in cut})
+    raise ConfigError(
+        field,
+        f"every sampled SFT demonstration of {config.env.id} is cut short ({', '.join(reasons)}); "
+        f"they need {', '.join(short) or 'longer limits'}",
+    )
+
+
 def check_against_machine(
     config: Config, model: ModelConfig, renderer: Renderer, device: torch.device
 ) -> None:
     """The checks that need the model's shape, the renderer and the device (cheap: nothing is
-    allocated, one env is reset): the KV cache fits, the context holds the first prompt."""
+    allocated, one env is reset, a few oracle demonstrations run): the KV cache fits, the context
+    holds the first prompt, the limits do not cut every SFT demonstration short."""
     check_memory(config, model, device)
     check_context(config, model, renderer)
+    check_demo_limits(config, model, renderer)

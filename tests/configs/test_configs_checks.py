@@ -260,3 +260,21 @@ def test_the_count_is_of_steps_in_a_row_and_names_the_cause():
     loop.settings.max_steps_without_learning = 0  # never stops
     for _ in range(10):
         RLLoop._check_learning(loop, zero)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("rollout.max_turns=1", "config error: rollout.max_turns: every sampled SFT demonstration of "
+         "toolgym/Zorplex-v0 is cut short (max_turns); they need rollout.max_turns >= 2 (it is 1)"),
+        ("rollout.max_tokens_per_turn=4", "config error: rollout.max_tokens_per_turn: every sampled SFT "
+         "demonstration of toolgym/Zorplex-v0 is cut short (max_tokens); they need rollout.max_tokens_per_turn >= "),
+    ],
+)  # fmt: skip
+def test_limits_that_cut_every_sft_demonstration_short_are_refused_before_the_run(tmp_path, capsys, override, message):
+    """SFT used to train for minutes on nothing but cut-off demonstrations (their accuracy 0.00)."""
+    run_dir = tmp_path / "run"
+    assert main(["train", "zorplex_tiny", "--set", f"run.run_dir={run_dir}", "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
+    assert not run_dir.exists()

@@ -40,7 +40,7 @@ from toolgym.agents.model.config import ModelConfig
 from toolgym.agents.model.transformer import Transformer
 from toolgym.agents.tokenizer import load_tokenizer
 from toolgym.agents.types import SamplingParams
-from toolgym.configs.cli import DEFAULT_TOKENIZER
+from toolgym.configs.cli.main import DEFAULT_TOKENIZER
 from toolgym.rollouts.runner import RolloutConfig, RolloutRunner, sampling_seed
 
 TARGET_OVERHEAD = 0.10

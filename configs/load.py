@@ -438,14 +438,14 @@ def check_environment(config: Config, world_size: int = 1) -> None:
     import gymnasium
 
     from .. import envs  # noqa: F401 (registers toolgym/*)
-    from ..rollouts.replay import import_env_modules
+    from ..rollouts.recording.replay import import_env_modules
 
     try:
         import_env_modules(config.env.modules, where="env.module")
     except ValueError as exc:
         raise ConfigError("", str(exc)) from None
     if config.agent_program.module:  # the agent program's module and functions exist
-        from ..rollouts.serving.program import load_program
+        from ..rollouts.endpoint.program import load_program
 
         try:
             load_program(config.agent_program)
@@ -565,9 +565,9 @@ def first_prompt_length(
     import gymnasium
 
     from .. import envs  # noqa: F401 (registers toolgym/*)
+    from ..rollouts.batches import TaskSeedStream
     from ..rollouts.env_io import reset_env
     from ..rollouts.runner import first_messages
-    from ..rollouts.sampling import TaskSeedStream
     from .sft import rl_stream
 
     (seed,), _ = TaskSeedStream(stream=rl_stream(config)).take(1)

@@ -36,10 +36,10 @@ from tqdm import tqdm
 from ..agents.chat import ChatRenderer, Renderer
 from ..agents.policy import Policy
 from ..agents.tokenizer import tokenizer_fingerprint
+from ..rollouts.batches import BatchConfig, RolloutBatch, TaskSeedStream, collect_batch
 from ..rollouts.evaluation import EvalReport, evaluate
-from ..rollouts.recording import CHAT_TEMPLATE, RecordingHeader, RecordingWriter, chat_template_entry
+from ..rollouts.recording.format import CHAT_TEMPLATE, RecordingHeader, RecordingWriter, chat_template_entry
 from ..rollouts.runner import RolloutConfig, RolloutRunner
-from ..rollouts.sampling import BatchConfig, RolloutBatch, TaskSeedStream, collect_batch
 from ..trainers.checkpoint import CheckpointManager
 from ..trainers.distributed import DistInfo, all_gather_objects, all_reduce, broadcast_object
 from ..trainers.trainer import Trainer
@@ -53,7 +53,7 @@ from .run_dir import RunDir
 from .schema import Config
 
 if TYPE_CHECKING:
-    from ..rollouts.serving.agent_runner import AgentRunner
+    from ..rollouts.endpoint.agent_runner import AgentRunner
 
 # Per-rank batch metrics that add up over ranks (the rest are means over episodes, or maxima).
 _SUMMED = (
@@ -164,7 +164,7 @@ class RLLoop:
         )
         self.runner: RolloutRunner | AgentRunner
         if config.agent_program.module:  # an agent program, through the endpoint
-            from ..rollouts.serving.agent_runner import AgentRunner
+            from ..rollouts.endpoint.agent_runner import AgentRunner
 
             self.runner = AgentRunner(policy, renderer, config.agent_program, self.rollout)
         else:
@@ -234,7 +234,7 @@ class RLLoop:
         if isinstance(self.runner, RolloutRunner):
             report: EvalReport = runner.run(evaluate(self.policy, self.renderer, self.rollout, eval_config))
         else:
-            from ..rollouts.serving.agent_runner import evaluate_agent
+            from ..rollouts.endpoint.agent_runner import evaluate_agent
 
             report = runner.run(evaluate_agent(self.runner, eval_config))
         metrics = dict(report.metrics)

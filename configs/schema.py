@@ -38,7 +38,7 @@ Sections (all optional; every key has a default):
                  generator_threads, generator_ranks: asynchronous RL (configs/async_rl/)
     [agent_program] module, function, task, request_timeout_s: train an agent program written
                  against the `openai` client through the endpoint instead of rolling out [env]
-                 (rollouts/serving/agent_runner.py); empty module = env rollouts
+                 (rollouts/endpoint/agent_runner.py); empty module = env rollouts
 
 Each setting is declared once: the components' own config Structs are the sections where their
 shape suits TOML (RolloutSettings, BatchConfig, TrainerConfig, LossConfig, OptimizerConfig,
@@ -55,11 +55,11 @@ from typing import Any, Literal
 import msgspec
 
 from ..agents.vllm.engine import VLLMConfig
+from ..rollouts.batches import EVAL_SEED_COUNT, BatchConfig
+from ..rollouts.endpoint.program import AgentProgram
 from ..rollouts.evaluation import EvalConfig
 from ..rollouts.runner import RolloutConfig
-from ..rollouts.sampling import EVAL_SEED_COUNT, BatchConfig
 from ..rollouts.scripted import OracleConfig
-from ..rollouts.serving.program import AgentProgram
 from ..rollouts.types import RolloutSettings, SamplingConfig
 from ..trainers.config import CheckpointConfig, OptimizerConfig, TrainerConfig
 

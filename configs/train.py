@@ -31,9 +31,9 @@ import torch
 
 from ..agents.chat import Renderer
 from ..agents.tokenizer import tokenizer_fingerprint
+from ..rollouts.batches import TaskSeedStream
 from ..rollouts.metrics import env_metric_names
-from ..rollouts.recording import RecordingError, RecordingReader, RecordingWriter, check_recording
-from ..rollouts.sampling import TaskSeedStream
+from ..rollouts.recording.format import RecordingError, RecordingReader, RecordingWriter, check_recording
 from ..trainers.checkpoint import CheckpointManager, export_hf
 from ..trainers.distributed import all_gather_objects, barrier
 from ..trainers.weight_sync import push_weights

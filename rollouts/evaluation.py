@@ -23,10 +23,10 @@ import msgspec
 
 from ..agents.chat import Renderer
 from ..agents.policy import Policy
+from .batches import eval_seeds
 from .metrics import BatchMetrics
-from .replay import format_transcript
+from .recording.replay import format_transcript
 from .runner import RolloutConfig, RolloutRunner
-from .sampling import eval_seeds
 from .types import Trajectory
 
 # Episodes in flight at once when the rollout config sets no max_concurrent_episodes: enough to

@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 
 from ...agents.chat import Renderer
+from ...rollouts.batches import TaskSeedStream
 from ...rollouts.runner import RolloutRunner
-from ...rollouts.sampling import TaskSeedStream
 from ...trainers.distributed import DistInfo, channel_group
 from ..schema import Config
 from .placement import buffer_capacity

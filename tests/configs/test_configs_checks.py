@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from toolgym.configs.build import build_policy, build_renderer, initial_model, model_config
-from toolgym.configs.cli import main
+from toolgym.configs.cli.main import main
 from toolgym.configs.load import (
     ConfigError,
     check_against_machine,

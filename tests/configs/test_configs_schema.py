@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from toolgym.configs.cli import main
+from toolgym.configs.cli.main import main
 from toolgym.configs.load import (
     ConfigError,
     apply_overrides,
@@ -342,7 +342,7 @@ def test_cli_rejects_a_bad_config_with_exit_code_2_and_starts_nothing(tmp_path, 
 
 
 def test_cli_refuses_an_sft_recording_of_another_tokenizer_and_starts_nothing(tmp_path, capsys):
-    from toolgym.rollouts.recording import RecordingHeader, RecordingWriter
+    from toolgym.rollouts.recording.format import RecordingHeader, RecordingWriter
 
     recording, run_dir = tmp_path / "demos.jsonl", tmp_path / "run"
     RecordingWriter(recording, RecordingHeader(tokenizer_fingerprint="another", env_id="x")).close()

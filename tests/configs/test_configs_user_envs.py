@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from toolgym.configs.cli import main
+from toolgym.configs.cli.main import main
 from toolgym.configs.load import check_environment, load_config
 
 MODULE = "tg_user_bank_env"  # the user's module, written into each test's folder

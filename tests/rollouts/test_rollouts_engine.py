@@ -75,7 +75,7 @@ def test_backend_context_overflow_error_is_mapped(renderer):
 
 def test_cli_with_a_checkpoint_directory(model, tokenizer, tmp_path, capsys):
     from toolgym.agents.model.checkpoint import save_hf_checkpoint
-    from toolgym.configs.cli import main
+    from toolgym.configs.cli.main import main
 
     tokenizer.save(str(tmp_path / "tok.json"))
     ckpt = save_hf_checkpoint(model, model.config, tmp_path / "ckpt", tokenizer_path=tmp_path / "tok.json")

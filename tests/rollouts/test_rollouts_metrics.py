@@ -6,7 +6,7 @@ from rollouts_fakes import TOY_ENV_ID, TextPolicy
 from toolgym.agents.types import Completion
 from toolgym.rollouts.env_io import EnvOutputError, step_env
 from toolgym.rollouts.metrics import batch_metrics, env_metric_names, episode_metrics
-from toolgym.rollouts.replay import summarize
+from toolgym.rollouts.recording.replay import summarize
 from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
 from toolgym.rollouts.types import StopReason, Trajectory, Transition
 

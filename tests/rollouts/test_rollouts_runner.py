@@ -8,7 +8,7 @@ from rollouts_fakes import SETTLING_ENV_ID, TOY_ENV_ID, PerSeedPolicy, TextPolic
 
 from toolgym.agents.types import Message
 from toolgym.rollouts.metrics import batch_metrics
-from toolgym.rollouts.replay import verify_trajectories
+from toolgym.rollouts.recording.replay import verify_trajectories
 from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import StopReason
@@ -137,7 +137,7 @@ def test_an_unusable_env_output_ends_only_its_episode(renderer, turn, field, val
 
 
 def test_an_info_with_numpy_values_is_kept_as_json_and_records(renderer, tmp_path):
-    from toolgym.rollouts.recording import RecordingHeader, RecordingWriter, read_recording
+    from toolgym.rollouts.recording.format import RecordingHeader, RecordingWriter, read_recording
 
     kwargs = {"numpy_info": True}
     (t,) = run(OraclePolicy(renderer), renderer, [1], env_kwargs=kwargs)

@@ -22,7 +22,7 @@ from toolgym.configs.async_rl.placement import generator_layout
 from toolgym.configs.load import ConfigError, config_from_dict, config_to_toml
 from toolgym.configs.metrics_log import read_metrics
 from toolgym.configs.train import train
-from toolgym.rollouts.recording import read_recording
+from toolgym.rollouts.recording.format import read_recording
 
 pytestmark = pytest.mark.slow
 

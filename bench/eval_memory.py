@@ -52,12 +52,12 @@ def child(episodes: int, policy: str, keep: bool) -> None:
         from toolgym.configs.cli.main import DEFAULT_TOKENIZER
         from toolgym.configs.cli.parts import load_policy, load_renderer
         from toolgym.rollouts.evaluation import EvalConfig, evaluate_sync
-        from toolgym.rollouts.runner import RolloutConfig
+        from toolgym.rollouts.runner import EnvRolloutConfig
         from toolgym.rollouts.scripted import OracleConfig
 
         renderer = load_renderer(policy, DEFAULT_TOKENIZER)
         engine, _ = load_policy(policy, renderer, OracleConfig())
-        rollout = RolloutConfig(
+        rollout = EnvRolloutConfig(
             env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "simple"}, max_turns=3,
             max_tokens_per_turn=8, max_tokens_per_episode=24,
         )  # fmt: skip

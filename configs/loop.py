@@ -39,7 +39,7 @@ from ..agents.tokenizer import tokenizer_fingerprint
 from ..rollouts.batches import BatchConfig, RolloutBatch, TaskSeedStream, collect_batch
 from ..rollouts.evaluation import EvalReport, evaluate
 from ..rollouts.recording.format import CHAT_TEMPLATE, RecordingHeader, RecordingWriter, chat_template_entry
-from ..rollouts.runner import RolloutConfig, RolloutRunner
+from ..rollouts.runner import EnvRolloutConfig, RolloutRunner
 from ..trainers.checkpoint import CheckpointManager
 from ..trainers.distributed import DistInfo, all_gather_objects, all_reduce, broadcast_object
 from ..trainers.trainer import Trainer
@@ -156,7 +156,7 @@ class RLLoop:
         self.step = start_step
         self.steps_without_learning = 0  # consecutive, with the cause of the last one
         self._no_learning_cause = ""
-        self.rollout: RolloutConfig = config.rollout_config()
+        self.rollout: EnvRolloutConfig = config.rollout_config()
         self.split = dist.generators > 0  # async across ranks: generator ranks roll out
         groups = config.batch.groups_per_batch // (1 if self.split else dist.world_size)
         self.batch_config: BatchConfig = msgspec.structs.replace(

@@ -2,8 +2,10 @@
 
 Modules (import them directly; this package imports nothing so that `toolgym.rollouts.types`
 stays cheap for the trainers):
-- types: StopReason, Transition, Trajectory, Episode, SamplingConfig (read by sampler and trainer).
-- runner: RolloutSettings / RolloutConfig (the one declaration of the rollout settings),
+- types: StopReason, Transition, Trajectory, Episode; PolicySampling (the policy's configured
+  temperature/top_p/top_k, read by the runner and the trainer) and RolloutSettings (the
+  env-independent `[rollout]` settings: group size, limits).
+- runner: EnvRolloutConfig (RolloutSettings bound to one env, the sampling and a seed),
   RolloutRunner (concurrent multi-turn episodes, limits, fault isolation).
 - env_io: the runner's checked env calls (reset, step, abandon).
 - scripted: OraclePolicy / OracleConfig (the env's oracle with imperfection knobs).

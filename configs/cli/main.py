@@ -39,7 +39,7 @@ from typing import Any
 import msgspec
 from rich.console import Console
 
-from ...rollouts.types import RolloutSettings, SamplingConfig
+from ...rollouts.types import PolicySampling, RolloutSettings
 
 DEFAULT_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "tokenizer.json"
 
@@ -83,7 +83,7 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
     oracle.add_argument(
         "--p-stop-early", type=float, default=0.0, help="stop one call short and guess (wrong)"
     )
-    limits = p.add_argument_group("rollout limits and sampling (defaults: RolloutSettings', SamplingConfig's)")
+    limits = p.add_argument_group("rollout limits and sampling (defaults: RolloutSettings', PolicySampling's)")
     for flag, (owner, field) in _SETTING_FLAGS.items():
         info = next(f for f in msgspec.structs.fields(owner) if f.name == field)
         kind, choices = _flag_type(info.type)
@@ -111,7 +111,7 @@ def _add_env_module_arg(p: argparse.ArgumentParser) -> None:
 
 
 # Flags that set a field of the one declaration of the rollout settings (RolloutSettings) and of the
-# sampling (SamplingConfig); each flag's type and default come from that field.
+# sampling (PolicySampling); each flag's type and default come from that field.
 _SETTING_FLAGS: dict[str, tuple[type[msgspec.Struct], str]] = {
     "--max-turns": (RolloutSettings, "max_turns"),
     "--max-tokens-per-turn": (RolloutSettings, "max_tokens_per_turn"),
@@ -119,9 +119,9 @@ _SETTING_FLAGS: dict[str, tuple[type[msgspec.Struct], str]] = {
     "--context-length": (RolloutSettings, "context_length"),
     "--timeout": (RolloutSettings, "episode_timeout_s"),
     "--observation-role": (RolloutSettings, "observation_role"),
-    "--temperature": (SamplingConfig, "temperature"),
-    "--top-p": (SamplingConfig, "top_p"),
-    "--top-k": (SamplingConfig, "top_k"),
+    "--temperature": (PolicySampling, "temperature"),
+    "--top-p": (PolicySampling, "top_p"),
+    "--top-k": (PolicySampling, "top_k"),
 }
 _SETTING_HELP = {
     "context_length": "default: the model's",
@@ -141,18 +141,18 @@ def _flag_type(annotation: Any) -> tuple[Any, list[Any] | None]:
 
 
 def _rollout_config(args: argparse.Namespace, group_size: int) -> Any:
-    from ...rollouts.runner import RolloutConfig  # lazy: see the module doc
+    from ...rollouts.runner import EnvRolloutConfig  # lazy: see the module doc
 
     given = vars(args)
 
     def fields(owner: type[msgspec.Struct]) -> dict[str, Any]:
         return {field: given[field] for flag, (cls, field) in _SETTING_FLAGS.items() if cls is owner}
 
-    return RolloutConfig.build(
+    return EnvRolloutConfig.build(
         RolloutSettings(group_size=group_size, **fields(RolloutSettings)),
         env_id=args.env,
         env_kwargs=args.env_kwargs,
-        sampling=SamplingConfig(**fields(SamplingConfig)),
+        sampling=PolicySampling(**fields(PolicySampling)),
         seed=args.seed,
     )
 

@@ -30,7 +30,7 @@ from ...rollouts.recording.format import (
     chat_template_entry,
 )
 from ...rollouts.recording.replay import errored, import_env_modules, summarize
-from ...rollouts.runner import RolloutConfig, RolloutRunner
+from ...rollouts.runner import EnvRolloutConfig, RolloutRunner
 from ...rollouts.scripted import OracleConfig
 from .parts import load_policy, load_renderer
 from .summary import error_text, print_summary
@@ -72,7 +72,7 @@ def chat_template_extra(chat_template: str | os.PathLike[str] = "") -> dict[str,
 
 def record_command(
     console: Console,
-    rollout: RolloutConfig,
+    rollout: EnvRolloutConfig,
     policy_spec: str,
     oracle: OracleConfig,
     tokenizer_path: str | os.PathLike,
@@ -149,7 +149,7 @@ def record_command(
 
 def eval_command(
     console: Console,
-    rollout: RolloutConfig,
+    rollout: EnvRolloutConfig,
     policy_spec: str,
     oracle: OracleConfig,
     tokenizer_path: str | os.PathLike,

@@ -37,7 +37,7 @@ from ..batches import eval_seeds
 from ..evaluation import EvalConfig, EvalReport
 from ..metrics import BatchMetrics
 from ..recording.replay import format_transcript
-from ..runner import RolloutConfig, run_grouped, sampling_seed
+from ..runner import EnvRolloutConfig, run_grouped, sampling_seed
 from ..types import StopReason, Trajectory
 from .capture import CaptureInfo
 from .program import AgentProgram, AgentResult, as_result, load_program
@@ -65,7 +65,7 @@ class AgentRunner:
     """Runs an agent program's episodes through the endpoint (module doc). Reusable across
     batches and policy versions; `run_groups` has the env runner's signature."""
 
-    def __init__(self, policy: Policy, renderer: Renderer, program: AgentProgram, config: RolloutConfig):
+    def __init__(self, policy: Policy, renderer: Renderer, program: AgentProgram, config: EnvRolloutConfig):
         self.policy, self.renderer, self.program, self.config = policy, renderer, program, config
         self.agent, self.make_task = load_program(program)
         self.last_server: PolicyServer | None = None  # the endpoint of the last batch (stats)

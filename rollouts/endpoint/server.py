@@ -53,7 +53,7 @@ from ...agents.policy import Policy
 from ...agents.types import Completion, SamplingParams
 from ..recording.format import RecordingWriter
 from ..runner import sampling_seed
-from ..types import SamplingConfig, StopReason
+from ..types import PolicySampling, StopReason
 from .capture import CaptureInfo, CaptureStore, Choice, Conversation
 from .openai_api import (
     APIError,
@@ -83,7 +83,7 @@ class EndpointConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     max_tokens_per_turn: int = 256
     max_tokens_per_episode: int | None = None
     context_length: int | None = None  # None: the policy's
-    sampling: SamplingConfig | None = None  # fixed sampling for every request (training)
+    sampling: PolicySampling | None = None  # fixed sampling for every request (training)
     # Requests wait at a gate before they reach the policy: it opens once no request has arrived
     # for `gather_quiet_s` (or after `gather_max_s`), so that many agents' requests arriving in a
     # burst start in one prefill, as the env runner's do (bench/RESULTS.md, bench/serve.py).

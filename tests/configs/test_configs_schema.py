@@ -390,14 +390,14 @@ def test_deprecated_trainer_temperature_still_loads_with_a_warning():
 def test_rollout_settings_are_declared_once():
     import msgspec
 
-    from toolgym.rollouts.runner import RolloutConfig
-    from toolgym.rollouts.types import RolloutSettings, SamplingConfig
+    from toolgym.rollouts.runner import EnvRolloutConfig
+    from toolgym.rollouts.types import PolicySampling, RolloutSettings
 
     config = config_from_dict({"rollout": {"max_turns": 3}, "policy": {"top_p": 0.5}})
-    assert type(config.rollout) is RolloutSettings and isinstance(config.policy, SamplingConfig)
+    assert type(config.rollout) is RolloutSettings and isinstance(config.policy, PolicySampling)
     rollout = config.rollout_config()
-    assert isinstance(rollout, RolloutConfig) and rollout.max_turns == 3 and rollout.sampling.top_p == 0.5
-    own = {f.name for f in msgspec.structs.fields(RolloutConfig)} - set(RolloutSettings.__struct_fields__)
+    assert isinstance(rollout, EnvRolloutConfig) and rollout.max_turns == 3 and rollout.sampling.top_p == 0.5
+    own = {f.name for f in msgspec.structs.fields(EnvRolloutConfig)} - set(RolloutSettings.__struct_fields__)
     assert own == {"env_id", "env_kwargs", "sampling", "seed"}
 
 

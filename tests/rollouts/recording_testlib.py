@@ -14,7 +14,7 @@ from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from toolgym.configs.cli.main import DEFAULT_TOKENIZER
 from toolgym.rollouts.recording.format import RecordingHeader, RecordingWriter
-from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
+from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import RolloutSettings, Trajectory
 
@@ -34,7 +34,7 @@ def play(
 ) -> list[Trajectory]:
     """Oracle episodes of `env_id`, with made-up sampler logprobs (seeded) and `policy_version`."""
     renderer = shipped_renderer()
-    config = RolloutConfig.build(RolloutSettings(group_size=group_size), env_id=env_id, env_kwargs=env_kwargs or {})
+    config = EnvRolloutConfig.build(RolloutSettings(group_size=group_size), env_id=env_id, env_kwargs=env_kwargs or {})
     runner = RolloutRunner(OraclePolicy(renderer, oracle or OracleConfig(p_omit_tag=0.5)), renderer, config)
     trajectories = runner.run(seeds)
     rng = np.random.default_rng(0)

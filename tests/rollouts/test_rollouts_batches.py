@@ -14,7 +14,7 @@ from toolgym.rollouts.batches import (
     collect_batch_sync,
     eval_seeds,
 )
-from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
+from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import StopReason
 
@@ -42,7 +42,7 @@ class MixedPolicy:
 
 
 def runner(policy, renderer):
-    return RolloutRunner(policy, renderer, RolloutConfig(env_id=TOY_ENV_ID, group_size=2, max_turns=4))
+    return RolloutRunner(policy, renderer, EnvRolloutConfig(env_id=TOY_ENV_ID, group_size=2, max_turns=4))
 
 
 def test_seed_scheme_is_disjoint_and_rank_split():

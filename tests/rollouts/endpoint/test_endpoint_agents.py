@@ -15,7 +15,7 @@ from endpoint_testlib import ROOT, engine, renderer
 
 from toolgym.rollouts.batches import BatchConfig, TaskSeedStream, collect_batch
 from toolgym.rollouts.endpoint import AgentProgram, AgentRunner, evaluate_agent
-from toolgym.rollouts.runner import RolloutConfig
+from toolgym.rollouts.runner import EnvRolloutConfig
 from toolgym.rollouts.types import StopReason
 
 SHOP = AgentProgram(module="toolgym.configs.shop_agent", function="run_agent", task="task")
@@ -44,9 +44,9 @@ def shop_engine():
         yield e
 
 
-def rollout(**kwargs) -> RolloutConfig:
+def rollout(**kwargs) -> EnvRolloutConfig:
     settings = dict(env_id="toolgym/Shop-v0", group_size=4, max_tokens_per_turn=8, max_tokens_per_episode=24)
-    return RolloutConfig(**{**settings, **kwargs})
+    return EnvRolloutConfig(**{**settings, **kwargs})
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from endpoint_testlib import TOKENIZER, renderer, tiny_model
 
 from toolgym.agents.model.checkpoint import save_hf_checkpoint
 from toolgym.rollouts.endpoint import AgentProgram, AgentRunner, EndpointConfig, PolicyServer
-from toolgym.rollouts.runner import RolloutConfig
+from toolgym.rollouts.runner import EnvRolloutConfig
 from toolgym.rollouts.types import StopReason
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -66,7 +66,7 @@ def vllm_policy(tmp_path_factory):
 
 def test_64_concurrent_agent_runs_through_the_endpoint_over_vllm(vllm_policy):
     program = AgentProgram(module="toolgym.configs.shop_agent", function="run_agent", task="task")
-    config = RolloutConfig(
+    config = EnvRolloutConfig(
         env_id="toolgym/Shop-v0", group_size=4, max_tokens_per_turn=8, max_tokens_per_episode=24
     )
     runner = AgentRunner(vllm_policy, renderer(), program, config)

@@ -16,7 +16,7 @@ from toolgym.rollouts.recording.replay import (
     verify_trajectories,
     verify_trajectory,
 )
-from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
+from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import StopReason
 
@@ -27,7 +27,7 @@ def record(
     renderer, tmp_path, env_id="toolgym/Zorplex-v0", env_kwargs=None, policy=None, seeds=range(6), **kw
 ):
     env_kwargs = {"tier": "compositional"} if env_kwargs is None else env_kwargs
-    config = RolloutConfig(env_id=env_id, env_kwargs=env_kwargs, group_size=2, **{"max_turns": 8, **kw})
+    config = EnvRolloutConfig(env_id=env_id, env_kwargs=env_kwargs, group_size=2, **{"max_turns": 8, **kw})
     policy = policy or OraclePolicy(renderer, KNOBS)
     trajectories = RolloutRunner(policy, renderer, config).run(list(seeds))
     path = tmp_path / f"rec{len(list(tmp_path.iterdir()))}.jsonl"
@@ -210,7 +210,7 @@ def test_episodes_from_recording(renderer, tmp_path):
 
 def test_evaluate_uses_heldout_seeds_greedily(renderer):
     policy = TextPolicy(renderer, text="[ANSWER] 3")
-    rollout = RolloutConfig(env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "simple"}, group_size=4)
+    rollout = EnvRolloutConfig(env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "simple"}, group_size=4)
     report = evaluate_sync(policy, renderer, rollout, EvalConfig(num_tasks=5, num_examples=2))
     assert sorted(t.task_seed for t in report.trajectories) == [0, 1, 2, 3, 4]
     assert all(p.temperature == 0.0 for _, p in policy.requests) and len(policy.requests) == 5

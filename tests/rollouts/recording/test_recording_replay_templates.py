@@ -25,7 +25,7 @@ from toolgym.rollouts.recording.format import (
     read_recording,
 )
 from toolgym.rollouts.recording.replay import recorded_renderer, verify_tokens, verify_trajectories
-from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
+from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy, ScriptedEpisodePolicy, plan_actions
 from toolgym.rollouts.types import SEQUENCE_START, StopReason
 
@@ -182,7 +182,7 @@ def test_restarted_sequences_verify_and_a_moved_restart_is_reported(tmp_path, ca
     # which the template drops earlier reasoning, so every later turn restarts the sequence.
     template = ChatTemplate(QWEN3_NO_TOOLS, "qwen3-no-tools.jinja")
     renderer = TemplateRenderer(shipped, template)
-    config = RolloutConfig(
+    config = EnvRolloutConfig(
         env_id="toolgym/Zorplex-v0",
         env_kwargs={"tier": "compositional"},
         group_size=1,
@@ -217,7 +217,7 @@ def test_restarted_sequences_verify_and_a_moved_restart_is_reported(tmp_path, ca
 def test_qwen3_like_tool_recording_verifies_and_an_unneeded_restart_is_reported(tmp_path, capsys, shipped):
     template = ChatTemplate(QWEN3_LIKE, "qwen3-like.jinja")
     renderer = TemplateRenderer(shipped, template)
-    config = RolloutConfig(
+    config = EnvRolloutConfig(
         env_id="toolgym/Zorplex-v0", env_kwargs={"tool_format": "json"}, group_size=1, max_turns=8
     )
     path = tmp_path / "qwen3.jsonl"

@@ -35,7 +35,7 @@ def write_test_model(directory: Path) -> Path:
     from toolgym.agents.model.config import ModelConfig
     from toolgym.agents.model.transformer import build_model
     from toolgym.agents.tokenizer import load_tokenizer
-    from toolgym.configs.cli import DEFAULT_TOKENIZER
+    from toolgym.configs.cli.main import DEFAULT_TOKENIZER
 
     vocab = load_tokenizer(DEFAULT_TOKENIZER).get_vocab_size()
     config = ModelConfig.named("test")
@@ -49,15 +49,15 @@ def child(episodes: int, policy: str, keep: bool) -> None:
     """Run one eval in this process; print its peak RSS (KiB) and wall time on the last line."""
     started = time.perf_counter()
     if keep:  # every trajectory kept until the summary: how eval behaved before streaming
-        from toolgym.configs.cli import DEFAULT_TOKENIZER
-        from toolgym.rollouts.commands import load_policy, load_renderer
+        from toolgym.configs.cli.main import DEFAULT_TOKENIZER
+        from toolgym.configs.cli.parts import load_policy, load_renderer
         from toolgym.rollouts.evaluation import EvalConfig, evaluate_sync
-        from toolgym.rollouts.runner import RolloutConfig
+        from toolgym.rollouts.runner import EnvRolloutConfig
         from toolgym.rollouts.scripted import OracleConfig
 
         renderer = load_renderer(policy, DEFAULT_TOKENIZER)
         engine, _ = load_policy(policy, renderer, OracleConfig())
-        rollout = RolloutConfig(
+        rollout = EnvRolloutConfig(
             env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "simple"}, max_turns=3,
             max_tokens_per_turn=8, max_tokens_per_episode=24,
         )  # fmt: skip
@@ -65,7 +65,7 @@ def child(episodes: int, policy: str, keep: bool) -> None:
         assert len(report.trajectories) == episodes
         rc = 0
     else:
-        from toolgym.configs.cli import main
+        from toolgym.configs.cli.main import main
 
         rc = main(["eval", *ENV, "--policy", policy, "--tasks", str(episodes), "--examples", "0", *LIMITS])
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux

@@ -95,7 +95,7 @@ def failure_kind(trajectory) -> str | None:
 
 def failure_kinds(run_dir: Path) -> dict[int, dict[str, float]]:
     """Per eval step, the share of held-out episodes that failed in each way (FAILURE_KINDS)."""
-    from toolgym.rollouts.recording import read_recording
+    from toolgym.rollouts.recording.format import read_recording
 
     shares: dict[int, dict[str, float]] = {}
     for path in sorted((run_dir / "trajectories").glob("eval_step_*.jsonl")):

@@ -40,8 +40,8 @@ from toolgym.agents.model.config import ModelConfig
 from toolgym.agents.model.transformer import Transformer
 from toolgym.agents.tokenizer import load_tokenizer
 from toolgym.agents.types import SamplingParams
-from toolgym.configs.cli import DEFAULT_TOKENIZER
-from toolgym.rollouts.runner import RolloutConfig, RolloutRunner, sampling_seed
+from toolgym.configs.cli.main import DEFAULT_TOKENIZER
+from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner, sampling_seed
 
 TARGET_OVERHEAD = 0.10
 
@@ -68,7 +68,7 @@ def _fields(config: ModelConfig) -> dict:
 
 
 def requests_of(
-    trajectories, config: RolloutConfig, stop_ids
+    trajectories, config: EnvRolloutConfig, stop_ids
 ) -> list[list[tuple[list[int], SamplingParams, list[int]]]]:
     """Per turn index: (prompt, params, recorded tokens) of every episode's turn."""
     by_turn: dict[int, list] = defaultdict(list)
@@ -112,7 +112,7 @@ def main() -> None:
 
     renderer = ChatRenderer(load_tokenizer(DEFAULT_TOKENIZER))
     model = build_model(ModelConfig.named("tiny").vocab_size, renderer.im_end_id, args.stop_rate)
-    config = RolloutConfig(
+    config = EnvRolloutConfig(
         env_id="toolgym/Zorplex-v0",
         env_kwargs={"tier": "compositional"},
         group_size=args.group_size,

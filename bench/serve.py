@@ -1,4 +1,4 @@
-"""The OpenAI-compatible endpoint (rollouts/serving/): its overhead against calling the engine
+"""The OpenAI-compatible endpoint (rollouts/endpoint/): its overhead against calling the engine
 directly on the same requests, and a check that every capture holds the tokens the engine sampled.
 
 Workload: agent programs that each hold a multi-turn conversation through the real `openai`
@@ -17,7 +17,7 @@ the median beside it.
 CPU time (the process's, best of the repeats) is printed beside: on a machine shared with other
 work, wall time mostly measures the other work, while CPU time still measures this one's.
 
-Capture checker: the endpoint run's captures are recorded (rollouts/recording.py) and read back;
+Capture checker: the endpoint run's captures are recorded (rollouts/recording/format.py) and read back;
 for every capture, every turn's tokens and logprobs must equal what the engine returned for that
 request, each prompt must be the previous prompt + its sampled tokens + a delta (history reused
 verbatim), and the training Episode's loss-masked tokens must be exactly the sampled ones.
@@ -47,11 +47,11 @@ from toolgym.agents.chat import ChatRenderer  # noqa: E402
 from toolgym.agents.engine.engine import TorchEngine  # noqa: E402
 from toolgym.agents.model.transformer import build_model  # noqa: E402
 from toolgym.agents.tokenizer import load_tokenizer, tokenizer_fingerprint  # noqa: E402
+from toolgym.rollouts.endpoint import EndpointConfig, PolicyServer  # noqa: E402
+from toolgym.rollouts.endpoint.agent_runner import shared_http_client  # noqa: E402
+from toolgym.rollouts.endpoint.capture import CaptureInfo  # noqa: E402
 from toolgym.rollouts.episodes import trajectory_to_episodes  # noqa: E402
-from toolgym.rollouts.recording import RecordingHeader, RecordingWriter, read_recording  # noqa: E402
-from toolgym.rollouts.serving import EndpointConfig, PolicyServer  # noqa: E402
-from toolgym.rollouts.serving.agent_runner import shared_http_client  # noqa: E402
-from toolgym.rollouts.serving.capture import CaptureInfo  # noqa: E402
+from toolgym.rollouts.recording.format import RecordingHeader, RecordingWriter, read_recording  # noqa: E402
 
 
 class Recorder:

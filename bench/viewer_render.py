@@ -3,7 +3,7 @@
 
 The recording is made here by the oracle on Zorplex (multi_step tier, some malformed calls and
 untagged answers, groups of 4), unless --recording names one. Measured, each in a fresh browser
-context (no cache) against the viewer's server (rollouts/traces/server.py):
+context (no cache) against the viewer's server (configs/cli/viewer/server.py):
 - cold: a new server, so the first request also indexes the file (what a page opened at once
   after starting the server pays);
 - warm: the index built (what `toolgym view` does before it prints the URL);
@@ -31,7 +31,7 @@ TARGET_S = 2.0
 
 
 def record(path: Path, episodes: int) -> None:
-    from toolgym.configs.cli import main
+    from toolgym.configs.cli.main import main
 
     tasks = episodes // 4
     code = main(
@@ -83,10 +83,10 @@ def main() -> None:
 
     from toolgym.agents.chat import ChatRenderer
     from toolgym.agents.tokenizer import load_tokenizer
-    from toolgym.configs.cli import DEFAULT_TOKENIZER
-    from toolgym.rollouts.recording import read_recording
-    from toolgym.rollouts.traces.index import RecordingIndex
-    from toolgym.rollouts.traces.server import ViewerData, ViewerServer
+    from toolgym.configs.cli.main import DEFAULT_TOKENIZER
+    from toolgym.configs.cli.viewer.index import RecordingIndex
+    from toolgym.configs.cli.viewer.server import ViewerData, ViewerServer
+    from toolgym.rollouts.recording.format import read_recording
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(args.recording) if args.recording else Path(tmp) / "episodes.jsonl"

@@ -196,7 +196,7 @@ def validation_error(exc: msgspec.ValidationError) -> ConfigError:
 
 
 def _name_the_field(path: str, parts: list[str], message: str) -> tuple[str, str]:
-    """A section's own check ("RolloutConfig.context_length must be >= 2, got 1" or
+    """A section's own check ("EnvRolloutConfig.context_length must be >= 2, got 1" or
     "policy.max_seq_len must be ...", raised at `rollout` / `policy`) as `rollout.context_length:
     must be >= 2, got 1`, so that it names the key to change like every other error."""
     for prefix in (r"[A-Z]\w*", re.escape(path)):

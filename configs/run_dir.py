@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..rollouts.recording import RecordingReader, RecordingWriter
+from ..rollouts.recording.format import RecordingReader, RecordingWriter
 from ..trainers.checkpoint import CheckpointManager
 from ..trainers.metrics_log import METRICS_FILE
 from .load import ConfigError, config_to_toml, load_config

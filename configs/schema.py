@@ -12,7 +12,7 @@ Sections (all optional; every key has a default):
                  set), overrides (ModelConfig fields for a named config), dtype (the policy's),
                  init_seed
     [tokenizer]  path ("" = the model directory's tokenizer.json, else the shipped one)
-    [policy]     the policy that samples: temperature, top_p, top_k (SamplingConfig), backend
+    [policy]     the policy that samples: temperature, top_p, top_k (PolicySampling), backend
                  (torch | vllm), max_batch_size, max_seq_len, cuda_graphs, fused_layers,
                  history_capacity, replicas, chat_template ("" = plain ChatML, else a
                  tokenizer_config.json or .jinja file), chat_template_kwargs, [policy.vllm] (VLLMConfig: dtype, kv_cache_gib,
@@ -38,12 +38,12 @@ Sections (all optional; every key has a default):
                  generator_threads, generator_ranks: asynchronous RL (configs/async_rl/)
     [agent_program] module, function, task, request_timeout_s: train an agent program written
                  against the `openai` client through the endpoint instead of rolling out [env]
-                 (rollouts/serving/agent_runner.py); empty module = env rollouts
+                 (rollouts/endpoint/agent_runner.py); empty module = env rollouts
 
 Each setting is declared once: the components' own config Structs are the sections where their
 shape suits TOML (RolloutSettings, BatchConfig, TrainerConfig, LossConfig, OptimizerConfig,
 CheckpointConfig, OracleConfig, VLLMConfig), and the sampling fields of [policy] are the
-SamplingConfig that both the runner and the trainer read; `Config.rollout_config()` adds the env,
+PolicySampling that both the runner and the trainer read; `Config.rollout_config()` adds the env,
 sampling and seed to [rollout]. The eval section is a wrapper that builds EvalConfig. Loading and error reporting: configs/load.py.
 """
 
@@ -55,12 +55,12 @@ from typing import Any, Literal
 import msgspec
 
 from ..agents.vllm.engine import VLLMConfig
+from ..rollouts.batches import EVAL_SEED_COUNT, BatchConfig
+from ..rollouts.endpoint.program import AgentProgram
 from ..rollouts.evaluation import EvalConfig
-from ..rollouts.runner import RolloutConfig
-from ..rollouts.sampling import EVAL_SEED_COUNT, BatchConfig
+from ..rollouts.runner import EnvRolloutConfig
 from ..rollouts.scripted import OracleConfig
-from ..rollouts.serving.program import AgentProgram
-from ..rollouts.types import RolloutSettings, SamplingConfig
+from ..rollouts.types import PolicySampling, RolloutSettings
 from ..trainers.config import CheckpointConfig, OptimizerConfig, TrainerConfig
 from ..trainers.metrics_log import LoggingConfig
 
@@ -145,8 +145,8 @@ class TokenizerSection(msgspec.Struct, **_STRICT):
     path: str = ""  # "" = the model directory's tokenizer.json if it has one, else the shipped one
 
 
-class PolicySection(SamplingConfig, frozen=True, **_STRICT):
-    """The policy that samples: its SamplingConfig fields (temperature, top_p, top_k; declared
+class PolicySection(PolicySampling, frozen=True, **_STRICT):
+    """The policy that samples: its PolicySampling fields (temperature, top_p, top_k; declared
     once in rollouts/types.py, read by the runner and the trainer) and the backend's settings."""
 
     backend: Literal["torch", "vllm"] = "torch"
@@ -355,10 +355,10 @@ class Config(msgspec.Struct, **_STRICT):
         warnings.warn("Config.agent is deprecated: use Config.policy", DeprecationWarning, stacklevel=2)
         return self.policy
 
-    def rollout_config(self, env_kwargs: dict[str, Any] | None = None) -> RolloutConfig:
+    def rollout_config(self, env_kwargs: dict[str, Any] | None = None) -> EnvRolloutConfig:
         """The runner's config: [rollout], with the env from [env] (or `env_kwargs`), the sampling
         from [policy] and the seed from [run]."""
-        return RolloutConfig.build(
+        return EnvRolloutConfig.build(
             self.rollout,
             env_id=self.env.id,
             env_kwargs=self.env.kwargs if env_kwargs is None else env_kwargs,

@@ -1,7 +1,7 @@
 """The agent program of README's "Train your own agent": it answers Shop-v0's questions ("What
 do 3 kites cost?") with nothing but the `openai` client and function calling, and
 `toolgym train shop_agent` (configs/shop_agent.toml) trains the policy inside it through the
-endpoint (rollouts/serving/). The code between the markers is in README.md verbatim (a test
+endpoint (rollouts/endpoint/). The code between the markers is in README.md verbatim (a test
 checks it).
 
 `task(seed)` draws the task as Shop-v0 does for that seed: the shop (its `price` tool and its

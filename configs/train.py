@@ -34,8 +34,8 @@ from ..agents.chat import Renderer
 from ..agents.policy import Policy
 from ..agents.tokenizer import tokenizer_fingerprint
 from ..rollouts.metrics import env_metric_names
-from ..rollouts.recording import RecordingError, RecordingReader, check_recording
-from ..rollouts.sampling import TaskSeedStream
+from ..rollouts.recording.format import RecordingError, RecordingReader, check_recording
+from ..rollouts.batches import TaskSeedStream
 from ..trainers.checkpoint import CheckpointManager, export_hf
 from ..trainers.distributed import DistInfo, all_gather_objects, barrier
 from ..trainers.loop.generators import GeneratorProcesses
@@ -324,7 +324,7 @@ def _prepare_run_dir(config: Config, resume: str | Path | None, is_main: bool) -
 
 
 def _check_sft_recording(config: Config, renderer: Renderer) -> None:
-    """The SFT recording: every record readable (rollouts/recording.py's check_recording), made
+    """The SFT recording: every record readable (rollouts/recording/format.py's check_recording), made
     with the run's tokenizer and rendered as the run renders (build/demos.py's
     check_demo_rendering); ConfigError (sft.recording) otherwise."""
     if not (config.sft.enabled and config.sft.source == "recording"):

@@ -23,10 +23,10 @@ import msgspec
 
 from ..agents.chat import Renderer
 from ..agents.policy import Policy
+from .batches import eval_seeds
 from .metrics import BatchMetrics
-from .replay import format_transcript
-from .runner import RolloutConfig, RolloutRunner
-from .sampling import eval_seeds
+from .recording.replay import format_transcript
+from .runner import EnvRolloutConfig, RolloutRunner
 from .types import Trajectory
 
 # Episodes in flight at once when the rollout config sets no max_concurrent_episodes: enough to
@@ -93,7 +93,7 @@ class ExampleCandidates:
 async def evaluate(
     policy: Policy,
     renderer: Renderer,
-    rollout: RolloutConfig,
+    rollout: EnvRolloutConfig,
     config: EvalConfig | None = None,
     keep_trajectories: bool = True,
     on_episode: Callable[[Trajectory], None] | None = None,
@@ -134,7 +134,7 @@ async def evaluate(
 def evaluate_sync(
     policy: Policy,
     renderer: Renderer,
-    rollout: RolloutConfig,
+    rollout: EnvRolloutConfig,
     config: EvalConfig | None = None,
     keep_trajectories: bool = True,
     on_episode: Callable[[Trajectory], None] | None = None,

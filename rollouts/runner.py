@@ -78,22 +78,23 @@ from ..agents.types import Completion, Message, Role, SamplingParams
 from ..envs.info import INSTRUCTIONS, TOOL_RESULTS, TOOLS
 from .env_io import EnvOutputError, abandon_env, env_stop_reason, reset_env, settles, step_env
 from .metrics import SEQUENCE_RESTARTS, episode_metrics
-from .types import SEQUENCE_START, RolloutSettings, SamplingConfig, StopReason, Trajectory, Transition
+from .types import SEQUENCE_START, PolicySampling, RolloutSettings, StopReason, Trajectory, Transition
 
 
-class RolloutConfig(RolloutSettings, frozen=True, kw_only=True):
-    """How to roll out one env: the settings, plus the env, the sampling and the seed (in a run
-    config these come from `[env]`, `[policy]` and `run.seed`)."""
+class EnvRolloutConfig(RolloutSettings, frozen=True, kw_only=True):
+    """What the runner takes to roll out one env: the env-independent `RolloutSettings` plus
+    the env id and kwargs, the policy's sampling and the seed (in a run config these come from
+    `[rollout]`, `[env]`, `[policy]` and `run.seed`: `Config.rollout_config()`)."""
 
     env_id: str
     env_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
-    sampling: SamplingConfig = msgspec.field(default_factory=SamplingConfig)
+    sampling: PolicySampling = msgspec.field(default_factory=PolicySampling)
     seed: int = 0  # mixed into every per-turn sampling seed
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.seed < 0:
-            raise ValueError(f"RolloutConfig.seed must be >= 0, got {self.seed}")
+            raise ValueError(f"EnvRolloutConfig.seed must be >= 0, got {self.seed}")
 
     @classmethod
     def build(
@@ -101,16 +102,16 @@ class RolloutConfig(RolloutSettings, frozen=True, kw_only=True):
         settings: RolloutSettings,
         env_id: str,
         env_kwargs: dict[str, Any] | None = None,
-        sampling: SamplingConfig | None = None,
+        sampling: PolicySampling | None = None,
         seed: int = 0,
-    ) -> RolloutConfig:
+    ) -> EnvRolloutConfig:
         """`settings` with the env, sampling and seed (the settings' fields, by name: no copy of
         the declaration)."""
         return cls(
             **{name: getattr(settings, name) for name in RolloutSettings.__struct_fields__},
             env_id=env_id,
             env_kwargs=dict(env_kwargs or {}),
-            sampling=SamplingConfig.of(sampling) if sampling is not None else SamplingConfig(),
+            sampling=PolicySampling.of(sampling) if sampling is not None else PolicySampling(),
             seed=seed,
         )
 
@@ -203,7 +204,7 @@ class _EpisodeState:
 
 
 async def run_grouped(
-    config: RolloutConfig,
+    config: EnvRolloutConfig,
     run_episode: Callable[[int, int, int], Awaitable[Trajectory]],
     task_seeds: Sequence[int],
     group_ids: Sequence[int] | None = None,
@@ -239,7 +240,7 @@ async def run_grouped(
 class RolloutRunner:
     """Rolls out `policy` on `config.env_id`. Reusable across batches and policy versions."""
 
-    def __init__(self, policy: Policy, renderer: Renderer, config: RolloutConfig):
+    def __init__(self, policy: Policy, renderer: Renderer, config: EnvRolloutConfig):
         self.policy = policy
         self.renderer = renderer
         self.config = config

@@ -1,5 +1,5 @@
 """Records of what happened in an episode (Transition, Trajectory) and what the trainer eats
-(Episode), and the settings declared once for every reader (SamplingConfig, RolloutSettings: the
+(Episode), and the settings declared once for every reader (PolicySampling, RolloutSettings: the
 runner, the trainer, the config schema and the CLI). msgspec Structs: JSON-serialisable, no
 tensors; cheap to import.
 
@@ -17,10 +17,12 @@ import msgspec
 from ..agents.types import Completion
 
 
-class SamplingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How the policy samples: declared once, read by the rollout runner (each turn's
-    SamplingParams) and by the trainer (logprobs of logits / temperature, so the ratio compares
-    like with like). A config's `[policy]` section holds these fields (configs/schema.py)."""
+class PolicySampling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the policy samples, configured once for a run (temperature, top_p, top_k): read by the
+    rollout runner and the endpoint, which put these into every request's `SamplingParams`
+    (agents/types.py: one generate call's parameters, with its own max_tokens, n, stops and
+    seed), and by the trainer (logprobs of logits / temperature, so the ratio compares like with
+    like). A config's `[policy]` section holds these fields (configs/schema.py)."""
 
     temperature: float = 1.0  # 0: greedy (evaluation only; RL needs > 0)
     top_p: float = 1.0
@@ -35,14 +37,16 @@ class SamplingConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             raise ValueError(f"{type(self).__name__}.top_k must be >= 0, got {self.top_k}")
 
     @classmethod
-    def of(cls, settings: SamplingConfig) -> SamplingConfig:
+    def of(cls, settings: PolicySampling) -> PolicySampling:
         """The sampling fields alone of `settings` (e.g. a config's policy section)."""
         return cls(**{name: getattr(settings, name) for name in cls.__struct_fields__})
 
 
 class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The rollout settings, declared once: a config's `[rollout]` section is this Struct, and
-    the CLI's record/eval flags map onto its fields. Token limits count tokens of the policy's
+    """The rollout settings that hold for any env (group size, limits, observation role,
+    concurrency), declared once: a config's `[rollout]` section is this Struct, and the CLI's
+    record/eval flags map onto its fields. `EnvRolloutConfig` (rollouts/runner.py) binds them to
+    one env, the policy's sampling and a seed. Token limits count tokens of the policy's
     tokenizer."""
 
     group_size: int = 8  # G: samples per task seed

@@ -1,6 +1,6 @@
 """Typed configuration of the trainer (optimizer, schedule, batching, precision, checkpoints).
 
-The sampling temperature is not here: the Trainer reads the policy's `SamplingConfig`
+The sampling temperature is not here: the Trainer reads the policy's `PolicySampling`
 (rollouts/types.py), the one the sampler reads."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import torch
 from tqdm import tqdm
 
 from ..agents.model.transformer import Transformer
-from ..rollouts.types import Episode, SamplingConfig
+from ..rollouts.types import Episode, PolicySampling
 from .config import TrainerConfig
 from .metrics_log import MetricsLog, sft_line
 from .trainer import Trainer
@@ -51,7 +51,7 @@ def run_sft(
     model: Transformer,
     episodes: list[Episode],
     trainer_config: TrainerConfig,
-    sampling: SamplingConfig,
+    sampling: PolicySampling,
     schedule: SFTSchedule,
     log: MetricsLog,
     device: torch.device | str,

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from ..rollouts.types import Episode, SamplingConfig
+from ..rollouts.types import Episode, PolicySampling
 from .batching import MicroBatch, empty_micro_batch, make_micro_batches, shard_episodes
 from .config import OptimizerConfig, TrainerConfig
 from .distributed import all_gather_objects, all_reduce, device_mesh, init_distributed, shard_model
@@ -64,13 +64,13 @@ class Trainer:
         *,
         reference_model: nn.Module | None = None,
         device: str | torch.device | None = None,
-        sampling: SamplingConfig | None = None,
+        sampling: PolicySampling | None = None,
     ) -> None:
         """`sampling`: how the policy samples (default: temperature 1); logprobs are taken of
         logits / sampling.temperature so the ratio to the sampler's logprobs compares like with
         like."""
         self.config = config
-        self.temperature = (sampling or SamplingConfig()).temperature
+        self.temperature = (sampling or PolicySampling()).temperature
         if not self.temperature > 0:
             raise ValueError(f"the trainer needs a sampling temperature > 0, got {self.temperature}")
         self.dist = init_distributed(device)

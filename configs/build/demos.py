@@ -13,10 +13,10 @@ import msgspec
 
 from ...agents.chat import Renderer
 from ...agents.tokenizer import tokenizer_fingerprint
-from ...rollouts.recording import RecordingHeader, RecordingWriter, read_recording, rendering_of
-from ...rollouts.replay import OfflineMode, episodes_from_trajectories, summarize
+from ...rollouts.recording.format import RecordingHeader, RecordingWriter, read_recording, rendering_of
+from ...rollouts.recording.replay import OfflineMode, episodes_from_trajectories, summarize
 from ...rollouts.runner import RolloutRunner
-from ...rollouts.sampling import TaskSeedStream
+from ...rollouts.batches import TaskSeedStream
 from ...rollouts.scripted import OraclePolicy
 from ...rollouts.types import Episode, Trajectory
 from ...trainers.config import TrainerConfig

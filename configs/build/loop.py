@@ -20,9 +20,9 @@ from ...agents.chat import Renderer
 from ...agents.policy import Policy
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...rollouts.evaluation import EvalReport, evaluate
-from ...rollouts.recording import RecordingHeader, RecordingWriter
+from ...rollouts.recording.format import RecordingHeader, RecordingWriter
 from ...rollouts.runner import RolloutRunner
-from ...rollouts.sampling import BatchConfig, TaskSeedStream
+from ...rollouts.batches import BatchConfig, TaskSeedStream
 from ...trainers.checkpoint import CheckpointManager
 from ...trainers.distributed import DistInfo
 from ...trainers.loop.generators import RankGroups, serve_generator
@@ -38,7 +38,7 @@ from .parts import build_policy, build_renderer, chat_template_extra, initial_mo
 from .placement import buffer_capacity, generator_placement
 
 if TYPE_CHECKING:
-    from ...rollouts.serving.agent_runner import AgentRunner
+    from ...rollouts.endpoint.agent_runner import AgentRunner
 
 
 def loop_settings(config: Config) -> LoopSettings:
@@ -62,7 +62,7 @@ def build_runner(config: Config, policy: Policy, renderer: Renderer) -> RolloutR
     """The env runner, or, with an [agent_program], the runner that drives it through the endpoint."""
     if config.agent_program.module:
         # the endpoint's packages (fastapi, uvicorn, openai) are the `serve` extra: imported when used
-        from ...rollouts.serving.agent_runner import AgentRunner
+        from ...rollouts.endpoint.agent_runner import AgentRunner
 
         return AgentRunner(policy, renderer, config.agent_program, config.rollout_config())
     return RolloutRunner(policy, renderer, config.rollout_config())
@@ -96,7 +96,7 @@ def build_evaluator(
     def run_eval(loop: asyncio.Runner) -> EvalReport:
         if isinstance(runner, RolloutRunner):
             return loop.run(evaluate(policy, renderer, rollout, eval_config))
-        from ...rollouts.serving.agent_runner import evaluate_agent  # the `serve` extra, as above
+        from ...rollouts.endpoint.agent_runner import evaluate_agent  # the `serve` extra, as above
 
         return loop.run(evaluate_agent(runner, eval_config))
 

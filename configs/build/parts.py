@@ -22,8 +22,8 @@ from ...agents.model.config import NAMED_CONFIGS, ModelConfig
 from ...agents.model.transformer import Transformer, build_model
 from ...agents.policy import Policy
 from ...agents.tokenizer import load_tokenizer
-from ...rollouts.recording import CHAT_TEMPLATE, chat_template_entry
-from ...rollouts.types import SamplingConfig
+from ...rollouts.recording.format import CHAT_TEMPLATE, chat_template_entry
+from ...rollouts.types import PolicySampling
 from ...trainers.config import TrainerConfig
 from ...trainers.distributed import DistInfo, barrier, init_distributed
 from ...trainers.trainer import Trainer
@@ -249,7 +249,7 @@ def build_trainer(
     model: Transformer,
     device: torch.device,
     reference: Transformer | None = None,
-    sampling: SamplingConfig | None = None,
+    sampling: PolicySampling | None = None,
 ) -> Trainer:
     """The trainer; `sampling` is the policy's (the config's policy section), so that the
     trainer scores tokens at the temperature the sampler drew them."""

@@ -21,10 +21,11 @@ def main(run_dir: str) -> None:
 
     from toolgym.agents.chat import ChatRenderer
     from toolgym.agents.tokenizer import load_tokenizer
-    from toolgym.configs.cli import DEFAULT_TOKENIZER, _view_sources
-    from toolgym.rollouts.traces.server import ViewerData, ViewerServer
+    from toolgym.configs.cli.main import DEFAULT_TOKENIZER
+    from toolgym.configs.cli.view import view_sources
+    from toolgym.configs.cli.viewer.server import ViewerData, ViewerServer
 
-    recordings, metrics, tokenizer = _view_sources([run_dir])
+    recordings, metrics, tokenizer = view_sources([run_dir])
     renderer = ChatRenderer(load_tokenizer(tokenizer or DEFAULT_TOKENIZER))
     data = ViewerData(recordings, renderer, metrics, title=Path(run_dir).name)
     evals = [i for i, p in enumerate(recordings) if p.name.startswith("eval_")]

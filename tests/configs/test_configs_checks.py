@@ -12,7 +12,7 @@ import torch
 
 from toolgym.configs.build.parts import build_policy, build_renderer, initial_model, model_config
 from toolgym.configs.checks import check_against_machine, check_context, first_prompt_length, kv_cache_bytes
-from toolgym.configs.cli import main
+from toolgym.configs.cli.main import main
 from toolgym.configs.load import ConfigError, config_from_dict, load_config
 from toolgym.trainers.loop.rl import NoLearningError, RLLoop, no_learning_cause
 from toolgym.trainers.metrics_log import read_metrics

@@ -12,7 +12,7 @@ import pytest
 from test_configs_loop import records, small_config
 
 from toolgym.configs.load import config_from_dict, config_to_toml
-from toolgym.rollouts.recording import read_recording
+from toolgym.rollouts.recording.format import read_recording
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

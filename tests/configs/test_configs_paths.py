@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from toolgym.configs.cli import main
+from toolgym.configs.cli.main import main
 from toolgym.configs.load import ConfigError, load_config
 from toolgym.configs.run_dir import RunDir, create_run_dir, default_run_path
 

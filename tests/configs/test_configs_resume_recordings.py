@@ -10,10 +10,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from toolgym.configs.cli import main
+from toolgym.configs.cli.main import main
 from toolgym.configs.load import config_from_dict
 from toolgym.configs.train import train
-from toolgym.rollouts.recording import RecordingReader, RecordingWriter, read_recording
+from toolgym.rollouts.recording.format import RecordingReader, RecordingWriter, read_recording
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import pytest
 
 from toolgym.configs.build.demos import sft_trainer_config
 from toolgym.configs.checks import check_environment
-from toolgym.configs.cli import main
+from toolgym.configs.cli.main import main
 from toolgym.configs.load import (
     ConfigError,
     apply_overrides,
@@ -360,7 +360,7 @@ def test_cli_rejects_a_bad_config_with_exit_code_2_and_starts_nothing(tmp_path, 
 
 
 def test_cli_refuses_an_sft_recording_of_another_tokenizer_and_starts_nothing(tmp_path, capsys):
-    from toolgym.rollouts.recording import RecordingHeader, RecordingWriter
+    from toolgym.rollouts.recording.format import RecordingHeader, RecordingWriter
 
     recording, run_dir = tmp_path / "demos.jsonl", tmp_path / "run"
     RecordingWriter(recording, RecordingHeader(tokenizer_fingerprint="another", env_id="x")).close()
@@ -437,14 +437,14 @@ def test_deprecated_trainer_temperature_still_loads_with_a_warning():
 def test_rollout_settings_are_declared_once():
     import msgspec
 
-    from toolgym.rollouts.runner import RolloutConfig
-    from toolgym.rollouts.types import RolloutSettings, SamplingConfig
+    from toolgym.rollouts.runner import EnvRolloutConfig
+    from toolgym.rollouts.types import RolloutSettings, PolicySampling
 
     config = config_from_dict({"rollout": {"max_turns": 3}, "policy": {"top_p": 0.5}})
-    assert type(config.rollout) is RolloutSettings and isinstance(config.policy, SamplingConfig)
+    assert type(config.rollout) is RolloutSettings and isinstance(config.policy, PolicySampling)
     rollout = config.rollout_config()
-    assert isinstance(rollout, RolloutConfig) and rollout.max_turns == 3 and rollout.sampling.top_p == 0.5
-    own = {f.name for f in msgspec.structs.fields(RolloutConfig)} - set(RolloutSettings.__struct_fields__)
+    assert isinstance(rollout, EnvRolloutConfig) and rollout.max_turns == 3 and rollout.sampling.top_p == 0.5
+    own = {f.name for f in msgspec.structs.fields(EnvRolloutConfig)} - set(RolloutSettings.__struct_fields__)
     assert own == {"env_id", "env_kwargs", "sampling", "seed"}
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from toolgym.configs.checks import check_environment
-from toolgym.configs.cli import main
+from toolgym.configs.cli.main import main
 from toolgym.configs.load import load_config
 
 MODULE = "tg_user_bank_env"  # the user's module, written into each test's folder

@@ -12,7 +12,7 @@ from test_configs_loop import records, small_config
 
 from toolgym.configs.load import config_from_dict
 from toolgym.configs.train import train
-from toolgym.rollouts.recording import read_recording
+from toolgym.rollouts.recording.format import read_recording
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

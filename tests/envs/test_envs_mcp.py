@@ -24,7 +24,7 @@ from toolgym.agents.chat import ChatRenderer
 from toolgym.envs import Call, MCPServer, MCPServerError, Task, Tool, ToolEnv
 from toolgym.envs.tools import ToolCallError, check_arguments
 from toolgym.rollouts.metrics import batch_metrics
-from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
+from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OraclePolicy
 from toolgym.rollouts.types import StopReason
 
@@ -141,7 +141,7 @@ def test_a_tool_env_plays_them_in_both_formats(tool_format):
 
 
 def run(renderer, seeds, **env_kwargs):
-    config = RolloutConfig(env_id="mcptest/Units-v0", env_kwargs=env_kwargs, group_size=1, max_turns=4)
+    config = EnvRolloutConfig(env_id="mcptest/Units-v0", env_kwargs=env_kwargs, group_size=1, max_turns=4)
     return RolloutRunner(OraclePolicy(renderer), renderer, config).run(seeds)
 
 

@@ -18,7 +18,7 @@ from gymnasium.utils.env_checker import check_env
 pytest.importorskip("reasoning_gym")
 
 from toolgym.configs.build.parts import build_renderer, model_config
-from toolgym.configs.cli import main as cli_main
+from toolgym.configs.cli.main import main as cli_main
 from toolgym.configs.load import (
     check_against_machine,
     check_environment,

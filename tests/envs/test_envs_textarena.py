@@ -220,7 +220,7 @@ def test_a_game_without_an_oracle_records_with_a_model_policy(tmp_path):
     from toolgym.agents.model.checkpoint import save_hf_checkpoint
     from toolgym.agents.model.config import NAMED_CONFIGS, ModelConfig
     from toolgym.agents.model.transformer import Transformer
-    from toolgym.configs.cli import DEFAULT_TOKENIZER
+    from toolgym.configs.cli.main import DEFAULT_TOKENIZER
 
     torch.manual_seed(0)
     vocab = Tokenizer.from_file(str(DEFAULT_TOKENIZER)).get_vocab_size()

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from toolgym.agents.chat_template import TemplateRenderer
 from toolgym.rollouts.episodes import build_episodes, sequences, trajectory_to_episode
 from toolgym.rollouts.metrics import batch_metrics
-from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
+from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy, ScriptedEpisodePolicy, plan_actions
 from toolgym.rollouts.types import SEQUENCE_START, StopReason
 
@@ -50,7 +50,7 @@ def final_conversation(trajectory, reset_info):
 def test_json_tool_episode_stream_is_the_templates_rendering(shipped, template):
     renderer = TemplateRenderer(shipped, template)
     env_id, env_kwargs = ENV
-    config = RolloutConfig(env_id=env_id, env_kwargs=env_kwargs, group_size=1, max_turns=8)
+    config = EnvRolloutConfig(env_id=env_id, env_kwargs=env_kwargs, group_size=1, max_turns=8)
     trajectories = RolloutRunner(OraclePolicy(renderer), renderer, config).run([0, 1, 2])
     hf = hf_tokenizer(template)
     for trajectory in trajectories:
@@ -90,7 +90,7 @@ def test_dropped_reasoning_splits_the_episode_into_sequences(shipped):
     # earlier turns' reasoning, so every turn after the first restarts from the full rendering.
     renderer = TemplateRenderer(shipped, QWEN3_NO_TOOLS)
     assert not renderer.renders_tools
-    config = RolloutConfig(
+    config = EnvRolloutConfig(
         env_id="toolgym/Zorplex-v0",
         env_kwargs={"tier": "compositional"},
         group_size=1,
@@ -129,7 +129,7 @@ def test_dropped_reasoning_splits_the_episode_into_sequences(shipped):
 def test_config_and_cli_pick_the_template_and_refuse_a_bad_one_in_one_line(tmp_path, capsys):
     from toolgym.agents.chat import ChatRenderer
     from toolgym.configs.build.parts import build_renderer
-    from toolgym.configs.cli import main
+    from toolgym.configs.cli.main import main
     from toolgym.configs.load import ConfigError, load_config
 
     good, bad = tmp_path / "good.jinja", tmp_path / "bad.jinja"

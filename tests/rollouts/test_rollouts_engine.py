@@ -9,7 +9,7 @@ from toolgym.agents.errors import ContextOverflowError
 from toolgym.agents.model.config import NAMED_CONFIGS, ModelConfig
 from toolgym.agents.model.transformer import Transformer
 from toolgym.rollouts.episodes import trajectory_to_episode
-from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
+from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.types import StopReason
 
 
@@ -22,7 +22,7 @@ def model(tokenizer):
 
 def rollout(**kw):
     base = {"env_id": "toolgym/Zorplex-v0", "env_kwargs": {"tier": "compositional"}, "group_size": 2}
-    return RolloutConfig(**{**base, "max_turns": 3, "max_tokens_per_turn": 12, **kw})
+    return EnvRolloutConfig(**{**base, "max_turns": 3, "max_tokens_per_turn": 12, **kw})
 
 
 def test_engine_batches_concurrent_episodes(model, renderer):
@@ -75,7 +75,7 @@ def test_backend_context_overflow_error_is_mapped(renderer):
 
 def test_cli_with_a_checkpoint_directory(model, tokenizer, tmp_path, capsys):
     from toolgym.agents.model.checkpoint import save_hf_checkpoint
-    from toolgym.configs.cli import main
+    from toolgym.configs.cli.main import main
 
     tokenizer.save(str(tmp_path / "tok.json"))
     ckpt = save_hf_checkpoint(model, model.config, tmp_path / "ckpt", tokenizer_path=tmp_path / "tok.json")

@@ -6,7 +6,7 @@ import random
 
 from toolgym.rollouts.evaluation import EvalConfig, ExampleCandidates, evaluate_sync, pick_examples
 from toolgym.rollouts.metrics import BatchMetrics, batch_metrics
-from toolgym.rollouts.runner import RolloutConfig
+from toolgym.rollouts.runner import EnvRolloutConfig
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import StopReason, Trajectory
 
@@ -19,7 +19,7 @@ def untimed(metrics: dict[str, float]) -> dict[str, float]:
 
 def test_streamed_eval_matches_the_kept_one_and_holds_a_bounded_number_of_episodes(renderer):
     policy = OraclePolicy(renderer, OracleConfig(p_omit_tag=0.3, p_skip_lookup=0.3))
-    rollout = RolloutConfig(
+    rollout = EnvRolloutConfig(
         env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "simple"}, max_concurrent_episodes=8
     )
     config = EvalConfig(num_tasks=300, num_examples=3)
@@ -72,7 +72,7 @@ def test_example_candidates_pick_what_the_whole_list_picks_in_any_order():
 
 def test_batch_metrics_streamed_equals_batch_metrics(renderer):
     policy = OraclePolicy(renderer, OracleConfig(p_omit_tag=0.5))
-    rollout = RolloutConfig(env_id="toolgym/SumDigits-v0")
+    rollout = EnvRolloutConfig(env_id="toolgym/SumDigits-v0")
     trajectories = evaluate_sync(policy, renderer, rollout, EvalConfig(num_tasks=20)).trajectories
     summary = BatchMetrics()
     for t in trajectories:

@@ -6,8 +6,8 @@ from rollouts_fakes import TOY_ENV_ID, TextPolicy
 from toolgym.agents.types import Completion
 from toolgym.rollouts.env_io import EnvOutputError, step_env
 from toolgym.rollouts.metrics import batch_metrics, env_metric_names, episode_metrics
-from toolgym.rollouts.replay import summarize
-from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
+from toolgym.rollouts.recording.replay import summarize
+from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.types import StopReason, Trajectory, Transition
 
 
@@ -24,7 +24,7 @@ class Script(TextPolicy):
 
 
 def toy_run(renderer, texts, **kw):
-    config = RolloutConfig(env_id=TOY_ENV_ID, group_size=1, max_turns=6, episode_timeout_s=10.0, **kw)
+    config = EnvRolloutConfig(env_id=TOY_ENV_ID, group_size=1, max_turns=6, episode_timeout_s=10.0, **kw)
     (t,) = RolloutRunner(Script(renderer, texts), renderer, config).run([2])
     return t
 

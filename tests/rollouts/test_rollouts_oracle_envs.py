@@ -4,7 +4,7 @@ import gymnasium
 import pytest
 
 from toolgym.rollouts.metrics import batch_metrics
-from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
+from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy, wrong_answer
 from toolgym.rollouts.types import StopReason
 
@@ -36,7 +36,7 @@ def oracle_reward(env_id, env_kwargs, seed) -> float:
 
 @pytest.mark.parametrize(("env_id", "env_kwargs"), ENVS, ids=lambda x: str(x))
 def test_oracle_reaches_oracle_reward(renderer, env_id, env_kwargs):
-    config = RolloutConfig(env_id=env_id, env_kwargs=env_kwargs, group_size=2, max_turns=8)
+    config = EnvRolloutConfig(env_id=env_id, env_kwargs=env_kwargs, group_size=2, max_turns=8)
     trajectories = RolloutRunner(OraclePolicy(renderer), renderer, config).run(SEEDS)
     assert len(trajectories) == 2 * len(SEEDS)
     for t in trajectories:
@@ -51,7 +51,7 @@ def test_oracle_reaches_oracle_reward(renderer, env_id, env_kwargs):
 
 def test_oracle_knobs_on_zorplex(renderer):
     def play(**knobs):
-        config = RolloutConfig(env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "multi_step"}, group_size=1)
+        config = EnvRolloutConfig(env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "multi_step"}, group_size=1)
         (t,) = RolloutRunner(OraclePolicy(renderer, OracleConfig(**knobs)), renderer, config).run([4])
         return t
 
@@ -69,7 +69,7 @@ def test_oracle_knobs_on_zorplex(renderer):
 
 def test_oracle_stops_a_see_chain_one_link_early(renderer):
     def play(seed, **knobs):
-        config = RolloutConfig(
+        config = EnvRolloutConfig(
             env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "recursive", "difficulty": "medium"}, group_size=1
         )
         (t,) = RolloutRunner(OraclePolicy(renderer, OracleConfig(**knobs)), renderer, config).run([seed])
@@ -86,7 +86,7 @@ def test_oracle_stops_a_see_chain_one_link_early(renderer):
     assert fixed.transitions[-1].action.text in ("[ANSWER] 50", "[ANSWER] 51")
     assert fixed.transitions[-1].info["failure_mode"] == "wrong_answer"
     # one earlier action (simple tier): nothing to stop short of
-    config = RolloutConfig(env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "simple"}, group_size=1)
+    config = EnvRolloutConfig(env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "simple"}, group_size=1)
     (simple,) = RolloutRunner(OraclePolicy(renderer, OracleConfig(p_stop_early=1.0)), renderer, config).run([3])
     assert simple.transitions[-1].info["failure_mode"] == "success"
 

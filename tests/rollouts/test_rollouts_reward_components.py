@@ -11,7 +11,7 @@ from toolgym.envs import Task, Tool, ToolEnv
 from toolgym.rollouts.env_io import EnvOutputError, step_env
 from toolgym.rollouts.evaluation import EvalConfig, evaluate_sync
 from toolgym.rollouts.metrics import BatchMetrics, batch_metrics, env_metric_names, reward_component_names
-from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
+from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OraclePolicy
 from toolgym.rollouts.types import StopReason, Trajectory
 
@@ -52,7 +52,7 @@ gymnasium.register(BONUS_ENV_ID, entry_point=BonusEnv)
 
 
 def test_a_per_step_component_reaches_the_batch_metrics(renderer):
-    config = RolloutConfig(env_id=BONUS_ENV_ID, group_size=2, max_turns=4)
+    config = EnvRolloutConfig(env_id=BONUS_ENV_ID, group_size=2, max_turns=4)
     trajectories = RolloutRunner(OraclePolicy(renderer), renderer, config).run([0, 1, 2, 3, 4])
     for t in trajectories:
         assert t.stop_reason == StopReason.ANSWERED and t.error is None
@@ -67,7 +67,7 @@ def test_a_per_step_component_reaches_the_batch_metrics(renderer):
 
 
 def test_a_component_reaches_the_eval_metrics_streamed_or_kept(renderer):
-    config = RolloutConfig(env_id=BONUS_ENV_ID, max_turns=4)
+    config = EnvRolloutConfig(env_id=BONUS_ENV_ID, max_turns=4)
     eval_config = EvalConfig(num_tasks=6, num_examples=1)
     kept = evaluate_sync(OraclePolicy(renderer), renderer, config, eval_config)
     expected = sum(t.reward_components.get("found", 0.0) for t in kept.trajectories) / len(kept.trajectories)

@@ -8,15 +8,15 @@ from rollouts_fakes import SETTLING_ENV_ID, TOY_ENV_ID, PerSeedPolicy, TextPolic
 
 from toolgym.agents.types import Message
 from toolgym.rollouts.metrics import batch_metrics
-from toolgym.rollouts.replay import verify_trajectories
-from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
+from toolgym.rollouts.recording.replay import verify_trajectories
+from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import StopReason
 
 
-def config(**kw) -> RolloutConfig:
+def config(**kw) -> EnvRolloutConfig:
     base = {"env_id": TOY_ENV_ID, "group_size": 1, "max_turns": 6, "episode_timeout_s": 10.0}
-    return RolloutConfig(**{**base, **kw})
+    return EnvRolloutConfig(**{**base, **kw})
 
 
 def run(policy, renderer, seeds, **kw):
@@ -140,7 +140,7 @@ def test_an_unusable_env_output_ends_only_its_episode(renderer, turn, field, val
 
 
 def test_an_info_with_numpy_values_is_kept_as_json_and_records(renderer, tmp_path):
-    from toolgym.rollouts.recording import RecordingHeader, RecordingWriter, read_recording
+    from toolgym.rollouts.recording.format import RecordingHeader, RecordingWriter, read_recording
 
     kwargs = {"numpy_info": True}
     (t,) = run(OraclePolicy(renderer), renderer, [1], env_kwargs=kwargs)
@@ -223,7 +223,7 @@ ZORPLEX = {"env_id": "toolgym/Zorplex-v0", "group_size": 1, "episode_timeout_s":
 
 
 def zorplex_run(renderer, text, env_kwargs, **kw):
-    cfg = RolloutConfig(**{**ZORPLEX, "env_kwargs": {"incorrect_reward": -1.0, **env_kwargs}, **kw})
+    cfg = EnvRolloutConfig(**{**ZORPLEX, "env_kwargs": {"incorrect_reward": -1.0, **env_kwargs}, **kw})
     (t,) = RolloutRunner(TextPolicy(renderer, text=text), renderer, cfg).run([0])
     assert t.total_reward == sum(tr.reward for tr in t.transitions)
     assert t.total_reward == pytest.approx(sum(t.reward_components.values()))
@@ -355,6 +355,6 @@ def test_run_groups_calls_back_per_episode(renderer):
 
 def test_config_validation():
     with pytest.raises(ValueError, match="group_size"):
-        RolloutConfig(env_id="x", group_size=0)
+        EnvRolloutConfig(env_id="x", group_size=0)
     with pytest.raises(ValueError, match="episode_timeout_s"):
-        RolloutConfig(env_id="x", episode_timeout_s=0)
+        EnvRolloutConfig(env_id="x", episode_timeout_s=0)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from toolgym.configs.cli import main
-from toolgym.rollouts.recording import read_recording
+from toolgym.configs.cli.main import main
+from toolgym.rollouts.recording.format import read_recording
 
 MODULE = "tg_user_shop_env"  # the user's module, written into each test's folder
 USER_MODULE = textwrap.dedent(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from toolgym.configs.cli import main
+from toolgym.configs.cli.main import main
 
 pytestmark = pytest.mark.slow  # matplotlib renders seven figures
 

@@ -35,7 +35,7 @@ import msgspec
 import torch
 import torch.distributed as dist
 
-from ...rollouts.sampling import TaskSeedStream
+from ...rollouts.batches import TaskSeedStream
 from ..distributed import Channel, DistInfo, channel_group
 from ..weight_sync import SharedWeights, broadcast_weights, flat_weights, numel_of, unflatten_weights
 from .producer import GroupProducer, ProducerError, ScoredGroup

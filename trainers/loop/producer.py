@@ -1,7 +1,7 @@
 """GroupProducer: groups rolled out on a background thread, continuously, into a bounded buffer.
 
 The thread runs its own asyncio loop over the runner and keeps `concurrent_groups` groups in
-flight: as one finishes it is scored (its advantages, `rollouts/sampling.py`'s `score_group`) and
+flight: as one finishes it is scored (its advantages, `rollouts/batches.py`'s `score_group`) and
 put in the buffer, and the next task index is drawn. The policy's compute is elsewhere (the
 engine's worker thread, or vLLM's engine), so this thread only drives envs and requests. It runs
 in a generator process or rank (ranks.py) beside that generator's engine, or, with the "thread"
@@ -30,7 +30,7 @@ from typing import Protocol
 
 import msgspec
 
-from ...rollouts.sampling import BatchConfig, GroupRunner, TaskSeedStream, score_group
+from ...rollouts.batches import BatchConfig, GroupRunner, TaskSeedStream, score_group
 from ...rollouts.types import Trajectory
 
 _POLL_S = 0.02

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from ...agents.policy import Policy
 from ...rollouts.evaluation import EvalReport
-from ...rollouts.recording import RecordingHeader, RecordingWriter
+from ...rollouts.recording.format import RecordingHeader, RecordingWriter
 from ..checkpoint import CheckpointManager
 from ..distributed import DistInfo
 from ..metrics_log import MetricsLog, eval_line, train_line

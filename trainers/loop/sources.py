@@ -29,7 +29,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from ...agents.policy import Policy
-from ...rollouts.sampling import BatchConfig, GroupRunner, RolloutBatch, TaskSeedStream, collect_batch
+from ...rollouts.batches import BatchConfig, GroupRunner, RolloutBatch, TaskSeedStream, collect_batch
 from ...rollouts.types import Episode, Trajectory
 from ..distributed import all_gather_objects, all_reduce, broadcast_object
 from ..trainer import Trainer

@@ -1,7 +1,7 @@
 """take_batch: one training batch from a GroupProducer's buffer (or the generator ranks'), with the staleness bound.
 
 A group's staleness is the trainer's policy version minus the oldest version that sampled one of
-its tokens. Groups are taken in the order they finished, as `collect_batch` (rollouts/sampling.py)
+its tokens. Groups are taken in the order they finished, as `collect_batch` (rollouts/batches.py)
 would keep them: a group whose episodes all failed (infra) or, with DAPO dynamic sampling, whose
 rewards are all equal is not trained on; a group staler than `max_staleness` is dropped or has its
 advantages scaled by `stale_weight` (`over_stale`). Taking stops when `groups_per_batch` groups are
@@ -21,9 +21,9 @@ from __future__ import annotations
 import time
 from typing import Literal
 
+from ...rollouts.batches import BatchConfig, RolloutBatch, build_kept_batch
 from ...rollouts.episodes import INFRA_STOP_REASONS
 from ...rollouts.metrics import batch_metrics
-from ...rollouts.sampling import BatchConfig, RolloutBatch, build_kept_batch
 from .producer import GroupSource, ScoredGroup
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from toolgym.configs import cli
+from toolgym.configs.cli import main as cli
 from toolgym.trainers.loop.producer import GroupProducer
 
 _real = GroupProducer._one_group

@@ -21,7 +21,7 @@ import torch
 from toolgym.configs.build.placement import generator_layout
 from toolgym.configs.load import ConfigError, config_from_dict, config_to_toml
 from toolgym.configs.train import train
-from toolgym.rollouts.recording import read_recording
+from toolgym.rollouts.recording.format import read_recording
 from toolgym.trainers.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow

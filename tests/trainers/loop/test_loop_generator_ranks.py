@@ -15,7 +15,7 @@ import pytest
 from test_loop_async import GROUP_SIZE, async_config, train_records
 
 from toolgym.configs.load import config_from_dict, config_to_toml
-from toolgym.rollouts.recording import read_recording
+from toolgym.rollouts.recording.format import read_recording
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 

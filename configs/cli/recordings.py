@@ -1,0 +1,175 @@
+"""`toolgym replay`, `export` and `import`: commands over recordings (rollouts/recording/).
+
+Each function prints to `console` and returns a process exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from ...agents.chat import ChatRenderer
+from ...agents.tokenizer import load_tokenizer, tokenizer_fingerprint
+from ...rollouts.metrics import BatchMetrics
+from ...rollouts.recording.chat_jsonl import export_chat_jsonl, import_chat_jsonl, import_header
+from ...rollouts.recording.format import CHAT_TEMPLATE, RecordingReader, RecordingWriter
+from ...rollouts.recording.replay import (
+    check_env_id,
+    errored,
+    format_transcript,
+    import_env_modules,
+    recorded_renderer,
+    replay_problems,
+    rich_transcript,
+)
+from .summary import error_text, print_summary
+
+
+def replay_command(
+    console: Console,
+    path: str | os.PathLike,
+    tokenizer_path: str | os.PathLike,
+    verify: bool = False,
+    limit: int | None = None,
+    show: bool = True,
+    env_modules: Sequence[str] = (),
+) -> int:
+    """Print transcripts (first `limit`) and a summary; with `verify`, re-run every episode.
+    Returns 1 when verification finds a difference, an episode is error-only (`replay.errored`:
+    env_error or no steps; reported as an error, never as replaying exactly) or a line is damaged
+    (each damaged line is reported by path, line and reason and skipped; every intact record is
+    still shown and checked).
+
+    The recording imports nothing: `verify` makes only envs registered with gymnasium or whose
+    module is imported already, toolgym's or one of `env_modules` (imported first, as the user
+    named them); a header env id that needs any other module raises EnvModuleNotAllowed (one line)
+    before any episode is replayed.
+
+    Transcripts and `verify` use the renderer the recording was made with
+    (`replay.recorded_renderer`: the chat template its header records, run in the sandbox; plain
+    ChatML when it records none); a recorded template that cannot be used raises ValueError."""
+    import_env_modules(env_modules)
+    tokenizer = load_tokenizer(tokenizer_path)
+    reader = RecordingReader(path, tokenizer_fingerprint(tokenizer), skip_damaged=True)
+    head = reader.header
+    if verify:
+        check_env_id(head.env_id)
+    renderer = recorded_renderer(head, tokenizer, path)
+    template = head.extra.get(CHAT_TEMPLATE)
+    rendered = f"  chat template {template.get('source')}" if isinstance(template, dict) else ""
+    console.print(
+        f"{path}: {head.env_id} {head.env_kwargs}  policy {head.policy_id}  created {head.created}{rendered}",
+        markup=False,
+        soft_wrap=True,
+    )
+    if show and not console.is_terminal:
+        console.print("(⟦ ⟧ marks the tokens the policy sampled, the ones it is trained on)")
+    summary, count, mismatches, errors = BatchMetrics(), 0, 0, 0  # streamed: memory does not grow
+    for i, trajectory in enumerate(reader):
+        summary.add(trajectory)
+        count += 1
+        if show and (limit is None or i < limit):
+            if console.is_terminal:
+                console.print(rich_transcript(trajectory, renderer), soft_wrap=True)
+            else:
+                console.print(
+                    format_transcript(trajectory, renderer), markup=False, highlight=False, soft_wrap=True
+                )
+        if verify and (problems := replay_problems(trajectory, renderer)):
+            mismatches += 1
+            console.print(f"episode {i} (task seed {trajectory.task_seed}) does not replay:", markup=False)
+            for problem in problems:
+                console.print(f"  {problem}", markup=False, highlight=False)
+        elif verify and errored(trajectory):
+            errors += 1
+            console.print(
+                f"episode {i} (task seed {trajectory.task_seed}) errored: {error_text(trajectory)}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+    if reader.torn_lines:
+        console.print(f"skipped {reader.torn_lines} torn last line")
+    for damage in reader.damaged:  # each skipped line: path, line, reason; the rest were read
+        console.print(f"skipped {damage}", markup=False, highlight=False, soft_wrap=True)
+    metrics = {k.removeprefix("rollout/"): v for k, v in summary.result().items()}
+    print_summary(console, metrics, f"{count} episodes")
+    damaged = len(reader.damaged)
+    if damaged:
+        lines = ", ".join(str(d.line) for d in reader.damaged)
+        console.print(f"damaged: {damaged} line{'s' if damaged > 1 else ''} skipped (line {lines})")
+    if verify:
+        console.print(
+            f"verify: {count - mismatches - errors}/{count} episodes replay exactly"
+            + ("" if not mismatches else f", {mismatches} differ")
+            + ("" if not errors else f", {errors} errored (env_error or no steps)")
+            + ("" if not damaged else f"; {damaged} damaged lines not checked")
+        )
+    return 1 if mismatches or errors or damaged else 0
+
+
+def export_command(
+    console: Console,
+    recording: str | os.PathLike,
+    out: str | os.PathLike,
+    tools: bool = True,
+    observation_role: str = "user",
+    metadata: bool = True,
+    env_modules: Sequence[str] = (),
+) -> int:
+    """Write `recording` as OpenAI chat-messages JSONL to `out` ("-": stdout); see
+    rollouts/recording/chat_jsonl.py. `env_modules` are imported first (the envs whose tools are
+    exported). Returns 1 when a line of the recording was damaged (the rest are written)."""
+    import_env_modules(env_modules)
+    if str(out) == "-":
+        report = export_chat_jsonl(recording, sys.stdout, tools, observation_role, metadata)
+    else:
+        with Path(out).open("w", encoding="utf-8") as f:
+            report = export_chat_jsonl(recording, f, tools, observation_role, metadata)
+    where = Console(stderr=True) if str(out) == "-" else console
+    for problem in report.problems:
+        where.print(f"skipped: {problem}", markup=False, highlight=False, soft_wrap=True)
+    where.print(
+        f"exported {report.episodes} episodes to {out} ({report.with_tools} with tools, "
+        f"{report.tool_call_turns} turns with tool_calls)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    damaged = any(p.startswith(str(recording)) for p in report.problems)
+    return 1 if damaged else 0
+
+
+def import_command(
+    console: Console, source: str | os.PathLike, out: str | os.PathLike, tokenizer_path: str | os.PathLike
+) -> int:
+    """Turn OpenAI chat-messages JSONL into a recording SFT reads (`sft.source = "recording"`),
+    tokenized with the renderer of `tokenizer_path` and marked not token-exact; see
+    rollouts/recording/chat_jsonl.py. Returns 1 when no line was a conversation; lines that are not
+    are reported and skipped."""
+    renderer = ChatRenderer(load_tokenizer(tokenizer_path))
+    problems: list[str] = []
+    count = 0
+    header = import_header(source, tokenizer_fingerprint(renderer.tokenizer))
+    with RecordingWriter(out, header) as writer:
+        for trajectory in import_chat_jsonl(source, renderer, problems):
+            writer.write(trajectory)
+            count += 1
+    for problem in problems[:20]:
+        console.print(f"skipped {problem}", markup=False, highlight=False, soft_wrap=True)
+    if len(problems) > 20:
+        console.print(f"... and {len(problems) - 20} more lines skipped", markup=False, soft_wrap=True)
+    console.print(
+        f"imported {count} conversations to {out} (not token-exact; {len(problems)} lines skipped)",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    if count == 0:
+        print(f"toolgym import: error: no line of {source} is a chat-messages conversation", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,175 @@
+"""`toolgym envs`, `record` and `eval`: commands that roll a policy out on envs.
+
+Each function prints to `console` and returns a process exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium
+import msgspec
+from rich.console import Console
+from rich.table import Table
+from tqdm import tqdm
+
+from ...agents.tokenizer import tokenizer_fingerprint
+from ...envs import list_envs
+from ...rollouts.batches import TaskSeedStream
+from ...rollouts.evaluation import EvalConfig, evaluate_sync
+from ...rollouts.recording.format import (
+    CHAT_TEMPLATE,
+    RecordingHeader,
+    RecordingReader,
+    RecordingWriter,
+    chat_template_entry,
+)
+from ...rollouts.recording.replay import errored, import_env_modules, summarize
+from ...rollouts.runner import EnvRolloutConfig, RolloutRunner
+from ...rollouts.scripted import OracleConfig
+from .parts import load_policy, load_renderer
+from .summary import error_text, print_summary
+
+
+def envs_command(console: Console, env_modules: Sequence[str] = ()) -> int:
+    """The toolgym envs and those `env_modules` register (imported first; any namespace), each
+    with its default keyword arguments. An id counts as registered by a module when importing it
+    added the id, or when its entry point lives in that module or below (a module imported
+    earlier registers nothing new on a second import)."""
+    before = set(gymnasium.registry)
+    import_env_modules(env_modules)
+    added = set(gymnasium.registry) - before
+    added |= {env_id for env_id, spec in gymnasium.registry.items() if _entry_in(spec, env_modules)}
+    table = Table("env id", "default keyword arguments")
+    for env_id, kwargs in list_envs(added).items():
+        table.add_row(env_id, json.dumps(kwargs, default=str))
+    console.print(table)
+    return 0
+
+
+def _entry_in(spec: Any, modules: Sequence[str]) -> bool:
+    """Whether an env spec's entry point lives in one of `modules` or below."""
+    entry = spec.entry_point
+    where = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
+    return isinstance(where, str) and any(where == m or where.startswith(f"{m}.") for m in modules)
+
+
+def chat_template_extra(chat_template: str | os.PathLike[str] = "") -> dict[str, Any]:
+    """A recording header's `extra` entry for episodes rendered through `chat_template` (as
+    `load_renderer` takes it): the template itself, so `replay` rebuilds the renderer; {} for
+    plain ChatML."""
+    if not chat_template:
+        return {}
+    from ...agents.chat_template import load_chat_template
+
+    return {CHAT_TEMPLATE: chat_template_entry(load_chat_template(chat_template))}
+
+
+def record_command(
+    console: Console,
+    rollout: EnvRolloutConfig,
+    policy_spec: str,
+    oracle: OracleConfig,
+    tokenizer_path: str | os.PathLike,
+    out: str | os.PathLike,
+    num_tasks: int,
+    stream: int = 0,
+    start: int | None = None,
+    progress: bool = True,
+    env_modules: Sequence[str] = (),
+    chat_template: str = "",
+) -> int:
+    """Roll out `num_tasks` training task seeds x group_size episodes and append them to `out`.
+
+    Task seeds come from the training stream (never eval seeds). When `out` already exists and
+    `start` is None, the stream continues after the largest group id in the file. `env_modules`
+    are imported first (they register the user's envs with gymnasium).
+
+    Returns 1 (a line on stderr with the first error) when every episode is error-only
+    (`replay.errored`: env_error, or no steps): nothing usable was recorded. A batch with some
+    errored episodes returns 0 and prints their count.
+    """
+    import_env_modules(env_modules)
+    renderer = load_renderer(policy_spec, tokenizer_path, chat_template)
+    policy, policy_id = load_policy(policy_spec, renderer, oracle)
+    fingerprint = tokenizer_fingerprint(renderer.tokenizer)
+    if start is None:
+        start = 0
+        if Path(out).exists() and Path(out).stat().st_size > 0:
+            start = 1 + max((t.group_id for t in RecordingReader(out, fingerprint)), default=-1)
+    header = RecordingHeader(
+        tokenizer_fingerprint=fingerprint,
+        env_id=rollout.env_id,
+        env_kwargs=rollout.env_kwargs,
+        policy_id=policy_id,
+        extra={
+            "rollout_config": msgspec.to_builtins(rollout),
+            "task_stream": stream,
+            **chat_template_extra(chat_template),
+        },
+    )
+    seeds, group_ids = TaskSeedStream(stream=stream, position=start).take(num_tasks)
+    runner = RolloutRunner(policy, renderer, rollout)
+    with (
+        RecordingWriter(out, header) as writer,
+        tqdm(total=num_tasks * rollout.group_size, unit="ep", desc="record", disable=not progress) as bar,
+    ):
+
+        def done(trajectory: Any) -> None:
+            writer.write(trajectory)
+            bar.update(1)
+
+        trajectories = runner.run(seeds, group_ids=group_ids, on_episode=done)
+    policy.close()
+    print_summary(console, summarize(trajectories), f"recorded {len(trajectories)} episodes to {out}")
+    failed = [t for t in trajectories if errored(t)]
+    if not failed:
+        return 0
+    first = error_text(failed[0])
+    if len(failed) == len(trajectories):
+        print(
+            f"toolgym record: error: every episode errored ({len(failed)} of {len(trajectories)}: "
+            f"env_error or no steps); the first: {first}",
+            file=sys.stderr,
+        )
+        return 1
+    console.print(
+        f"errored: {len(failed)} of {len(trajectories)} episodes (env_error or no steps); the first: {first}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    return 0
+
+
+def eval_command(
+    console: Console,
+    rollout: EnvRolloutConfig,
+    policy_spec: str,
+    oracle: OracleConfig,
+    tokenizer_path: str | os.PathLike,
+    eval_config: EvalConfig,
+    out: str | os.PathLike | None = None,
+    env_modules: Sequence[str] = (),
+    chat_template: str = "",
+) -> int:
+    """Evaluate a policy on the held-out task seeds; `env_modules` are imported first (they
+    register the user's envs with gymnasium). `chat_template`: see `load_renderer`."""
+    import_env_modules(env_modules)
+    renderer = load_renderer(policy_spec, tokenizer_path, chat_template)
+    policy, policy_id = load_policy(policy_spec, renderer, oracle)
+    report = evaluate_sync(policy, renderer, rollout, eval_config, keep_trajectories=False)
+    policy.close()
+    for example in report.examples:
+        console.print(example, markup=False, highlight=False, soft_wrap=True)
+    metrics = {k.removeprefix("eval/"): v for k, v in report.metrics.items()}
+    print_summary(console, metrics, f"eval of {policy_id} on {rollout.env_id} {rollout.env_kwargs}")
+    if out is not None:
+        Path(out).write_text(json.dumps({"policy": policy_id, "metrics": report.metrics}, indent=2) + "\n")
+    return 0
+

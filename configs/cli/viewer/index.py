@@ -1,0 +1,442 @@
+"""A recording read for browsing: a light row per episode, read once; one episode in full on demand.
+
+`RecordingIndex(path)` reads the file line by line and keeps, per intact record, a small row
+(env, task seed, group, stop reason, failure mode, reward and its components, policy version,
+turns, sampled tokens, env metrics, GRPO advantage) and the byte span of its line, never the
+Trajectory itself, so a 10,000-episode file costs a few MB and any episode is one seek away.
+Filters, sorting and pages run over the rows (`query`); `episode` decodes one line again and
+returns its per-token view (`stream`): token ids, their text, loss mask, sampler logprob,
+advantage, turn and policy version, built by `trajectory_to_episodes` (what training reads; a
+history a chat template re-rendered starts a new sequence, marked on its turn), so what the page
+shades is what the trainer masks.
+
+Reading never fails on a bad file: a header that does not read (a foreign or damaged file) is
+reported and every line is still tried as a record (checksummed, then plain); a torn last line
+and every damaged line are skipped and listed in `problems` (the first `MAX_PROBLEMS`, then a
+count). A file that cannot be opened gives no rows and one problem.
+
+Advantages are the GRPO advantages (`AdvantageConfig()`) of the recorded rewards within their
+recorded groups, env_error / timeout episodes left out (as offline PG computes them): an eval
+recording (one sample per task) has advantage 0 everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ....agents.chat import ChatRenderer
+from ....agents.tokenizer import tokenizer_fingerprint
+from ....envs.info import FAILURE_MODE, METRICS, REWARD_COMPONENTS
+from ....rollouts.advantages import AdvantageConfig, batch_advantages
+from ....rollouts.episodes import INFRA_STOP_REASONS, sampled_length, trajectory_to_episodes
+from ....rollouts.recording.format import (
+    RecordingError,
+    RecordingHeader,
+    _decode_header,
+    _decode_record,
+    _record_decoder,
+)
+from ....rollouts.types import SEQUENCE_START, Trajectory
+
+MAX_PROBLEMS = 100
+MAX_PAGE = 500
+SORT_KEYS = ("i", "seed", "group", "reward", "turns", "tokens", "version", "adv")
+
+
+def _finite(x: Any) -> float | None:
+    """A float for JSON, None when it is not a finite number (JSON has no NaN)."""
+    try:
+        value = float(x)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _numbers(d: Any) -> dict[str, float | None]:
+    return {str(k): _finite(v) for k, v in d.items()} if isinstance(d, Mapping) else {}
+
+
+class RecordingIndex:
+    """One recording, indexed (see the module doc). `rows[i]` is episode i (in file order of the
+    intact records); `header` is None when the header did not read; `problems` says what was
+    skipped and why; `skipped` counts the skipped lines."""
+
+    def __init__(self, path: str | Path, label: str | None = None) -> None:
+        self.path = Path(path)
+        self.label = label or self.path.name
+        self.header: RecordingHeader | None = None
+        self.version: int | None = None  # None: guessed per line (no readable header)
+        self.problems: list[str] = []
+        self.skipped = 0
+        self.rows: list[dict[str, Any]] = []
+        self._spans: list[tuple[int, int]] = []
+        try:
+            self._read()
+        except OSError as exc:
+            self._problem(f"cannot read {self.path}: {exc.strerror or exc}")
+        self._advantages()
+
+    # ---- reading ------------------------------------------------------------------------------
+
+    def _problem(self, text: str) -> None:
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(text)
+        elif len(self.problems) == MAX_PROBLEMS:
+            self.problems.append("more lines were skipped; `toolgym replay --verify` lists every one")
+
+    def _decode(self, line: bytes) -> Trajectory:
+        decoder = _record_decoder()
+        if self.version is not None:
+            return _decode_record(decoder, line, self.version)
+        try:
+            return _decode_record(decoder, line, 2)
+        except ValueError:
+            return _decode_record(decoder, line, 1)
+
+    def _read(self) -> None:
+        with self.path.open("rb") as f:
+            first = f.readline()
+            offset = len(first)
+            lineno, pending = 1, None  # pending: a first line to try as a record (no header)
+            if not first.strip():
+                self._problem("empty file: not a toolgym recording")
+                return
+            try:
+                self.header = _decode_header(first, self.path)
+                self.version = self.header.schema_version
+            except RecordingError as exc:
+                self._problem(f"line 1: {exc}; reading the other lines as records anyway")
+                pending = (1, 0, first)
+            lines = iter(f)
+            while True:
+                if pending is not None:
+                    lineno, start, line = pending
+                    pending = None
+                else:
+                    line = next(lines, None)
+                    if line is None:
+                        break
+                    lineno, start = lineno + 1, offset
+                    offset += len(line)
+                if not line.strip():
+                    continue
+                body = line.rstrip(b"\r\n")
+                try:
+                    trajectory = self._decode(body)
+                except ValueError as exc:
+                    if lineno == 1:
+                        continue  # the unreadable header, already reported
+                    self.skipped += 1
+                    last = not line.endswith(b"\n") and not f.read(1)
+                    what = "torn (a crash mid-write?)" if last else f"corrupt: {exc}"
+                    self._problem(f"line {lineno} is {what}; skipped")
+                    continue
+                self._spans.append((start, start + len(body)))
+                self.rows.append(self._row(len(self.rows), lineno, trajectory))
+
+    @staticmethod
+    def _row(i: int, lineno: int, t: Trajectory) -> dict[str, Any]:
+        env = t.metrics.get("env")
+        return {
+            "i": i,
+            "line": lineno,
+            "env": t.env_id,
+            "kwargs": json.dumps(t.env_kwargs, sort_keys=True, default=str),
+            "seed": t.task_seed,
+            "group": t.group_id,
+            "sample": t.sample_index,
+            "stop": t.stop_reason.value,
+            "failure": str(t.metrics.get(FAILURE_MODE) or ""),
+            "reward": _finite(t.total_reward),
+            "components": _numbers(t.reward_components),
+            "version": t.policy_version,
+            "turns": len(t.transitions),
+            "tokens": sampled_length(t),
+            "metrics": _numbers(env),
+            "error": t.error,
+            "adv": 0.0,
+        }
+
+    def _advantages(self) -> None:
+        members = [
+            r for r in self.rows if r["stop"] not in INFRA_STOP_REASONS and r["reward"] is not None
+        ]
+        if not members:
+            return
+        advantages = batch_advantages(
+            [r["reward"] for r in members], [r["group"] for r in members], AdvantageConfig()
+        )
+        for row, a in zip(members, advantages, strict=True):
+            row["adv"] = _finite(a) or 0.0
+
+    # ---- the list -----------------------------------------------------------------------------
+
+    def facets(self) -> dict[str, Any]:
+        """What the filters offer: the values present, and the reward range."""
+        rewards = [r["reward"] for r in self.rows if r["reward"] is not None]
+        return {
+            "env": sorted({r["env"] for r in self.rows}),
+            "stop": sorted({r["stop"] for r in self.rows}),
+            "failure": sorted({r["failure"] for r in self.rows}),
+            "version": sorted({r["version"] for r in self.rows}),
+            "reward_min": min(rewards, default=None),
+            "reward_max": max(rewards, default=None),
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """The header, counts and problems (what the page shows above the list)."""
+        h = self.header
+        return {
+            "label": self.label,
+            "path": str(self.path),
+            "episodes": len(self.rows),
+            "skipped": self.skipped,
+            "problems": self.problems,
+            "header": None if h is None else msgspec.to_builtins(h),
+            "facets": self.facets(),
+        }
+
+    def query(self, params: Mapping[str, str]) -> dict[str, Any]:
+        """A page of rows. params (all optional, strings as in a URL): env, stop, failure,
+        version, seed (exact), rmin, rmax, sort (one of SORT_KEYS), desc ("1"), offset, limit."""
+        rows = self.filtered(params)
+        key = params.get("sort") or "i"
+        if key not in SORT_KEYS:
+            raise ValueError(f"sort must be one of {', '.join(SORT_KEYS)}, got {key!r}")
+        desc = params.get("desc") in ("1", "true")
+        if key != "i" or desc:
+            missing = -math.inf if desc else math.inf  # a NaN reward sorts last either way
+            rows = sorted(rows, key=lambda r: (missing if r[key] is None else r[key], r["i"]), reverse=desc)
+        offset = max(0, _int(params, "offset", 0))
+        limit = min(MAX_PAGE, max(1, _int(params, "limit", 100)))
+        return {"total": len(rows), "all": len(self.rows), "offset": offset, "rows": rows[offset : offset + limit]}
+
+    def filtered(self, params: Mapping[str, str]) -> list[dict[str, Any]]:
+        rows: Sequence[dict[str, Any]] = self.rows
+        for name in ("env", "stop", "failure"):
+            if params.get(name) not in (None, "", "*"):
+                rows = [r for r in rows if r[name] == params[name]]
+        for name, field in (("version", "version"), ("seed", "seed")):
+            if params.get(name) not in (None, ""):
+                value = _int(params, name, 0)
+                rows = [r for r in rows if r[field] == value]
+        rmin, rmax = _float(params, "rmin"), _float(params, "rmax")
+        if rmin is not None:
+            rows = [r for r in rows if r["reward"] is not None and r["reward"] >= rmin]
+        if rmax is not None:
+            rows = [r for r in rows if r["reward"] is not None and r["reward"] <= rmax]
+        return list(rows)
+
+    # ---- one episode --------------------------------------------------------------------------
+
+    def trajectory(self, i: int) -> Trajectory:
+        if not 0 <= i < len(self.rows):
+            raise IndexError(f"{self.label} has {len(self.rows)} episodes; no episode {i}")
+        start, end = self._spans[i]
+        with self.path.open("rb") as f:
+            f.seek(start)
+            return self._decode(f.read(end - start))
+
+    def episode(self, i: int, renderer: ChatRenderer | None) -> dict[str, Any]:
+        """Episode i in full: its row, texts, per-turn rewards and infos, and `stream` (parallel
+        lists: id, text, mask, logprob, adv, turn, pv; text is None when no renderer of the
+        recording's tokenizer is given, and `notice` says why)."""
+        t = self.trajectory(i)
+        row = self.rows[i]
+        built = trajectory_to_episodes(t, row["adv"])  # one per training sequence, in turn order
+        ids = [x for e in built for x in e.tokens]
+        turn_of: list[int] = []
+        version_of: list[int | None] = []
+        turns = []
+        for k, tr in enumerate(t.transitions):
+            turn_of += [k] * (len(tr.observation_tokens) + len(tr.action.tokens))
+            version_of += [None] * len(tr.observation_tokens) + [tr.action.policy_version] * len(tr.action.tokens)
+            info = tr.info
+            turns.append(
+                {
+                    "observation": tr.observation,
+                    "action": tr.action.text,
+                    "finish": tr.action.finish_reason,
+                    "reward": _finite(tr.reward),
+                    "terminated": tr.terminated,
+                    "truncated": tr.truncated,
+                    "components": _numbers(info.get(REWARD_COMPONENTS)),
+                    "metrics": _numbers(info.get(METRICS)),
+                    "error": info.get("error"),
+                    "sequence_start": k > 0 and info.get(SEQUENCE_START) is True,
+                    "obs_tokens": len(tr.observation_tokens),
+                    "act_tokens": len(tr.action.tokens),
+                }
+            )
+        notice, texts = None, None
+        if renderer is not None:
+            fingerprint = tokenizer_fingerprint(renderer.tokenizer)
+            if self.header is not None and self.header.tokenizer_fingerprint != fingerprint:
+                notice = (
+                    f"recorded with tokenizer {self.header.tokenizer_fingerprint}, the viewer has "
+                    f"{fingerprint}: showing each turn's text, not its tokens (pass --tokenizer)"
+                )
+            else:
+                try:
+                    texts = token_texts(renderer, ids)
+                except Exception as exc:  # ids outside the vocabulary
+                    notice = f"the tokens do not decode ({type(exc).__name__}: {exc}): showing each turn's text"
+        else:
+            notice = "no tokenizer given: showing each turn's text, not its tokens"
+        return {
+            **row,
+            "label": self.label,
+            "system_prompt": t.system_prompt,
+            "final_observation": t.final_observation,
+            "trained": t.stop_reason not in INFRA_STOP_REASONS,
+            "turn_list": turns,
+            "notice": notice,
+            "stream": {
+                "id": ids,
+                "text": texts,
+                "mask": [x for e in built for x in e.loss_mask],
+                "logprob": [_finite(x) for e in built for x in e.sampler_logprobs],
+                "adv": [x for e in built for x in e.advantages],
+                "turn": turn_of,
+                "pv": version_of,
+            },
+        }
+
+
+def token_texts(renderer: ChatRenderer, ids: Sequence[int]) -> list[str]:
+    """Each token's text (special tokens included). A token that ends inside a UTF-8 character
+    decodes to U+FFFD alone: it is decoded together with the next (up to 3) tokens, the text
+    goes to the first and the others get "", so the pieces join to the decoded whole."""
+    tokenizer = renderer.tokenizer
+    pieces = tokenizer.decode_batch([[i] for i in ids], skip_special_tokens=False)
+    k = 0
+    while k < len(pieces):
+        if "\ufffd" in pieces[k]:
+            for j in range(k + 2, min(k + 4, len(ids)) + 1):
+                text = tokenizer.decode(list(ids[k:j]), skip_special_tokens=False)
+                if "\ufffd" not in text:
+                    pieces[k : j] = [text] + [""] * (j - k - 1)
+                    k = j - 1
+                    break
+        k += 1
+    return pieces
+
+
+def compare(a: RecordingIndex, b: RecordingIndex, params: Mapping[str, str]) -> dict[str, Any]:
+    """Episodes of `a` and `b` aligned by (task seed, sample index), seeds in order. params:
+    `changed` ("1": only pairs whose rewards differ, or that one side lacks), offset, limit.
+    Returns counts, the mean rewards over the common keys, and a page of {seed, sample, a, b}."""
+    def keyed(index: RecordingIndex) -> dict[tuple[int, int], dict[str, Any]]:
+        out: dict[tuple[int, int], dict[str, Any]] = {}
+        for r in index.rows:
+            out.setdefault((r["seed"], r["sample"]), r)
+        return out
+
+    left, right = keyed(a), keyed(b)
+    common = left.keys() & right.keys()
+    pairs = []
+    for key in sorted(left.keys() | right.keys()):
+        ra, rb = left.get(key), right.get(key)
+        if params.get("changed") in ("1", "true") and ra and rb and ra["reward"] == rb["reward"]:
+            continue
+        pairs.append({"seed": key[0], "sample": key[1], "a": _brief(ra), "b": _brief(rb)})
+
+    def mean(rows: dict[tuple[int, int], dict[str, Any]]) -> float | None:
+        values = [rows[k]["reward"] for k in common if rows[k]["reward"] is not None]
+        return sum(values) / len(values) if values else None
+
+    offset = max(0, _int(params, "offset", 0))
+    limit = min(MAX_PAGE, max(1, _int(params, "limit", 100)))
+    return {
+        "a": a.label,
+        "b": b.label,
+        "common": len(common),
+        "only_a": len(left.keys() - right.keys()),
+        "only_b": len(right.keys() - left.keys()),
+        "mean_a": mean(left),
+        "mean_b": mean(right),
+        "total": len(pairs),
+        "offset": offset,
+        "rows": pairs[offset : offset + limit],
+    }
+
+
+def _brief(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    if row is None:
+        return None
+    return {k: row[k] for k in ("i", "reward", "stop", "failure", "turns", "tokens", "version")}
+
+
+def recording_series(indexes: Sequence[RecordingIndex]) -> dict[str, list[dict[str, Any]]]:
+    """Per-recording summary charts when there is no metrics log: reward, accuracy (the env's
+    `accuracy` metric, else `success`), turns and sampled tokens per episode, each a mean per
+    policy version (one line per recording)."""
+    charts: dict[str, list[dict[str, Any]]] = {"reward": [], "accuracy": [], "turns": [], "tokens": []}
+    for index in indexes:
+        by_version: dict[int, list[dict[str, Any]]] = {}
+        for r in index.rows:
+            by_version.setdefault(r["version"], []).append(r)
+        metric = "accuracy" if any("accuracy" in r["metrics"] for r in index.rows) else "success"
+        columns = {
+            "reward": lambda r: r["reward"],
+            "accuracy": lambda r, m=metric: r["metrics"].get(m, 0.0),
+            "turns": lambda r: r["turns"],
+            "tokens": lambda r: r["tokens"],
+        }
+        for chart, get in columns.items():
+            points = []
+            for version, rows in sorted(by_version.items()):
+                values = [v for v in map(get, rows) if v is not None]
+                if values:
+                    points.append([version, sum(values) / len(values)])
+            charts[chart].append({"name": index.label, "points": points})
+    return charts
+
+
+# metrics.jsonl keys per chart: the train line (`rollout/`) and the eval markers (`eval/`).
+RUN_CHARTS = {"reward": "reward_mean", "accuracy": "accuracy", "turns": "turns_mean", "tokens": "tokens_per_episode"}
+
+
+def run_series(records: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per-run summary charts from a run's metrics records (configs/metrics_log.py): per chart, a
+    `train` series (`rollout/<name>` of the train records) and an `eval` series (`eval/<name>`)
+    against step; a series the run did not log is left out."""
+    charts: dict[str, list[dict[str, Any]]] = {}
+    for chart, name in RUN_CHARTS.items():
+        lines = []
+        for kind, prefix in (("train", "rollout/"), ("eval", "eval/")):
+            points = [
+                [r["step"], _finite(r[prefix + name])]
+                for r in records
+                if r.get("kind") == kind and isinstance(r.get(prefix + name), int | float)
+            ]
+            if points:
+                lines.append({"name": kind, "points": points})
+        charts[chart] = lines
+    return charts
+
+
+def _int(params: Mapping[str, str], name: str, default: int) -> int:
+    text = params.get(name)
+    if text in (None, ""):
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {text!r}") from None
+
+
+def _float(params: Mapping[str, str], name: str) -> float | None:
+    text = params.get(name)
+    if text in (None, ""):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {text!r}") from None

@@ -1,0 +1,541 @@
+"""The OpenAI-compatible endpoint over a policy (torch engine or vLLM): FastAPI on uvicorn.
+
+    POST /v1/chat/completions   messages, tools, tool_choice (auto | none), temperature, top_p,
+                                max_tokens / max_completion_tokens, n, seed, stop, logprobs
+    POST /v1/completions        a raw-text or token-id prompt
+    GET  /v1/models             the one model served
+    POST /toolgym/conversations/{id}/end   {"reward": float, "components": {...}}: finish a
+                                capture (the agent runner finishes its own in process)
+
+`PolicyServer` is the in-process object: `async with PolicyServer(policy, renderer) as server:`
+serves on 127.0.0.1 and a free port (`server.base_url` is what `openai.AsyncOpenAI(base_url=...)`
+takes) from the caller's event loop, which is where the torch engine then computes; `run()`
+serves until interrupted (`toolgym serve`). Every request is captured (rollouts/endpoint/capture.py)
+under its conversation id: the `X-Conversation-Id` header, else the `conversation_id` body field
+(the client's `extra_body`), else the API key; a request with none of them is served and not
+kept.
+
+Sampling: `EndpointConfig.sampling` fixes temperature/top_p/top_k for every request (training:
+the trainer computes logprobs at the config's temperature, so an agent's own temperature would
+make its ratio wrong); without it the request's values are used. Token limits: a request's
+max_tokens is capped by `max_tokens_per_turn` (its default too), the conversation's
+`max_tokens_per_episode` left and the context room; a prompt with no room is a 400
+`context_length_exceeded`, a spent budget a 400 `token_budget_exhausted`. A registered
+conversation's turns are seeded from its `CaptureInfo.sampling_seed` (and the request's seed), so
+its G samples differ and a rerun repeats them.
+
+A client that disconnects mid-generation cancels its request (the engine frees the slot) and
+breaks its conversation's capture; generation errors do the same. Shutting down finishes every
+open conversation as incomplete (recorded when a writer is set). Measurements of the endpoint's
+overhead: bench/RESULTS.md, 'bench/serve.py'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import msgspec
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from ...agents.chat import Renderer
+from ...agents.errors import ContextOverflowError
+from ...agents.policy import Policy
+from ...agents.types import Completion, SamplingParams
+from ..recording.format import RecordingWriter
+from ..runner import sampling_seed
+from ..types import PolicySampling, StopReason
+from .capture import CaptureInfo, CaptureStore, Choice, Conversation
+from .openai_api import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    check_chat,
+    check_common,
+    decode_request,
+    logprobs_json,
+    normalise_messages,
+    parse_reply,
+    reply_message,
+    requested_max_tokens,
+    stop_strings,
+    tool_calls_json,
+)
+
+CONVERSATION_HEADER = "x-conversation-id"
+KEEP_ALIVE_S = 300  # longer than any client keeps an idle connection
+
+
+class EndpointConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"  # loopback: the endpoint has no authentication
+    port: int = 0  # 0: a free port
+    model_name: str = "toolgym-policy"  # what /v1/models lists (any `model` is accepted)
+    max_n: int = 16
+    max_tokens_per_turn: int = 256
+    max_tokens_per_episode: int | None = None
+    context_length: int | None = None  # None: the policy's
+    sampling: PolicySampling | None = None  # fixed sampling for every request (training)
+    # Requests wait at a gate before they reach the policy: it opens once no request has arrived
+    # for `gather_quiet_s` (or after `gather_max_s`), so that many agents' requests arriving in a
+    # burst start in one prefill, as the env runner's do (bench/RESULTS.md, bench/serve.py).
+    # 0 turns the gate off.
+    gather_quiet_s: float = 0.001
+    gather_max_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("max_n", "max_tokens_per_turn"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"EndpointConfig.{name} must be >= 1, got {getattr(self, name)}")
+
+
+class EndpointStats(msgspec.Struct):
+    requests: int = 0
+    errors: int = 0  # 4xx/5xx answers
+    disconnects: int = 0  # clients gone mid-generation
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handlers (an in-process server leaves Ctrl+C to its
+    host program)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class _ForegroundServer(uvicorn.Server):
+    """uvicorn's server for `toolgym serve`: Ctrl+C and SIGTERM stop it gracefully, and the
+    command then ends normally (uvicorn would raise the signal again after shutting down)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class PolicyServer:
+    """An OpenAI-compatible endpoint over `policy`, capturing conversations (module doc)."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        renderer: Renderer,
+        config: EndpointConfig | None = None,
+        writer: RecordingWriter | None = None,
+    ) -> None:
+        self.policy, self.renderer = policy, renderer
+        self.config = config or EndpointConfig()
+        self.captures = CaptureStore(writer)
+        self.stats = EndpointStats()
+        known = [
+            self.config.context_length,
+            getattr(policy, "max_seq_len", None),
+            getattr(policy, "context_length", None),
+        ]
+        limits = [int(n) for n in known if isinstance(n, int)]
+        self.context_length = min(limits) if limits else None
+        self.app = self._build_app()
+        self._gate: asyncio.Future[None] | None = None
+        self._gate_task: asyncio.Future[None] | None = None
+        self._last_arrival = 0.0
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        """`http://127.0.0.1:PORT/v1`: the OpenAI client's base_url."""
+        return f"http://{self.config.host}:{self.port}/v1"
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def _socket(self) -> socket.socket:
+        # IPPROTO_TCP given, not 0: asyncio sets TCP_NODELAY only on sockets that name it, and
+        # without it every response waits for a delayed ACK (Nagle) before its last segment.
+        family = socket.AF_INET6 if ":" in self.config.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.config.host, self.config.port))
+        self.port = sock.getsockname()[1]
+        return sock
+
+    def _uvicorn(self, quiet: bool) -> uvicorn.Server:
+        # Idle keep-alive connections are closed by the clients (httpx after 5 s, aiohttp after
+        # 15 s), never by the server: a server closing one (uvicorn's default, after 5 s) races a
+        # client reusing it, whose request then fails with a connection error.
+        config = uvicorn.Config(
+            self.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
+        return _Server(config) if quiet else _ForegroundServer(config)
+
+    async def start(self) -> None:
+        """Serve from the running event loop; returns once the socket accepts connections."""
+        if self._task is not None:
+            return
+        self._server = server = self._uvicorn(quiet=True)
+        self._task = asyncio.create_task(server.serve(sockets=[self._socket()]))
+        while not server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it
+                raise RuntimeError("the endpoint stopped while starting")
+            await asyncio.sleep(0.005)
+
+    async def stop(self) -> None:
+        """Stop serving (requests in flight get a short grace), then finish every open
+        conversation as incomplete."""
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._server, self._task = None, None
+        self.captures.close_all()
+
+    async def __aenter__(self) -> PolicyServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def run(self, on_ready: Callable[[str], None] | None = None) -> None:
+        """Serve until interrupted (Ctrl+C, SIGTERM), then close the captures: `toolgym serve`.
+        `on_ready` gets the base URL once the port is bound."""
+
+        async def serve() -> None:
+            server = self._server = self._uvicorn(quiet=False)
+            sock = self._socket()
+            if on_ready is not None:
+                on_ready(self.base_url)
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                self.captures.close_all()
+
+        asyncio.run(serve())
+
+    # ---- HTTP -------------------------------------------------------------------------------
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(title="toolgym endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.exception_handler(APIError)
+        async def api_error(request: Request, exc: APIError) -> JSONResponse:
+            self.stats.errors += 1
+            return JSONResponse(exc.body(), status_code=exc.status)
+
+        @app.exception_handler(HTTPException)
+        async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+            self.stats.errors += 1
+            what = f"{request.method} {request.url.path}: {exc.detail}"
+            return JSONResponse(
+                APIError(what, exc.status_code, code=str(exc.status_code)).body(), exc.status_code
+            )
+
+        @app.get("/v1/models")
+        async def models() -> dict[str, Any]:
+            model = {"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "toolgym"}
+            return {"object": "list", "data": [model]}
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request) -> Any:
+            self.stats.requests += 1
+            body = decode_request(await request.body(), ChatCompletionRequest)
+            return await self._until_done(request, self._chat(body, self._conversation_id(request, body)))
+
+        @app.post("/v1/completions")
+        async def completions(request: Request) -> Any:
+            self.stats.requests += 1
+            body = decode_request(await request.body(), CompletionRequest)
+            return await self._until_done(request, self._complete(body, self._conversation_id(request, body)))
+
+        @app.post("/toolgym/conversations/{conversation_id}/end")
+        async def end(conversation_id: str, request: Request) -> dict[str, Any]:
+            raw = await request.body()
+            try:
+                given = msgspec.json.decode(raw or b"{}", type=dict[str, Any])
+                reward = float(given.get("reward", 0.0))
+                components = {str(k): float(v) for k, v in dict(given.get("components") or {}).items()}
+            except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError) as exc:
+                raise APIError(f'the body is {{"reward": <number>, "components": {{...}}}} ({exc})') from None
+            trajectory = self.captures.finish(conversation_id, reward, components=components)
+            return {
+                "conversation_id": conversation_id,
+                "turns": len(trajectory.transitions),
+                "error": trajectory.error,
+            }
+
+        return app
+
+    def _conversation_id(self, request: Request, body: Any) -> str | None:
+        header = request.headers.get(CONVERSATION_HEADER)
+        if header:
+            return header
+        if body.conversation_id:
+            return body.conversation_id
+        auth = request.headers.get("authorization", "")
+        key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
+        return key or None
+
+    async def _until_done(self, request: Request, work: Awaitable[dict[str, Any]]) -> Any:
+        """`work`'s answer, unless the client disconnects first: then it is cancelled."""
+        task = asyncio.ensure_future(work)
+        watch = asyncio.ensure_future(_until_disconnect(request))
+        try:
+            await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not task.done():
+                task.cancel()
+                self.stats.disconnects += 1
+                await asyncio.gather(task, return_exceptions=True)
+        if task.cancelled():
+            return Response(status_code=499)
+        # Encoded here (msgspec), not by FastAPI's jsonable_encoder walking every field.
+        return Response(msgspec.json.encode(task.result()), media_type="application/json")
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def _conversation(self, conversation_id: str | None) -> Conversation:
+        if conversation_id is None:
+            return Conversation("", CaptureInfo())  # served, not kept
+        return self.captures.get(conversation_id)
+
+    def _params(
+        self, body: Any, conversation: Conversation, prompt_length: int, max_tokens: int | None
+    ) -> SamplingParams:
+        config = self.config
+        cap = (
+            config.max_tokens_per_turn if max_tokens is None else min(max_tokens, config.max_tokens_per_turn)
+        )
+        if config.max_tokens_per_episode is not None:
+            left = config.max_tokens_per_episode - conversation.sampled_tokens
+            if left <= 0:
+                conversation.limit = StopReason.MAX_TOKENS
+                raise APIError(
+                    f"the conversation has sampled its {config.max_tokens_per_episode} tokens "
+                    "(max_tokens_per_episode)",
+                    code="token_budget_exhausted",
+                )
+            cap = min(cap, left)
+        if self.context_length is not None:
+            room = self.context_length - prompt_length
+            if room <= 0:
+                conversation.limit = StopReason.CONTEXT_OVERFLOW
+                raise APIError(
+                    f"This model's maximum context length is {self.context_length} tokens; the prompt "
+                    f"has {prompt_length} tokens",
+                    param="messages",
+                    code="context_length_exceeded",
+                )
+            cap = min(cap, room)
+        fixed = config.sampling
+        seed = body.seed
+        if conversation.info.sampling_seed is not None:
+            extra = 0 if seed is None else seed + 1
+            seed = sampling_seed(conversation.info.sampling_seed, conversation.turns, extra)
+        return SamplingParams(
+            max_tokens=cap,
+            temperature=fixed.temperature
+            if fixed
+            else (1.0 if body.temperature is None else body.temperature),
+            top_p=fixed.top_p if fixed else (1.0 if body.top_p is None else body.top_p),
+            top_k=fixed.top_k if fixed else 0,
+            n=body.n,
+            stop_token_ids=self.renderer.stop_token_ids,
+            seed=seed,
+        )
+
+    async def _generate(
+        self, conversation: Conversation, prompt: list[int], params: SamplingParams
+    ) -> list[Completion]:
+        started = time.perf_counter()
+        try:
+            await self._gather()
+            return await self.policy.generate([prompt], params)
+        except asyncio.CancelledError:
+            conversation.broken = "ClientDisconnected: the client went away mid-generation"
+            raise
+        except ContextOverflowError as exc:
+            conversation.limit = StopReason.CONTEXT_OVERFLOW
+            raise APIError(str(exc), param="messages", code="context_length_exceeded") from None
+        except Exception as exc:
+            conversation.broken = f"{type(exc).__name__}: {exc}"
+            raise APIError(
+                f"generation failed: {type(exc).__name__}: {exc}", 500, type="server_error"
+            ) from None
+        finally:
+            conversation.generate_s += time.perf_counter() - started
+
+    async def _gather(self) -> None:
+        """Wait at the gate (see EndpointConfig): one task per burst watches for quiet."""
+        if self.config.gather_quiet_s <= 0:
+            return
+        self._last_arrival = time.perf_counter()
+        if self._gate is None:
+            self._gate = asyncio.get_running_loop().create_future()
+            self._gate_task = asyncio.ensure_future(self._open_gate(self._gate))
+        await asyncio.shield(self._gate)
+
+    async def _open_gate(self, gate: asyncio.Future[None]) -> None:
+        opened = time.perf_counter()
+        quiet, longest = self.config.gather_quiet_s, self.config.gather_max_s
+        while True:
+            await asyncio.sleep(0)  # a loop turn: sockets are read, handlers run up to the gate
+            now = time.perf_counter()
+            if now - self._last_arrival >= quiet or now - opened >= longest:
+                break
+        self._gate = None
+        gate.set_result(None)
+
+    def _cut(self, completion: Completion, stops: list[str]) -> tuple[Completion, str]:
+        """The completion up to the token that completes the first stop string, and its text
+        before that string (the sampled tokens stay verbatim: a prefix of what was sampled)."""
+        decode = self.renderer.decode
+        text = decode(completion.tokens, skip_special_tokens=True)
+        if not stops or not any(s in text for s in stops):
+            return completion, text
+        for k in range(1, len(completion.tokens) + 1):
+            part = decode(completion.tokens[:k], skip_special_tokens=True)
+            at = min((part.find(s) for s in stops if s in part), default=-1)
+            if at >= 0:
+                cut = Completion(
+                    completion.tokens[:k],
+                    completion.logprobs[:k],
+                    "stop",
+                    part[:at],
+                    completion.policy_version,
+                )
+                return cut, part[:at]
+        return completion, text
+
+    def _piece(self, token: int) -> str:
+        return self.renderer.decode([token])
+
+    def _usage(self, prompt: list[int], completions: list[Completion]) -> dict[str, int]:
+        sampled = sum(len(c.tokens) for c in completions)
+        return {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": sampled,
+            "total_tokens": len(prompt) + sampled,
+        }
+
+    async def _chat(self, body: ChatCompletionRequest, conversation_id: str | None) -> dict[str, Any]:
+        check_common(body, self.config.max_n)
+        check_chat(body)
+        max_tokens = requested_max_tokens(body)
+        messages = normalise_messages(body.messages)
+        tools_enabled = bool(body.tools) and body.tool_choice != "none"
+        conversation = self._conversation(conversation_id)
+        async with conversation.lock:
+            prompt, observation_tokens, restart = conversation.chat_prompt(
+                self.renderer, messages, body.tools or None
+            )
+            params = self._params(body, conversation, len(prompt), max_tokens)
+            completions = await self._generate(conversation, prompt, params)
+            stops = stop_strings(body.stop)
+            turn = conversation.turns
+            choices, out = [], []
+            for i, sampled in enumerate(completions):
+                completion, text = self._cut(sampled, stops)
+                completion.text = text
+                content, calls = parse_reply(text, tools_enabled)
+                choices.append(Choice(reply_message(content, calls), completion))
+                message: dict[str, Any] = {"role": "assistant", "content": content}
+                tool_calls = tool_calls_json(calls, f"{turn}_{i}")
+                if tool_calls:
+                    message["tool_calls"] = tool_calls
+                finish = (
+                    "tool_calls" if calls else ("length" if completion.finish_reason == "length" else "stop")
+                )
+                out.append(
+                    {
+                        "index": i,
+                        "message": message,
+                        "finish_reason": finish,
+                        "logprobs": logprobs_json(completion.tokens, completion.logprobs, self._piece)
+                        if body.logprobs
+                        else None,
+                    }
+                )
+            conversation.sampled(messages[-1]["content"], observation_tokens, restart, choices)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.model or self.config.model_name,
+            "choices": out,
+            "usage": self._usage(prompt, [c.completion for c in choices]),
+            "toolgym": {"conversation_id": conversation_id, "policy_version": completions[0].policy_version},
+        }
+
+    async def _complete(self, body: CompletionRequest, conversation_id: str | None) -> dict[str, Any]:
+        check_common(body, self.config.max_n)
+        max_tokens = requested_max_tokens(body)
+        if body.echo:
+            raise APIError("echo=true is not supported", param="echo")
+        if body.logprobs is not None and not 0 <= body.logprobs <= 1:
+            raise APIError(
+                "logprobs must be 0 or 1: the sampler reports the sampled token's log-probability",
+                param="logprobs",
+            )
+        if isinstance(body.prompt, list) and (
+            not body.prompt or any(not 0 <= t < self.renderer.vocab_size for t in body.prompt)
+        ):
+            raise APIError(f"prompt token ids must be in [0, {self.renderer.vocab_size})", param="prompt")
+        if not body.prompt:
+            raise APIError("prompt must not be empty", param="prompt")
+        conversation = self._conversation(conversation_id)
+        async with conversation.lock:
+            prompt, observation_tokens, restart = conversation.text_prompt(self.renderer, body.prompt)
+            params = self._params(body, conversation, len(prompt), max_tokens)
+            completions = await self._generate(conversation, prompt, params)
+            stops = stop_strings(body.stop)
+            choices, out = [], []
+            for i, sampled in enumerate(completions):
+                completion, text = self._cut(sampled, stops)
+                completion.text = text
+                choices.append(Choice(text, completion))
+                logprobs = None
+                if body.logprobs is not None:
+                    logprobs = {
+                        "tokens": [self._piece(t) for t in completion.tokens],
+                        "token_logprobs": list(completion.logprobs),
+                        "top_logprobs": None,
+                        "text_offset": None,
+                    }
+                finish = "length" if completion.finish_reason == "length" else "stop"
+                out.append({"index": i, "text": text, "finish_reason": finish, "logprobs": logprobs})
+            shown = body.prompt if isinstance(body.prompt, str) else ""
+            conversation.sampled(shown, observation_tokens, restart, choices)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.model or self.config.model_name,
+            "choices": out,
+            "usage": self._usage(prompt, [c.completion for c in choices]),
+        }
+

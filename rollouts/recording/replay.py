@@ -1,0 +1,450 @@
+"""Replaying recordings: readable transcripts, summaries, verification, and Episodes to train on.
+
+Transcripts show the exact token stream the model saw, decoded turn by turn: the prompt and env
+spans as they are, and the spans the policy SAMPLED (the loss-masked, trained tokens) marked:
+in colour on a terminal (rich), and between `⟦` and `⟧` in plain text. A line after each turn
+gives the step's reward and the env's metrics so far; the header gives the stop reason, reward
+and its components, and the episode's env metrics.
+
+Verification re-runs each episode's actions in a fresh env made from the recorded id and
+kwargs, reset with the recorded task seed, and reports every observation, reward or end flag
+that differs, and every trajectory-level field training reads (total_reward, reward_components,
+stop_reason) that disagrees with the steps or the re-run. Actions the runner never gave the env
+(a turn cut by a token limit, or one the env raised on or answered with an output the runner
+could not use) are handled as the runner handled them: the env is stepped through the runner's
+own checks (`step_env`), and an episode the runner cut is settled as the runner settled it
+(`abandon_env`, its reward on the last turn). Given the recording's tokenizer, verification also
+checks the tokens training reads against that text (`verify_tokens`), through the renderer the
+recording was made with (`recorded_renderer`: the chat template its header records, or plain
+ChatML).
+
+A recording never causes an import: gymnasium imports the module of a `module:Env-v0` id, so
+verification makes only envs whose module is already imported (toolgym's own, and modules the
+user names, `--env-module`); any other such id is refused, naming the module (`check_env_id`).
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import math
+import os
+import sys
+from collections.abc import Iterable, Sequence
+
+import gymnasium
+from rich.text import Text
+from tokenizers import Tokenizer
+
+from ... import envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
+from ...agents.chat import ChatRenderer, Renderer
+from ...agents.types import Role
+from ...envs.info import METRICS, SUCCESS_METRIC
+from ..advantages import AdvantageConfig, batch_advantages
+from ..env_io import abandon_env, env_stop_reason, reset_env, settles, step_env
+from ..episodes import INFRA_STOP_REASONS, EpisodeStats, OverlongEpisodeRule, build_episodes, sampled_length
+from ..metrics import batch_metrics
+from ..runner import env_replies, first_messages
+from ..types import SEQUENCE_START, Episode, StopReason, Trajectory
+from .format import CHAT_TEMPLATE, RecordingError, RecordingHeader
+
+SAMPLED_OPEN, SAMPLED_CLOSE = "⟦", "⟧"
+_STYLES = {"prompt": "", "sampled": "bold green", "note": "dim italic", "header": "bold cyan"}
+
+
+def transcript_segments(trajectory: Trajectory, renderer: Renderer) -> list[tuple[str, str]]:
+    """(text, kind) pieces of one episode's transcript; kind: header, prompt, sampled, note."""
+    t = trajectory
+    components = ", ".join(f"{k} {v:+.2f}" for k, v in t.reward_components.items())
+    header = (
+        f"=== {t.env_id} {t.env_kwargs}  task seed {t.task_seed}  group {t.group_id}"
+        f"  sample {t.sample_index}  policy v{t.policy_version}\n"
+        f"stop: {t.stop_reason.value}  reward {t.total_reward:+.3f} ({components or 'no components'})"
+        f"  turns {len(t.transitions)}  failure mode: {t.metrics.get('failure_mode')}"
+        f"  metrics: {_format_metrics(t.metrics.get('env'))}\n"
+    )
+    if t.error:
+        header += f"error: {t.error}\n"
+    pieces: list[tuple[str, str]] = [(header, "header")]
+    for i, transition in enumerate(t.transitions):
+        pieces.append((renderer.decode(transition.observation_tokens), "prompt"))
+        pieces.append((renderer.decode(transition.action.tokens), "sampled"))
+        info = transition.info
+        if _raised_when_recorded(t, i):
+            note = f"env raised: {info['error']}"
+        elif not _was_stepped(t, i):
+            note = f"not given to the env (finish: {transition.action.finish_reason})"
+        else:
+            note = f"reward {transition.reward:+.3f}  {_format_metrics(info.get(METRICS))}"
+        pieces.append((f"\n    [turn {i}: {note}]\n", "note"))
+    if t.final_observation:
+        pieces.append((f"    [env's last reply, not shown to the model: {t.final_observation!r}]\n", "note"))
+    return pieces
+
+
+def _format_metrics(metrics: object) -> str:
+    """An env's metrics as `name 1, other 2` (`-` when it reported none)."""
+    if not isinstance(metrics, dict) or not metrics:
+        return "-"
+    return ", ".join(
+        f"{name} {value:g}" if isinstance(value, int | float) else f"{name} {value!r}"
+        for name, value in metrics.items()
+    )
+
+
+def format_transcript(trajectory: Trajectory, renderer: Renderer) -> str:
+    """Plain text: sampled spans between ⟦ and ⟧."""
+    return "".join(
+        f"{SAMPLED_OPEN}{text}{SAMPLED_CLOSE}" if kind == "sampled" else text
+        for text, kind in transcript_segments(trajectory, renderer)
+    )
+
+
+def rich_transcript(trajectory: Trajectory, renderer: Renderer) -> Text:
+    """For a terminal: sampled spans in colour."""
+    out = Text()
+    for text, kind in transcript_segments(trajectory, renderer):
+        out.append(text, style=_STYLES[kind])
+    return out
+
+
+def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """`batch_metrics` without the prefix: reward mean, the env's metrics, turns, stop reasons,
+    failure modes."""
+    return {k.removeprefix("rollout/"): v for k, v in batch_metrics(trajectories).items()}
+
+
+# ---- verification ------------------------------------------------------------------------------
+
+
+class EnvModuleNotAllowed(ValueError):
+    """A recorded env id whose module is not imported: making it would import code named by data.
+    str() is one line naming the module and the flag that allows it."""
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise EnvModuleNotAllowed if `gymnasium.make(env_id)` would import a module (an id
+    `module:Env-v0` whose module is not imported yet); a registered id, or one whose module is
+    already imported, passes. Registered ids import only what their registering code named."""
+    module = env_id.split(":", 1)[0] if ":" in env_id else None
+    if module is not None and module not in sys.modules:
+        raise EnvModuleNotAllowed(
+            f"env id {env_id!r} needs module {module!r}, which is not imported: a recording never "
+            f"imports code; if you trust that module, allow it with --env-module {module}"
+        )
+
+
+def import_env_modules(modules: Iterable[str], where: str = "--env-module") -> None:
+    """Import the modules the user named (`--env-module`, a config's `env.module`), which
+    register their envs with gymnasium. The current directory is importable, as under
+    `python -m` (appended to sys.path when missing: the `toolgym` script's sys.path[0] is its own
+    folder), so it never shadows an installed package. Raises ValueError (one line, naming
+    `where` and the module) for one that cannot be imported or raises while importing."""
+    modules = list(modules)
+    if modules and "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"{where} {module}: cannot import it: {exc}") from None
+        except Exception as exc:  # the module itself failed (a syntax error, a duplicate id, ...)
+            raise ValueError(f"{where} {module}: cannot import it: {type(exc).__name__}: {exc}") from None
+
+
+def errored(trajectory: Trajectory) -> bool:
+    """Whether an episode is error-only: it ended in an env error (stop reason env_error) or has
+    no steps. `record` fails when every episode is; `replay --verify` counts them as errors, never
+    as replaying exactly."""
+    return trajectory.stop_reason == StopReason.ENV_ERROR or not trajectory.transitions
+
+
+def _was_stepped(trajectory: Trajectory, index: int) -> bool:
+    """Whether the runner gave transition `index`'s action to the env: all but a last turn that
+    did not end on a stop token (cut by a limit, or aborted)."""
+    last = index == len(trajectory.transitions) - 1
+    return not (last and trajectory.transitions[index].action.finish_reason != "stop")
+
+
+def _raised_when_recorded(trajectory: Trajectory, index: int) -> bool:
+    last = index == len(trajectory.transitions) - 1
+    return (
+        last
+        and trajectory.stop_reason == StopReason.ENV_ERROR
+        and "error" in trajectory.transitions[index].info
+    )
+
+
+# Reasons only the env gives (through end_reason); the runner's own limits never end an episode so.
+_ENV_STOP_REASONS = frozenset({StopReason.ANSWERED, StopReason.NO_TOOL_CALL, StopReason.PARSE_ERROR})
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def verify_trajectory(trajectory: Trajectory) -> list[str]:
+    """Differences between the recording and a fresh env fed the recorded actions ([] if none).
+
+    Per step: the observation, reward and end flags. Per episode (what training reads): total_reward
+    against the sum of the recorded step rewards and the re-run's, reward_components against the
+    re-run's last reported ones, and stop_reason against how the re-run ended (the runner's
+    mapping when the env ended it; otherwise a reason of the runner's, consistent with a cut last
+    turn's finish reason). An env id that would import a module is reported, not made
+    (`check_env_id`)."""
+    t, problems = trajectory, []
+    steps_sum = math.fsum(tr.reward for tr in t.transitions)
+    if not _close(t.total_reward, steps_sum):
+        problems.append(f"total_reward {t.total_reward!r} != the sum of its step rewards {steps_sum!r}")
+    try:
+        check_env_id(t.env_id)
+    except EnvModuleNotAllowed as exc:
+        return [*problems, str(exc)]
+    try:
+        env = gymnasium.make(t.env_id, **t.env_kwargs)
+        observation, _, system_prompt = reset_env(env, t.task_seed)
+    except Exception as exc:
+        if t.stop_reason == StopReason.ENV_ERROR and not t.transitions:
+            return problems  # it failed at reset when recorded, and still does
+        return [*problems, f"env make/reset raised {type(exc).__name__}: {exc}"]
+    try:
+        if t.transitions and observation != t.transitions[0].observation:
+            problems.append(f"reset observation differs: {observation!r} != {t.transitions[0].observation!r}")
+        if system_prompt != t.system_prompt:
+            problems.append("system prompt differs")
+        rerun: dict[int, float] = {}  # turn -> the reward the re-run gives it
+        components: dict[str, float] | None = None  # the re-run's last reported reward_components
+        ending: StopReason | None = None  # how the env ended the re-run, if it did
+        complete = True  # the re-run went as recorded (no unexpected raise)
+        for i, transition in enumerate(t.transitions):
+            if not _was_stepped(t, i):
+                break
+            recorded_error = _raised_when_recorded(t, i)
+            try:
+                observation, reward, terminated, truncated, info = step_env(env, transition.action.text)
+            except Exception as exc:
+                if not recorded_error:
+                    problems.append(f"turn {i}: step raised {type(exc).__name__}: {exc}")
+                    complete = False
+                break
+            if recorded_error:
+                problems.append(f"turn {i}: the env raised when recorded, not now")
+                complete = False
+                break
+            rerun[i] = reward
+            components = info.get("reward_components", components)
+            if terminated or truncated:
+                ending = env_stop_reason(info, terminated)
+            expected = t.transitions[i + 1].observation if i + 1 < len(t.transitions) else t.final_observation
+            if (i + 1 < len(t.transitions) or t.final_observation) and observation != expected:
+                problems.append(f"turn {i}: observation differs: {observation!r} != {expected!r}")
+            if (terminated, truncated) != (transition.terminated, transition.truncated):
+                problems.append(
+                    f"turn {i}: (terminated, truncated) differs: {(terminated, truncated)} != "
+                    f"{(transition.terminated, transition.truncated)}"
+                )
+        # The runner's settlement of an episode it cut (env_io.abandon_env) lands on the last turn.
+        last = len(t.transitions) - 1
+        abandon_failed = (
+            t.stop_reason == StopReason.ENV_ERROR
+            and last >= 0
+            and "abandon_error" in t.transitions[last].info
+        )
+        if complete and ending is None and (settles(t.stop_reason, t.transitions) or abandon_failed):
+            try:
+                settled = abandon_env(env)
+            except Exception as exc:
+                if not abandon_failed:
+                    problems.append(f"abandon() raised {type(exc).__name__}: {exc}")
+            else:
+                if abandon_failed:
+                    problems.append("abandon() raised when recorded, not now")
+                elif settled is not None:
+                    rerun[last] = rerun.get(last, 0.0) + settled[0]
+                    components = settled[1].get("reward_components", components)
+        for i, reward in sorted(rerun.items()):
+            if reward != t.transitions[i].reward:
+                problems.append(f"turn {i}: reward differs: {reward!r} != {t.transitions[i].reward!r}")
+        if complete:
+            problems += _episode_problems(t, math.fsum(rerun.values()), components, ending)
+    finally:
+        env.close()
+    return problems
+
+
+def _episode_problems(
+    t: Trajectory, rerun_total: float, components: dict[str, float] | None, ending: StopReason | None
+) -> list[str]:
+    """The trajectory-level fields against a re-run that went as recorded."""
+    problems = []
+    if not _close(t.total_reward, rerun_total):
+        problems.append(f"total_reward {t.total_reward!r} != the re-run's {rerun_total!r}")
+    if components is not None and (
+        components.keys() != t.reward_components.keys()
+        or not all(_close(v, t.reward_components[k]) for k, v in components.items())
+    ):
+        problems.append(f"reward_components differ: {t.reward_components} != the re-run's {components}")
+    if ending is not None:
+        if t.stop_reason != ending:
+            problems.append(
+                f"stop_reason {t.stop_reason.value} != {ending.value}, how the env ended the re-run"
+            )
+    elif t.stop_reason in _ENV_STOP_REASONS:
+        problems.append(f"stop_reason {t.stop_reason.value}, but the env did not end the re-run")
+    elif t.transitions and t.transitions[-1].action.finish_reason in ("length", "abort"):
+        finish = t.transitions[-1].action.finish_reason
+        allowed = (
+            {StopReason.TIMEOUT}
+            if finish == "abort"
+            else {StopReason.MAX_TOKENS, StopReason.CONTEXT_OVERFLOW, StopReason.ENV_ERROR}
+        )
+        if t.stop_reason not in allowed:
+            problems.append(f"stop_reason {t.stop_reason.value}, but the last turn was cut ({finish})")
+    return problems
+
+
+def recorded_renderer(
+    header: RecordingHeader, tokenizer: Tokenizer, path: str | os.PathLike = ""
+) -> Renderer:
+    """The renderer a recording was made with, rebuilt from its header (`path` names the file in
+    errors): a `TemplateRenderer` of the chat template it records (`extra["chat_template"]`,
+    rollouts/recording/format.py: the recorded text runs in the sandbox, as every template does), or
+    plain ChatML when it records none. Raises RecordingError for an entry that is not a recorded
+    template, ChatTemplateError (a ValueError, one line) for a template `tokenizer` cannot use."""
+    entry = header.extra.get(CHAT_TEMPLATE)
+    if entry is None:
+        return ChatRenderer(tokenizer)
+    where = f"{path}: " if path else ""
+    special = entry.get("special_tokens", {}) if isinstance(entry, dict) else None
+    kwargs = entry.get("template_kwargs", {}) if isinstance(entry, dict) else None
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("text"), str)
+        or not isinstance(special, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in special.items())
+        or not isinstance(kwargs, dict)
+    ):
+        raise RecordingError(
+            f"{where}the header's extra[{CHAT_TEMPLATE!r}] is not a recorded chat template "
+            "(an object with text, special_tokens and template_kwargs)"
+        )
+    from ...agents.chat_template import ChatTemplate, TemplateRenderer
+
+    source = f"{where}the recorded chat template ({entry.get('source', '?')})"
+    return TemplateRenderer(tokenizer, ChatTemplate(entry["text"], source, special), kwargs)
+
+
+def verify_tokens(trajectory: Trajectory, renderer: Renderer) -> list[str]:
+    """Differences between the recorded token stream and the recorded text ([] if none): what
+    training reads (tokens) against what the env graded (text), through `renderer` (the one the
+    recording was made with: `recorded_renderer`). Each action's tokens must decode to its text
+    (skip_special_tokens, as every backend and the runner decode). The episode is rendered again
+    as the runner rendered it (runner.first_messages, runner.env_replies): the first prompt from
+    the system prompt (or, with the tools the renderer was given, `reset_info`'s instructions)
+    and the first observation; then after each action its recorded tokens, verbatim, and the
+    env's reply (a tool message per recorded `tool_results` entry where the renderer writes
+    tools, else the observation), in one chat role for the whole episode ("tool" or "user":
+    rollout.observation_role, which the recording does not keep). Every turn's observation
+    tokens must be that rendering's, and a turn marked `sequence_start` exactly where the
+    rendering restarts (a chat template that is not append-only there)."""
+    t, problems = trajectory, []
+    if not t.transitions:
+        return problems
+    try:
+        messages, tools = first_messages(
+            renderer, t.transitions[0].observation, t.reset_info, t.system_prompt
+        )
+        roles: list[Role] = ["tool", "user"]  # the roles that still explain every turn so far
+        renderings = [renderer.start_episode(messages, tools) for _ in roles]
+        if t.transitions[0].observation_tokens != renderings[0].prompt:
+            problems.append("turn 0: observation tokens are not the rendered prompt")
+        for i in range(1, len(t.transitions)):
+            before, transition = t.transitions[i - 1], t.transitions[i]
+            restart = bool(transition.info.get(SEQUENCE_START))
+            turns = [
+                rendering.extend(
+                    before.action.tokens, env_replies(renderer, transition.observation, before.info, role)
+                )
+                for role, rendering in zip(roles, renderings, strict=True)
+            ]
+            same = [turn.tokens == transition.observation_tokens for turn in turns]
+            keep = [k for k, turn in enumerate(turns) if same[k] and turn.restarted == restart]
+            if not keep:
+                if any(same):
+                    problems.append(
+                        f"turn {i}: sequence_start is {restart}, but the rendering "
+                        f"{'does not restart' if restart else 'restarts'} there"
+                    )
+                else:
+                    problems.append(f"turn {i}: observation tokens are not the rendered env reply")
+                break
+            roles = [roles[k] for k in keep]
+            renderings = [renderings[k] for k in keep]
+        for i, transition in enumerate(t.transitions):
+            text = renderer.decode(transition.action.tokens, skip_special_tokens=True)
+            if text != transition.action.text:
+                problems.append(
+                    f"turn {i}: action tokens decode to {text!r}, not the recorded {transition.action.text!r}"
+                )
+    except Exception as exc:  # tokens outside the vocabulary, text the renderer cannot encode
+        problems.append(f"the renderer failed on the recorded text or tokens: {type(exc).__name__}: {exc}")
+    return problems
+
+
+def replay_problems(trajectory: Trajectory, renderer: Renderer | None = None) -> list[str]:
+    """What `replay --verify` reports for one trajectory: `verify_trajectory`'s problems and, with
+    the recording's renderer, `verify_tokens`'s ([] if it replays exactly)."""
+    return verify_trajectory(trajectory) + (verify_tokens(trajectory, renderer) if renderer else [])
+
+
+def verify_trajectories(
+    trajectories: Iterable[Trajectory], renderer: Renderer | None = None
+) -> list[tuple[int, Trajectory, list[str]]]:
+    """(index, trajectory, problems) for every trajectory with `replay_problems`."""
+    checked = ((i, t, replay_problems(t, renderer)) for i, t in enumerate(trajectories))
+    return [(i, t, p) for i, t, p in checked if p]
+
+
+# ---- Episodes from a recording -----------------------------------------------------------------
+
+
+def _succeeded(trajectory: Trajectory) -> bool:
+    env_metrics = trajectory.metrics.get("env")
+    value = env_metrics.get(SUCCESS_METRIC) if isinstance(env_metrics, dict) else None
+    return isinstance(value, int | float) and value > 0
+
+
+class OfflineMode(enum.StrEnum):
+    SFT = "sft"  # advantage 1.0 on every sampled token: the policy-gradient loss becomes NLL
+    PG = "pg"  # group advantages from the recorded rewards (offline policy gradient)
+
+
+def episodes_from_trajectories(
+    trajectories: Sequence[Trajectory],
+    mode: OfflineMode = OfflineMode.SFT,
+    advantage: AdvantageConfig | None = None,
+    only_successful: bool = False,
+    max_seq_len: int | None = None,
+    rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
+) -> tuple[list[Episode], EpisodeStats]:
+    """Training Episodes from recorded trajectories.
+
+    SFT (warm start): every kept trajectory gets advantage 1.0; `only_successful` keeps those
+    whose env reported the `success` metric as > 0 (envs/info.py). PG: GRPO/Dr. GRPO advantages over the recorded groups
+    (group ids as recorded). env_error / timeout episodes are left out either way.
+    """
+    if only_successful:
+        trajectories = [t for t in trajectories if _succeeded(t)]
+    advantages = [1.0] * len(trajectories)
+    if mode == OfflineMode.PG:  # failed episodes stay out of the group statistics
+        members = [i for i, t in enumerate(trajectories) if t.stop_reason not in INFRA_STOP_REASONS]
+        group_advs = batch_advantages(
+            [trajectories[i].total_reward for i in members],
+            [trajectories[i].group_id for i in members],
+            advantage or AdvantageConfig(),
+            [sampled_length(trajectories[i]) for i in members],
+        )
+        advantages = [0.0] * len(trajectories)
+        for i, a in zip(members, group_advs, strict=True):
+            advantages[i] = a
+    return build_episodes(trajectories, advantages, max_seq_len, rule)

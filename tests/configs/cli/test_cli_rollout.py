@@ -1,0 +1,89 @@
+"""`toolgym envs|record|replay|eval` smoke tests (main() in-process, one real subprocess)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from toolgym.configs.cli.main import build_parser, main
+
+
+@pytest.fixture
+def tokenizer_file(tokenizer, tmp_path):
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    return str(path)
+
+
+def record_args(tokenizer_file, out, *extra):
+    return [
+        "record", "--env", "toolgym/Zorplex-v0", "--env-kwargs", '{"tier": "recursive"}',
+        "--policy", "oracle", "--p-omit-tag", "0.5", "--tasks", "3", "--group-size", "2",
+        "--out", str(out), "--tokenizer", tokenizer_file, "--no-progress", *extra,
+    ]  # fmt: skip
+
+
+def test_envs(capsys):
+    assert main(["envs"]) == 0
+    out = capsys.readouterr().out
+    assert "toolgym/Zorplex-v0" in out and "toolgym/SumDigits-v0" in out
+
+
+def test_record_replay_verify(tokenizer_file, tmp_path, capsys):
+    out = tmp_path / "oracle.jsonl"
+    assert main(record_args(tokenizer_file, out)) == 0
+    assert "recorded 6 episodes" in capsys.readouterr().out
+    assert len(out.read_text().splitlines()) == 7
+    # appending continues the task stream instead of repeating tasks
+    assert main(record_args(tokenizer_file, out)) == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()[1:]]
+    assert sorted({x["group_id"] for x in lines}) == [0, 1, 2, 3, 4, 5]
+    capsys.readouterr()
+
+    assert main(["replay", str(out), "--verify", "--limit", "1", "--tokenizer", tokenizer_file]) == 0
+    text = capsys.readouterr().out
+    assert "verify: 12/12 episodes replay exactly" in text
+    assert text.count("=== toolgym/Zorplex-v0") == 1 and "⟦" in text and "accuracy" in text
+
+
+def test_replay_refuses_another_tokenizer(tokenizer_file, tmp_path, capsys):
+    out = tmp_path / "oracle.jsonl"
+    assert main(record_args(tokenizer_file, out)) == 0
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    other = Tokenizer(models.BPE())
+    other.pre_tokenizer = pre_tokenizers.ByteLevel()
+    other.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    other.save(str(tmp_path / "other.json"))
+    capsys.readouterr()
+    assert main(["replay", str(out), "--tokenizer", str(tmp_path / "other.json")]) == 2
+    assert "recorded with tokenizer" in capsys.readouterr().err
+
+
+def test_eval_oracle(tokenizer_file, tmp_path, capsys):
+    metrics_file = tmp_path / "eval.json"
+    args = ["eval", "--env", "toolgym/SumDigits-v0", "--policy", "oracle", "--tasks", "4"]
+    assert main([*args, "--tokenizer", tokenizer_file, "--examples", "1", "--out", str(metrics_file)]) == 0
+    assert "[ANSWER]" in capsys.readouterr().out
+    assert json.loads(metrics_file.read_text())["metrics"]["eval/accuracy"] == 1.0
+
+
+def test_bad_input_is_a_clear_error(tokenizer_file, tmp_path, capsys):
+    assert main([*record_args(tokenizer_file, tmp_path / "x.jsonl")[:-1], "--max-turns", "0"]) == 2
+    assert "max_turns" in capsys.readouterr().err
+    args = record_args(tokenizer_file, tmp_path / "x.jsonl")
+    args[args.index("--env-kwargs") + 1] = '{"tier": "bogus"}'
+    assert main(args) == 2 and "bogus" in capsys.readouterr().err
+    assert main(["replay", str(tmp_path / "missing.jsonl"), "--tokenizer", tokenizer_file]) == 2
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(
+            ["record", "--env", "x", "--env-kwargs", "[1]", "--tasks", "1", "--out", "o"]
+        )
+
+
+def test_entry_point_subprocess():
+    result = subprocess.run(
+        [sys.executable, "-m", "toolgym.configs.cli", "envs"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0 and "toolgym/Zorplex-v0" in result.stdout

@@ -1,0 +1,201 @@
+"""The viewer without a browser: the index (rows, filters, sorting, pages, damaged and foreign
+files, the per-token view), the comparison by task seed, the JSON API, and `toolgym view`'s
+sources and errors."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import msgspec
+import pytest
+from recording_testlib import play, shipped_renderer, write
+
+from toolgym.configs.cli.main import main
+from toolgym.configs.cli.viewer.index import RecordingIndex, compare, token_texts
+from toolgym.configs.cli.viewer.server import ViewerData, ViewerServer
+from toolgym.rollouts.episodes import trajectory_to_episodes
+from toolgym.rollouts.recording.format import read_recording
+from toolgym.rollouts.scripted import OracleConfig
+
+ZORPLEX = "toolgym/Zorplex-v0"
+
+
+@pytest.fixture(scope="module")
+def zorplex(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("viewer") / "zorplex.jsonl"
+    return write(path, play(ZORPLEX, list(range(6)), env_kwargs={"tier": "simple"}), ZORPLEX, {"tier": "simple"})
+
+
+# ---- index --------------------------------------------------------------------------------------
+
+
+def test_index_rows_match_the_recording(zorplex):
+    _, trajectories = read_recording(zorplex)
+    index = RecordingIndex(zorplex)
+    assert index.problems == [] and index.skipped == 0
+    assert len(index.rows) == len(trajectories) == 12
+    for row, t in zip(index.rows, trajectories, strict=True):
+        assert (row["seed"], row["group"], row["sample"], row["stop"]) == (
+            t.task_seed,
+            t.group_id,
+            t.sample_index,
+            t.stop_reason.value,
+        )
+        assert row["reward"] == pytest.approx(t.total_reward)
+        assert row["tokens"] == sum(len(tr.action.tokens) for tr in t.transitions)
+        assert row["failure"] == t.metrics["failure_mode"]
+    # GRPO advantages within each group: they sum to zero per group
+    for group in {r["group"] for r in index.rows}:
+        assert sum(r["adv"] for r in index.rows if r["group"] == group) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_filters_sorting_and_pages(zorplex):
+    index = RecordingIndex(zorplex)
+    failures = index.facets()["failure"]
+    assert len(failures) >= 2  # p_omit_tag=0.5: success and wrong_format
+    page = index.query({"failure": failures[0]})
+    assert page["total"] == sum(r["failure"] == failures[0] for r in index.rows) < len(index.rows)
+    assert all(r["failure"] == failures[0] for r in page["rows"])
+    assert [r["seed"] for r in index.query({"seed": "3"})["rows"]] == [3, 3]
+    rewards = [r["reward"] for r in index.query({"sort": "reward", "desc": "1"})["rows"]]
+    assert rewards == sorted(rewards, reverse=True)
+    high = max(rewards)
+    assert all(r["reward"] >= high for r in index.query({"rmin": str(high)})["rows"])
+    assert index.query({"version": "7"})["total"] == 0
+    second = index.query({"offset": "5", "limit": "5"})
+    assert [r["i"] for r in second["rows"]] == [5, 6, 7, 8, 9] and second["total"] == 12
+    with pytest.raises(ValueError, match="sort"):
+        index.query({"sort": "bogus"})
+
+
+def test_episode_stream_is_what_training_reads(zorplex):
+    index = RecordingIndex(zorplex)
+    _, trajectories = read_recording(zorplex)
+    renderer = shipped_renderer()
+    for i in (0, 5):
+        ep = index.episode(i, renderer)
+        (built,) = trajectory_to_episodes(trajectories[i], index.rows[i]["adv"])
+        s = ep["stream"]
+        assert s["id"] == built.tokens and s["mask"] == built.loss_mask and s["adv"] == built.advantages
+        assert s["logprob"] == pytest.approx(built.sampler_logprobs)
+        assert "".join(s["text"]) == renderer.decode(built.tokens)
+        assert len(s["turn"]) == len(s["pv"]) == len(s["id"])
+        assert ep["notice"] is None and len(ep["turn_list"]) == len(trajectories[i].transitions)
+    with pytest.raises(IndexError):
+        index.episode(99, renderer)
+
+
+def test_token_texts_keep_a_split_character_whole():
+    renderer = shipped_renderer()
+    ids = renderer.encode("price of 🦜 and é ok")
+    pieces = token_texts(renderer, ids)
+    assert len(pieces) == len(ids) and "".join(pieces) == renderer.decode(ids)
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_damaged_torn_and_foreign_files_show_what_they_could_read(zorplex, tmp_path):
+    lines = zorplex.read_bytes().splitlines(keepends=True)
+    damaged = tmp_path / "damaged.jsonl"
+    flipped = lines[3].replace(b'"task_seed":', b'"task_seed":9', 1)
+    damaged.write_bytes(b"".join([*lines[:3], flipped, *lines[4:], lines[5][:40]]))
+    index = RecordingIndex(damaged)
+    assert len(index.rows) == len(lines) - 2 and index.skipped == 2
+    assert any("line 4 is corrupt" in p and "checksum" in p for p in index.problems)
+    assert any("torn" in p for p in index.problems)
+
+    headless = tmp_path / "headless.jsonl"  # header damaged: the records still read
+    headless.write_bytes(lines[0].replace(b"toolgym.trajectories", b"toolgym.trajectorieX") + b"".join(lines[1:]))
+    index = RecordingIndex(headless)
+    assert index.header is None and len(index.rows) == len(lines) - 1
+    assert "line 1" in index.problems[0]
+
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text("hello\n" + "".join(f'{{"x": {i}}}\n' for i in range(300)))
+    index = RecordingIndex(foreign)
+    assert index.rows == [] and index.skipped == 300
+    assert len(index.problems) == 101  # the first 100 problems, then one line saying there are more
+    assert index.problems[-1].startswith("more lines were skipped")
+    assert index.summary()["episodes"] == 0
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    assert RecordingIndex(empty).problems == ["empty file: not a toolgym recording"]
+
+
+def test_compare_aligns_by_task_seed(tmp_path):
+    a = write(tmp_path / "a.jsonl", play(ZORPLEX, [0, 1, 2, 3], group_size=1), ZORPLEX)
+    b_trajectories = play(ZORPLEX, [2, 3, 4], group_size=1, oracle=OracleConfig(p_omit_tag=1.0), policy_version=5)
+    b = write(tmp_path / "b.jsonl", b_trajectories, ZORPLEX)
+    result = compare(RecordingIndex(a), RecordingIndex(b), {})
+    assert (result["common"], result["only_a"], result["only_b"], result["total"]) == (2, 2, 1, 5)
+    assert [r["seed"] for r in result["rows"]] == [0, 1, 2, 3, 4]
+    by_seed = {r["seed"]: r for r in result["rows"]}
+    assert by_seed[0]["b"] is None and by_seed[4]["a"] is None
+    for seed in (2, 3):
+        ia, ib = by_seed[seed]["a"]["i"], by_seed[seed]["b"]["i"]
+        assert RecordingIndex(a).rows[ia]["seed"] == RecordingIndex(b).rows[ib]["seed"] == seed
+        assert by_seed[seed]["b"]["version"] == 5
+
+
+def test_api_answers_and_refuses(zorplex, tmp_path):
+    data = ViewerData([zorplex, tmp_path / "missing.jsonl"], shipped_renderer())
+    with ViewerServer(data) as server:
+
+        def get(route: str):
+            try:
+                with urllib.request.urlopen(server.url + route) as response:
+                    return response.status, json.loads(response.read())
+            except urllib.error.HTTPError as exc:
+                return exc.code, json.loads(exc.read())
+
+        status, body = get("api/recordings")
+        assert status == 200 and [r["label"] for r in body["recordings"]] == ["zorplex.jsonl", "missing.jsonl"]
+        assert body["charts_kind"] == "recordings" and body["charts"]["reward"][0]["points"]
+        assert get("api/episodes?r=0&limit=3")[1]["rows"][2]["i"] == 2
+        assert get("api/episode?r=0&i=1")[1]["stream"]["mask"]
+        assert get("api/recording?r=1")[1]["problems"][0].startswith("cannot read")
+        assert get("api/episode?r=0&i=999")[0] == 404
+        assert get("api/episodes?r=zero")[0] == 400
+        assert get("api/nothing")[0] == 404
+        with urllib.request.urlopen(server.url) as response:
+            assert b"viewer.js" in response.read()
+        with urllib.request.urlopen(server.url + "static/viewer.js") as response:
+            assert b"fetch(" in response.read()
+        with pytest.raises(urllib.error.HTTPError, match="404"):
+            urllib.request.urlopen(server.url + "static/..%2Fserver.py")
+
+
+
+# ---- toolgym view ------------------------------------------------------------------------------
+
+
+def test_view_of_a_missing_path_is_a_one_line_error(tmp_path, capsys):
+    assert main(["view", str(tmp_path / "nope.jsonl")]) == 2
+    assert "no such recording" in capsys.readouterr().err
+
+
+def test_view_sources_of_a_run_directory(tmp_path, zorplex):
+    from toolgym.configs.cli.view import view_sources
+
+    run = tmp_path / "run"
+    (run / "trajectories").mkdir(parents=True)
+    for name in ("train_rank0.jsonl", "eval_step_00000010.jsonl", "eval_step_00000000.jsonl"):
+        (run / "trajectories" / name).write_bytes(zorplex.read_bytes())
+    (run / "metrics.jsonl").write_text(
+        json.dumps({"kind": "train", "step": 1, "rollout/reward_mean": 0.5})
+        + "\n"
+        + json.dumps({"kind": "eval", "step": 0, "eval/reward_mean": 0.25, "eval/accuracy": 1.0})
+        + "\n"
+    )
+    recordings, metrics, tokenizer = view_sources([str(run)])
+    assert [p.name for p in recordings] == ["eval_step_00000000.jsonl", "eval_step_00000010.jsonl", "train_rank0.jsonl"]
+    assert metrics is not None and len(metrics) == 2 and tokenizer is None
+    charts = ViewerData(recordings, None, metrics).recordings()["charts"]
+    assert charts["reward"] == [{"name": "train", "points": [[1, 0.5]]}, {"name": "eval", "points": [[0, 0.25]]}]
+    assert charts["accuracy"] == [{"name": "eval", "points": [[0, 1.0]]}]
+    with pytest.raises(ValueError, match="no recordings"):
+        view_sources([str(tmp_path)])
+    assert msgspec.json.decode(msgspec.json.encode(charts))  # JSON-safe

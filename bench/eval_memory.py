@@ -49,13 +49,13 @@ def child(episodes: int, policy: str, keep: bool) -> None:
     """Run one eval in this process; print its peak RSS (KiB) and wall time on the last line."""
     started = time.perf_counter()
     if keep:  # every trajectory kept until the summary: how eval behaved before streaming
+        from toolgym.configs.build.parts import load_policy, policy_renderer
         from toolgym.configs.cli.main import DEFAULT_TOKENIZER
-        from toolgym.configs.cli.parts import load_policy, load_renderer
         from toolgym.rollouts.evaluation import EvalConfig, evaluate_sync
         from toolgym.rollouts.runner import EnvRolloutConfig
         from toolgym.rollouts.scripted import OracleConfig
 
-        renderer = load_renderer(policy, DEFAULT_TOKENIZER)
+        renderer = policy_renderer(policy, DEFAULT_TOKENIZER)
         engine, _ = load_policy(policy, renderer, OracleConfig())
         rollout = EnvRolloutConfig(
             env_id="toolgym/Zorplex-v0", env_kwargs={"tier": "simple"}, max_turns=3,

@@ -19,12 +19,12 @@ from .. import envs  # noqa: F401 (registers toolgym/*)
 from ..agents.chat import Renderer
 from ..agents.model.config import NAMED_CONFIGS, ModelConfig
 from ..agents.vllm.engine import INSTALL_HINT
+from ..rollouts.batches import TaskSeedStream
+from ..rollouts.endpoint.program import load_program
 from ..rollouts.env_io import reset_env
 from ..rollouts.recording.replay import import_env_modules
 from ..rollouts.runner import RolloutRunner, first_messages
-from ..rollouts.batches import TaskSeedStream
 from ..rollouts.scripted import OraclePolicy
-from ..rollouts.endpoint.program import load_program
 from ..rollouts.types import StopReason
 from .build.demos import rl_stream, sft_stream
 from .build.parts import policy_max_seq_len

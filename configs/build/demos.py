@@ -13,17 +13,17 @@ import msgspec
 
 from ...agents.chat import Renderer
 from ...agents.tokenizer import tokenizer_fingerprint
+from ...rollouts.batches import TaskSeedStream
 from ...rollouts.recording.format import RecordingHeader, RecordingWriter, read_recording, rendering_of
 from ...rollouts.recording.replay import OfflineMode, episodes_from_trajectories, summarize
 from ...rollouts.runner import RolloutRunner
-from ...rollouts.batches import TaskSeedStream
 from ...rollouts.scripted import OraclePolicy
 from ...rollouts.types import Episode, Trajectory
 from ...trainers.config import TrainerConfig
 from ...trainers.sft import SFTSchedule
 from ..load import ConfigError
 from ..schema import Config
-from .parts import chat_template_extra
+from .parts import run_chat_template_extra
 
 
 def rl_stream(config: Config) -> int:
@@ -42,7 +42,7 @@ def check_demo_rendering(config: Config, renderer: Renderer, header: RecordingHe
     policy.chat_template): its tokens are what SFT trains on, and a warm start in another
     format than RL's would teach the model a format it never sees again."""
     recorded, recorded_key = rendering_of(header.extra)
-    run, run_key = rendering_of(chat_template_extra(config, renderer))
+    run, run_key = rendering_of(run_chat_template_extra(config))
     if recorded_key != run_key:
         raise ConfigError(
             "sft.recording",
@@ -77,7 +77,7 @@ def demo_episodes(
             env_id=config.env.id,
             env_kwargs=dict(trajectories[0].env_kwargs if trajectories else config.env.kwargs),
             policy_id=source,
-            extra=chat_template_extra(config, renderer),
+            extra=run_chat_template_extra(config),
         )
         with RecordingWriter(record_to, header) as writer:
             writer.write_all(trajectories)

@@ -19,10 +19,10 @@ import torch
 from ...agents.chat import Renderer
 from ...agents.policy import Policy
 from ...agents.tokenizer import tokenizer_fingerprint
+from ...rollouts.batches import BatchConfig, TaskSeedStream
 from ...rollouts.evaluation import EvalReport, evaluate
 from ...rollouts.recording.format import RecordingHeader, RecordingWriter
 from ...rollouts.runner import RolloutRunner
-from ...rollouts.batches import BatchConfig, TaskSeedStream
 from ...trainers.checkpoint import CheckpointManager
 from ...trainers.distributed import DistInfo
 from ...trainers.loop.generators import RankGroups, serve_generator
@@ -34,7 +34,7 @@ from ...trainers.trainer import Trainer
 from ..run_dir import RunDir
 from ..schema import Config
 from .demos import rl_stream
-from .parts import build_policy, build_renderer, chat_template_extra, initial_model, policy_max_seq_len
+from .parts import build_policy, build_renderer, initial_model, policy_max_seq_len, run_chat_template_extra
 from .placement import buffer_capacity, generator_placement
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def recording_header(config: Config, run: RunDir, renderer: Renderer) -> Callabl
     """`header(what)`: a run recording's header (the env, the tokenizer, the chat template)."""
     rollout = config.rollout_config()
     fingerprint = tokenizer_fingerprint(renderer.tokenizer)
-    extra = chat_template_extra(config, renderer)
+    extra = run_chat_template_extra(config)
 
     def header(what: str) -> RecordingHeader:
         return RecordingHeader(

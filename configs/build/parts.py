@@ -9,6 +9,7 @@ both receive the trainer's weights through `push_weights` after every update.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,12 +18,14 @@ import torch
 
 from ...agents.chat import ChatRenderer, Renderer
 from ...agents.chat_template import ChatTemplateError, TemplateRenderer, load_chat_template
+from ...agents.engine.engine import TorchEngine
 from ...agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from ...agents.model.config import NAMED_CONFIGS, ModelConfig
 from ...agents.model.transformer import Transformer, build_model
 from ...agents.policy import Policy
 from ...agents.tokenizer import load_tokenizer
 from ...rollouts.recording.format import CHAT_TEMPLATE, chat_template_entry
+from ...rollouts.scripted import OracleConfig, OraclePolicy
 from ...rollouts.types import PolicySampling
 from ...trainers.config import TrainerConfig
 from ...trainers.distributed import DistInfo, barrier, init_distributed
@@ -65,36 +68,86 @@ def setup_distributed(parallel: ParallelSection, generator_ranks: int = 0) -> Di
     return info
 
 
+def make_renderer(
+    tokenizer_path: str | os.PathLike[str],
+    chat_template: str | os.PathLike[str] = "",
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> Renderer:
+    """Plain ChatML over the tokenizer, or the chat template in `chat_template` (a
+    tokenizer_config.json or .jinja file) with `template_kwargs` as its variables; a template that
+    cannot be used raises ChatTemplateError (a ValueError naming the file)."""
+    tokenizer = load_tokenizer(tokenizer_path)
+    if not chat_template:
+        return ChatRenderer(tokenizer)
+    return TemplateRenderer(tokenizer, load_chat_template(chat_template), dict(template_kwargs or {}))
+
+
 def build_renderer(config: Config) -> tuple[Renderer, Path]:
     """The run's renderer (plain ChatML, or policy.chat_template's; a template that cannot be used
     is a ConfigError naming its file) and the tokenizer file it reads."""
     path = tokenizer_path(config)
-    tokenizer = load_tokenizer(path)
-    if not config.policy.chat_template:
-        return ChatRenderer(tokenizer), path
     try:
-        template = load_chat_template(chat_template_path(config.policy.chat_template))
-        return TemplateRenderer(tokenizer, template, config.policy.chat_template_kwargs), path
+        return make_renderer(path, run_chat_template(config), config.policy.chat_template_kwargs), path
     except ChatTemplateError as exc:
         raise ConfigError("policy.chat_template", str(exc)) from None
 
 
-def chat_template_extra(config: Config, renderer: Renderer) -> dict[str, Any]:
-    """A run recording's header `extra`: the chat template the run renders with
-    (policy.chat_template and its variables), so `replay` rebuilds the same renderer; {} for
-    plain ChatML."""
-    if isinstance(renderer, ChatRenderer) or not config.policy.chat_template:
+def run_chat_template(config: Config) -> str:
+    """policy.chat_template as a file ("" for plain ChatML)."""
+    return chat_template_path(config.policy.chat_template) if config.policy.chat_template else ""
+
+
+ORACLE = "oracle"  # `--policy oracle`: the env's scripted oracle
+
+
+def policy_renderer(
+    policy_spec: str, tokenizer_path: str | os.PathLike[str], chat_template: str | os.PathLike[str] = ""
+) -> Renderer:
+    """The renderer for a command's `--policy`: a checkpoint directory's own tokenizer.json if it
+    has one, else `tokenizer_path`; `chat_template` as in `make_renderer`."""
+    own = Path(policy_spec) / "tokenizer.json"
+    return make_renderer(own if policy_spec != ORACLE and own.is_file() else tokenizer_path, chat_template)
+
+
+def load_policy(
+    policy_spec: str, renderer: Renderer, oracle: OracleConfig | None = None, device: str = "cpu"
+) -> tuple[Policy, str]:
+    """A command's `--policy`: `oracle` (the env's scripted oracle with `oracle` knobs) or a
+    Hugging Face checkpoint directory served by the torch engine. Returns the policy and an id for
+    recording headers."""
+    if policy_spec == ORACLE:
+        policy = OraclePolicy(renderer, oracle)
+        return policy, policy.policy_id
+    path = Path(policy_spec)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"--policy must be 'oracle' or a checkpoint directory with config.json, got {policy_spec}"
+        )
+    model = load_hf_checkpoint(path, device=device)
+    return TorchEngine(model, tokenizer=renderer.tokenizer), f"checkpoint:{path.resolve()}"
+
+
+def chat_template_extra(
+    chat_template: str | os.PathLike[str] = "", template_kwargs: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A recording header's `extra` for episodes rendered through `chat_template` (a file, as
+    `make_renderer` takes it) with `template_kwargs`: the template itself, so `replay` rebuilds the
+    same renderer; {} for plain ChatML."""
+    if not chat_template:
         return {}
-    template = load_chat_template(chat_template_path(config.policy.chat_template))
-    return {CHAT_TEMPLATE: chat_template_entry(template, config.policy.chat_template_kwargs)}
+    return {CHAT_TEMPLATE: chat_template_entry(load_chat_template(chat_template), template_kwargs)}
+
+
+def run_chat_template_extra(config: Config) -> dict[str, Any]:
+    """`chat_template_extra` of the run's template and variables (policy.chat_template)."""
+    return chat_template_extra(run_chat_template(config), config.policy.chat_template_kwargs)
 
 
 def chat_template_text(config: Config) -> str | None:
     """The text of the chat template the run renders with (policy.chat_template), for the
     exported models' tokenizer_config.json; None for plain ChatML."""
-    if not config.policy.chat_template:
-        return None
-    return load_chat_template(chat_template_path(config.policy.chat_template)).text
+    path = run_chat_template(config)
+    return load_chat_template(path).text if path else None
 
 
 def model_config(config: Config) -> ModelConfig:
@@ -228,8 +281,6 @@ def build_policy(
             from ...agents.engine.replicas import EngineReplicas
 
             return EngineReplicas(model, replicas=config.policy.replicas, **engine_kwargs)
-        from ...agents.engine.engine import TorchEngine
-
         return TorchEngine(model, **engine_kwargs)
     from ...agents.vllm.engine import VLLMConfig
     from ...agents.vllm.policy import VLLMPolicy

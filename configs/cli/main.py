@@ -1,6 +1,6 @@
 """The `toolgym` command line: argument parsing and dispatch only; each command's work is a
 function in this package (rollout.py: envs, record, eval; recordings.py: replay, export, import;
-view.py; serve.py), configs/train.py or configs/plot.py.
+view.py; serve.py; train.py), or a library call (`plot`: trainers/plots.py).
 
     toolgym train                                  # the CPU demo (configs/zorplex_tiny.toml)
     toolgym train sum_digits_tiny --set run.steps=20 --set trainer.optimizer.lr=3e-4
@@ -322,7 +322,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
             if args.print_config:
                 print(config_to_toml(config), end="")
                 return 0
-            from ..train import train
+            from .train import train
 
             return train(config, resume=args.resume, progress=not args.no_progress)
         except ConfigError as exc:

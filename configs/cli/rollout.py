@@ -23,16 +23,14 @@ from ...envs import list_envs
 from ...rollouts.batches import TaskSeedStream
 from ...rollouts.evaluation import EvalConfig, evaluate_sync
 from ...rollouts.recording.format import (
-    CHAT_TEMPLATE,
     RecordingHeader,
     RecordingReader,
     RecordingWriter,
-    chat_template_entry,
 )
 from ...rollouts.recording.replay import errored, import_env_modules, summarize
 from ...rollouts.runner import EnvRolloutConfig, RolloutRunner
 from ...rollouts.scripted import OracleConfig
-from .parts import load_policy, load_renderer
+from ..build.parts import chat_template_extra, load_policy, policy_renderer
 from .summary import error_text, print_summary
 
 
@@ -57,17 +55,6 @@ def _entry_in(spec: Any, modules: Sequence[str]) -> bool:
     entry = spec.entry_point
     where = entry.partition(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", None)
     return isinstance(where, str) and any(where == m or where.startswith(f"{m}.") for m in modules)
-
-
-def chat_template_extra(chat_template: str | os.PathLike[str] = "") -> dict[str, Any]:
-    """A recording header's `extra` entry for episodes rendered through `chat_template` (as
-    `load_renderer` takes it): the template itself, so `replay` rebuilds the renderer; {} for
-    plain ChatML."""
-    if not chat_template:
-        return {}
-    from ...agents.chat_template import load_chat_template
-
-    return {CHAT_TEMPLATE: chat_template_entry(load_chat_template(chat_template))}
 
 
 def record_command(
@@ -95,7 +82,7 @@ def record_command(
     errored episodes returns 0 and prints their count.
     """
     import_env_modules(env_modules)
-    renderer = load_renderer(policy_spec, tokenizer_path, chat_template)
+    renderer = policy_renderer(policy_spec, tokenizer_path, chat_template)
     policy, policy_id = load_policy(policy_spec, renderer, oracle)
     fingerprint = tokenizer_fingerprint(renderer.tokenizer)
     if start is None:
@@ -159,9 +146,9 @@ def eval_command(
     chat_template: str = "",
 ) -> int:
     """Evaluate a policy on the held-out task seeds; `env_modules` are imported first (they
-    register the user's envs with gymnasium). `chat_template`: see `load_renderer`."""
+    register the user's envs with gymnasium). `chat_template`: see `policy_renderer` (configs/build/parts.py)."""
     import_env_modules(env_modules)
-    renderer = load_renderer(policy_spec, tokenizer_path, chat_template)
+    renderer = policy_renderer(policy_spec, tokenizer_path, chat_template)
     policy, policy_id = load_policy(policy_spec, renderer, oracle)
     report = evaluate_sync(policy, renderer, rollout, eval_config, keep_trajectories=False)
     policy.close()
@@ -172,4 +159,3 @@ def eval_command(
     if out is not None:
         Path(out).write_text(json.dumps({"policy": policy_id, "metrics": report.metrics}, indent=2) + "\n")
     return 0
-

@@ -8,7 +8,7 @@ from ...agents.tokenizer import tokenizer_fingerprint
 from ...rollouts.endpoint.capture import ENDPOINT_ENV_ID
 from ...rollouts.endpoint.server import EndpointConfig, PolicyServer
 from ...rollouts.recording.format import RecordingHeader, RecordingWriter
-from .parts import ORACLE, load_policy, load_renderer
+from ..build.parts import ORACLE, load_policy, policy_renderer
 
 
 def serve_command(
@@ -23,7 +23,7 @@ def serve_command(
     with `record`, every finished or (at shutdown) incomplete conversation is appended there."""
     if policy_spec == ORACLE:
         raise ValueError("--policy must be a checkpoint directory (the oracle plays envs, not conversations)")
-    renderer = load_renderer(policy_spec, tokenizer_path, chat_template)
+    renderer = policy_renderer(policy_spec, tokenizer_path, chat_template)
     policy, policy_id = load_policy(policy_spec, renderer)
     writer = None
     if record:

@@ -12,8 +12,8 @@ import pytest
 
 from toolgym.agents.model.checkpoint import load_hf_checkpoint
 from toolgym.configs.cli.main import main
+from toolgym.configs.cli.train import sft_shortfall, train
 from toolgym.configs.load import config_from_dict
-from toolgym.configs.train import sft_shortfall, train
 from toolgym.rollouts.recording.format import read_recording
 from toolgym.trainers.metrics_log import read_metrics
 

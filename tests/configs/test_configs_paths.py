@@ -100,8 +100,8 @@ def test_resume_refuses_a_rank_state_that_would_run_code(tmp_path, capsys):
     """`toolgym train --resume` with a crafted rank0.pt: one line naming the file, no code run."""
     import torch
 
+    from toolgym.configs.cli.train import train
     from toolgym.configs.load import config_from_dict
-    from toolgym.configs.train import train
 
     run_dir = tmp_path / "run"
     raw = {

@@ -11,8 +11,8 @@ import msgspec
 import pytest
 
 from toolgym.configs.cli.main import main
+from toolgym.configs.cli.train import train
 from toolgym.configs.load import config_from_dict
-from toolgym.configs.train import train
 from toolgym.rollouts.recording.format import RecordingReader, RecordingWriter, read_recording
 
 pytestmark = pytest.mark.slow

@@ -34,7 +34,7 @@ def test_the_training_recording_is_cut_at_the_checkpoints_task_positions():
 
 
 def test_steps_past_a_decaying_schedule_are_named_and_how_to_stretch_it():
-    from toolgym.configs.train import schedule_notes
+    from toolgym.configs.cli.train import schedule_notes
 
     fresh = {"run": {"steps": 20}, "trainer": {"optimizer": {"decay": "cosine", "min_lr_ratio": 0.1}}}
     config = config_from_dict(fresh)

@@ -438,7 +438,7 @@ def test_rollout_settings_are_declared_once():
     import msgspec
 
     from toolgym.rollouts.runner import EnvRolloutConfig
-    from toolgym.rollouts.types import RolloutSettings, PolicySampling
+    from toolgym.rollouts.types import PolicySampling, RolloutSettings
 
     config = config_from_dict({"rollout": {"max_turns": 3}, "policy": {"top_p": 0.5}})
     assert type(config.rollout) is RolloutSettings and isinstance(config.policy, PolicySampling)

@@ -10,8 +10,8 @@ import os
 import pytest
 from test_configs_loop import records, small_config
 
+from toolgym.configs.cli.train import train
 from toolgym.configs.load import config_from_dict
-from toolgym.configs.train import train
 from toolgym.rollouts.recording.format import read_recording
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -277,15 +277,15 @@ def test_appending_episodes_rendered_otherwise_is_refused(tmp_path):
 
 def test_run_recordings_and_sft_demos_keep_the_template(tmp_path, capsys, shipped):
     from toolgym.configs.build.demos import check_demo_rendering, demo_episodes
-    from toolgym.configs.build.parts import build_renderer, chat_template_extra
+    from toolgym.configs.build.parts import build_renderer, run_chat_template_extra
 
     overrides = ["policy.chat_template=qwen2.5-style", 'env.kwargs={tool_format = "json"}', "sft.num_tasks=3"]
     config, _ = load_config("zorplex_tiny", overrides)
     renderer, _ = build_renderer(config)
-    extra = chat_template_extra(config, renderer)
+    extra = run_chat_template_extra(config)
     assert extra[CHAT_TEMPLATE]["text"] == QWEN25_STYLE.read_text()
     plain, _ = load_config("zorplex_tiny")
-    assert chat_template_extra(plain, build_renderer(plain)[0]) == {}
+    assert run_chat_template_extra(plain) == {}
 
     demos = tmp_path / "sft_demos.jsonl"
     demo_episodes(config, renderer, 2048, record_to=demos)

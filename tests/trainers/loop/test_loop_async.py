@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from toolgym.configs.build.placement import generator_layout
+from toolgym.configs.cli.train import train
 from toolgym.configs.load import ConfigError, config_from_dict, config_to_toml
-from toolgym.configs.train import train
 from toolgym.rollouts.recording.format import read_recording
 from toolgym.trainers.metrics_log import read_metrics
 

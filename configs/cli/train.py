@@ -30,23 +30,23 @@ from typing import Any
 
 import torch
 
-from ..agents.chat import Renderer
-from ..agents.policy import Policy
-from ..agents.tokenizer import tokenizer_fingerprint
-from ..rollouts.metrics import env_metric_names
-from ..rollouts.recording.format import RecordingError, RecordingReader, check_recording
-from ..rollouts.batches import TaskSeedStream
-from ..trainers.checkpoint import CheckpointManager, export_hf
-from ..trainers.distributed import DistInfo, all_gather_objects, barrier
-from ..trainers.loop.generators import GeneratorProcesses
-from ..trainers.loop.rl import NoLearningError, RLLoop
-from ..trainers.metrics_log import MetricsLog, display_name, format_metric, read_metrics, truncate_metrics
-from ..trainers.plots import plot_run
-from ..trainers.sft import run_sft
-from ..trainers.weight_sync import push_weights
-from .build.demos import check_demo_rendering, demo_episodes, rl_stream, sft_schedule, sft_trainer_config
-from .build.loop import build_loop, generator_process_main, run_generator
-from .build.parts import (
+from ...agents.chat import Renderer
+from ...agents.policy import Policy
+from ...agents.tokenizer import tokenizer_fingerprint
+from ...rollouts.batches import TaskSeedStream
+from ...rollouts.metrics import env_metric_names
+from ...rollouts.recording.format import RecordingError, RecordingReader, check_recording
+from ...trainers.checkpoint import CheckpointManager, export_hf
+from ...trainers.distributed import DistInfo, all_gather_objects, barrier
+from ...trainers.loop.generators import GeneratorProcesses
+from ...trainers.loop.rl import NoLearningError, RLLoop
+from ...trainers.metrics_log import MetricsLog, display_name, format_metric, read_metrics, truncate_metrics
+from ...trainers.plots import plot_run
+from ...trainers.sft import run_sft
+from ...trainers.weight_sync import push_weights
+from ..build.demos import check_demo_rendering, demo_episodes, rl_stream, sft_schedule, sft_trainer_config
+from ..build.loop import build_loop, generator_process_main, run_generator
+from ..build.parts import (
     build_policy,
     build_renderer,
     build_trainer,
@@ -62,10 +62,10 @@ from .build.parts import (
     select_policy_backend,
     setup_distributed,
 )
-from .build.placement import generator_layout, generator_placement
-from .checks import check_against_machine, check_async, check_environment
-from .load import ConfigError
-from .run_dir import (
+from ..build.placement import generator_layout, generator_placement
+from ..checks import check_against_machine, check_async, check_environment
+from ..load import ConfigError
+from ..run_dir import (
     RunDir,
     create_run_dir,
     cut_recordings,
@@ -74,7 +74,7 @@ from .run_dir import (
     stream_position,
     update_run_config,
 )
-from .schema import Config
+from ..schema import Config
 
 # summary.json's before/after: these and every metric the env reported (envs' info["metrics"]).
 SUMMARY_KEYS = ("eval/reward_mean", "eval/turns_mean")

@@ -55,7 +55,7 @@ What both sides get:
   mean, no KL, one update per batch), loss only on sampled tokens (TRL: its tool_mask), AdamW,
   grad-norm clip 1.0, constant lr, the whole batch in one forward/backward.
 
-toolgym's step is what `toolgym train` does per step (configs/loop.py): `collect_batch` through
+toolgym's step is what `toolgym train` does per step (trainers/loop/rl.py): `collect_batch` through
 the RolloutRunner (envs, asyncio, the template renderer token-in-token-out, the torch engine with
 its continuous batching), `Trainer.train_step`, `push_weights`. TRL's step is the wall time between
 `on_step_end` callbacks; its rollout share is `_generate_and_score_completions` (generation with

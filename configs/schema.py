@@ -35,7 +35,7 @@ Sections (all optional; every key has a default):
     [parallel]   device (auto | cpu | cuda), threads (torch threads per process; 0 = cores / local ranks)
     [loop]       mode (sync | async), max_staleness, over_stale (drop | downweight), stale_weight,
                  buffer_groups, generator (auto | process | thread), generator_processes,
-                 generator_threads, generator_ranks: asynchronous RL (configs/async_rl/)
+                 generator_threads, generator_ranks: asynchronous RL (trainers/loop/)
     [agent_program] module, function, task, request_timeout_s: train an agent program written
                  against the `openai` client through the endpoint instead of rolling out [env]
                  (rollouts/endpoint/agent_runner.py); empty module = env rollouts
@@ -83,7 +83,7 @@ class RunSection(msgspec.Struct, **_STRICT):
     plot: bool = True  # write plots/*.png at the end
     # Consecutive RL steps that cannot change the policy (0 trainable tokens, every group dropped
     # by dynamic sampling, or the update skipped as non-finite) before the run stops with an
-    # error (configs/loop.py); 0 = never stop.
+    # error (trainers/loop/rl.py); 0 = never stop.
     max_steps_without_learning: int = 5
 
     def __post_init__(self) -> None:
@@ -101,7 +101,7 @@ class EnvSection(msgspec.Struct, **_STRICT):
     """The env: `gymnasium.make(id, **kwargs)`, after importing `module` (the user's modules that
     register their envs with gymnasium; a name or a list, kept as a list; the current directory
     is importable). A module that cannot be imported is a ConfigError naming env.module before
-    anything starts (configs/load.py, check_environment); config.toml keeps the list, so
+    anything starts (configs/checks.py, check_environment); config.toml keeps the list, so
     `--resume` imports them again."""
 
     id: str = "toolgym/Zorplex-v0"
@@ -281,7 +281,7 @@ class LoopSection(msgspec.Struct, **_STRICT):
 
     mode: "sync" (default): roll out a batch, train on it, push the weights, repeat. "async": a
         generator process samples groups continuously into a bounded buffer while the trainer
-        trains (configs/async_rl/).
+        trains (trainers/loop/).
     weight_updates: async: how the generator takes new weights. "in_flight" (default): between
         two decode steps, without draining; a running sample goes on with the new weights and its
         tokens record the version that sampled each. "drain": its running samples finish on the
@@ -300,11 +300,11 @@ class LoopSection(msgspec.Struct, **_STRICT):
     generator_processes: "process": how many (0: on CPU one per core, at most 4; on CUDA one).
     generator_threads: "process": the generator processes' torch threads, in all, the trainer
         keeping the rest (0, the default: one each, and the trainer keeps all its threads: the
-        two sides share the cores, configs/async_rl/placement.py). With generator_ranks: each
+        two sides share the cores, configs/build/placement.py). With generator_ranks: each
         generator rank's (0: as every rank, parallel.threads).
     generator_ranks: async under torchrun: the last this many ranks generate (each an engine in
         its process, its own share of the task stream), the others train with FSDP2; trainer rank
-        0 takes their groups and sends them the weights (configs/async_rl/ranks.py). 0 (default):
+        0 takes their groups and sends them the weights (trainers/loop/generators.py). 0 (default):
         one process only.
     """
 

@@ -4,7 +4,7 @@ The thread runs its own asyncio loop over the runner and keeps `concurrent_group
 flight: as one finishes it is scored (its advantages, `rollouts/batches.py`'s `score_group`) and
 put in the buffer, and the next task index is drawn. The policy's compute is elsewhere (the
 engine's worker thread, or vLLM's engine), so this thread only drives envs and requests. It runs
-in a generator process or rank (ranks.py) beside that generator's engine, or, with the "thread"
+in a generator process or rank (generators.py) beside that generator's engine, or, with the "thread"
 placement and vLLM, in the trainer's process. New weights reach the policy between decode steps or
 requests, so a group's turns may carry different policy versions (each Completion records its own).
 
@@ -56,7 +56,7 @@ def oldest_version(trajectories: Sequence[Trajectory]) -> int:
 
 class GroupSource(Protocol):
     """Where `take_batch` takes finished groups from: a GroupProducer, or the generator ranks
-    (ranks.py's RankGroups)."""
+    (generators.py's RankGroups)."""
 
     def take(self, timeout_s: float | None = None) -> ScoredGroup: ...
 

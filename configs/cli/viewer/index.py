@@ -404,7 +404,7 @@ RUN_CHARTS = {"reward": "reward_mean", "accuracy": "accuracy", "turns": "turns_m
 
 
 def run_series(records: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Per-run summary charts from a run's metrics records (configs/metrics_log.py): per chart, a
+    """Per-run summary charts from a run's metrics records (trainers/metrics_log.py): per chart, a
     `train` series (`rollout/<name>` of the train records) and an `eval` series (`eval/<name>`)
     against step; a series the run did not log is left out."""
     charts: dict[str, list[dict[str, Any]]] = {}

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple, Protocol
 
 from tokenizers import Tokenizer
 
+from .tokenizer import encode_text
 from .types import Message
 
 IM_START = "<|im_start|>"
@@ -153,7 +154,7 @@ class ChatRenderer:
 
     def encode(self, text: str) -> list[int]:
         """Encode plain text. Special-token strings in `text` stay text; nothing is added around it."""
-        return self._text_tokenizer.encode(text, add_special_tokens=False).ids
+        return encode_text(self._text_tokenizer, text)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Decode ids to text (for humans and envs). Never re-encode the result into a history."""

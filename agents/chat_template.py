@@ -58,6 +58,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from .chat import RenderedTurn
+from .tokenizer import encode_text
 from .types import Message
 
 # Inserted after the first character of each special-token string in message text; doubled where
@@ -255,7 +256,7 @@ class TemplateRenderer:
 
     def encode(self, text: str) -> list[int]:
         """Encode plain text. Special-token strings in `text` stay text; nothing is added around it."""
-        return self._text_tokenizer.encode(text, add_special_tokens=False).ids
+        return encode_text(self._text_tokenizer, text)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -87,3 +87,17 @@ def _canonical_model(model: dict[str, Any]) -> dict[str, Any]:
 def _canonical_added_token(token: dict[str, Any]) -> dict[str, Any]:
     keys = ("id", "content", "special", "single_word", "lstrip", "rstrip", "normalized")
     return {k: token.get(k) for k in keys}
+
+
+# Text longer than this is encoded through `encode_batch`, which releases the GIL while the Rust
+# tokenizer works (`encode` holds it): a multi-megabyte message then takes seconds on its own
+# thread without stopping the others (the endpoint renders such a request off its event loop).
+RELEASE_GIL_CHARS = 64 * 1024
+
+
+def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
+    """`text`'s ids with nothing added around it (special-token strings are encoded as the
+    tokenizer's settings say); the same ids `tokenizer.encode` gives."""
+    if len(text) > RELEASE_GIL_CHARS:
+        return tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
+    return tokenizer.encode(text, add_special_tokens=False).ids

@@ -21,6 +21,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+import jsonschema
 import msgspec
 
 from ...envs.tool_calls import CALLS, get_format
@@ -90,11 +91,13 @@ def decode_request(body: bytes, kind: type[_Request]) -> Any:
     except msgspec.ValidationError as exc:
         text = str(exc)
         param = text.rsplit("at `$.", 1)[1].rstrip("`") if "at `$." in text else None
+        if param is None and "missing required field `" in text:  # at the top level: name the field
+            param = text.split("missing required field `", 1)[1].split("`", 1)[0]
         if "unknown field" in text:
             field = text.split("`")[1] if "`" in text else ""
             raise APIError(f"unrecognized request argument supplied: {field} ({text})", param=field) from None
         raise APIError(f"invalid request: {text}", param=param) from None
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # bytes that are not UTF-8 are not JSON
         raise APIError(f"the request body is not valid JSON ({exc})") from None
 
 
@@ -158,6 +161,18 @@ def check_chat(request: ChatCompletionRequest) -> None:
                 f'tools[{i}]: each tool is {{"type": "function", "function": {{"name": ..., "parameters": {{...}}}}}}',
                 param=f"tools[{i}]",
             )
+        parameters = function.get("parameters")
+        if parameters is not None:
+            try:
+                if not isinstance(parameters, Mapping):
+                    raise jsonschema.SchemaError(f"a JSON Schema is an object, got {type(parameters).__name__}")
+                jsonschema.validators.validator_for(parameters).check_schema(parameters)
+            except jsonschema.SchemaError as exc:
+                raise APIError(
+                    f"Invalid schema for function {function['name']!r}: {exc.message}",
+                    param=f"tools[{i}].function.parameters",
+                    code="invalid_function_parameters",
+                ) from None
 
 
 def message_text(content: Any) -> str:
@@ -194,6 +209,20 @@ def _arguments(raw: Any, where: str) -> Any:
         except json.JSONDecodeError as exc:
             raise APIError(f"{where}.function.arguments is not valid JSON ({exc})", param=where) from None
     return raw
+
+
+def check_tool_messages(messages: Sequence[Mapping[str, Any]]) -> None:
+    """A `tool` message answers a call: it follows an assistant message with tool_calls (or
+    another tool message after one), as OpenAI requires; APIError naming the message otherwise."""
+    answering = False
+    for i, message in enumerate(messages):
+        if message["role"] == "tool" and not answering:
+            raise APIError(
+                f"messages[{i}]: a message with role 'tool' must answer a preceding assistant message "
+                "with 'tool_calls'",
+                param=f"messages[{i}].role",
+            )
+        answering = bool(message.get("tool_calls")) or (answering and message["role"] == "tool")
 
 
 def normalise_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

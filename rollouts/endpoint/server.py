@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import socket
 import time
@@ -55,12 +56,14 @@ from ..recording.format import RecordingWriter
 from ..runner import sampling_seed
 from ..types import PolicySampling, StopReason
 from .capture import CaptureInfo, CaptureStore, Choice, Conversation
+from .hosts import host_allowed
 from .openai_api import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
     check_chat,
     check_common,
+    check_tool_messages,
     decode_request,
     logprobs_json,
     normalise_messages,
@@ -101,6 +104,29 @@ class EndpointStats(msgspec.Struct):
     requests: int = 0
     errors: int = 0  # 4xx/5xx answers
     disconnects: int = 0  # clients gone mid-generation
+
+
+# A request whose messages hold more text than this is rendered and tokenized on a worker thread,
+# so one huge message does not stall every other request on the event loop.
+_RENDER_INLINE_CHARS = 64 * 1024
+
+
+class _KnownHostsOnly:
+    """ASGI middleware: a request whose Host header is not this server's gets 400 (DNS
+    rebinding, hosts.py). Plain ASGI, so an answered request pays one header lookup."""
+
+    def __init__(self, app: Any, bind_host: str, stats: EndpointStats) -> None:
+        self.app, self.bind_host, self.stats = app, bind_host, stats
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
+            if not host_allowed(host, self.bind_host):
+                self.stats.errors += 1
+                what = f"Host {host!r} is not this server's (it answers {self.bind_host} and localhost)"
+                await JSONResponse(APIError(what, code="invalid_host").body(), 400)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class _Server(uvicorn.Server):
@@ -241,6 +267,8 @@ class PolicyServer:
     def _build_app(self) -> FastAPI:
         app = FastAPI(title="toolgym endpoint", docs_url=None, redoc_url=None, openapi_url=None)
 
+        app.add_middleware(_KnownHostsOnly, bind_host=self.config.host, stats=self.stats)  # hosts.py
+
         @app.exception_handler(APIError)
         async def api_error(request: Request, exc: APIError) -> JSONResponse:
             self.stats.errors += 1
@@ -280,6 +308,12 @@ class PolicyServer:
                 components = {str(k): float(v) for k, v in dict(given.get("components") or {}).items()}
             except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError) as exc:
                 raise APIError(f'the body is {{"reward": <number>, "components": {{...}}}} ({exc})') from None
+            if conversation_id not in self.captures.open:  # nothing to record: an empty one would count
+                raise APIError(
+                    f"no open conversation {conversation_id!r} (never started, or ended already)",
+                    404,
+                    code="conversation_not_found",
+                )
             trajectory = self.captures.finish(conversation_id, reward, components=components)
             return {
                 "conversation_id": conversation_id,
@@ -322,6 +356,16 @@ class PolicyServer:
         if conversation_id is None:
             return Conversation("", CaptureInfo())  # served, not kept
         return self.captures.get(conversation_id)
+
+    def _check_max_tokens(self, max_tokens: int | None) -> None:
+        """A max_tokens beyond the context can never be sampled: refused, as OpenAI does."""
+        if max_tokens is not None and self.context_length is not None and max_tokens > self.context_length:
+            raise APIError(
+                f"max_tokens is too large: {max_tokens}. This model's maximum context length is "
+                f"{self.context_length} tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
 
     def _params(
         self, body: Any, conversation: Conversation, prompt_length: int, max_tokens: int | None
@@ -447,12 +491,16 @@ class PolicyServer:
         check_chat(body)
         max_tokens = requested_max_tokens(body)
         messages = normalise_messages(body.messages)
+        check_tool_messages(messages)
+        self._check_max_tokens(max_tokens)
         tools_enabled = bool(body.tools) and body.tool_choice != "none"
         conversation = self._conversation(conversation_id)
         async with conversation.lock:
-            prompt, observation_tokens, restart = conversation.chat_prompt(
-                self.renderer, messages, body.tools or None
-            )
+            render = functools.partial(conversation.chat_prompt, self.renderer, messages, body.tools or None)
+            if sum(len(m["content"]) for m in messages) > _RENDER_INLINE_CHARS:
+                prompt, observation_tokens, restart = await asyncio.to_thread(render)  # others keep going
+            else:
+                prompt, observation_tokens, restart = render()
             params = self._params(body, conversation, len(prompt), max_tokens)
             completions = await self._generate(conversation, prompt, params)
             stops = stop_strings(body.stop)
@@ -494,6 +542,7 @@ class PolicyServer:
     async def _complete(self, body: CompletionRequest, conversation_id: str | None) -> dict[str, Any]:
         check_common(body, self.config.max_n)
         max_tokens = requested_max_tokens(body)
+        self._check_max_tokens(max_tokens)
         if body.echo:
             raise APIError("echo=true is not supported", param="echo")
         if body.logprobs is not None and not 0 <= body.logprobs <= 1:
@@ -538,4 +587,3 @@ class PolicyServer:
             "choices": out,
             "usage": self._usage(prompt, [c.completion for c in choices]),
         }
-

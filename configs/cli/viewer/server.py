@@ -29,6 +29,7 @@ from urllib.parse import parse_qsl, urlsplit
 import msgspec
 
 from ....agents.chat import ChatRenderer
+from ....rollouts.endpoint.hosts import host_allowed
 from .index import RecordingIndex, compare, recording_series, run_series
 
 STATIC_FILES = {"index.html": "text/html", "viewer.js": "text/javascript", "viewer.css": "text/css"}
@@ -48,7 +49,8 @@ class ViewerData:
         self.paths = [Path(p) for p in recordings]
         labels = [p.name for p in self.paths]
         self.labels = [
-            label if labels.count(label) == 1 else str(path) for label, path in zip(labels, self.paths, strict=True)
+            label if labels.count(label) == 1 else str(path)
+            for label, path in zip(labels, self.paths, strict=True)
         ]
         self.renderer = renderer
         self.metrics = list(metrics) if metrics is not None else None
@@ -112,9 +114,14 @@ def _static(name: str) -> bytes:
 
 class _Handler(BaseHTTPRequestHandler):
     data: ViewerData  # set on the subclass the server makes
+    bind_host: str  # likewise: the Host names it answers (DNS rebinding, rollouts/endpoint/hosts.py)
     encoder = msgspec.json.Encoder()
 
     def do_GET(self) -> None:
+        if not host_allowed(self.headers.get("Host"), self.bind_host):
+            what = f"Host {self.headers.get('Host')!r} is not this server's (it answers {self.bind_host} and localhost)"
+            self._send(HTTPStatus.BAD_REQUEST, self.encoder.encode({"error": what}), "application/json")
+            return
         url = urlsplit(self.path)
         if url.path in ("/", "/index.html"):
             self._send(HTTPStatus.OK, _static("index.html"), STATIC_FILES["index.html"])
@@ -152,7 +159,7 @@ class ViewerServer:
     background thread (tests, benchmarks); `serve_forever()` blocks (the CLI); `url` is the page."""
 
     def __init__(self, data: ViewerData, host: str = "127.0.0.1", port: int = 0) -> None:
-        handler = type("ViewerHandler", (_Handler,), {"data": data})
+        handler = type("ViewerHandler", (_Handler,), {"data": data, "bind_host": host})
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None

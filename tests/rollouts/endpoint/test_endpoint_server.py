@@ -222,6 +222,19 @@ def test_completions_endpoint_extends_a_raw_text_history(chat):
     ("body", "status", "says"),
     [
         (b"{not json", 400, "not valid JSON"),
+        (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, "not valid JSON"),  # not UTF-8
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": '
+            b'{"name": "f", "parameters": {"type": "objekt"}}}]}',
+            400,
+            "Invalid schema for function 'f'",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "42"}]}',
+            400,
+            "must answer a preceding assistant message with 'tool_calls'",
+        ),
+        (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1000000000000}', 400, "too large"),
         (b"", 400, "empty"),
         (b'{"messages": [{"role": "user", "content": "x"}], "max_token": 5}', 400, "max_token"),
         (b'{"messages": [{"role": "user", "content": "x"}], "n": "2"}', 400, "$.n"),
@@ -251,6 +264,71 @@ def test_malformed_requests_get_openai_style_errors_that_say_what_is_wrong(chat,
     assert response.status_code == status
     error = response.json()["error"]
     assert says in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_a_missing_field_names_its_param(chat):
+    async def main():
+        async with PolicyServer(ScriptedPolicy(chat, []), chat) as server, httpx.AsyncClient() as http:
+            return await http.post(server.base_url + "/chat/completions", json={"model": "x"})
+
+    response = asyncio.run(main())
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
+
+
+def test_only_its_own_host_names_are_answered(chat):
+    """DNS rebinding: a page elsewhere can reach 127.0.0.1 under a name it controls."""
+
+    async def main():
+        async with PolicyServer(ScriptedPolicy(chat, []), chat) as server, httpx.AsyncClient() as http:
+            url = server.base_url + "/models"
+            return [
+                (await http.get(url, headers={"host": host})).status_code
+                for host in ("evil.example", "evil.example:80", "127.0.0.1", "localhost:1234", "[::1]:80")
+            ]
+
+    assert asyncio.run(main()) == [400, 400, 200, 200, 200]
+
+
+def test_ending_an_unknown_conversation_is_404_and_records_nothing(chat, tmp_path):
+    path = tmp_path / "captures.jsonl"
+    writer = RecordingWriter(path, RecordingHeader(tokenizer_fingerprint="t", env_id="toolgym/endpoint"))
+
+    async def main():
+        async with (
+            PolicyServer(ScriptedPolicy(chat, []), chat, writer=writer) as server,
+            httpx.AsyncClient() as http,
+        ):
+            url = server.base_url.removesuffix("/v1") + "/toolgym/conversations/nobody/end"
+            return await http.post(url, json={"reward": 1.0})
+
+    response = asyncio.run(main())
+    writer.close()
+    assert (
+        response.status_code == 404 and "no open conversation 'nobody'" in response.json()["error"]["message"]
+    )
+    assert read_recording(path)[1] == []
+
+
+def test_a_huge_message_does_not_stall_other_requests(chat):
+    """Rendering and tokenizing a multi-megabyte message (seconds of work) runs off the event
+    loop, so a small request sent meanwhile is answered at once. The server shares this test's
+    event loop: a stalled loop would hold the client's sleep and request too."""
+    import time
+
+    async def main():
+        async with PolicyServer(ScriptedPolicy(chat, ["ok"] * 4), chat) as server:
+            async with httpx.AsyncClient(timeout=120) as http:
+                huge = {"messages": [{"role": "user", "content": "word " * 1_000_000}], "max_tokens": 1}
+                big = asyncio.ensure_future(http.post(server.base_url + "/chat/completions", json=huge))
+                started = time.perf_counter()
+                await asyncio.sleep(0.5)  # the big request is in, and being rendered
+                small = await http.get(server.base_url + "/models")
+                answered = time.perf_counter() - started
+                return small.status_code, answered, (await big).status_code
+
+    status, answered, big_status = asyncio.run(main())
+    assert status == 200 and big_status == 400  # answered: longer than the context
+    assert answered < 3.0, f"/models was answered {answered:.1f} s after it was sent behind the big message"
 
 
 def test_the_openai_client_raises_the_errors_with_their_message(chat):

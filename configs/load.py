@@ -438,7 +438,7 @@ def check_environment(config: Config, world_size: int = 1) -> None:
     import gymnasium
 
     from .. import envs  # noqa: F401 (registers toolgym/*)
-    from ..rollouts.replay import import_env_modules
+    from ..envs.registry import import_env_modules
 
     try:
         import_env_modules(config.env.modules, where="env.module")

@@ -246,7 +246,7 @@ class EvalSection(msgspec.Struct, **_STRICT):
 
 class LoggingSection(msgspec.Struct, **_STRICT):
     console: bool = True  # a metrics line per `every_steps` steps
-    # Metrics the env reports (envs/info.py) shown on the console lines, the progress bar and the
+    # Metrics the env reports (envs/core/info.py) shown on the console lines, the progress bar and the
     # before/after summary, in this order; every metric is logged and plotted either way.
     headline_metrics: list[str] = msgspec.field(default_factory=lambda: ["accuracy"])
     every_steps: int = 1

@@ -62,7 +62,7 @@ from .run_dir import RunDir, create_run_dir, default_run_path
 from .schema import Config
 from .sft import check_demo_rendering, demo_episodes, rl_stream, run_sft
 
-# summary.json's before/after: these and every metric the env reported (envs/info.py).
+# summary.json's before/after: these and every metric the env reported (envs/core/info.py).
 SUMMARY_KEYS = ("eval/reward_mean", "eval/turns_mean")
 
 

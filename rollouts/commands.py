@@ -22,14 +22,13 @@ from ..agents.chat import ChatRenderer, Renderer
 from ..agents.policy import Policy
 from ..agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from ..envs import list_envs
+from ..envs.registry import check_env_id, import_env_modules
 from .evaluation import EvalConfig, evaluate_sync
 from .metrics import BatchMetrics, env_metric_names
 from .recording import CHAT_TEMPLATE, RecordingHeader, RecordingReader, RecordingWriter, chat_template_entry
 from .replay import (
-    check_env_id,
     errored,
     format_transcript,
-    import_env_modules,
     recorded_renderer,
     replay_problems,
     rich_transcript,

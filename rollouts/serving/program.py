@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from ..replay import import_env_modules
+from ...envs.registry import import_env_modules
 
 
 class AgentProgram(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

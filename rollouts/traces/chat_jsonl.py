@@ -6,7 +6,7 @@ Export (`export_chat_jsonl`): one line per episode,
   assistant's text and the env's reply the model saw next (the env's reply to the last action,
   which the model never saw, is left out; it is in metadata as `final_observation`).
 - tool calls, where the env takes JSON calls: an action whose `<tool_call>` blocks all parse,
-  and whose step info lists one result per call (`tool_results`, envs/info.py), becomes an
+  and whose step info lists one result per call (`tool_results`, envs/core/info.py), becomes an
   assistant message with `tool_calls` (content: the text outside the blocks, or null) followed by
   one `tool` message per result, linked by `tool_call_id`. Any other reply (bracket calls, an
   error, no call) is one message of `observation_role` ("user" by default: the OpenAI format
@@ -45,11 +45,11 @@ import msgspec
 
 from ...agents.chat import Renderer
 from ...agents.types import Completion, Message
-from ...envs.info import FAILURE_MODE, INSTRUCTIONS, TOOL_RESULTS, TOOLS
-from ...envs.tool_calls import CALLS, get_format
+from ...envs.core.info import FAILURE_MODE, INSTRUCTIONS, TOOL_RESULTS, TOOLS
+from ...envs.registry import EnvModuleNotAllowed, check_env_id
+from ...envs.tools.call_formats import CALLS, get_format
 from ..env_io import reset_env
 from ..recording import RecordingHeader, RecordingReader
-from ..replay import EnvModuleNotAllowed, check_env_id
 from ..serving.openai_api import message_text
 from ..types import SEQUENCE_START, StopReason, Trajectory, Transition
 

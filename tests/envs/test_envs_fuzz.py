@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from toolgym.envs import Call, SumDigitsEnv, Task, ToolEnv, ToolError, ToolResult, ZorplexEnv, numeric, tool
-from toolgym.envs.zorplex import DIFFICULTIES, WORDS
+from toolgym.envs.tasks.zorplex import DIFFICULTIES, WORDS
 
 ACTIONS_PER_EXAMPLE = 25
 EXAMPLES = 400  # 400 x 25 = 10,000 actions per env

@@ -4,7 +4,7 @@ A new tool environment subclasses `ToolEnv`, passes its tools (or marks its meth
 prompt to `__init__`, and implements `new_task()`; the README's custom-env section has a whole
 one (tests/envs/test_envs_custom_example.py).
 
-How `ToolEnv.step` treats an action (the formats are in tool_calls.py, tools in tools.py,
+How `ToolEnv.step` treats an action (the formats are in tools/call_formats.py, tools in tools/typed.py,
 graders in grading.py):
 
 - An answer (`[ANSWER] <answer>`, or a call of the `answer_tool` when the env has one): the
@@ -66,11 +66,11 @@ from typing import Any
 import gymnasium
 import msgspec
 
+from ..tools.call_formats import ANSWER, BAD_CALL, CALLS, EMPTY, MIXED, OTHER, ParsedCall, get_format
+from ..tools.typed import Call, Tool, ToolCallError, as_tool, marked_methods, result_text
 from .grading import Grade, Unreadable, answer_text, default_grader, is_reader, to_grade
 from .info import REPLACED_CHARS
 from .spaces import UnicodeText
-from .tool_calls import ANSWER, BAD_CALL, CALLS, EMPTY, MIXED, OTHER, ParsedCall, get_format
-from .tools import Call, Tool, ToolCallError, as_tool, marked_methods, result_text
 
 _BUILTIN_COMPONENTS = ("correct", "format", "tool_penalty", "error_penalty")
 _SHOWN_ANSWER_CHARS = 200  # info `graded_answer` keeps this much of a text response

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from .core.grading import Grade, exact, numeric, text
 from .core.spaces import UnicodeText
-from .core.tool_env import Example, Task, TextEnv, ToolEnv
+from .core.task import Example, Task
+from .core.text_env import TextEnv
+from .core.tool_env import ToolEnv
 from .registry import list_envs, register_envs
 from .tasks.shop import ShopEnv
 from .tasks.sum_digits import SumDigitsEnv

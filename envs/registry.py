@@ -18,7 +18,7 @@ from typing import Any
 import gymnasium
 
 from .adapters import available_envs
-from .core.tool_env import TextEnv
+from .core.text_env import TextEnv
 
 NAMESPACE = "toolgym"
 _ENVS = {

@@ -38,7 +38,8 @@ import reasoning_gym
 from reasoning_gym.factory import DATASETS
 
 from ..core.grading import Grade, Unreadable, answer_text
-from ..core.tool_env import Task, ToolEnv
+from ..core.task import Task
+from ..core.tool_env import ToolEnv
 from ..tools.typed import ToolError, tool
 
 _TOOL_ENV_KNOBS: Final = frozenset(inspect.signature(ToolEnv.__init__).parameters) - {"self"}

@@ -44,7 +44,7 @@ from typing import Any, Final
 import textarena
 from textarena.envs.registration import ENV_REGISTRY
 
-from ..core.tool_env import TextEnv
+from ..core.text_env import TextEnv
 
 _NLTK_DOWNLOAD: Final = re.compile(r"nltk\.download\(\s*(\[[^\]]*\]|['\"][^'\"]+['\"])")
 _QUOTED: Final = re.compile(r"['\"]([^'\"]+)['\"]")

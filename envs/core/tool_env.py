@@ -1,11 +1,12 @@
-"""Text environments: `TextEnv` (the Gymnasium interface) and `ToolEnv` (tools, grading, limits).
+"""`ToolEnv`: the text env with tools, graded answers, rewards and error/turn limits.
 
 A new tool environment subclasses `ToolEnv`, passes its tools (or marks its methods `@tool`) and a
 prompt to `__init__`, and implements `new_task()`; the README's custom-env section has a whole
 one (tests/envs/test_envs_custom_example.py).
 
-How `ToolEnv.step` treats an action (the formats are in tools/call_formats.py, tools in tools/typed.py,
-graders in grading.py):
+How `ToolEnv.step` treats an action (the formats are in tools/call_formats.py, tools in
+tools/typed.py, graders in grading.py, the reward in ledger.py, the limits in limits.py, the
+text it writes in prompts.py):
 
 - An answer (`[ANSWER] <answer>`, or a call of the `answer_tool` when the env has one): the
   grader reads and grades it and the episode terminates. A response the grader cannot read
@@ -41,7 +42,7 @@ the counters, failure_mode and `error_counts`, and no end_reason (the caller kno
 stopped); the episode is over (step() raises). Envs without the method (plain Gymnasium envs)
 are simply not settled. Not meant for infrastructure failures: those episodes are not trained on.
 
-Metrics (info `metrics`, every step; the generic contract is envs/info.py): `accuracy` (the
+Metrics (info `metrics`, every step; the generic contract is envs/core/info.py): `accuracy` (the
 grade's score once an answer is graded), `tag_rate` (1.0 once the graded answer came in the
 env's answer format), `success` (the env's `success()`, decided when the episode ends; by
 default a fully right answer in the format), `tool_calls` and `env_errors` (the counts so far).
@@ -56,126 +57,58 @@ step: that step is the whole episode, not a cut-short one.
 
 from __future__ import annotations
 
-import functools
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
-import gymnasium
-import msgspec
-
-from ..tools.call_formats import ANSWER, BAD_CALL, CALLS, EMPTY, MIXED, OTHER, ParsedCall, get_format
+from ..tools.call_formats import (
+    ANSWER,
+    BAD_CALL,
+    CALLS,
+    EMPTY,
+    MIXED,
+    OTHER,
+    ParsedAction,
+    ParsedCall,
+    get_format,
+)
 from ..tools.typed import Call, Tool, ToolCallError, as_tool, marked_methods, result_text
+from . import prompts
 from .grading import Grade, Unreadable, answer_text, default_grader, is_reader, to_grade
-from .info import REPLACED_CHARS
-from .spaces import UnicodeText
+from .ledger import RewardLedger
+from .limits import Ending, limit_reached
+from .task import Example, Task
+from .text_env import TextEnv
 
-_BUILTIN_COMPONENTS = ("correct", "format", "tool_penalty", "error_penalty")
 _SHOWN_ANSWER_CHARS = 200  # info `graded_answer` keeps this much of a text response
 
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def encodable_text(text: str) -> tuple[str, int]:
-    """`text` with every surrogate code point (which UTF-8 cannot encode, so no tokenizer or
-    recording can take it) replaced by U+FFFD, and how many were replaced."""
-    return _SURROGATE.subn("\ufffd", text)
-
-
-def _encodable_reset(
-    reset: Callable[..., tuple[Any, dict[str, Any]]],
-) -> Callable[..., tuple[Any, dict[str, Any]]]:
-    @functools.wraps(reset)
-    def wrapped(self: TextEnv, *args: Any, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
-        observation, info = reset(self, *args, **kwargs)
-        if isinstance(observation, str):
-            observation, replaced = encodable_text(observation)
-            if replaced and isinstance(info, dict):
-                info[REPLACED_CHARS] = info.get(REPLACED_CHARS, 0) + replaced
-        return observation, info
-
-    return wrapped
+# The errors an action as a whole can make, by the kind the format parsed it as.
+_ACTION_ERRORS = {
+    OTHER: "no_call_no_answer",
+    EMPTY: "empty_action",
+    BAD_CALL: "malformed_call",
+    MIXED: "mixed_call_and_answer",
+}
 
 
-def _encodable_step(step: Callable[..., tuple[Any, ...]]) -> Callable[..., tuple[Any, ...]]:
-    @functools.wraps(step)
-    def wrapped(self: TextEnv, action: Any) -> tuple[Any, ...]:
-        replaced = 0
-        if isinstance(action, str):
-            action, replaced = encodable_text(action)
-        observation, reward, terminated, truncated, info = step(self, action)
-        if isinstance(observation, str):
-            observation, more = encodable_text(observation)
-            replaced += more
-        if replaced and isinstance(info, dict):  # an outer override's wrapper adds its own count
-            info[REPLACED_CHARS] = info.get(REPLACED_CHARS, 0) + replaced
-        return observation, reward, terminated, truncated, info
+class _Answer(NamedTuple):
+    """A response to grade, and whether it came in the env's answer format."""
 
-    return wrapped
+    response: Any
+    tagged: bool
 
 
-class TextEnv(gymnasium.Env[str, str]):
-    """A Gymnasium env whose observations and actions are Unicode strings.
+@dataclass(slots=True)
+class _Turn:
+    """What one step has handled so far: the observation's parts, the errors (info
+    `step_errors`), one result text per call (info `tool_results`), and the limits it met."""
 
-    Subclasses provide `system_prompt`, `question`, `answer` (after `reset`) and the oracle:
-    `oracle_actions()`, `malformed_action()`, `answer_action()` and `mistaken_actions()`, which
-    the scripted policy (rollouts/scripted.py) and the tokenizer corpus (configs/build_tokenizer.py)
-    use so that they know no env's action grammar. Randomness comes only from `self.np_random`
-    (seeded by `reset(seed=...)`). The info keys the runner reads: envs/info.py.
-
-    Only encodable text crosses the env boundary: every subclass's `step` and `reset` are wrapped
-    (`__init_subclass__`) so that surrogate code points in the action (which a caller may pass,
-    e.g. `"\\ud800LOOKUP[\\udfff]"`) and in the observation are replaced by U+FFFD before the env
-    sees or returns them, counted in info `replaced_chars` (present only when > 0).
-    """
-
-    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (Gymnasium's class attribute)
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "step" in cls.__dict__:
-            cls.step = _encodable_step(cls.__dict__["step"])  # type: ignore[method-assign]
-        if "reset" in cls.__dict__:
-            cls.reset = _encodable_reset(cls.__dict__["reset"])  # type: ignore[method-assign]
-
-    def __init__(self, *, max_action_chars: int = 4096, max_observation_chars: int = 8192):
-        self.action_space = UnicodeText(max_action_chars)
-        self.observation_space = UnicodeText(max_observation_chars)
-
-    @property
-    def system_prompt(self) -> str:
-        raise NotImplementedError
-
-    @property
-    def question(self) -> str:
-        raise NotImplementedError
-
-    @property
-    def answer(self) -> Any:
-        raise NotImplementedError
-
-    def oracle_actions(self) -> list[str]:
-        """The ideal actions for the current task; the last one states the final answer
-        (`answer_action(self.answer)`)."""
-        raise NotImplementedError
-
-    def malformed_action(self, action: str) -> str | None:
-        """A fumbled version of one of the oracle's non-final actions, which the env answers with
-        an error observation (a recoverable mistake), or None when the action has none."""
-        return None
-
-    def answer_action(self, answer: Any, tagged: bool = True) -> str:
-        """The action that states `answer` as the final answer; `tagged=False`: stated without the
-        env's answer format (graded for correctness, no format credit)."""
-        raise NotImplementedError
-
-    def mistaken_actions(self) -> tuple[str, ...]:
-        """Actions with one typical mistake each (malformed, empty, unknown tool, no answer), so
-        that corpora and tests can show the env's error observations."""
-        return ()
+    parts: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    results: list[str] = field(default_factory=list)
+    ran_a_tool: bool = False
+    out_of_calls: bool = False
 
 
 def _check_count(name: str, value: Any, minimum: int) -> None:
@@ -186,69 +119,6 @@ def _check_count(name: str, value: Any, minimum: int) -> None:
 def _check_magnitude(name: str, value: Any) -> None:
     if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{name} is a magnitude (subtracted per occurrence): a float >= 0, got {value!r}")
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars (from rng draws) as Python ones: `int64(3)` -> 3, `float64(1.864)` -> 1.864."""
-    item = getattr(value, "item", None)
-    if callable(item) and type(value).__module__ == "numpy":
-        return item()
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class Task:
-    """One episode's task, made by `ToolEnv.new_task`.
-
-    question: the first observation. answer: the ground truth, any JSON value (a float is kept
-    exactly; numpy scalars become Python ones). solution: the ideal steps before the answer, one
-    entry per turn: a `Call`, a list of Calls (several in one turn) or a literal action string;
-    the env writes them in its tool-call format and adds the answer (`env.oracle_actions()`).
-    needed_tool_calls: calls beyond this many are penalised; by default the solution's calls.
-    state: the episode's mutable state (`env.state`), which tools read and change and the grader
-    and `final_reward` see.
-    """
-
-    question: str
-    answer: Any
-    solution: Sequence[Call | Sequence[Call] | str] = ()
-    needed_tool_calls: int = -1
-    state: Any = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.question, str):
-            raise TypeError(f"Task.question must be a str, got {type(self.question).__name__}")
-        answer = _plain(self.answer)
-        if isinstance(answer, float) and not math.isfinite(answer):
-            raise ValueError(f"Task.answer must be finite, got {answer!r}")
-        try:
-            msgspec.json.encode(answer)
-        except (TypeError, msgspec.EncodeError):
-            raise TypeError(f"Task.answer must be a JSON value, got {type(answer).__name__}") from None
-        object.__setattr__(self, "answer", answer)
-        steps = [self.solution] if isinstance(self.solution, str | Call) else list(self.solution)
-        calls = 0
-        for step in steps:
-            if isinstance(step, str | Call):
-                calls += 1
-            elif isinstance(step, Sequence) and step and all(isinstance(c, Call) for c in step):
-                calls += len(step)
-            else:
-                raise TypeError(
-                    f"Task.solution steps are Calls, lists of Calls or action strings, got {step!r:.80}"
-                )
-        object.__setattr__(self, "solution", tuple(steps))
-        if self.needed_tool_calls < 0:
-            object.__setattr__(self, "needed_tool_calls", calls)
-
-
-class Example(msgspec.Struct, frozen=True):
-    """A worked example for the system prompt, which the env writes in its own tool-call format:
-    the question, the (call, result) steps, the answer."""
-
-    question: str
-    steps: Sequence[tuple[Call, Any]] = ()
-    answer: Any = None
 
 
 class ToolEnv(TextEnv):
@@ -330,32 +200,13 @@ class ToolEnv(TextEnv):
         self._max_observation_chars = max_observation_chars
         self._near_miss = self.format.near_miss(self.tools)
         self._tool_list = [t for key, t in self.tools.items() if key != self.answer_tool]
-        hint = getattr(grader, "hint", "<answer>") if grader is not None else "<answer>"
-        if self.answer_tool is not None:
-            self._finish = f"Finish by calling {self.tools[self.answer_tool].name} with the answer."
-        else:
-            self._finish = f"Finish with [ANSWER] {hint}."
+        answering = self.tools[self.answer_tool] if self.answer_tool is not None else None
+        self._finish = prompts.finish_line(answering, grader)
         self._system_prompt = self.build_system_prompt(instructions, example)
         # For a chat template that writes the tools block itself (reset info `instructions`).
         shown_example = self.render_example(example) if isinstance(example, Example) else example
-        self._instructions = "\n".join(
-            [
-                instructions.strip(),
-                self._finish,
-                *(["Example:", shown_example.strip()] if shown_example else []),
-            ]
-        )
-        first = self._tool_list[0] if self._tool_list else None
-        call_or = "Call a tool or f" if self._tool_list else "F"
-        nothing = "no tool call and no answer" if self._tool_list else "no answer"
-        finish = call_or + self._finish[1:]
-        self._error_lines = {
-            "empty_action": f"ERROR: empty action. {finish}",
-            "no_call_no_answer": f"ERROR: {nothing}. {finish}",
-            "malformed_call": f"ERROR: malformed tool call. Write it like {self.format.call_example(first)}.",
-            "mixed_call_and_answer": "ERROR: tool calls and an answer in one turn. Call the tools, "
-            "wait for their results, then answer.",
-        }
+        self._instructions = prompts.instructions_text(instructions, self._finish, shown_example)
+        self._error_lines = prompts.error_lines(self.format, self._tool_list, self._finish)
         self._task: Task | None = None
         self._done = True
 
@@ -497,7 +348,7 @@ class ToolEnv(TextEnv):
         self._grade: Grade | None = None
         self._tagged = False
         self._success = False
-        self._components: dict[str, float] = dict.fromkeys(_BUILTIN_COMPONENTS, 0.0)
+        self._ledger = RewardLedger(self)
         info = {
             "system_prompt": self._system_prompt,
             "instructions": self._instructions,
@@ -510,6 +361,38 @@ class ToolEnv(TextEnv):
         return task.question, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        action = self._accept(action)
+        self._ledger.start_step()
+        self._turn += 1
+        parsed = self.format.parse(action, self._near_miss)
+        turn = _Turn()
+        answer = self._stated_answer(parsed, action, turn)
+        if parsed.kind == CALLS:
+            answer = self._run_calls(parsed.calls or [], turn)
+        if answer is not None:
+            return self._graded(answer)
+        return self._end_turn(parsed.kind, turn)
+
+    def abandon(self) -> tuple[float, dict[str, Any]]:
+        """The runner stopped this episode before the env ended it: settle it as unanswered.
+
+        Returns (reward to add to the last step, final info); see the module doc."""
+        if self._done:
+            if self._task is None:
+                raise RuntimeError(f"{type(self).__name__}: call reset() before abandon()")
+            raise RuntimeError(f"{type(self).__name__}: abandon() called after the episode ended")
+        self._ledger.start_step()
+        self._settle(None)
+        info = self._info([])
+        del info["step_errors"]  # no step happened; the caller merges this into its last step's info
+        info["failure_mode"] = "success" if self._success else "no_answer"
+        info["error_counts"] = dict(self._error_counts)
+        return self._ledger.take_step(), info
+
+    # ---- one step, in order --------------------------------------------------------------------
+
+    def _accept(self, action: Any) -> str:
+        """The action as a str of at most max_action_chars; raises when no episode is running."""
         if self._done:
             if self._task is None:
                 raise RuntimeError(f"{type(self).__name__}: call reset() before step()")
@@ -523,155 +406,145 @@ class ToolEnv(TextEnv):
             action = action.decode("utf-8", "replace") if not isinstance(action, str) else str(action)
         if len(action) > self._max_action_chars:
             action = action[: self._max_action_chars]
-        self._turn += 1
-        parsed = self.format.parse(action, self._near_miss)
+        return action
+
+    def _stated_answer(self, parsed: ParsedAction, action: str, turn: _Turn) -> _Answer | None:
+        """The answer the action states outside any call (tagged, or untagged when accepted), or
+        None after recording the action's own error (malformed answer, no call, ...)."""
         kind = parsed.kind
-        reward = 0.0
-        parts: list[str] = []
-        step_errors: list[str] = []
         if kind == ANSWER:
-            text = parsed.answer or ""
             try:
-                response = self._read(text)
+                return _Answer(self._read(parsed.answer or ""), tagged=self.answer_tool is None)
             except Unreadable as unreadable:
-                reward -= self._count_error("malformed_answer", step_errors)
-                parts.append(f"ERROR: malformed answer ({unreadable}). {self._finish}")
-            else:
-                return self._graded(response, tagged=self.answer_tool is None, reward=reward)
-        elif kind == OTHER:
+                self._count_error("malformed_answer", turn)
+                turn.parts.append(prompts.malformed_answer(unreadable, self._finish))
+                return None
+        if kind == OTHER:
             reader = self._task_reader
             found = reader.find(action) if self.accept_untagged_answer and reader is not None else None
             if found is not None:
-                return self._graded(found, tagged=False, reward=reward)
-            reward -= self._count_error("no_call_no_answer", step_errors)
-            parts.append(self._error_lines["no_call_no_answer"])
-        elif kind == EMPTY:
-            reward -= self._count_error("empty_action", step_errors)
-            parts.append(self._error_lines["empty_action"])
-        elif kind == BAD_CALL:
-            reward -= self._count_error("malformed_call", step_errors)
-            parts.append(self._error_lines["malformed_call"])
-        elif kind == MIXED:
-            reward -= self._count_error("mixed_call_and_answer", step_errors)
-            parts.append(self._error_lines["mixed_call_and_answer"])
+                return _Answer(found, tagged=False)
+        error = _ACTION_ERRORS.get(kind)
+        if error is not None:
+            self._count_error(error, turn)
+            turn.parts.append(self._error_lines[error])
+        return None
 
-        ran_a_tool = False
-        out_of_calls = False
-        results: list[str] = []  # one text per call handled, for info `tool_results`
-        for call in (parsed.calls or []) if kind == CALLS else []:
-            if call.error is not None:  # unreadable: an error, not a call of any tool
-                reward -= self._count_error(call.error, step_errors)
-                parts.append(self.format.result("", call, call.message))
-                results.append(call.message)
-                continue
-            tool = self.tools.get(call.name.upper())
-            answering = tool is not None and tool.name.upper() == self.answer_tool
-            if not answering:  # an answer is no tool call: it is never over budget
-                if self._tool_calls >= self.max_tool_calls:
-                    out_of_calls = True
-                    break
-                self._tool_calls += 1
-                if self._tool_calls > self._task.needed_tool_calls:  # type: ignore[union-attr]
-                    self._components["tool_penalty"] -= self.tool_call_penalty
-                    reward -= self.tool_call_penalty
-            if tool is None:
-                reward -= self._count_error("unknown_tool", step_errors)
-                parts.append(self.format.unknown_tool(call, self._tool_list))
-                results.append(self.format.unknown_tool_text(call, self._tool_list))
-                continue
+    def _run_calls(self, calls: Sequence[ParsedCall], turn: _Turn) -> _Answer | None:
+        """Handle the calls in order until one answers or the tool budget runs out."""
+        for call in calls:
+            answer = self._handle_call(call, turn)
+            if answer is not None or turn.out_of_calls:
+                return answer
+        return None
+
+    def _handle_call(self, call: ParsedCall, turn: _Turn) -> _Answer | None:
+        """One call: an unreadable call's error, the tool budget, an unknown tool, a refused or
+        failed call, an answer (returned), or the tool's result and awards."""
+        if call.error is not None:  # unreadable: an error, not a call of any tool
+            self._count_error(call.error, turn)
+            self._show(turn, "", call, call.message)
+            return None
+        tool = self.tools.get(call.name.upper())
+        answering = tool is not None and tool.name.upper() == self.answer_tool
+        if not answering and not self._spend_tool_call():  # an answer is never over budget
+            turn.out_of_calls = True
+            return None
+        if tool is None:
+            self._count_error("unknown_tool", turn)
+            turn.parts.append(self.format.unknown_tool(call, self._tool_list))
+            turn.results.append(self.format.unknown_tool_text(call, self._tool_list))
+            return None
+        try:
+            result = self._run(tool, call)
+        except ToolCallError as refused:
+            self._count_error(refused.kind, turn)
+            self._show(turn, tool.name, call, prompts.refused_call(refused.kind, str(refused)))
+            return None
+        if answering:
             try:
-                result = self._run(tool, call)
-            except ToolCallError as refused:
-                reward -= self._count_error(refused.kind, step_errors)
-                message = str(refused)
-                text = (
-                    message
-                    if refused.kind in ("tool_error", "empty_argument", "tool_timeout")
-                    else f"ERROR: {message}"
-                )
-                parts.append(self.format.result(tool.name, call, text))
-                results.append(text)
-                continue
-            if answering:
-                try:
-                    response = self._read(result.content)
-                except Unreadable as unreadable:
-                    reward -= self._count_error("malformed_answer", step_errors)
-                    text = f"ERROR: malformed answer ({unreadable})."
-                    parts.append(self.format.result(tool.name, call, text))
-                    results.append(text)
-                    continue
-                return self._graded(response, tagged=True, reward=reward)
-            ran_a_tool = True
-            for name, value in result.rewards.items():
-                if name in _BUILTIN_COMPONENTS:
-                    raise ValueError(
-                        f"tool {tool.name}: reward name {name!r} is one of the env's own components"
-                    )
-                self._components[name] = self._components.get(name, 0.0) + float(value)
-                reward += float(value)
-            text = result_text(result.content)
-            parts.append(self.format.result(tool.name, call, text))
-            results.append(text)
+                return _Answer(self._read(result.content), tagged=True)
+            except Unreadable as unreadable:
+                self._count_error("malformed_answer", turn)
+                self._show(turn, tool.name, call, prompts.malformed_answer(unreadable))
+                return None
+        turn.ran_a_tool = True
+        self._ledger.award(result.rewards, f"tool {tool.name}")
+        self._show(turn, tool.name, call, result_text(result.content))
+        return None
 
-        if ran_a_tool:
+    def _spend_tool_call(self) -> bool:
+        """Count one tool call (penalised beyond needed_tool_calls); False when the budget is spent."""
+        if self._tool_calls >= self.max_tool_calls:
+            return False
+        self._tool_calls += 1
+        if self._tool_calls > self._current_task().needed_tool_calls:
+            self._ledger.extra_tool_call()
+        return True
+
+    def _end_turn(self, kind: str, turn: _Turn) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """A step without an answer: the error streaks, then a limit may end the episode."""
+        if turn.ran_a_tool:
             self._consecutive_errors = 0
-        elif step_errors:
+        elif turn.errors:
             self._consecutive_errors += 1
         no_call = kind in (OTHER, EMPTY)
         self._consecutive_no_call = self._consecutive_no_call + 1 if no_call else 0
-
-        end_reason = None
-        failure_mode = "no_answer"
-        limit = self.max_consecutive_errors
-        stop = None
-        if out_of_calls:
-            end_reason, failure_mode = "max_turns", "tool_spam"
-            stop = "STOP: tool call limit reached."
-        elif limit is not None and self._consecutive_errors >= limit:
-            end_reason = "no_tool_call" if self._consecutive_no_call >= limit else "parse_error"
-            stop = "STOP: too many errors in a row."
-        elif self._turn >= self.max_turns:
-            if self.max_turns == 1 and no_call:
-                end_reason = "no_tool_call"
-            elif self.max_turns == 1 and step_errors:
-                end_reason = "parse_error"
-            else:
-                end_reason = "max_turns"
-            stop = "STOP: turn limit reached."
-
-        observation = self.format.join(parts)
-        if stop is not None:
-            observation = f"{observation}\n{stop}" if observation else stop
-        if len(observation) > self._max_observation_chars:
-            observation = observation[: self._max_observation_chars]
-        info = self._info(step_errors)
+        ending = limit_reached(
+            out_of_calls=turn.out_of_calls,
+            consecutive_errors=self._consecutive_errors,
+            consecutive_no_call=self._consecutive_no_call,
+            max_consecutive_errors=self.max_consecutive_errors,
+            turn=self._turn,
+            max_turns=self.max_turns,
+            no_call=no_call,
+            errored=bool(turn.errors),
+        )
+        observation = prompts.with_stop(
+            self.format.join(turn.parts), ending.stop if ending is not None else None
+        )
+        info = self._info(turn.errors)
         if kind == CALLS:
-            info["tool_results"] = results
-        if end_reason is None:
-            return observation, reward, False, False, info
-        reward += self._settle(None)
-        info.update(self._info(step_errors))
-        info["failure_mode"] = "success" if self._success else failure_mode
-        info["end_reason"] = end_reason
+            info["tool_results"] = turn.results
+        if ending is None:
+            return self._clip(observation), self._ledger.take_step(), False, False, info
+        return self._ended(self._clip(observation), ending, turn, info)
+
+    def _ended(
+        self, observation: str, ending: Ending, turn: _Turn, info: dict[str, Any]
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """A limit ended the episode: settle it unanswered; a single-turn env terminates."""
+        self._settle(None)
+        info.update(self._info(turn.errors))
+        info["failure_mode"] = "success" if self._success else ending.failure_mode
+        info["end_reason"] = ending.end_reason
         info["error_counts"] = dict(self._error_counts)
         single_turn = self.max_turns == 1
-        return observation, reward, single_turn, not single_turn, info
+        return observation, self._ledger.take_step(), single_turn, not single_turn, info
 
-    def abandon(self) -> tuple[float, dict[str, Any]]:
-        """The runner stopped this episode before the env ended it: settle it as unanswered.
-
-        Returns (reward to add to the last step, final info); see the module doc."""
-        if self._done:
-            if self._task is None:
-                raise RuntimeError(f"{type(self).__name__}: call reset() before abandon()")
-            raise RuntimeError(f"{type(self).__name__}: abandon() called after the episode ended")
-        reward = self._settle(None)
+    def _graded(self, answer: _Answer) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Grade the answer; the episode terminates."""
+        task = self._current_task()
+        response, tagged = answer
+        grade = to_grade(self._task_grader(response, task, task.state), f"{type(self).__name__}'s grader")
+        self._ledger.answered(grade, tagged)
+        self._grade, self._tagged = grade, tagged
+        self._settle(grade)
         info = self._info([])
-        del info["step_errors"]  # no step happened; the caller merges this into its last step's info
-        info["failure_mode"] = "success" if self._success else "no_answer"
+        if self._success:
+            failure_mode = "success"
+        elif grade.correct:
+            failure_mode = "goal_not_met" if tagged else "wrong_format"
+        else:
+            failure_mode = "wrong_answer"
+        info["failure_mode"] = failure_mode
+        info["end_reason"] = "answered"
         info["error_counts"] = dict(self._error_counts)
-        return reward, info
+        shown = response[:_SHOWN_ANSWER_CHARS] if isinstance(response, str) else response
+        if not (isinstance(shown, float) and not math.isfinite(shown)):
+            info["graded_answer"] = shown
+        observation = prompts.verdict(grade, answer_text(task.answer))
+        return self._clip(observation), self._ledger.take_step(), True, False, info
 
     # ---- helpers -------------------------------------------------------------------------------
 
@@ -690,83 +563,32 @@ class ToolEnv(TextEnv):
             raise ToolCallError("bad_arguments", str(wrong)) from None
         return tool(arguments, strict=strict)
 
-    def _count_error(self, kind: str, step_errors: list[str]) -> float:
-        """Record one error; returns the penalty magnitude (the caller subtracts it)."""
+    def _show(self, turn: _Turn, name: str, call: ParsedCall, text: str) -> None:
+        """One call's part of the observation (as the format writes it) and its result text."""
+        turn.parts.append(self.format.result(name, call, text))
+        turn.results.append(text)
+
+    def _clip(self, observation: str) -> str:
+        return observation[: self._max_observation_chars]
+
+    def _count_error(self, kind: str, turn: _Turn) -> None:
+        """Record one error: counted, penalised, and listed in the step's errors."""
         self._errors += 1
         self._error_counts[kind] = self._error_counts.get(kind, 0) + 1
-        self._components["error_penalty"] -= self.error_penalty
-        step_errors.append(kind)
-        return self.error_penalty
+        self._ledger.error()
+        turn.errors.append(kind)
 
-    def _add_components(self, components: Mapping[str, float], who: str) -> float:
-        total = 0.0
-        for name, value in components.items():
-            if not isinstance(name, str) or not name.isidentifier() or name in _BUILTIN_COMPONENTS:
-                raise ValueError(
-                    f"{who}: component name {name!r} is not an identifier or is one of the env's own"
-                )
-            if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
-                raise ValueError(f"{who}: component {name!r} = {value!r} is not a finite number")
-            self._components[name] = self._components.get(name, 0.0) + float(value)
-            total += float(value)
-        return total
-
-    def _settle(self, grade: Grade | None) -> float:
-        """End the episode: the unanswered penalty, final_reward and success. Returns the reward."""
+    def _settle(self, grade: Grade | None) -> None:
+        """End the episode: the unanswered penalty, final_reward and success."""
         self._done = True
-        reward = 0.0
-        if grade is None:
-            self._components["correct"] += self.incorrect_reward
-            reward += self.incorrect_reward
-        reward += self._add_components(self.final_reward(grade), f"{type(self).__name__}.final_reward")
+        final = self.final_reward(grade)
+        self._ledger.settle(grade is not None, final, f"{type(self).__name__}.final_reward")
         self._success = bool(self.success(grade, self._tagged))
-        return reward
-
-    def _graded(
-        self, response: Any, *, tagged: bool, reward: float
-    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        task = self._current_task()
-        grade = to_grade(self._task_grader(response, task, task.state), f"{type(self).__name__}'s grader")
-        if grade.score > 0:
-            self._components["correct"] += self.correct_reward * grade.score
-            reward += self.correct_reward * grade.score
-        elif not tagged:
-            self._components["correct"] += self.incorrect_reward
-            reward += self.incorrect_reward
-        if tagged:
-            self._components["format"] += self.format_reward
-            reward += self.format_reward
-        reward += self._add_components(grade.components, "the grade")
-        self._grade, self._tagged = grade, tagged
-        reward += self._settle(grade)
-        info = self._info([])
-        if self._success:
-            failure_mode = "success"
-        elif grade.correct:
-            failure_mode = "goal_not_met" if tagged else "wrong_format"
-        else:
-            failure_mode = "wrong_answer"
-        info["failure_mode"] = failure_mode
-        info["end_reason"] = "answered"
-        info["error_counts"] = dict(self._error_counts)
-        shown = response[:_SHOWN_ANSWER_CHARS] if isinstance(response, str) else response
-        if not (isinstance(shown, float) and not math.isfinite(shown)):
-            info["graded_answer"] = shown
-        truth = answer_text(task.answer)
-        if grade.correct:
-            observation = "CORRECT"
-        elif grade.score > 0:
-            observation = f"PARTLY CORRECT (score {grade.score:.2f}; answer: {truth})"
-        else:
-            observation = f"INCORRECT (answer: {truth})"
-        if len(observation) > self._max_observation_chars:
-            observation = observation[: self._max_observation_chars]
-        return observation, reward, True, False, info
 
     def _info(self, step_errors: list[str]) -> dict[str, Any]:
         grade = self._grade
         return {
-            "reward_components": dict(self._components),
+            "reward_components": self._ledger.parts,
             "tool_calls": self._tool_calls,
             "errors": self._errors,
             "consecutive_errors": self._consecutive_errors,

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.grading import numeric
-from ..core.tool_env import Example, Task, ToolEnv
+from ..core.task import Example, Task
+from ..core.tool_env import ToolEnv
 from ..tools.typed import Call, ToolError, tool
 
 ITEMS: tuple[str, ...] = (

@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from ..core.grading import numeric
-from ..core.tool_env import Example, Task, ToolEnv
+from ..core.task import Example, Task
+from ..core.tool_env import ToolEnv
 from ..tools.typed import Call, Tool
 
 WORDS: tuple[str, ...] = (

@@ -11,7 +11,7 @@ from gymnasium.utils.env_checker import check_env
 
 from toolgym.envs import TextEnv, list_envs
 from toolgym.envs.core.info import REPLACED_CHARS
-from toolgym.envs.core.tool_env import encodable_text
+from toolgym.envs.core.text_env import encodable_text
 
 ACTION = "\ud800LOOKUP[\udfff]"
 

@@ -40,7 +40,7 @@ step info, read by the runner (and the info of the optional `abandon()`, envs/co
                     wrong_answer, goal_not_met, tool_spam, no_answer). Summaries count each label
                     (`failure_mode/<label>`) and evals pick example transcripts of distinct labels.
 
-Written by `TextEnv` itself (envs/core/tool_env.py), recorded, not read by the runner:
+Written by `TextEnv` itself (envs/core/text_env.py), recorded, not read by the runner:
     replaced_chars  int: surrogate code points replaced by U+FFFD in this step's action and
                     observation (or the reset observation), present only when > 0: text that
                     UTF-8 cannot encode never crosses the env boundary.

@@ -2,7 +2,7 @@
 
 A new tool environment subclasses `ToolEnv`, passes its tools (or marks its methods `@tool`) and a
 prompt to `__init__`, and implements `new_task()`; the README's custom-env section has a whole
-one (tests/envs/test_envs_custom_example.py).
+one (tests/envs/core/test_envs_custom_example.py).
 
 How `ToolEnv.step` treats an action (the formats are in tools/call_formats.py, tools in
 tools/typed.py, graders in grading.py, the reward in ledger.py, the limits in limits.py, the

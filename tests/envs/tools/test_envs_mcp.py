@@ -28,7 +28,7 @@ from toolgym.rollouts.runner import RolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OraclePolicy
 from toolgym.rollouts.types import StopReason
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 
 

@@ -139,7 +139,7 @@ class Period(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class FuzzBankEnv(ToolEnv):
-    """The README's BankEnv (tests/envs/test_envs_custom_example.py) in either format, with more
+    """The README's BankEnv (tests/envs/core/test_envs_custom_example.py) in either format, with more
     parameter types (Optional, bool, list, Literal, a Struct), an async tool, a per-step award,
     a success hook, and results that carry tool-call and chat-template markers."""
 

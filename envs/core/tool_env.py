@@ -361,14 +361,17 @@ class ToolEnv(TextEnv):
         return task.question, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Parse the action; run its calls in order, or read the answer it states; grade an
+        answer (the episode terminates), else check the limits (see the module doc)."""
         action = self._accept(action)
         self._ledger.start_step()
         self._turn += 1
         parsed = self.format.parse(action, self._near_miss)
         turn = _Turn()
-        answer = self._stated_answer(parsed, action, turn)
         if parsed.kind == CALLS:
             answer = self._run_calls(parsed.calls or [], turn)
+        else:
+            answer = self._stated_answer(parsed, action, turn)
         if answer is not None:
             return self._graded(answer)
         return self._end_turn(parsed.kind, turn)

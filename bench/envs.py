@@ -32,7 +32,7 @@ import gymnasium
 
 import toolgym.envs  # noqa: F401 (registers toolgym/*)
 from toolgym.envs import Call, Task, ToolEnv, ZorplexEnv, numeric, tool
-from toolgym.envs.tools import result_text
+from toolgym.envs.tools.typed import result_text
 
 CONFIGS: list[tuple[str, str, dict]] = [
     ("zorplex simple", "toolgym/Zorplex-v0", {"tier": "simple"}),

@@ -3,7 +3,7 @@
     python bench/mcp_tools.py [--calls 2000] [--repeats 3]
 
 The tool is `convert(value: float, unit: Literal["km", "mi"], digits: int = 2)` of the test
-server tests/envs/mcp_units_server.py (the SDK's high-level MCPServer). The peer is that same
+server tests/envs/tools/mcp_units_server.py (the SDK's high-level MCPServer). The peer is that same
 Python function as a typed in-process Tool (`Tool.from_function`: msgspec validation, a direct
 call). The MCP figure is the Tool `MCPServer.tools()` makes (`Tool.from_schema`): the JSON Schema
 check, then a `tools/call` round trip over the server's stdin/stdout through the SDK's client on
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SERVER = HERE.parent / "tests" / "envs" / "mcp_units_server.py"
+SERVER = HERE.parent / "tests" / "envs" / "tools" / "mcp_units_server.py"
 sys.path.insert(0, str(SERVER.parent))
 
 from mcp_units_server import convert  # noqa: E402 (the server's own tool function)

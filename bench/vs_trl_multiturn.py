@@ -9,7 +9,7 @@ The single-turn comparison is bench/vs_trl.py; this one follows its rules (each 
 subprocess, `--warmup` steps untimed then `--steps` timed, medians, process CPU time too, same
 torch threads, same loss and optimizer settings) and reuses its helpers.
 
-The task: `toolgym/Shop-v0` (envs/shop.py): "What do 6 kites cost?", a typed `price(item, quantity)`
+The task: `toolgym/Shop-v0` (envs/tasks/shop.py): "What do 6 kites cost?", a typed `price(item, quantity)`
 tool called with JSON `<tool_call>` blocks, a decimal answer `[ANSWER] 21.9`, at most `--max-turns`
 assistant turns. Both render it through the shipped Qwen2.5-style template
 (configs/assets/chat_templates/qwen2.5-style.jinja): the tools block in the system turn, tool
@@ -274,7 +274,7 @@ class ShopTools:
     max_turns = 4
 
     def __init__(self) -> None:
-        from toolgym.envs.shop import ShopEnv
+        from toolgym.envs.tasks.shop import ShopEnv
 
         self.env = ShopEnv(max_turns=self.max_turns)
 
@@ -289,7 +289,7 @@ class ShopTools:
             item: the item, singular (`kite`).
             quantity: how many, 1 to 9.
         """
-        from toolgym.envs.tools import result_text
+        from toolgym.envs.tools.typed import result_text
 
         return result_text(self.env.price(item, quantity))
 
@@ -297,7 +297,7 @@ class ShopTools:
 def replay_reward(seed: int, messages: list[dict], max_turns: int) -> tuple[float, int, int]:
     """(the env's total reward, assistant turns, tool calls) of a TRL completion, replayed through
     a fresh ShopEnv: each assistant message as the text toolgym's env would have been given."""
-    from toolgym.envs.shop import ShopEnv
+    from toolgym.envs.tasks.shop import ShopEnv
 
     env = ShopEnv(max_turns=max_turns)
     env.reset(seed=seed)

@@ -19,10 +19,10 @@ from .. import envs  # noqa: F401 (registers toolgym/*)
 from ..agents.chat import Renderer
 from ..agents.model.config import NAMED_CONFIGS, ModelConfig
 from ..agents.vllm.engine import INSTALL_HINT
+from ..envs.registry import import_env_modules
 from ..rollouts.batches import TaskSeedStream
 from ..rollouts.endpoint.program import load_program
 from ..rollouts.env_io import reset_env
-from ..rollouts.recording.replay import import_env_modules
 from ..rollouts.runner import RolloutRunner, first_messages
 from ..rollouts.scripted import OraclePolicy
 from ..rollouts.types import StopReason

@@ -3,7 +3,7 @@
 The runner and replay (`toolgym replay --verify`) call an env only through these, so both see the
 same thing: an env output the runner cannot use (text that is not an encodable str, a reward that
 is not a finite number within ±1e30, an info that is not a dict, reward_components or metrics that are not
-name -> finite number with usable names (envs/info.py), end flags that are not bools) raises
+name -> finite number with usable names (envs/core/info.py), end flags that are not bools) raises
 EnvOutputError naming it, and ends only that episode (ENV_ERROR). NaN or inf rewards matter
 most: one would make its whole group's advantages NaN.
 
@@ -15,7 +15,7 @@ EnvOutputError.
 
 Settling (`abandon_env`, `settles`): when a limit of the runner's (a token or context budget, its
 own turn limit) ends an episode the env has not ended, the env's optional `abandon()` settles it
-as unanswered (envs/base.py), so it scores as the env's own limits would have.
+as unanswered (envs/core/tool_env.py), so it scores as the env's own limits would have.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import gymnasium
 import msgspec
 import numpy as np
 
-from ..envs.info import METRICS
+from ..envs.core.info import METRICS
 from .metrics import component_name_problem, metric_name_problem
 from .types import StopReason, Transition
 

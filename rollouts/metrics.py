@@ -1,7 +1,7 @@
 """Per-episode and per-batch rollout metrics (plain dicts, for the console and JSONL).
 
 The runner measures each episode itself (turns, tokens, time) and takes the env's own metrics
-from its infos (the contract is envs/info.py): per name, the last value reported in the
+from its infos (the contract is envs/core/info.py): per name, the last value reported in the
 episode's transitions, kept in `Trajectory.metrics["env"]`. A transition's info may lack them: a
 turn cut by a token limit was never given to the env (info {}, unless the env settled the
 episode through `abandon()`, whose info has them), and a step the env raised on has only
@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..envs.info import FAILURE_MODE, METRICS
+from ..envs.core.info import FAILURE_MODE, METRICS
 from .types import StopReason, Trajectory
 
 # The names batch_metrics writes itself; an env's metric may not take one of them.

@@ -27,11 +27,11 @@ Limits, each ending the episode with its StopReason (checked in this order every
 - episode_timeout_s (asyncio.wait_for around the episode): TIMEOUT.
 The env's `info["end_reason"]` (answered, no_tool_call, max_turns, parse_error) becomes the
 StopReason when the env ends the episode. The info keys the runner reads (end_reason,
-reward_components, metrics, failure_mode, system_prompt) are one contract: envs/info.py.
+reward_components, metrics, failure_mode, system_prompt) are one contract: envs/core/info.py.
 
 Settling the episodes the runner ends (`env_io.SETTLED_STOP_REASONS`: MAX_TOKENS,
 CONTEXT_OVERFLOW, and MAX_TURNS when the env had not ended the episode itself): if the env has
-the optional `abandon() -> (reward, info)` (envs/base.py: the env settles it as its own limits
+the optional `abandon() -> (reward, info)` (envs/core/tool_env.py: the env settles it as its own limits
 would, e.g. with an unanswered-episode penalty), the runner calls it (`abandon_env`), adds the reward to the LAST
 transition's reward (so total_reward is still the sum of transition rewards), merges the info
 into that transition's info and takes its reward_components. So an unanswered episode scores the
@@ -75,7 +75,7 @@ from ..agents.chat import ChatRenderer, EpisodeRendering, Renderer
 from ..agents.errors import ContextOverflowError
 from ..agents.policy import Policy
 from ..agents.types import Completion, Message, Role, SamplingParams
-from ..envs.info import INSTRUCTIONS, TOOL_RESULTS, TOOLS
+from ..envs.core.info import INSTRUCTIONS, TOOL_RESULTS, TOOLS
 from .env_io import EnvOutputError, abandon_env, env_stop_reason, reset_env, settles, step_env
 from .metrics import SEQUENCE_RESTARTS, episode_metrics
 from .types import SEQUENCE_START, PolicySampling, RolloutSettings, StopReason, Trajectory, Transition

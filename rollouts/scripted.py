@@ -12,7 +12,7 @@ episode's script with an RNG seeded by the episode's sampling seed (so the G sam
 draw their knobs independently, and reruns repeat), and returns a per-episode `Policy` that
 emits the script one action per `generate` call. Nothing else in the runner knows it is scripted.
 
-The script comes from the env's oracle methods (envs/base.py `TextEnv`), so this module knows
+The script comes from the env's oracle methods (envs/core/text_env.py `TextEnv`), so this module knows
 no env's action grammar: `oracle_actions()` (the ideal actions, the last one the final answer),
 `malformed_action(action)` (a fumbled version of an action) and `answer_action(answer, tagged)`.
 
@@ -110,7 +110,7 @@ def wrong_answer(answer: Any, offset: int, guess: int | None = None) -> Any:
 def _oracle_method(env: Any, name: str) -> Any:
     method = getattr(env, name, None)
     if not callable(method):
-        raise TypeError(f"{type(env).__name__} has no {name}(); the oracle's knobs need it (envs/base.py)")
+        raise TypeError(f"{type(env).__name__} has no {name}(); the oracle's knobs need it (envs/core/text_env.py)")
     return method
 
 

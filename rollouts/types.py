@@ -125,7 +125,7 @@ class Trajectory(msgspec.Struct):
     sample_index: int = 0  # which of the group's G samples this is
     error: str | None = None  # the exception text for env_error / timeout
     metrics: dict[str, Any] = msgspec.field(default_factory=dict)
-    # The reset info a renderer that writes tools itself was given (envs/info.py: tools and
+    # The reset info a renderer that writes tools itself was given (envs/core/info.py: tools and
     # instructions), so replay renders the same first prompt; {} when it was given no tools.
     reset_info: dict[str, Any] = msgspec.field(default_factory=dict)
 

@@ -2,7 +2,7 @@
 
 One PNG per quantity over RL steps: reward; the reward's named components in one panel
 (`reward_components.png`: `rollout/reward/<name>` as a line and `eval/reward/<name>` as markers
-per component, when the env reported any); every metric the env reported (envs/info.py:
+per component, when the env reported any); every metric the env reported (envs/core/info.py:
 `rollout/<name>` for training batches as a line, `eval/<name>` for the held-out evals as markers;
 a metric the run did not log gets no plot); entropy and KL to the sampler (the trainer's); the
 staleness histogram (`staleness.png`: sampled tokens trained on, by policy versions behind the

@@ -22,7 +22,6 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..model.chunks import padded_chunks
 from ..model.prefix_attention import reusable_prefix_length, shared_prefix_length
 from ..model.transformer import Transformer
 from .cache_attention import Forwards

@@ -14,14 +14,13 @@ from rich.console import Console
 
 from ...agents.chat import ChatRenderer
 from ...agents.tokenizer import load_tokenizer, tokenizer_fingerprint
+from ...envs.registry import check_env_id, import_env_modules
 from ...rollouts.metrics import BatchMetrics
 from ...rollouts.recording.chat_jsonl import export_chat_jsonl, import_chat_jsonl, import_header
 from ...rollouts.recording.format import CHAT_TEMPLATE, RecordingReader, RecordingWriter
 from ...rollouts.recording.replay import (
-    check_env_id,
     errored,
     format_transcript,
-    import_env_modules,
     recorded_renderer,
     replay_problems,
     rich_transcript,

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...envs import list_envs
+from ...envs.registry import import_env_modules
 from ...rollouts.batches import TaskSeedStream
 from ...rollouts.evaluation import EvalConfig, evaluate_sync
 from ...rollouts.recording.format import (
@@ -27,7 +28,7 @@ from ...rollouts.recording.format import (
     RecordingReader,
     RecordingWriter,
 )
-from ...rollouts.recording.replay import errored, import_env_modules, summarize
+from ...rollouts.recording.replay import errored, summarize
 from ...rollouts.runner import EnvRolloutConfig, RolloutRunner
 from ...rollouts.scripted import OracleConfig
 from ..build.parts import chat_template_extra, load_policy, policy_renderer

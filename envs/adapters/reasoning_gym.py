@@ -37,9 +37,10 @@ from typing import Any, Final
 import reasoning_gym
 from reasoning_gym.factory import DATASETS
 
-from ..base import Task, ToolEnv
-from ..grading import Grade, Unreadable, answer_text
-from ..tools import ToolError, tool
+from ..core.grading import Grade, Unreadable, answer_text
+from ..core.task import Task
+from ..core.tool_env import ToolEnv
+from ..tools.typed import ToolError, tool
 
 _TOOL_ENV_KNOBS: Final = frozenset(inspect.signature(ToolEnv.__init__).parameters) - {"self"}
 _DATASET_CACHE: dict[str, Any] = {}

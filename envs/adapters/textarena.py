@@ -44,7 +44,7 @@ from typing import Any, Final
 import textarena
 from textarena.envs.registration import ENV_REGISTRY
 
-from ..base import TextEnv
+from ..core.text_env import TextEnv
 
 _NLTK_DOWNLOAD: Final = re.compile(r"nltk\.download\(\s*(\[[^\]]*\]|['\"][^'\"]+['\"])")
 _QUOTED: Final = re.compile(r"['\"]([^'\"]+)['\"]")
@@ -410,7 +410,7 @@ class TextArenaEnv(TextEnv):
         }
 
     def abandon(self) -> tuple[float, dict[str, Any]]:
-        """The runner stopped the episode: unfinished, no game reward (see envs/base.py)."""
+        """The runner stopped the episode: unfinished, no game reward (see envs/core/tool_env.py)."""
         if self._done:
             raise RuntimeError("TextArenaEnv: abandon() after the episode ended (or before reset())")
         self._done = True

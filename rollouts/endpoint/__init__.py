@@ -8,7 +8,7 @@ agent programs written against the `openai` client, trained through the endpoint
 - agent_runner.py: `AgentRunner`, the agent program's episodes for the training loop
 
 It lives in rollouts/ because a capture becomes Trajectories and Episodes (loss masks are made
-only here) and tool calls are parsed with envs/tool_calls.py's JSON format. Importing this
+only here) and tool calls are parsed with envs/tools/call_formats.py's JSON format. Importing this
 package imports nothing heavy; the names below load their module (and FastAPI) on first use.
 """
 

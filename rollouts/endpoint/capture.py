@@ -38,7 +38,7 @@ import msgspec
 
 from ...agents.chat import EpisodeRendering, Renderer
 from ...agents.types import Completion, Message
-from ...envs.tool_calls import get_format
+from ...envs.tools.call_formats import get_format
 from ..metrics import SEQUENCE_RESTARTS, episode_metrics
 from ..recording.format import RecordingWriter
 from ..types import SEQUENCE_START, StopReason, Trajectory, Transition
@@ -75,7 +75,7 @@ class _Pending(msgspec.Struct):
 
 
 class _Spec:
-    """A tool spec as envs/tool_calls.py's describe reads it."""
+    """A tool spec as envs/tools/call_formats.py's describe reads it."""
 
     def __init__(self, spec: Mapping[str, Any]) -> None:
         self.spec = dict(spec)
@@ -83,7 +83,7 @@ class _Spec:
 
 def tools_text(tools: Sequence[Mapping[str, Any]]) -> str:
     """The tools block a renderer without its own gets in the system message: the JSON format's
-    description (envs/tool_calls.py), as the env's system prompts write it."""
+    description (envs/tools/call_formats.py), as the env's system prompts write it."""
     lines = _JSON_CALLS.describe(
         cast(Any, [_Spec(t) for t in tools]), "Reply in plain text when no tool is needed."
     )

@@ -7,7 +7,7 @@ or a wrong type (`"n": "2"`) is a 400 whose message names the field, never a sil
 Errors are `{"error": {"message", "type", "param", "code"}}` as OpenAI sends them; the `openai`
 client raises them as `BadRequestError` etc. with that message.
 
-Tool calls: the model writes JSON `<tool_call>` blocks (envs/tool_calls.py, the "json" format);
+Tool calls: the model writes JSON `<tool_call>` blocks (envs/tools/call_formats.py, the "json" format);
 a reply whose blocks all parse becomes an assistant message with `tool_calls` (ids
 `call_<conversation turn>_<i>`) and the text outside the blocks as `content` (None when empty);
 a reply with a malformed block is returned as plain content (the agent sees what the model
@@ -22,9 +22,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import jsonschema
+import jsonschema.validators
 import msgspec
 
-from ...envs.tool_calls import CALLS, get_format
+from ...envs.tools.call_formats import CALLS, get_format
 
 _JSON_CALLS = get_format("json")
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -164,7 +165,7 @@ def check_chat(request: ChatCompletionRequest) -> None:
         parameters = function.get("parameters")
         if parameters is not None:
             try:
-                if not isinstance(parameters, Mapping):
+                if not isinstance(parameters, dict):
                     raise jsonschema.SchemaError(f"a JSON Schema is an object, got {type(parameters).__name__}")
                 jsonschema.validators.validator_for(parameters).check_schema(parameters)
             except jsonschema.SchemaError as exc:

@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 
+from ...envs.registry import import_env_modules
 from ..env_io import MAX_ABS_REWARD
-from ..recording.replay import import_env_modules
 
 
 class AgentProgram(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

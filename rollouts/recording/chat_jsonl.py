@@ -6,7 +6,7 @@ Export (`export_chat_jsonl`): one line per episode,
   assistant's text and the env's reply the model saw next (the env's reply to the last action,
   which the model never saw, is left out; it is in metadata as `final_observation`).
 - tool calls, where the env takes JSON calls: an action whose `<tool_call>` blocks all parse,
-  and whose step info lists one result per call (`tool_results`, envs/info.py), becomes an
+  and whose step info lists one result per call (`tool_results`, envs/core/info.py), becomes an
   assistant message with `tool_calls` (content: the text outside the blocks, or null) followed by
   one `tool` message per result, linked by `tool_call_id`. Any other reply (bracket calls, an
   error, no call) is one message of `observation_role` ("user" by default: the OpenAI format
@@ -14,7 +14,7 @@ Export (`export_chat_jsonl`): one line per episode,
 - tools: the env's tool specs from its reset info (`tools`), got by making the recorded env and
   resetting it with the task seed; with them the system message is the env's `instructions` (its
   prompt without its own tools block), as a chat template that writes the tools block expects. An
-  env the recording cannot make (its module not imported, `replay.check_env_id`) or that declares
+  env the recording cannot make (its module not imported, `envs/registry.py`'s check_env_id) or that declares
   no tools gets no `tools` key and keeps the recorded system prompt.
 - metadata (unless `metadata=False`): env id and kwargs, task seed, group, sample, policy
   version, stop reason, reward and its components, failure mode, env metrics.
@@ -45,13 +45,13 @@ import msgspec
 
 from ...agents.chat import Renderer
 from ...agents.types import Completion, Message
-from ...envs.info import FAILURE_MODE, INSTRUCTIONS, TOOL_RESULTS, TOOLS
-from ...envs.tool_calls import CALLS, get_format
+from ...envs.core.info import FAILURE_MODE, INSTRUCTIONS, TOOL_RESULTS, TOOLS
+from ...envs.registry import EnvModuleNotAllowed, check_env_id
+from ...envs.tools.call_formats import CALLS, get_format
 from ..endpoint.openai_api import message_text
 from ..env_io import reset_env
 from ..types import SEQUENCE_START, StopReason, Trajectory, Transition
 from .format import RecordingHeader, RecordingReader
-from .replay import EnvModuleNotAllowed, check_env_id
 
 IMPORT_ENV_ID = "chat-import"  # never registered: an import is not an env's episode
 _BLOCK = re.compile(r"<tool_call>.*?</tool_call>", re.DOTALL)

@@ -26,10 +26,8 @@ user names, `--env-module`); any other such id is refused, naming the module (`c
 from __future__ import annotations
 
 import enum
-import importlib
 import math
 import os
-import sys
 from collections.abc import Iterable, Sequence
 
 import gymnasium
@@ -39,7 +37,8 @@ from tokenizers import Tokenizer
 from ... import envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
 from ...agents.chat import ChatRenderer, Renderer
 from ...agents.types import Role
-from ...envs.info import METRICS, SUCCESS_METRIC
+from ...envs.core.info import METRICS, SUCCESS_METRIC
+from ...envs.registry import EnvModuleNotAllowed, check_env_id
 from ..advantages import AdvantageConfig, batch_advantages
 from ..env_io import abandon_env, env_stop_reason, reset_env, settles, step_env
 from ..episodes import INFRA_STOP_REASONS, EpisodeStats, OverlongEpisodeRule, build_episodes, sampled_length
@@ -115,41 +114,6 @@ def summarize(trajectories: Sequence[Trajectory]) -> dict[str, float]:
 
 
 # ---- verification ------------------------------------------------------------------------------
-
-
-class EnvModuleNotAllowed(ValueError):
-    """A recorded env id whose module is not imported: making it would import code named by data.
-    str() is one line naming the module and the flag that allows it."""
-
-
-def check_env_id(env_id: str) -> None:
-    """Raise EnvModuleNotAllowed if `gymnasium.make(env_id)` would import a module (an id
-    `module:Env-v0` whose module is not imported yet); a registered id, or one whose module is
-    already imported, passes. Registered ids import only what their registering code named."""
-    module = env_id.split(":", 1)[0] if ":" in env_id else None
-    if module is not None and module not in sys.modules:
-        raise EnvModuleNotAllowed(
-            f"env id {env_id!r} needs module {module!r}, which is not imported: a recording never "
-            f"imports code; if you trust that module, allow it with --env-module {module}"
-        )
-
-
-def import_env_modules(modules: Iterable[str], where: str = "--env-module") -> None:
-    """Import the modules the user named (`--env-module`, a config's `env.module`), which
-    register their envs with gymnasium. The current directory is importable, as under
-    `python -m` (appended to sys.path when missing: the `toolgym` script's sys.path[0] is its own
-    folder), so it never shadows an installed package. Raises ValueError (one line, naming
-    `where` and the module) for one that cannot be imported or raises while importing."""
-    modules = list(modules)
-    if modules and "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
-    for module in modules:
-        try:
-            importlib.import_module(module)
-        except ImportError as exc:
-            raise ValueError(f"{where} {module}: cannot import it: {exc}") from None
-        except Exception as exc:  # the module itself failed (a syntax error, a duplicate id, ...)
-            raise ValueError(f"{where} {module}: cannot import it: {type(exc).__name__}: {exc}") from None
 
 
 def errored(trajectory: Trajectory) -> bool:
@@ -430,7 +394,7 @@ def episodes_from_trajectories(
     """Training Episodes from recorded trajectories.
 
     SFT (warm start): every kept trajectory gets advantage 1.0; `only_successful` keeps those
-    whose env reported the `success` metric as > 0 (envs/info.py). PG: GRPO/Dr. GRPO advantages over the recorded groups
+    whose env reported the `success` metric as > 0 (envs/core/info.py). PG: GRPO/Dr. GRPO advantages over the recorded groups
     (group ids as recorded). env_error / timeout episodes are left out either way.
     """
     if only_successful:

@@ -19,10 +19,10 @@ from toolgym.trainers.metrics_log import read_metrics
 
 pytestmark = pytest.mark.slow
 
-# reward, its components, the metrics Zorplex reports (envs/base.py), the trainer's entropy and KL
+# reward, its components, the metrics Zorplex reports (envs/core/tool_env.py), the trainer's entropy and KL
 PNGS = {"reward.png", "accuracy.png", "tag_rate.png", "success.png", "tool_calls.png", "env_errors.png"}
 PNGS |= {"reward_components.png", "entropy.png", "kl.png", "curves.png"}
-# Zorplex's named reward components (envs/base.py), as metrics.jsonl keys
+# Zorplex's named reward components (envs/core/ledger.py), as metrics.jsonl keys
 COMPONENTS = ("reward/correct", "reward/format", "reward/tool_penalty", "reward/error_penalty")
 
 

@@ -32,7 +32,7 @@ import msgspec
 
 from ....agents.chat import ChatRenderer
 from ....agents.tokenizer import tokenizer_fingerprint
-from ....envs.info import FAILURE_MODE, METRICS, REWARD_COMPONENTS
+from ....envs.core.info import FAILURE_MODE, METRICS, REWARD_COMPONENTS
 from ....rollouts.advantages import AdvantageConfig, batch_advantages
 from ....rollouts.episodes import INFRA_STOP_REASONS, sampled_length, trajectory_to_episodes
 from ....rollouts.recording.format import (

@@ -316,15 +316,17 @@ def test_a_huge_message_does_not_stall_other_requests(chat):
     import time
 
     async def main():
-        async with PolicyServer(ScriptedPolicy(chat, ["ok"] * 4), chat) as server:
-            async with httpx.AsyncClient(timeout=120) as http:
-                huge = {"messages": [{"role": "user", "content": "word " * 1_000_000}], "max_tokens": 1}
-                big = asyncio.ensure_future(http.post(server.base_url + "/chat/completions", json=huge))
-                started = time.perf_counter()
-                await asyncio.sleep(0.5)  # the big request is in, and being rendered
-                small = await http.get(server.base_url + "/models")
-                answered = time.perf_counter() - started
-                return small.status_code, answered, (await big).status_code
+        async with (
+            PolicyServer(ScriptedPolicy(chat, ["ok"] * 4), chat) as server,
+            httpx.AsyncClient(timeout=120) as http,
+        ):
+            huge = {"messages": [{"role": "user", "content": "word " * 1_000_000}], "max_tokens": 1}
+            big = asyncio.ensure_future(http.post(server.base_url + "/chat/completions", json=huge))
+            started = time.perf_counter()
+            await asyncio.sleep(0.5)  # the big request is in, and being rendered
+            small = await http.get(server.base_url + "/models")
+            answered = time.perf_counter() - started
+            return small.status_code, answered, (await big).status_code
 
     status, answered, big_status = asyncio.run(main())
     assert status == 200 and big_status == 400  # answered: longer than the context

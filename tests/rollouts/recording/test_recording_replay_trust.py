@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from toolgym.rollouts.recording.replay import EnvModuleNotAllowed, check_env_id, import_env_modules
+from toolgym.envs.registry import EnvModuleNotAllowed, check_env_id, import_env_modules
 
 # A user env module with a side effect on import: it writes the file $MARKER, then registers
 # Env-v0 (the Zorplex env under another id).
@@ -21,7 +21,7 @@ USER_MODULE = textwrap.dedent(
 
     pathlib.Path(os.environ["MARKER"]).write_text("imported")
     if "Env-v0" not in gymnasium.registry:
-        gymnasium.register(id="Env-v0", entry_point="toolgym.envs.zorplex:ZorplexEnv")
+        gymnasium.register(id="Env-v0", entry_point="toolgym.envs.tasks.zorplex:ZorplexEnv")
     """
 )
 

@@ -30,9 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from .base import Example, Task, ToolEnv
-from .grading import numeric
-from .tools import Call, Tool
+from ..core.grading import numeric
+from ..core.task import Example, Task
+from ..core.tool_env import ToolEnv
+from ..tools.typed import Call, Tool
 
 WORDS: tuple[str, ...] = (
     "apple", "banana", "cat", "dog", "elephant", "fish", "grape", "house", "ice", "jungle",

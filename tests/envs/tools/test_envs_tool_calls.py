@@ -2,7 +2,7 @@
 
 import pytest
 
-from toolgym.envs.tool_calls import BracketFormat, clean_argument, near_miss_pattern
+from toolgym.envs.tools.call_formats import BracketFormat, clean_argument, near_miss_pattern
 
 BRACKETS = BracketFormat()
 NEAR_MISS = near_miss_pattern(["LOOKUP", "FETCH"])

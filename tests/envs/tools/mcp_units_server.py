@@ -1,4 +1,4 @@
-"""An MCP server for tests/envs/test_envs_mcp.py and bench/mcp_tools.py, written with the SDK's
+"""An MCP server for tests/envs/tools/test_envs_mcp.py and bench/mcp_tools.py, written with the SDK's
 high-level server and run as a subprocess over stdio (`python mcp_units_server.py`), or over
 streamable HTTP (`python mcp_units_server.py --http PORT`).
 

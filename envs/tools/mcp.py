@@ -54,7 +54,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from .tools import Tool, ToolCallError, ToolError
+from .typed import Tool, ToolCallError, ToolError
 
 if TYPE_CHECKING:
     from mcp import Client

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from toolgym.envs import Call, SumDigitsEnv, Task, ToolEnv, ToolError, ToolResult, ZorplexEnv, numeric, tool
-from toolgym.envs.zorplex import DIFFICULTIES, WORDS
+from toolgym.envs.tasks.zorplex import DIFFICULTIES, WORDS
 
 ACTIONS_PER_EXAMPLE = 25
 EXAMPLES = 400  # 400 x 25 = 10,000 actions per env
@@ -139,7 +139,7 @@ class Period(msgspec.Struct, forbid_unknown_fields=True):
 
 
 class FuzzBankEnv(ToolEnv):
-    """The README's BankEnv (tests/envs/test_envs_custom_example.py) in either format, with more
+    """The README's BankEnv (tests/envs/core/test_envs_custom_example.py) in either format, with more
     parameter types (Optional, bool, list, Literal, a Struct), an async tool, a per-step award,
     a success hook, and results that carry tool-call and chat-template markers."""
 

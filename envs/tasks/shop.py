@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Example, Task, ToolEnv
-from .grading import numeric
-from .tools import Call, ToolError, tool
+from ..core.grading import numeric
+from ..core.task import Example, Task
+from ..core.tool_env import ToolEnv
+from ..tools.typed import Call, ToolError, tool
 
 ITEMS: tuple[str, ...] = (
     "apple", "bread", "candle", "drum", "egg", "fork", "glove", "hat", "ink", "jar", "kite", "lamp",

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Task, ToolEnv
-from .grading import numeric
+from ..core.grading import numeric
+from ..core.task import Task
+from ..core.tool_env import ToolEnv
 
 _INSTRUCTIONS = "Add up every digit of every number in the list."
 _EXAMPLE = "User: What is the total digit sum of [12, 34]?\nAssistant: 1+2+3+4 = 10 [ANSWER] 10"

@@ -8,7 +8,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from toolgym.envs import SumDigitsEnv
-from toolgym.envs.sum_digits import digit_sum
+from toolgym.envs.tasks.sum_digits import digit_sum
 
 
 @pytest.mark.parametrize(

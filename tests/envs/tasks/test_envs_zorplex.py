@@ -11,7 +11,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from toolgym.envs import ZorplexEnv
-from toolgym.envs.zorplex import DIFFICULTIES, WORDS, fixed_table
+from toolgym.envs.tasks.zorplex import DIFFICULTIES, WORDS, fixed_table
 
 TIER_CONFIGS = [(tier, difficulty) for tier, levels in DIFFICULTIES.items() for difficulty in levels]
 MAX_REWARD = 1.2  # correct 1.0 + format 0.2, no penalties

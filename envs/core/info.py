@@ -15,7 +15,7 @@ step info:
                     order (what the observation shows per call), for a chat template that renders
                     one tool message per result.
 
-step info, read by the runner (and the info of the optional `abandon()`, envs/base.py):
+step info, read by the runner (and the info of the optional `abandon()`, envs/core/tool_env.py):
     reward_components  {name: float}: the episode's reward split into named parts, so far. The last
                     one reported becomes `Trajectory.reward_components`; their sum should equal the
                     sum of the step rewards. Summaries report each name's mean over the batch's
@@ -40,7 +40,7 @@ step info, read by the runner (and the info of the optional `abandon()`, envs/ba
                     wrong_answer, goal_not_met, tool_spam, no_answer). Summaries count each label
                     (`failure_mode/<label>`) and evals pick example transcripts of distinct labels.
 
-Written by `TextEnv` itself (envs/base.py), recorded, not read by the runner:
+Written by `TextEnv` itself (envs/core/text_env.py), recorded, not read by the runner:
     replaced_chars  int: surrogate code points replaced by U+FFFD in this step's action and
                     observation (or the reset observation), present only when > 0: text that
                     UTF-8 cannot encode never crosses the env boundary.

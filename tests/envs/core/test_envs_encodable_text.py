@@ -10,8 +10,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from toolgym.envs import TextEnv, list_envs
-from toolgym.envs.base import encodable_text
-from toolgym.envs.info import REPLACED_CHARS
+from toolgym.envs.core.info import REPLACED_CHARS
+from toolgym.envs.core.text_env import encodable_text
 
 ACTION = "\ud800LOOKUP[\udfff]"
 

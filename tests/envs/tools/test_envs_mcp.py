@@ -1,4 +1,4 @@
-"""Tools from an MCP server (envs/mcp.py) against a real server: mcp_units_server.py, written with
+"""Tools from an MCP server (envs/tools/mcp.py) against a real server: mcp_units_server.py, written with
 the SDK's high-level server and started as a subprocess over stdio. Listing, both call formats,
 the oracle through the real rollout runner, a crash / hang / malformed result ending only its
 own episode (as env_error, with the server's stderr) while the next one works, no process left
@@ -22,13 +22,13 @@ from tokenizers import Tokenizer
 
 from toolgym.agents.chat import ChatRenderer
 from toolgym.envs import Call, MCPServer, MCPServerError, Task, Tool, ToolEnv
-from toolgym.envs.tools import ToolCallError, check_arguments
+from toolgym.envs.tools.typed import ToolCallError, check_arguments
 from toolgym.rollouts.metrics import batch_metrics
 from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OraclePolicy
 from toolgym.rollouts.types import StopReason
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 
 

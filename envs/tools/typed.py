@@ -24,7 +24,7 @@ a background event loop and cut off after `timeout_s`; a sync tool runs in the c
 
 `Tool(name, description, fn, arg=...)` is the plain form: `fn` takes the one string argument.
 `Tool.from_schema(name, description, parameters, fn)` is a tool whose JSON Schema comes from
-outside (an MCP server's tool, envs/mcp.py): its arguments are checked against that schema
+outside (an MCP server's tool, envs/tools/mcp.py): its arguments are checked against that schema
 (`check_arguments`, a sound subset) and `fn(**arguments)` gets them as JSON values.
 """
 

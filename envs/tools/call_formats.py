@@ -40,8 +40,8 @@ from typing import Any, Final, NamedTuple
 
 import msgspec
 
-from .grading import answer_text
-from .tools import Call, Tool
+from ..core.grading import answer_text
+from .typed import Call, Tool
 
 # Parse outcomes (ParsedAction.kind).
 ANSWER: Final = "answer"

@@ -1,0 +1,112 @@
+"""The toolgym envs' Gymnasium registration, and the checks on env ids and env modules.
+
+`register_envs()` registers `toolgym/*` (the shipped tasks, and the adapters whose library is
+installed); `list_envs()` lists them with their default keyword arguments. `import_env_modules`
+imports the modules a user names (which register their own envs) and `check_env_id` refuses an
+id whose `module:` gymnasium would import: config loading, replay and serving use both.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import gymnasium
+
+from .adapters import available_envs
+from .core.text_env import TextEnv
+
+NAMESPACE = "toolgym"
+_ENVS = {
+    f"{NAMESPACE}/Zorplex-v0": "toolgym.envs.tasks.zorplex:ZorplexEnv",
+    f"{NAMESPACE}/SumDigits-v0": "toolgym.envs.tasks.sum_digits:SumDigitsEnv",
+    f"{NAMESPACE}/Shop-v0": "toolgym.envs.tasks.shop:ShopEnv",
+}
+_ENVS.update(available_envs(NAMESPACE))  # the adapters whose library is installed (envs/adapters/)
+
+
+def register_envs() -> None:
+    """Register the toolgym envs (idempotent: ids already registered are left alone)."""
+    for env_id, entry_point in _ENVS.items():
+        if env_id not in gymnasium.registry:
+            # No max_episode_steps: the env enforces its own max_turns (and reports why it ended).
+            gymnasium.register(id=env_id, entry_point=entry_point)
+
+
+def _constructor_defaults(cls: type) -> dict[str, Any]:
+    """Keyword defaults of `cls.__init__` and of the base initialisers its **kwargs reach."""
+    defaults: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object or not issubclass(klass, TextEnv):
+            continue
+        for name, param in inspect.signature(init).parameters.items():
+            if param.default is not inspect.Parameter.empty and name not in ("tools", "render_mode"):
+                defaults[name] = param.default
+    for code_only in ("instructions", "example", "grader"):  # set from code, not from a config
+        defaults.pop(code_only, None)
+    return defaults
+
+
+def list_envs(include: set[str] | frozenset[str] = frozenset()) -> dict[str, dict[str, Any]]:
+    """Registered `toolgym/` env ids, and the registered ids in `include` (a user's, any
+    namespace), -> their default keyword arguments (registration kwargs win). An included id
+    whose entry point cannot be resolved lists only its registration kwargs."""
+    envs: dict[str, dict[str, Any]] = {}
+    for env_id, spec in sorted(gymnasium.registry.items()):
+        if spec.namespace != NAMESPACE and env_id not in include:
+            continue
+        entry = spec.entry_point
+        try:
+            if isinstance(entry, str):
+                module_name, _, attr = entry.partition(":")
+                entry = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError):
+            if spec.namespace == NAMESPACE:
+                raise
+            entry = None
+        defaults = _constructor_defaults(entry) if isinstance(entry, type) else {}
+        envs[env_id] = {**defaults, **spec.kwargs}
+    return envs
+
+
+# ---- env ids and env modules that data or a user names ---------------------------------------
+
+
+class EnvModuleNotAllowed(ValueError):
+    """A recorded env id whose module is not imported: making it would import code named by data.
+    str() is one line naming the module and the flag that allows it."""
+
+
+def check_env_id(env_id: str) -> None:
+    """Raise EnvModuleNotAllowed if `gymnasium.make(env_id)` would import a module (an id
+    `module:Env-v0` whose module is not imported yet); a registered id, or one whose module is
+    already imported, passes. Registered ids import only what their registering code named."""
+    module = env_id.split(":", 1)[0] if ":" in env_id else None
+    if module is not None and module not in sys.modules:
+        raise EnvModuleNotAllowed(
+            f"env id {env_id!r} needs module {module!r}, which is not imported: a recording never "
+            f"imports code; if you trust that module, allow it with --env-module {module}"
+        )
+
+
+def import_env_modules(modules: Iterable[str], where: str = "--env-module") -> None:
+    """Import the modules the user named (`--env-module`, a config's `env.module`), which
+    register their envs with gymnasium. The current directory is importable, as under
+    `python -m` (appended to sys.path when missing: the `toolgym` script's sys.path[0] is its own
+    folder), so it never shadows an installed package. Raises ValueError (one line, naming
+    `where` and the module) for one that cannot be imported or raises while importing."""
+    modules = list(modules)
+    if modules and "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ValueError(f"{where} {module}: cannot import it: {exc}") from None
+        except Exception as exc:  # the module itself failed (a syntax error, a duplicate id, ...)
+            raise ValueError(f"{where} {module}: cannot import it: {type(exc).__name__}: {exc}") from None

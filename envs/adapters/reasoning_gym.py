@@ -5,7 +5,8 @@
 `task` is any reasoning-gym dataset name (`reasoning_gym.factory.DATASETS`); every other keyword
 that is not a ToolEnv knob goes to that dataset's config (`seed`, `size` and the dataset's own,
 e.g. `min_terms`), checked against the config's fields. The dataset is the library's own seeded
-generator: item `i` is a pure function of (config, i), and each episode's seed picks the item
+generator: item `i` is a pure function of (config, i) (for `HASH_DEPENDENT` datasets only where
+PYTHONHASHSEED is set), and each episode's seed picks the item
 (`self.np_random`), so the same seed gives the same task. Datasets are built once per config
 and shared by the envs the runner makes (one per episode).
 
@@ -31,7 +32,9 @@ import dataclasses
 import inspect
 import math
 import operator
+import os
 from collections.abc import Callable, Mapping
+from fractions import Fraction
 from typing import Any, Final
 
 import reasoning_gym
@@ -48,12 +51,26 @@ _DATASET_CACHE_SIZE: Final = 32
 DEFAULT_SIZE: Final = 10_000  # items per dataset seed: enough that eval seeds rarely meet train items
 
 
+# Datasets whose items depend on Python's string hashing (they iterate sets of strings): with hash
+# randomization, process A's item i is not process B's, so a recording made in one process fails
+# `replay --verify` in another. They are made only where the hashing is fixed (PYTHONHASHSEED).
+HASH_DEPENDENT: Final = frozenset({"polynomial_multiplication", "word_ladder", "codeio"})
+
+
 def dataset(task: str, config: Mapping[str, Any]) -> Any:
     """The reasoning-gym dataset `task` with `config` (built once per distinct config).
-    Raises ValueError for an unknown name or a keyword its config does not have."""
+    Raises ValueError for an unknown name, a keyword its config does not have, or a
+    `HASH_DEPENDENT` dataset in a process whose string hashing is random."""
     if task not in DATASETS:
         raise ValueError(
             f"unknown reasoning-gym dataset {task!r}; the datasets: {', '.join(sorted(DATASETS))}"
+        )
+    if task in HASH_DEPENDENT and os.environ.get("PYTHONHASHSEED", "random") == "random":
+        raise ValueError(
+            f"reasoning-gym's {task!r} builds different tasks in different processes (it iterates "
+            "sets of strings, and Python's string hashing is random per process): set PYTHONHASHSEED "
+            "(e.g. export PYTHONHASHSEED=0) before starting Python, so that item i is the same task "
+            "in every process and a recording replays"
         )
     fields = {f.name for f in dataclasses.fields(DATASETS[task][1])}
     unknown = sorted(set(config) - fields)
@@ -109,13 +126,16 @@ _UNARY: Final[dict[type, Callable[[Any], Any]]] = {ast.USub: operator.neg, ast.U
 _MAX_MAGNITUDE: Final = 1e100
 
 
-def _evaluate(node: ast.AST) -> int | float:
+def _evaluate(node: ast.AST) -> Fraction | float:
+    """Exact arithmetic: a literal is the decimal it is written as (Fraction), so that
+    1000.1 + 1940.1541 is 2940.2541, as the dataset's graded answer, not its float neighbour;
+    only a non-integer power leaves the rationals (a float)."""
     if (
         isinstance(node, ast.Constant)
         and isinstance(node.value, int | float)
         and not isinstance(node.value, bool)
     ):
-        return node.value
+        return Fraction(repr(node.value)) if isinstance(node.value, float) else Fraction(node.value)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_evaluate(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
@@ -146,7 +166,9 @@ def calculator(expression: str) -> int | float:
     except SyntaxError:
         raise ToolError("not an arithmetic expression") from None
     value = _evaluate(tree.body)
-    if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, Fraction):  # one rounding, at the end: the shortest decimal that is it
+        return value.numerator if value.denominator == 1 else float(value)
+    if not math.isfinite(value):
         raise ToolError("result out of range")
     return value
 

@@ -3,6 +3,7 @@ library's reference answers, determinism per seed, partial credit, the calculato
 recording replayed with --verify through the CLI."""
 
 import math
+import os
 import subprocess
 import sys
 import tomllib
@@ -135,6 +136,46 @@ def test_a_dataset_without_a_reference_answer_has_no_oracle():
         env.unwrapped.oracle_actions()
     _, _, terminated, _, info = env.step("[ANSWER] U R")
     assert terminated and info["failure_mode"] == "wrong_answer"
+
+
+def test_the_calculator_answers_in_the_decimals_the_task_is_graded_in():
+    from toolgym.envs.adapters.reasoning_gym import calculator
+
+    # floats would answer 2940.2540999999997 and 0.30000000000000004: graded wrong when copied
+    assert repr(calculator("1000.1 + 1940.1541")) == "2940.2541"
+    assert repr(calculator("0.1 + 0.2")) == "0.3" and calculator("(3 + 4) * 2") == 14
+    assert calculator("7 / 2") == 3.5 and calculator("2 ** 0.5") == 2**0.5 and calculator("-9 // 2") == -5
+    env = make("basic_arithmetic", calculator=True)
+    env.reset(seed=0)
+    obs, *_ = env.step("CALCULATOR[1000.1 + 1940.1541]")
+    assert obs == "CALCULATOR[1000.1 + 1940.1541] = 2940.2541"
+
+
+def _first_items(task: str, hash_seed: str | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    if hash_seed is not None:
+        env["PYTHONHASHSEED"] = hash_seed
+    code = (
+        "import gymnasium, toolgym.envs\n"
+        f"env = gymnasium.make('{ENV_ID}', task='{task}')\n"
+        "print([env.reset(seed=s)[0] for s in range(8)])"
+    )
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_a_dataset_that_depends_on_string_hashing_needs_it_fixed():
+    """polynomial_multiplication's items differ between processes with random string hashing: a
+    recording made in one would not replay in another. It is refused there, and the same in every
+    process where PYTHONHASHSEED is set."""
+    refused = _first_items("polynomial_multiplication", None)
+    assert refused.returncode != 0 and "set PYTHONHASHSEED" in refused.stderr
+    first, second = (
+        _first_items("polynomial_multiplication", "0"),
+        _first_items("polynomial_multiplication", "0"),
+    )
+    assert first.returncode == 0 and first.stdout == second.stdout
+    assert _first_items("polynomial_multiplication", "1").stdout != first.stdout  # why it is refused
 
 
 def test_think_and_calculator():

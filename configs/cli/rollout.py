@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...envs import list_envs
+from ...envs.core.info import SUCCESS_METRIC
 from ...envs.registry import import_env_modules
 from ...rollouts.batches import TaskSeedStream
 from ...rollouts.evaluation import EvalConfig, evaluate_sync
@@ -31,7 +32,7 @@ from ...rollouts.recording.format import (
 from ...rollouts.recording.replay import errored, summarize
 from ...rollouts.runner import EnvRolloutConfig, RolloutRunner
 from ...rollouts.scripted import OracleConfig
-from ..build.parts import chat_template_extra, load_policy, policy_renderer
+from ..build.parts import ORACLE, chat_template_extra, load_policy, policy_renderer
 from .summary import error_text, print_summary
 
 
@@ -114,7 +115,10 @@ def record_command(
 
         trajectories = runner.run(seeds, group_ids=group_ids, on_episode=done)
     policy.close()
-    print_summary(console, summarize(trajectories), f"recorded {len(trajectories)} episodes to {out}")
+    summary = summarize(trajectories)
+    print_summary(console, summary, f"recorded {len(trajectories)} episodes to {out}")
+    if policy_spec == ORACLE and _oracle_fell_short(console, summary, oracle):
+        return 1
     failed = [t for t in trajectories if errored(t)]
     if not failed:
         return 0
@@ -133,6 +137,38 @@ def record_command(
         soft_wrap=True,
     )
     return 0
+
+
+def _oracle_fell_short(console: Console, summary: dict[str, float], oracle: OracleConfig) -> bool:
+    """Warn when the oracle's episodes did not all succeed (the env's `success` metric): with
+    knobs that make it fallible that is the point, without them a limit cut its answers (e.g. an
+    answer longer than the env's max_action_chars). True (an error on stderr) when an oracle
+    without knobs succeeded on none: the recording holds no demonstration worth training on."""
+    success = summary.get(SUCCESS_METRIC)
+    if success is None or success >= 1.0:
+        return False
+    modes = ", ".join(
+        f"{key.removeprefix('failure_mode/')} {value:.2f}"
+        for key, value in sorted(summary.items())
+        if key.startswith("failure_mode/") and key != f"failure_mode/{SUCCESS_METRIC}" and value > 0
+    )
+    fallible = oracle != OracleConfig()
+    why = (
+        "its knobs (--p-omit-tag, ...) make it fallible"
+        if fallible
+        else "an oracle without knobs succeeds: a limit cut its episodes (the env's max_action_chars, "
+        "--max-turns, --max-tokens-per-turn ...)"
+    )
+    if not fallible and success == 0.0:
+        print(f"toolgym record: error: the oracle succeeded on no episode ({modes}); {why}", file=sys.stderr)
+        return True
+    console.print(
+        f"warning: the oracle succeeded on {success:.2f} of its episodes ({modes}); {why}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    return False
 
 
 def eval_command(

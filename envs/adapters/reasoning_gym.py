@@ -179,7 +179,9 @@ calculator_tool = calculator  # the env's `calculator` knob shadows the name ins
 class ReasoningGymEnv(ToolEnv):
     """`gymnasium.make("toolgym/ReasoningGym-v0", task=..., **dataset_config, **toolenv_knobs)`;
     see the module doc. `seed` and `size` are the dataset config's (defaults 0 and 10,000):
-    a fixed item pool per (task, seed); the episode seed picks one of its `size` items."""
+    a fixed item pool per (task, seed); the episode seed picks one of its `size` items.
+    `max_action_chars` is larger than ToolEnv's: some datasets' answers are long (codeio's run past
+    26,000 characters)."""
 
     def __init__(
         self,
@@ -192,6 +194,7 @@ class ReasoningGymEnv(ToolEnv):
         partial_credit: float = 1.0,
         max_turns: int | None = None,
         max_observation_chars: int = 32768,
+        max_action_chars: int = 65536,
         **knobs: Any,
     ):
         config = {k: v for k, v in knobs.items() if k not in _TOOL_ENV_KNOBS}
@@ -230,6 +233,7 @@ class ReasoningGymEnv(ToolEnv):
             instructions=" ".join(lines),
             max_turns=max_turns if max_turns is not None else (4 if self.calculator else 1),
             max_observation_chars=max_observation_chars,
+            max_action_chars=max_action_chars,
             **knobs,
         )
 

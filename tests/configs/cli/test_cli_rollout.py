@@ -87,3 +87,21 @@ def test_entry_point_subprocess():
         [sys.executable, "-m", "toolgym.configs.cli", "envs"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and "toolgym/Zorplex-v0" in result.stdout
+
+
+def test_record_says_when_the_oracle_fell_short(tokenizer_file, tmp_path, capsys):
+    """An oracle cut by a limit used to report accuracy 0 and exit 0 without a word."""
+
+    def record(name, *extra):
+        return main([
+            "record", "--env", "toolgym/Zorplex-v0", "--policy", "oracle", "--tasks", "2", "--group-size", "2",
+            "--out", str(tmp_path / name), "--tokenizer", tokenizer_file, "--no-progress", *extra,
+        ])  # fmt: skip
+
+    assert record("cut.jsonl", "--max-turns", "1") == 1  # Zorplex's oracle takes 2 turns
+    err = capsys.readouterr().err
+    assert err.startswith("toolgym record: error: the oracle succeeded on no episode (") and "a limit cut" in err
+    assert record("fallible.jsonl", "--p-omit-tag", "1.0") == 0
+    assert "warning: the oracle succeeded on 0.00 of its episodes" in capsys.readouterr().out
+    assert record("fine.jsonl") == 0
+    assert "warning" not in capsys.readouterr().out

@@ -128,6 +128,20 @@ def test_partial_credit_is_its_own_component():
     assert info["metrics"]["accuracy"] == 0.0 and info["failure_mode"] == "wrong_answer"
 
 
+def test_long_reference_answers_are_read_whole():
+    """tower_of_hanoi answers run past 4,096 characters (codeio's past 26,000): the adapter's
+    max_action_chars holds them, so the oracle's answer is graded correct, not cut."""
+    env = make("tower_of_hanoi")
+    longest = 0
+    for seed in range(40):
+        env.reset(seed=seed)
+        action = env.unwrapped.oracle_actions()[-1]
+        longest = max(longest, len(action))
+        *_, info = env.step(action)
+        assert info["failure_mode"] == "success", (seed, len(action))
+    assert longest > 4096
+
+
 def test_a_dataset_without_a_reference_answer_has_no_oracle():
     env = make("rubiks_cube")
     _, info = env.reset(seed=0)

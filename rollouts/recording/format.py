@@ -229,6 +229,29 @@ def check_tokenizer(header: RecordingHeader, fingerprint: str | None, path: Path
         )
 
 
+RECOVERED_POLICY_ID = "(unknown: the header line was damaged; rebuilt from the records)"
+
+
+def _header_from_records(path: Path) -> RecordingHeader | None:
+    """A header for a recording whose header line is damaged, from its first intact record: the
+    env id and kwargs (every record carries them); the tokenizer fingerprint, policy id and chat
+    template are unknown. None when no line after the first is a record (not a recording)."""
+    decoder = _record_decoder()
+    with path.open("rb") as f:
+        f.readline()
+        for line in f:
+            for version in sorted(READABLE_VERSIONS, reverse=True):  # its lines say which it is
+                try:
+                    record = _decode_record(decoder, line.rstrip(b"\r\n"), version)
+                except ValueError:
+                    continue
+                return RecordingHeader(
+                    tokenizer_fingerprint="", env_id=record.env_id, env_kwargs=dict(record.env_kwargs),
+                    policy_id=RECOVERED_POLICY_ID, schema_version=version,
+                )  # fmt: skip
+    return None
+
+
 class RecordingReader:
     """Reads a recording: `.header`, then iterate for Trajectories.
 
@@ -236,7 +259,9 @@ class RecordingReader:
     skip_damaged: False (default): a damaged line raises `RecordingError` naming the path, line
     and reason. True: it is skipped and listed in `.damaged` (a `DamagedLine` each), and every
     intact record is still yielded. Either way a torn LAST line (a crash mid-write) is skipped
-    with a `TornLineWarning`; after iterating, `.torn_lines` is 1 when it was.
+    with a `TornLineWarning`; after iterating, `.torn_lines` is 1 when it was. With skip_damaged,
+    a damaged header line does not lose the records: the header is rebuilt from them
+    (`_header_from_records`; its tokenizer is not checked) and line 1 is listed as damaged.
     """
 
     def __init__(
@@ -253,15 +278,25 @@ class RecordingReader:
             first = f.readline()
         if not first.strip():
             raise RecordingError(f"{self.path}: empty file, not a toolgym recording")
-        self.header = _decode_header(first, self.path)
-        check_tokenizer(self.header, expected_tokenizer_fingerprint, self.path)
+        self.header_damage: DamagedLine | None = None  # the header's, when it was rebuilt
+        try:
+            self.header = _decode_header(first, self.path)
+        except RecordingError as exc:
+            recovered = _header_from_records(self.path) if skip_damaged else None
+            if recovered is None:
+                raise RecordingError(
+                    f"{exc}" + ("" if skip_damaged else "; `toolgym replay --verify` reads the records after it")
+                ) from None
+            self.header, self.header_damage = recovered, DamagedLine(str(self.path), 1, str(exc))
+        if self.header_damage is None:  # a rebuilt header does not know the tokenizer
+            check_tokenizer(self.header, expected_tokenizer_fingerprint, self.path)
         self.torn_lines = 0
         self.damaged: list[DamagedLine] = []
 
     def __iter__(self) -> Iterator[Trajectory]:
         decoder = _record_decoder()
         version = self.header.schema_version
-        self.torn_lines, self.damaged = 0, []
+        self.torn_lines, self.damaged = 0, [self.header_damage] if self.header_damage else []
         with self.path.open("rb") as f:
             f.readline()  # header
             lineno = 1

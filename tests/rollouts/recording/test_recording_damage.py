@@ -110,6 +110,23 @@ def test_a_flipped_byte_in_the_header_refuses_the_file_naming_line_1(tmp_path):
         RecordingReader(path)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_damaged_header_loses_no_record_when_skipping_damage(tmp_path, version):
+    """The records carry their env: the header is rebuilt from them, line 1 is listed as damaged,
+    and every record is read (it used to lose all of them)."""
+    path = tmp_path / "r.jsonl"
+    lines = write(path, 5, version)
+    path.write_bytes(b"\n".join([b'{"format": "toolgym.traj', *lines[1:]]))
+    reader = RecordingReader(path, expected_tokenizer_fingerprint="abc", skip_damaged=True)
+    assert (reader.header.env_id, reader.header.env_kwargs) == ("toolgym/Zorplex-v0", {"tier": "simple"})
+    assert reader.header.schema_version == version and "header line was damaged" in reader.header.policy_id
+    assert [t.task_seed for t in reader] == [0, 1, 2, 3, 4]
+    assert [d.line for d in reader.damaged] == [1]
+    path.write_bytes(b"not a recording\nat all\n")
+    with pytest.raises(RecordingError, match="line 1 is not JSON"):
+        RecordingReader(path, skip_damaged=True)
+
+
 def test_non_finite_floats_read_back(tmp_path):
     path = tmp_path / "r.jsonl"
     nan_episode = trajectory(0, logprobs=(float("nan"), float("-inf"), -0.5), reward=float("inf"))
@@ -222,3 +239,15 @@ def test_replay_verify_checks_every_intact_record_and_names_the_damaged(recorded
     assert f"skipped {out}: line 102 is corrupt" in text and f"skipped {out}: line 152 is corrupt" in text
     assert "damaged: 2 lines skipped (line 102, 152)" in text
     assert "verify: 199/199 episodes replay exactly; 2 damaged lines not checked" in text
+    # the header too: the records are still checked
+    lines[0] = lines[0][:40]
+    out.write_bytes(b"\n".join(lines))
+    result = subprocess.run(
+        [sys.executable, "-m", "toolgym.configs.cli", "replay", str(out), "--verify", "--summary-only",
+         "--tokenizer", tokenizer_file],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    text = " ".join(result.stdout.split())
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "damaged: 3 lines skipped (line 1, 102, 152)" in text
+    assert "verify: 199/199 episodes replay exactly; 3 damaged lines not checked" in text

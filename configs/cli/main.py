@@ -278,12 +278,23 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def presets_help() -> str:
+    """Every shipped preset (configs/*.toml) with the first line of its leading comment. Read
+    here from the files, not through configs/load.py, so `--help` imports nothing heavy."""
+    lines = ["presets:"]
+    for path in sorted(Path(__file__).resolve().parents[1].glob("*.toml")):
+        first = next((ln for ln in path.read_text().splitlines() if ln.startswith("#")), "# ")
+        lines.append(f"  {path.stem:<30} {first.lstrip('# ').strip()}")
+    return "\n".join(lines)
+
+
 def add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "train",
         help="SFT warm start (optional) then RL from a TOML config; with no config, the CPU demo",
-        description="Train from a TOML config file or a shipped preset name "
-        "(zorplex_tiny, sum_digits_tiny, zorplex_compositional_tiny, qwen2.5_0.5b_vllm).",
+        description="Train from a TOML config file or a shipped preset name.",
+        epilog=presets_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
         "config", nargs="?", default=None, help="a TOML file or preset name (default: zorplex_tiny)"

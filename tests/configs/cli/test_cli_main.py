@@ -29,3 +29,17 @@ def test_a_path_of_the_wrong_kind_is_one_line_and_exit_code_2(tmp_path, capsys, 
     err = capsys.readouterr().err
     assert err.startswith(message.format(**paths)) and len(err.strip().splitlines()) == 1, err
     assert paths["file"].read_text() == "x"
+
+
+def test_train_help_and_the_training_docs_list_every_preset(capsys):
+    from pathlib import Path
+
+    from toolgym.configs.load import preset_names
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = capsys.readouterr().out
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "training.md").read_text()
+    for name in preset_names():
+        assert f"\n  {name} " in out, name
+        assert f"`{name}`" in docs, name

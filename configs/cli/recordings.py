@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import gymnasium
 from rich.console import Console
 
 from ...agents.chat import ChatRenderer
@@ -57,6 +58,13 @@ def replay_command(
     head = reader.header
     if verify:
         check_env_id(head.env_id)
+        try:  # once here, not once per episode with gymnasium's bare "Namespace ... not found"
+            gymnasium.spec(head.env_id.rpartition(":")[2])  # `module:Env-v0`: its module is imported
+        except gymnasium.error.Error as exc:
+            raise ValueError(
+                f"{path} was recorded on {head.env_id!r}, which no imported module registers ({exc}): "
+                "pass --env-module with the module that registers it"
+            ) from None
     renderer = recorded_renderer(head, tokenizer, path)
     template = head.extra.get(CHAT_TEMPLATE)
     rendered = f"  chat template {template.get('source')}" if isinstance(template, dict) else ""

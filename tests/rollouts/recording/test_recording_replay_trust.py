@@ -111,3 +111,20 @@ def test_a_record_naming_another_module_is_reported_not_imported():
 def test_an_env_module_that_cannot_be_imported_is_one_line():
     with pytest.raises(ValueError, match="--env-module no_such_module_xyz: cannot import it"):
         import_env_modules(["no_such_module_xyz"])
+
+
+def test_replay_verify_of_an_env_no_module_registers_is_one_line_with_the_fix(tmp_path):
+    """A user env registered under its own namespace (`my/Bank-v0`): without --env-module, verify
+    used to print gymnasium's "Namespace my not found" once per episode."""
+    (tmp_path / "my_envs.py").write_text(
+        "import gymnasium\n"
+        "gymnasium.register(id='my/Env-v0', entry_point='toolgym.envs.tasks.zorplex:ZorplexEnv')\n"
+    )
+    out = tmp_path / "rec.jsonl"
+    args = ["record", "--env", "my/Env-v0", "--env-module", "my_envs", "--policy", "oracle", "--tasks", "2"]
+    assert _cli([*args, "--out", str(out), "--no-progress"], tmp_path, tmp_path / "m").returncode == 0
+    done = _cli(["replay", str(out), "--verify", "--summary-only"], tmp_path, tmp_path / "m")
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode != 0 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "'my/Env-v0', which no imported module registers" in lines[0] and "--env-module" in lines[0]
+    assert "Namespace" not in done.stdout

@@ -8,10 +8,12 @@ id whose `module:` gymnasium would import: config loading, replay and serving us
 
 from __future__ import annotations
 
+import ast
 import importlib
 import inspect
 import os
 import sys
+import textwrap
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,6 +21,7 @@ import gymnasium
 
 from .adapters import available_envs
 from .core.text_env import TextEnv
+from .core.tool_env import ToolEnv
 
 NAMESPACE = "toolgym"
 _ENVS = {
@@ -37,16 +40,43 @@ def register_envs() -> None:
             gymnasium.register(id=env_id, entry_point=entry_point)
 
 
+def _fixed_in_super_call(init: Any) -> set[str]:
+    """The keywords an `__init__` passes to `super().__init__` by name (`tool_format="json"`):
+    the class fixes them, so they are not knobs of its own (passing one again would be a
+    TypeError, "multiple values"). Empty when the source cannot be read."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
+    except (OSError, TypeError, SyntaxError):
+        return set()
+    fixed = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "__init__"
+            and isinstance(node.func.value, ast.Call)
+            and isinstance(node.func.value.func, ast.Name)
+            and node.func.value.func.id == "super"
+        ):
+            fixed.update(kw.arg for kw in node.keywords if kw.arg is not None)
+    return fixed
+
+
 def _constructor_defaults(cls: type) -> dict[str, Any]:
-    """Keyword defaults of `cls.__init__` and of the base initialisers its **kwargs reach."""
+    """Keyword defaults of `cls.__init__` and of the base initialisers its **kwargs reach, less
+    those a subclass fixes in its call to the base (`_fixed_in_super_call`)."""
     defaults: dict[str, Any] = {}
     for klass in reversed(cls.__mro__):
         init = klass.__dict__.get("__init__")
         if init is None or klass is object or not issubclass(klass, TextEnv):
             continue
-        for name, param in inspect.signature(init).parameters.items():
+        own = inspect.signature(init).parameters
+        for name, param in own.items():
             if param.default is not inspect.Parameter.empty and name not in ("tools", "render_mode"):
                 defaults[name] = param.default
+        if klass.__module__ != TextEnv.__module__ and klass.__module__ != ToolEnv.__module__:
+            for name in _fixed_in_super_call(init) - set(own):
+                defaults.pop(name, None)
     for code_only in ("instructions", "example", "grader"):  # set from code, not from a config
         defaults.pop(code_only, None)
     return defaults

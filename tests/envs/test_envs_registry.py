@@ -41,3 +41,22 @@ def test_every_registered_env_passes_check_env(env_id):
         check_env(env.unwrapped)
     _, info = env.reset(seed=0)
     assert {"system_prompt", "question", "answer"} <= set(info)
+
+
+def test_knobs_a_subclass_fixes_are_not_listed(tmp_path, monkeypatch):
+    """README's BankEnv passes tool_format="json" to ToolEnv itself: `toolgym envs` used to list
+    tool_format as its knob, and passing it raised "multiple values"."""
+    (tmp_path / "bank_knobs_env.py").write_text(
+        "import gymnasium\n"
+        "from toolgym.envs import ToolEnv\n\n\n"
+        "class BankEnv(ToolEnv):\n"
+        "    def __init__(self, max_turns=6, **knobs):\n"
+        '        super().__init__(instructions="bank", tool_format="json", max_turns=max_turns, **knobs)\n\n\n'
+        'gymnasium.register(id="knobs/Bank-v0", entry_point=BankEnv)\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("bank_knobs_env")
+    knobs = list_envs({"knobs/Bank-v0"})["knobs/Bank-v0"]
+    assert "tool_format" not in knobs and "instructions" not in knobs
+    assert knobs["max_turns"] == 6 and "correct_reward" in knobs  # its own, and ToolEnv's others
+    assert "tool_format" in list_envs()["toolgym/Zorplex-v0"]  # a knob where the env takes it

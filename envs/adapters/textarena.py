@@ -32,9 +32,11 @@ with a model policy.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
 import importlib
+import math
 import random
 import re
 from collections.abc import Callable, Iterator
@@ -60,14 +62,55 @@ class GameUnavailable(RuntimeError):
 
 
 def _game_sources(entry_point: str) -> list[Path]:
-    """The game's own source files (its folder), and the shared word lists if it uses them."""
+    """The source files the game runs: its module and the modules of its folder that module
+    imports (transitively), and the shared word lists if it uses them. A script beside it that
+    the game never imports (Crosswords' clue generator calls an LLM) does not count."""
     module = entry_point.split(":")[0]
     root = Path(textarena.__file__).parent
     folder = root.joinpath(*module.split(".")[1:-1])
-    files = sorted(folder.rglob("*.py"))
+    start = folder / f"{module.rsplit('.', 1)[1]}.py"
+    files, todo = [], [start]
+    while todo:
+        path = todo.pop()
+        if path in files or not path.is_file():
+            continue
+        files.append(path)
+        todo.extend(_folder_imports(path, folder, module.rsplit(".", 1)[0]))
     if any("word_lists" in f.read_text(errors="replace") for f in files):
         files.append(root / "envs" / "utils" / "word_lists.py")
-    return files
+    return sorted(files)
+
+
+def _folder_imports(path: Path, folder: Path, package: str) -> list[Path]:
+    """The files of `folder` (the game's package, `package`) that `path` imports."""
+    try:
+        tree = ast.parse(path.read_text(errors="replace"))
+    except SyntaxError:
+        return list(folder.rglob("*.py"))  # unreadable: count the whole folder, as before
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative to the file's package
+                parts = path.parent.relative_to(folder).parts
+                parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
+                names = [".".join([*parts, base]).strip(".")] + [
+                    ".".join([*parts, base, a.name]).strip(".") for a in node.names
+                ]
+            elif base.startswith(package + "."):
+                rest = base[len(package) + 1 :]
+                names = [rest] + [f"{rest}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name[len(package) + 1 :] for a in node.names if a.name.startswith(package + ".")]
+        for name in names:
+            if not name:
+                continue
+            target = folder.joinpath(*name.split("."))
+            for candidate in (target.with_suffix(".py"), target / "__init__.py"):
+                if candidate.is_file():
+                    found.append(candidate)
+    return found
 
 
 def _nltk_present(resource: str) -> bool:
@@ -80,6 +123,14 @@ def _nltk_present(resource: str) -> bool:
         except LookupError:
             continue
     return False
+
+
+def _game_reward(value: Any) -> float:
+    """The player's reward at game over. Some games (Countdown, Cryptarithm, Slitherlink: a second
+    invalid move) hand their reason text as the reward: that ends the game lost, -1."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return -1.0
 
 
 def offline_problem(game: str) -> str | None:
@@ -214,6 +265,11 @@ class TextArenaEnv(TextEnv):
                     self._make_game().reset(num_players=count, seed=0)
                 except (AssertionError, ValueError, KeyError, IndexError):
                     continue
+                except FileNotFoundError as exc:  # the installed package lacks the game's data
+                    raise GameUnavailable(
+                        f"TextArena game {self.game_id!r} needs a data file the installed textarena "
+                        f"package does not ship: {exc}"
+                    ) from None
             return count
         raise GameUnavailable(f"TextArena game {self.game_id!r} takes neither 1 nor 2 players")
 
@@ -374,7 +430,7 @@ class TextArenaEnv(TextEnv):
         }
         if over:
             rewards, game_info = self._game.close()
-            game_reward = float((rewards or {}).get(self.player, 0.0))
+            game_reward = _game_reward((rewards or {}).get(self.player, 0.0))
             self._components["game"] += game_reward
             reward += game_reward
             reason = str(game_info.get(self.player, {}).get("reason", ""))

@@ -187,6 +187,34 @@ def test_games_that_need_downloads_are_refused_in_one_line():
         make("NoSuchGame-v0")
 
 
+def test_a_game_that_runs_offline_is_not_refused_for_a_script_beside_it():
+    # Crosswords' folder holds a clue generator that calls an LLM; the game itself never imports it
+    assert offline_problem("Crosswords-v0") is None
+    env = make("Crosswords-v0")
+    observation, _ = env.reset(seed=0)
+    assert observation
+
+
+@pytest.mark.parametrize("game", ["ScorableGames-v0", "UsedCarNegotiation-v0"])
+def test_a_game_whose_data_the_package_lacks_is_refused_in_one_line(game):
+    with pytest.raises(GameUnavailable) as refused:
+        make(game)
+    text = str(refused.value)
+    assert "\n" not in text and game in text and "data file" in text
+
+
+@pytest.mark.parametrize("game", ["Countdown-v0", "Cryptarithm-v0", "Slitherlink-v0"])
+def test_a_game_that_hands_its_reason_as_the_reward_ends_lost(game):
+    """A second invalid move ends these games with the reason text where the reward goes."""
+    env = make(game)
+    env.reset(seed=0)
+    for _ in range(3):
+        _, reward, terminated, _, info = env.step("[this is no move]")
+        if terminated:
+            break
+    assert terminated and math.isfinite(reward) and env.unwrapped._components["game"] == -1.0
+
+
 def cli(*args, cwd=None):
     return subprocess.run(
         [sys.executable, "-m", "toolgym.configs.cli", *args],

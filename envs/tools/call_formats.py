@@ -180,10 +180,12 @@ class BracketFormat(ToolCallFormat):
         return near_miss_pattern(tool_names)
 
     def unknown_tool(self, call: ParsedCall, tools: Sequence[Tool]) -> str:
-        return f"{call.shown} = UNKNOWN_TOOL"
+        return f"{call.shown} = {self.unknown_tool_text(call, tools)}"
 
     def unknown_tool_text(self, call: ParsedCall, tools: Sequence[Tool]) -> str:
-        return "UNKNOWN_TOOL"
+        """UNKNOWN_TOOL and the tools there are, so the next call can be right."""
+        names = ", ".join(t.name.upper() for t in tools)
+        return f"UNKNOWN_TOOL (the tools: {names})" if tools else "UNKNOWN_TOOL (there are no tools)"
 
     def mistakes(self, tools: Sequence[Tool]) -> tuple[str, ...]:
         if not tools:
@@ -254,6 +256,14 @@ class BracketFormat(ToolCallFormat):
 class JsonFormat(ToolCallFormat):
     name = "json"
 
+    def near_miss(self, tool_names: Iterable[str]) -> re.Pattern[str] | None:
+        """A known tool called the bracket way (`price[kite, 3]`): a malformed call, answered with
+        how this env calls tools, not read as an untagged answer."""
+        names = sorted({n for n in tool_names}, key=len, reverse=True)
+        if not names:
+            return None
+        return re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, names)) + r")\[", re.IGNORECASE)
+
     def mistakes(self, tools: Sequence[Tool]) -> tuple[str, ...]:
         if not tools:
             return ("", "[ANSWER]", "I am not sure.")
@@ -274,6 +284,8 @@ class JsonFormat(ToolCallFormat):
             if tag is not None:
                 return ParsedAction(ANSWER, _after_tag(text, tag.end()))
             if "</tool_call>" in text or _BARE_CALL_RE.search(text):
+                return ParsedAction(BAD_CALL)
+            if near_miss is not None and near_miss.search(text):
                 return ParsedAction(BAD_CALL)
             return ParsedAction(EMPTY if not text.strip() else OTHER)
         blocks = list(_BLOCK_RE.finditer(text))

@@ -219,10 +219,13 @@ def test_a_native_tool_call_in_a_bracket_env_is_a_malformed_call_not_an_answer()
     assert obs == "ERROR: malformed tool call. Write it like CONVERT[value, source, target]."
 
 
-def test_a_bracket_call_in_a_json_env_is_no_call():
-    env = ConverterEnv(tool_format="json", accept_untagged_answer=False)
-    env.reset(seed=0)
-    assert env.step("CONVERT[3, km, mi]")[4]["step_errors"] == ["no_call_no_answer"]
+def test_a_bracket_call_in_a_json_env_is_a_malformed_call_with_the_json_form():
+    """It used to be "no call and no answer", with no hint of how this env calls tools."""
+    for accept in (False, True):  # not read as an untagged answer (the 3) either
+        env = ConverterEnv(tool_format="json", accept_untagged_answer=accept)
+        env.reset(seed=0)
+        obs, *_, info = env.step("CONVERT[3, km, mi]")
+        assert info["step_errors"] == ["malformed_call"] and "<tool_call>" in obs and '"name": "convert"' in obs
 
 
 # ---- async tools, state, tool rewards ----------------------------------------------------------

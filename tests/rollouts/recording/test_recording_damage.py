@@ -219,6 +219,16 @@ def recorded(tokenizer, tmp_path):
     return out, str(tokenizer_file)
 
 
+def _verify(out, tokenizer_file) -> tuple[int, str, str]:
+    """`toolgym replay --verify` in a subprocess: (exit code, stdout unwrapped, stderr)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "toolgym.configs.cli", "replay", str(out), "--verify", "--summary-only",
+         "--tokenizer", tokenizer_file],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    return result.returncode, " ".join(result.stdout.split()), result.stderr  # rich may wrap lines
+
+
 def test_replay_verify_checks_every_intact_record_and_names_the_damaged(recorded):
     out, tokenizer_file = recorded
     lines = out.read_bytes().split(b"\n")
@@ -228,26 +238,15 @@ def test_replay_verify_checks_every_intact_record_and_names_the_damaged(recorded
     lines[150] = bytes(flipped)  # line 151
     lines.insert(101, b"this line is garbage")  # line 102
     out.write_bytes(b"\n".join(lines))
-    result = subprocess.run(
-        [sys.executable, "-m", "toolgym.configs.cli", "replay", str(out), "--verify", "--summary-only",
-         "--tokenizer", tokenizer_file],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 1, result.stderr
-    text = " ".join(result.stdout.split())  # rich may wrap long lines
-    assert "Traceback" not in result.stderr
+    code, text, err = _verify(out, tokenizer_file)
+    assert code == 1 and "Traceback" not in err, err
     assert f"skipped {out}: line 102 is corrupt" in text and f"skipped {out}: line 152 is corrupt" in text
     assert "damaged: 2 lines skipped (line 102, 152)" in text
     assert "verify: 199/199 episodes replay exactly; 2 damaged lines not checked" in text
     # the header too: the records are still checked
     lines[0] = lines[0][:40]
     out.write_bytes(b"\n".join(lines))
-    result = subprocess.run(
-        [sys.executable, "-m", "toolgym.configs.cli", "replay", str(out), "--verify", "--summary-only",
-         "--tokenizer", tokenizer_file],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    text = " ".join(result.stdout.split())
-    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    code, text, err = _verify(out, tokenizer_file)
+    assert code == 1 and "Traceback" not in err, err
     assert "damaged: 3 lines skipped (line 1, 102, 152)" in text
     assert "verify: 199/199 episodes replay exactly; 3 damaged lines not checked" in text

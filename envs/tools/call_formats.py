@@ -32,6 +32,7 @@ never raises on any str.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import string
@@ -173,6 +174,17 @@ def near_miss_pattern(tool_names: Iterable[str]) -> re.Pattern[str] | None:
     return re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, names)) + r")\s*[\[(]", re.IGNORECASE)
 
 
+def _keyword_arguments(raw: str, names: Sequence[str]) -> dict[str, str] | None:
+    """`name=value, ...` where every name is a parameter's: those arguments by name; None for
+    positional text (a value that merely holds `=` is not a keyword)."""
+    if "=" not in raw:
+        return None
+    pairs = [piece.split("=", 1) for piece in raw.split(",")]
+    if any(len(pair) != 2 or pair[0].strip() not in names for pair in pairs):
+        return None
+    return {key.strip(): clean_argument(value) for key, value in pairs}
+
+
 class BracketFormat(ToolCallFormat):
     name = "brackets"
 
@@ -215,9 +227,20 @@ class BracketFormat(ToolCallFormat):
         if tool.params is None:
             return {names[0]: clean_argument(call.arguments)}, False
         raw = call.arguments.strip()
-        values = [clean_argument(v) for v in raw.split(",")] if raw else []
-        if len(names) == 1:
-            values = [clean_argument(raw)]
+        required = [p.name for p in tool.params if p.default is inspect.Parameter.empty]
+        if not raw and required:  # `BALANCE[]`: never an empty string for a required argument
+            raise ValueError(f"{tool.name.upper()} needs {', '.join(required)}: write {tool.usage}")
+        keywords = _keyword_arguments(raw, names)
+        if keywords is not None:  # `BALANCE[account=ana]`, `CONVERT[value=3, unit=km]`
+            return keywords, False
+        # one parameter takes the whole text: a word or an expression may hold commas
+        values = (
+            [clean_argument(raw)]
+            if len(names) == 1
+            else [clean_argument(v) for v in raw.split(",")]
+            if raw
+            else []
+        )
         if len(values) > len(names):
             raise ValueError(
                 f"{tool.name.upper()} takes {len(names)} argument(s) ({', '.join(names)}), got {len(values)}"

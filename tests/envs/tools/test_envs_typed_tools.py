@@ -491,3 +491,15 @@ def test_a_solution_that_holds_the_answer_is_refused_with_a_hint():
 
     with pytest.raises(ValueError, match="leave it out: the env adds the answer"):
         Env().reset(seed=0)
+
+
+def test_bracket_arguments_by_name_and_an_empty_required_argument():
+    env = ConverterEnv(max_turns=10)
+    env.reset(seed=0)
+    by_position, *_ = env.step("CONVERT[3, km, mi]")
+    by_name, *_ = env.step("CONVERT[value=3, source=km, target=mi]")
+    assert by_position.split(" = ")[1] == by_name.split(" = ")[1] and "ERROR" not in by_name
+    shuffled, *_ = env.step("CONVERT[target=mi, value=3, source=km]")
+    assert shuffled.split(" = ")[1] == by_name.split(" = ")[1]
+    empty, *_, info = env.step("CONVERT[]")
+    assert "ERROR: CONVERT needs value" in empty and info["step_errors"] == ["bad_arguments"]

@@ -195,9 +195,9 @@ class BracketFormat(ToolCallFormat):
         return f"{call.shown} = {self.unknown_tool_text(call, tools)}"
 
     def unknown_tool_text(self, call: ParsedCall, tools: Sequence[Tool]) -> str:
-        """UNKNOWN_TOOL and the tools there are, so the next call can be right."""
-        names = ", ".join(t.name.upper() for t in tools)
-        return f"UNKNOWN_TOOL (the tools: {names})" if tools else "UNKNOWN_TOOL (there are no tools)"
+        # The seed experiment's grammar, kept as it is: the system prompt lists the tools, and the
+        # shipped tokenizer is built from the envs' own texts (configs/build_tokenizer.py).
+        return "UNKNOWN_TOOL"
 
     def mistakes(self, tools: Sequence[Tool]) -> tuple[str, ...]:
         if not tools:

@@ -43,7 +43,7 @@ def zorplex(**kwargs):
         ("[ANSWER]", BAD_ANSWER.format(""), "malformed_answer"),
         ("[ANSWER] -", BAD_ANSWER.format("-"), "malformed_answer"),
         ("[answer] forty-two", BAD_ANSWER.format("forty-two"), "malformed_answer"),
-        ("SEARCH[apple]", "SEARCH[apple] = UNKNOWN_TOOL (the tools: LOOKUP)", "unknown_tool"),
+        ("SEARCH[apple]", "SEARCH[apple] = UNKNOWN_TOOL", "unknown_tool"),
         ("LOOKUP[]", "LOOKUP[] = EMPTY_ARGUMENT", "empty_argument"),
         ("LOOKUP['  ']", "LOOKUP[] = EMPTY_ARGUMENT", "empty_argument"),
     ],

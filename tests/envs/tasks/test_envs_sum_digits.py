@@ -75,7 +75,7 @@ def test_punishing_knob_and_multi_turn():
     env.reset(seed=0)
     obs, reward, terminated, truncated, _info = env.step("hmm")
     assert obs == "ERROR: no answer. Finish with [ANSWER] <number>." and not (terminated or truncated)
-    assert env.step("SUM[1]")[0] == "SUM[1] = UNKNOWN_TOOL (there are no tools)"  # there are no tools
+    assert env.step("SUM[1]")[0] == "SUM[1] = UNKNOWN_TOOL"  # there are no tools
     obs, reward, terminated, *_ = env.step(f"[ANSWER] {env.answer}")
     assert terminated and reward == pytest.approx(1.0)
 

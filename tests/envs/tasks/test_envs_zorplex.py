@@ -133,7 +133,7 @@ def test_lookup_results_and_unknowns():
     ]
     assert reward == pytest.approx(-0.3)  # 4 calls, 1 needed; UNKNOWN is a result, not an error
     obs, *_, info = env.step("SEARCH[apple]")
-    assert obs == "SEARCH[apple] = UNKNOWN_TOOL (the tools: LOOKUP)" and info["step_errors"] == ["unknown_tool"]
+    assert obs == "SEARCH[apple] = UNKNOWN_TOOL" and info["step_errors"] == ["unknown_tool"]
 
 
 def test_multi_step_keys_and_errors():
@@ -148,7 +148,7 @@ def test_multi_step_keys_and_errors():
         f"FETCH[{key.lower()}] = {env.table['dog']}",
         "GETKEY[kiwi] = UNKNOWN_WORD",
         "FETCH[ZK_XYZ] = INVALID_KEY",
-        "LOOKUP[dog] = UNKNOWN_TOOL (the tools: GETKEY, FETCH)",
+        "LOOKUP[dog] = UNKNOWN_TOOL",
     ]
     fixed = make("multi_step", table_seed=42).unwrapped
     fixed.reset(seed=0)

@@ -209,7 +209,7 @@ def test_a_game_that_hands_its_reason_as_the_reward_ends_lost(game):
     env = make(game)
     env.reset(seed=0)
     for _ in range(3):
-        _, reward, terminated, _, info = env.step("[this is no move]")
+        _, reward, terminated, _, _ = env.step("[this is no move]")
         if terminated:
             break
     assert terminated and math.isfinite(reward) and env.unwrapped._components["game"] == -1.0

@@ -74,7 +74,7 @@ def _constructor_defaults(cls: type) -> dict[str, Any]:
         for name, param in own.items():
             if param.default is not inspect.Parameter.empty and name not in ("tools", "render_mode"):
                 defaults[name] = param.default
-        if klass.__module__ != TextEnv.__module__ and klass.__module__ != ToolEnv.__module__:
+        if klass not in (TextEnv, ToolEnv):  # a subclass's own super() call
             for name in _fixed_in_super_call(init) - set(own):
                 defaults.pop(name, None)
     for code_only in ("instructions", "example", "grader"):  # set from code, not from a config

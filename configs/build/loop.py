@@ -87,9 +87,15 @@ def recording_header(config: Config, run: RunDir, renderer: Renderer) -> Callabl
 
 
 def build_evaluator(
-    config: Config, run: RunDir, policy: Policy, renderer: Renderer, runner: RolloutRunner | AgentRunner
+    config: Config,
+    run: RunDir,
+    policy: Policy,
+    renderer: Renderer,
+    runner: RolloutRunner | AgentRunner,
+    header: Callable[[str], RecordingHeader],
 ) -> Evaluator:
-    """Rank 0's held-out eval: the env rollouts of `policy`, or the agent program's."""
+    """Rank 0's held-out eval: the env rollouts of `policy`, or the agent program's; its
+    recordings get `header` (`recording_header`)."""
     eval_config = config.eval.to_eval_config()
     rollout = config.rollout_config()
 
@@ -102,7 +108,7 @@ def build_evaluator(
 
     return Evaluator(
         run=run_eval,
-        header=recording_header(config, run, renderer),
+        header=header,
         recording=run.eval_recording if config.eval.record else None,
     )
 
@@ -149,15 +155,16 @@ def build_loop(
     )
     runner = build_runner(config, policy, renderer)
     source = build_source(config, dist, runner, policy, stream, batch_config)
+    header = recording_header(config, run, renderer)  # the tokenizer's fingerprint, the template: once
     writer = None
     if config.logging.record_training and (dist.is_main or not split):  # split: rank 0 has the groups
-        writer = RecordingWriter(run.train_recording(dist.rank), recording_header(config, run, renderer)("train"))
+        writer = RecordingWriter(run.train_recording(dist.rank), header("train"))
     return RLLoop(
         loop_settings(config),
         source,
         trainer,
         policy,
-        build_evaluator(config, run, policy, renderer, runner),
+        build_evaluator(config, run, policy, renderer, runner, header),
         log,
         checkpoints,
         dist,

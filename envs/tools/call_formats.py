@@ -166,12 +166,13 @@ def _answer_tag(text: str) -> re.Match[str] | None:
     return None
 
 
-def near_miss_pattern(tool_names: Iterable[str]) -> re.Pattern[str] | None:
-    """A regex that finds a known tool name followed by `[` or `(` (a call attempt)."""
+def near_miss_pattern(tool_names: Iterable[str], opening: str = r"\s*[\[(]") -> re.Pattern[str] | None:
+    """A regex that finds a known tool name followed by `opening` (default `[` or `(`: a call
+    attempt), case ignored."""
     names = sorted({n.upper() for n in tool_names}, key=len, reverse=True)
     if not names:
         return None
-    return re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, names)) + r")\s*[\[(]", re.IGNORECASE)
+    return re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, names)) + ")" + opening, re.IGNORECASE)
 
 
 def _keyword_arguments(raw: str, names: Sequence[str]) -> dict[str, str] | None:
@@ -282,10 +283,7 @@ class JsonFormat(ToolCallFormat):
     def near_miss(self, tool_names: Iterable[str]) -> re.Pattern[str] | None:
         """A known tool called the bracket way (`price[kite, 3]`): a malformed call, answered with
         how this env calls tools, not read as an untagged answer."""
-        names = sorted({n for n in tool_names}, key=len, reverse=True)
-        if not names:
-            return None
-        return re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, names)) + r")\[", re.IGNORECASE)
+        return near_miss_pattern(tool_names, r"\[")
 
     def mistakes(self, tools: Sequence[Tool]) -> tuple[str, ...]:
         if not tools:

@@ -51,6 +51,7 @@ from starlette.exceptions import HTTPException
 from ...agents.chat import Renderer
 from ...agents.errors import ContextOverflowError
 from ...agents.policy import Policy
+from ...agents.tokenizer import RELEASE_GIL_CHARS
 from ...agents.types import Completion, SamplingParams
 from ..recording.format import RecordingWriter
 from ..runner import sampling_seed
@@ -104,11 +105,6 @@ class EndpointStats(msgspec.Struct):
     requests: int = 0
     errors: int = 0  # 4xx/5xx answers
     disconnects: int = 0  # clients gone mid-generation
-
-
-# A request whose messages hold more text than this is rendered and tokenized on a worker thread,
-# so one huge message does not stall every other request on the event loop.
-_RENDER_INLINE_CHARS = 64 * 1024
 
 
 class _KnownHostsOnly:
@@ -497,8 +493,10 @@ class PolicyServer:
         conversation = self._conversation(conversation_id)
         async with conversation.lock:
             render = functools.partial(conversation.chat_prompt, self.renderer, messages, body.tools or None)
-            if sum(len(m["content"]) for m in messages) > _RENDER_INLINE_CHARS:
-                prompt, observation_tokens, restart = await asyncio.to_thread(render)  # others keep going
+            # long text is tokenized with the GIL released (agents/tokenizer.py): on a worker thread
+            # then, one huge message does not stall every other request on the event loop
+            if sum(len(m["content"]) for m in messages) > RELEASE_GIL_CHARS:
+                prompt, observation_tokens, restart = await asyncio.to_thread(render)
             else:
                 prompt, observation_tokens, restart = render()
             params = self._params(body, conversation, len(prompt), max_tokens)

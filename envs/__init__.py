@@ -16,7 +16,7 @@ SumDigits, Shop), adapters/ (libraries written elsewhere), registry.py (registra
 
 from __future__ import annotations
 
-from .core.grading import Grade, exact, numeric, text
+from .core.grading import Grade, Unreadable, exact, numeric, text
 from .core.spaces import UnicodeText
 from .core.task import Example, Task
 from .core.text_env import TextEnv
@@ -41,6 +41,7 @@ __all__ = [
     "Tool",
     "ToolEnv",
     "ToolError",
+    "Unreadable",
     "ToolResult",
     "UnicodeText",
     "ZorplexEnv",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,19 +50,20 @@ def view_command(
 ) -> int:
     """Serve the trace viewer (configs/cli/viewer/server.py) over `recordings` until interrupted;
     `metrics` (a run's metrics records) feed its charts. The first recording is read before the
-    URL is printed, so the page opens at once. Raises ValueError for a path that is not a file;
-    a file that is damaged or not a recording still opens (the page says what it skipped)."""
+    URL is printed, so the page opens at once. Raises ValueError for a path that is not a file
+    or a port that cannot be had (before any file is read); a file that is damaged or not a
+    recording still opens (the page says what it skipped)."""
     missing = [str(p) for p in recordings if not Path(p).is_file()]
     if not recordings or missing:
         raise ValueError(f"no such recording: {', '.join(missing) or '(none given)'}")
     renderer = ChatRenderer(load_tokenizer(tokenizer_path)) if tokenizer_path is not None else None
     data = ViewerData(recordings, renderer, metrics, title)
+    server = bind_viewer(data, host, port)  # before reading anything: a taken port fails at once
     first = data.index(0)
     skipped = f", {first.skipped} lines skipped" if first.skipped else ""
     console.print(f"{first.label}: {len(first.rows)} episodes{skipped}", markup=False, highlight=False)
     for problem in first.problems[:5]:
         console.print(f"  {problem}", markup=False, highlight=False, soft_wrap=True)
-    server = ViewerServer(data, host, port)
     console.print(
         f"toolgym view: {len(data.paths)} recording(s) at {server.url}  (Ctrl-C stops)",
         markup=False,
@@ -75,3 +77,15 @@ def view_command(
         server.close()
     return 0
 
+
+def bind_viewer(data: ViewerData, host: str, port: int) -> ViewerServer:
+    """The viewer's server bound to host:port. ValueError naming the address when it is taken or
+    cannot be bound (the OS's words), with what to pass instead."""
+    try:
+        return ViewerServer(data, host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            why = f"port {port} on {host} is in use (another `toolgym view`?)"
+        else:
+            why = f"cannot serve on {host}:{port}: {exc.strerror or exc}"
+        raise ValueError(f"{why}; pass --port N for another port, or --port 0 for any free one") from None

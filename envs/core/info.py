@@ -7,7 +7,9 @@ JSON-safe) and never interpreted. All keys are optional.
 reset info:
     system_prompt   str: rendered as the system message before the first observation.
     tools           [OpenAI-style function spec]: the env's tools, for a chat template that writes
-                    its own tools block (then it uses `instructions`, not system_prompt).
+                    its own tools block (then it uses `instructions`, not system_prompt). Only
+                    where the env takes calls as that block teaches them (JSON): a bracket
+                    env's tools are taught by its system prompt, which every renderer then gets.
     instructions    str: the system prompt without the env's own description of its tools.
 
 step info:

@@ -93,10 +93,11 @@ _ACTION_ERRORS = {
 
 
 class _Answer(NamedTuple):
-    """A response to grade, and whether it came in the env's answer format."""
+    """A graded response, and whether it came in the env's answer format."""
 
     response: Any
     tagged: bool
+    grade: Grade
 
 
 @dataclass(slots=True)
@@ -349,15 +350,15 @@ class ToolEnv(TextEnv):
         self._tagged = False
         self._success = False
         self._ledger = RewardLedger(self)
-        info = {
-            "system_prompt": self._system_prompt,
-            "instructions": self._instructions,
-            "tools": self.tool_specs,
-            "question": task.question,
-            "answer": task.answer,
-            "needed_tool_calls": task.needed_tool_calls,
-            "max_turns": self.max_turns,
-        }
+        info: dict[str, Any] = {"system_prompt": self._system_prompt}
+        if self.format.template_tools:  # a template's JSON tools block would contradict brackets
+            info.update(instructions=self._instructions, tools=self.tool_specs)
+        info.update(
+            question=task.question,
+            answer=task.answer,
+            needed_tool_calls=task.needed_tool_calls,
+            max_turns=self.max_turns,
+        )
         return task.question, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -417,7 +418,7 @@ class ToolEnv(TextEnv):
         kind = parsed.kind
         if kind == ANSWER:
             try:
-                return _Answer(self._read(parsed.answer or ""), tagged=self.answer_tool is None)
+                return self._grade_response(self._read(parsed.answer or ""), tagged=self.answer_tool is None)
             except Unreadable as unreadable:
                 self._count_error("malformed_answer", turn)
                 turn.parts.append(prompts.malformed_answer(unreadable, self._finish))
@@ -426,7 +427,10 @@ class ToolEnv(TextEnv):
             reader = self._task_reader
             found = reader.find(action) if self.accept_untagged_answer and reader is not None else None
             if found is not None:
-                return _Answer(found, tagged=False)
+                try:
+                    return self._grade_response(found, tagged=False)
+                except Unreadable:  # the grader takes back what its `find` found: no answer
+                    pass
         error = _ACTION_ERRORS.get(kind)
         if error is not None:
             self._count_error(error, turn)
@@ -466,7 +470,7 @@ class ToolEnv(TextEnv):
             return None
         if answering:
             try:
-                return _Answer(self._read(result.content), tagged=True)
+                return self._grade_response(self._read(result.content), tagged=True)
             except Unreadable as unreadable:
                 self._count_error("malformed_answer", turn)
                 self._show(turn, tool.name, call, prompts.malformed_answer(unreadable))
@@ -527,9 +531,7 @@ class ToolEnv(TextEnv):
 
     def _graded(self, answer: _Answer) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Grade the answer; the episode terminates."""
-        task = self._current_task()
-        response, tagged = answer
-        grade = to_grade(self._task_grader(response, task, task.state), f"{type(self).__name__}'s grader")
+        response, tagged, grade = answer
         self._ledger.answered(grade, tagged)
         self._grade, self._tagged = grade, tagged
         self._settle(grade)
@@ -546,10 +548,17 @@ class ToolEnv(TextEnv):
         shown = response[:_SHOWN_ANSWER_CHARS] if isinstance(response, str) else response
         if not (isinstance(shown, float) and not math.isfinite(shown)):
             info["graded_answer"] = shown
-        observation = prompts.verdict(grade, answer_text(task.answer))
+        observation = prompts.verdict(grade, answer_text(self._current_task().answer))
         return self._clip(observation), self._ledger.take_step(), True, False, info
 
     # ---- helpers -------------------------------------------------------------------------------
+
+    def _grade_response(self, response: Any, tagged: bool) -> _Answer:
+        """The response graded. Unreadable from the grader (a plain callable's way to say "no
+        answer at all", as a reader's `read` does) reaches the caller: a malformed answer."""
+        task = self._current_task()
+        grade = to_grade(self._task_grader(response, task, task.state), f"{type(self).__name__}'s grader")
+        return _Answer(response, tagged, grade)
 
     def _read(self, response: Any) -> Any:
         """The response as the grader reads it; Unreadable when it is no answer at all."""

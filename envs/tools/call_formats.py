@@ -101,6 +101,9 @@ class ToolCallFormat:
     serves every env."""
 
     name: str = ""
+    # Whether a chat template's own tools block (JSON function specs, `<tool_call>` JSON) teaches
+    # this format's calls: only then does an env offer a template its `tools` (reset info).
+    template_tools: bool = False
 
     def parse(self, text: str, near_miss: re.Pattern[str] | None) -> ParsedAction:
         """Classify an (already length-capped) action; `near_miss` is `self.near_miss(names)`."""
@@ -279,6 +282,7 @@ class BracketFormat(ToolCallFormat):
 
 class JsonFormat(ToolCallFormat):
     name = "json"
+    template_tools = True
 
     def near_miss(self, tool_names: Iterable[str]) -> re.Pattern[str] | None:
         """A known tool called the bracket way (`price[kite, 3]`): a malformed call, answered with

@@ -23,7 +23,9 @@ Import (`import_chat_jsonl`): each line's conversation becomes a Trajectory that
 a recorded one (`sft.source = "recording"`): the messages up to the first assistant message are
 the prompt, each assistant message is a turn (its text, with `tool_calls` written as
 `<tool_call>` JSON blocks, encoded by the renderer and closed with its end-of-turn token), the
-messages between two assistant messages are the env's reply. The tokens come from encoding text,
+messages between two assistant messages are the env's reply. A record's `metadata` (as export
+writes it) is kept: task seed, group, sample, policy version, stop reason, reward and components,
+failure mode, env metrics and the source env (`_with_metadata`). The tokens come from encoding text,
 not from sampling: they are marked not token-exact (`metrics["token_exact"]` False, and the
 header's `extra`), logprobs are 0.0, and the env id is `IMPORT_ENV_ID`, which `replay --verify`
 cannot make (so it never reports such a file as verified). A line that is not a conversation
@@ -310,7 +312,7 @@ def chat_trajectory(record: Any, renderer: Renderer, index: int) -> Trajectory:
             turn = rendering.extend(tokens, replies)
             observation_tokens, restarted = turn.tokens, turn.restarted
         observation = "\n".join(m.content for m in replies)
-    return Trajectory(
+    trajectory = Trajectory(
         env_id=IMPORT_ENV_ID,
         env_kwargs={},
         task_seed=index,
@@ -321,6 +323,44 @@ def chat_trajectory(record: Any, renderer: Renderer, index: int) -> Trajectory:
         final_observation=observation,
         metrics={"token_exact": False, "turns": len(transitions)},
     )
+    return _with_metadata(trajectory, record.get("metadata"))
+
+
+def _with_metadata(t: Trajectory, metadata: Any) -> Trajectory:
+    """`t` with what an exported record's `metadata` says of its episode (chat_record): task seed,
+    group, sample, policy version, stop reason, the reward (on the last turn, so the steps still sum
+    to it) and its components, failure mode and env metrics (so `sft.only_successful` reads the
+    env's `success`), the env's last reply, and the source env (`metrics["source_env"]`). A field
+    missing or of the wrong type keeps the import's own value."""
+    if not isinstance(metadata, dict):
+        return t
+
+    def field(name: str, kind: type | tuple[type, ...]) -> Any:
+        value = metadata.get(name)
+        return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+    for name, attr in (("task_seed", "task_seed"), ("group_id", "group_id"), ("sample_index", "sample_index"),
+                       ("policy_version", "policy_version")):
+        if (value := field(name, int)) is not None:
+            setattr(t, attr, value)
+    if (stop := field("stop_reason", str)) in StopReason.__members__.values():
+        t.stop_reason = StopReason(stop)
+    if (final := field("final_observation", str)) is not None:
+        t.final_observation = final
+    reward = _finite(field("total_reward", (int, float)))
+    if reward is not None and t.transitions:
+        t.transitions[-1].reward, t.total_reward = reward, reward
+    components = field("reward_components", dict)
+    if components is not None:
+        t.reward_components = {str(k): v for k, v in components.items() if _finite(v) is not None}
+    if (failure := field("failure_mode", str)) is not None:
+        t.metrics[FAILURE_MODE] = failure
+    env_metrics = field("env_metrics", dict)
+    if env_metrics is not None:
+        t.metrics["env"] = {str(k): v for k, v in env_metrics.items() if _finite(v) is not None}
+    if (env_id := field("env_id", str)) is not None:
+        t.metrics["source_env"] = {"env_id": env_id, "env_kwargs": metadata.get("env_kwargs") or {}}
+    return t
 
 
 def import_header(path: str | os.PathLike, fingerprint: str) -> RecordingHeader:

@@ -111,6 +111,12 @@ class RecordingIndex:
                 self.header = _decode_header(first, self.path)
                 self.version = self.header.schema_version
             except RecordingError as exc:
+                if is_chat_jsonl(first):
+                    self._problem(
+                        f"this is a chat-messages JSONL file, not a toolgym recording: "
+                        f"`toolgym import {self.path} --out recording.jsonl` turns it into one"
+                    )
+                    return
                 self._problem(f"line 1: {exc}; reading the other lines as records anyway")
                 pending = (1, 0, first)
             lines = iter(f)
@@ -204,7 +210,9 @@ class RecordingIndex:
 
     def query(self, params: Mapping[str, str]) -> dict[str, Any]:
         """A page of rows. params (all optional, strings as in a URL): env, stop, failure,
-        version, seed (exact), rmin, rmax, sort (one of SORT_KEYS), desc ("1"), offset, limit."""
+        version, seed (exact), rmin, rmax, sort (one of SORT_KEYS), desc ("1"), offset, limit.
+        The reward bounds hold up to float rounding (`_slack`): `rmin=1.1` keeps a reward summed
+        to 1.0999999999999999, as the page shows it as 1.100."""
         rows = self.filtered(params)
         key = params.get("sort") or "i"
         if key not in SORT_KEYS:
@@ -228,8 +236,10 @@ class RecordingIndex:
                 rows = [r for r in rows if r[field] == value]
         rmin, rmax = _float(params, "rmin"), _float(params, "rmax")
         if rmin is not None:
+            rmin -= _slack(rmin)
             rows = [r for r in rows if r["reward"] is not None and r["reward"] >= rmin]
         if rmax is not None:
+            rmax += _slack(rmax)
             rows = [r for r in rows if r["reward"] is not None and r["reward"] <= rmax]
         return list(rows)
 
@@ -356,6 +366,7 @@ def compare(a: RecordingIndex, b: RecordingIndex, params: Mapping[str, str]) -> 
     return {
         "a": a.label,
         "b": b.label,
+        "warning": env_mismatch(a, b),
         "common": len(common),
         "only_a": len(left.keys() - right.keys()),
         "only_b": len(right.keys() - left.keys()),
@@ -365,6 +376,25 @@ def compare(a: RecordingIndex, b: RecordingIndex, params: Mapping[str, str]) -> 
         "offset": offset,
         "rows": pairs[offset : offset + limit],
     }
+
+
+def env_mismatch(a: RecordingIndex, b: RecordingIndex) -> str | None:
+    """Why pairing a's and b's episodes by task seed may mean nothing (None when it does mean
+    something): they hold different envs, or one env with different kwargs, so one seed may
+    be two different tasks."""
+    def envs(index: RecordingIndex) -> set[tuple[str, str]]:
+        return {(r["env"], r["kwargs"]) for r in index.rows}
+
+    def name(pairs: set[tuple[str, str]]) -> str:
+        return "; ".join(sorted(f"{env} {kwargs}" for env, kwargs in pairs))
+
+    left, right = envs(a), envs(b)
+    if not left or not right or left == right:
+        return None
+    return (
+        f"{a.label} and {b.label} hold different envs ({name(left)} vs {name(right)}): the same task "
+        "seed may be a different task on each side, so the pairs below may compare unlike episodes"
+    )
 
 
 def _brief(row: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -420,6 +450,79 @@ def run_series(records: Sequence[Mapping[str, Any]]) -> dict[str, list[dict[str,
                 lines.append({"name": kind, "points": points})
         charts[chart] = lines
     return charts
+
+
+RECORD_FIELDS = ("kind", "step", "time")  # a metrics record's fields that are not metrics
+
+
+def run_metric_names(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Every metric a run logged with a number at least once (what the page's picker offers)."""
+    names = {
+        k for r in records for k, v in r.items()
+        if k not in RECORD_FIELDS and isinstance(v, int | float) and not isinstance(v, bool)
+    }
+    return sorted(names)
+
+
+def run_metric_series(records: Sequence[Mapping[str, Any]], name: str) -> list[dict[str, Any]]:
+    """One metric of a run against step: a series per record kind that logged it (train, eval,
+    sft), in that order; points whose value is not finite are None (a gap)."""
+    series = []
+    for kind in ("train", "eval", "sft"):
+        points = [
+            [r["step"], _finite(r[name])]
+            for r in records
+            if r.get("kind") == kind and isinstance(r.get(name), int | float) and not isinstance(r.get(name), bool)
+        ]
+        if points:
+            series.append({"name": kind, "points": points})
+    return series
+
+
+def recording_metric_names(indexes: Sequence[RecordingIndex]) -> list[str]:
+    """What the picker offers without a run's metrics: each env metric (`metrics/<name>`) and
+    reward component (`components/<name>`) the recordings' episodes carry."""
+    names: set[str] = set()
+    for index in indexes:
+        for r in index.rows:
+            names.update(f"metrics/{k}" for k in r["metrics"])
+            names.update(f"components/{k}" for k in r["components"])
+    return sorted(names)
+
+
+def recording_metric_series(indexes: Sequence[RecordingIndex], name: str) -> list[dict[str, Any]]:
+    """One env metric or reward component (`recording_metric_names`) as each recording's mean per
+    policy version; an episode without it is left out of the mean."""
+    group, _, key = name.partition("/")
+    if group not in ("metrics", "components") or not key:
+        raise ValueError(f"no metric {name!r}: names are metrics/<name> or components/<name>")
+    series = []
+    for index in indexes:
+        by_version: dict[int, list[float]] = {}
+        for r in index.rows:
+            value = r[group].get(key)
+            if value is not None:
+                by_version.setdefault(r["version"], []).append(value)
+        points = [[v, sum(xs) / len(xs)] for v, xs in sorted(by_version.items())]
+        if points:
+            series.append({"name": index.label, "points": points})
+    return series
+
+
+def _slack(bound: float) -> float:
+    """How far a stored reward may miss a typed bound and still meet it: sums of rewards carry
+    float rounding (0.1 + 1.0 is 1.0999999999999999), a few ulps that no typed bound means."""
+    return 1e-9 * max(1.0, abs(bound))
+
+
+def is_chat_jsonl(line: bytes) -> bool:
+    """Whether a first line is an OpenAI chat-messages record (`{"messages": [...]}`), the
+    format `toolgym export` writes and `toolgym import` reads, rather than a recording's header."""
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(value, dict) and isinstance(value.get("messages"), list)
 
 
 def _int(params: Mapping[str, str], name: str, default: int) -> int:

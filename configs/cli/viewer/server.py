@@ -7,11 +7,14 @@ its first 100 rows draw; each recording is indexed once, the first time it is as
 given, and serves only its own static files.
 
 API (GET, JSON; an error is {"error": text} with status 400 or 404):
-    /api/recordings                     [{id, label, path}], the run's charts and their kind
+    /api/recordings                     [{id, label, path}], the run's charts and their kind, and
+                                        every metric a chart can show (metric_names)
     /api/recording?r=ID                 header, counts, what was skipped and why, filter values
     /api/episodes?r=ID&<filters>        a page of rows (RecordingIndex.query)
     /api/episode?r=ID&i=N               one episode, token by token (RecordingIndex.episode)
-    /api/compare?a=ID&b=ID&changed=1    two recordings aligned by task seed (index.compare)
+    /api/compare?a=ID&b=ID&changed=1    two recordings aligned by task seed (index.compare), and a
+                                        warning when they hold different envs
+    /api/series?name=METRIC             one metric's chart (any of /api/recordings' metric_names)
 """
 
 from __future__ import annotations
@@ -30,7 +33,16 @@ import msgspec
 
 from ....agents.chat import ChatRenderer
 from ....rollouts.endpoint.hosts import host_allowed
-from .index import RecordingIndex, compare, recording_series, run_series
+from .index import (
+    RecordingIndex,
+    compare,
+    recording_metric_names,
+    recording_metric_series,
+    recording_series,
+    run_metric_names,
+    run_metric_series,
+    run_series,
+)
 
 STATIC_FILES = {"index.html": "text/html", "viewer.js": "text/javascript", "viewer.css": "text/css"}
 
@@ -66,11 +78,15 @@ class ViewerData:
                 self._indexes[rid] = RecordingIndex(self.paths[rid], self.labels[rid])
             return self._indexes[rid]
 
+    def _all(self) -> list[RecordingIndex]:
+        return [self.index(i) for i in range(len(self.paths))]
+
     def recordings(self) -> dict[str, Any]:
         if self.metrics is not None:
-            charts, kind = run_series(self.metrics), "run"
+            charts, kind, names = run_series(self.metrics), "run", run_metric_names(self.metrics)
         else:
-            charts, kind = recording_series([self.index(i) for i in range(len(self.paths))]), "recordings"
+            indexes = self._all()
+            charts, kind, names = recording_series(indexes), "recordings", recording_metric_names(indexes)
         return {
             "title": self.title,
             "recordings": [
@@ -79,7 +95,16 @@ class ViewerData:
             ],
             "charts": charts,
             "charts_kind": kind,
+            "metric_names": names,
         }
+
+    def series(self, name: str) -> dict[str, Any]:
+        """One metric's chart: the run's (metrics records) or the recordings' (env metrics)."""
+        if self.metrics is not None:
+            if name not in run_metric_names(self.metrics):
+                raise LookupError(f"the run logged no metric {name!r}")
+            return {"name": name, "series": run_metric_series(self.metrics, name)}
+        return {"name": name, "series": recording_metric_series(self._all(), name)}
 
     def answer(self, route: str, params: Mapping[str, str]) -> Any:
         """The JSON body of an API route. Raises LookupError (404) or ValueError (400)."""
@@ -94,6 +119,10 @@ class ViewerData:
                 return self.index(_id(params, "r")).episode(_id(params, "i"), self.renderer)
             except IndexError as exc:
                 raise LookupError(str(exc)) from None
+        if route == "series":
+            if not params.get("name"):
+                raise ValueError("missing parameter 'name'")
+            return self.series(params["name"])
         if route == "compare":
             return compare(self.index(_id(params, "a")), self.index(_id(params, "b")), params)
         raise LookupError(f"no API route {route!r}")
@@ -148,7 +177,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
         self.end_headers()
-        self.wfile.write(body)
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the page moved on mid-answer: nobody to tell
+            self.close_connection = True
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: the page is the log
         pass

@@ -241,6 +241,10 @@ def test_step_before_reset_is_a_clear_error():
 def test_info_contract_and_reward_bookkeeping():
     env = ZorplexEnv(tier="compositional", difficulty="hard")
     _question, info = env.reset(seed=4)
+    # a bracket env's tools are in its system prompt; no template gets a JSON tools block for them
+    assert set(info) == {"system_prompt", "question", "answer", "needed_tool_calls", "max_turns"}
+    assert "LOOKUP[word]: the zorplex value of a word" in info["system_prompt"]
+    _question, info = ZorplexEnv(tier="compositional", difficulty="hard", tool_format="json").reset(seed=4)
     assert set(info) == {
         "system_prompt",
         "instructions",

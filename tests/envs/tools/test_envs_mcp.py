@@ -116,7 +116,8 @@ def test_a_tool_env_plays_them_in_both_formats(tool_format):
     env = UnitsEnv(tool_format=tool_format)
     try:
         _, info = env.reset(seed=4)
-        assert any(spec["function"]["name"] == "convert" for spec in info["tools"])
+        assert any(spec["function"]["name"] == "convert" for spec in env.tool_specs)
+        assert ("tools" in info) == (tool_format == "json")  # a template's tools block teaches JSON calls
         if tool_format == "json":
             assert '"name": "convert"' in info["system_prompt"]
             refuse = '<tool_call>\n{"name": "refuse", "arguments": {"reason": "no"}}\n</tool_call>'

@@ -10,7 +10,7 @@ from typing import Literal
 import msgspec
 import pytest
 
-from toolgym.envs import Call, Grade, Task, Tool, ToolEnv, ToolError, ToolResult, exact, numeric, text, tool
+from toolgym.envs import Call, Grade, Task, Tool, ToolEnv, ToolError, ToolResult, Unreadable, exact, numeric, text, tool
 
 
 def json_call(name, **arguments):
@@ -344,6 +344,32 @@ def test_a_user_grader_with_partial_credit_through_an_answer_tool():
     env.reset(seed=0)
     *_, info = env.step("[ANSWER] [2, 3, 5, 7]")
     assert info["reward_components"]["format"] == 0.0 and info["metrics"]["tag_rate"] == 0.0
+
+
+class Dates(ToolEnv):
+    """A plain callable grader (no `read`) that says "no answer at all" by raising Unreadable."""
+
+    def __init__(self, **knobs):
+        super().__init__(instructions="Give the date.", grader=self.grade, **knobs)
+
+    @staticmethod
+    def grade(response, task, state):
+        if not isinstance(response, str) or response.count("-") != 2:
+            raise Unreadable("expected a date like 2026-11-28")
+        return response.strip() == task.answer
+
+    def new_task(self):
+        return Task("What day is it?", "2026-11-28", needed_tool_calls=0)
+
+
+def test_a_plain_grader_raising_unreadable_is_a_malformed_answer_not_an_env_error():
+    env = Dates()
+    env.reset(seed=0)
+    obs, reward, terminated, truncated, info = env.step("[ANSWER] tomorrow")
+    assert not (terminated or truncated) and "malformed answer (expected a date like 2026-11-28)" in obs
+    assert info["step_errors"] == ["malformed_answer"] and reward < 0
+    obs, _, terminated, _, info = env.step("[ANSWER] 2026-11-28")
+    assert terminated and obs == "CORRECT" and info["failure_mode"] == "success"
 
 
 def test_an_answer_tool_in_the_bracket_format():

@@ -126,6 +126,35 @@ def test_import_round_trip_is_sft_data(shop, tmp_path):
     assert stats.built == len(imported) and all(sum(e.loss_mask) > 0 for e in episodes)
 
 
+def test_a_bracket_env_round_trips_with_its_prompt_and_metadata(zorplex, tmp_path):
+    chat = tmp_path / "chat.jsonl"
+    with chat.open("w") as f:
+        report = export_chat_jsonl(zorplex, f)
+    assert report.with_tools == 0  # a bracket env's tools are taught by its own prompt
+    records = [json.loads(line) for line in chat.read_text().splitlines()]
+    assert all("tools" not in r for r in records)
+    imported = list(import_chat_jsonl(chat, shipped_renderer()))
+    _, recorded = read_recording(zorplex)
+    assert len(imported) == len(recorded)
+    for t, original in zip(imported, recorded, strict=True):
+        assert t.system_prompt == original.system_prompt and "<tools>" not in t.system_prompt
+        assert "LOOKUP[word]" in t.system_prompt
+        assert (t.task_seed, t.group_id, t.sample_index, t.policy_version, t.stop_reason) == (
+            original.task_seed, original.group_id, original.sample_index, original.policy_version, original.stop_reason
+        )
+        assert t.total_reward == pytest.approx(original.total_reward)
+        assert sum(tr.reward for tr in t.transitions) == pytest.approx(t.total_reward)
+        assert t.reward_components == pytest.approx(original.reward_components)
+        assert t.metrics["failure_mode"] == original.metrics["failure_mode"]
+        assert t.metrics["env"] == pytest.approx(original.metrics["env"])
+        assert t.metrics["source_env"] == {"env_id": ZORPLEX, "env_kwargs": {"tier": "simple"}}
+        assert t.env_id == IMPORT_ENV_ID and t.metrics["token_exact"] is False
+        assert t.final_observation == original.final_observation
+    # what SFT's only_successful reads came along: the same episodes are kept
+    kept, _ = episodes_from_trajectories(imported, only_successful=True)
+    assert len(kept) == len(episodes_from_trajectories(recorded, only_successful=True)[0]) > 0
+
+
 def test_import_renders_tool_calls_and_refuses_two_assistant_turns_in_a_row():
     renderer = shipped_renderer()
     record = {

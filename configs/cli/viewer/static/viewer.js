@@ -4,9 +4,11 @@
 "use strict";
 
 const state = {
-  rec: 0, offset: 0, limit: 100, sort: "i", desc: false, filters: {},
-  shade: "mask", selected: null, cmpOffset: 0, recordings: [], charts: null,
+  rec: 0, offset: 0, limit: 100, total: 0, sort: "i", desc: false, filters: {},
+  shade: "mask", selected: null, cmpOffset: 0, cmpTotal: 0, pair: null, recordings: [], charts: null,
+  picked: [],
 };
+const FILTERS = ["env", "stop", "failure", "version", "seed", "rmin", "rmax"];
 const $ = (id) => document.getElementById(id);
 
 function showError(text) {
@@ -55,19 +57,77 @@ async function init() {
     const evals = info.recordings.filter((r) => r.label.startsWith("eval_"));
     const last = evals.length ? evals[evals.length - 1].id : info.recordings.length - 1;
     $("compare-b").value = String(last);
-    $("recording-select").value = "0";
-    await openRecording(0);
+    $("metric-names").replaceChildren(...info.metric_names.map((name) => el("option", { value: name })));
+    await applyView(location.hash);
+    window.addEventListener("hashchange", () => {
+      if (location.hash !== viewHash()) applyView(location.hash).catch((e) => showError(e.message));
+    });
   } catch (e) {
     showError(`The viewer could not load: ${e.message}`);
     $("status").textContent = "";
   }
 }
 
-async function openRecording(rid) {
-  state.rec = rid; state.offset = 0; state.selected = null; state.filters = {};
+async function openRecording(rid, view) {
+  // view: the list's filters, sort, page and episode to open with (from a URL); none: a fresh list
+  view = view || {};
+  state.rec = rid; state.offset = view.offset || 0; state.selected = null; state.filters = view.filters || {};
+  state.sort = view.sort || "i"; state.desc = !!view.desc;
+  $("recording-select").value = String(rid);
   $("status").textContent = "Reading the recording…";
   const [summary] = await Promise.all([api("recording", { r: rid }), loadPage()]);
   showSummary(summary);
+  if (view.ep !== undefined && view.ep !== null) await openEpisode(view.ep);
+  saveView();
+}
+
+// ---- the view in the URL ------------------------------------------------------------------
+// The hash holds what is on screen (tab, recording, filters, sort, page, episode, comparison,
+// picked charts), so a link opens the same view; it is rewritten in place on every change.
+
+function activeTab() { return document.querySelector(".tab.active").dataset.tab; }
+
+function viewHash() {
+  const p = new URLSearchParams();
+  const tab = activeTab();
+  if (tab !== "episodes") p.set("tab", tab);
+  p.set("r", state.rec);
+  for (const k of FILTERS) if (state.filters[k] !== undefined && state.filters[k] !== "") p.set(k, state.filters[k]);
+  if (state.sort !== "i") p.set("sort", state.sort);
+  if (state.desc) p.set("desc", "1");
+  if (state.offset) p.set("offset", state.offset);
+  if (state.limit !== 100) p.set("limit", state.limit);
+  if (state.selected !== null) p.set("ep", state.selected);
+  if (tab === "compare") {
+    p.set("a", $("compare-a").value); p.set("b", $("compare-b").value);
+    if ($("compare-changed").checked) p.set("changed", "1");
+    if (state.cmpOffset) p.set("coffset", state.cmpOffset);
+    if (state.pair) p.set("pair", state.pair);
+  }
+  for (const name of state.picked) p.append("m", name);
+  return "#" + p.toString();
+}
+
+function saveView() {
+  const hash = viewHash();
+  if (location.hash !== hash) history.replaceState(null, "", hash);
+}
+
+async function applyView(hash) {
+  const p = new URLSearchParams((hash || "").replace(/^#/, ""));
+  const int = (name, fallback) => { const v = Number.parseInt(p.get(name), 10); return Number.isFinite(v) && v >= 0 ? v : fallback; };
+  const rid = Math.min(int("r", 0), state.recordings.length - 1);
+  state.limit = Math.min(500, Math.max(1, int("limit", 100))); // rows a page
+  const filters = {};
+  for (const k of FILTERS) if (p.get(k) !== null) filters[k] = p.get(k);
+  state.picked = p.getAll("m").filter((name) => state.charts.metric_names.includes(name));
+  await openRecording(rid, { filters, sort: p.get("sort") || "i", desc: p.get("desc") === "1", offset: int("offset", 0), ep: int("ep", null) });
+  if (p.get("a") !== null) $("compare-a").value = String(int("a", 0));
+  if (p.get("b") !== null) $("compare-b").value = String(int("b", 0));
+  $("compare-changed").checked = p.get("changed") === "1";
+  state.cmpOffset = int("coffset", 0);
+  state.pair = p.get("pair");
+  await showTab(["episodes", "compare", "charts"].includes(p.get("tab")) ? p.get("tab") : "episodes");
 }
 
 function showSummary(s) {
@@ -86,7 +146,7 @@ function showSummary(s) {
   };
   options("filter-env", f.env); options("filter-stop", f.stop); options("filter-failure", f.failure);
   options("filter-version", f.version.map(String));
-  for (const id of ["filter-seed", "filter-rmin", "filter-rmax"]) $(id).value = "";
+  for (const input of document.querySelectorAll("#filters [data-param]")) input.value = state.filters[input.dataset.param] || "";
   $("filter-rmin").placeholder = fmt(f.reward_min, 2);
   $("filter-rmax").placeholder = fmt(f.reward_max, 2);
 }
@@ -107,12 +167,17 @@ async function loadPage() {
     if (r.i === state.selected) tr.classList.add("selected");
     return tr;
   }));
+  state.total = page.total;
   const end = Math.min(page.offset + page.rows.length, page.total);
   $("list-count").textContent = page.total
     ? `${page.offset + 1}–${end} of ${page.total}` + (page.total !== page.all ? ` (filtered from ${page.all})` : "")
     : `no episodes match (of ${page.all})`;
   $("pager-prev").disabled = page.offset === 0;
   $("pager-next").disabled = end >= page.total;
+  const pages = Math.max(1, Math.ceil(page.total / state.limit));
+  $("pager-page").max = pages;
+  $("pager-page").value = Math.floor(page.offset / state.limit) + 1;
+  $("pager-pages").textContent = `of ${pages}`;
   for (const th of document.querySelectorAll("#episode-table th[data-sort]")) {
     th.classList.toggle("sorted", th.dataset.sort === state.sort);
     th.classList.toggle("desc", th.dataset.sort === state.sort && state.desc);
@@ -121,36 +186,107 @@ async function loadPage() {
   document.body.dataset.listVersion = String(Number(document.body.dataset.listVersion || 0) + 1);
 }
 
+const reload = () => loadPage().then(saveView).catch((e) => showError(e.message));
+
+function goToPage(offset) {
+  const last = Math.max(0, Math.ceil(state.total / state.limit) - 1) * state.limit;
+  state.offset = Math.min(Math.max(0, offset), last);
+  return loadPage().then(saveView);
+}
+
+function markSelected(tr) {
+  for (const other of tr.parentNode.children) other.classList.remove("selected");
+  tr.classList.add("selected");
+  tr.scrollIntoView({ block: "nearest" });
+}
+
+async function openEpisode(i) {
+  state.selected = i;
+  const tr = document.querySelector(`#episode-table tbody tr[data-i='${i}']`);
+  if (tr) markSelected(tr);
+  saveView();
+  await showEpisode(state.rec, i, $("episode-detail"));
+}
+
 function wireList() {
   for (const input of document.querySelectorAll("#filters [data-param]")) {
-    input.addEventListener("change", () => {
-      state.filters[input.dataset.param] = input.value; state.offset = 0;
-      loadPage().catch((e) => showError(e.message));
-    });
+    input.addEventListener("change", () => { state.filters[input.dataset.param] = input.value; state.offset = 0; reload(); });
   }
   $("filter-clear").addEventListener("click", () => {
     state.filters = {}; state.offset = 0;
     for (const input of document.querySelectorAll("#filters [data-param]")) input.value = "";
-    loadPage().catch((e) => showError(e.message));
+    reload();
   });
-  $("pager-prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - state.limit); loadPage().catch((e) => showError(e.message)); });
-  $("pager-next").addEventListener("click", () => { state.offset += state.limit; loadPage().catch((e) => showError(e.message)); });
+  $("pager-prev").addEventListener("click", () => goToPage(state.offset - state.limit).catch((e) => showError(e.message)));
+  $("pager-next").addEventListener("click", () => goToPage(state.offset + state.limit).catch((e) => showError(e.message)));
+  $("pager-page").addEventListener("change", () => {
+    const n = Number.parseInt($("pager-page").value, 10);
+    if (Number.isFinite(n)) goToPage((n - 1) * state.limit).catch((e) => showError(e.message));
+  });
   for (const th of document.querySelectorAll("#episode-table th[data-sort]")) {
     th.addEventListener("click", () => {
       state.desc = state.sort === th.dataset.sort ? !state.desc : th.dataset.sort !== "i";
       state.sort = th.dataset.sort; state.offset = 0;
-      loadPage().catch((e) => showError(e.message));
+      reload();
     });
   }
   $("episode-table").tBodies[0].addEventListener("click", (event) => {
     const tr = event.target.closest("tr");
-    if (!tr) return;
-    for (const other of tr.parentNode.children) other.classList.remove("selected");
-    tr.classList.add("selected");
-    state.selected = Number(tr.dataset.i);
-    showEpisode(state.rec, state.selected, $("episode-detail")).catch((e) => showError(e.message));
+    if (tr) openEpisode(Number(tr.dataset.i)).catch((e) => showError(e.message));
   });
   $("recording-select").addEventListener("change", (e) => openRecording(Number(e.target.value)).catch((err) => showError(err.message)));
+}
+
+// ---- the keyboard -------------------------------------------------------------------------
+// j / ↓ and k / ↑: the next and previous row (episodes or pairs), across pages; n / → and p / ←:
+// the next and previous page; g: the page-number box. Keys typed into a field are the field's.
+
+async function stepRow(delta) {
+  const compare = activeTab() === "compare";
+  const body = (compare ? $("compare-table") : $("episode-table")).tBodies[0];
+  const rows = [...body.rows];
+  if (!rows.length) return;
+  const at = rows.findIndex((tr) => tr.classList.contains("selected"));
+  let next = at < 0 ? (delta > 0 ? 0 : rows.length - 1) : at + delta;
+  if (next < 0 || next >= rows.length) { // off this page: the neighbouring page, if there is one
+    const moved = await turnPage(compare, delta);
+    if (!moved) return;
+    const fresh = [...body.rows];
+    next = delta > 0 ? 0 : fresh.length - 1;
+    return (compare ? openPair : (tr) => openEpisode(Number(tr.dataset.i)))(fresh[next]);
+  }
+  return compare ? openPair(rows[next]) : openEpisode(Number(rows[next].dataset.i));
+}
+
+async function turnPage(compare, delta) {
+  if (compare) {
+    const offset = state.cmpOffset + 100 * delta;
+    if (offset < 0 || offset >= state.cmpTotal) return false;
+    state.cmpOffset = offset;
+    await loadCompare();
+    return true;
+  }
+  const offset = state.offset + state.limit * delta;
+  if (offset < 0 || offset >= state.total) return false;
+  await goToPage(offset);
+  return true;
+}
+
+function wireKeys() {
+  document.addEventListener("keydown", (event) => {
+    if (event.ctrlKey || event.metaKey || event.altKey || event.target.closest("input, select, textarea")) return;
+    if (activeTab() === "charts") return;
+    const compare = activeTab() === "compare";
+    let action = null;
+    if (event.key === "j" || event.key === "ArrowDown") action = () => stepRow(1);
+    else if (event.key === "k" || event.key === "ArrowUp") action = () => stepRow(-1);
+    else if (event.key === "n" || event.key === "ArrowRight") action = () => turnPage(compare, 1);
+    else if (event.key === "p" || event.key === "ArrowLeft") action = () => turnPage(compare, -1);
+    else if (event.key === "g" && !compare) action = async () => { $("pager-page").focus(); $("pager-page").select(); };
+    if (!action) return;
+    event.preventDefault();
+    action().catch((e) => showError(e.message));
+  });
 }
 
 // ---- one episode, token by token ----------------------------------------------------------
@@ -289,6 +425,9 @@ function wireTooltip() {
 async function loadCompare() {
   const a = $("compare-a").value, b = $("compare-b").value;
   const page = await api("compare", { a, b, changed: $("compare-changed").checked ? 1 : 0, offset: state.cmpOffset, limit: 100 });
+  state.cmpTotal = page.total;
+  $("compare-warning").hidden = !page.warning;
+  $("compare-warning").textContent = page.warning || "";
   const delta = page.mean_a !== null && page.mean_b !== null ? page.mean_b - page.mean_a : null;
   $("compare-summary").textContent = `${page.a} vs ${page.b}: ${page.common} (task seed, sample) pairs in both (mean reward A ${fmt(page.mean_a)}, B ${fmt(page.mean_b)}, B − A ${signed(delta)}) · only in A ${page.only_a} · only in B ${page.only_b} · rows ${page.total ? page.offset + 1 : 0}–${page.offset + page.rows.length} of ${page.total}`;
   $("compare-table").tBodies[0].replaceChildren(...page.rows.map((row) => {
@@ -296,35 +435,54 @@ async function loadCompare() {
     const cls = d === null || d === 0 ? "" : d > 0 ? "better" : "worse";
     const tr = el("tr", { "data-seed": row.seed, "data-sample": row.sample, "data-a": row.a ? row.a.i : "", "data-b": row.b ? row.b.i : "" },
       el("td", { text: row.seed }), el("td", { text: row.sample }),
-      el("td", { text: row.a ? fmt(row.a.reward) : "–" }), el("td", { text: row.a ? row.a.stop : "(none)" }),
-      el("td", { text: row.b ? fmt(row.b.reward) : "–" }), el("td", { text: row.b ? row.b.stop : "(none)" }),
+      el("td", { text: row.a ? fmt(row.a.reward) : "–" }), stopCell(row.a),
+      el("td", { text: row.b ? fmt(row.b.reward) : "–" }), stopCell(row.b),
       el("td", { class: cls, text: signed(d) }));
+    if (`${row.seed}.${row.sample}` === state.pair) tr.classList.add("selected");
     return tr;
   }));
   $("compare-prev").disabled = page.offset === 0;
   $("compare-next").disabled = page.offset + page.rows.length >= page.total;
+  saveView();
+  const picked = $("compare-table").querySelector("tbody tr.selected");
+  if (picked && !$("compare-detail").querySelector(".side-a")) await openPair(picked);
+}
+
+function stopCell(side) {
+  const text = side ? side.stop : "(none)";
+  return el("td", { class: "stop", title: text, text });
+}
+
+function openPair(tr) {
+  markSelected(tr);
+  state.pair = `${tr.dataset.seed}.${tr.dataset.sample}`;
+  saveView();
+  const shown = [];
+  const sides = [["a", $("compare-a")], ["b", $("compare-b")]].map(([side, select]) => {
+    const box = el("div", { class: `side-${side}` });
+    const i = tr.dataset[side];
+    const label = select.options[select.selectedIndex].text;
+    if (i === "") box.append(el("p", { class: "hint", text: `${label}: no episode for task seed ${tr.dataset.seed}` }));
+    else shown.push(showEpisode(Number(select.value), Number(i), box).then(() => box.prepend(el("h3", { text: `${side.toUpperCase()}: ${label}` }))));
+    return box;
+  });
+  $("compare-detail").replaceChildren(...sides);
+  return Promise.all(shown);
 }
 
 function wireCompare() {
   for (const id of ["compare-a", "compare-b", "compare-changed"]) {
-    $(id).addEventListener("change", () => { state.cmpOffset = 0; loadCompare().catch((e) => showError(e.message)); });
+    $(id).addEventListener("change", () => {
+      state.cmpOffset = 0; state.pair = null;
+      $("compare-detail").replaceChildren(el("p", { class: "hint", text: "Pick a task seed to see both episodes side by side." }));
+      loadCompare().catch((e) => showError(e.message));
+    });
   }
-  $("compare-prev").addEventListener("click", () => { state.cmpOffset = Math.max(0, state.cmpOffset - 100); loadCompare().catch((e) => showError(e.message)); });
-  $("compare-next").addEventListener("click", () => { state.cmpOffset += 100; loadCompare().catch((e) => showError(e.message)); });
+  $("compare-prev").addEventListener("click", () => turnPage(true, -1).catch((e) => showError(e.message)));
+  $("compare-next").addEventListener("click", () => turnPage(true, 1).catch((e) => showError(e.message)));
   $("compare-table").tBodies[0].addEventListener("click", (event) => {
     const tr = event.target.closest("tr");
-    if (!tr) return;
-    for (const other of tr.parentNode.children) other.classList.remove("selected");
-    tr.classList.add("selected");
-    const sides = [["a", $("compare-a")], ["b", $("compare-b")]].map(([side, select]) => {
-      const box = el("div", { class: `side-${side}` });
-      const i = tr.dataset[side];
-      const label = select.options[select.selectedIndex].text;
-      if (i === "") box.append(el("p", { class: "hint", text: `${label}: no episode for task seed ${tr.dataset.seed}` }));
-      else showEpisode(Number(select.value), Number(i), box).then(() => box.prepend(el("h3", { text: `${side.toUpperCase()}: ${label}` }))).catch((e) => showError(e.message));
-      return box;
-    });
-    $("compare-detail").replaceChildren(...sides);
+    if (tr) openPair(tr).catch((e) => showError(e.message));
   });
 }
 
@@ -335,12 +493,38 @@ const TITLES = { reward: "reward", accuracy: "accuracy", turns: "turns per episo
 
 function drawCharts() {
   const info = state.charts;
-  $("charts-note").textContent = info.charts_kind === "run"
+  $("charts-note").textContent = (info.charts_kind === "run"
     ? "From the run's metrics.jsonl: train batches as lines, held-out evals as markers, against step."
-    : "No run metrics given: each recording's mean per policy version.";
+    : "No run metrics given: each recording's mean per policy version.")
+    + ` Add any of the ${info.metric_names.length} metrics below; hover a chart for its values.`;
   const box = $("charts");
-  box.replaceChildren();
-  for (const [name, series] of Object.entries(info.charts)) box.append(chart(TITLES[name] || name, series, info.charts_kind === "run" ? "step" : "policy version"));
+  const xlabel = info.charts_kind === "run" ? "step" : "policy version";
+  box.replaceChildren(...Object.entries(info.charts).map(([name, series]) => chart(TITLES[name] || name, series, xlabel)));
+  return Promise.all(state.picked.map((name) => addChart(name, false)));
+}
+
+async function addChart(name, save = true) {
+  const info = state.charts;
+  if (!info.metric_names.includes(name)) { showError(`no metric ${JSON.stringify(name)}: pick one the list offers`); return; }
+  if (save && state.picked.includes(name)) return;
+  if (save) state.picked.push(name);
+  const body = await api("series", { name });
+  const wrap = chart(name, body.series, info.charts_kind === "run" ? "step" : "policy version");
+  wrap.classList.add("picked");
+  const close = el("button", { class: "close", title: "remove this chart", text: "×" });
+  close.addEventListener("click", () => { state.picked = state.picked.filter((n) => n !== name); wrap.remove(); saveView(); });
+  wrap.querySelector("h3").append(close);
+  $("charts").append(wrap);
+  saveView();
+}
+
+function wireCharts() {
+  const pick = $("metric-pick");
+  pick.addEventListener("change", () => {
+    const name = pick.value.trim();
+    pick.value = "";
+    if (name) addChart(name).catch((e) => showError(e.message));
+  });
 }
 
 function chart(title, series, xlabel) {
@@ -378,22 +562,43 @@ function chart(title, series, xlabel) {
     if (s.name !== "eval" && pts.length >= 2) add("polyline", { fill: "none", stroke: color, "stroke-width": 1.5, points: pts.map((p) => `${px(p[0])},${py(p[1])}`).join(" ") });
     add("text", { x: L + 6, y: T + 12 + 12 * n, fill: color, "font-size": 10 }, s.name);
   });
+  // Hover: a guide at the nearest logged x, and each series' value there in the tooltip.
+  const xs = [...new Set(points.map((p) => p[0]))].sort((a, b) => a - b);
+  const guide = add("line", { x1: 0, y1: T, x2: 0, y2: H - B, stroke: "#333", "stroke-dasharray": "3 3", visibility: "hidden", class: "guide" });
+  const tip = $("tooltip");
+  svg.addEventListener("mousemove", (event) => {
+    const box = svg.getBoundingClientRect();
+    const x = x0 + ((event.clientX - box.left - L) / (W - L - R)) * (x1 - x0);
+    const near = xs.reduce((best, v) => (Math.abs(v - x) < Math.abs(best - x) ? v : best), xs[0]);
+    guide.setAttribute("x1", px(near)); guide.setAttribute("x2", px(near)); guide.setAttribute("visibility", "visible");
+    const lines = series.map((s) => {
+      const hit = s.points.find((p) => p[0] === near);
+      return hit ? `${s.name}: ${hit[1] === null ? "–" : Number(hit[1].toPrecision(6))}` : null;
+    }).filter((line) => line !== null);
+    tip.textContent = [`${title}`, `${xlabel} ${near}`, ...lines].join("\n");
+    tip.hidden = false;
+    tip.style.left = `${event.clientX + 14}px`; tip.style.top = `${event.clientY + 14}px`;
+  });
+  svg.addEventListener("mouseleave", () => { guide.setAttribute("visibility", "hidden"); tip.hidden = true; });
   wrap.append(svg);
   return wrap;
 }
 
 // ---- tabs ---------------------------------------------------------------------------------
 
+async function showTab(name) {
+  for (const tab of document.querySelectorAll(".tab")) tab.classList.toggle("active", tab.dataset.tab === name);
+  for (const pane of document.querySelectorAll(".pane")) pane.hidden = pane.id !== `pane-${name}`;
+  saveView();
+  if (name === "compare") await loadCompare();
+  if (name === "charts") await drawCharts();
+}
+
 function wireTabs() {
   for (const tab of document.querySelectorAll(".tab")) {
-    tab.addEventListener("click", () => {
-      for (const other of document.querySelectorAll(".tab")) other.classList.toggle("active", other === tab);
-      for (const pane of document.querySelectorAll(".pane")) pane.hidden = pane.id !== `pane-${tab.dataset.tab}`;
-      if (tab.dataset.tab === "compare") loadCompare().catch((e) => showError(e.message));
-      if (tab.dataset.tab === "charts") drawCharts();
-    });
+    tab.addEventListener("click", () => showTab(tab.dataset.tab).catch((e) => showError(e.message)));
   }
 }
 
-wireTabs(); wireList(); wireCompare(); wireTooltip();
+wireTabs(); wireList(); wireCompare(); wireCharts(); wireTooltip(); wireKeys();
 init();

@@ -11,14 +11,17 @@ from __future__ import annotations
 import os
 import shutil
 
+import msgspec
 import pytest
 from recording_testlib import play, shipped_renderer, write
 
 from toolgym.configs.cli.viewer.index import RecordingIndex
 from toolgym.configs.cli.viewer.server import ViewerData, ViewerServer
 from toolgym.rollouts.episodes import trajectory_to_episodes
+from toolgym.rollouts.recording.chat_jsonl import export_chat_jsonl
 from toolgym.rollouts.recording.format import read_recording
 from toolgym.rollouts.scripted import OracleConfig
+from toolgym.rollouts.types import StopReason
 
 ZORPLEX = "toolgym/Zorplex-v0"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -53,7 +56,18 @@ def recordings(tmp_path_factory):
     lines = a.read_bytes().splitlines(keepends=True)
     damaged = folder / "damaged.jsonl"
     damaged.write_bytes(b"".join([*lines[:2], lines[2].replace(b'"group_id":', b'"group_id":7', 1), *lines[3:]]))
-    return a, b, damaged
+    # the widest stop reasons in every row: what a compare table must fit at 1280 px
+    stops = [StopReason.CONTEXT_OVERFLOW, StopReason.NO_TOOL_CALL]
+    long_stops = write(
+        folder / "eval_long_stops.jsonl",
+        [msgspec.structs.replace(t, stop_reason=stops[k % 2]) for k, t in enumerate(later)],
+        ZORPLEX,
+    )
+    other_env = write(folder / "simple_tier.jsonl", play(ZORPLEX, [0, 1], env_kwargs={"tier": "simple"}), ZORPLEX)
+    chat = folder / "chat.jsonl"
+    with chat.open("w") as out:
+        export_chat_jsonl(a, out)
+    return a, b, damaged, long_stops, other_env, chat
 
 
 @pytest.fixture(scope="module")
@@ -63,16 +77,30 @@ def server(recordings):
 
 
 @pytest.fixture
-def page(server, browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda exc: errors.append(str(exc)))
-    tab.goto(server.url)
-    tab.wait_for_selector("#episode-table tbody tr")
-    yield tab
-    context.close()
-    assert not errors, errors
+def open_page(server, browser):
+    """Opens the viewer (at `hash`, `width` px wide) in a fresh browser context; fails the test on
+    any script error on the page."""
+    opened: list[tuple] = []
+
+    def open_at(hash: str = "", width: int = 1280):
+        context = browser.new_context(viewport={"width": width, "height": 900})
+        tab = context.new_page()
+        errors: list[str] = []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        opened.append((context, errors))
+        tab.goto(server.url + hash)
+        tab.wait_for_selector("#episode-table tbody tr", state="attached")  # the list's pane may be hidden
+        return tab
+
+    yield open_at
+    for context, errors in opened:
+        context.close()
+        assert not errors, errors
+
+
+@pytest.fixture
+def page(open_page):
+    return open_page()
 
 
 def _rows(page) -> list[dict]:
@@ -195,3 +223,116 @@ def test_charts_draw(page):
     titles = page.eval_on_selector_all("#charts .chart h3", "h => h.map(e => e.textContent)")
     assert titles == ["reward", "accuracy", "turns per episode", "sampled tokens per episode"]
     assert page.eval_on_selector_all("#charts .chart:first-child circle", "c => c.length") >= 3
+
+
+# ---- layout, links, keys, charts, warnings (at 1280 px, the narrowest common laptop screen) -------
+
+
+@pytest.mark.parametrize("width", [1280, 1440])
+def test_tables_stay_inside_their_column(open_page, width):
+    page = open_page("#tab=compare&a=0&b=3", width)
+    page.wait_for_selector("#compare-table tbody tr td.stop")
+    assert "context_overflow" in page.text_content("#compare-table tbody")
+    for table, column in (("#compare-table", ".compare-list"), ("#episode-table", "#pane-episodes .list")):
+        if table == "#episode-table":
+            page.click("#tab-episodes")
+        box = page.eval_on_selector(
+            column,
+            "(c, t) => { const r = c.getBoundingClientRect(), tr = document.querySelector(t).getBoundingClientRect();"
+            " return {right: r.right, table: tr.right, scroll: c.scrollWidth, client: c.clientWidth,"
+            " detail: c.nextElementSibling.getBoundingClientRect().left}; }",
+            table,
+        )
+        assert box["table"] <= box["right"] + 0.5 and box["right"] <= box["detail"], (table, box)
+        assert box["scroll"] <= box["client"], (table, box)  # fits: no scroll bar needed
+
+
+def test_the_url_holds_the_view(open_page, recordings):
+    page = open_page()
+    index = RecordingIndex(recordings[0])
+    failure = sorted({r["failure"] for r in index.rows})[-1]
+    expected = [r["i"] for r in index.rows if r["failure"] == failure]
+    version = page.get_attribute("body", "data-list-version")
+    page.select_option("#filter-failure", failure)
+    _wait_list_change(page, version)
+    page.click(f"#episode-table tbody tr[data-i='{expected[-1]}']")
+    page.wait_for_selector("#episode-detail .transcript")
+    page.wait_for_function("location.hash.includes('ep=')")
+    link = page.evaluate("location.hash")
+    assert f"failure={failure}" in link and f"ep={expected[-1]}" in link
+
+    fresh = open_page(link)  # the link opens the same filtered list and episode
+    fresh.wait_for_selector("#episode-detail .transcript")
+    assert [r["i"] for r in _rows(fresh)] == expected
+    assert fresh.input_value("#filter-failure") == failure
+    assert f"episode {expected[-1]} " in fresh.text_content("#episode-detail .meta")
+    assert fresh.get_attribute("#episode-table tbody tr.selected", "data-i") == str(expected[-1])
+
+    pair = open_page("#tab=compare&a=0&b=1&pair=4.0")  # a comparison, with a pair open
+    pair.wait_for_selector("#compare-detail .side-b .transcript")
+    assert pair.is_visible("#pane-compare") and pair.input_value("#compare-b") == "1"
+    assert "task seed 4" in pair.text_content("#compare-detail .side-a .meta")
+
+
+def test_keys_walk_episodes_and_pages(open_page):
+    page = open_page("#limit=5")
+    assert page.text_content("#pager-pages") == "of 3" and len(_rows(page)) == 5
+    page.keyboard.press("j")
+    page.wait_for_selector("#episode-table tbody tr.selected[data-i='0']")
+    page.keyboard.press("j")
+    page.wait_for_selector("#episode-table tbody tr.selected[data-i='1']")
+    page.wait_for_function("document.querySelector('#episode-detail .meta')?.textContent.includes('episode 1 ')")
+    page.keyboard.press("k")
+    page.wait_for_selector("#episode-table tbody tr.selected[data-i='0']")
+    for _ in range(5):  # off the end of page 1: the first row of page 2
+        page.keyboard.press("ArrowDown")
+    page.wait_for_selector("#episode-table tbody tr.selected[data-i='5']")
+    assert page.input_value("#pager-page") == "2"
+    version = page.get_attribute("body", "data-list-version")
+    page.keyboard.press("n")
+    _wait_list_change(page, version)
+    assert [r["i"] for r in _rows(page)] == [10, 11]
+    version = page.get_attribute("body", "data-list-version")
+    page.keyboard.press("g")  # the page box: type a page, Enter
+    page.keyboard.type("1")
+    page.keyboard.press("Enter")
+    _wait_list_change(page, version)
+    assert [r["i"] for r in _rows(page)] == [0, 1, 2, 3, 4]
+    assert "offset" not in page.evaluate("location.hash")
+
+
+def test_any_metric_can_be_charted_with_values_on_hover(open_page, server, recordings):
+    page = open_page("#tab=charts")
+    page.wait_for_selector("#charts .chart svg")
+    names = page.eval_on_selector_all("#metric-names option", "o => o.map(e => e.value)")
+    assert "metrics/accuracy" in names and len(names) == len(server.httpd.RequestHandlerClass.data.recordings()["metric_names"])
+    page.fill("#metric-pick", "metrics/accuracy")
+    page.dispatch_event("#metric-pick", "change")
+    chart = "#charts .chart.picked[data-chart='metrics/accuracy'] svg"
+    page.wait_for_selector(chart)
+    assert "m=metrics%2Faccuracy" in page.evaluate("location.hash")
+    rows = RecordingIndex(recordings[1]).rows  # eval_b: one policy version, 4
+    box = page.eval_on_selector(chart, "s => { const r = s.getBoundingClientRect(); return [r.left, r.top, r.width, r.height]; }")
+    page.mouse.move(box[0] + box[2] - 12, box[1] + box[3] / 2)  # the right end: the last version
+    assert page.is_visible("#tooltip")
+    title, x, *values = page.text_content("#tooltip").split("\n")
+    assert (title, x) == ("metrics/accuracy", "policy version 4")
+    shown = dict(line.split(": ") for line in values)
+    mean = sum(r["metrics"]["accuracy"] for r in rows) / len(rows)
+    assert set(shown) == {"eval_b.jsonl", "eval_long_stops.jsonl"} and float(shown["eval_b.jsonl"]) == pytest.approx(mean)
+
+
+def test_comparing_different_envs_warns(open_page):
+    page = open_page("#tab=compare&a=0&b=4")
+    page.wait_for_selector("#compare-warning:not([hidden])")
+    assert "hold different envs" in page.text_content("#compare-warning")
+    page.select_option("#compare-b", "1")
+    page.wait_for_selector("#compare-warning[hidden]", state="attached")
+
+
+def test_a_chat_jsonl_is_shown_with_the_import_command(page, recordings):
+    version = page.get_attribute("body", "data-list-version")
+    page.select_option("#recording-select", "5")
+    _wait_list_change(page, version)
+    page.wait_for_selector("#problems:not([hidden])")
+    assert f"toolgym import {recordings[5]}" in page.text_content("#problems")

@@ -199,3 +199,74 @@ def test_view_sources_of_a_run_directory(tmp_path, zorplex):
     with pytest.raises(ValueError, match="no recordings"):
         view_sources([str(tmp_path)])
     assert msgspec.json.decode(msgspec.json.encode(charts))  # JSON-safe
+
+
+# ---- the edges new users met --------------------------------------------------------------------
+
+
+def test_reward_bounds_hold_up_to_float_rounding(zorplex):
+    index = RecordingIndex(zorplex)
+    index.rows[0]["reward"] = 0.1 + 1.0  # 1.0999999999999999, shown as 1.100
+    index.rows[1]["reward"] = 1.1
+    index.rows[2]["reward"] = 1.1 + 1e-6  # a real difference stays one
+    kept = {r["i"] for r in index.query({"rmin": "1.1", "rmax": "1.1"})["rows"]}
+    assert kept == {0, 1}
+    assert 2 in {r["i"] for r in index.query({"rmin": "1.1"})["rows"]}
+    assert 2 not in {r["i"] for r in index.query({"rmax": "1.1"})["rows"]}
+
+
+def test_a_chat_jsonl_file_is_named_with_the_command_that_imports_it(zorplex, tmp_path):
+    from toolgym.rollouts.recording.chat_jsonl import export_chat_jsonl
+
+    chat = tmp_path / "chat.jsonl"
+    with chat.open("w") as out:
+        export_chat_jsonl(zorplex, out)
+    index = RecordingIndex(chat)
+    assert index.rows == [] and len(index.problems) == 1
+    assert "chat-messages JSONL" in index.problems[0] and f"toolgym import {chat}" in index.problems[0]
+
+
+def test_comparing_different_envs_warns(zorplex, tmp_path):
+    other = write(tmp_path / "default_tier.jsonl", play(ZORPLEX, [0, 1], group_size=1), ZORPLEX)
+    same = write(tmp_path / "same.jsonl", play(ZORPLEX, [0, 1], group_size=1, env_kwargs={"tier": "simple"}), ZORPLEX)
+    warning = compare(RecordingIndex(zorplex), RecordingIndex(other), {})["warning"]
+    assert "hold different envs" in warning and '"tier": "simple"' in warning
+    assert compare(RecordingIndex(zorplex), RecordingIndex(same), {})["warning"] is None
+
+
+def test_every_logged_metric_can_be_charted(zorplex, tmp_path):
+    records = [
+        {"kind": "train", "step": 1, "time": 5.0, "rollout/reward_mean": 0.5, "train/loss": 0.25, "note": "x"},
+        {"kind": "train", "step": 2, "time": 6.0, "rollout/reward_mean": 0.75, "train/loss": float("nan")},
+        {"kind": "eval", "step": 2, "time": 7.0, "eval/accuracy": 1.0, "train/loss": 0.5},
+    ]
+    data = ViewerData([zorplex], None, records)
+    assert data.recordings()["metric_names"] == ["eval/accuracy", "rollout/reward_mean", "train/loss"]
+    assert data.answer("series", {"name": "train/loss"})["series"] == [
+        {"name": "train", "points": [[1, 0.25], [2, None]]},
+        {"name": "eval", "points": [[2, 0.5]]},
+    ]
+    with pytest.raises(LookupError, match="no metric 'time'"):
+        data.answer("series", {"name": "time"})
+    with pytest.raises(ValueError, match="missing parameter 'name'"):
+        data.answer("series", {})
+
+    plain = ViewerData([zorplex])  # no run: the episodes' env metrics and reward components
+    names = plain.recordings()["metric_names"]
+    assert "metrics/accuracy" in names and any(n.startswith("components/") for n in names)
+    (line,) = plain.answer("series", {"name": "metrics/accuracy"})["series"]
+    rows = RecordingIndex(zorplex).rows
+    assert line["points"] == [[0, pytest.approx(sum(r["metrics"]["accuracy"] for r in rows) / len(rows))]]
+
+
+def test_a_port_in_use_is_refused_before_anything_is_read(zorplex, capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["view", str(zorplex), "--port", str(port)]) == 2
+    captured = capsys.readouterr()
+    assert f"port {port} on 127.0.0.1 is in use" in captured.err and "--port 0" in captured.err
+    assert "episodes" not in captured.out  # refused before the recording was indexed

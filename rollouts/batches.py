@@ -148,9 +148,8 @@ def build_kept_batch(
     )
     trained = [a for t, a in zip(kept_trajectories, kept_advantages, strict=True) if _trainable(t, config)]
     advantage = config.advantage
-    returns = [
-        turn_returns(t, advantage.gamma, advantage.overlong) for t in kept_trajectories if _trainable(t, config)
-    ]
+    trained_trajectories = [t for t in kept_trajectories if _trainable(t, config)]
+    returns = [turn_returns(t, advantage.gamma, advantage.overlong) for t in trained_trajectories]
     return episodes, {
         **stats.as_metrics(),
         "batch/groups": float(groups),

@@ -122,7 +122,8 @@ def trajectory_to_episodes(
     start = 0
     for part in sequences(trajectory):
         advantages = per_turn[start : start + len(part)]
-        built.append(_episode(trajectory, _segments(part), advantages, max_seq_len, rule, stats, _versions(part)))
+        versions = _versions(part)
+        built.append(_episode(trajectory, _segments(part), advantages, max_seq_len, rule, stats, versions))
         start += len(part)
     return [episode for episode in built if episode is not None]
 

@@ -157,7 +157,9 @@ def test_per_turn_advantages_follow_their_turns_across_sequences():
 
 def test_truncated_episodes_keep_their_leading_turns_advantages():
     t = trajectory([0.0, 0.0, 1.0], action_len=2)
-    episodes, stats = build_episodes([t], [[0.25, -0.5, 1.0]], max_seq_len=6, rule=OverlongEpisodeRule.TRUNCATE_TURNS)
+    episodes, stats = build_episodes(
+        [t], [[0.25, -0.5, 1.0]], max_seq_len=6, rule=OverlongEpisodeRule.TRUNCATE_TURNS
+    )
     assert stats.truncated == 1
     assert episodes[0].advantages == [0.0, 0.25, 0.25, 0.0, -0.5, -0.5]
 

@@ -118,14 +118,22 @@ def sample_groups(theta: np.ndarray, n_groups: int, rng: np.random.Generator) ->
                 history += [STATE_TOKEN + state, ACTION_TOKEN + action]
                 completion = Completion([ACTION_TOKEN + action], [float(np.log(pi[state, action]))], "stop")
                 info = {SEQUENCE_START: True} if restart else {}
-                transitions.append(Transition("", obs, completion, reward=reward, terminated=nxt == END, info=info))
+                transitions.append(
+                    Transition("", obs, completion, reward=reward, terminated=nxt == END, info=info)
+                )
                 state = nxt
             total = float(sum(t.reward for t in transitions))
             group.append(
                 Trajectory(
-                    env_id="mdp", env_kwargs={}, task_seed=g, group_id=g, transitions=transitions,
-                    stop_reason=StopReason.ANSWERED, total_reward=total, sample_index=i,
-                )  # fmt: skip
+                    env_id="mdp",
+                    env_kwargs={},
+                    task_seed=g,
+                    group_id=g,
+                    transitions=transitions,
+                    stop_reason=StopReason.ANSWERED,
+                    total_reward=total,
+                    sample_index=i,
+                )
             )
         groups.append(group)
     return groups
@@ -207,7 +215,10 @@ class Setup:
         if name not in self._estimates:
             estimator = ESTIMATORS[name]
             samples = np.stack([gradient_from_episodes(self.scores, g, estimator(g)) for g in self.groups])
-            self._estimates[name] = samples.mean(axis=0), samples.std(axis=0, ddof=1) / np.sqrt(len(self.groups))
+            self._estimates[name] = (
+                samples.mean(axis=0),
+                samples.std(axis=0, ddof=1) / np.sqrt(len(self.groups)),
+            )
         return self._estimates[name]
 
 

@@ -39,7 +39,7 @@ from typing import Protocol
 import msgspec
 
 from .advantages import AdvantageConfig, Credit, group_advantages, is_zero_variance, shaped_rewards
-from .credit import credit_metrics, is_informative, mean_abs_advantage, turn_loo_advantages, turn_returns
+from .credit import credit_metrics, group_turn_advantages, is_informative, mean_abs_advantage, turn_returns
 from .episodes import INFRA_STOP_REASONS, Advantage, OverlongEpisodeRule, build_episodes, sampled_length
 from .metrics import batch_metrics
 from .runner import RolloutRunner
@@ -184,10 +184,9 @@ def _score_turns(
     group: Sequence[Trajectory], members: list[int], config: BatchConfig
 ) -> tuple[list[Advantage], bool]:
     """Turn-level credit ("turn_loo"): the members' per-turn returns, leave-one-out baselines."""
-    advantage = config.advantage
-    returns = [turn_returns(group[i], advantage.gamma, advantage.overlong) for i in members]
     advantages: list[Advantage] = [0.0] * len(group)
-    for i, a in zip(members, turn_loo_advantages(returns, advantage.estimator, advantage.eps), strict=True):
+    scored = group_turn_advantages([group[i] for i in members], config.advantage)
+    for i, a in zip(members, scored, strict=True):
         advantages[i] = a
     return advantages, is_informative(advantages)
 

@@ -71,7 +71,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .advantages import AdvantageEstimator, OverlongShaping, overlong_penalty
+from .advantages import AdvantageConfig, AdvantageEstimator, OverlongShaping, overlong_penalty
 from .episodes import Advantage, sampled_length
 from .types import Trajectory
 
@@ -158,6 +158,13 @@ def turn_loo_advantages(
             advantages.append(a / (std + eps) if std is not None else a)
         out.append(advantages)
     return out
+
+
+def group_turn_advantages(group: Sequence[Trajectory], config: AdvantageConfig) -> list[list[float]]:
+    """Turn-level advantages of one group's trajectories (all of them members: leave out the
+    ones not trained on before calling), by `config`'s gamma, overlong shaping and estimator."""
+    returns = [turn_returns(t, config.gamma, config.overlong) for t in group]
+    return turn_loo_advantages(returns, config.estimator, config.eps)
 
 
 def credit_metrics(returns: Sequence[Sequence[float]], prefix: str = "credit/") -> dict[str, float]:

@@ -43,6 +43,9 @@ def test_credit_and_gamma_errors_name_the_field_and_the_choices():
     assert error_of({"batch": {"advantage": {"gamma": 0.9}}}).startswith(
         "config error: batch.advantage.gamma: must be 1 with credit = 'outcome'"
     )
+    assert error_of(
+        {"rollout": {"group_size": 1}, "batch": {"advantage": {"credit": "turn_loo"}}}
+    ).startswith("config error: rollout.group_size: must be >= 2 with batch.advantage.credit = 'turn_loo'")
 
 
 def test_cli_refuses_an_unknown_credit_with_exit_code_2(capsys):

@@ -4,6 +4,7 @@ advantages reach exactly each turn's sampled tokens (several sequences, truncati
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from toolgym.agents.types import Completion
@@ -200,3 +201,22 @@ def test_config_refuses_bad_gamma_and_gamma_with_outcome():
     with pytest.raises(ValueError, match="credit = 'outcome'"):
         AdvantageConfig(gamma=0.9)
     assert AdvantageConfig(credit=Credit.TURN_LOO, gamma=0.9).gamma == 0.9
+
+
+def test_offline_policy_gradient_from_a_recording_takes_turn_level_credit():
+    from toolgym.rollouts.recording.replay import OfflineMode, episodes_from_trajectories
+
+    a, b, failed, other = (
+        trajectory([0.0, 1.0]),
+        trajectory([0.5, 0.0]),
+        trajectory([9.0], stop=StopReason.ENV_ERROR),
+        msgspec.structs.replace(trajectory([1.0]), group_id=1),
+    )
+    config = AdvantageConfig(credit=Credit.TURN_LOO, estimator=DR)
+    episodes, stats = episodes_from_trajectories([a, b, failed, other], OfflineMode.PG, config)
+    assert stats.dropped_infra == 1
+    assert [e.advantages for e in episodes] == [
+        [0.0, 0.5, 0.5, 0.0, 1.0, 1.0],
+        [0.0, -0.5, -0.5, 0.0, -1.0, -1.0],
+        [0.0, 1.0, 1.0],  # alone in its group: baseline 0
+    ]

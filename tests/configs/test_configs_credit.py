@@ -21,7 +21,7 @@ def error_of(raw: dict) -> str:
     return str(info.value)
 
 
-@pytest.mark.parametrize("preset", ["zorplex_recursive_tiny", "zorplex_tiny"])
+@pytest.mark.parametrize("preset", ["zorplex_recursive_tiny", "zorplex_tiny", "zorplex_chain_credit_tiny"])
 def test_a_preset_with_turn_loo_loads_and_passes_the_checks(preset):
     config, _ = load_config(preset, ["batch.advantage.credit=turn_loo", "batch.advantage.gamma=0.9"])
     assert config.batch.advantage.credit is Credit.TURN_LOO and config.batch.advantage.gamma == 0.9
@@ -75,3 +75,15 @@ def test_a_turn_loo_run_trains_and_logs_turn_returns(tmp_path: Path):
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
         assert r["credit/reached_turn0"] == 1.0 and "credit/return_turn0_mean" in r
+
+
+def test_the_credit_demo_preset_runs_its_three_arms_from_one_file():
+    # bench/credit_demo.py's arms: the preset, then turn_loo, then turn_loo with the chain reward
+    outcome, _ = load_config("zorplex_chain_credit_tiny")
+    assert outcome.batch.advantage.credit is Credit.OUTCOME and outcome.batch.advantage.estimator == "dr_grpo"
+    assert outcome.env.kwargs["tier"] == "recursive" and outcome.env.kwargs["difficulty"] == "hard"
+    dense, _ = load_config(
+        "zorplex_chain_credit_tiny", ["batch.advantage.credit=turn_loo", "env.kwargs.chain_reward=0.1"]
+    )
+    check_environment(dense)
+    assert dense.env.kwargs["chain_reward"] == 0.1 and dense.env.kwargs["difficulty"] == "hard"

@@ -146,10 +146,9 @@ def build_kept_batch(
         config.overlong_rule,
         skip_infra_failures=not config.train_on_infra_failures,
     )
-    trained = [a for t, a in zip(kept_trajectories, kept_advantages, strict=True) if _trainable(t, config)]
-    advantage = config.advantage
-    trained_trajectories = [t for t in kept_trajectories if _trainable(t, config)]
-    returns = [turn_returns(t, advantage.gamma, advantage.overlong) for t in trained_trajectories]
+    pairs = [(t, a) for t, a in zip(kept_trajectories, kept_advantages, strict=True) if _trainable(t, config)]
+    trained = [a for _, a in pairs]
+    returns = [turn_returns(t, config.advantage.gamma, config.advantage.overlong) for t, _ in pairs]
     return episodes, {
         **stats.as_metrics(),
         "batch/groups": float(groups),

@@ -35,6 +35,7 @@ An episode's advantage (`Advantage`) is one number, put on every sampled token (
 or one number per turn (turn-level credit, rollouts/credit.py): turn t's on exactly turn t's
 sampled tokens. Across several sequences each takes the advantages of the turns it holds, and
 TRUNCATE_TURNS keeps those of the turns it keeps; observation tokens get 0 either way.
+`turn_spans` says where each turn's sampled tokens landed (which Episode, which token span).
 """
 
 from __future__ import annotations
@@ -152,6 +153,46 @@ def _versions(transitions: Sequence[Transition]) -> list[list[int]]:
     return [t.action.token_versions or [t.action.policy_version] * len(t.action.tokens) for t in transitions]
 
 
+def _kept_turns(lengths: Sequence[int], max_seq_len: int | None, rule: OverlongEpisodeRule) -> int:
+    """How many leading turns (of these token lengths, observation + action) one sequence keeps
+    under the sequence-limit rule (0: the sequence is dropped)."""
+    if max_seq_len is None or sum(lengths) <= max_seq_len:
+        return len(lengths)
+    if rule == OverlongEpisodeRule.DROP:
+        return 0
+    running, keep = 0, 0
+    for n in lengths:
+        if running + n > max_seq_len:
+            break
+        running, keep = running + n, keep + 1
+    return keep
+
+
+def turn_spans(
+    trajectory: Trajectory,
+    max_seq_len: int | None = None,
+    rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
+) -> list[tuple[int, int, int] | None]:
+    """Where each turn's sampled tokens are in the Episodes `trajectory_to_episodes` builds with
+    the same limit and rule: per transition (episode index, start, end), tokens[start:end] of
+    that Episode being exactly the turn's action tokens; None for a turn the rule dropped."""
+    spans: list[tuple[int, int, int] | None] = []
+    built = 0
+    for part in sequences(trajectory):
+        lengths = [len(t.observation_tokens) + len(t.action.tokens) for t in part]
+        keep = _kept_turns(lengths, max_seq_len, rule)
+        position = 0
+        for i, transition in enumerate(part):
+            if i >= keep:
+                spans.append(None)
+                continue
+            start = position + len(transition.observation_tokens)
+            spans.append((built, start, start + len(transition.action.tokens)))
+            position += lengths[i]
+        built += keep > 0
+    return spans
+
+
 def _episode(
     trajectory: Trajectory,
     segments: list[tuple[list[int], list[int], list[float]]],
@@ -163,16 +204,8 @@ def _episode(
 ) -> Episode | None:
     lengths = [len(o) + len(a) for o, a, _ in segments]
     total = sum(lengths)
-    keep = len(segments)
-    if max_seq_len is not None and total > max_seq_len:
-        if rule == OverlongEpisodeRule.DROP:
-            keep = 0
-        else:
-            running, keep = 0, 0
-            for n in lengths:
-                if running + n > max_seq_len:
-                    break
-                running, keep = running + n, keep + 1
+    keep = _kept_turns(lengths, max_seq_len, rule)
+    if keep < len(segments):
         if keep == 0:
             stats.dropped_overlong += 1
             stats.tokens_dropped += total

@@ -21,7 +21,7 @@ from toolgym.rollouts.credit import (
     turn_returns,
     turn_rewards,
 )
-from toolgym.rollouts.episodes import OverlongEpisodeRule, build_episodes, trajectory_to_episodes
+from toolgym.rollouts.episodes import OverlongEpisodeRule, build_episodes, trajectory_to_episodes, turn_spans
 from toolgym.rollouts.types import SEQUENCE_START, StopReason, Trajectory, Transition
 
 DR = AdvantageEstimator.DR_GRPO
@@ -220,3 +220,27 @@ def test_offline_policy_gradient_from_a_recording_takes_turn_level_credit():
         [0.0, -0.5, -0.5, 0.0, -1.0, -1.0],
         [0.0, 1.0, 1.0],  # alone in its group: baseline 0
     ]
+
+
+@pytest.mark.parametrize("restart_at", [None, 1, 2])
+@pytest.mark.parametrize("max_seq_len", [None, 4, 6, 9])
+@pytest.mark.parametrize("rule", list(OverlongEpisodeRule))
+def test_turn_spans_locate_each_turn_sampled_tokens_in_the_built_episodes(restart_at, max_seq_len, rule):
+    t = trajectory([0.0, 0.5, 1.0, -1.0], action_len=2, versions=[1, 2, 3, 4], restart_at=restart_at)
+    per_turn = [0.25, -0.5, 1.0, 2.0]
+    episodes = trajectory_to_episodes(t, per_turn, max_seq_len, rule)
+    spans = turn_spans(t, max_seq_len, rule)
+    assert len(spans) == len(t.transitions)
+    covered = {i: set() for i in range(len(episodes))}
+    for transition, advantage, span in zip(t.transitions, per_turn, spans, strict=True):
+        if span is None:
+            continue
+        index, start, end = span
+        episode = episodes[index]
+        assert episode.tokens[start:end] == transition.action.tokens
+        assert episode.loss_mask[start:end] == [1] * (end - start)
+        assert episode.advantages[start:end] == [advantage] * (end - start)
+        assert set(episode.token_versions[start:end]) == {transition.action.policy_version}
+        covered[index] |= set(range(start, end))
+    for index, episode in enumerate(episodes):  # every sampled token belongs to exactly one turn
+        assert {k for k, m in enumerate(episode.loss_mask) if m} == covered[index]

@@ -2,10 +2,11 @@
 
 A group's staleness is the trainer's policy version minus the oldest version that sampled one of
 its tokens. Groups are taken in the order they finished, as `collect_batch` (rollouts/batches.py)
-would keep them: a group whose episodes all failed (infra) or, with DAPO dynamic sampling, whose
-rewards are all equal is not trained on; a group staler than `max_staleness` is dropped or has its
-advantages scaled by `stale_weight` (`over_stale`; every turn's alike under turn-level credit).
-Taking stops when `groups_per_batch` groups are kept, or after as many groups as a synchronous step could roll out at most (groups_per_batch +
+would keep them: a group whose episodes all failed (infra) or, with DAPO dynamic sampling, that
+carries no signal (`ScoredGroup.informative`) is not trained on; a group staler than
+`max_staleness` is dropped or has its advantages scaled by `stale_weight` (`over_stale`; every
+turn's alike under turn-level credit). Taking stops when `groups_per_batch` groups are kept, or
+after as many groups as a synchronous step could roll out at most (groups_per_batch +
 max_extra_rounds x max_groups_per_round; then the batch is short, as a sync batch would be), not
 counting the over-stale groups dropped: the generator, on newer weights, replaces them. Every
 group taken is returned, kept or not, so the caller records each exactly once.

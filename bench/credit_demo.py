@@ -118,7 +118,7 @@ def report(results: dict[tuple[str, int], dict], out: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(
         "--set", dest="sets", action="append", default=[], help="a config override for every arm"

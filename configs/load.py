@@ -339,7 +339,15 @@ def check_fields_together(config: Config) -> None:
 
     - rollout.group_size >= 2: every advantage estimator is group-relative (a reward minus its
       group's mean), so a group of one has advantage 0 on every token and dynamic sampling drops
-      it as zero-variance: such a run trains on nothing, step after step."""
+      it as zero-variance: such a run trains on nothing, step after step. With
+      `batch.advantage.credit = "turn_loo"` the baseline is the group's other episodes: a group of
+      one has none, and its advantages are its raw returns (REINFORCE without a baseline)."""
+    if config.rollout.group_size < 2 and config.batch.advantage.credit != "outcome":
+        raise ConfigError(
+            "rollout.group_size",
+            f"must be >= 2 with batch.advantage.credit = '{config.batch.advantage.credit}' (its "
+            f"baseline is the group's other episodes; a group of 1 has none), got {config.rollout.group_size}",
+        )
     if config.rollout.group_size < 2:
         estimator = config.batch.advantage.estimator
         dynamic = config.batch.dynamic_sampling

@@ -10,7 +10,9 @@ stays cheap for the trainers):
 - env_io: the runner's checked env calls (reset, step, abandon).
 - scripted: OraclePolicy / OracleConfig (the env's oracle with imperfection knobs).
 - episodes: Trajectory -> loss-masked Episode, the sequence-limit rule.
-- advantages: GRPO / Dr. GRPO group advantages, DAPO overlong shaping.
+- advantages: GRPO / Dr. GRPO group advantages, DAPO overlong shaping, the credit choice.
+- credit: per-turn rewards and returns-to-go, turn-level advantages (leave-one-out per turn
+  index), their bias and variance, the `credit/` metrics.
 - batches: collecting a training batch: TaskSeedStream / eval_seeds (the seed scheme),
   BatchConfig, collect_batch (DAPO dynamic sampling), GroupRunner / score_group.
 - evaluation: held-out greedy evaluation.

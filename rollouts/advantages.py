@@ -20,6 +20,11 @@ runner ends an episode whose env returns such a reward as env_error, so none rea
 Here |y| is the episode's number of SAMPLED (response) tokens: the sum of all its actions'
 tokens, prompt and observation tokens excluded (in a multi-turn episode the model only controls
 what it samples).
+
+`AdvantageConfig.credit` chooses how the advantage is spread over an episode's turns: "outcome"
+(the default) gives every turn the episode's group advantage computed here; "turn_loo" gives each
+turn its own, from the turn's return-to-go and a leave-one-out baseline per turn index
+(rollouts/credit.py, which also documents each estimator's bias and variance).
 """
 
 from __future__ import annotations
@@ -34,6 +39,13 @@ import msgspec
 class AdvantageEstimator(enum.StrEnum):
     GRPO = "grpo"  # (r - mean) / (std + eps)
     DR_GRPO = "dr_grpo"  # r - mean
+
+
+class Credit(enum.StrEnum):
+    """How an episode's reward becomes advantages on its turns (rollouts/credit.py)."""
+
+    OUTCOME = "outcome"  # the episode's group advantage on every turn
+    TURN_LOO = "turn_loo"  # per turn: return-to-go minus the other episodes' mean at that turn
 
 
 class OverlongShaping(msgspec.Struct, frozen=True):
@@ -52,9 +64,25 @@ class OverlongShaping(msgspec.Struct, frozen=True):
 
 
 class AdvantageConfig(msgspec.Struct, frozen=True):
+    """estimator: divide by the group's std ("grpo") or not ("dr_grpo"). credit: "outcome" or
+    "turn_loo" (`Credit`). gamma: the discount of the per-turn returns-to-go, in (0, 1]; it
+    applies to turn-level credit only ("outcome" uses the episode's total reward, so gamma must
+    stay 1 there)."""
+
     estimator: AdvantageEstimator = AdvantageEstimator.GRPO
     eps: float = 1e-6
     overlong: OverlongShaping | None = None  # None: off
+    credit: Credit = Credit.OUTCOME
+    gamma: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.gamma <= 1.0:  # also refuses nan
+            raise ValueError(f"AdvantageConfig.gamma must be in (0, 1], got {self.gamma}")
+        if self.credit == Credit.OUTCOME and self.gamma != 1.0:
+            raise ValueError(
+                f"AdvantageConfig.gamma must be 1 with credit = 'outcome' (it discounts per-turn "
+                f"returns; 'turn_loo' uses it), got {self.gamma}"
+            )
 
 
 def overlong_penalty(length: int, shaping: OverlongShaping) -> float:

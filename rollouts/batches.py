@@ -21,6 +21,11 @@ groups, possibly none) rather than padded with zero-advantage groups, and `batch
 Episodes that ended with env_error or timeout are infrastructure failures: they are left out of
 their group's advantage statistics and of the Episodes (counted), unless
 `train_on_infra_failures`.
+
+Credit (`AdvantageConfig.credit`, rollouts/credit.py): "outcome" gives each episode one advantage
+(a float), "turn_loo" one per turn (a list); `score_group` returns whichever, and a group is
+informative when its rewards differ (outcome) or when some turn's advantage is not 0 (turn_loo).
+The batch metrics add `credit/`: the kept, trained episodes' mean return-to-go per turn index.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ from typing import Protocol
 
 import msgspec
 
-from .advantages import AdvantageConfig, group_advantages, is_zero_variance, shaped_rewards
-from .episodes import INFRA_STOP_REASONS, OverlongEpisodeRule, build_episodes, sampled_length
+from .advantages import AdvantageConfig, Credit, group_advantages, is_zero_variance, shaped_rewards
+from .credit import credit_metrics, group_turn_advantages, is_informative, mean_abs_advantage, turn_returns
+from .episodes import INFRA_STOP_REASONS, Advantage, OverlongEpisodeRule, build_episodes, sampled_length
 from .metrics import batch_metrics
 from .runner import RolloutRunner
 from .types import Episode, Trajectory
@@ -107,11 +113,12 @@ class BatchConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 class RolloutBatch(msgspec.Struct):
     """One step's rollouts. `trajectories` holds every episode rolled out (kept or not), with
-    `advantages` and `kept` aligned to it; `episodes` are the kept, trainable ones."""
+    `advantages` (each a float, or one per turn: rollouts/episodes.py's `Advantage`) and `kept`
+    aligned to it; `episodes` are the kept, trainable ones."""
 
     episodes: list[Episode]
     trajectories: list[Trajectory]
-    advantages: list[float]
+    advantages: list[Advantage]
     kept: list[bool]
     metrics: dict[str, float]
 
@@ -122,15 +129,16 @@ def _trainable(trajectory: Trajectory, config: BatchConfig) -> bool:
 
 def build_kept_batch(
     kept_trajectories: Sequence[Trajectory],
-    kept_advantages: Sequence[float],
+    kept_advantages: Sequence[Advantage],
     groups: int,
     needed: int,
     config: BatchConfig,
 ) -> tuple[list[Episode], dict[str, float]]:
     """The kept groups' training Episodes and the batch metrics every way of filling a batch
     reports: the episode builder's counts, the groups kept, the fill against `needed`, the
-    episodes' tokens and sampled tokens, and the mean |advantage| of the kept trajectories that
-    are trained on."""
+    episodes' tokens and sampled tokens, the mean |advantage| of the kept trajectories that
+    are trained on (a per-turn advantage counts as its mean over the turns), and their per-turn
+    returns (`credit_metrics`)."""
     episodes, stats = build_episodes(
         kept_trajectories,
         kept_advantages,
@@ -138,31 +146,48 @@ def build_kept_batch(
         config.overlong_rule,
         skip_infra_failures=not config.train_on_infra_failures,
     )
-    trained = [a for t, a in zip(kept_trajectories, kept_advantages, strict=True) if _trainable(t, config)]
+    pairs = [(t, a) for t, a in zip(kept_trajectories, kept_advantages, strict=True) if _trainable(t, config)]
+    trained = [a for _, a in pairs]
+    returns = [turn_returns(t, config.advantage.gamma, config.advantage.overlong) for t, _ in pairs]
     return episodes, {
         **stats.as_metrics(),
         "batch/groups": float(groups),
         "batch/fill": groups / needed,
         "batch/tokens": float(sum(len(e.tokens) for e in episodes)),
         "batch/sampled_tokens": float(sum(sum(e.loss_mask) for e in episodes)),
-        "advantage/mean_abs": sum(abs(a) for a in trained) / len(trained) if trained else 0.0,
+        "advantage/mean_abs": sum(mean_abs_advantage(a) for a in trained) / len(trained) if trained else 0.0,
+        **credit_metrics(returns),
     }
 
 
-def score_group(group: Sequence[Trajectory], config: BatchConfig) -> tuple[list[float], bool]:
-    """Advantages for one group (0.0 for untrainable members) and whether it carries signal."""
+def score_group(group: Sequence[Trajectory], config: BatchConfig) -> tuple[list[Advantage], bool]:
+    """Advantages for one group (0.0 for untrainable members; with turn-level credit a list per
+    member, one per turn) and whether it carries signal."""
     members = [i for i, t in enumerate(group) if _trainable(t, config)]
+    if config.advantage.credit != Credit.OUTCOME:
+        return _score_turns(group, members, config)
     rewards = shaped_rewards(
         [group[i].total_reward for i in members],
         [sampled_length(group[i]) for i in members],
         config.advantage,
     )
-    advantages = [0.0] * len(group)
+    advantages: list[Advantage] = [0.0] * len(group)
     for i, a in zip(
         members, group_advantages(rewards, config.advantage.estimator, config.advantage.eps), strict=True
     ):
         advantages[i] = a
     return advantages, bool(members) and not is_zero_variance(rewards)
+
+
+def _score_turns(
+    group: Sequence[Trajectory], members: list[int], config: BatchConfig
+) -> tuple[list[Advantage], bool]:
+    """Turn-level credit ("turn_loo"): the members' per-turn returns, leave-one-out baselines."""
+    advantages: list[Advantage] = [0.0] * len(group)
+    scored = group_turn_advantages([group[i] for i in members], config.advantage)
+    for i, a in zip(members, scored, strict=True):
+        advantages[i] = a
+    return advantages, is_informative(advantages)
 
 
 def _split_groups(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
@@ -191,8 +216,8 @@ async def collect_batch(
     started = time.perf_counter()
     needed = config.groups_per_batch
     max_per_round = config.max_groups_per_round or 4 * needed
-    kept_groups: list[tuple[list[Trajectory], list[float]]] = []
-    other_groups: list[tuple[list[Trajectory], list[float]]] = []
+    kept_groups: list[tuple[list[Trajectory], list[Advantage]]] = []
+    other_groups: list[tuple[list[Trajectory], list[Advantage]]] = []
     rolled = zero_variance = dropped = no_trainable = surplus = rounds = 0
     while True:
         rounds += 1

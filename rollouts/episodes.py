@@ -3,7 +3,7 @@
     tokens           = obs_0 + act_0 + obs_1 + act_1 + ... + obs_k + act_k
     loss_mask        =  0..0 + 1..1  +  0..0 + 1..1  + ... +  0..0 + 1..1
     sampler_logprobs =  0..0 + lp_0  +  0..0 + lp_1  + ...            (0.0 where masked)
-    advantages       =  0..0 + A..A  +  0..0 + A..A  + ...            (0.0 where masked)
+    advantages       =  0..0 + A_0.. +  0..0 + A_1.. + ...            (0.0 where masked)
 
 obs_0 is the whole rendered turn-0 prompt (system + first user message + assistant header);
 obs_i (i > 0) is only the delta the renderer appended (end of turn if the model did not close it,
@@ -28,8 +28,14 @@ mid-turn.
 Several sequences per episode: where a chat template was not append-only (agents/chat_template.py),
 the runner restarted the history from the template's full re-rendering and marked that transition
 (`info[SEQUENCE_START]`, rollouts/types.py). `trajectory_to_episodes` then builds one Episode per
-sequence (each from its own first observation, all with the trajectory's advantage; the rule above
+sequence (each from its own first observation, with its turns' advantages; the rule above
 applies to each); `build_episodes` uses it. The runner counts restarts (`sequence_restarts`).
+
+An episode's advantage (`Advantage`) is one number, put on every sampled token (outcome credit),
+or one number per turn (turn-level credit, rollouts/credit.py): turn t's on exactly turn t's
+sampled tokens. Across several sequences each takes the advantages of the turns it holds, and
+TRUNCATE_TURNS keeps those of the turns it keeps; observation tokens get 0 either way.
+`turn_spans` says where each turn's sampled tokens landed (which Episode, which token span).
 """
 
 from __future__ import annotations
@@ -44,6 +50,19 @@ from .types import SEQUENCE_START, Episode, StopReason, Trajectory, Transition
 # Episodes that ended because the infrastructure failed (an env or tool raised, a generation error
 # or the wall clock): their outcome says nothing about the policy, so they are not trained on.
 INFRA_STOP_REASONS = frozenset({StopReason.ENV_ERROR, StopReason.TIMEOUT})
+
+
+# One episode's advantage: a number for every turn alike, or a list with one per turn.
+Advantage = float | list[float]
+
+
+def per_turn_advantages(advantage: Advantage | Sequence[float], turns: int) -> list[float]:
+    """The advantage of each of `turns` turns (a list must have exactly one per turn)."""
+    if isinstance(advantage, int | float):
+        return [float(advantage)] * turns
+    if len(advantage) != turns:
+        raise ValueError(f"{len(advantage)} per-turn advantages for an episode of {turns} turns")
+    return [float(a) for a in advantage]
 
 
 class OverlongEpisodeRule(enum.StrEnum):
@@ -91,23 +110,28 @@ def sequences(trajectory: Trajectory) -> list[list[Transition]]:
 
 def trajectory_to_episodes(
     trajectory: Trajectory,
-    advantage: float,
+    advantage: Advantage | Sequence[float],
     max_seq_len: int | None = None,
     rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
     stats: EpisodeStats | None = None,
 ) -> list[Episode]:
-    """One Episode per training sequence of the trajectory (see the module doc)."""
+    """One Episode per training sequence of the trajectory (see the module doc); `advantage` is
+    one number for every turn or one per transition."""
     stats = stats if stats is not None else EpisodeStats()
-    built = (
-        _episode(trajectory, _segments(part), advantage, max_seq_len, rule, stats, _versions(part))
-        for part in sequences(trajectory)
-    )
+    per_turn = per_turn_advantages(advantage, len(trajectory.transitions))
+    built: list[Episode | None] = []
+    start = 0
+    for part in sequences(trajectory):
+        advantages = per_turn[start : start + len(part)]
+        versions = _versions(part)
+        built.append(_episode(trajectory, _segments(part), advantages, max_seq_len, rule, stats, versions))
+        start += len(part)
     return [episode for episode in built if episode is not None]
 
 
 def trajectory_to_episode(
     trajectory: Trajectory,
-    advantage: float,
+    advantage: Advantage | Sequence[float],
     max_seq_len: int | None = None,
     rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
     stats: EpisodeStats | None = None,
@@ -118,8 +142,8 @@ def trajectory_to_episode(
         raise ValueError("the trajectory holds several training sequences: use trajectory_to_episodes")
     stats = stats if stats is not None else EpisodeStats()
     return _episode(
-        trajectory, turn_segments(trajectory), advantage, max_seq_len, rule, stats,
-        _versions(trajectory.transitions),
+        trajectory, turn_segments(trajectory), per_turn_advantages(advantage, len(trajectory.transitions)),
+        max_seq_len, rule, stats, _versions(trajectory.transitions),
     )  # fmt: skip
 
 
@@ -129,10 +153,50 @@ def _versions(transitions: Sequence[Transition]) -> list[list[int]]:
     return [t.action.token_versions or [t.action.policy_version] * len(t.action.tokens) for t in transitions]
 
 
+def _kept_turns(lengths: Sequence[int], max_seq_len: int | None, rule: OverlongEpisodeRule) -> int:
+    """How many leading turns (of these token lengths, observation + action) one sequence keeps
+    under the sequence-limit rule (0: the sequence is dropped)."""
+    if max_seq_len is None or sum(lengths) <= max_seq_len:
+        return len(lengths)
+    if rule == OverlongEpisodeRule.DROP:
+        return 0
+    running, keep = 0, 0
+    for n in lengths:
+        if running + n > max_seq_len:
+            break
+        running, keep = running + n, keep + 1
+    return keep
+
+
+def turn_spans(
+    trajectory: Trajectory,
+    max_seq_len: int | None = None,
+    rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
+) -> list[tuple[int, int, int] | None]:
+    """Where each turn's sampled tokens are in the Episodes `trajectory_to_episodes` builds with
+    the same limit and rule: per transition (episode index, start, end), tokens[start:end] of
+    that Episode being exactly the turn's action tokens; None for a turn the rule dropped."""
+    spans: list[tuple[int, int, int] | None] = []
+    built = 0
+    for part in sequences(trajectory):
+        lengths = [len(t.observation_tokens) + len(t.action.tokens) for t in part]
+        keep = _kept_turns(lengths, max_seq_len, rule)
+        position = 0
+        for i, transition in enumerate(part):
+            if i >= keep:
+                spans.append(None)
+                continue
+            start = position + len(transition.observation_tokens)
+            spans.append((built, start, start + len(transition.action.tokens)))
+            position += lengths[i]
+        built += keep > 0
+    return spans
+
+
 def _episode(
     trajectory: Trajectory,
     segments: list[tuple[list[int], list[int], list[float]]],
-    advantage: float,
+    turn_advantages: list[float],
     max_seq_len: int | None,
     rule: OverlongEpisodeRule,
     stats: EpisodeStats,
@@ -140,16 +204,8 @@ def _episode(
 ) -> Episode | None:
     lengths = [len(o) + len(a) for o, a, _ in segments]
     total = sum(lengths)
-    keep = len(segments)
-    if max_seq_len is not None and total > max_seq_len:
-        if rule == OverlongEpisodeRule.DROP:
-            keep = 0
-        else:
-            running, keep = 0, 0
-            for n in lengths:
-                if running + n > max_seq_len:
-                    break
-                running, keep = running + n, keep + 1
+    keep = _kept_turns(lengths, max_seq_len, rule)
+    if keep < len(segments):
         if keep == 0:
             stats.dropped_overlong += 1
             stats.tokens_dropped += total
@@ -164,7 +220,9 @@ def _episode(
     logprobs: list[float] = []
     advantages: list[float] = []
     token_versions: list[int] = []
-    for (obs, act, lps), action_versions in zip(segments[:keep], versions[:keep], strict=True):
+    for (obs, act, lps), action_versions, advantage in zip(
+        segments[:keep], versions[:keep], turn_advantages[:keep], strict=True
+    ):
         # An observation carries the version of the action after it.
         token_versions += [action_versions[0] if action_versions else trajectory.policy_version] * len(obs) + action_versions
         tokens += obs
@@ -174,7 +232,7 @@ def _episode(
         tokens += act
         loss_mask += [1] * len(act)
         logprobs += [float(x) for x in lps]
-        advantages += [float(advantage)] * len(act)
+        advantages += [advantage] * len(act)
     stats.built += 1
     return Episode(
         tokens=tokens,
@@ -191,7 +249,7 @@ def _episode(
 
 def build_episodes(
     trajectories: Sequence[Trajectory],
-    advantages: Sequence[float],
+    advantages: Sequence[Advantage] | Sequence[float],
     max_seq_len: int | None = None,
     rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
     skip_infra_failures: bool = True,

@@ -21,11 +21,18 @@ multi_step have none.
 Tool results: `LOOKUP[cat] = 17`, `LOOKUP[cat] = SEE: sun`, `LOOKUP[xyz] = UNKNOWN`,
 `GETKEY[cat] = ZK_3F9A01`, `GETKEY[xyz] = UNKNOWN_WORD`, `FETCH[ZK_000000] = INVALID_KEY`.
 Unknown words and keys are ordinary results (they cost a tool call, not an error).
+
+Process reward (recursive tier, off by default): `chain_reward=r` awards r, as the reward
+component `chain`, at the step of each LOOKUP that follows the chain: the lookup of the chain's
+next word not yet looked up (the asked word first, then each `SEE:` target in order, the last
+being the word with the number). Each link pays once, so a chain of n words pays at most n * r,
+and repeating or skipping ahead pays nothing. The texts the policy sees do not change.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 import numpy as np
@@ -33,7 +40,7 @@ import numpy as np
 from ..core.grading import numeric
 from ..core.task import Example, Task
 from ..core.tool_env import ToolEnv
-from ..tools.typed import Call, Tool
+from ..tools.typed import Call, Tool, ToolResult
 
 WORDS: tuple[str, ...] = (
     "apple", "banana", "cat", "dog", "elephant", "fish", "grape", "house", "ice", "jungle",
@@ -108,12 +115,18 @@ class ZorplexEnv(ToolEnv):
     """`gymnasium.make("toolgym/Zorplex-v0", tier="compositional", difficulty="hard")`.
 
     tier: simple, compositional, multi_step or recursive. difficulty: see the module doc.
-    table_seed: fix the table (None: a new table per episode). Other keyword arguments are the
+    table_seed: fix the table (None: a new table per episode). chain_reward: the recursive tier's
+    process reward per chain link followed (module doc; 0 = off). Other keyword arguments are the
     ToolEnv knobs (max_turns=5, rewards, limits).
     """
 
     def __init__(
-        self, tier: str = "simple", difficulty: str | None = None, table_seed: int | None = None, **knobs: Any
+        self,
+        tier: str = "simple",
+        difficulty: str | None = None,
+        table_seed: int | None = None,
+        chain_reward: float = 0.0,
+        **knobs: Any,
     ):
         if tier not in TIERS:
             raise ValueError(f"Zorplex tier must be one of {TIERS}, got {tier!r}")
@@ -123,6 +136,14 @@ class ZorplexEnv(ToolEnv):
             )
         if table_seed is not None and (not isinstance(table_seed, int) or table_seed < 0):
             raise ValueError(f"table_seed must be None or an int >= 0, got {table_seed!r}")
+        number = isinstance(chain_reward, int | float) and not isinstance(chain_reward, bool)
+        if not number or not math.isfinite(chain_reward):
+            raise ValueError(f"chain_reward must be a finite number, got {chain_reward!r}")
+        if chain_reward and tier != "recursive":
+            raise ValueError(f"chain_reward is the recursive tier's process reward, got tier {tier!r}")
+        self.chain_reward = float(chain_reward)
+        self.chain: list[str] = []
+        self._chain_followed = 0
         self.tier = tier
         self.difficulty = difficulty
         self.table_seed = table_seed
@@ -132,7 +153,7 @@ class ZorplexEnv(ToolEnv):
             self._fixed_table, table_rng = fixed_table(table_seed)
             self._fixed_keys = draw_keys(table_rng)
         self.table: dict[str, int] = {}
-        self.redirects: dict[str, str] = {}
+        self.redirects: dict[str, str] = {}  # recursive: each chain word's next
         self.keys: dict[str, str] = {}
         self._key_values: dict[str, int] = {}
 
@@ -162,13 +183,16 @@ class ZorplexEnv(ToolEnv):
 
     # ---- tools (per-episode state: table, redirects, keys) -------------------------------------
 
-    def _lookup(self, word: str) -> str:
+    def _lookup(self, word: str) -> str | ToolResult:
         word = word.lower()
         target = self.redirects.get(word)
-        if target is not None:
-            return f"SEE: {target}"
         value = self.table.get(word)
-        return "UNKNOWN" if value is None else str(value)
+        text = f"SEE: {target}" if target is not None else "UNKNOWN" if value is None else str(value)
+        following = self._chain_followed < len(self.chain) and word == self.chain[self._chain_followed]
+        if self.chain_reward and following:
+            self._chain_followed += 1
+            return ToolResult(text, {"chain": self.chain_reward})
+        return text
 
     def _getkey(self, word: str) -> str:
         return self.keys.get(word.lower(), "UNKNOWN_WORD")
@@ -185,7 +209,7 @@ class ZorplexEnv(ToolEnv):
             self.table = dict(zip(WORDS, rng.integers(1, 101, size=len(WORDS)).tolist(), strict=True))
         else:
             self.table = self._fixed_table
-        self.redirects = {}
+        self.redirects, self.chain, self._chain_followed = {}, [], 0
         order = rng.permutation(len(WORDS)).tolist()
         word = WORDS[order[0]]
         question = f"What is the zorplex value of '{word}'?"
@@ -217,7 +241,7 @@ class ZorplexEnv(ToolEnv):
         # recursive: order[0] -> order[1] -> ... -> order[depth], which holds the number.
         level = self.difficulty or _LEVELS[int(rng.integers(3))]
         depth = {"easy": 1, "medium": 2, "hard": 3}[level]
-        chain = [WORDS[i] for i in order[: depth + 1]]
-        self.redirects = dict(itertools.pairwise(chain))
-        value = self.table[chain[-1]]
-        return Task(question, value, [_lookup(w) for w in chain])
+        self.chain = [WORDS[i] for i in order[: depth + 1]]
+        self.redirects = dict(itertools.pairwise(self.chain))
+        value = self.table[self.chain[-1]]
+        return Task(question, value, [_lookup(w) for w in self.chain])

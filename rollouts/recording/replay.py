@@ -39,9 +39,17 @@ from ...agents.chat import ChatRenderer, Renderer
 from ...agents.types import Role
 from ...envs.core.info import METRICS, SUCCESS_METRIC
 from ...envs.registry import EnvModuleNotAllowed, check_env_id
-from ..advantages import AdvantageConfig, batch_advantages
+from ..advantages import AdvantageConfig, Credit, batch_advantages
+from ..credit import group_turn_advantages
 from ..env_io import abandon_env, env_stop_reason, reset_env, settles, step_env
-from ..episodes import INFRA_STOP_REASONS, EpisodeStats, OverlongEpisodeRule, build_episodes, sampled_length
+from ..episodes import (
+    INFRA_STOP_REASONS,
+    Advantage,
+    EpisodeStats,
+    OverlongEpisodeRule,
+    build_episodes,
+    sampled_length,
+)
 from ..metrics import batch_metrics
 from ..runner import env_replies, first_messages
 from ..types import SEQUENCE_START, Episode, StopReason, Trajectory
@@ -395,20 +403,39 @@ def episodes_from_trajectories(
 
     SFT (warm start): every kept trajectory gets advantage 1.0; `only_successful` keeps those
     whose env reported the `success` metric as > 0 (envs/core/info.py). PG: GRPO/Dr. GRPO advantages over the recorded groups
-    (group ids as recorded). env_error / timeout episodes are left out either way.
+    (group ids as recorded), per turn under `advantage.credit = "turn_loo"` (rollouts/credit.py).
+    env_error / timeout episodes are left out either way.
     """
     if only_successful:
         trajectories = [t for t in trajectories if _succeeded(t)]
     advantages = [1.0] * len(trajectories)
+    config = advantage or AdvantageConfig()
+    if mode == OfflineMode.PG and config.credit != Credit.OUTCOME:
+        return build_episodes(trajectories, _turn_advantages(trajectories, config), max_seq_len, rule)
     if mode == OfflineMode.PG:  # failed episodes stay out of the group statistics
         members = [i for i, t in enumerate(trajectories) if t.stop_reason not in INFRA_STOP_REASONS]
         group_advs = batch_advantages(
             [trajectories[i].total_reward for i in members],
             [trajectories[i].group_id for i in members],
-            advantage or AdvantageConfig(),
+            config,
             [sampled_length(trajectories[i]) for i in members],
         )
         advantages = [0.0] * len(trajectories)
         for i, a in zip(members, group_advs, strict=True):
             advantages[i] = a
     return build_episodes(trajectories, advantages, max_seq_len, rule)
+
+
+def _turn_advantages(trajectories: Sequence[Trajectory], config: AdvantageConfig) -> list[Advantage]:
+    """Turn-level advantages over the recorded groups; env_error / timeout episodes get 0 and
+    stay out of their group's baselines."""
+    groups: dict[int, list[int]] = {}
+    for i, t in enumerate(trajectories):
+        if t.stop_reason not in INFRA_STOP_REASONS:
+            groups.setdefault(t.group_id, []).append(i)
+    advantages: list[Advantage] = [0.0] * len(trajectories)
+    for members in groups.values():
+        group = [trajectories[i] for i in members]
+        for i, a in zip(members, group_turn_advantages(group, config), strict=True):
+            advantages[i] = a
+    return advantages

@@ -31,18 +31,20 @@ from typing import Protocol
 import msgspec
 
 from ...rollouts.batches import BatchConfig, GroupRunner, TaskSeedStream, score_group
+from ...rollouts.episodes import Advantage
 from ...rollouts.types import Trajectory
 
 _POLL_S = 0.02
 
 
 class ScoredGroup(msgspec.Struct):
-    """One finished group: its G trajectories, their advantages, whether it carries signal
-    (rewards not all equal), and the oldest policy version among its sampled tokens."""
+    """One finished group: its G trajectories, their advantages (each a float, or one per turn
+    under turn-level credit), whether it carries signal (rewards not all equal; under turn-level
+    credit, some turn's advantage not 0), and the oldest policy version among its sampled tokens."""
 
     group_id: int
     trajectories: list[Trajectory]
-    advantages: list[float]
+    advantages: list[Advantage]
     informative: bool
     oldest_version: int
     finished_at: float  # time.perf_counter() when it was scored

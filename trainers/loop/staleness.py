@@ -2,10 +2,11 @@
 
 A group's staleness is the trainer's policy version minus the oldest version that sampled one of
 its tokens. Groups are taken in the order they finished, as `collect_batch` (rollouts/batches.py)
-would keep them: a group whose episodes all failed (infra) or, with DAPO dynamic sampling, whose
-rewards are all equal is not trained on; a group staler than `max_staleness` is dropped or has its
-advantages scaled by `stale_weight` (`over_stale`). Taking stops when `groups_per_batch` groups are
-kept, or after as many groups as a synchronous step could roll out at most (groups_per_batch +
+would keep them: a group whose episodes all failed (infra) or, with DAPO dynamic sampling, that
+carries no signal (`ScoredGroup.informative`) is not trained on; a group staler than
+`max_staleness` is dropped or has its advantages scaled by `stale_weight` (`over_stale`; every
+turn's alike under turn-level credit). Taking stops when `groups_per_batch` groups are kept, or
+after as many groups as a synchronous step could roll out at most (groups_per_batch +
 max_extra_rounds x max_groups_per_round; then the batch is short, as a sync batch would be), not
 counting the over-stale groups dropped: the generator, on newer weights, replaces them. Every
 group taken is returned, kept or not, so the caller records each exactly once.
@@ -22,7 +23,8 @@ import time
 from typing import Literal
 
 from ...rollouts.batches import BatchConfig, RolloutBatch, build_kept_batch
-from ...rollouts.episodes import INFRA_STOP_REASONS
+from ...rollouts.credit import scale_advantage
+from ...rollouts.episodes import INFRA_STOP_REASONS, Advantage
 from ...rollouts.metrics import batch_metrics
 from .producer import GroupSource, ScoredGroup
 
@@ -48,7 +50,7 @@ def take_batch(
     limit = needed + config.max_extra_rounds * (config.max_groups_per_round or 4 * needed)
     if not config.dynamic_sampling:
         limit = needed
-    kept: list[tuple[ScoredGroup, list[float]]] = []
+    kept: list[tuple[ScoredGroup, list[Advantage]]] = []
     other: list[ScoredGroup] = []
     zero_variance = dropped = no_trainable = stale_dropped = stale_downweighted = taken = 0
     kept_staleness: list[int] = []
@@ -67,7 +69,7 @@ def take_batch(
             advantages = group.advantages
             if staleness > max_staleness:
                 stale_downweighted += 1
-                advantages = [a * stale_weight for a in advantages]
+                advantages = [scale_advantage(a, stale_weight) for a in advantages]
             zero_variance += not group.informative
             kept.append((group, advantages))
             kept_staleness.append(staleness)

@@ -219,3 +219,45 @@ def test_system_prompt_describes_tools_rules_and_example():
 def test_bad_configuration_is_a_clear_error(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         ZorplexEnv(**kwargs)
+
+
+def test_chain_reward_pays_each_link_followed_once_and_changes_no_text():
+    plain, dense = make("recursive", "hard"), make("recursive", "hard", chain_reward=0.1)
+    for seed in range(5):
+        first, _ = plain.reset(seed=seed)
+        assert dense.reset(seed=seed)[0] == first
+        chain = dense.unwrapped.chain
+        assert len(chain) == 4 and chain[0] in first
+        # the asked word twice (pays once), a word off the chain, then the rest of the chain
+        actions = [f"LOOKUP[{chain[0]}]", f"LOOKUP[{chain[0]}]", f"LOOKUP[{chain[2]}]"]
+        actions += [f"LOOKUP[{w}]" for w in chain[1:]]
+        actions = actions[:4]  # max_turns 5: four calls, then the answer
+        actions += [f"[ANSWER] {dense.unwrapped.answer}"]
+        a, b = run(plain, actions), run(dense, actions)
+        assert [s[0] for s in a] == [s[0] for s in b]  # the same observations
+        extra = [rb - ra for (_, ra, *_), (_, rb, *_) in zip(a, b, strict=True)]
+        # pays: the asked word, then chain[1]; the repeat and chain[2] before chain[1] pay nothing
+        assert extra == pytest.approx([0.1, 0.0, 0.0, 0.1, 0.0])
+        assert b[-1][4]["reward_components"]["chain"] == pytest.approx(0.2)
+        assert "chain" not in a[-1][4]["reward_components"]
+
+
+def test_the_oracle_collects_the_whole_chain_reward():
+    env = make("recursive", "medium", chain_reward=0.25)
+    env.reset(seed=3)
+    steps = run(env, env.unwrapped.oracle_actions())
+    assert sum(s[1] for s in steps) == pytest.approx(MAX_REWARD + 3 * 0.25)  # 3 words in the chain
+    assert steps[-1][4]["reward_components"]["chain"] == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tier": "simple", "chain_reward": 0.1}, "recursive tier"),
+        ({"tier": "recursive", "chain_reward": float("nan")}, "finite"),
+        ({"tier": "recursive", "chain_reward": True}, "finite"),
+    ],
+)
+def test_chain_reward_is_refused_where_it_means_nothing(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ZorplexEnv(**kwargs)

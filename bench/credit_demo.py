@@ -1,0 +1,150 @@
+"""Credit over a 4-link Zorplex chain (configs/zorplex_chain_credit_tiny.toml): outcome credit,
+turn-level credit, and turn-level credit with a per-link process reward, in one run.
+
+    python bench/credit_demo.py                                    # 3 seeds, the preset as shipped
+    python bench/credit_demo.py --seeds 0 --set run.steps=2 --set sft.steps=4 \
+        --set sft.num_tasks=64 --set eval.num_tasks=4 --set eval.every_steps=1 \
+        --out /tmp/credit_smoke                                    # a smoke run (no meaningful figure)
+
+Per seed, three `toolgym train zorplex_chain_credit_tiny` runs, one after the other, each its own
+process:
+- outcome: the preset as shipped (SFT, then RL with every turn given the episode's advantage);
+- turn_loo: `batch.advantage.credit = "turn_loo"` (per-turn returns-to-go, a leave-one-out
+  baseline per turn index: docs/credit.md);
+- turn_loo+chain: the same, plus `env.kwargs.chain_reward = 0.1` (the reward component `chain`:
+  0.1 for each lookup that follows the chain to its next word).
+The last two start RL from the outcome run's SFT model (`model.path`, `sft.enabled = false`), so
+the three arms share their starting weights and only RL differs. Held-out accuracy is the env's
+`accuracy` metric (a right answer), the same in every arm whatever the reward.
+
+Reported per run, from its metrics.jsonl: the RL step and the RL wall time (timed from the step-0
+eval's record, so every arm pays for the same evals) at the first eval with held-out accuracy >=
+0.85, the final held-out accuracy, and the RL wall time in all; then per arm the median over seeds
+that reached the target. `--out/results.json` holds the figures, rewritten after each run, so a
+run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import format_table, machine_summary
+
+PRESET = "zorplex_chain_credit_tiny"
+TARGET = 0.85  # held-out accuracy
+ARMS: dict[str, list[str]] = {
+    "outcome": [],
+    "turn_loo": ["batch.advantage.credit=turn_loo"],
+    "turn_loo+chain": ["batch.advantage.credit=turn_loo", "env.kwargs.chain_reward=0.1"],
+}
+
+
+def train(run_dir: Path, seed: int, overrides: list[str], sets: list[str], sft_model: Path | None) -> float:
+    """One `toolgym train` of the preset; returns its wall time. Its output goes to run_dir.log."""
+    command = [sys.executable, "-m", "toolgym.configs.cli", "train", PRESET, "--no-progress"]
+    items = [f"run.seed={seed}", f"model.init_seed={seed}", f"run.run_dir={run_dir}", "run.export_hf=false"]
+    if sft_model is not None:
+        items += ["sft.enabled=false", f"model.path={sft_model}"]
+    for item in items + overrides + sets:  # the user's --set last: they win
+        command += ["--set", item]
+    started = time.perf_counter()
+    with open(f"{run_dir}.log", "w") as log:
+        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
+    return time.perf_counter() - started
+
+
+def commit() -> str:
+    """This tree's commit, or "?" where there is no git (a copy of the tree)."""
+    try:
+        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    except OSError:
+        return "?"
+    return found.stdout.strip() or "?"
+
+
+def read_run(run_dir: Path) -> dict:
+    """The figures of one run from its metrics.jsonl (see the module doc)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    evals = [r for r in records if r["kind"] == "eval"]
+    train_records = [r for r in records if r["kind"] == "train"]
+    start = next(r["time"] for r in evals if r["step"] == 0)
+    reached = next((r for r in evals if r.get("eval/accuracy", 0.0) >= TARGET), None)
+    last = evals[-1]
+    return {
+        "step_at_target": None if reached is None else reached["step"],
+        "time_to_target_s": None if reached is None else reached["time"] - start,
+        "start_accuracy": next(r.get("eval/accuracy") for r in evals if r["step"] == 0),
+        "final_accuracy": last.get("eval/accuracy"),
+        "final_step": last["step"],
+        "rl_wall_s": (train_records[-1]["time"] if train_records else start) - start,
+        "reward_chain_last": train_records[-1].get("rollout/reward/chain") if train_records else None,
+    }
+
+
+def report(results: dict[tuple[str, int], dict], out: Path) -> None:
+    def fmt(value: float | int | None, spec: str = ".1f") -> str:
+        return "-" if value is None else format(value, spec)
+
+    rows = [
+        [arm, seed, fmt(r["step_at_target"], "d"), fmt(r["time_to_target_s"]), fmt(r["start_accuracy"], ".3f"),
+         fmt(r["final_accuracy"], ".3f"), fmt(r["final_step"], "d"), fmt(r["rl_wall_s"])]
+        for (arm, seed), r in sorted(results.items(), key=lambda kv: (kv[0][1], list(ARMS).index(kv[0][0])))
+    ]  # fmt: skip
+    headers = ["arm", "seed", f"step at acc>={TARGET}", "RL s to it", "acc at step 0", "final acc",
+               "final step", "RL wall (s)"]  # fmt: skip
+    print(format_table(headers, rows))
+    for arm in ARMS:
+        runs = [r for (a, _), r in results.items() if a == arm]
+        reached = [r for r in runs if r["step_at_target"] is not None]
+        if reached:
+            print(
+                f"{arm}: median {statistics.median(r['step_at_target'] for r in reached)} steps, "
+                f"{statistics.median(r['time_to_target_s'] for r in reached):.0f} s of RL to held-out "
+                f"accuracy {TARGET} ({len(reached)} of {len(runs)} seeds reached it)"
+            )
+        elif runs:
+            print(f"{arm}: held-out accuracy {TARGET} not reached ({len(runs)} seeds)")
+    (out / "results.json").write_text(
+        json.dumps([{"arm": a, "seed": s} | r for (a, s), r in sorted(results.items())], indent=1)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument(
+        "--set", dest="sets", action="append", default=[], help="a config override for every arm"
+    )
+    parser.add_argument("--out", type=Path, default=Path("runs/credit_demo"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(machine_summary())
+    print(
+        f"commit {commit()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')}, "
+        f"overrides {args.sets or 'none'}",
+        flush=True,
+    )
+    results: dict[tuple[str, int], dict] = {}
+    for seed in args.seeds:
+        sft_model: Path | None = None
+        for arm, overrides in ARMS.items():
+            run_dir = args.out / f"{arm.replace('+', '_')}_s{seed}"
+            if run_dir.exists():
+                raise SystemExit(f"{run_dir} exists: give another --out")
+            wall = train(run_dir, seed, overrides, args.sets, sft_model)
+            results[arm, seed] = read_run(run_dir) | {"process_s": wall}
+            if sft_model is None:
+                sft_model = run_dir / "sft_model"
+            report(results, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""Credit over turns: per-turn rewards, discounted returns-to-go, and turn-level advantages.
+
+Pure functions of plain numbers (and of a Trajectory's rewards); `score_group`
+(rollouts/batches.py) calls them for `AdvantageConfig.credit = "turn_loo"`, and the Episodes
+builder (rollouts/episodes.py) puts each turn's advantage on that turn's sampled tokens.
+
+Per-turn rewards and returns. Turn t of an episode (t = 0 .. T-1) is its t-th transition: the
+observation, the action the policy sampled, and the env's reward for that step. That reward
+already holds everything the env (envs/core/ledger.py) gave at the step: tool awards (a process
+reward such as Zorplex's `chain_reward`), penalties, and on the last turn the grade, the
+final-state components and an abandoned episode's settlement (the runner adds it to the last
+transition), so the rewards of an episode sum to its total reward. DAPO's overlong penalty, when
+on, is a function of the whole episode's length and is added to the last turn's reward. The
+return-to-go of turn t is G_t = r_t + gamma * r_{t+1} + ... + gamma^(T-1-t) * r_{T-1}.
+
+The estimators (notation: a group of G episodes of one task, episode i with T_i turns, grad log
+pi_t the score of turn t's action, i.e. the sum over its sampled tokens; J the expected total
+reward; every statement is about the expectation over the group):
+
+- "outcome" (the default; `group_advantages` in advantages.py): every turn gets the episode's
+  group advantage A_i of its total reward R_i. With "dr_grpo", A_i = R_i - mean(R) =
+  (G-1)/G * (R_i - mean of the OTHER episodes' R), so sum_t A_i grad log pi_t is an unbiased
+  estimate of (G-1)/G * grad J: the true gradient scaled by a constant, same direction. With
+  "grpo" A_i is also divided by the group's std, which depends on R_i itself: biased beyond a
+  scale (it up-weights groups whose rewards barely differ; Liu et al. 2025, "Understanding
+  R1-Zero-like training"). Variance: each turn's score is multiplied by the whole episode's
+  reward, including the rewards earned BEFORE the turn, which its action cannot change.
+- "turn_loo": A_{i,t} = G_{i,t} - b_{i,t}, where b_{i,t} is the mean return-to-go at turn index
+  t of the group's OTHER episodes that reached turn t. Unbiased for grad J when gamma = 1 and
+  estimator = "dr_grpo", with no scale factor:
+    * E[sum_t grad log pi_t * G_t] = grad J (REINFORCE with causality: a reward earned before
+      turn t does not depend on a_t given the history, so dropping it changes no expectation);
+    * b_{i,t} is a function of the other episodes only, which are sampled independently of
+      episode i given the task, so E[grad log pi_{i,t} * b_{i,t}] = E[b_{i,t}] *
+      E[E[grad log pi_{i,t} | history to turn t]] = 0. Whether episode i reached turn t is
+      decided before a_{i,t}, so ragged groups (episodes of different lengths) keep this.
+  A turn index no other episode reached: b_{i,t} is the mean of the other episodes' LAST turn's
+  return-to-go (the step where the grade lands: what an episode of this group ended with), and 0
+  in a group with no other episode. Both depend on the other episodes only: still unbiased.
+  Turns after an episode ended do not exist: they get no advantage and no tokens, and that
+  episode is left out of the baselines at those turn indices.
+  Variance: lower than outcome's for turns whose reward comes later (the earlier rewards are
+  dropped), and the baseline follows how the return-to-go shrinks over turns. The baseline is a
+  mean over turn INDEX, not over the state reached: an episode whose turn t is unlike the others'
+  (a different point in the task) gets a noisier baseline, never a biased one. The leave-one-out
+  mean over G-1 episodes adds Var(G_t)/(G-1) of its own; G >= 4 keeps that small.
+  gamma < 1: sum_t grad log pi_t * G^gamma_t is the usual discounted surrogate. It is NOT an
+  unbiased estimate of grad J (it favours near rewards and is not in general the gradient of any
+  objective; Nota & Thomas 2020, "Is the policy gradient a gradient?"); it trades that bias for
+  lower variance over long horizons. The baseline still adds no bias to it.
+  estimator "grpo": A_{i,t} is divided by (std_t + eps), std_t the sample std (ddof=1) of the
+  return-to-go at turn t over the group's episodes that reached it (no division where fewer than
+  two did or all were equal). std_t includes episode i's own return, so this is biased in the
+  same known way GRPO is; "dr_grpo" (no division) is the unbiased one.
+
+Policy versions (async training, weights loaded in flight): the group's episodes may come from
+different policy versions, each token recording its own (Episode.token_versions). The baseline is
+still a function of the other episodes only, so the argument above holds for the sampling
+distribution; correcting for the sampler being older than the trainer is the loss's job (token
+TIS, sequence IS masking: trainers/losses.py), which multiplies each token's advantage, turn-level
+or not, the same way. An over-stale group's advantages are scaled, every turn alike
+(`scale_advantage`).
+
+The unbiasedness claims are checked against an exactly enumerated policy gradient on a small
+tabular multi-turn MDP, through `score_group` and the Episodes builder
+(tests/rollouts/test_rollouts_credit_unbiased.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from .advantages import AdvantageConfig, AdvantageEstimator, OverlongShaping, overlong_penalty
+from .episodes import Advantage, sampled_length
+from .types import Trajectory
+
+# Turn indices reported in the `credit/` metrics (`credit_metrics`): 0 .. CREDIT_METRIC_TURNS-1.
+CREDIT_METRIC_TURNS = 6
+
+
+def _check_finite(values: Sequence[float], what: str) -> None:
+    for i, v in enumerate(values):
+        if not math.isfinite(v):
+            raise ValueError(f"{what} must be finite numbers, got {v!r} at index {i} of {len(values)}")
+
+
+def turn_rewards(trajectory: Trajectory, overlong: OverlongShaping | None = None) -> list[float]:
+    """Each turn's reward: its transition's reward, the overlong penalty (when on) added to the
+    last turn's."""
+    rewards = [float(t.reward) for t in trajectory.transitions]
+    _check_finite(rewards, "turn rewards")
+    if overlong is not None and rewards:
+        rewards[-1] += overlong_penalty(sampled_length(trajectory), overlong)
+    return rewards
+
+
+def returns_to_go(rewards: Sequence[float], gamma: float = 1.0) -> list[float]:
+    """G_t = r_t + gamma * G_{t+1}, G_T = 0: each turn's discounted return-to-go."""
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+    _check_finite(rewards, "rewards")
+    out = [0.0] * len(rewards)
+    running = 0.0
+    for t in range(len(rewards) - 1, -1, -1):
+        running = rewards[t] + gamma * running
+        out[t] = running
+    return out
+
+
+def turn_returns(
+    trajectory: Trajectory, gamma: float = 1.0, overlong: OverlongShaping | None = None
+) -> list[float]:
+    """The trajectory's per-turn returns-to-go (`turn_rewards`, then `returns_to_go`)."""
+    return returns_to_go(turn_rewards(trajectory, overlong), gamma)
+
+
+def _mean(values: Sequence[float]) -> float:
+    # Equal values give that value exactly: a group whose returns agree gets advantage 0, not noise.
+    if max(values) == min(values):
+        return values[0]
+    return math.fsum(values) / len(values)
+
+
+def _sample_std(values: Sequence[float]) -> float | None:
+    """ddof=1, or None where there is nothing to divide by (fewer than two, or all equal)."""
+    if len(values) < 2 or max(values) == min(values):
+        return None
+    mean = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def turn_loo_advantages(
+    returns: Sequence[Sequence[float]],
+    estimator: AdvantageEstimator = AdvantageEstimator.DR_GRPO,
+    eps: float = 1e-6,
+) -> list[list[float]]:
+    """Per episode, per turn: return-to-go minus the leave-one-out baseline at that turn index
+    (the module doc: baseline, fallback, and "grpo"'s division by the turn's std).
+
+    returns: the group's episodes' returns-to-go (`turn_returns`), one list per episode, of any
+    lengths (an empty list: an episode without a turn)."""
+    for r in returns:
+        _check_finite(r, "returns")
+    longest = max((len(r) for r in returns), default=0)
+    at_turn = [[r[t] for r in returns if len(r) > t] for t in range(longest)]
+    scale = [_sample_std(values) if estimator == AdvantageEstimator.GRPO else None for values in at_turn]
+    out: list[list[float]] = []
+    for i, own in enumerate(returns):
+        others = [r for j, r in enumerate(returns) if j != i]
+        last = [r[-1] for r in others if r]
+        advantages = []
+        for t, g in enumerate(own):
+            reached = [r[t] for r in others if len(r) > t]
+            baseline = _mean(reached) if reached else _mean(last) if last else 0.0
+            a = g - baseline
+            std = scale[t]
+            advantages.append(a / (std + eps) if std is not None else a)
+        out.append(advantages)
+    return out
+
+
+def group_turn_advantages(group: Sequence[Trajectory], config: AdvantageConfig) -> list[list[float]]:
+    """Turn-level advantages of one group's trajectories (all of them members: leave out the
+    ones not trained on before calling), by `config`'s gamma, overlong shaping and estimator."""
+    returns = [turn_returns(t, config.gamma, config.overlong) for t in group]
+    return turn_loo_advantages(returns, config.estimator, config.eps)
+
+
+def credit_metrics(returns: Sequence[Sequence[float]], prefix: str = "credit/") -> dict[str, float]:
+    """Per turn index t < CREDIT_METRIC_TURNS: `return_turn{t}_mean`, the mean return-to-go of
+    the episodes that reached turn t (0 when none did), and `reached_turn{t}`, the fraction of
+    episodes that did. The same keys every step, whatever the episodes' lengths."""
+    n = len(returns)
+    m: dict[str, float] = {}
+    for t in range(CREDIT_METRIC_TURNS):
+        values = [r[t] for r in returns if len(r) > t]
+        m[f"{prefix}return_turn{t}_mean"] = math.fsum(values) / len(values) if values else 0.0
+        m[f"{prefix}reached_turn{t}"] = len(values) / n if n else 0.0
+    return m
+
+
+def scale_advantage(advantage: Advantage, weight: float) -> Advantage:
+    """An episode's advantage (one number, or one per turn) times `weight`."""
+    if isinstance(advantage, list):
+        return [a * weight for a in advantage]
+    return advantage * weight
+
+
+def mean_abs_advantage(advantage: Advantage) -> float:
+    """|advantage| (one number), or its mean over the turns (0 for an episode without a turn)."""
+    if isinstance(advantage, list):
+        return math.fsum(abs(a) for a in advantage) / len(advantage) if advantage else 0.0
+    return abs(advantage)
+
+
+def is_informative(advantages: Sequence[Advantage], tol: float = 1e-9) -> bool:
+    """Whether any turn of any episode has a non-zero advantage (the group carries signal)."""
+    for advantage in advantages:
+        values = advantage if isinstance(advantage, list) else [advantage]
+        if any(abs(a) > tol for a in values):
+            return True
+    return False

@@ -17,7 +17,9 @@ count). A file that cannot be opened gives no rows and one problem.
 
 Advantages are the GRPO advantages (`AdvantageConfig()`) of the recorded rewards within their
 recorded groups, env_error / timeout episodes left out (as offline PG computes them): an eval
-recording (one sample per task) has advantage 0 everywhere.
+recording (one sample per task) has advantage 0 everywhere. Beside them, each turn's turn-level
+advantage (`turn_adv`: returns-to-go minus the leave-one-out baseline per turn index, credit
+"turn_loo" with dr_grpo and gamma 1, rollouts/credit.py), which the page can shade instead.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ....agents.chat import ChatRenderer
 from ....agents.tokenizer import tokenizer_fingerprint
 from ....envs.core.info import FAILURE_MODE, METRICS, REWARD_COMPONENTS
 from ....rollouts.advantages import AdvantageConfig, batch_advantages
+from ....rollouts.credit import returns_to_go, turn_loo_advantages
 from ....rollouts.episodes import INFRA_STOP_REASONS, sampled_length, trajectory_to_episodes
 from ....rollouts.recording.format import (
     RecordingError,
@@ -167,6 +170,8 @@ class RecordingIndex:
             "metrics": _numbers(env),
             "error": t.error,
             "adv": 0.0,
+            "turn_rewards": [_finite(tr.reward) for tr in t.transitions],
+            "turn_adv": [0.0] * len(t.transitions),
         }
 
     def _advantages(self) -> None:
@@ -180,6 +185,14 @@ class RecordingIndex:
         )
         for row, a in zip(members, advantages, strict=True):
             row["adv"] = _finite(a) or 0.0
+        groups: dict[int, list[dict[str, Any]]] = {}
+        for r in members:
+            if all(x is not None for x in r["turn_rewards"]):
+                groups.setdefault(r["group"], []).append(r)
+        for group in groups.values():  # turn-level credit: `turn_loo`, dr_grpo, gamma 1 (rollouts/credit.py)
+            per_turn = turn_loo_advantages([returns_to_go(r["turn_rewards"]) for r in group])
+            for row, advs in zip(group, per_turn, strict=True):
+                row["turn_adv"] = [_finite(a) or 0.0 for a in advs]
 
     # ---- the list -----------------------------------------------------------------------------
 
@@ -260,6 +273,7 @@ class RecordingIndex:
         t = self.trajectory(i)
         row = self.rows[i]
         built = trajectory_to_episodes(t, row["adv"])  # one per training sequence, in turn order
+        by_turn = trajectory_to_episodes(t, row["turn_adv"])
         ids = [x for e in built for x in e.tokens]
         turn_of: list[int] = []
         version_of: list[int | None] = []
@@ -280,6 +294,7 @@ class RecordingIndex:
                     "metrics": _numbers(info.get(METRICS)),
                     "error": info.get("error"),
                     "sequence_start": k > 0 and info.get(SEQUENCE_START) is True,
+                    "turn_adv": row["turn_adv"][k],
                     "obs_tokens": len(tr.observation_tokens),
                     "act_tokens": len(tr.action.tokens),
                 }
@@ -313,6 +328,7 @@ class RecordingIndex:
                 "mask": [x for e in built for x in e.loss_mask],
                 "logprob": [_finite(x) for e in built for x in e.sampler_logprobs],
                 "adv": [x for e in built for x in e.advantages],
+                "turn_adv": [x for e in by_turn for x in e.advantages],
                 "turn": turn_of,
                 "pv": version_of,
             },

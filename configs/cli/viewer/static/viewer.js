@@ -316,7 +316,7 @@ let shadeGroups = 0;
 function shadeSwitch() {
   const box = el("div", { class: "shade" }, "shade by:");
   const group = `shade-${(shadeGroups += 1)}`; // one radio group per transcript
-  for (const [mode, label] of [["mask", "loss mask"], ["logprob", "sampler logprob"], ["adv", "advantage"]]) {
+  for (const [mode, label] of [["mask", "loss mask"], ["logprob", "sampler logprob"], ["adv", "advantage"], ["turn", "turn advantage"]]) {
     const input = el("input", { type: "radio", name: group, value: mode, class: `shade-${mode}` });
     input.checked = state.shade === mode;
     input.addEventListener("change", () => {
@@ -335,7 +335,8 @@ function legend() {
   const span = (text, color) => { const s = el("span", { text }); s.style.background = color; return s; };
   if (state.shade === "mask") box.append(span("sampled: trained on (mask 1)", maskColor(1)), span("prompt / env: not trained (mask 0)", "#f1f1f1"));
   if (state.shade === "logprob") box.append(span("p = 0.05", probColor(0.05)), span("p = 0.5", probColor(0.5)), span("p = 1", probColor(1)), " (sampled tokens; prompt unshaded)");
-  if (state.shade === "adv") box.append(span("advantage < 0", advColor(-1, 1)), span("= 0", advColor(0, 1)), span("> 0", advColor(1, 1)));
+  if (state.shade === "adv" || state.shade === "turn") box.append(span("advantage < 0", advColor(-1, 1)), span("= 0", advColor(0, 1)), span("> 0", advColor(1, 1)));
+  if (state.shade === "turn") box.append(" (per turn: return-to-go minus the other samples' at that turn, credit turn_loo)");
   return box;
 }
 
@@ -353,7 +354,7 @@ function drawTranscript(box, ep) {
   if (ep.system_prompt && !t.text) frag.append(el("span", { class: "tok m0", text: `[system] ${ep.system_prompt}\n` }));
   const note = (k) => {
     const turn = ep.turn_list[k];
-    const parts = [`turn ${k}: reward ${signed(turn.reward)}`];
+    const parts = [`turn ${k}: reward ${signed(turn.reward)} · turn advantage ${signed(turn.turn_adv)}`];
     if (Object.keys(turn.components).length) parts.push(`components ${objText(turn.components)}`);
     if (Object.keys(turn.metrics).length) parts.push(`metrics ${objText(turn.metrics, false)}`);
     if (turn.error) parts.push(`env raised: ${turn.error}`);
@@ -385,6 +386,7 @@ function drawTranscript(box, ep) {
 function applyShade(box, ep) {
   const t = ep.stream;
   const scale = Math.max(1e-9, ...t.adv.map(Math.abs));
+  const turnScale = Math.max(1e-9, ...t.turn_adv.map(Math.abs));
   for (const span of box.querySelectorAll(".tok")) {
     const k = span.dataset.k === undefined ? null : Number(span.dataset.k);
     const sampled = span.classList.contains("m1");
@@ -393,6 +395,11 @@ function applyShade(box, ep) {
     else if (sampled && k !== null && state.shade === "logprob" && t.logprob[k] !== null) color = probColor(Math.exp(t.logprob[k]));
     else if (sampled && k !== null && state.shade === "adv") color = advColor(t.adv[k], scale);
     else if (sampled && k === null && state.shade === "adv") color = advColor(ep.adv, Math.abs(ep.adv) || 1);
+    else if (sampled && k !== null && state.shade === "turn") color = advColor(t.turn_adv[k], turnScale);
+    else if (sampled && k === null && state.shade === "turn") {
+      const a = ep.turn_list[Number(span.dataset.turnAction)].turn_adv;
+      color = advColor(a, Math.max(1e-9, ...ep.turn_list.map((x) => Math.abs(x.turn_adv))));
+    }
     span.style.background = color;
   }
   box.dataset.shade = state.shade;
@@ -410,7 +417,7 @@ function wireTooltip() {
     tip.textContent = [
       `token ${k}: id ${t.id[k]} ${JSON.stringify(t.text ? t.text[k] : "")}`,
       `loss mask ${t.mask[k]} · turn ${t.turn[k]}` + (t.pv[k] === null ? "" : ` · policy v${t.pv[k]}`),
-      t.mask[k] ? `sampler logprob ${fmt(lp, 4)} (p ${lp === null ? "–" : fmt(Math.exp(lp), 3)}) · advantage ${signed(t.adv[k], 4)}` : "prompt / env token: not trained on",
+      t.mask[k] ? `sampler logprob ${fmt(lp, 4)} (p ${lp === null ? "–" : fmt(Math.exp(lp), 3)}) · advantage ${signed(t.adv[k], 4)} · turn advantage ${signed(t.turn_adv[k], 4)}` : "prompt / env token: not trained on",
     ].join("\n");
     tip.hidden = false;
   });

@@ -175,6 +175,12 @@ def test_token_shading_matches_the_recording_masks(page, recordings):
     assert all(shaded[k] == "" for k, m in enumerate(episode.loss_mask) if not m)
     assert len({shaded[k] for k in sampled}) > 1  # colours follow the (varied) sampler logprobs
 
+    page.check("#episode-detail .shade-turn")  # turn-level credit: each turn's own advantage
+    page.wait_for_selector("#episode-detail .transcript[data-shade=turn]")
+    shaded = page.eval_on_selector_all("#episode-detail .tok[data-k]", "s => s.map(e => e.style.background)")
+    assert all(shaded[k] == "" for k, m in enumerate(episode.loss_mask) if not m)
+    assert all(shaded[k] for k in sampled)
+
     first = sampled[0]
     page.hover(f"#episode-detail .tok[data-k='{first}']")
     tip = page.text_content("#tooltip")

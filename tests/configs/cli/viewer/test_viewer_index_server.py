@@ -270,3 +270,30 @@ def test_a_port_in_use_is_refused_before_anything_is_read(zorplex, capsys):
     captured = capsys.readouterr()
     assert f"port {port} on 127.0.0.1 is in use" in captured.err and "--port 0" in captured.err
     assert "episodes" not in captured.out  # refused before the recording was indexed
+
+
+def test_turn_advantages_are_what_turn_level_credit_trains_on(tmp_path):
+    from toolgym.rollouts.advantages import AdvantageConfig, AdvantageEstimator, Credit
+    from toolgym.rollouts.credit import group_turn_advantages
+
+    # multi-turn episodes whose groups differ turn by turn (the oracle sometimes omits the tag)
+    path = write(tmp_path / "recursive.jsonl", play(ZORPLEX, list(range(4)), group_size=3, env_kwargs={"tier": "recursive"}), ZORPLEX)
+    index = RecordingIndex(path)
+    _, trajectories = read_recording(path)
+    config = AdvantageConfig(estimator=AdvantageEstimator.DR_GRPO, credit=Credit.TURN_LOO)
+    nonzero = 0
+    for group in {r["group"] for r in index.rows}:
+        members = [i for i, r in enumerate(index.rows) if r["group"] == group]
+        expected = group_turn_advantages([trajectories[i] for i in members], config)
+        for i, advs in zip(members, expected, strict=True):
+            assert index.rows[i]["turn_adv"] == pytest.approx(advs)
+            nonzero += any(abs(a) > 1e-9 for a in advs)
+    assert nonzero > 0
+    i = next(i for i, r in enumerate(index.rows) if any(r["turn_adv"]) and r["turns"] > 1)
+    ep = index.episode(i, shipped_renderer())
+    (built,) = trajectory_to_episodes(trajectories[i], index.rows[i]["turn_adv"])
+    s = ep["stream"]
+    assert s["turn_adv"] == built.advantages  # on each turn's sampled tokens, 0 elsewhere
+    sampled = [k for k, m in enumerate(s["mask"]) if m]
+    assert all(s["turn_adv"][k] == pytest.approx(index.rows[i]["turn_adv"][s["turn"][k]]) for k in sampled)
+    assert [t["turn_adv"] for t in ep["turn_list"]] == index.rows[i]["turn_adv"]

@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import itertools
 import os
 import select
@@ -56,7 +57,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 import msgspec
 
@@ -74,7 +75,13 @@ _PRELOAD: Final = (
     "collections", "operator", "string", "re", "json", "datetime", "heapq", "bisect", "typing",
 )  # fmt: skip
 
-TIMEOUT, OOM, CRASH, ERROR, FAILURE = "sandbox_timeout", "sandbox_oom", "sandbox_crash", "sandbox_error", "sandbox_failure"
+TIMEOUT, OOM, CRASH, ERROR, FAILURE = (
+    "sandbox_timeout",
+    "sandbox_oom",
+    "sandbox_crash",
+    "sandbox_error",
+    "sandbox_failure",
+)
 TRUNCATED: Final = "sandbox_output_truncated"
 
 
@@ -111,7 +118,15 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     def __post_init__(self) -> None:
         if not (isinstance(self.timeout_s, int | float) and 0 < self.timeout_s <= 3600):
             raise ValueError(f"timeout_s must be in (0, 3600], got {self.timeout_s!r}")
-        for name in ("cpu_s", "memory_mb", "file_size_mb", "tmpfs_mb", "open_files", "processes", "pool_size"):
+        for name in (
+            "cpu_s",
+            "memory_mb",
+            "file_size_mb",
+            "tmpfs_mb",
+            "open_files",
+            "processes",
+            "pool_size",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
@@ -204,7 +219,15 @@ def _result(reply: _Reply, config: SandboxConfig) -> SandboxResult:
     elif reply.exit_code:
         kind, message = ERROR, f"exit status {reply.exit_code}"
     return SandboxResult(
-        stdout, stderr, reply.exit_code, reply.signal, reply.timed_out, kind, cut_out or cut_err, reply.wall_s, message
+        stdout,
+        stderr,
+        reply.exit_code,
+        reply.signal,
+        reply.timed_out,
+        kind,
+        cut_out or cut_err,
+        reply.wall_s,
+        message,
     )
 
 
@@ -291,8 +314,15 @@ class _Zygote:
             "workdir": workdir,
             "preload": _PRELOAD,
         }
-        argv = [*prefix, python, "-I", "-c", _ZYGOTE_SOURCE.read_text(), msgspec.json.encode(settings).decode()]
-        self.errors = tempfile.TemporaryFile()
+        argv = [
+            *prefix,
+            python,
+            "-I",
+            "-c",
+            _ZYGOTE_SOURCE.read_text(),
+            msgspec.json.encode(settings).decode(),
+        ]
+        self.errors = tempfile.TemporaryFile()  # noqa: SIM115 (the zygote's stderr, closed in kill())
         try:
             self.proc = subprocess.Popen(
                 argv,
@@ -310,8 +340,9 @@ class _Zygote:
         ready, _, _ = select.select([self.stdout], [], [], _START_TIMEOUT_S)
         frame = self._read_frame() if ready else None
         if frame is None or not msgspec.json.decode(frame, type=_Ready).ready:
+            message = self._start_error(bubblewrap)
             self.kill()
-            raise SandboxUnavailable(self._start_error(bubblewrap))
+            raise SandboxUnavailable(message)
         self.reader = threading.Thread(target=self._read_replies, name="toolgym-sandbox-reader", daemon=True)
         self.reader.start()
 
@@ -385,10 +416,8 @@ class _Zygote:
                     stream.close()
             except OSError:
                 pass
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
         self.proc.wait()
         self.errors.close()
         self._died("the sandbox was closed")

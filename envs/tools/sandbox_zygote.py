@@ -21,6 +21,7 @@ when stdin closes, killing what is left.
 """
 
 import base64
+import contextlib
 import json
 import os
 import resource
@@ -68,9 +69,10 @@ def _child(call_id, code, settings, out_w, err_w, protocol_fds):
         )
         for which, value in limits:
             resource.setrlimit(which, (value, value))
-        sys.stdin = open(0, encoding="utf-8", closefd=False)
-        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        # The call's own streams over fds 0-2 (never closed: the process ends with them).
+        sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
     except BaseException:
         os._exit(125)
     status = 0
@@ -85,21 +87,17 @@ def _child(call_id, code, settings, out_w, err_w, protocol_fds):
             print(exit_.code, file=sys.stderr)
             status = 1
     except BaseException as error:
-        try:  # the traceback from the code's own frames on
+        with contextlib.suppress(BaseException):  # the traceback from the code's own frames on
             traceback.print_exception(type(error), error, error.__traceback__.tb_next)
-        except BaseException:
-            pass
         status = 1
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(BaseException):
             stream.flush()
-        except BaseException:
-            pass
     os._exit(status)
 
 
 class _Call:
-    __slots__ = ("id", "pid", "pidfd", "deadline", "started", "out", "sizes", "open", "status", "timed_out")
+    __slots__ = ("deadline", "id", "open", "out", "pid", "pidfd", "sizes", "started", "status", "timed_out")
 
     def __init__(self, call_id, pid, pidfd, deadline):
         self.id, self.pid, self.pidfd, self.deadline = call_id, pid, pidfd, deadline
@@ -169,11 +167,12 @@ class Zygote:
                 kept += chunk[: cap - len(kept)]
 
     def kill_group(self, call):
-        for target in (lambda: os.killpg(call.pid, signal.SIGKILL), lambda: os.kill(call.pid, signal.SIGKILL)):
-            try:
+        for target in (
+            lambda: os.killpg(call.pid, signal.SIGKILL),
+            lambda: os.kill(call.pid, signal.SIGKILL),
+        ):
+            with contextlib.suppress(OSError):
                 target()
-            except OSError:
-                pass
 
     def reap(self):
         """Collect every exited child (orphans too, as PID 1), keeping our calls' statuses."""
@@ -205,31 +204,29 @@ class Zygote:
         self.finish(call)
 
     def finish(self, call):
+        """Reply for an ended call, after its directory and (when idle) every leftover is gone."""
         del self.calls[call.pid]
         status = call.status
-        self.send(
-            {
-                "id": call.id,
-                "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
-                "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
-                "timed_out": call.timed_out,
-                "stdout": base64.b64encode(bytes(call.out[1])).decode(),
-                "stderr": base64.b64encode(bytes(call.out[2])).decode(),
-                "stdout_bytes": call.sizes[1],
-                "stderr_bytes": call.sizes[2],
-                "wall_s": time.monotonic() - call.started,
-            }
-        )
+        reply = {
+            "id": call.id,
+            "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+            "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+            "timed_out": call.timed_out,
+            "stdout": base64.b64encode(bytes(call.out[1])).decode(),
+            "stderr": base64.b64encode(bytes(call.out[2])).decode(),
+            "stdout_bytes": call.sizes[1],
+            "stderr_bytes": call.sizes[2],
+            "wall_s": time.monotonic() - call.started,
+        }
         shutil.rmtree(os.path.join(self.settings["workdir"], f"call-{call.id}"), ignore_errors=True)
         if not self.calls and self.pid1:
             self.sweep()
+        self.send(reply)
 
     def sweep(self):
         """As PID 1 with no call running: kill every other process in the namespace."""
-        try:
+        with contextlib.suppress(OSError):
             os.kill(-1, signal.SIGKILL)
-        except OSError:
-            pass
         self.reap()
 
     def read_requests(self):
@@ -284,10 +281,8 @@ class Zygote:
 def main():
     settings = json.loads(sys.argv[1])
     for name in settings["preload"]:  # imported once here, so a call's `import` costs nothing
-        try:
+        with contextlib.suppress(ImportError):
             __import__(name)
-        except ImportError:
-            pass
     zygote = Zygote(settings)
     try:
         zygote.run()

@@ -88,7 +88,7 @@ def _child(call_id, code, settings, out_w, err_w, protocol_fds):
             status = 1
     except BaseException as error:
         with contextlib.suppress(BaseException):  # the traceback from the code's own frames on
-            traceback.print_exception(type(error), error, error.__traceback__.tb_next)
+            traceback.print_exception(type(error), error, error.__traceback__ and error.__traceback__.tb_next)
         status = 1
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):

@@ -11,7 +11,7 @@ Importing this package registers the toolgym envs with Gymnasium (registry.py):
 
 Layout: core/ (the text env, Task, the tool env, the reward ledger, limits, prompt text, the info
 contract, spaces, grading), tools/ (typed tools, tool-call formats, MCP, the code sandbox), tasks/
-(Zorplex, SumDigits, Shop, PyCalc), adapters/ (libraries written elsewhere), registry.py
+(Zorplex, SumDigits, Shop, PyCalc, CodeTests), adapters/ (libraries written elsewhere), registry.py
 (registration).
 """
 
@@ -23,6 +23,7 @@ from .core.task import Example, Task
 from .core.text_env import TextEnv
 from .core.tool_env import ToolEnv
 from .registry import list_envs, register_envs
+from .tasks.code_tests import CodeTestsEnv
 from .tasks.pycalc import PyCalcEnv
 from .tasks.shop import ShopEnv
 from .tasks.sum_digits import SumDigitsEnv
@@ -33,6 +34,7 @@ from .tools.typed import Call, Tool, ToolError, ToolResult, tool
 
 __all__ = [
     "Call",
+    "CodeTestsEnv",
     "Example",
     "Grade",
     "MCPServer",

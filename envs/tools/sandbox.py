@@ -386,7 +386,6 @@ class _Zygote:
 
     def submit(self, code: str) -> concurrent.futures.Future[SandboxResult]:
         future: concurrent.futures.Future[SandboxResult] = concurrent.futures.Future()
-        data = msgspec.json.encode(_Request(0, code))
         with self.lock:
             if self.dead:
                 future.set_result(_failure("the sandbox process died"))
@@ -410,15 +409,15 @@ class _Zygote:
     def kill(self) -> None:
         """End the zygote and everything under it (its session; its PID namespace with it)."""
         self.dead = True
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                if stream is not None:
-                    stream.close()
-            except OSError:
-                pass
+        with contextlib.suppress(OSError, ValueError):
+            self.stdin.close()
         with contextlib.suppress(OSError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+        reader = getattr(self, "reader", None)
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout=_HOST_GRACE_S)  # it reads to the end of the dead zygote's output
+        self.stdout.close()
         self.errors.close()
         self._died("the sandbox was closed")
         if self.workdir is not None:

@@ -28,9 +28,13 @@ CONFIG = SandboxConfig(timeout_s=2.0, cpu_s=2, memory_mb=512, max_output_chars=2
 def sandbox():
     box = start_sandbox(CONFIG)
     yield box
-    pids = box.pids
+    pids = {pid for top in box.pids for pid in (top, *_descendants(top))}
+    assert len(pids) == 2 * CONFIG.pool_size  # bubblewrap and its zygote, each
     box.close()
-    assert all(not _alive(pid) for pid in pids)
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in pids)
 
 
 def _alive(pid: int) -> bool:

@@ -143,11 +143,15 @@ def passed_tests(stdout: str, expected: list[Any]) -> list[bool]:
         results = json.loads(lines[-1][len(_MARK) :]) if lines else []
     except ValueError:
         results = []
+    if not isinstance(results, list):
+        results = []
     passed = []
     for i, want in enumerate(expected):
-        got = results[i] if i < len(results) and isinstance(results, list) else None
-        ok = isinstance(got, list) and len(got) == 2 and got[0] is True
-        passed.append(ok and json.dumps(got[1]) == json.dumps(want))
+        got = results[i] if i < len(results) else None
+        if isinstance(got, list) and len(got) == 2 and got[0] is True:
+            passed.append(json.dumps(got[1]) == json.dumps(want))
+        else:
+            passed.append(False)
     return passed
 
 

@@ -10,7 +10,7 @@ from gymnasium.utils.env_checker import check_env
 from sandbox_testlib import make_env
 
 from toolgym.envs import CodeTestsEnv
-from toolgym.envs.tasks.code_tests import PROBLEMS
+from toolgym.envs.tasks.code_tests import PROBLEMS, passed_tests
 
 ENV_ID = "toolgym/CodeTests-v0"
 
@@ -71,3 +71,11 @@ def test_the_python_tool_works_before_submitting(env):
     call = json.dumps({"name": "python", "arguments": {"code": "print(sum([1, 2, 3]))"}})
     observation, _, terminated, _, info = env.step(f"<tool_call>\n{call}\n</tool_call>")
     assert "6" in observation and not terminated and info["tool_results"] == ["6"]
+
+
+def test_unreadable_results_lines_pass_nothing():
+    mark = "__toolgym_test_results__"
+    for stdout in ("", f"{mark}42", f"{mark}{{}}", f"{mark}[1, [true]]", f"{mark}not json", "[[true, 3]]"):
+        assert passed_tests(stdout, [3, 4]) == [False, False], stdout
+    assert passed_tests(f"noise\n{mark}[[true, 3], [false, \"KeyError\"]]", [3, 4]) == [True, False]
+    assert passed_tests(f"{mark}[[true, 1]]", [True]) == [False]  # 1 is not true

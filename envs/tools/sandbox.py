@@ -16,12 +16,13 @@ own prefix (and `ro_binds`), no /etc but the loader cache, nothing of the home, 
 the run directory; a private size-bounded tmpfs at /tmp holding each call's working directory;
 a cleared environment (PATH, LANG, HOME); `--die-with-parent`, `--new-session`. The zygote is
 PID 1 of its namespace (a call cannot kill it, and it sweeps leftover processes when idle). As
-root, the user namespace is left out and each call drops to `sandbox_uid` (nobody), with no
-capabilities: the process limit then holds (it does not for uid 0) and a call cannot signal the
-zygote. Elsewhere bubblewrap's `--unshare-all` applies and calls keep the caller's uid.
+root, the user namespace is left out and each call drops to a uid of its own (`sandbox_uid` +
+the call's number modulo `sandbox_uids`), with no capabilities: the process limit then holds per
+call (it does not for uid 0) and a call can signal neither the zygote nor another call.
+Elsewhere bubblewrap's `--unshare-all` applies and calls keep the caller's uid (and share it).
 
 Limits, set in each call's process: CPU seconds, address space, file size, open files, processes
-(RLIMIT_NPROC counts per uid, so all concurrent calls share it), no core files; a wall-clock
+(RLIMIT_NPROC counts per uid: per call as root, else shared), no core files; a wall-clock
 timeout that kills the call's whole process group. Output: at most `max_output_chars` of stdout
 and of stderr each, with a visible truncation marker; invalid UTF-8 is replaced, NUL shown as
 `\\x00`.
@@ -98,8 +99,9 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     calls' working directories); open_files; processes (per uid, shared by concurrent calls);
     max_output_chars: shown per stream; pool_size: zygotes (each serves calls concurrently);
     python: the interpreter inside ("" = this interpreter's base one); ro_binds: more host paths
-    bound read-only at the same place (e.g. a site-packages); sandbox_uid: the uid calls run as
-    when the host process is root."""
+    bound read-only at the same place (e.g. a site-packages); sandbox_uid, sandbox_uids: when the
+    host process is root, call n runs as uid `sandbox_uid + n % sandbox_uids` (a range no host
+    user should own)."""
 
     isolation: Literal["bubblewrap", "rlimits"] = "bubblewrap"
     timeout_s: float = 10.0
@@ -113,7 +115,8 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     pool_size: int = 1
     python: str = ""
     ro_binds: tuple[str, ...] = ()
-    sandbox_uid: int = 65534
+    sandbox_uid: int = 1_500_000_000
+    sandbox_uids: int = 4096
 
     def __post_init__(self) -> None:
         if not (isinstance(self.timeout_s, int | float) and 0 < self.timeout_s <= 3600):
@@ -126,6 +129,7 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             "open_files",
             "processes",
             "pool_size",
+            "sandbox_uids",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -311,6 +315,7 @@ class _Zygote:
             "processes": config.processes,
             "output_bytes": 4 * config.max_output_chars + 4,
             "uid": uid,
+            "uids": config.sandbox_uids,
             "workdir": workdir,
             "preload": _PRELOAD,
         }

@@ -11,7 +11,8 @@ Protocol on stdin/stdout, each message a 4-byte big-endian length then a JSON ob
           "wall_s": float}
     first out: {"ready": true} once the zygote is up (the host waits for it before any call).
 The zygote serves calls concurrently (one selector loop, no threads, so forking is safe). A
-child: its own process group; drops to `uid` when one is set (the zygote runs as root); rlimits
+child: its own process group; drops to `uid + id % uids` when a uid is set (the zygote runs as
+root); rlimits
 (CPU seconds, address space, file size, open files, processes, no core files); a fresh working
 directory; stdout/stderr to pipes the zygote reads (at most `output_bytes` kept per stream, the
 rest counted and discarded); the code run as `__main__`. The zygote kills the child's process
@@ -49,8 +50,8 @@ def _child(call_id, code, settings, out_w, err_w, protocol_fds):
         os.dup2(err_w, 2)
         os.closerange(3, 65536)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file-size limit raises
-        uid = settings["uid"]
-        if uid is not None:
+        if settings["uid"] is not None:  # as root: a uid of the call's own among `uids`
+            uid = settings["uid"] + call_id % settings["uids"]
             os.setgroups([])
             os.setgid(uid)
             os.setuid(uid)

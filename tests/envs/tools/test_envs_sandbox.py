@@ -150,6 +150,16 @@ def test_killing_the_parent_fails_and_the_zygote_serves_on(sandbox):
     assert sandbox.pids == pids and sandbox.run("print(7)").stdout == "7\n"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="calls have uids of their own only when the host process is root")
+def test_a_call_cannot_kill_another_call():
+    with start_sandbox(SandboxConfig(timeout_s=5.0)) as box:
+        victim = box.submit("import time\ntime.sleep(0.5)\nprint('alive')")
+        time.sleep(0.1)
+        attacker = box.run("import os\nos.kill(-1, 9)\nprint('sent')")  # to every process it may signal
+        assert attacker.stdout == "sent\n"
+        assert victim.result(timeout=10).stdout == "alive\n"
+
+
 def test_a_segfault_is_a_crash(sandbox):
     result = _attack(sandbox, "import ctypes\nctypes.string_at(0)")
     assert (result.kind, result.signal) == ("sandbox_crash", signal.SIGSEGV)

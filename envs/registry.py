@@ -28,6 +28,8 @@ _ENVS = {
     f"{NAMESPACE}/Zorplex-v0": "toolgym.envs.tasks.zorplex:ZorplexEnv",
     f"{NAMESPACE}/SumDigits-v0": "toolgym.envs.tasks.sum_digits:SumDigitsEnv",
     f"{NAMESPACE}/Shop-v0": "toolgym.envs.tasks.shop:ShopEnv",
+    f"{NAMESPACE}/PyCalc-v0": "toolgym.envs.tasks.pycalc:PyCalcEnv",
+    f"{NAMESPACE}/CodeTests-v0": "toolgym.envs.tasks.code_tests:CodeTestsEnv",
 }
 _ENVS.update(available_envs(NAMESPACE))  # the adapters whose library is installed (envs/adapters/)
 

@@ -18,7 +18,8 @@ text it writes in prompts.py):
   `max_tool_calls`; the observation has one part per call (the format writes it). The call that
   would exceed `max_tool_calls` is not run: the episode is truncated (failure_mode `tool_spam`).
   Arguments are validated before the call; a tool may award named reward components
-  (`ToolResult.rewards`) that land at that step.
+  (`ToolResult.rewards`) that land at that step, and report counts of their own as env metrics
+  (`ToolResult.metrics`, `ToolCallError.metrics`: the sandbox's `sandbox_timeout`, ...).
 - Errors (each costs `error_penalty` at its step and is counted in info `errors` and
   `error_counts`): unknown_tool, empty_argument, bad_arguments, tool_error, tool_timeout,
   malformed_call, malformed_answer, mixed_call_and_answer, no_call_no_answer, empty_action.
@@ -45,7 +46,8 @@ are simply not settled. Not meant for infrastructure failures: those episodes ar
 Metrics (info `metrics`, every step; the generic contract is envs/core/info.py): `accuracy` (the
 grade's score once an answer is graded), `tag_rate` (1.0 once the graded answer came in the
 env's answer format), `success` (the env's `success()`, decided when the episode ends; by
-default a fully right answer in the format), `tool_calls` and `env_errors` (the counts so far).
+default a fully right answer in the format), `tool_calls` and `env_errors` (the counts so far),
+and the tools' own counts (summed over the episode's calls, present once a call reported one).
 
 Final-step info adds `failure_mode` (success, wrong_format, wrong_answer, goal_not_met,
 tool_spam, no_answer), `end_reason` and `error_counts`. end_reason is `answered`, `max_turns`
@@ -344,6 +346,7 @@ class ToolEnv(TextEnv):
         self._tool_calls = 0
         self._errors = 0
         self._error_counts: dict[str, int] = {}
+        self._tool_metrics: dict[str, float] = {}
         self._consecutive_errors = 0
         self._consecutive_no_call = 0
         self._grade: Grade | None = None
@@ -465,6 +468,7 @@ class ToolEnv(TextEnv):
         try:
             result = self._run(tool, call)
         except ToolCallError as refused:
+            self._add_tool_metrics(refused.metrics)
             self._count_error(refused.kind, turn)
             self._show(turn, tool.name, call, prompts.refused_call(refused.kind, str(refused)))
             return None
@@ -476,6 +480,7 @@ class ToolEnv(TextEnv):
                 self._show(turn, tool.name, call, prompts.malformed_answer(unreadable))
                 return None
         turn.ran_a_tool = True
+        self._add_tool_metrics(result.metrics)
         self._ledger.award(result.rewards, f"tool {tool.name}")
         self._show(turn, tool.name, call, result_text(result.content))
         return None
@@ -580,6 +585,10 @@ class ToolEnv(TextEnv):
         turn.parts.append(self.format.result(name, call, text))
         turn.results.append(text)
 
+    def _add_tool_metrics(self, metrics: Mapping[str, float]) -> None:
+        for name, value in metrics.items():
+            self._tool_metrics[name] = self._tool_metrics.get(name, 0.0) + float(value)
+
     def _clip(self, observation: str) -> str:
         return observation[: self._max_observation_chars]
 
@@ -607,6 +616,7 @@ class ToolEnv(TextEnv):
             "turn": self._turn,
             "step_errors": step_errors,
             "metrics": {
+                **self._tool_metrics,  # the env's own names below win
                 "accuracy": grade.score if grade is not None else 0.0,
                 "tag_rate": float(grade is not None and self._tagged),
                 "success": float(self._success),

@@ -58,20 +58,26 @@ class ToolError(Exception):
 
 class ToolCallError(Exception):
     """A call the env refuses before or while running it: `kind` is the error counter's name
-    (bad_arguments, empty_argument, tool_error, tool_timeout), `str(self)` the observation."""
+    (bad_arguments, empty_argument, tool_error, tool_timeout, or a tool's own such as
+    sandbox_timeout), `str(self)` the observation; `metrics` ({name: count}) are added to the
+    episode's env metrics like `ToolResult.metrics`."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, metrics: Mapping[str, float] | None = None):
         super().__init__(message)
         self.kind = kind
+        self.metrics = dict(metrics or {})
 
 
 class ToolResult(msgspec.Struct, frozen=True):
     """A tool's result with reward: `content` (any JSON value) is what the policy sees;
     `rewards` ({name: float}) are added to the step's reward and to the episode's
-    `reward_components` under those names."""
+    `reward_components` under those names; `metrics` ({name: count}) are added to the episode's
+    env metrics (info `metrics`, summed over the episode's calls), e.g. the sandbox's
+    `sandbox_output_truncated`."""
 
     content: Any
     rewards: dict[str, float] = msgspec.field(default_factory=dict)
+    metrics: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class Call(msgspec.Struct, frozen=True):

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from sandbox_testlib import make_env
 
 from toolgym.configs.build.parts import build_policy, build_renderer, initial_model, model_config
 from toolgym.configs.checks import check_against_machine, check_context, first_prompt_length, kv_cache_bytes
@@ -278,3 +279,11 @@ def test_limits_that_cut_every_sft_demonstration_short_are_refused_before_the_ru
     err = capsys.readouterr().err
     assert err.startswith(message) and len(err.strip().splitlines()) == 1, err
     assert not run_dir.exists()
+
+
+def test_the_pycalc_preset_passes_the_checks_against_the_machine():
+    config, _ = load_config("pycalc_tiny")
+    assert config.run.name == "pycalc_tiny" and config.sft.oracle.p_skip_lookup == 0.5
+    make_env(config.env.id, **config.env.kwargs)  # skipped where its code sandbox cannot start
+    renderer, _ = build_renderer(config)
+    check_against_machine(config, model_config(config), renderer, torch.device("cpu"))

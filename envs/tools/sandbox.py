@@ -1,0 +1,552 @@
+"""The code sandbox: model-written Python run isolated, bounded and fast, as a typed tool.
+
+Any env gets it in one line:
+
+    ToolEnv(tools=[python_tool()], ...)          # or python_tool(SandboxConfig(timeout_s=2))
+
+The tool `python(code)` runs `code` as a fresh `__main__` and returns what it printed. Behind it
+is a `Sandbox`: a pool of warm zygotes (envs/tools/sandbox_zygote.py), each a Python process
+started once inside bubblewrap that forks one child per call, so a call costs a fork, not an
+interpreter start (bench/sandbox_calls.py; figures in bench/RESULTS.md). Calls are concurrent:
+`Sandbox.run` (blocking, any thread), `Sandbox.arun` (awaitable, any event loop).
+
+Isolation (`isolation="bubblewrap"`, the default): new PID, network (loopback only, nothing
+reachable), IPC and UTS namespaces; read-only binds of /usr, /lib*, /bin and the interpreter's
+own prefix (and `ro_binds`), no /etc but the loader cache, nothing of the home, the work tree or
+the run directory; a private size-bounded tmpfs at /tmp holding each call's working directory;
+a cleared environment (PATH, LANG, HOME); `--die-with-parent`, `--new-session`. The zygote is
+PID 1 of its namespace (a call cannot kill it, and it sweeps leftover processes when idle). As
+root, the user namespace is left out and each call drops to a uid of its own (`sandbox_uid` +
+the call's number modulo `sandbox_uids`), with no capabilities: the process limit then holds per
+call (it does not for uid 0) and a call can signal neither the zygote nor another call.
+Elsewhere bubblewrap's `--unshare-all` applies and calls keep the caller's uid (and share it).
+
+Limits, set in each call's process: CPU seconds, address space, file size, open files, processes
+(RLIMIT_NPROC counts per uid: per call as root, else shared), no core files; a wall-clock
+timeout that kills the call's whole process group. Output: at most `max_output_chars` of stdout
+and of stderr each, with a visible truncation marker; invalid UTF-8 is replaced, NUL shown as
+`\\x00`.
+
+Results: a clean exit is the tool's result (stdout, and stderr when there is any); anything else
+is an error observation (`ToolCallError`, counted in the env's `error_counts` under its kind and
+as an env metric of that name): `sandbox_error` (nonzero exit status, e.g. a traceback),
+`sandbox_timeout` (wall clock or CPU time), `sandbox_oom` (MemoryError or the address-space
+limit), `sandbox_crash` (killed by a signal), `sandbox_failure` (the sandbox itself failed; it is
+restarted). `sandbox_output_truncated` counts calls whose output was cut. Never an exception in
+the env.
+
+`isolation="rlimits"` runs the zygote as a plain process (rlimits and the timeout only: the code
+sees the host's files and network) and warns when it starts; when bubblewrap is missing or
+cannot make its namespaces, the default refuses to start with `SandboxUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import contextlib
+import itertools
+import os
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+from typing import Final, Literal
+
+import msgspec
+
+from .typed import Tool, ToolCallError, ToolResult
+
+_HEADER: Final = struct.Struct(">I")
+_ZYGOTE_SOURCE: Final = Path(__file__).with_name("sandbox_zygote.py")
+_SANDBOX_TMP: Final = "/tmp"
+_START_TIMEOUT_S: Final = 30.0
+_HOST_GRACE_S: Final = 10.0  # beyond the call's own timeout, before the host gives up on a zygote
+_SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_ROOT_CAPS: Final = ("CAP_SETUID", "CAP_SETGID", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL")
+_PRELOAD: Final = (
+    "math", "cmath", "decimal", "fractions", "statistics", "random", "itertools", "functools",
+    "collections", "operator", "string", "re", "json", "datetime", "heapq", "bisect", "typing",
+)  # fmt: skip
+
+TIMEOUT, OOM, CRASH, ERROR, FAILURE = (
+    "sandbox_timeout",
+    "sandbox_oom",
+    "sandbox_crash",
+    "sandbox_error",
+    "sandbox_failure",
+)
+TRUNCATED: Final = "sandbox_output_truncated"
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox cannot start (bubblewrap missing, namespaces refused); str() is one line."""
+
+
+class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How calls are isolated and bounded (see the module doc).
+
+    isolation: "bubblewrap" (refuses to start without it) or "rlimits" (no isolation; warns).
+    timeout_s: wall clock per call; cpu_s: CPU seconds per process; memory_mb: address space per
+    process; file_size_mb: largest file a call may write; tmpfs_mb: the sandbox's /tmp (all the
+    calls' working directories); open_files; processes (per uid, shared by concurrent calls);
+    max_output_chars: shown per stream; pool_size: zygotes (each serves calls concurrently);
+    python: the interpreter inside ("" = this interpreter's base one); ro_binds: more host paths
+    bound read-only at the same place (e.g. a site-packages); sandbox_uid, sandbox_uids: when the
+    host process is root, call n runs as uid `sandbox_uid + n % sandbox_uids` (a range no host
+    user should own)."""
+
+    isolation: Literal["bubblewrap", "rlimits"] = "bubblewrap"
+    timeout_s: float = 10.0
+    cpu_s: int = 10
+    memory_mb: int = 1024
+    file_size_mb: int = 16
+    tmpfs_mb: int = 64
+    open_files: int = 64
+    processes: int = 256
+    max_output_chars: int = 4000
+    pool_size: int = 1
+    python: str = ""
+    ro_binds: tuple[str, ...] = ()
+    sandbox_uid: int = 1_500_000_000
+    sandbox_uids: int = 4096
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.timeout_s, int | float) and 0 < self.timeout_s <= 3600):
+            raise ValueError(f"timeout_s must be in (0, 3600], got {self.timeout_s!r}")
+        for name in (
+            "cpu_s",
+            "memory_mb",
+            "file_size_mb",
+            "tmpfs_mb",
+            "open_files",
+            "processes",
+            "pool_size",
+            "sandbox_uids",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.open_files < 16:
+            raise ValueError(f"open_files must be >= 16 (the interpreter needs a few), got {self.open_files}")
+        if self.max_output_chars < 16:
+            raise ValueError(f"max_output_chars must be >= 16, got {self.max_output_chars}")
+        for path in self.ro_binds:
+            if not os.path.isabs(path):
+                raise ValueError(f"ro_binds are absolute host paths, got {path!r}")
+
+
+class SandboxResult(msgspec.Struct, frozen=True):
+    """One call's outcome. stdout/stderr: the text shown (capped, marked when cut); exit_code
+    (None when killed), signal (the killing signal), timed_out; kind: None for a clean exit, else
+    the error kind (module doc); truncated: some output was cut; wall_s: the call's run time."""
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    signal: int | None = None
+    timed_out: bool = False
+    kind: str | None = None
+    truncated: bool = False
+    wall_s: float = 0.0
+    message: str = ""  # what went wrong, for the error kinds
+
+    def observation(self) -> str:
+        """What the policy sees: stdout; then stderr and the failure, when there are any."""
+        parts = [self.stdout] if self.stdout else []
+        if self.stderr:
+            parts.append(f"[stderr]\n{self.stderr}")
+        if self.message:
+            parts.append(f"[{self.message}]")
+        elif not parts:
+            parts.append("[no output]")
+        return "\n".join(part.rstrip("\n") for part in parts)
+
+
+class _Request(msgspec.Struct):
+    id: int
+    code: str
+
+
+class _Reply(msgspec.Struct):
+    id: int
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    stdout: bytes
+    stderr: bytes
+    stdout_bytes: int
+    stderr_bytes: int
+    wall_s: float
+
+
+class _Ready(msgspec.Struct):
+    ready: bool
+
+
+def _shown(data: bytes, total: int, cap: int) -> tuple[str, bool]:
+    """The output as text: invalid UTF-8 replaced, NUL visible, at most `cap` characters."""
+    text = data.decode("utf-8", "replace").replace("\x00", "\\x00")
+    cut = total > len(data) or len(text) > cap
+    if cut:
+        text = f"{text[:cap]}\n... [output truncated: {total} bytes in all]"
+    return text, cut
+
+
+def _failure(message: str) -> SandboxResult:
+    return SandboxResult("", "", None, kind=FAILURE, message=message)
+
+
+def _result(reply: _Reply, config: SandboxConfig) -> SandboxResult:
+    cap = config.max_output_chars
+    stdout, cut_out = _shown(reply.stdout, reply.stdout_bytes, cap)
+    stderr, cut_err = _shown(reply.stderr, reply.stderr_bytes, cap)
+    kind, message = None, ""
+    last_line = stderr.rstrip().rpartition("\n")[2]
+    if reply.timed_out:
+        kind, message = TIMEOUT, f"killed: timed out after {config.timeout_s:g} s"
+    elif reply.signal == signal.SIGXCPU:
+        kind, message = TIMEOUT, f"killed: CPU time limit of {config.cpu_s} s"
+    elif last_line.startswith("MemoryError"):
+        kind, message = OOM, f"out of memory (limit {config.memory_mb} MB)"
+    elif reply.signal is not None:
+        kind, message = CRASH, f"killed by signal {reply.signal} ({signal.Signals(reply.signal).name})"
+    elif reply.exit_code == 125:
+        kind, message = FAILURE, "the sandbox could not set up the call"
+    elif reply.exit_code:
+        kind, message = ERROR, f"exit status {reply.exit_code}"
+    return SandboxResult(
+        stdout,
+        stderr,
+        reply.exit_code,
+        reply.signal,
+        reply.timed_out,
+        kind,
+        cut_out or cut_err,
+        reply.wall_s,
+        message,
+    )
+
+
+def _interpreter(config: SandboxConfig) -> str:
+    """The interpreter to run inside: the configured one, else this one's base interpreter (a
+    venv's python is a link into a tree the sandbox does not hold)."""
+    if config.python:
+        return config.python
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for name in (f"python{version}", "python3"):
+        candidate = Path(sys.base_prefix, "bin", name)
+        if candidate.exists():
+            return str(candidate.resolve())
+    return os.path.realpath(sys.executable)
+
+
+def bwrap_argv(config: SandboxConfig, python: str | None = None) -> list[str]:
+    """The bubblewrap command line (up to the command) the zygote runs under (module doc)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable(
+            "bubblewrap (bwrap) is not installed: install it (apt-get install bubblewrap) or set "
+            "isolation='rlimits' to run code without isolation"
+        )
+    python = python or _interpreter(config)
+    argv = [bwrap]
+    if os.geteuid() == 0:
+        argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+        argv += ["--cap-drop", "ALL", *itertools.chain.from_iterable(("--cap-add", c) for c in _ROOT_CAPS)]
+    else:
+        argv += ["--unshare-all"]
+    argv += ["--die-with-parent", "--new-session", "--as-pid-1", "--clearenv", "--hostname", "sandbox"]
+    argv += ["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "LANG", "C.UTF-8"]
+    argv += ["--setenv", "HOME", _SANDBOX_TMP]
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    prefixes = {os.path.realpath(sys.base_prefix), str(Path(python).resolve().parent.parent)}
+    made: set[str] = set()
+    for path in sorted(prefixes | set(config.ro_binds)):
+        if not any(path == d or path.startswith(d + "/") for d in _SYSTEM_DIRS if not os.path.islink(d)):
+            # Its parents as plain traversable directories (bubblewrap would copy a private
+            # /root's mode, and the calls' uid could not reach the prefix).
+            for parent in reversed(Path(path).parents[:-1]):
+                if str(parent) not in made:
+                    made.add(str(parent))
+                    argv += ["--perms", "0755", "--dir", str(parent)]
+            argv += ["--ro-bind", path, path]
+    argv += ["--perms", "0755", "--dir", "/etc", "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    argv += ["--size", str(config.tmpfs_mb * 2**20), "--tmpfs", _SANDBOX_TMP, "--chdir", _SANDBOX_TMP]
+    return argv
+
+
+class _Zygote:
+    """One zygote process, its pending calls, and the thread that reads its replies."""
+
+    def __init__(self, config: SandboxConfig):
+        self.config = config
+        self.pending: dict[int, concurrent.futures.Future[SandboxResult]] = {}
+        self.lock = threading.Lock()
+        self.ids = itertools.count()
+        self.dead = False
+        self.workdir: str | None = None
+        python = _interpreter(config)
+        bubblewrap = config.isolation == "bubblewrap"
+        if bubblewrap:
+            prefix, workdir = bwrap_argv(config, python), f"{_SANDBOX_TMP}/calls"
+            uid = config.sandbox_uid if os.geteuid() == 0 else None
+        else:
+            prefix, workdir, uid = [], tempfile.mkdtemp(prefix="toolgym-sandbox-"), None
+            self.workdir = workdir
+        settings = {
+            "timeout_s": config.timeout_s,
+            "cpu_s": config.cpu_s,
+            "memory_bytes": config.memory_mb * 2**20,
+            "file_size_bytes": config.file_size_mb * 2**20,
+            "open_files": config.open_files,
+            "processes": config.processes,
+            "output_bytes": 4 * config.max_output_chars + 4,
+            "uid": uid,
+            "uids": config.sandbox_uids,
+            "workdir": workdir,
+            "preload": _PRELOAD,
+        }
+        argv = [
+            *prefix,
+            python,
+            "-I",
+            "-c",
+            _ZYGOTE_SOURCE.read_text(),
+            msgspec.json.encode(settings).decode(),
+        ]
+        self.errors = tempfile.TemporaryFile()  # noqa: SIM115 (the zygote's stderr, closed in kill())
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self.errors,
+                cwd=workdir if not bubblewrap else "/",
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise SandboxUnavailable(f"cannot start the sandbox: {exc}") from None
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        ready, _, _ = select.select([self.stdout], [], [], _START_TIMEOUT_S)
+        frame = self._read_frame() if ready else None
+        if frame is None or not msgspec.json.decode(frame, type=_Ready).ready:
+            message = self._start_error(bubblewrap)
+            self.kill()
+            raise SandboxUnavailable(message)
+        self.reader = threading.Thread(target=self._read_replies, name="toolgym-sandbox-reader", daemon=True)
+        self.reader.start()
+
+    def _start_error(self, bubblewrap: bool) -> str:
+        self.errors.seek(0)
+        lines = [line for line in self.errors.read().decode("utf-8", "replace").splitlines() if line.strip()]
+        said = lines[-1].strip() if lines else "it exited without a word"
+        if bubblewrap:
+            return (
+                f"bubblewrap cannot start the sandbox ({said}); allow user namespaces "
+                "(sysctl kernel.unprivileged_userns_clone=1) or set isolation='rlimits' to run code "
+                "without isolation"
+            )
+        return f"cannot start the sandbox: {said}"
+
+    def _read_frame(self) -> bytes | None:
+        header = self.stdout.read(_HEADER.size)
+        if len(header) < _HEADER.size:
+            return None
+        (size,) = _HEADER.unpack(header)
+        data = self.stdout.read(size)
+        return data if len(data) == size else None
+
+    def _read_replies(self) -> None:
+        decoder = msgspec.json.Decoder(_Reply)
+        while (frame := self._read_frame()) is not None:
+            reply = decoder.decode(frame)
+            with self.lock:
+                future = self.pending.pop(reply.id, None)
+            if future is not None and not future.done():
+                future.set_result(_result(reply, self.config))
+        self._died("the sandbox process died during the call")
+
+    def _died(self, message: str) -> None:
+        with self.lock:
+            self.dead = True
+            pending, self.pending = self.pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_result(_failure(message))
+
+    def submit(self, code: str) -> concurrent.futures.Future[SandboxResult]:
+        future: concurrent.futures.Future[SandboxResult] = concurrent.futures.Future()
+        with self.lock:
+            if self.dead:
+                future.set_result(_failure("the sandbox process died"))
+                return future
+            call_id = next(self.ids)
+            self.pending[call_id] = future
+            data = msgspec.json.encode(_Request(call_id, code))
+            try:
+                self.stdin.write(_HEADER.pack(len(data)) + data)
+                self.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                self.pending.pop(call_id, None)
+                self.dead = True
+                future.set_result(_failure("the sandbox process died"))
+        return future
+
+    @property
+    def load(self) -> int:
+        return len(self.pending)
+
+    def kill(self) -> None:
+        """End the zygote and everything under it (its session; its PID namespace with it)."""
+        self.dead = True
+        with contextlib.suppress(OSError, ValueError):
+            self.stdin.close()
+        with contextlib.suppress(OSError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        reader = getattr(self, "reader", None)
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout=_HOST_GRACE_S)  # it reads to the end of the dead zygote's output
+        self.stdout.close()
+        self.errors.close()
+        self._died("the sandbox was closed")
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class Sandbox:
+    """A pool of `pool_size` warm zygotes under one SandboxConfig; thread-safe; calls concurrent.
+
+    Starting raises SandboxUnavailable (bubblewrap isolation that cannot start); rlimits-only
+    isolation warns. A zygote that dies (or stops answering) fails its calls with a
+    `sandbox_failure` result and is replaced on the next call. `close()` ends every process."""
+
+    def __init__(self, config: SandboxConfig | None = None):
+        self.config = config or SandboxConfig()
+        if self.config.isolation == "rlimits":
+            warnings.warn(
+                "the code sandbox runs with isolation='rlimits': rlimits and a timeout only; the code "
+                "can read the host's files and reach its network",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        self._lock = threading.Lock()
+        self._closed = False
+        self._zygotes = [_Zygote(self.config) for _ in range(self.config.pool_size)]
+
+    def submit(self, code: str) -> concurrent.futures.Future[SandboxResult]:
+        """Start a call; the future's result is its SandboxResult (never an exception)."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the sandbox is closed")
+            for i, zygote in enumerate(self._zygotes):
+                if zygote.dead:
+                    zygote.kill()
+                    try:
+                        self._zygotes[i] = _Zygote(self.config)
+                    except SandboxUnavailable as exc:
+                        future: concurrent.futures.Future[SandboxResult] = concurrent.futures.Future()
+                        future.set_result(_failure(f"the sandbox cannot restart: {exc}"))
+                        return future
+            zygote = min(self._zygotes, key=lambda z: z.load)
+        return zygote.submit(code)
+
+    def _gave_up(self, future: concurrent.futures.Future[SandboxResult]) -> SandboxResult:
+        """A call the zygote did not answer in time: the zygote is stuck; replace it."""
+        with self._lock:
+            for zygote in self._zygotes:
+                if future in zygote.pending.values():
+                    zygote.kill()
+        return _failure("the sandbox stopped answering")
+
+    def run(self, code: str) -> SandboxResult:
+        """Run `code` in a fresh sandboxed process; blocks the calling thread."""
+        future = self.submit(code)
+        try:
+            return future.result(timeout=self.config.timeout_s + _HOST_GRACE_S)
+        except concurrent.futures.TimeoutError:
+            return self._gave_up(future)
+
+    async def arun(self, code: str) -> SandboxResult:
+        """`run`, awaitable from any event loop."""
+        future = self.submit(code)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), self.config.timeout_s + _HOST_GRACE_S)
+        except TimeoutError:
+            return self._gave_up(future)
+
+    @property
+    def pids(self) -> list[int]:
+        """The zygotes' host process ids (bubblewrap's, or the zygote's own)."""
+        return [z.proc.pid for z in self._zygotes if not z.dead]
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for zygote in self._zygotes:
+                zygote.kill()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_SHARED: dict[tuple[int, SandboxConfig], Sandbox] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_sandbox(config: SandboxConfig | None = None) -> Sandbox:
+    """The process's one Sandbox for `config` (started on first use, closed at exit), so every
+    env made with the same config shares one warm pool."""
+    config = config or SandboxConfig()
+    key = (os.getpid(), config)  # a forked process starts its own
+    with _SHARED_LOCK:
+        sandbox = _SHARED.get(key)
+        if sandbox is None or sandbox._closed:
+            sandbox = _SHARED[key] = Sandbox(config)
+        return sandbox
+
+
+@atexit.register
+def _close_shared() -> None:
+    for (pid, _), sandbox in list(_SHARED.items()):
+        if pid == os.getpid():
+            sandbox.close()
+
+
+def python_tool(config: SandboxConfig | None = None, *, name: str = "python") -> Tool:
+    """The `python(code)` tool over the shared sandbox for `config` (started now, so a missing
+    bubblewrap is refused when the env is made). A clean exit is the result; every other outcome
+    a ToolCallError of its kind (module doc); both carry the kinds as metrics."""
+    sandbox = shared_sandbox(config)
+
+    def python(code: str) -> ToolResult:
+        """Run Python code in a fresh sandboxed process and see what it prints (use print()).
+
+        Args:
+            code: a Python program; its stdout (and stderr) is the result.
+        """
+        result = sandbox.run(code)
+        metrics = {TRUNCATED: 1.0} if result.truncated else {}
+        if result.kind is not None:
+            raise ToolCallError(result.kind, result.observation(), {**metrics, result.kind: 1.0})
+        return ToolResult(result.observation(), metrics=metrics)
+
+    return Tool.from_function(python, name=name, timeout_s=sandbox.config.timeout_s + 2 * _HOST_GRACE_S)

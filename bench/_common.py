@@ -101,3 +101,14 @@ def machine_summary() -> str:
     if torch.cuda.is_available():
         return f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {threads} CPU threads"
     return f"torch {torch.__version__}, CPU, {threads} threads"
+
+
+def commit() -> str:
+    """This tree's commit, or "?" where there is no git (a copy of the tree)."""
+    import subprocess
+
+    try:
+        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    except OSError:
+        return "?"
+    return found.stdout.strip() or "?"

@@ -38,6 +38,8 @@ import sys
 import time
 from pathlib import Path
 
+from _common import commit  # bench/ is sys.path[0] when run as a script
+
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import format_table, machine_summary
 
@@ -63,15 +65,6 @@ def train(
     with open(f"{run_dir}.log", "w") as log:
         subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
     return time.perf_counter() - started
-
-
-def commit() -> str:
-    """This tree's commit, or "?" where there is no git (a copy of the tree)."""
-    try:
-        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    except OSError:
-        return "?"
-    return found.stdout.strip() or "?"
 
 
 def read_run(run_dir: Path) -> dict:
@@ -171,7 +164,7 @@ def report(results: dict[tuple[str, int], dict], seeds: list[int], out: Path) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument(
         "--set", dest="sets", action="append", default=[], help="a config override for both modes"

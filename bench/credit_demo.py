@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from _common import commit  # bench/ is sys.path[0] when run as a script
+
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import format_table, machine_summary
 
@@ -59,15 +61,6 @@ def train(run_dir: Path, seed: int, overrides: list[str], sets: list[str], sft_m
     with open(f"{run_dir}.log", "w") as log:
         subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True)
     return time.perf_counter() - started
-
-
-def commit() -> str:
-    """This tree's commit, or "?" where there is no git (a copy of the tree)."""
-    try:
-        found = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    except OSError:
-        return "?"
-    return found.stdout.strip() or "?"
 
 
 def read_run(run_dir: Path) -> dict:

@@ -19,13 +19,12 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-import msgspec
 import numpy as np
 
 from ..core.grading import Grade
 from ..core.task import Example, Task
 from ..core.tool_env import ToolEnv
-from ..tools.sandbox import Sandbox, SandboxConfig, python_tool, shared_sandbox
+from ..tools.sandbox import Sandbox, SandboxConfig, python_tool, sandbox_config, shared_sandbox
 from ..tools.typed import Call
 
 _MARK = "__toolgym_test_results__"
@@ -173,13 +172,7 @@ class CodeTestsEnv(ToolEnv):
     ):
         if not isinstance(tests, int) or isinstance(tests, bool) or tests < 1:
             raise ValueError(f"tests must be an int >= 1, got {tests!r}")
-        if isinstance(sandbox, SandboxConfig) or sandbox is None:
-            config = sandbox or SandboxConfig()
-        else:
-            try:
-                config = msgspec.convert(dict(sandbox), SandboxConfig)
-            except msgspec.ValidationError as exc:
-                raise ValueError(f"sandbox: {exc}") from None
+        config = sandbox_config(sandbox)
         self.tests = tests
         self.sandbox: Sandbox = shared_sandbox(config)
         super().__init__(

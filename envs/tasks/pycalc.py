@@ -16,12 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-import msgspec
 
 from ..core.grading import numeric
 from ..core.task import Example, Task
 from ..core.tool_env import ToolEnv
-from ..tools.sandbox import SandboxConfig, python_tool
+from ..tools.sandbox import SandboxConfig, python_tool, sandbox_config
 from ..tools.typed import Call
 
 _INSTRUCTIONS = "Work out the arithmetic exactly: run Python with the python tool and print the result."
@@ -46,13 +45,7 @@ class PyCalcEnv(ToolEnv):
     ):
         if kind not in ("mixed", *KINDS):
             raise ValueError(f"kind must be 'mixed', 'product' or 'sum', got {kind!r}")
-        if isinstance(sandbox, SandboxConfig) or sandbox is None:
-            config = sandbox or SandboxConfig()
-        else:
-            try:
-                config = msgspec.convert(dict(sandbox), SandboxConfig)
-            except msgspec.ValidationError as exc:
-                raise ValueError(f"sandbox: {exc}") from None
+        config = sandbox_config(sandbox)
         self.kind = kind
         knobs.setdefault("grader", numeric())
         super().__init__(

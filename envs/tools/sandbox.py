@@ -57,6 +57,7 @@ import sys
 import tempfile
 import threading
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final, Literal
 
@@ -510,6 +511,17 @@ class Sandbox:
 
 _SHARED: dict[tuple[int, SandboxConfig], Sandbox] = {}
 _SHARED_LOCK = threading.Lock()
+
+
+def sandbox_config(value: SandboxConfig | Mapping[str, object] | None) -> SandboxConfig:
+    """An env's `sandbox` knob as a SandboxConfig: one already, None (the defaults), or a mapping
+    of its fields (a TOML table); ValueError naming the field for a mapping that does not fit."""
+    if isinstance(value, SandboxConfig) or value is None:
+        return value or SandboxConfig()
+    try:
+        return msgspec.convert(dict(value), SandboxConfig)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"sandbox: {exc}") from None
 
 
 def shared_sandbox(config: SandboxConfig | None = None) -> Sandbox:

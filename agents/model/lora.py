@@ -159,19 +159,29 @@ def peft_key(name: str) -> str:
     return PEFT_PREFIX + name
 
 
+def adapter_peft_state(adapters: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Adapter tensors by module name -> by PEFT's key (`base_model.model.<module name>...`)."""
+    return {peft_key(name): tensor for name, tensor in adapters.items()}
+
+
 def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The adapters under PEFT's keys (`base_model.model.<module name>.lora_A.weight`)."""
-    return {peft_key(name): tensor for name, tensor in adapter_tensors(model)}
+    """The model's adapters under PEFT's keys (`base_model.model.<module name>.lora_A.weight`)."""
+    return adapter_peft_state(dict(adapter_tensors(model)))
 
 
-def lora_config_of(model: nn.Module) -> tuple[int, float, list[str]]:
-    """(rank, alpha, target names) of the model's adapters."""
+def lora_config_of(model: nn.Module) -> LoraConfig:
+    """The LoraConfig of the model's adapters (rank, alpha, dropout, targets)."""
     modules = list(lora_modules(model))
     if not modules:
         raise ValueError("the model has no LoRA adapters")
-    rank, scale = modules[0][1].rank, modules[0][1].scale
-    targets = sorted({name.rsplit(".", 1)[-1] for name, _ in modules})
-    return rank, scale * rank, targets
+    first = modules[0][1]
+    return LoraConfig(
+        rank=first.rank,
+        alpha=first.scale * first.rank,
+        dropout=first.dropout.p if isinstance(first.dropout, nn.Dropout) else 0.0,
+        target_modules=sorted({name.rsplit(".", 1)[-1] for name, _ in modules}),
+        dtype="float32" if first.float32_adapters else "model",
+    )
 
 
 def merged_state_dict(
@@ -230,14 +240,7 @@ def adapter_checksum(
 
 
 def save_adapter(
-    state: Mapping[str, torch.Tensor],
-    directory: str | Path,
-    *,
-    rank: int,
-    alpha: float,
-    target_modules: list[str],
-    dropout: float = 0.0,
-    base_model: str = "",
+    state: Mapping[str, torch.Tensor], directory: str | Path, config: LoraConfig, base_model: str = ""
 ) -> Path:
     """Write `adapter_state`'s tensors (PEFT keys, float32) and adapter_config.json into `directory`:
     a PEFT LoRA adapter for a causal LM (`PeftModel.from_pretrained(base, directory)`)."""
@@ -249,10 +252,10 @@ def save_adapter(
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model,
-        "r": rank,
-        "lora_alpha": alpha,
-        "lora_dropout": dropout,
-        "target_modules": sorted(target_modules),
+        "r": config.rank,
+        "lora_alpha": config.alpha,
+        "lora_dropout": config.dropout,
+        "target_modules": sorted(config.target_modules),
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,
@@ -287,12 +290,15 @@ __all__ = [
     "LoraConfig",
     "LoraLinear",
     "adapter_checksum",
+    "adapter_peft_state",
     "adapter_state",
     "adapter_tensors",
     "apply_lora",
     "has_lora",
+    "is_adapter_name",
     "keep_adapter_dtype",
     "load_adapter",
+    "lora_config_of",
     "merge_lora",
     "merged_state_dict",
     "save_adapter",

@@ -73,7 +73,7 @@ def test_lora_at_init_is_the_base(name: str) -> None:
 def test_targets_rank_and_scale() -> None:
     model = randomised("test")
     apply_lora(model, LoraConfig(rank=2, alpha=8, target_modules=["q_proj", "v_proj"]))
-    assert lora_config_of(model) == (2, 8.0, ["q_proj", "v_proj"])
+    assert lora_config_of(model) == LoraConfig(rank=2, alpha=8.0, target_modules=["q_proj", "v_proj"])
     assert model.model.layers[0].self_attn.q_proj.scale == 4.0
     assert not isinstance(model.model.layers[0].mlp.up_proj, LoraLinear)
     with pytest.raises(ValueError, match="already has LoRA"):
@@ -128,8 +128,7 @@ def test_adapter_save_and_load_round_trip(tmp_path) -> None:
     model = randomised("test")
     apply_lora(model, LoraConfig(rank=4, alpha=8, dropout=0.1))
     trained_adapters(model)
-    rank, alpha, targets = lora_config_of(model)
-    save_adapter(adapter_state(model), tmp_path, rank=rank, alpha=alpha, target_modules=targets, dropout=0.1)
+    save_adapter(adapter_state(model), tmp_path, lora_config_of(model))
     config = json.loads((tmp_path / ADAPTER_CONFIG).read_text())
     assert (config["r"], config["lora_alpha"], config["lora_dropout"]) == (4, 8.0, 0.1)
     assert (config["peft_type"], config["task_type"]) == ("LORA", "CAUSAL_LM")
@@ -146,13 +145,11 @@ def test_peft_loads_our_adapter_onto_transformers(tmp_path, name: str) -> None:
     peft = pytest.importorskip("peft")
     model = randomised(name)
     save_hf_checkpoint(model, model.config, tmp_path / "base")
-    apply_lora(model, LoraConfig(rank=4, alpha=16, target_modules=["q_proj", "k_proj", "o_proj", "down_proj"]))
+    apply_lora(
+        model, LoraConfig(rank=4, alpha=16, target_modules=["q_proj", "k_proj", "o_proj", "down_proj"])
+    )
     trained_adapters(model)
-    rank, alpha, targets = lora_config_of(model)
-    save_adapter(
-        adapter_state(model), tmp_path / "adapter", rank=rank, alpha=alpha, target_modules=targets,
-        base_model=str(tmp_path / "base"),
-    )  # fmt: skip
+    save_adapter(adapter_state(model), tmp_path / "adapter", lora_config_of(model), str(tmp_path / "base"))
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)
     with_adapter = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
     with torch.no_grad():

@@ -248,7 +248,7 @@ def save_adapter(
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()}
     save_file(tensors, directory / ADAPTER_WEIGHTS, metadata={"format": "pt"})
-    config = {
+    peft_config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model,
@@ -264,7 +264,7 @@ def save_adapter(
         "use_dora": False,
         "modules_to_save": None,
     }
-    (directory / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    (directory / ADAPTER_CONFIG).write_text(json.dumps(peft_config, indent=2) + "\n")
     return directory
 
 

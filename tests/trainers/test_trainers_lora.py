@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 sys.path.insert(0, str(Path(__file__).parent))
 from trainers_testlib import full_params, random_episodes
 
+import toolgym.trainers.trainer as trainer_module
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.model.checkpoint import load_hf_checkpoint
 from toolgym.agents.model.lora import (
@@ -32,6 +34,7 @@ from toolgym.configs.load import ConfigError, config_from_dict
 from toolgym.rollouts.types import Episode
 from toolgym.trainers.checkpoint import ADAPTER_DIR, CheckpointManager, export_hf
 from toolgym.trainers.config import OptimizerConfig, TrainerConfig
+from toolgym.trainers.distributed import fsdp_wrap
 from toolgym.trainers.losses import LossConfig
 from toolgym.trainers.trainer import Trainer
 from toolgym.trainers.weight_sync import AdapterSyncError, gather_weights, push_weights
@@ -233,3 +236,26 @@ def test_lora_config_parses():
     config = config_from_dict({"policy": {"lora": {"rank": 8, "alpha": 32, "target_modules": ["q_proj"]}}})
     assert config.policy.lora == LoraConfig(rank=8, alpha=32, target_modules=["q_proj"])
     assert not config_from_dict({}).policy.lora.enabled
+
+
+def test_fsdp2_wrapped_lora_trains_syncs_and_exports_like_the_plain_model(tmp_path, monkeypatch):
+    """FSDP2 (`fsdp_wrap`, what every world size > 1 uses) in a world of one: frozen base
+    parameters beside trainable adapters in each unit."""
+    plain = lora_trainer()
+    expected = train(plain, range(2))
+    monkeypatch.setattr(trainer_module, "shard_model", lambda model, mesh, precision: fsdp_wrap(model, mesh))
+    wrapped = lora_trainer()
+    assert isinstance(wrapped.model, FSDPModule)
+    got = train(wrapped, range(2))
+    for a, b in zip(got, expected, strict=True):
+        assert abs(a["loss"] - b["loss"]) <= 1e-6 and abs(a["grad_norm"] - b["grad_norm"]) <= 1e-6
+    params, reference = full_params(wrapped.model), full_params(plain.model)
+    for name, value in params.items():
+        assert torch.allclose(value, reference[name], atol=1e-6), name
+    weights = gather_weights(wrapped)
+    assert set(weights) == {n for n, _ in adapter_tensors(plain.model)}
+    export_hf(wrapped, tmp_path / "hf", adapter_directory=tmp_path / "adapter")
+    assert (tmp_path / "adapter" / ADAPTER_WEIGHTS).is_file()
+    merged = load_hf_checkpoint(tmp_path / "hf").state_dict()
+    for name, tensor in merged_state_dict(plain.model).items():
+        assert torch.allclose(merged[name], tensor, atol=1e-6), name

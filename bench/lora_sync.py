@@ -1,8 +1,9 @@
 """One weight sync with LoRA (adapters only) against full weights, and the trainer step with each.
 
     python bench/lora_sync.py [--repeats 3] [--models small-25m qwen2.5-0.5b] [--ranks 8 32]
+                              [--steps 3] [--rounds 2] [--parts step sync] [--threads N]
 
-Step, then sync. Sync: for each model shape (random weights) a trainer and a torch engine built from the same model
+Sync: for each model shape (random weights) a trainer and a torch engine built from the same model
 (float32, CPU); `push_weights` with full fine-tuning (every tensor, the tied head once) and with
 LoRA at each rank over the attention and MLP projections (the adapters alone, plus the
 version/checksum check the sync makes). Printed: the bytes sent (float32), the best and median
@@ -121,18 +122,30 @@ def main() -> None:
     ap.add_argument("--ranks", nargs="+", type=int, default=[8, 32])
     ap.add_argument("--steps", type=int, default=3, help="timed trainer steps per process")
     ap.add_argument("--rounds", type=int, default=2, help="processes per configuration, alternating")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--parts", nargs="+", choices=["step", "sync"], default=["step", "sync"])
     ap.add_argument("--step-worker", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.step_worker is not None:
         step_worker(args.step_worker, args.steps)
         return
     print(machine_summary())
 
+    if "step" in args.parts:
+        step_table(args)
+    if "sync" in args.parts:
+        sync_table(args)
+
+
+def step_table(args: argparse.Namespace) -> None:
     results: dict[int, list[dict]] = {0: [], args.ranks[0]: []}
     for _ in range(args.rounds):
         for rank in results:
             out = subprocess.run(
-                [sys.executable, __file__, "--step-worker", str(rank), "--steps", str(args.steps)],
+                [sys.executable, __file__, "--step-worker", str(rank), "--steps", str(args.steps)]
+                + (["--threads", str(args.threads)] if args.threads else []),
                 check=True,
                 capture_output=True,
                 text=True,
@@ -149,9 +162,11 @@ def main() -> None:
                 f"{max(run['peak_rss'] for run in runs) / MIB:,.0f}",
             ]
         )
-    print("Trainer step, small-25m, 8 x 128 tokens, GRPO, fp32 (ms best / median; own process each)")
+    print("\nTrainer step, small-25m, 8 x 128 tokens, GRPO, fp32 (ms best / median; own process each)")
     print(format_table(["weights", "trainable", "step", "peak RSS MiB"], rows))
 
+
+def sync_table(args: argparse.Namespace) -> None:
     rows = []
     for name in args.models:
         base = build_model(name, seed=0)

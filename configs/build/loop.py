@@ -134,9 +134,7 @@ def build_source(
     if config.loop.mode == "sync":
         return SyncSource(runner, stream, batch_config, policy)
     if not dist.generators:
-        return ProducerSource(
-            runner, stream, batch_config, policy, buffer_capacity(config), staleness_bound(config)
-        )
+        return ProducerSource(runner, stream, batch_config, policy, buffer_capacity(config), staleness_bound(config))
     groups = None
     if dist.is_main:  # trainer rank 0 speaks to the generators; processes on this machine share memory
         shared = generator_placement(config, dist.device) == "process"

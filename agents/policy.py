@@ -18,6 +18,9 @@ class Policy(Protocol):
     [p0 s0, p0 s1, ..., p0 s(n-1), p1 s0, ...]. Concurrent calls may be served in one batch.
     `load_weights` takes Hugging Face-named tensors (the names `save_hf_checkpoint` writes) and
     the new policy version; later samples use the new weights and carry the new version.
+    A policy that serves LoRA adapters (agents/model/lora.py) also has `applied_adapter()`,
+    returning the version and checksum of the adapters it holds (an `AppliedAdapter`), which
+    every adapter sync checks (trainers/weight_sync.py).
     """
 
     @property

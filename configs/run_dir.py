@@ -7,7 +7,8 @@ runs/zorplex_tiny-20250101-120000/
     checkpoints/rl/          DCP checkpoints of the RL phase (trainers/checkpoint.py layout)
     sft_model/               the policy after the SFT warm start (Hugging Face directory)
     initial_model/           the initial weights as a HF directory (vLLM backend, named model)
-    final_model/             the final policy (Hugging Face directory + tokenizer.json)
+    final_model/             the final policy (Hugging Face directory + tokenizer.json; with LoRA merged)
+    final_adapter/           with policy.lora: the final adapters as a PEFT directory
     trajectories/            eval_step_00000010.jsonl per eval, train_rank0.jsonl (optional)
     plots/                   reward.png, <metric>.png per env metric, entropy.png, kl.png, curves.png
     tensorboard/             (optional)
@@ -56,6 +57,7 @@ class RunDir:
         self.sft_model = self.root / "sft_model"
         self.initial_model = self.root / "initial_model"
         self.final_model = self.root / "final_model"
+        self.final_adapter = self.root / "final_adapter"
         self.trajectories = self.root / "trajectories"
         self.plots = self.root / "plots"
         self.tensorboard = self.root / "tensorboard"

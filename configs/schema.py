@@ -55,6 +55,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from ..agents.model.lora import LoraConfig
 from ..agents.vllm.engine import VLLMConfig
 from ..rollouts.batches import EVAL_SEED_COUNT, BatchConfig
 from ..rollouts.endpoint.program import AgentProgram
@@ -170,9 +171,17 @@ class PolicySection(PolicySampling, frozen=True, **_STRICT):
     chat_template: str = ""
     chat_template_kwargs: dict[str, Any] = msgspec.field(default_factory=dict)
     vllm: VLLMConfig = msgspec.field(default_factory=VLLMConfig)
+    # LoRA for RL (agents/model/lora.py): rank > 0 trains adapters over the frozen base (after SFT,
+    # which stays full), syncs only them to the policy, exports them as a PEFT directory.
+    lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.lora.enabled and self.backend != "torch":
+            raise ValueError(
+                f"policy.lora must be off (rank = 0) with backend {self.backend!r}: LoRA adapters load only "
+                "into the torch engine (vLLM's LoRA support is not wired up); set policy.backend = 'torch'"
+            )
         if not self.temperature > 0:
             raise ValueError(f"policy.temperature must be > 0 for RL sampling, got {self.temperature}")
         _positive("policy", max_batch_size=self.max_batch_size, replicas=self.replicas)

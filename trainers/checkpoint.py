@@ -9,6 +9,8 @@ Layout of `directory`:
         rank0.pt ...            per rank: step, scheduler, RNG states (python, numpy, torch, cuda),
                                 tensors and plain data only: read with torch.load(weights_only=True)
         meta.json               step, world size, the loop's data position (written last)
+        adapter/                with LoRA: the adapters as a PEFT directory (adapter_config.json,
+                                adapter_model.safetensors); resume reads dcp/, as for any model
 
 A checkpoint is written under `step_N.tmp/` and renamed into place only when every rank has
 finished; then `latest` is replaced atomically (write a temp file, fsync, rename, fsync the
@@ -38,13 +40,24 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from ..agents.model.checkpoint import save_hf_checkpoint
+from ..agents.model.lora import (
+    adapter_peft_state,
+    has_lora,
+    is_adapter_name,
+    lora_config_of,
+    merged_state_dict,
+    save_adapter,
+)
 from .distributed import all_gather_objects, barrier
+from .weight_sync import gather_weights
 
 if TYPE_CHECKING:
     from .trainer import Trainer
 
 LATEST = "latest"
 STEP_PREFIX = "step_"
+ADAPTER_DIR = "adapter"
 
 
 def _fsync_path(path: Path) -> None:
@@ -132,9 +145,13 @@ def load_rank_state(path: Path) -> dict[str, Any]:
             f"code ({reason})"
         ) from None
     except (RuntimeError, EOFError) as exc:  # truncated, not a torch file
-        raise CheckpointError(f"{path}: unreadable: {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+        raise CheckpointError(
+            f"{path}: unreadable: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        ) from None
     if not isinstance(local, dict) or not {"step", "skipped_steps", "scheduler", "rng"} <= local.keys():
-        raise CheckpointError(f"{path}: not a toolgym rank state (expected step, skipped_steps, scheduler, rng)")
+        raise CheckpointError(
+            f"{path}: not a toolgym rank state (expected step, skipped_steps, scheduler, rng)"
+        )
     return local
 
 
@@ -222,6 +239,10 @@ class CheckpointManager:
             "scheduler": trainer.scheduler.state_dict(),
             "rng": rng_state(),
         }
+        if has_lora(trainer.model):
+            adapters = gather_weights(trainer)  # the adapters alone, whole on every rank
+            if rank == 0:
+                save_adapter(adapter_peft_state(adapters), tmp / ADAPTER_DIR, lora_config_of(trainer.model))
         with open(tmp / f"rank{rank}.pt", "wb") as f:
             torch.save(local, f)
             f.flush()
@@ -298,16 +319,27 @@ def export_hf(
     tokenizer_path: str | Path | None = None,
     dtype: torch.dtype | None = None,
     chat_template: str | None = None,
+    adapter_directory: str | Path | None = None,
+    base_model: str = "",
 ) -> Path:
     """Write the policy as a Hugging Face directory (config.json, model.safetensors[, tokenizer,
     with `chat_template`: the template text the policy was trained with]) that
-    `toolgym.agents.model.checkpoint.load_hf_checkpoint`, transformers and vLLM load. Rank 0 writes."""
-    from ..agents.model.checkpoint import save_hf_checkpoint
+    `toolgym.agents.model.checkpoint.load_hf_checkpoint`, transformers and vLLM load. Rank 0 writes.
 
+    With LoRA the directory holds the merged weights (W + s * B @ A), and `adapter_directory`
+    (when given) the adapters alone as a PEFT directory over `base_model` (its
+    base_model_name_or_path)."""
     if trainer.model_config is None:
         raise ValueError("export_hf needs a model with a `config` (agents' Transformer)")
     state = full_state_dict(trainer, cpu=True)
     if trainer.dist.is_main:
+        if has_lora(trainer.model):
+            if adapter_directory is not None:
+                adapters = {k: v for k, v in state.items() if is_adapter_name(k)}
+                save_adapter(
+                    adapter_peft_state(adapters), adapter_directory, lora_config_of(trainer.model), base_model
+                )
+            state = merged_state_dict(trainer.model, state)
         save_hf_checkpoint(
             state, trainer.model_config, directory, tokenizer_path, dtype=dtype, chat_template=chat_template
         )

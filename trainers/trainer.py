@@ -11,6 +11,9 @@ summed gradient over micro-batches and ranks is the gradient of the whole batch'
     metrics = trainer.train_step(episodes)      # RL step
     metrics = trainer.sft_step(episodes)        # cross-entropy on loss_mask tokens
 
+The optimizer holds the parameters that require grad (all of them, or LoRA's adapters over a frozen
+base: agents/model/lora.py); clipping is over their gradients.
+
 A non-finite loss or gradient norm skips the update (weights and optimizer state untouched) and
 is reported as metrics["skipped"] = 1. `trainer.step` counts applied updates: it is the policy
 version of the current weights.
@@ -86,8 +89,13 @@ class Trainer:
             reference_model.requires_grad_(False)
             self.reference_model = shard_model(reference_model.to(self.device), self.mesh, config.precision)
         opt = config.optimizer
+        # Only what trains: with LoRA (agents/model/lora.py) the adapters, the frozen base has
+        # neither optimizer state nor gradients.
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.trainable:
+            raise ValueError("the model has no trainable parameters (every requires_grad is False)")
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            self.trainable,
             lr=opt.lr,
             betas=opt.betas,
             eps=opt.eps,
@@ -275,7 +283,7 @@ class Trainer:
 
     def _clip_grad_norm(self) -> float:
         """Clip to max_grad_norm; return the global norm before clipping (nan/inf if non-finite)."""
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        params = [p for p in self.trainable if p.grad is not None]
         grads = [p.grad for p in params if p.grad is not None]
         if not grads:
             return 0.0

@@ -1,5 +1,8 @@
 """Every way the trainer's new weights reach a policy (any `Policy`: torch engine or vLLM).
 
+- With LoRA (agents/model/lora.py) every path sends the adapters only, after a first full sync
+where the policy's base is another copy (generator processes), and each load is checked:
+`check_adapters` compares the version and checksum the policy reports applying with the trainer's.
 - `push_weights`: into a policy in this process. In process, no disk: the sharded parameters are gathered whole (HF names, the tied lm_head
 dropped as in a HF checkpoint) and handed to `policy.load_weights(named_tensors, version)`,
 which copies them into the policy's own weights (casting to its dtype) and, for vLLM,
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.distributed.tensor import DTensor
 
+from ..agents.model.lora import adapter_checksum, has_lora, is_adapter_name
 from ..agents.policy import Policy
 from .distributed import Channel
 
@@ -28,15 +32,25 @@ if TYPE_CHECKING:
     from .trainer import Trainer
 
 
-@torch.no_grad()
-def gather_weights(trainer: Trainer) -> dict[str, torch.Tensor]:
-    """The whole model's weights on the trainer's device, HF names. Collective (all ranks call).
+class AdapterSyncError(RuntimeError):
+    """The policy did not apply the LoRA adapters the trainer sent (version or checksum differ)."""
 
-    With one rank the shards are the whole tensors, so nothing is copied.
+
+@torch.no_grad()
+def gather_weights(trainer: Trainer, full: bool = False) -> dict[str, torch.Tensor]:
+    """The model's weights on the trainer's device, HF names. Collective (all ranks call).
+
+    With LoRA (agents/model/lora.py) only the adapters (`...q_proj.lora_A.weight`, ...), as the
+    base is frozen and the policy holds the same one, unless `full` (the first sync to a policy
+    built from another copy of the base, e.g. a generator process). With one rank the shards are
+    the whole tensors, so nothing is copied.
     """
     single = trainer.dist.world_size == 1
+    adapters_only = not full and has_lora(trainer.model)
     weights: dict[str, torch.Tensor] = {}
     for name, tensor in trainer.model.state_dict().items():
+        if adapters_only and not is_adapter_name(name):
+            continue
         if isinstance(tensor, DTensor):
             tensor = tensor.to_local() if single else tensor.full_tensor()
         weights[name] = tensor.detach()
@@ -53,10 +67,40 @@ def push_weights(trainer: Trainer, policy: Policy | None, version: int | None = 
     start = time.perf_counter()
     weights = gather_weights(trainer)
     if policy is not None:
-        policy.load_weights(weights.items(), trainer.step if version is None else version)
+        load_and_check(policy, weights, trainer.step if version is None else version)
     if trainer.device.type == "cuda":
         torch.cuda.synchronize(trainer.device)
     return time.perf_counter() - start
+
+
+def load_and_check(policy: Policy, weights: Mapping[str, torch.Tensor], version: int) -> None:
+    """`policy.load_weights(weights, version)`, then, when `weights` hold LoRA adapters,
+    `check_adapters`."""
+    policy.load_weights(weights.items(), version)
+    if any(is_adapter_name(name) for name in weights):
+        check_adapters(policy, weights, version)
+
+
+def check_adapters(policy: Policy, weights: Mapping[str, torch.Tensor], version: int) -> None:
+    """The invariant of an adapter sync: the policy reports (`applied_adapter()`, e.g.
+    TorchEngine's) the version it applied and the checksum of its own adapter weights, and both
+    equal the trainer's (`adapter_checksum` of the adapters sent, rounded to the policy's adapter
+    dtype); else AdapterSyncError, one line naming both versions."""
+    report = getattr(policy, "applied_adapter", None)
+    if report is None:
+        raise AdapterSyncError(f"{type(policy).__name__} cannot report the LoRA adapters it applied")
+    applied = report()
+    adapters = [(n, t) for n, t in weights.items() if is_adapter_name(n)]
+    if applied is None:
+        raise AdapterSyncError(
+            f"LoRA adapter sync failed: the trainer sent version {version}, the policy applied no adapters"
+        )
+    expected = adapter_checksum(adapters, applied.dtype)
+    if (applied.version, applied.checksum) != (version, expected):
+        raise AdapterSyncError(
+            f"LoRA adapter sync failed: the trainer sent version {version} (checksum {expected}), "
+            f"the policy applied version {applied.version} (checksum {applied.checksum})"
+        )
 
 
 def flat_weights(

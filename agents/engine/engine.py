@@ -42,6 +42,10 @@ hash, so what it samples does not depend on the batch it shares or when it was a
 agents/engine/sampling.py for the exact guarantee). Requests without a seed get one from the engine's
 own generator (`seed=` at construction).
 
+LoRA: a model with adapters (agents/model/lora.py) is served unmerged, on plain layers (no packing or
+fusing: those would fold the base alone); a sync may carry the adapters only, and the engine then
+reports what it applied (`applied_adapter`).
+
 Weights: `load_weights` copies the new tensors into the existing parameters in place and bumps
 `policy_version`. With `weight_updates="drain"` (the default) the running samples finish on the
 old weights first (nothing new is admitted meanwhile), so every Completion was sampled by one
@@ -66,6 +70,14 @@ import numpy as np
 import torch
 
 from ..errors import ContextOverflowError, checked_prompt, checked_weights, resolve_future
+from ..model.lora import (
+    AppliedAdapter,
+    adapter_checksum,
+    adapter_tensors,
+    has_lora,
+    is_adapter_name,
+    keep_adapter_dtype,
+)
 from ..model.transformer import Transformer
 from ..types import Completion, SamplingParams
 from .backend import Backend, select_backend
@@ -132,9 +144,10 @@ class TorchEngine:
         self.weight_updates = weight_updates
         cfg = model.config
         self.config = cfg
+        lora = has_lora(model)
         if backend is None:
             dtype, device = dtype or model.dtype, torch.device(device) if device is not None else model.device
-            backend = select_backend(cfg, device, dtype)
+            backend = select_backend(cfg, device, dtype, lora=lora)
         else:
             dtype, device = (
                 dtype or backend.dtype,
@@ -144,10 +157,16 @@ class TorchEngine:
                 raise ValueError(
                     f"backend is for {backend.dtype} on {backend.device}, the engine for {dtype} on {device}"
                 )
+        if lora and (backend.packed or backend.fused):
+            raise ValueError(
+                "a model with LoRA adapters runs on plain layers: select_backend(..., lora=True)"
+            )
         self.backend = backend
         backend.prepare_process()
         # The engine samples from its own copy: weights change only through load_weights.
         self.model = copy.deepcopy(model).to(dtype=dtype, device=device).eval().requires_grad_(False)
+        keep_adapter_dtype(self.model)
+        self._adapter: AppliedAdapter | None = None  # what the last load_weights applied (LoRA)
         self.max_seq_len = max_seq_len or min(cfg.max_position_embeddings, 4096)
         if not 2 <= self.max_seq_len <= cfg.max_position_embeddings:
             raise ValueError(
@@ -350,7 +369,16 @@ class TorchEngine:
                 self._params[name].copy_(tensor)
             self._prefiller.forget()
             self.backend.refresh_model(self.model)
+        if any(is_adapter_name(name) for name, _ in updates):
+            adapters = list(adapter_tensors(self.model))
+            self._adapter = AppliedAdapter(version, adapter_checksum(adapters), adapters[0][1].dtype)
         self._scheduler.retag(version)
+
+    def applied_adapter(self) -> AppliedAdapter | None:
+        """The LoRA adapters the last `load_weights` that carried them applied: its version and
+        the checksum of this engine's own adapter weights (trainers/weight_sync.py checks them
+        against the trainer's); None before any."""
+        return self._adapter
 
     def _enqueue_incoming(self) -> None:  # under _cv
         self._scheduler.enqueue(self._incoming)

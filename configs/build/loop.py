@@ -31,10 +31,18 @@ from ...trainers.loop.rl import Evaluator, LoopSettings, RLLoop
 from ...trainers.loop.sources import BatchSource, GeneratorSource, ProducerSource, StalenessBound, SyncSource
 from ...trainers.metrics_log import MetricsLog
 from ...trainers.trainer import Trainer
+from ...trainers.weight_sync import load_and_check
 from ..run_dir import RunDir
 from ..schema import Config
 from .demos import rl_stream
-from .parts import build_policy, build_renderer, initial_model, policy_max_seq_len, run_chat_template_extra
+from .parts import (
+    build_policy,
+    build_renderer,
+    initial_model,
+    policy_max_seq_len,
+    run_chat_template_extra,
+    with_lora,
+)
 from .placement import buffer_capacity, generator_placement
 
 if TYPE_CHECKING:
@@ -179,7 +187,8 @@ def run_generator(config: Config, dist_info: DistInfo, renderer: Renderer, threa
     task stream, until trainer rank 0 says stop. `threads`: its torch threads (0: as set)."""
     if threads:
         torch.set_num_threads(threads)
-    model = initial_model(config)
+    # With LoRA its first weights are the whole model (base and adapters), later ones the adapters.
+    model = with_lora(config, initial_model(config))
     policy = build_policy(config, model, None, renderer, dist_info.device)
     runner = RolloutRunner(policy, renderer, config.rollout_config())
     max_seq_len = config.batch.max_seq_len or policy_max_seq_len(config, model.config)
@@ -198,7 +207,11 @@ def run_generator(config: Config, dist_info: DistInfo, renderer: Renderer, threa
 
     del model
     try:
-        return serve_generator(dist_info, rl_stream(config), policy.load_weights, make_producer)
+
+        def load(tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+            load_and_check(policy, dict(tensors), version)
+
+        return serve_generator(dist_info, rl_stream(config), load, make_producer)
     finally:
         policy.close()
 

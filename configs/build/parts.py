@@ -21,6 +21,7 @@ from ...agents.chat_template import ChatTemplateError, TemplateRenderer, load_ch
 from ...agents.engine.engine import TorchEngine
 from ...agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from ...agents.model.config import NAMED_CONFIGS, ModelConfig
+from ...agents.model.lora import apply_lora
 from ...agents.model.transformer import Transformer, build_model
 from ...agents.policy import Policy
 from ...agents.tokenizer import load_tokenizer
@@ -190,6 +191,14 @@ def load_model(directory: Path) -> Transformer:
     return load_hf_checkpoint(directory, dtype=torch.float32)
 
 
+def with_lora(config: Config, model: Transformer) -> Transformer:
+    """`model` with policy.lora's adapters (A drawn from run.seed, B = 0, the rest frozen), in
+    place; unchanged when policy.lora.rank is 0. The trainer and every policy build from it."""
+    if config.policy.lora.enabled:
+        apply_lora(model, config.policy.lora, seed=config.run.seed)
+    return model
+
+
 def save_initial_model(model: Transformer, directory: Path, tokenizer: Path, is_main: bool) -> Path:
     """Write `model` as a HF directory (rank 0) for a backend that loads from disk (vLLM)."""
     if is_main and not (directory / "config.json").is_file():
@@ -217,6 +226,7 @@ def select_policy_backend(config: Config, model: ModelConfig, device: torch.devi
         _DTYPES[config.model.dtype],
         cuda_graphs=None if replicas or config.policy.cuda_graphs else False,
         fused_layers=None if replicas or config.policy.fused_layers else False,
+        lora=config.policy.lora.enabled,
     )
 
 

@@ -61,6 +61,7 @@ from ..build.parts import (
     save_initial_model,
     select_policy_backend,
     setup_distributed,
+    with_lora,
 )
 from ..build.placement import generator_layout, generator_placement
 from ..checks import check_against_machine, check_async, check_environment
@@ -203,13 +204,14 @@ def _build_rl(
 ) -> RLParts:
     """The model (after SFT, from model.path, or initial), the policy, the generators, the
     trainer (restored from the checkpoint), the task stream, and the loop over them."""
-    base_dir = (
-        run.sft_model if config.sft.enabled else (Path(config.model.path) if config.model.path else None)
-    )
+    base_dir = rl_base_dir(config, run)
+    base_dir = base_dir if base_dir != run.initial_model else None
     model = load_model(base_dir) if base_dir is not None else initial_model(config)
     hf_dir = base_dir
-    if config.policy.backend == "vllm" and hf_dir is None:
+    # vLLM loads its model from disk; LoRA adapters are exported over a base that must be on disk.
+    if (config.policy.backend == "vllm" or config.policy.lora.enabled) and hf_dir is None:
         hf_dir = save_initial_model(model, run.initial_model, tokenizer_file, dist.is_main)
+    with_lora(config, model)  # SFT trained the whole model; RL trains the adapters over it
     placement = generator_placement(config, dist.device)
     generators: GeneratorProcesses | None = None
     where = "the vLLM engine" if placement is None else "the engine's thread in this process"
@@ -245,6 +247,14 @@ def _build_rl(
         policy_max_seq_len(config, model.config),
     )  # fmt: skip
     return RLParts(loop, policy, generators)
+
+
+def rl_base_dir(config: Config, run: RunDir) -> Path:
+    """The HF directory RL starts from: the SFT model, model.path, else the initial weights'
+    directory (written only where needed: vLLM, or LoRA's adapters need their base on disk)."""
+    if config.sft.enabled:
+        return run.sft_model
+    return Path(config.model.path) if config.model.path else run.initial_model
 
 
 def _run_rl(
@@ -293,7 +303,14 @@ def _finish(
     """The final policy exported, summary.json, the before/after lines and the plots."""
     loop = rl.loop
     if config.run.export_hf:
-        export_hf(loop.trainer, run.final_model, tokenizer_file, chat_template=chat_template_text(config))
+        export_hf(
+            loop.trainer,
+            run.final_model,
+            tokenizer_file,
+            chat_template=chat_template_text(config),
+            adapter_directory=run.final_adapter if config.policy.lora.enabled else None,
+            base_model=str(rl_base_dir(config, run).resolve()),
+        )
     if loop.dist.is_main:
         summary = _summary(run, loop, config.sft.enabled, started)
         run.write_json(run.summary, summary)

@@ -33,7 +33,7 @@ from ...rollouts.batches import BatchConfig, GroupRunner, RolloutBatch, TaskSeed
 from ...rollouts.types import Episode, Trajectory
 from ..distributed import all_gather_objects, all_reduce, broadcast_object
 from ..trainer import Trainer
-from ..weight_sync import gather_weights, push_weights
+from ..weight_sync import gather_weights, load_and_check, push_weights
 from .generators import RankGroups
 from .producer import GroupProducer
 from .staleness import take_batch
@@ -240,7 +240,7 @@ class GeneratorSource:
         so the generators' warm-up (a CUDA engine compiles and captures graphs on its first
         requests) and first groups overlap it."""
         self.resume_positions, self.pending = list(positions), sorted(pending)
-        weights = gather_weights(trainer)
+        weights = gather_weights(trainer, full=True)  # the generators' base is their own copy
         if self.groups is not None:
             self.groups.start(self.resume_positions, self.pending)
             self.groups.send_weights(weights, trainer.step)
@@ -265,7 +265,7 @@ class GeneratorSource:
     def publish(self, trainer: Trainer) -> float:
         started = time.perf_counter()
         weights = gather_weights(trainer)
-        self.policy.load_weights(weights.items(), trainer.step)
+        load_and_check(self.policy, weights, trainer.step)
         if self.groups is not None:
             self.groups.send_weights(weights, trainer.step)
         return time.perf_counter() - started

@@ -53,7 +53,12 @@ go on. A step that raised or returned an unusable output is recorded with reward
 `{"error": ...}`.
 
 Concurrency: all episodes of a call run as asyncio tasks, so their `generate` calls arrive
-together and the engine micro-batches them. Env steps are fast Python and run inline.
+together and the engine micro-batches them. Env steps run inline, except for an env whose
+`step_waits` is true (its `unwrapped` attribute: a ToolEnv with a tool that waits on a sandbox or
+a server): its `env.step` runs in a worker thread (ENV_STEP_THREADS of them, shared by all
+runners), so a slow tool call does not hold up the other episodes' turns. A timeout that ends such
+an episode mid-step keeps what it had; the env is closed once that step returns (the tool's own
+limits bound it).
 
 Sampling seeds: each turn's SamplingParams.seed is derived from (config.seed, task seed, sample
 index, turn), so the G samples of a group differ and a rerun reproduces them.
@@ -62,6 +67,8 @@ index, turn), so the G samples of a group differ and a rerun reproduces them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -134,8 +141,30 @@ def sampling_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1, np.uint32)[0] >> 1)
 
 
+ENV_STEP_THREADS = 64  # worker threads for envs whose step waits (module doc), shared by all runners
+_step_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_step_pool_lock = threading.Lock()
+
+
+def _env_step_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _step_pool
+    with _step_pool_lock:
+        if _step_pool is None:
+            _step_pool = concurrent.futures.ThreadPoolExecutor(ENV_STEP_THREADS, "toolgym-env-step")
+        return _step_pool
+
+
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def _close_quietly(env: gymnasium.Env | None) -> None:
+    """Close an env whose episode already ended (nothing is left to record an error in)."""
+    if env is not None:
+        try:
+            env.close()
+        except Exception:
+            pass
 
 
 def first_messages(
@@ -196,6 +225,8 @@ class _EpisodeState:
         self.generate_s = 0.0  # awaiting the policy
         self.env_s = 0.0  # env reset/step and chat rendering: the runner's own work
         self.env: gymnasium.Env | None = None
+        self.step_waits = False  # step the env in a worker thread (module doc)
+        self.pending_step: concurrent.futures.Future[Any] | None = None  # that thread's step, in flight
         self.rendering: EpisodeRendering | None = None
 
     def end(self, reason: StopReason, error: str | None = None) -> None:
@@ -269,7 +300,10 @@ class RolloutRunner:
         except TimeoutError:
             state.end(StopReason.TIMEOUT, f"TimeoutError: episode exceeded the {timeout}s wall-clock limit")
         finally:
-            if state.env is not None:
+            if state.pending_step is not None and not state.pending_step.done():
+                env = state.env  # cut off mid-step: close it when the step returns, in that thread
+                state.pending_step.add_done_callback(lambda _: _close_quietly(env))
+            elif state.env is not None:
                 try:
                     state.env.close()
                 except Exception as exc:
@@ -325,6 +359,7 @@ class RolloutRunner:
         tick = time.perf_counter()
         try:
             env = state.env = gymnasium.make(config.env_id, **config.env_kwargs)
+            state.step_waits = bool(getattr(env.unwrapped, "step_waits", False))
             observation, info, state.system_prompt = reset_env(env, task_seed)
             messages, tools = first_messages(renderer, observation, info, state.system_prompt)
             if tools is not None:
@@ -368,7 +403,7 @@ class RolloutRunner:
             tick = time.perf_counter()
             try:
                 shown = (observation, observation_tokens, restarted)
-                turn_result = self._step(state, env, rendering, turn, shown, completion, history)
+                turn_result = await self._step(state, env, rendering, turn, shown, completion, history)
             finally:
                 state.env_s += time.perf_counter() - tick
             if turn_result is None:
@@ -379,7 +414,7 @@ class RolloutRunner:
             observation, observation_tokens, restarted = turn_result
         return state.end(StopReason.MAX_TURNS)  # unreachable unless max_turns == 0
 
-    def _step(
+    async def _step(
         self,
         state: _EpisodeState,
         env: gymnasium.Env,
@@ -410,7 +445,9 @@ class RolloutRunner:
             return None
         # Nothing of the step is kept until all of it is usable: a bad output is an env error.
         try:
-            observation, reward, terminated, truncated, info = step_env(env, completion.text)
+            observation, reward, terminated, truncated, info = await self._step_env(
+                state, env, completion.text
+            )
             ended = terminated or truncated or turn + 1 == self.config.max_turns
             delta = None
             if not ended:
@@ -434,6 +471,18 @@ class RolloutRunner:
         else:
             history += delta.tokens
         return observation, delta.tokens, delta.restarted
+
+    @staticmethod
+    async def _step_env(
+        state: _EpisodeState, env: gymnasium.Env, action: str
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """`step_env`, inline or (`state.step_waits`) in a worker thread (module doc)."""
+        if not state.step_waits:
+            return step_env(env, action)
+        state.pending_step = _env_step_pool().submit(step_env, env, action)
+        result = await asyncio.wrap_future(state.pending_step)
+        state.pending_step = None
+        return result
 
     async def _generate(
         self, state: _EpisodeState, policy: Policy, history: list[int], params: SamplingParams

@@ -285,6 +285,12 @@ class ToolEnv(TextEnv):
         return self._current_task().needed_tool_calls
 
     @property
+    def step_waits(self) -> bool:
+        """Whether `step` may wait on something outside the process (a tool that `waits_outside`:
+        a sandbox, an MCP server): the rollout runner then steps this env in a worker thread."""
+        return any(t.waits_outside for t in self.tools.values())
+
+    @property
     def tool_specs(self) -> list[dict[str, Any]]:
         """Every tool as an OpenAI-style function spec (what a chat template's `tools` takes)."""
         return [t.spec for t in self.tools.values()]

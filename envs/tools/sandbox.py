@@ -561,4 +561,6 @@ def python_tool(config: SandboxConfig | None = None, *, name: str = "python") ->
             raise ToolCallError(result.kind, result.observation(), {**metrics, result.kind: 1.0})
         return ToolResult(result.observation(), metrics=metrics)
 
-    return Tool.from_function(python, name=name, timeout_s=sandbox.config.timeout_s + 2 * _HOST_GRACE_S)
+    return Tool.from_function(
+        python, name=name, timeout_s=sandbox.config.timeout_s + 2 * _HOST_GRACE_S, waits=True
+    )

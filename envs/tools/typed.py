@@ -212,6 +212,9 @@ class Tool:
     fn: the function; in this plain form it takes one string (the argument, never empty).
     arg: the plain form's parameter name, for the prompt (`LOOKUP[word]`).
     timeout_s: an async tool's per-call limit (a sync tool cannot be cut off).
+    waits: a sync tool whose call waits on something outside the process (a subprocess, a
+    server): the rollout runner then steps its env in a worker thread, so the other episodes
+    go on meanwhile (`waits_outside`; async tools always count).
     """
 
     name: str
@@ -219,6 +222,7 @@ class Tool:
     fn: Callable[..., Any]
     arg: str = "x"
     timeout_s: float = DEFAULT_TIMEOUT_S
+    waits: bool = False
     params: tuple[_Param, ...] | None = None  # None: the plain form (one str argument `arg`)
     # A JSON Schema given from outside (Tool.from_schema): validated by it, not by a Struct.
     schema: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
@@ -267,6 +271,7 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        waits: bool = False,
     ) -> Tool:
         """A typed tool: name from `fn.__name__`, description from the docstring's first
         paragraph, parameters (and their descriptions, from an `Args:` section) from the
@@ -276,7 +281,7 @@ class Tool:
         description = description or summary
         if not description:
             raise ValueError(f"tool {name!r}: give it a docstring (its first line is the description)")
-        return cls(name, description, fn, timeout_s=timeout_s, params=_params(fn))
+        return cls(name, description, fn, timeout_s=timeout_s, waits=waits, params=_params(fn))
 
     @classmethod
     def from_schema(
@@ -293,6 +298,11 @@ class Tool:
         against it, and `fn(**arguments)` receives the arguments as given (no defaults filled
         in). Raises ValueError for a schema that is not an object schema."""
         return cls(name, description, fn, timeout_s=timeout_s, schema=parameters)
+
+    @property
+    def waits_outside(self) -> bool:
+        """Whether a call waits on something outside the process (`waits`, or an async tool)."""
+        return self.waits or self.is_async
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -366,13 +376,17 @@ def _given_schema(name: str, schema: Any) -> dict[str, Any]:
     """A copy of `schema` as a tool's parameters: an object schema with `properties` and
     `required` (its top-level `title` dropped, as the typed tools' schemas have none)."""
     if not isinstance(schema, Mapping) or schema.get("type", "object") != "object":
-        raise ValueError(f"tool {name!r}: parameters must be a JSON Schema of type object, got {schema!r:.200}")
+        raise ValueError(
+            f"tool {name!r}: parameters must be a JSON Schema of type object, got {schema!r:.200}"
+        )
     properties = schema.get("properties", {})
     required = schema.get("required", [])
     if not isinstance(properties, Mapping) or not all(isinstance(k, str) for k in properties):
         raise ValueError(f"tool {name!r}: the schema's properties must be an object, got {properties!r:.200}")
     if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
-        raise ValueError(f"tool {name!r}: the schema's required must be a list of names, got {required!r:.200}")
+        raise ValueError(
+            f"tool {name!r}: the schema's required must be a list of names, got {required!r:.200}"
+        )
     parameters = {k: v for k, v in schema.items() if k != "title"}
     parameters.update(type="object", properties=dict(properties), required=list(required))
     return parameters
@@ -389,7 +403,13 @@ def _schema_params(parameters: Mapping[str, Any]) -> tuple[_Param, ...]:
     return tuple(params)
 
 
-_JSON_TYPE_NAMES: Final = {bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}
+_JSON_TYPE_NAMES: Final = {
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    str: "string",
+    type(None): "null",
+}
 _INTEGER_TEXT: Final = re.compile(r"[+-]?[0-9]+")
 _NUMBER_TEXT: Final = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
@@ -459,7 +479,9 @@ def _check(value: Any, schema: Any, where: str, strict: bool) -> Any:
     choices = schema.get("enum")
     if isinstance(choices, list) and not any(_same_json(value, c) for c in choices):
         shown = ", ".join(repr(c) for c in choices[:10])
-        raise ToolCallError("bad_arguments", f"argument `{where}`: expected one of {shown}, got {value!r:.80}")
+        raise ToolCallError(
+            "bad_arguments", f"argument `{where}`: expected one of {shown}, got {value!r:.80}"
+        )
     for key in ("anyOf", "oneOf"):
         branches = schema.get(key)
         if isinstance(branches, list) and branches:
@@ -478,7 +500,9 @@ def _check(value: Any, schema: Any, where: str, strict: bool) -> Any:
     return value
 
 
-def _check_object(value: Mapping[str, Any], schema: Mapping[str, Any], prefix: str, strict: bool) -> dict[str, Any]:
+def _check_object(
+    value: Mapping[str, Any], schema: Mapping[str, Any], prefix: str, strict: bool
+) -> dict[str, Any]:
     properties = schema.get("properties", {})
     properties = properties if isinstance(properties, Mapping) else {}
     required = schema.get("required", [])
@@ -497,7 +521,9 @@ def _check_object(value: Mapping[str, Any], schema: Mapping[str, Any], prefix: s
                 raise ToolCallError("bad_arguments", f"unexpected argument `{name}`")
             raise ToolCallError("bad_arguments", f"argument `{prefix[:-1]}`: unexpected field `{name}`")
         else:
-            checked[name] = _check(item, extra, f"{prefix}{name}", strict) if isinstance(extra, Mapping) else item
+            checked[name] = (
+                _check(item, extra, f"{prefix}{name}", strict) if isinstance(extra, Mapping) else item
+            )
     return checked
 
 
@@ -512,7 +538,9 @@ def check_arguments(arguments: Any, schema: Mapping[str, Any], *, strict: bool =
     bounds, patterns, formats) are left to whoever runs the call (an MCP server rejects what it
     refuses). Raises ToolCallError(bad_arguments) naming the argument."""
     if not isinstance(arguments, Mapping):
-        raise ToolCallError("bad_arguments", f"arguments must be a JSON object, got {type(arguments).__name__}")
+        raise ToolCallError(
+            "bad_arguments", f"arguments must be a JSON object, got {type(arguments).__name__}"
+        )
     return _check_object(arguments, schema, "", strict)
 
 

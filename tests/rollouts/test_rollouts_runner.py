@@ -2,11 +2,16 @@
 
 import asyncio
 import math
+import threading
+import time
+
+import gymnasium
 
 import pytest
 from rollouts_fakes import SETTLING_ENV_ID, TOY_ENV_ID, PerSeedPolicy, TextPolicy, ToyEnv
 
 from toolgym.agents.types import Message
+from toolgym.envs import Task, Tool, ToolEnv
 from toolgym.rollouts.metrics import batch_metrics
 from toolgym.rollouts.recording.replay import verify_trajectories
 from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
@@ -103,9 +108,19 @@ def test_failing_env_ends_only_its_episode(renderer):
         (2, "reward", "1.2", "reward must be a finite number, got '1.2'"),
         (2, "reward", math.nan, "reward must be a finite number, got nan"),
         (2, "reward", -math.inf, "reward must be a finite number, got -inf"),
-        (2, "reward", 1e308, "reward must be within ±1e+30 (beyond, its group's advantages overflow), got 1e+308"),
+        (
+            2,
+            "reward",
+            1e308,
+            "reward must be within ±1e+30 (beyond, its group's advantages overflow), got 1e+308",
+        ),
         (2, "reward", -1e308, "reward must be within ±1e+30"),
-        (2, "reward_components", {"correct": 1e300}, "info['reward_components']['correct'] must be within ±1e+30"),
+        (
+            2,
+            "reward_components",
+            {"correct": 1e300},
+            "info['reward_components']['correct'] must be within ±1e+30",
+        ),
         (
             2,
             "reward_components",
@@ -144,7 +159,11 @@ def test_an_info_with_numpy_values_is_kept_as_json_and_records(renderer, tmp_pat
 
     kwargs = {"numpy_info": True}
     (t,) = run(OraclePolicy(renderer), renderer, [1], env_kwargs=kwargs)
-    assert t.stop_reason == StopReason.ANSWERED and t.metrics["env"]["tool_calls"] == 1 and t.metrics["env"]["accuracy"]
+    assert (
+        t.stop_reason == StopReason.ANSWERED
+        and t.metrics["env"]["tool_calls"] == 1
+        and t.metrics["env"]["accuracy"]
+    )
     info = t.transitions[-1].info
     assert info["scores"] == [0.0, 0.5, 1.0] and info["flag"] is True and info["handle"] == "Handle()"
     assert type(info["tool_calls"]) is int and info["at"] == [1, 2]
@@ -358,3 +377,71 @@ def test_config_validation():
         EnvRolloutConfig(env_id="x", group_size=0)
     with pytest.raises(ValueError, match="episode_timeout_s"):
         EnvRolloutConfig(env_id="x", episode_timeout_s=0)
+
+
+# ---- envs whose step waits on something outside the process (a sandbox, a server) -----------
+
+_MEETING: dict[str, object] = {}  # the barrier / event the current test's tools wait on
+_CLOSED: list[int] = []  # task seeds of the WaitingEnv episodes closed so far
+
+
+class WaitingEnv(ToolEnv):
+    """One tool, MEET, whose call waits (`waits=True`) on a threading barrier or event."""
+
+    def __init__(self, **knobs):
+        self._seed = None
+        meet = Tool("MEET", "wait for the others", self.meet, arg="who", waits=True)
+        super().__init__(tools=[meet], instructions="Meet, then answer.", **knobs)
+
+    def meet(self, who: str) -> str:
+        waiting = _MEETING["on"]
+        if isinstance(waiting, threading.Barrier):
+            waiting.wait(timeout=5)  # BrokenBarrierError unless every episode's step is in flight
+        else:
+            assert isinstance(waiting, threading.Event) and waiting.wait(timeout=5)
+        return "met"
+
+    def new_task(self) -> Task:
+        return Task("Meet everyone.", 1, ("MEET[x]",))
+
+    def close(self):
+        if self._seed is not None:
+            _CLOSED.append(self._seed)
+        super().close()
+
+    def reset(self, *, seed=None, options=None):
+        self._seed = seed
+        return super().reset(seed=seed, options=options)
+
+
+gymnasium.register(id="toolgym-test/Waiting-v0", entry_point=WaitingEnv, disable_env_checker=True)
+
+
+def test_a_waiting_tool_call_does_not_hold_up_the_other_episodes(renderer):
+    assert gymnasium.make("toolgym-test/Waiting-v0").unwrapped.step_waits
+    _MEETING["on"] = threading.Barrier(4)  # met only if all four steps wait at once
+    trajectories = run(
+        TextPolicy(renderer, text="MEET[x]"), renderer, [1, 2, 3, 4], env_id="toolgym-test/Waiting-v0"
+    )
+    observations = [t.transitions[0].info.get("tool_results") or t.final_observation for t in trajectories]
+    assert all("met" in str(o) and "rror" not in str(o) for o in observations), observations
+
+
+def test_a_timeout_mid_step_keeps_the_episode_and_closes_the_env_after_the_step(renderer):
+    _CLOSED.clear()
+    _MEETING["on"] = event = threading.Event()
+    (t,) = run(
+        TextPolicy(renderer, text="MEET[x]"),
+        renderer,
+        [7],
+        env_id="toolgym-test/Waiting-v0",
+        episode_timeout_s=0.3,
+    )
+    assert t.stop_reason == StopReason.TIMEOUT and len(t.transitions) == 1 and t.transitions[0].reward == 0.0
+    assert _CLOSED == []  # the step is still waiting: the env is not closed under it
+    event.set()
+    for _ in range(100):
+        if _CLOSED:
+            break
+        time.sleep(0.02)
+    assert _CLOSED == [7]

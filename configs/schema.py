@@ -207,8 +207,9 @@ class SFTSection(msgspec.Struct, **_STRICT):
     batch_episodes: int = 64  # episodes per optimizer step
     micro_batch_tokens: int | None = None  # None = trainer.micro_batch_tokens
     # None = trainer.precision. "bf16" autocasts SFT's matmuls: about 2x faster on a CPU with
-    # AVX-512 BF16, while RL can stay fp32, as the sampler computes.
-    precision: Literal["fp32", "bf16"] | None = None
+    # AVX-512 BF16, while RL can stay fp32, as the sampler computes; "auto" is bf16 only where the
+    # hardware has native bf16 (on an AVX2-only CPU, emulated bf16 is tens of times slower).
+    precision: Literal["fp32", "bf16", "auto"] | None = None
     log_every: int = 10
     optimizer: OptimizerConfig = msgspec.field(default_factory=OptimizerConfig)  # lr: 1e-3 (load.py)
 

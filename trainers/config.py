@@ -14,7 +14,7 @@ from .losses import LossConfig
 MAX_LR = 1.0  # OptimizerConfig.lr's upper bound (AdamW's step is about lr per weight)
 
 Decay = Literal["constant", "linear", "cosine"]
-Precision = Literal["fp32", "bf16"]
+Precision = Literal["fp32", "bf16", "auto"]
 
 
 class OptimizerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -67,7 +67,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     micro_batch_tokens: padded positions (rows x longest row) per forward/backward; bounds the
         activation memory and the one float32 logits tensor [micro-batch, vocab].
     precision: fp32, or bf16 (parameters and activations bf16 in compute, fp32 master weights,
-        optimizer state and gradient reduction).
+        optimizer state and gradient reduction), or auto: bf16 where the hardware computes it
+        natively (a GPU, or a CPU with AVX-512 BF16 / AMX), else fp32 (`training_precision`).
     compute_entropy: log the per-token entropy (a softmax pass over the vocab per micro-batch).
     share_prefix: compute an untrained prefix that all rows of a micro-batch share (the system
         prompt, a group's prompt) once instead of once per row (trainers/shared_prefix.py); the
@@ -86,8 +87,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def __post_init__(self) -> None:
         if self.micro_batch_tokens < 1:
             raise ValueError(f"TrainerConfig.micro_batch_tokens must be >= 1, got {self.micro_batch_tokens}")
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"TrainerConfig.precision must be fp32 or bf16, got {self.precision!r}")
+        if self.precision not in ("fp32", "bf16", "auto"):
+            raise ValueError(f"TrainerConfig.precision must be fp32, bf16 or auto, got {self.precision!r}")
         if self.pad_token_id < 0:
             raise ValueError(f"TrainerConfig.pad_token_id must be >= 0, got {self.pad_token_id}")
 

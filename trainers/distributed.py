@@ -11,6 +11,7 @@ speaks its protocol).
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal, cast
@@ -146,6 +147,31 @@ class Channel:
 
 def device_mesh(info: DistInfo) -> DeviceMesh:
     return init_device_mesh(info.device.type, (info.world_size,), mesh_dim_names=("dp",))
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` computes bf16 matmuls natively: CUDA with bf16 support, or a CPU with
+    AVX-512 BF16 or AMX (oneDNN says which). Elsewhere bf16 is emulated: on an AVX2-only CPU a
+    bf16 matmul is tens of times slower than fp32 (docs/engine.md, "Training precision")."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def training_precision(precision: str, device: torch.device) -> str:
+    """The precision the trainer computes in: "auto" is bf16 where `native_bf16(device)`, else
+    fp32; "fp32" and "bf16" are kept as asked (bf16 where it is emulated, with a warning)."""
+    native = native_bf16(device)
+    if precision == "auto":
+        return "bf16" if native else "fp32"
+    if precision == "bf16" and not native:
+        warnings.warn(
+            f"precision bf16 on a {device.type} without native bf16 matmuls (no AVX-512 BF16 or AMX "
+            "on a CPU): it is emulated, many times slower than fp32; precision = \"auto\" picks fp32 here",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return precision
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, precision: str = "fp32") -> nn.Module:

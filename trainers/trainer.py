@@ -34,7 +34,14 @@ from torch.distributed.tensor import DTensor
 from ..rollouts.types import Episode, PolicySampling
 from .batching import MicroBatch, empty_micro_batch, make_micro_batches, shard_episodes
 from .config import OptimizerConfig, TrainerConfig
-from .distributed import all_gather_objects, all_reduce, device_mesh, init_distributed, shard_model
+from .distributed import (
+    all_gather_objects,
+    all_reduce,
+    device_mesh,
+    init_distributed,
+    shard_model,
+    training_precision,
+)
 from .logprobs import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
 from .losses import LossNormaliser, combine_metrics, finish_metrics, policy_loss
 
@@ -81,13 +88,14 @@ class Trainer:
         self.mesh = device_mesh(self.dist)
         self.model_config = getattr(model, "config", None)
         self.vocab_size = getattr(self.model_config, "vocab_size", None)
-        self.model = shard_model(model.to(self.device), self.mesh, config.precision)
+        self.precision = training_precision(config.precision, self.device)
+        self.model = shard_model(model.to(self.device), self.mesh, self.precision)
         self.reference_model = None
         if config.loss.kl_coef > 0:
             if reference_model is None:
                 raise ValueError("loss.kl_coef > 0 needs a reference_model")
             reference_model.requires_grad_(False)
-            self.reference_model = shard_model(reference_model.to(self.device), self.mesh, config.precision)
+            self.reference_model = shard_model(reference_model.to(self.device), self.mesh, self.precision)
         opt = config.optimizer
         # Only what trains: with LoRA (agents/model/lora.py) the adapters, the frozen base has
         # neither optimizer state nor gradients.
@@ -106,7 +114,7 @@ class Trainer:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, opt))
         # bf16 on an unwrapped model (one process): autocast, as FSDP2's mixed precision would cast.
-        self._autocast = config.precision == "bf16" and not isinstance(self.model, FSDPModule)
+        self._autocast = self.precision == "bf16" and not isinstance(self.model, FSDPModule)
         self.step = 0  # applied optimizer updates == policy version
         self.skipped_steps = 0
 

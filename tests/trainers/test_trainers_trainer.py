@@ -204,6 +204,25 @@ def test_one_process_trains_the_plain_model_and_bf16_computes_under_autocast():
         assert max(abs(x - y) for x, y in zip(a, b, strict=True)) <= 5e-2
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_is_bf16_only_where_the_hardware_has_it(monkeypatch, native):
+    """"auto" trains in bf16 where bf16 is native and in fp32 where it is emulated (on an
+    AVX2-only CPU tens of times slower); an explicit "bf16" is kept there, with a warning."""
+    import warnings
+
+    import toolgym.trainers.distributed as distributed
+
+    monkeypatch.setattr(distributed, "native_bf16", lambda device: native)
+    auto = _trainer(loss="dapo", precision="auto")
+    assert auto.precision == ("bf16" if native else "fp32") and auto._autocast is native
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        forced = _trainer(loss="dapo", precision="bf16")
+    assert forced.precision == "bf16" and forced._autocast
+    emulated = [w for w in caught if "emulated" in str(w.message)]
+    assert len(emulated) == (0 if native else 1)
+
+
 def test_fsdp2_bf16_mixed_precision_matches_autocast(monkeypatch):
     """The FSDP2 bf16 policy (what a world of several ranks uses) gives the autocast path's loss."""
     from torch.distributed.fsdp import FSDPModule

@@ -21,7 +21,8 @@ Reported per run, from its metrics.jsonl: the RL step and the RL wall time (time
 eval's record, so every arm pays for the same evals) at the first eval with held-out accuracy >=
 0.85, the final held-out accuracy, and the RL wall time in all; then per arm the median over seeds
 that reached the target. `--out/results.json` holds the figures, rewritten after each run, so a
-run cut short keeps what it measured.
+run cut short keeps what it measured; `--resume` reads the runs already finished in `--out` (a run
+is finished when its last held-out eval is at its configured `run.steps`) and starts the rest.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 from _common import commit  # bench/ is sys.path[0] when run as a script
@@ -65,7 +67,7 @@ def train(run_dir: Path, seed: int, overrides: list[str], sets: list[str], sft_m
 
 def read_run(run_dir: Path) -> dict:
     """The figures of one run from its metrics.jsonl (see the module doc)."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+    records = [json.loads(line) for line in _lines(run_dir)]
     evals = [r for r in records if r["kind"] == "eval"]
     train_records = [r for r in records if r["kind"] == "train"]
     start = next(r["time"] for r in evals if r["step"] == 0)
@@ -80,6 +82,18 @@ def read_run(run_dir: Path) -> dict:
         "rl_wall_s": (train_records[-1]["time"] if train_records else start) - start,
         "reward_chain_last": train_records[-1].get("rollout/reward/chain") if train_records else None,
     }
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether the run in `run_dir` ran to its configured last step (its final eval is logged)."""
+    if not (run_dir / "metrics.jsonl").exists():
+        return False
+    steps = tomllib.loads((run_dir / "config.toml").read_text())["run"]["steps"]
+    return any(r["kind"] == "eval" and r["step"] == steps for r in map(json.loads, _lines(run_dir)))
+
+
+def _lines(run_dir: Path) -> list[str]:
+    return [line for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
 
 
 def report(results: dict[tuple[str, int], dict], out: Path) -> None:
@@ -117,6 +131,7 @@ def main() -> None:
         "--set", dest="sets", action="append", default=[], help="a config override for every arm"
     )
     parser.add_argument("--out", type=Path, default=Path("runs/credit_demo"))
+    parser.add_argument("--resume", action="store_true", help="keep the runs already finished in --out")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     print(machine_summary())
@@ -130,9 +145,13 @@ def main() -> None:
         sft_model: Path | None = None
         for arm, overrides in ARMS.items():
             run_dir = args.out / f"{arm.replace('+', '_')}_s{seed}"
-            if run_dir.exists():
-                raise SystemExit(f"{run_dir} exists: give another --out")
-            wall = train(run_dir, seed, overrides, args.sets, sft_model)
+            if args.resume and finished(run_dir):
+                print(f"{run_dir}: finished, kept", flush=True)
+                wall = None
+            elif run_dir.exists():
+                raise SystemExit(f"{run_dir} exists and is not a finished run: remove it or give another --out")
+            else:
+                wall = train(run_dir, seed, overrides, args.sets, sft_model)
             results[arm, seed] = read_run(run_dir) | {"process_s": wall}
             if sft_model is None:
                 sft_model = run_dir / "sft_model"

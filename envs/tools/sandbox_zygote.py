@@ -45,6 +45,16 @@ import traceback
 
 _HEADER = struct.Struct(">I")
 _CHUNK = 65536
+_STREAMS = []  # stdin, stdout, stderr over fds 0-2, made once by the zygote (see main)
+
+
+def _streams():
+    """Text streams over fds 0-2 (never closed: the process ends with them)."""
+    return [
+        open(0, encoding="utf-8", closefd=False),
+        open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False),
+        open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False),
+    ]
 
 
 def _isolate(settings, uid_offset, name, out_w, err_w, keep=()):
@@ -61,10 +71,8 @@ def _isolate(settings, uid_offset, name, out_w, err_w, keep=()):
     for i, fd in enumerate(moved):
         os.dup2(fd, 3 + i)
     os.closerange(3 + len(keep), 65536)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the file-size limit raises
-    if settings["uid"] is not None:  # as root: a uid of the call's own among `uids`
+    if settings["uid"] is not None:  # as root: a uid of the call's own among `uids` (no groups: main)
         uid = settings["uid"] + uid_offset
-        os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
     workdir = os.path.join(settings["workdir"], name)
@@ -72,19 +80,11 @@ def _isolate(settings, uid_offset, name, out_w, err_w, keep=()):
     os.chdir(workdir)
     os.environ["HOME"] = workdir
     os.environ["TMPDIR"] = workdir
-    limits = (
-        (resource.RLIMIT_AS, settings["memory_bytes"]),
-        (resource.RLIMIT_FSIZE, settings["file_size_bytes"]),
-        (resource.RLIMIT_NOFILE, settings["open_files"]),
-        (resource.RLIMIT_NPROC, settings["processes"]),
-        (resource.RLIMIT_CORE, 0),
-    )
-    for which, value in limits:
+    for which, value in settings["limits"]:
         resource.setrlimit(which, (value, value))
-    # The call's own streams over fds 0-2 (never closed: the process ends with them).
-    sys.stdin = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
-    sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    # The call's streams over its fds 0-2: the zygote's unused ones (nothing buffered), so that a
+    # call does not build them (allocating in a forked child costs copy-on-write faults).
+    sys.stdin, sys.stdout, sys.stderr = _STREAMS or _streams()
 
 
 def _execute(code, namespace):
@@ -478,11 +478,13 @@ class Zygote:
                     self.selector.unregister(key.fd)
                     os.close(key.fd)
         del self.calls[call.pid]
-        self.uids_in_use.discard(call.uid_offset)
+        self.reply(call)
+        # After the reply, before the next request is read: the call's directory and uid, and as
+        # PID 1 with no call running, every leftover.
         shutil.rmtree(os.path.join(self.settings["workdir"], f"call-{call.id}"), ignore_errors=True)
+        self.uids_in_use.discard(call.uid_offset)
         if not self.calls and self.pid1:
             self.sweep()
-        self.reply(call)
 
     def reply(self, call, started=False, lost=False):
         """Reply for an ended call."""
@@ -586,7 +588,20 @@ def main():
     for name in settings["preload"]:  # imported once here, so a call's `import` costs nothing
         with contextlib.suppress(ImportError):
             __import__(name)
+    settings["limits"] = [  # set in each call's process (CPU seconds apart: per process or per call)
+        (resource.RLIMIT_AS, settings["memory_bytes"]),
+        (resource.RLIMIT_FSIZE, settings["file_size_bytes"]),
+        (resource.RLIMIT_NOFILE, settings["open_files"]),
+        (resource.RLIMIT_NPROC, settings["processes"]),
+        (resource.RLIMIT_CORE, 0),
+    ]
+    # Inherited by every call: a write past the file-size limit raises instead of killing; no
+    # supplementary groups (as root, before a call drops to its uid).
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    if settings["uid"] is not None:
+        os.setgroups([])
     zygote = Zygote(settings)
+    _STREAMS[:] = _streams()  # never written here: a call's are these, over its own pipes
     try:
         zygote.run()
     finally:

@@ -106,7 +106,8 @@ def _execute(code, namespace):
         status = 1
     for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         with contextlib.suppress(BaseException):
-            stream.flush()
+            if stream is not None:
+                stream.flush()
     return status
 
 
@@ -175,7 +176,7 @@ class _Call:
         self.out = {1: bytearray(), 2: bytearray()}
         self.sizes = {1: 0, 2: 0}
         self.open = 2
-        self.status = None
+        self.status: int | None = None  # a wait status
         self.timed_out = False
 
 
@@ -189,7 +190,7 @@ class _Session:
     def __init__(self, session_id, pid, pidfd, ctl, uid_offset, workdir):
         self.id, self.pid, self.pidfd, self.ctl, self.uid_offset = session_id, pid, pidfd, ctl, uid_offset
         self.workdir = workdir
-        self.call = None
+        self.call: _Call | None = None
         self.fresh = True  # no call has run in it yet
         self.pending = bytearray()  # code not yet written to its control pipe
         self.status_buffer = bytearray()

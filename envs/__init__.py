@@ -29,7 +29,7 @@ from .tasks.shop import ShopEnv
 from .tasks.sum_digits import SumDigitsEnv
 from .tasks.zorplex import ZorplexEnv
 from .tools.mcp import MCPServer, MCPServerError
-from .tools.sandbox import Sandbox, SandboxConfig, SandboxUnavailable, python_tool
+from .tools.sandbox import Sandbox, SandboxConfig, SandboxSession, SandboxUnavailable, python_tool
 from .tools.typed import Call, Tool, ToolError, ToolResult, tool
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "PyCalcEnv",
     "Sandbox",
     "SandboxConfig",
+    "SandboxSession",
     "SandboxUnavailable",
     "ShopEnv",
     "SumDigitsEnv",
@@ -50,9 +51,9 @@ __all__ = [
     "Tool",
     "ToolEnv",
     "ToolError",
-    "Unreadable",
     "ToolResult",
     "UnicodeText",
+    "Unreadable",
     "ZorplexEnv",
     "exact",
     "list_envs",

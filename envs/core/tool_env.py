@@ -34,6 +34,11 @@ text it writes in prompts.py):
   limit, or abandoned). Each lands at the step it happens, so the sum of step rewards equals the
   sum of info `reward_components`.
 
+Tools with per-episode state (the sandbox's persistent interpreter, `python_tool(persistent=True)`):
+a tool with `per_env` is copied per env (`per_env()`), so that envs never share its state, and
+its `end_episode()` runs when an episode ends: settled (answered, a limit, abandoned), at
+`reset` and at `close`.
+
 Episodes the caller stops (the optional `abandon()` protocol): a runner that ends an episode the
 env has not ended, for a limit of its own (a token or context budget, its own turn limit), calls
 `env.unwrapped.abandon() -> (reward, info)` if the env has it. `ToolEnv.abandon` settles the
@@ -180,6 +185,8 @@ class ToolEnv(TextEnv):
         self.tools: dict[str, Tool] = {}
         for value in [*tools, *marked_methods(self)]:
             t = as_tool(value)
+            if t.per_env is not None:  # state within an episode: this env's own copy
+                t = t.per_env()
             if t.name.upper() in self.tools:
                 raise ValueError(f"two tools are named {t.name}")
             self.tools[t.name.upper()] = t
@@ -331,6 +338,7 @@ class ToolEnv(TextEnv):
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
         super().reset(seed=seed)
+        self._end_tool_episodes()
         if options:
             raise ValueError(f"{type(self).__name__}.reset takes no options, got {sorted(options)}")
         task = self.new_task()
@@ -606,11 +614,23 @@ class ToolEnv(TextEnv):
         turn.errors.append(kind)
 
     def _settle(self, grade: Grade | None) -> None:
-        """End the episode: the unanswered penalty, final_reward and success."""
+        """End the episode: the unanswered penalty, final_reward and success; the tools' episode
+        state (a persistent interpreter) is let go."""
         self._done = True
+        self._end_tool_episodes()
         final = self.final_reward(grade)
         self._ledger.settle(grade is not None, final, f"{type(self).__name__}.final_reward")
         self._success = bool(self.success(grade, self._tagged))
+
+    def _end_tool_episodes(self) -> None:
+        for t in self.tools.values():
+            if t.end_episode is not None:
+                t.end_episode()
+
+    def close(self) -> None:
+        """End the tools' episode state (a persistent interpreter's process)."""
+        self._end_tool_episodes()
+        super().close()
 
     def _info(self, step_errors: list[str]) -> dict[str, Any]:
         grade = self._grade

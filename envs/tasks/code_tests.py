@@ -158,14 +158,17 @@ class CodeTestsEnv(ToolEnv):
     """`gymnasium.make("toolgym/CodeTests-v0", tests=5, sandbox={"timeout_s": 5})`.
 
     tests: hidden tests per episode. sandbox: SandboxConfig fields (a mapping) or a
-    SandboxConfig, for the tool and the grading alike. Other keyword arguments are the ToolEnv
-    knobs (tool_format="json", max_turns=4, rewards, limits)."""
+    SandboxConfig, for the tool and the grading alike. persistent: the python tool keeps what a
+    call defines for the episode's next calls (`python_tool(persistent=True)`; the grading still
+    runs in fresh processes). Other keyword arguments are the ToolEnv knobs (tool_format="json",
+    max_turns=4, rewards, limits)."""
 
     def __init__(
         self,
         tests: int = 5,
         *,
         sandbox: Mapping[str, Any] | SandboxConfig | None = None,
+        persistent: bool = False,
         tool_format: str = "json",
         max_turns: int = 4,
         **knobs: Any,
@@ -176,7 +179,7 @@ class CodeTestsEnv(ToolEnv):
         self.tests = tests
         self.sandbox: Sandbox = shared_sandbox(config)
         super().__init__(
-            tools=[python_tool(config)],
+            tools=[python_tool(config, persistent=persistent)],
             instructions=_INSTRUCTIONS,
             example=_EXAMPLE,
             tool_format=tool_format,

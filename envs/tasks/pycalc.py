@@ -32,14 +32,17 @@ class PyCalcEnv(ToolEnv):
     """`gymnasium.make("toolgym/PyCalc-v0", kind="mixed", sandbox={"timeout_s": 5})`.
 
     kind: "product" (a * b, two 3-digit numbers), "sum" (six 3-digit numbers) or "mixed" (either,
-    drawn per episode). sandbox: SandboxConfig fields (a mapping) or a SandboxConfig. Other
-    keyword arguments are the ToolEnv knobs (max_turns=3, rewards, limits)."""
+    drawn per episode). sandbox: SandboxConfig fields (a mapping) or a SandboxConfig. persistent:
+    the python tool keeps what a call defines for the episode's next calls
+    (`python_tool(persistent=True)`). Other keyword arguments are the ToolEnv knobs (max_turns=3,
+    rewards, limits)."""
 
     def __init__(
         self,
         kind: Literal["mixed", "product", "sum"] = "mixed",
         *,
         sandbox: Mapping[str, Any] | SandboxConfig | None = None,
+        persistent: bool = False,
         max_turns: int = 3,
         **knobs: Any,
     ):
@@ -49,7 +52,7 @@ class PyCalcEnv(ToolEnv):
         self.kind = kind
         knobs.setdefault("grader", numeric())
         super().__init__(
-            tools=[python_tool(config)],
+            tools=[python_tool(config, persistent=persistent)],
             instructions=_INSTRUCTIONS,
             example=_EXAMPLE,
             max_turns=max_turns,

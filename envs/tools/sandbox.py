@@ -10,14 +10,20 @@ started once inside bubblewrap that forks one child per call, so a call costs a 
 interpreter start (bench/sandbox_calls.py; figures in bench/RESULTS.md). Calls are concurrent:
 `Sandbox.run` (blocking, any thread), `Sandbox.arun` (awaitable, any event loop).
 
+A persistent interpreter, as in a notebook: `python_tool(config, persistent=True)`, or
+`Sandbox.session()` directly (`SandboxSession`). What one call defines (variables, imports,
+functions, files) the session's next call sees; the interpreter is a child of the zygote, isolated
+as a call's process is, and every call keeps the per-call limits. A ToolEnv ends it when the
+episode ends (`Tool.per_env`, `Tool.end_episode`), so no two episodes share one.
+
 Isolation (`isolation="bubblewrap"`, the default): new PID, network (loopback only, nothing
 reachable), IPC and UTS namespaces; read-only binds of /usr, /lib*, /bin and the interpreter's
 own prefix (and `ro_binds`), no /etc but the loader cache, nothing of the home, the work tree or
 the run directory; a private size-bounded tmpfs at /tmp holding each call's working directory;
 a cleared environment (PATH, LANG, HOME); `--die-with-parent`, `--new-session`. The zygote is
 PID 1 of its namespace (a call cannot kill it, and it sweeps leftover processes when idle). As
-root, the user namespace is left out and each call drops to a uid of its own (`sandbox_uid` +
-the call's number modulo `sandbox_uids`), with no capabilities: the process limit then holds per
+root, the user namespace is left out and each call (and each session's interpreter) drops to a
+uid of its own (`sandbox_uid` + the next of `sandbox_uids` offsets not in use), with no capabilities: the process limit then holds per
 call (it does not for uid 0) and a call can signal neither the zygote nor another call.
 Elsewhere bubblewrap's `--unshare-all` applies and calls keep the caller's uid (and share it).
 
@@ -57,6 +63,7 @@ import sys
 import tempfile
 import threading
 import warnings
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final, Literal
@@ -85,6 +92,8 @@ TIMEOUT, OOM, CRASH, ERROR, FAILURE = (
     "sandbox_failure",
 )
 TRUNCATED: Final = "sandbox_output_truncated"
+_LOST: Final = "the interpreter is gone with its variables; the next call starts a fresh one"
+_FRESH: Final = "a fresh interpreter: the variables, imports and functions of earlier calls are gone"
 
 
 class SandboxUnavailable(RuntimeError):
@@ -101,8 +110,8 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     max_output_chars: shown per stream; pool_size: zygotes (each serves calls concurrently);
     python: the interpreter inside ("" = this interpreter's base one); ro_binds: more host paths
     bound read-only at the same place (e.g. a site-packages); sandbox_uid, sandbox_uids: when the
-    host process is root, call n runs as uid `sandbox_uid + n % sandbox_uids` (a range no host
-    user should own)."""
+    host process is root, each call runs as a uid `sandbox_uid + n`, n < sandbox_uids (a range no host
+    user should own; a session's interpreter holds one for its life)."""
 
     isolation: Literal["bubblewrap", "rlimits"] = "bubblewrap"
     timeout_s: float = 10.0
@@ -158,10 +167,13 @@ class SandboxResult(msgspec.Struct, frozen=True):
     truncated: bool = False
     wall_s: float = 0.0
     message: str = ""  # what went wrong, for the error kinds
+    started: bool = False  # a session's call that started a fresh interpreter
+    note: str = ""  # shown first: a session's interpreter restarted, its earlier state lost
 
     def observation(self) -> str:
-        """What the policy sees: stdout; then stderr and the failure, when there are any."""
-        parts = [self.stdout] if self.stdout else []
+        """What the policy sees: the note, stdout; then stderr and the failure, when there are any."""
+        parts = [f"[{self.note}]"] if self.note else []
+        parts += [self.stdout] if self.stdout else []
         if self.stderr:
             parts.append(f"[stderr]\n{self.stderr}")
         if self.message:
@@ -171,9 +183,14 @@ class SandboxResult(msgspec.Struct, frozen=True):
         return "\n".join(part.rstrip("\n") for part in parts)
 
 
-class _Request(msgspec.Struct):
+class _Request(msgspec.Struct, omit_defaults=True):
     id: int
     code: str
+    session: int | None = None
+
+
+class _End(msgspec.Struct):
+    end: int  # the session whose interpreter to end
 
 
 class _Reply(msgspec.Struct):
@@ -186,6 +203,8 @@ class _Reply(msgspec.Struct):
     stdout_bytes: int
     stderr_bytes: int
     wall_s: float
+    started: bool = False  # the session's interpreter started with this call
+    lost: bool = False  # the session's interpreter ended with this call (crash, timeout, ...)
 
 
 class _Ready(msgspec.Struct):
@@ -223,6 +242,9 @@ def _result(reply: _Reply, config: SandboxConfig) -> SandboxResult:
         kind, message = FAILURE, "the sandbox could not set up the call"
     elif reply.exit_code:
         kind, message = ERROR, f"exit status {reply.exit_code}"
+    if reply.lost:
+        kind = kind or ERROR
+        message = f"{message or 'the interpreter exited'}; {_LOST}"
     return SandboxResult(
         stdout,
         stderr,
@@ -233,6 +255,7 @@ def _result(reply: _Reply, config: SandboxConfig) -> SandboxResult:
         cut_out or cut_err,
         reply.wall_s,
         message,
+        reply.started,
     )
 
 
@@ -390,7 +413,8 @@ class _Zygote:
             if not future.done():
                 future.set_result(_failure(message))
 
-    def submit(self, code: str) -> concurrent.futures.Future[SandboxResult]:
+    def submit(self, code: str, session: int | None = None) -> concurrent.futures.Future[SandboxResult]:
+        """Start a call: in a fresh process, or in session `session`'s interpreter."""
         future: concurrent.futures.Future[SandboxResult] = concurrent.futures.Future()
         with self.lock:
             if self.dead:
@@ -398,15 +422,27 @@ class _Zygote:
                 return future
             call_id = next(self.ids)
             self.pending[call_id] = future
-            data = msgspec.json.encode(_Request(call_id, code))
-            try:
-                self.stdin.write(_HEADER.pack(len(data)) + data)
-                self.stdin.flush()
-            except (BrokenPipeError, OSError, ValueError):
+            if not self._send(_Request(call_id, code, session)):
                 self.pending.pop(call_id, None)
-                self.dead = True
                 future.set_result(_failure("the sandbox process died"))
         return future
+
+    def end(self, session: int) -> None:
+        """End session `session`'s interpreter (killed with its processes; no reply)."""
+        with self.lock:
+            if not self.dead:
+                self._send(_End(session))
+
+    def _send(self, message: msgspec.Struct) -> bool:
+        """Write one message (under the lock); False, and the zygote marked dead, if it cannot."""
+        data = msgspec.json.encode(message)
+        try:
+            self.stdin.write(_HEADER.pack(len(data)) + data)
+            self.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            self.dead = True
+            return False
+        return True
 
     @property
     def load(self) -> int:
@@ -448,10 +484,19 @@ class Sandbox:
             )
         self._lock = threading.Lock()
         self._closed = False
+        self._session_ids = itertools.count()
         self._zygotes = [_Zygote(self.config) for _ in range(self.config.pool_size)]
 
     def submit(self, code: str) -> concurrent.futures.Future[SandboxResult]:
         """Start a call; the future's result is its SandboxResult (never an exception)."""
+        zygote = self._pick()
+        if isinstance(zygote, SandboxResult):
+            return _done(zygote)
+        return zygote.submit(code)
+
+    def _pick(self, prefer: _Zygote | None = None) -> _Zygote | SandboxResult:
+        """The zygote for a call (`prefer` while it lives, else the least loaded), dead ones
+        replaced first; a failure result when one cannot restart."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the sandbox is closed")
@@ -461,11 +506,17 @@ class Sandbox:
                     try:
                         self._zygotes[i] = _Zygote(self.config)
                     except SandboxUnavailable as exc:
-                        future: concurrent.futures.Future[SandboxResult] = concurrent.futures.Future()
-                        future.set_result(_failure(f"the sandbox cannot restart: {exc}"))
-                        return future
-            zygote = min(self._zygotes, key=lambda z: z.load)
-        return zygote.submit(code)
+                        return _failure(f"the sandbox cannot restart: {exc}")
+            if prefer is not None and prefer in self._zygotes:
+                return prefer
+            return min(self._zygotes, key=lambda z: z.load)
+
+    def session(self) -> SandboxSession:
+        """A persistent interpreter in this sandbox (see SandboxSession); started by its first call."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the sandbox is closed")
+            return SandboxSession(self, next(self._session_ids))
 
     def _gave_up(self, future: concurrent.futures.Future[SandboxResult]) -> SandboxResult:
         """A call the zygote did not answer in time: the zygote is stuck; replace it."""
@@ -477,7 +528,9 @@ class Sandbox:
 
     def run(self, code: str) -> SandboxResult:
         """Run `code` in a fresh sandboxed process; blocks the calling thread."""
-        future = self.submit(code)
+        return self._wait(self.submit(code))
+
+    def _wait(self, future: concurrent.futures.Future[SandboxResult]) -> SandboxResult:
         try:
             return future.result(timeout=self.config.timeout_s + _HOST_GRACE_S)
         except concurrent.futures.TimeoutError:
@@ -503,6 +556,77 @@ class Sandbox:
                 zygote.kill()
 
     def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _done(result: SandboxResult) -> concurrent.futures.Future[SandboxResult]:
+    future: concurrent.futures.Future[SandboxResult] = concurrent.futures.Future()
+    future.set_result(result)
+    return future
+
+
+def _end_session(where: list[_Zygote | None], session: int) -> None:
+    zygote, where[0] = where[0], None
+    if zygote is not None:
+        zygote.end(session)
+
+
+class SandboxSession:
+    """A persistent interpreter in a Sandbox, as in a notebook (`Sandbox.session()`): the
+    variables, imports and functions one call defines are there for the next call of the same
+    session, and no other session sees them.
+
+    The interpreter is a process of its own, forked from a zygote as a call's process is (the same
+    isolation, its own uid as root) and started by the session's first call; every call in it
+    keeps the per-call limits (wall clock, memory, output caps, processes; CPU seconds per call)
+    and whatever processes a call leaves are killed when it ends. A call that kills the
+    interpreter (a timeout, a crash, os._exit) is an error saying the state is gone; the next
+    call starts a fresh interpreter and its result says so (`note`). Calls in one session run one
+    at a time. `reset()` ends the interpreter (the next call starts a fresh one, with no note);
+    `close()` ends it for good; a session that is garbage collected ends its interpreter too."""
+
+    def __init__(self, sandbox: Sandbox, session_id: int):
+        self.sandbox = sandbox
+        self.id = session_id
+        self._lock = threading.Lock()
+        self._where: list[_Zygote | None] = [None]  # the zygote holding the interpreter
+        self._calls = 0  # calls run in the current interpreter
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _end_session, self._where, session_id)
+
+    def run(self, code: str) -> SandboxResult:
+        """Run `code` in the session's interpreter; blocks the calling thread."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the sandbox session is closed")
+            zygote = self.sandbox._pick(self._where[0])
+            if isinstance(zygote, SandboxResult):
+                return zygote
+            self._where[0] = zygote
+            result = self.sandbox._wait(zygote.submit(code, self.id))
+            if result.started:
+                if self._calls:
+                    result = msgspec.structs.replace(result, note=_FRESH)
+                self._calls = 0
+            self._calls += 1
+            return result
+
+    def reset(self) -> None:
+        """End the interpreter and its state; the next call starts a fresh one."""
+        with self._lock:
+            _end_session(self._where, self.id)
+            self._calls = 0
+
+    def close(self) -> None:
+        """End the interpreter; the session takes no more calls."""
+        with self._lock:
+            self._closed = True
+            self._finalizer()
+
+    def __enter__(self) -> SandboxSession:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -543,24 +667,54 @@ def _close_shared() -> None:
             sandbox.close()
 
 
-def python_tool(config: SandboxConfig | None = None, *, name: str = "python") -> Tool:
+def python_tool(
+    config: SandboxConfig | None = None, *, name: str = "python", persistent: bool = False
+) -> Tool:
     """The `python(code)` tool over the shared sandbox for `config` (started now, so a missing
     bubblewrap is refused when the env is made). A clean exit is the result; every other outcome
-    a ToolCallError of its kind (module doc); both carry the kinds as metrics."""
-    sandbox = shared_sandbox(config)
+    a ToolCallError of its kind (module doc); both carry the kinds as metrics.
 
-    def python(code: str) -> ToolResult:
-        """Run Python code in a fresh sandboxed process and see what it prints (use print()).
+    persistent: each call runs in the episode's own interpreter (a SandboxSession), as in a
+    notebook: what one call defines, the next call of the episode sees. A ToolEnv makes its own
+    copy of the tool (`Tool.per_env`) and ends the interpreter when an episode ends, at reset and
+    at close (`Tool.end_episode`), so no two episodes, concurrent or not, share state."""
+    sandbox = shared_sandbox(config)
+    timeout_s = sandbox.config.timeout_s + 2 * _HOST_GRACE_S
+
+    def result(outcome: SandboxResult) -> ToolResult:
+        metrics = {TRUNCATED: 1.0} if outcome.truncated else {}
+        if outcome.kind is not None:
+            raise ToolCallError(outcome.kind, outcome.observation(), {**metrics, outcome.kind: 1.0})
+        return ToolResult(outcome.observation(), metrics=metrics)
+
+    if not persistent:
+
+        def python(code: str) -> ToolResult:
+            """Run Python code in a fresh sandboxed process and see what it prints (use print()).
+
+            Args:
+                code: a Python program; its stdout (and stderr) is the result.
+            """
+            return result(sandbox.run(code))
+
+        return Tool.from_function(python, name=name, timeout_s=timeout_s, waits=True)
+
+    session = sandbox.session()
+
+    def python_session(code: str) -> ToolResult:
+        """Run Python code in your sandboxed interpreter and see what it prints (use print());
+        variables, imports and functions stay for your next calls.
 
         Args:
-            code: a Python program; its stdout (and stderr) is the result.
+            code: Python code; its stdout (and stderr) is the result.
         """
-        result = sandbox.run(code)
-        metrics = {TRUNCATED: 1.0} if result.truncated else {}
-        if result.kind is not None:
-            raise ToolCallError(result.kind, result.observation(), {**metrics, result.kind: 1.0})
-        return ToolResult(result.observation(), metrics=metrics)
+        return result(session.run(code))
 
     return Tool.from_function(
-        python, name=name, timeout_s=sandbox.config.timeout_s + 2 * _HOST_GRACE_S, waits=True
+        python_session,
+        name=name,
+        timeout_s=timeout_s,
+        waits=True,
+        per_env=lambda: python_tool(config, name=name, persistent=True),
+        end_episode=session.reset,
     )

@@ -215,6 +215,10 @@ class Tool:
     waits: a sync tool whose call waits on something outside the process (a subprocess, a
     server): the rollout runner then steps its env in a worker thread, so the other episodes
     go on meanwhile (`waits_outside`; async tools always count).
+    per_env, end_episode: for a tool whose calls share state within an episode (the sandbox's
+    persistent interpreter). A ToolEnv given such a tool uses its own copy, `per_env()`, so that
+    envs never share it, and calls `end_episode()` when an episode ends (settled, reset, closed):
+    the state is gone and the next call starts afresh.
     """
 
     name: str
@@ -226,6 +230,8 @@ class Tool:
     params: tuple[_Param, ...] | None = None  # None: the plain form (one str argument `arg`)
     # A JSON Schema given from outside (Tool.from_schema): validated by it, not by a Struct.
     schema: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    per_env: Callable[[], Tool] | None = field(default=None, repr=False, compare=False)
+    end_episode: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     is_async: bool = field(init=False, default=False)
     _arguments: type[msgspec.Struct] | None = field(init=False, repr=False, compare=False)
     parameters: dict[str, Any] = field(init=False, repr=False, compare=False)
@@ -272,16 +278,28 @@ class Tool:
         description: str | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         waits: bool = False,
+        per_env: Callable[[], Tool] | None = None,
+        end_episode: Callable[[], None] | None = None,
     ) -> Tool:
         """A typed tool: name from `fn.__name__`, description from the docstring's first
         paragraph, parameters (and their descriptions, from an `Args:` section) from the
-        signature. Raises TypeError for a parameter that has no type hint or no JSON Schema."""
+        signature. Raises TypeError for a parameter that has no type hint or no JSON Schema.
+        per_env, end_episode: a tool with per-episode state (the class doc)."""
         summary, _ = _doc_parts(fn)
         name = name or str(getattr(fn, "__name__", ""))
         description = description or summary
         if not description:
             raise ValueError(f"tool {name!r}: give it a docstring (its first line is the description)")
-        return cls(name, description, fn, timeout_s=timeout_s, waits=waits, params=_params(fn))
+        return cls(
+            name,
+            description,
+            fn,
+            timeout_s=timeout_s,
+            waits=waits,
+            params=_params(fn),
+            per_env=per_env,
+            end_episode=end_episode,
+        )
 
     @classmethod
     def from_schema(

@@ -80,3 +80,15 @@ def test_the_scripted_oracle_solves_it_through_the_rollout_runner(env):
     for t in trajectories:
         assert len(t.transitions) == 2 and t.metrics["env"]["tool_calls"] == 1.0
         assert t.reward_components["correct"] == 1.0
+
+
+def test_a_persistent_python_keeps_the_episodes_variables_and_no_more():
+    env = make_env(ENV_ID, persistent=True)
+    try:
+        env.reset(seed=0)
+        assert env.step("PYTHON[x = 482 * 917]")[4]["tool_results"] == ["[no output]"]
+        assert env.step("PYTHON[print(x)]")[4]["tool_results"] == ["441994"]
+        env.reset(seed=1)
+        assert env.step("PYTHON[print('x' in globals())]")[4]["tool_results"] == ["False"]
+    finally:
+        env.close()

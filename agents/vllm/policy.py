@@ -191,6 +191,16 @@ class VLLMPolicy:
         directory = self._write_adapter(adapters, version) if adapters else None
         self._control(lambda: self._reload(updates, version, directory))
 
+    def describe(self) -> str:
+        """One line on what samples: vLLM, its dtype, and how LoRA adapters are served."""
+        lora = (
+            f", LoRA r{self.lora.rank} adapters unmerged (vLLM's LoRA kernels, max_lora_rank "
+            f"{self._lora_kwargs['max_lora_rank']}), a LoRARequest per synced version"
+            if self.lora
+            else ""
+        )
+        return f"policy: vLLM ({'own process' if self.config.multiprocess else 'in process'}){lora}"
+
     def applied_adapter(self) -> AppliedAdapter | None:
         """The LoRA adapter the last `load_weights` that carried one registered with vLLM: its
         version and the checksum of the tensors in the directory vLLM loaded (float32, as

@@ -240,6 +240,9 @@ def describe_policy(policy: Policy) -> str:
             f"policy: {replicas} torch engine processes (policy.replicas), "
             f"{getattr(policy, 'threads_per_replica', '?')} thread(s) each"
         )
+    describe = getattr(policy, "describe", None)  # VLLMPolicy: in process or not, LoRA
+    if callable(describe):
+        return describe()
     cache = getattr(policy, "cache", None)
     if cache is None:
         return f"policy: {type(policy).__name__}"

@@ -38,6 +38,7 @@ from toolgym.agents.model.lora import (
 )
 from toolgym.agents.model.transformer import Transformer
 from toolgym.agents.types import SamplingParams
+from toolgym.configs.build.parts import describe_policy
 from toolgym.trainers.weight_sync import AdapterSyncError, load_and_check
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -104,6 +105,10 @@ SAMPLE = SamplingParams(max_tokens=20, n=3, temperature=1.0, seed=7)
 
 def test_adapter_syncs_route_sampling_through_each_new_adapter(served):
     policy, base = served
+    assert describe_policy(policy) == (  # what `toolgym train` prints at start
+        "policy: vLLM (in process), LoRA r4 adapters unmerged (vLLM's LoRA kernels, max_lora_rank 8), "
+        "a LoRARequest per synced version"
+    )
     assert policy.applied_adapter() is None  # before any sync: the base (B = 0 at init)
     completions = policy.generate_sync(PROMPTS, SAMPLE)
     assert max_gap(base, PROMPTS, completions, SAMPLE.n, 1.0) <= LOGPROB_TOLERANCE

@@ -204,3 +204,27 @@ def test_a_full_sync_loads_the_base_in_place_and_the_adapters(served):
     load_and_check(policy, full, 8)
     completions = policy.generate_sync(PROMPTS, SAMPLE)
     assert max_gap(merged(other, adapters), PROMPTS, completions, SAMPLE.n, 1.0) <= LOGPROB_TOLERANCE
+
+
+def test_an_engine_in_its_own_process_takes_adapter_syncs(served, tmp_path):
+    """multiprocess=True: the adapter directory is read by vLLM's engine process."""
+    from toolgym.agents.vllm.policy import build_vllm_policy
+
+    _, base = served
+    save_hf_checkpoint(base, base.config, tmp_path, tokenizer_path=TOKENIZER)
+    with build_vllm_policy(
+        tmp_path,
+        dtype="float32",
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_gib=1 / 16,
+        max_num_seqs=8,
+        multiprocess=True,
+        lora=LORA,
+    ) as policy:
+        for version in (1, 2):
+            adapters = trained_adapters(base, seed=10 + version)
+            load_and_check(policy, adapters, version)
+            completions = policy.generate_sync(PROMPTS, SAMPLE)
+            assert {c.policy_version for c in completions} == {version}
+            assert max_gap(merged(base, adapters), PROMPTS, completions, SAMPLE.n, 1.0) <= LOGPROB_TOLERANCE
+        assert set(policy._engine.list_loras()) == {2}

@@ -242,7 +242,7 @@ def describe_policy(policy: Policy) -> str:
         )
     describe = getattr(policy, "describe", None)  # VLLMPolicy: in process or not, LoRA
     if callable(describe):
-        return describe()
+        return str(describe())
     cache = getattr(policy, "cache", None)
     if cache is None:
         return f"policy: {type(policy).__name__}"

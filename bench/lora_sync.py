@@ -1,7 +1,8 @@
 """One weight sync with LoRA (adapters only) against full weights, and the trainer step with each.
 
     python bench/lora_sync.py [--repeats 3] [--models small-25m qwen2.5-0.5b] [--ranks 8 32]
-                              [--steps 3] [--rounds 2] [--parts step sync] [--threads N]
+                              [--steps 3] [--rounds 2] [--parts step sync decode] [--threads N]
+                              [--decode-batch 16] [--decode-tokens 64]
 
 Sync: for each model shape (random weights) a trainer and a torch engine built from the same model
 (float32, CPU); `push_weights` with full fine-tuning (every tensor, the tied head once) and with
@@ -14,6 +15,16 @@ Step: `Trainer.train_step` on small-25m, full against LoRA rank 8, each in a pro
 (so the peak RSS is that configuration's), alternating, `--rounds` times: 8 episodes of 128
 tokens, GRPO, fp32. Printed: best and median step time over every round's `--steps` steps (each
 round after one warm-up step), and the largest peak RSS of its processes.
+
+Decode (`--parts decode`): the torch engine's decode throughput on small-25m with LoRA at the
+first `--ranks` (B drawn non-zero, as after training) served unmerged (each adapted linear
+computes x W^T + s (x A^T) B^T on the fly, on plain layers: what the engine runs with LoRA) against
+the same weights merged (W + s B A, no adapter modules) on the same plain layers, and merged on the
+machine's default layers (oneDNN packing, vLLM's kernels where present: what a merged engine could
+also use). Each call decodes `--decode-tokens` tokens for `--decode-batch` prompts of 32 tokens;
+decode tokens/s = batch * (tokens - 1) / (time of that call - time of a 1-token call), best of
+`--repeats`, the three engines measured in turn `--rounds` times (best round counts). Printed: the
+throughputs and unmerged / merged ratios from the same run.
 """
 
 from __future__ import annotations
@@ -31,9 +42,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from _common import format_table, machine_summary, time_repeats
 
+from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.engine import TorchEngine
-from toolgym.agents.model.lora import LoraConfig, apply_lora
+from toolgym.agents.model.lora import LoraConfig, adapter_tensors, apply_lora, merge_lora
 from toolgym.agents.model.transformer import build_model
+from toolgym.agents.types import SamplingParams
 from toolgym.rollouts.types import Episode
 from toolgym.trainers.config import TrainerConfig
 from toolgym.trainers.losses import LossConfig
@@ -123,7 +136,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="timed trainer steps per process")
     ap.add_argument("--rounds", type=int, default=2, help="processes per configuration, alternating")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--parts", nargs="+", choices=["step", "sync"], default=["step", "sync"])
+    ap.add_argument("--parts", nargs="+", choices=["step", "sync", "decode"], default=["step", "sync"])
+    ap.add_argument("--decode-batch", type=int, default=16, help="decode: prompts decoded together")
+    ap.add_argument("--decode-tokens", type=int, default=64, help="decode: new tokens per prompt")
     ap.add_argument("--step-worker", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
@@ -137,6 +152,8 @@ def main() -> None:
         step_table(args)
     if "sync" in args.parts:
         sync_table(args)
+    if "decode" in args.parts:
+        decode_table(args)
 
 
 def step_table(args: argparse.Namespace) -> None:
@@ -174,6 +191,66 @@ def sync_table(args: argparse.Namespace) -> None:
         del base
     print("\nOne weight sync (float32, CPU; ms best / median)")
     print(format_table(["model", "weights", "tensors", "MiB sent", "push_weights", "shared memory"], rows))
+
+
+def decode_engines(rank: int, batch: int) -> dict[str, TorchEngine]:
+    """small-25m with LoRA at `rank` (B non-zero): unmerged, merged on the same plain layers,
+    merged on the default layers."""
+    lora = apply_lora(build_model("small-25m", seed=0), LoraConfig(rank=rank), seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, tensor in adapter_tensors(lora):
+            if ".lora_B." in name:
+                tensor.copy_(0.01 * torch.randn(tensor.shape, generator=g))
+    merged = merge_lora(copy.deepcopy(lora))
+    plain = select_backend(
+        merged.config, "cpu", torch.float32, pack_weights=False, fused_layers=False, kernels="torch"
+    )
+    kwargs = dict(max_batch_size=batch, max_seq_len=256, history_capacity=0)
+    return {
+        f"LoRA r{rank} unmerged": TorchEngine(lora, **kwargs),
+        "merged, same plain layers": TorchEngine(copy.deepcopy(merged), backend=plain, **kwargs),
+        "merged, default layers": TorchEngine(merged, **kwargs),
+    }
+
+
+def decode_table(args: argparse.Namespace) -> None:
+    rank, batch, tokens = args.ranks[0], args.decode_batch, args.decode_tokens
+    engines = decode_engines(rank, batch)
+    rng = random.Random(0)
+    vocab = next(iter(engines.values())).model.config.vocab_size
+    prompts = [[rng.randrange(vocab) for _ in range(32)] for _ in range(batch)]
+
+    def call(engine: TorchEngine, n: int) -> None:
+        engine.generate_sync(prompts, SamplingParams(max_tokens=n, temperature=1.0, seed=0))
+
+    best: dict[str, float] = {}
+    rounds: list[dict[str, float]] = []
+    try:
+        for _ in range(args.rounds):
+            this = {}
+            for name, engine in engines.items():
+                prefill = time_repeats(lambda e=engine: call(e, 1), args.repeats).best
+                full = time_repeats(lambda e=engine: call(e, tokens), args.repeats).best
+                this[name] = batch * (tokens - 1) / (full - prefill)
+                best[name] = max(best.get(name, 0.0), this[name])
+            rounds.append(this)
+        lines = [engine.backend.describe() for engine in engines.values()]
+    finally:
+        for engine in engines.values():
+            engine.close()
+    unmerged = f"LoRA r{rank} unmerged"
+    rows = [[name, f"{value:,.0f}", f"{best[unmerged] / value:.2f}"] for name, value in best.items()]
+    print(
+        f"\nTorch engine decode, small-25m, LoRA r{rank}, float32, batch {batch}, {tokens} new tokens "
+        f"(tokens/s, best of {args.rounds} rounds x {args.repeats}; threads {torch.get_num_threads()})"
+    )
+    print(format_table(["weights", "decode tok/s", "unmerged / this"], rows))
+    for name, line in zip(best, lines, strict=True):
+        print(f"{name}: {line}")
+    for i, this in enumerate(rounds):
+        ratios = ", ".join(f"{this[unmerged] / v:.2f}" for k, v in this.items() if k != unmerged)
+        print(f"round {i + 1}: unmerged / merged (plain, default) = {ratios}")
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ from typing import Any, Literal
 import msgspec
 
 from ..agents.model.lora import LoraConfig
-from ..agents.vllm.engine import VLLMConfig
+from ..agents.vllm.engine import VLLM_LORA_RANKS, VLLMConfig
 from ..rollouts.batches import EVAL_SEED_COUNT, BatchConfig
 from ..rollouts.endpoint.program import AgentProgram
 from ..rollouts.evaluation import EvalConfig
@@ -177,10 +177,10 @@ class PolicySection(PolicySampling, frozen=True, **_STRICT):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.lora.enabled and self.backend != "torch":
+        if self.lora.enabled and self.backend == "vllm" and self.lora.rank > VLLM_LORA_RANKS[-1]:
             raise ValueError(
-                f"policy.lora must be off (rank = 0) with backend {self.backend!r}: LoRA adapters load only "
-                "into the torch engine (vLLM's LoRA support is not wired up); set policy.backend = 'torch'"
+                f"policy.lora.rank must be <= {VLLM_LORA_RANKS[-1]} with backend 'vllm' (vLLM's largest "
+                f"max_lora_rank), got {self.lora.rank}"
             )
         if not self.temperature > 0:
             raise ValueError(f"policy.temperature must be > 0 for RL sampling, got {self.temperature}")

@@ -56,6 +56,17 @@ RESERVED_ENGINE_ARGS = frozenset(
 
 
 _DTYPES = ("checkpoint", "auto", "float32", "bfloat16", "float16")
+# The values vLLM accepts for max_lora_rank (its LoRAConfig): an adapter's rank must not exceed it.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_engine_kwargs(rank: int) -> dict[str, Any]:
+    """vllm EngineArgs that serve one LoRA adapter of `rank` at a time (the current version's):
+    max_lora_rank is the smallest value vLLM accepts that holds `rank`."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    if rank < 1 or not fits:
+        raise ValueError(f"vLLM serves LoRA ranks 1..{VLLM_LORA_RANKS[-1]}, got {rank}")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1}
 
 
 class VLLMConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -343,6 +354,7 @@ def to_completion(output: Any, text: str, version: int) -> Completion:
 __all__ = [
     "INSTALL_HINT",
     "RESERVED_ENGINE_ARGS",
+    "VLLM_LORA_RANKS",
     "VLLMConfig",
     "VLLMUnavailableError",
     "build_engine",
@@ -351,6 +363,7 @@ __all__ = [
     "engine_kwargs",
     "import_vllm",
     "is_cpu_platform",
+    "lora_engine_kwargs",
     "release_in_process_engine",
     "sample_seed",
     "shutdown_engine",

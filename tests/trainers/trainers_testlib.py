@@ -3,7 +3,8 @@
 As a script (`python -m torch.distributed.run --nproc_per_node N trainers_testlib.py OUT_DIR
 LOSS[,LOSS]`, or plainly with `python trainers_testlib.py OUT_DIR LOSS` for one process) it trains the "test" model
 on fixed random Episodes and saves, from rank 0, what the tests compare: the first step's loss
-and full gradients, then the parameters and metrics after a few steps.
+and full gradients, then the parameters and metrics after a few steps. With LOSS "lora" it trains
+LoRA adapters over the frozen "test" model instead (`_lora_worker`).
 """
 
 from __future__ import annotations
@@ -96,5 +97,66 @@ def _worker(out_dir: str, loss_names: str) -> None:
     torch.distributed.destroy_process_group()
 
 
+def lora_test_model(seed: int = 0):
+    """The "test" model with rank-4 LoRA adapters (alpha 8) on every projection."""
+    from toolgym.agents.model.lora import LoraConfig, apply_lora
+    from toolgym.agents.model.transformer import build_model
+
+    return apply_lora(build_model("test", seed=seed), LoraConfig(rank=4, alpha=8), seed=seed)
+
+
+def _lora_worker(out_dir: str) -> None:
+    """LoRA under FSDP2 (world size > 1) or plainly: the first step's gradients, the base before
+    and after three steps, the adapters, and what a sync from rank 0 into a TorchEngine (with the
+    same base) reports applying; saved from rank 0 as `lora.pt`, a checkpoint as `lora.ckpt`."""
+    from toolgym.agents.engine.engine import TorchEngine
+    from toolgym.agents.model.lora import adapter_checksum, is_adapter_name
+    from toolgym.trainers.checkpoint import CheckpointManager
+    from toolgym.trainers.trainer import Trainer
+    from toolgym.trainers.weight_sync import gather_weights, push_weights
+
+    torch.set_num_threads(1)
+    trainer = Trainer(lora_test_model(seed=0), worker_config("grpo"), device="cpu")
+    before = full_params(trainer.model)
+    first = trainer._forward_backward(random_episodes(13, seed=1), trainer.policy_loss, sharded=False)
+    grads = full_grads(trainer.model)
+    trainer.optimizer.zero_grad(set_to_none=True)
+    history = [trainer.train_step(random_episodes(13, seed=10 + step)) for step in range(3)]
+    after = full_params(trainer.model)
+    engine = (
+        TorchEngine(lora_test_model(seed=0), max_batch_size=2, max_seq_len=32)
+        if trainer.dist.is_main
+        else None
+    )
+    sync_error = ""
+    try:
+        push_weights(trainer, engine)  # collective; checks version and checksum on rank 0
+    except Exception as exc:  # reported to the test, which names it
+        sync_error = f"{type(exc).__name__}: {exc}"
+    sent = gather_weights(trainer)  # collective
+    CheckpointManager(f"{out_dir}/lora.ckpt").save(trainer, {"next_step": 3})
+    if engine is not None:
+        applied = engine.applied_adapter()
+        engine_adapters = [(n, t) for n, t in engine.model.state_dict().items() if is_adapter_name(n)]
+        result = {
+            "first": first,
+            "grads": grads,
+            "history": history,
+            "before": before,
+            "after": after,
+            "sent": {n: t.detach().cpu().clone() for n, t in sent.items()},
+            "sync_error": sync_error,
+            "applied": None if applied is None else (applied.version, applied.checksum),
+            "engine_checksum": adapter_checksum(engine_adapters),
+            "world_size": trainer.dist.world_size,
+        }
+        torch.save(result, f"{out_dir}/lora.pt")
+        engine.close()
+    torch.distributed.destroy_process_group()
+
+
 if __name__ == "__main__":
-    _worker(sys.argv[1], sys.argv[2])
+    if sys.argv[2] == "lora":
+        _lora_worker(sys.argv[1])
+    else:
+        _worker(sys.argv[1], sys.argv[2])

@@ -6,12 +6,16 @@ import gymnasium
 import msgspec
 import numpy as np
 import pytest
+import torch
 from chat_templates_testlib import QWEN25_LIKE, SHIPPED_TOKENIZER
 from recording_testlib import shipped_renderer
 from tokenizers import Tokenizer
 
 from toolgym.agents.chat_template import TemplateRenderer
-from toolgym.agents.types import Message
+from toolgym.agents.engine.engine import TorchEngine
+from toolgym.agents.model.config import NAMED_CONFIGS, ModelConfig
+from toolgym.agents.model.transformer import Transformer
+from toolgym.agents.types import Message, SamplingParams
 from toolgym.rollouts.context import (
     ContextPolicySpec,
     Conversation,
@@ -253,3 +257,37 @@ def test_the_fallible_note_taker_follows_its_wrong_note_to_a_wrong_answer():
         t.stop_reason == StopReason.ANSWERED and t.metrics["env"]["accuracy"] == 0 for t in trajectories
     )
     assert all(t.metrics["context_rewrites"] >= 1 for t in trajectories)
+
+
+def test_the_engine_reuses_the_system_prompt_across_segments():
+    """A rewritten prompt is new after the task, but the engine's prefix store still holds the
+    system prompt the segments share: only the task and the notes are computed again."""
+    renderer = shipped_renderer()
+    trajectories = run(NOTES, seeds=(0, 1, 2))
+    turns = []  # per turn index: the prompts the episodes saw, and whether they restart
+    for trajectory in trajectories:
+        for k, prompt in enumerate(rendered_segments(trajectory, renderer)):
+            restart = bool(trajectory.transitions[k].info.get(SEQUENCE_START))
+            turns += [[]] * (k + 1 - len(turns))
+            turns[k] = [*turns[k], (prompt, restart)]
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(**{**NAMED_CONFIGS["test"], "vocab_size": renderer.vocab_size})).eval()
+    system = len(renderer.render_message(Message("system", trajectories[0].system_prompt)))
+    params = SamplingParams(max_tokens=1, stop_token_ids=renderer.stop_token_ids)
+    restarts = 0
+    with TorchEngine(model, tokenizer=renderer.tokenizer, max_seq_len=512) as engine:
+        for k, batch in enumerate(turns):
+            before = msgspec.structs.replace(engine.stats)
+            engine.generate_sync([prompt for prompt, _ in batch], params)
+            stats = engine.stats
+            computed = (
+                (stats.prompt_tokens - before.prompt_tokens)
+                - (stats.shared_prefix_tokens - before.shared_prefix_tokens)
+                - (stats.history_tokens - before.history_tokens)
+            )
+            if k and all(restart for _, restart in batch):  # every episode starts a segment here
+                restarts += 1
+                assert stats.shared_prefix_tokens - before.shared_prefix_tokens >= system * len(batch)
+                longest = max(len(prompt) for prompt, _ in batch)
+                assert computed <= len(batch) * (longest - system)
+    assert restarts == 4  # one per note (four redirects)

@@ -291,3 +291,16 @@ def test_the_engine_reuses_the_system_prompt_across_segments():
                 longest = max(len(prompt) for prompt, _ in batch)
                 assert computed <= len(batch) * (longest - system)
     assert restarts == 4  # one per note (four redirects)
+
+
+def test_the_notes_preset_overflows_keep_all_and_fits_with_notes():
+    from toolgym.configs.load import load_config
+
+    config = load_config("zorplex_notes_tiny")[0]
+    assert config.rollout.context == Notes(keep_last=1)
+    renderer = shipped_renderer()
+    rollout = msgspec.structs.replace(config.rollout_config(), group_size=1)
+    for context, stop in ((None, StopReason.ANSWERED), (KeepAll(), StopReason.CONTEXT_OVERFLOW)):
+        runner_config = msgspec.structs.replace(rollout, context=context or rollout.context)
+        trajectories = RolloutRunner(OraclePolicy(renderer), renderer, runner_config).run(list(range(4)))
+        assert all(t.stop_reason == stop for t in trajectories)

@@ -41,11 +41,16 @@ RUNNER_METRICS = frozenset(
         "tokens_per_s",
         "policy_version",  # the training loop's eval/policy_version
         "sequence_restarts",
+        "context_rewrites",
     }
 )
-# A chat-template renderer's restarts (agents/chat_template.py): in Trajectory.metrics and, summed
-# over the batch, in its summary, only for renderers that can restart (never for plain ChatML).
+# New training sequences an episode started after its first: a chat template's restarts
+# (agents/chat_template.py) plus its context policy's rewrites (rollouts/context.py). In
+# Trajectory.metrics and, summed over the batch, in its summary, only where a restart can happen
+# (never for plain ChatML that keeps everything).
 SEQUENCE_RESTARTS = "sequence_restarts"
+# A context policy's rewrites alone: only for episodes whose policy can rewrite.
+CONTEXT_REWRITES = "context_rewrites"
 # Breakdown prefixes: `failure_mode/<label>`, `stop_reason/<reason>`, `errors/<kind>`.
 _BREAKDOWNS = ("failure_mode/", "stop_reason/", "errors/")
 # Reward components' means: `reward/<component name>`.
@@ -154,6 +159,7 @@ class BatchMetrics:
         self.stop_reasons: Counter[StopReason] = Counter()
         self.errors: Counter[str] = Counter()
         self.restarts: int | None = None  # None: no episode came from a renderer that restarts
+        self.rewrites: int | None = None  # None: no episode had a context policy that rewrites
 
     def add(self, trajectory: Trajectory) -> None:
         x = trajectory.metrics
@@ -174,6 +180,8 @@ class BatchMetrics:
             self.errors[_error_kind(trajectory)] += 1
         if SEQUENCE_RESTARTS in x:
             self.restarts = (self.restarts or 0) + int(_number(x[SEQUENCE_RESTARTS]) or 0)
+        if CONTEXT_REWRITES in x:
+            self.rewrites = (self.rewrites or 0) + int(_number(x[CONTEXT_REWRITES]) or 0)
 
     def result(self, elapsed_s: float | None = None, prefix: str = "rollout/") -> dict[str, float]:
         n = self.n
@@ -197,6 +205,8 @@ class BatchMetrics:
             m[f"errors/{kind}"] = float(count)
         if self.restarts is not None:
             m[SEQUENCE_RESTARTS] = float(self.restarts)
+        if self.rewrites is not None:
+            m[CONTEXT_REWRITES] = float(self.rewrites)
         if elapsed_s is not None:
             m["time_s"] = elapsed_s
             m["episodes_per_s"] = n / elapsed_s if elapsed_s > 0 else 0.0

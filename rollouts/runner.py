@@ -17,6 +17,15 @@ append-only, the history restarts from its full re-rendering: that transition's 
 history, Episodes split there (rollouts/episodes.py), and `Trajectory.metrics["sequence_restarts"]`
 counts restarts (template renderers only).
 
+Context policies (rollouts/context.py): the episode's `EpisodeContext` keeps the conversation as
+messages beside the tokens and, after each env step the episode goes on from, asks the policy
+(`rollout.context`, else the env's `context_policy`, else KeepAll) whether to rewrite it. A
+rewrite renders the new conversation in full (`renderer.start_episode`) and restarts the sequence
+exactly as a template restart does, with `context_rewrite` beside `sequence_start` in the next
+transition's info; `metrics["context_rewrites"]` counts rewrites, `sequence_restarts` counts both
+kinds of restart, and `Trajectory.context_policy` records the policy's spec for replay. KeepAll
+never builds the message list: its history stays append-only.
+
 Limits, each ending the episode with its StopReason (checked in this order every turn):
 - max_tokens_per_episode spent, or a turn cut by a token budget (finish_reason "length"):
   MAX_TOKENS. A cut turn is recorded (its tokens were sampled) but never given to the env.
@@ -70,7 +79,7 @@ import asyncio
 import concurrent.futures
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import gymnasium
@@ -78,14 +87,23 @@ import msgspec
 import numpy as np
 
 from .. import envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
-from ..agents.chat import ChatRenderer, EpisodeRendering, Renderer
+from ..agents.chat import ChatRenderer, EpisodeRendering, RenderedTurn, Renderer
 from ..agents.errors import ContextOverflowError
 from ..agents.policy import Policy
 from ..agents.types import Completion, Message, Role, SamplingParams
 from ..envs.core.info import INSTRUCTIONS, TOOL_RESULTS, TOOLS
+from .context import ContextPolicy, Conversation, KeepAll, Turn, context_policy, keeps_all, policy_spec
 from .env_io import EnvOutputError, abandon_env, env_stop_reason, reset_env, settles, step_env
-from .metrics import SEQUENCE_RESTARTS, episode_metrics
-from .types import SEQUENCE_START, PolicySampling, RolloutSettings, StopReason, Trajectory, Transition
+from .metrics import CONTEXT_REWRITES, SEQUENCE_RESTARTS, episode_metrics
+from .types import (
+    CONTEXT_REWRITE,
+    SEQUENCE_START,
+    PolicySampling,
+    RolloutSettings,
+    StopReason,
+    Trajectory,
+    Transition,
+)
 
 
 class EnvRolloutConfig(RolloutSettings, frozen=True, kw_only=True):
@@ -203,11 +221,69 @@ def env_replies(renderer: Renderer, observation: str, info: dict[str, Any], role
     return [Message("tool", r) for r in results]
 
 
+class ContextPolicyError(RuntimeError):
+    """A context policy raised or returned something that is not a Conversation (the episode
+    ends as an env error, as when a tool raises)."""
+
+
 def _render(render: Callable[..., Any], *args: Any) -> Any:
     try:
         return render(*args)
+    except ContextPolicyError:
+        raise
     except Exception as exc:
         raise EnvOutputError(f"the renderer cannot encode the env's text ({_describe(exc)})") from exc
+
+
+class EpisodeContext:
+    """One episode's conversation as tokens and, unless the policy keeps everything, as messages.
+
+    `prompt` first; then per sampled turn `extend`, which appends the turn to the conversation,
+    asks the policy, and returns the tokens to feed next: the renderer's delta, or (a rewrite, or
+    a chat template that restarts) the whole new history. The runner and replay's token check
+    both go through here, so they cannot disagree on where a segment starts."""
+
+    def __init__(
+        self,
+        renderer: Renderer,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None,
+        policy: ContextPolicy | None = None,
+    ) -> None:
+        self.renderer, self.tools = renderer, tools
+        self.policy = policy if policy is not None else KeepAll()
+        self.rendering: EpisodeRendering = renderer.start_episode(messages, tools)
+        self.prompt = self.rendering.prompt
+        self._turns: list[Turn] = []
+        self.conversation = Conversation(list(messages), self._turns)
+        self.rewrites = 0  # the policy's rewrites
+        self._earlier_restarts = 0  # template restarts of renderings a rewrite replaced
+
+    @property
+    def template_restarts(self) -> int:
+        return self._earlier_restarts + self.rendering.restarts
+
+    def extend(
+        self, sampled_tokens: Sequence[int], text: str, replies: Sequence[Message], info: Mapping[str, Any]
+    ) -> tuple[RenderedTurn, bool]:
+        """(what to feed next, whether the policy rewrote the conversation)."""
+        if keeps_all(self.policy):
+            return self.rendering.extend(sampled_tokens, replies), False
+        self._turns.append(Turn([Message("assistant", text), *replies], info))
+        self.conversation = Conversation(self.conversation.head, self._turns)
+        try:
+            rewritten = self.policy.rewrite(self.conversation)
+        except Exception as exc:
+            raise ContextPolicyError(f"the context policy failed: {_describe(exc)}") from exc
+        if rewritten is not None and not isinstance(rewritten, Conversation):
+            raise ContextPolicyError(f"the context policy returned {rewritten!r:.80}, not a Conversation")
+        if rewritten is None:
+            return self.rendering.extend(sampled_tokens, replies), False
+        self._earlier_restarts += self.rendering.restarts
+        self.conversation, self._turns = rewritten, list(rewritten.turns)
+        self.rendering = self.renderer.start_episode(rewritten.messages, self.tools)
+        self.rewrites += 1
+        return RenderedTurn(list(self.rendering.prompt), restarted=True), True
 
 
 class _EpisodeState:
@@ -227,7 +303,8 @@ class _EpisodeState:
         self.env: gymnasium.Env | None = None
         self.step_waits = False  # step the env in a worker thread (module doc)
         self.pending_step: concurrent.futures.Future[Any] | None = None  # that thread's step, in flight
-        self.rendering: EpisodeRendering | None = None
+        self.context: EpisodeContext | None = None
+        self.policy: ContextPolicy = KeepAll()
 
     def end(self, reason: StopReason, error: str | None = None) -> None:
         if self.stop_reason is None:
@@ -329,8 +406,13 @@ class RolloutRunner:
         trajectory.metrics = episode_metrics(
             trajectory, time.perf_counter() - started, state.generate_s, state.env_s
         )
-        if not isinstance(self.renderer, ChatRenderer):  # plain ChatML is append-only by construction
-            trajectory.metrics[SEQUENCE_RESTARTS] = state.rendering.restarts if state.rendering else 0
+        context, rewrites = state.context, not keeps_all(state.policy)
+        if rewrites:
+            trajectory.context_policy = policy_spec(state.policy)
+            trajectory.metrics[CONTEXT_REWRITES] = context.rewrites if context else 0
+        if rewrites or not isinstance(self.renderer, ChatRenderer):  # plain ChatML alone never restarts
+            restarts = context.template_restarts + context.rewrites if context else 0
+            trajectory.metrics[SEQUENCE_RESTARTS] = restarts
         return trajectory
 
     def _settle(self, state: _EpisodeState) -> None:
@@ -360,16 +442,18 @@ class RolloutRunner:
         try:
             env = state.env = gymnasium.make(config.env_id, **config.env_kwargs)
             state.step_waits = bool(getattr(env.unwrapped, "step_waits", False))
+            declared = getattr(env.unwrapped, "context_policy", None)  # the env's, unless configured
+            state.policy = context_policy(config.context if config.context is not None else declared)
             observation, info, state.system_prompt = reset_env(env, task_seed)
             messages, tools = first_messages(renderer, observation, info, state.system_prompt)
             if tools is not None:
                 state.reset_info = {k: info[k] for k in (TOOLS, INSTRUCTIONS) if k in info}
-            rendering = state.rendering = _render(renderer.start_episode, messages, tools)
-            observation_tokens = rendering.prompt
+            context = state.context = _render(EpisodeContext, renderer, messages, tools, state.policy)
+            observation_tokens = context.prompt
         except Exception as exc:
             return state.end(StopReason.ENV_ERROR, _describe(exc))
         history = list(observation_tokens)
-        restarted = False
+        restarted: str | None = None
         state.env_s += time.perf_counter() - tick
 
         episode_seed = sampling_seed(config.seed, task_seed, sample_index)
@@ -403,7 +487,7 @@ class RolloutRunner:
             tick = time.perf_counter()
             try:
                 shown = (observation, observation_tokens, restarted)
-                turn_result = await self._step(state, env, rendering, turn, shown, completion, history)
+                turn_result = await self._step(state, env, context, turn, shown, completion, history)
             finally:
                 state.env_s += time.perf_counter() - tick
             if turn_result is None:
@@ -418,23 +502,25 @@ class RolloutRunner:
         self,
         state: _EpisodeState,
         env: gymnasium.Env,
-        rendering: EpisodeRendering,
+        context: EpisodeContext,
         turn: int,
-        shown: tuple[str, list[int], bool],
+        shown: tuple[str, list[int], str | None],
         completion: Completion,
         history: list[int],
-    ) -> tuple[str, list[int], bool] | None:
+    ) -> tuple[str, list[int], str | None] | None:
         """Record the turn, step the env, render the delta (appended to `history`; a restarted
-        rendering replaces it). `shown` is what the model saw before this turn: (observation,
-        observation tokens, whether they restart the sequence). Returns the next such triple, or
-        None when the episode ends here (a turn cut by a token limit ends it without a stop
-        reason: the caller knows which limit)."""
+        rendering or a context rewrite replaces it). `shown` is what the model saw before this
+        turn: (observation, observation tokens, None or why they restart the sequence: "template"
+        or "rewrite"). Returns the next such triple, or None when the episode ends here (a turn
+        cut by a token limit ends it without a stop reason: the caller knows which limit)."""
         observation, observation_tokens, restarted = shown
         if not completion.text and completion.tokens:  # a backend without a tokenizer
             completion.text = self.renderer.decode(completion.tokens, skip_special_tokens=True)
         transition = Transition(observation, observation_tokens, completion)
         if restarted:
             transition.info = {SEQUENCE_START: True}
+            if restarted == "rewrite":
+                transition.info[CONTEXT_REWRITE] = True
         state.transitions.append(transition)
         state.sampled_tokens += len(completion.tokens)
         history += completion.tokens
@@ -449,10 +535,10 @@ class RolloutRunner:
                 state, env, completion.text
             )
             ended = terminated or truncated or turn + 1 == self.config.max_turns
-            delta = None
+            delta, rewritten = None, False
             if not ended:
                 replies = env_replies(self.renderer, observation, info, self.config.observation_role)
-                delta = _render(rendering.extend, completion.tokens, replies)
+                delta, rewritten = _render(context.extend, completion.tokens, completion.text, replies, info)
         except Exception as exc:
             transition.info = {**transition.info, "error": _describe(exc)}
             state.end(StopReason.ENV_ERROR, _describe(exc))
@@ -470,7 +556,7 @@ class RolloutRunner:
             history[:] = delta.tokens
         else:
             history += delta.tokens
-        return observation, delta.tokens, delta.restarted
+        return observation, delta.tokens, "rewrite" if rewritten else "template" if delta.restarted else None
 
     @staticmethod
     async def _step_env(

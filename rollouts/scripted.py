@@ -31,6 +31,9 @@ Knobs (each drawn once per episode):
   env answers with an error, then the action itself (a recovery).
 - p_omit_tag: the final answer is stated without the env's answer format
   (`answer_action(answer, tagged=False)`).
+- p_wrong_note: for an env that takes notes (rollouts/context.py; its `wrong_note_actions`), play
+  instead a demonstrator who notes a wrong word once and follows it to a wrong answer (the env's
+  script; the other knobs do not apply to it). No effect on an env without notes.
 When the env keeps going after the script ends (e.g. after extra errors), the last action is
 repeated.
 """
@@ -55,9 +58,10 @@ class OracleConfig(msgspec.Struct, frozen=True):
     p_malformed_call: float = 0.0
     p_stop_early: float = 0.0
     guess: int | None = None
+    p_wrong_note: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("p_omit_tag", "p_skip_lookup", "p_malformed_call", "p_stop_early"):
+        for name in ("p_omit_tag", "p_skip_lookup", "p_malformed_call", "p_stop_early", "p_wrong_note"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(
                     f"OracleConfig.{name} must be a probability in [0, 1], got {getattr(self, name)}"
@@ -76,7 +80,11 @@ def plan_actions(env: Any, config: OracleConfig, rng: np.random.Generator) -> li
     omit_tag = rng.random() < config.p_omit_tag
     offset = int(rng.integers(1, 10))
     malformed_flags = rng.random(len(calls)) < config.p_malformed_call
-    stop_early = rng.random() < config.p_stop_early  # drawn last: older knobs keep their draws
+    stop_early = rng.random() < config.p_stop_early  # drawn after the older knobs: they keep their draws
+    if config.p_wrong_note and rng.random() < config.p_wrong_note:
+        wrong_note = _oracle_method(env, "wrong_note_actions")(rng)
+        if wrong_note:
+            return list(wrong_note)
     script: list[str] = []
     answer_action = _oracle_method(env, "answer_action")
     guessed = wrong_answer(env.answer, offset, config.guess)
@@ -163,6 +171,7 @@ class OraclePolicy:
         c = self.config
         stop = f", p_stop_early={c.p_stop_early}" if c.p_stop_early else ""
         stop += f", guess={c.guess}" if c.guess is not None else ""
+        stop += f", p_wrong_note={c.p_wrong_note}" if c.p_wrong_note else ""
         return (
             f"oracle(p_omit_tag={c.p_omit_tag}, p_skip_lookup={c.p_skip_lookup}, "
             f"p_malformed_call={c.p_malformed_call}{stop})"

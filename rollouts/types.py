@@ -15,6 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from ..agents.types import Completion
+from .context import ContextPolicySpec
 
 
 class PolicySampling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -57,6 +58,9 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     episode_timeout_s: float | None = 300.0
     observation_role: Literal["tool", "user"] = "tool"  # the chat role of env replies after the first
     max_concurrent_episodes: int | None = None  # None: all at once
+    # What of the conversation the model sees (rollouts/context.py): e.g. {policy = "window",
+    # turns = 4}; None: the env's own declaration, else keep everything.
+    context: ContextPolicySpec | None = None
 
     def __post_init__(self) -> None:
         name_of = type(self).__name__
@@ -84,10 +88,13 @@ class StopReason(enum.StrEnum):
     TIMEOUT = "timeout"  # the wall-clock limit, or a generation error
 
 
-# The runner's key in a Transition's info: its observation_tokens are a chat template's full
-# re-rendering of the conversation (the template was not append-only there), so a new training
-# sequence starts at this transition (rollouts/episodes.py).
+# The runner's key in a Transition's info: its observation_tokens are a full re-rendering of the
+# conversation (a chat template that was not append-only there, or a context policy's rewrite),
+# so a new training sequence starts at this transition (rollouts/episodes.py).
 SEQUENCE_START = "sequence_start"
+# The runner's key beside SEQUENCE_START where the restart is a context policy's rewrite
+# (rollouts/context.py) rather than the chat template's.
+CONTEXT_REWRITE = "context_rewrite"
 
 
 class Transition(msgspec.Struct):
@@ -128,6 +135,10 @@ class Trajectory(msgspec.Struct):
     # The reset info a renderer that writes tools itself was given (envs/core/info.py: tools and
     # instructions), so replay renders the same first prompt; {} when it was given no tools.
     reset_info: dict[str, Any] = msgspec.field(default_factory=dict)
+    # The context policy the runner applied (rollouts/context.py `policy_spec`, e.g. {"policy":
+    # "window", "turns": 4, "slack": 0}), so replay rewrites the conversation where it did; {}
+    # when it kept everything.
+    context_policy: dict[str, Any] = msgspec.field(default_factory=dict)
 
 
 class Episode(msgspec.Struct):

@@ -17,6 +17,15 @@ step info:
                     order (what the observation shows per call), for a chat template that renders
                     one tool message per result.
 
+    note            str: the note the action wrote (a ToolEnv with notes=True): the `notes` context
+                    policy (rollouts/context.py) then cuts the conversation to the system prompt,
+                    the task and the note turns.
+
+An env may also declare a context policy as an attribute of its unwrapped env, as it declares
+`step_waits`: `context_policy`, a spec dict such as {"policy": "notes"} or {"policy": "window",
+"turns": 4} (rollouts/context.py), which the runner applies unless the run config sets
+`rollout.context`.
+
 step info, read by the runner (and the info of the optional `abandon()`, envs/core/tool_env.py):
     reward_components  {name: float}: the episode's reward split into named parts, so far. The last
                     one reported becomes `Trajectory.reward_components`; their sum should equal the
@@ -48,8 +57,9 @@ Written by `TextEnv` itself (envs/core/text_env.py), recorded, not read by the r
                     UTF-8 cannot encode never crosses the env boundary.
 
 The runner writes `error` (the step raised or returned an unusable output), `abandon_error` and
-`sequence_start` (a chat template re-rendered the history: a new training sequence starts here)
-into a transition's info itself; an env should not use those keys.
+`sequence_start` (a chat template re-rendered the history, or a context policy rewrote it: a new
+training sequence starts here) and `context_rewrite` (it was the context policy) into a
+transition's info itself; an env should not use those keys.
 
 The scripted oracle (rollouts/scripted.py) plays an env through `TextEnv`'s oracle methods
 (`oracle_actions`, `malformed_action`, `answer_action`), so it knows no env's action grammar.
@@ -78,6 +88,7 @@ class StepInfo(TypedDict, total=False):
 
 
 SYSTEM_PROMPT = "system_prompt"
+NOTE = "note"
 TOOLS = "tools"
 INSTRUCTIONS = "instructions"
 TOOL_RESULTS = "tool_results"

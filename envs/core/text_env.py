@@ -111,6 +111,12 @@ class TextEnv(gymnasium.Env[str, str]):
         env's answer format (graded for correctness, no format credit)."""
         raise NotImplementedError
 
+    def wrong_note_actions(self, rng: Any) -> list[str] | None:
+        """A fallible note-taker's script for the current task (an env with notes): one note
+        written wrong and followed to the end, the last action the answer it reaches; `rng` a
+        numpy Generator to draw where and how. None (the default) when the env takes no notes."""
+        return None
+
     def mistaken_actions(self) -> tuple[str, ...]:
         """Actions with one typical mistake each (malformed, empty, unknown tool, no answer), so
         that corpora and tests can show the env's error observations."""

@@ -39,6 +39,12 @@ a tool with `per_env` is copied per env (`per_env()`), so that envs never share 
 its `end_episode()` runs when an episode ends: settled (answered, a limit, abandoned), at
 `reset` and at `close`.
 
+Notes (`notes=True`): the env gets a `NOTE` tool (`NOTE[text]` in brackets, a `NOTE` call in
+json) that answers `noted` and puts the text in the step's info `note` (envs/core/info.py); a
+note is not a tool call (no budget, no penalty) but it is a turn. The env declares the context
+policy that reads it (`context_policy`, {"policy": "notes"}: rollouts/context.py), so after each
+note the model sees only the system prompt, the task and its notes.
+
 Episodes the caller stops (the optional `abandon()` protocol): a runner that ends an episode the
 env has not ended, for a limit of its own (a token or context budget, its own turn limit), calls
 `env.unwrapped.abandon() -> (reward, info)` if the env has it. `ToolEnv.abandon` settles the
@@ -83,11 +89,15 @@ from ..tools.call_formats import (
 from ..tools.typed import Call, Tool, ToolCallError, as_tool, marked_methods, result_text
 from . import prompts
 from .grading import Grade, Unreadable, answer_text, default_grader, is_reader, to_grade
+from .info import NOTE
 from .ledger import RewardLedger
 from .limits import Ending, limit_reached
 from .task import Example, Task
 from .text_env import TextEnv
 
+NOTE_TOOL = "NOTE"
+NOTE_DESCRIPTION = "write a note; after it you see only the task and your notes"
+NOTED = "noted"
 _SHOWN_ANSWER_CHARS = 200  # info `graded_answer` keeps this much of a text response
 
 # The errors an action as a whole can make, by the kind the format parsed it as.
@@ -117,6 +127,7 @@ class _Turn:
     results: list[str] = field(default_factory=list)
     ran_a_tool: bool = False
     out_of_calls: bool = False
+    notes: list[str] = field(default_factory=list)
 
 
 def _check_count(name: str, value: Any, minimum: int) -> None:
@@ -141,7 +152,8 @@ class ToolEnv(TextEnv):
     (a tool name: answers come as `answer_tool(answer=...)` calls instead of the `[ANSWER]` tag),
     max_turns, max_tool_calls, max_consecutive_errors (None: never), correct_reward,
     format_reward, incorrect_reward, tool_call_penalty, error_penalty, accept_untagged_answer,
-    max_action_chars (longer actions are parsed up to this many characters), max_observation_chars.
+    max_action_chars (longer actions are parsed up to this many characters), max_observation_chars,
+    notes (a NOTE tool and the notes context policy: see the module doc).
     """
 
     def __init__(
@@ -164,6 +176,7 @@ class ToolEnv(TextEnv):
         accept_untagged_answer: bool = True,
         max_action_chars: int = 4096,
         max_observation_chars: int = 8192,
+        notes: bool = False,
         render_mode: str | None = None,
     ):
         super().__init__(max_action_chars=max_action_chars, max_observation_chars=max_observation_chars)
@@ -190,6 +203,11 @@ class ToolEnv(TextEnv):
             if t.name.upper() in self.tools:
                 raise ValueError(f"two tools are named {t.name}")
             self.tools[t.name.upper()] = t
+        self.notes = bool(notes)
+        if self.notes:
+            if NOTE_TOOL in self.tools:
+                raise ValueError(f"notes=True adds a {NOTE_TOOL} tool, which clashes with one of that name")
+            self.tools[NOTE_TOOL] = Tool(NOTE_TOOL, NOTE_DESCRIPTION, _noted, arg="text")
         if answer_tool is not None:
             if answer_tool.upper() in self.tools:
                 raise ValueError(f"answer_tool {answer_tool!r} clashes with a tool of that name")
@@ -296,6 +314,12 @@ class ToolEnv(TextEnv):
         """Whether `step` may wait on something outside the process (a tool that `waits_outside`:
         a sandbox, an MCP server): the rollout runner then steps this env in a worker thread."""
         return any(t.waits_outside for t in self.tools.values())
+
+    @property
+    def context_policy(self) -> dict[str, Any] | None:
+        """The context policy this env declares (rollouts/context.py): the notes policy when it
+        has the NOTE tool, else none (the runner keeps everything unless a config says otherwise)."""
+        return {"policy": "notes"} if self.notes else None
 
     @property
     def tool_specs(self) -> list[dict[str, Any]]:
@@ -471,7 +495,8 @@ class ToolEnv(TextEnv):
             return None
         tool = self.tools.get(call.name.upper())
         answering = tool is not None and tool.name.upper() == self.answer_tool
-        if not answering and not self._spend_tool_call():  # an answer is never over budget
+        noting = tool is not None and self.notes and tool.name.upper() == NOTE_TOOL
+        if not (answering or noting) and not self._spend_tool_call():  # an answer is never over budget
             turn.out_of_calls = True
             return None
         if tool is None:
@@ -494,6 +519,10 @@ class ToolEnv(TextEnv):
                 self._show(turn, tool.name, call, prompts.malformed_answer(unreadable))
                 return None
         turn.ran_a_tool = True
+        if noting:
+            turn.notes.append(str(result.content))
+            self._show(turn, tool.name, call, NOTED)
+            return None
         self._add_tool_metrics(result.metrics)
         self._ledger.award(result.rewards, f"tool {tool.name}")
         self._show(turn, tool.name, call, result_text(result.content))
@@ -532,6 +561,8 @@ class ToolEnv(TextEnv):
         info = self._info(turn.errors)
         if kind == CALLS:
             info["tool_results"] = turn.results
+        if turn.notes:
+            info[NOTE] = "\n".join(turn.notes)
         if ending is None:
             return self._clip(observation), self._ledger.take_step(), False, False, info
         return self._ended(self._clip(observation), ending, turn, info)
@@ -650,6 +681,10 @@ class ToolEnv(TextEnv):
                 "env_errors": float(self._errors),
             },
         }
+
+
+def _noted(text: str) -> str:
+    return text.strip()
 
 
 def _submit(answer: Any) -> Any:

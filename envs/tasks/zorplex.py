@@ -16,7 +16,14 @@ Tiers (question -> ideal actions):
 - recursive:     same question; LOOKUP on the asked word returns `SEE: other` along a chain of
                  1-3 redirects (easy 1, medium 2, hard 3) that ends at a word with a number.
 difficulty=None draws the difficulty per episode (compositional, recursive); simple and
-multi_step have none.
+multi_step have none. `redirects=n` (recursive) fixes the chain at n redirects (n + 1 lookups),
+for chains longer than hard's.
+
+Notes (`notes=True`, a ToolEnv knob: a NOTE tool and the notes context policy, which cuts the
+conversation to the task and the notes after each one): in the recursive tier the oracle notes
+each `SEE:` target before looking it up (`LOOKUP[cat]`, `NOTE[sun]`, `LOOKUP[sun]`, ...), so a
+chain longer than the context window still fits; `wrong_note_actions` is a demonstrator that
+notes a wrong word once and follows it to a wrong answer.
 
 Tool results: `LOOKUP[cat] = 17`, `LOOKUP[cat] = SEE: sun`, `LOOKUP[xyz] = UNKNOWN`,
 `GETKEY[cat] = ZK_3F9A01`, `GETKEY[xyz] = UNKNOWN_WORD`, `FETCH[ZK_000000] = INVALID_KEY`.
@@ -71,6 +78,10 @@ def _lookup(word: str) -> Call:
     return Call("LOOKUP", {"word": word})
 
 
+def _note(text: str) -> Call:
+    return Call("NOTE", {"text": text})
+
+
 def _compositional(expression: str, values: dict[str, int], answer: int) -> Example:
     return Example(f"What is {expression}?", [(_lookup(w), v) for w, v in values.items()], answer)
 
@@ -88,6 +99,9 @@ _EXAMPLES = {
     ),
     "recursive": Example(_Q, [(_lookup("cat"), "SEE: sun"), (_lookup("sun"), 17)], 17),
 }
+_NOTES_EXAMPLE = Example(
+    _Q, [(_lookup("cat"), "SEE: sun"), (_note("sun"), "noted"), (_lookup("sun"), 17)], 17
+)
 
 
 def fixed_table(table_seed: int) -> tuple[dict[str, int], np.random.Generator]:
@@ -126,6 +140,7 @@ class ZorplexEnv(ToolEnv):
         difficulty: str | None = None,
         table_seed: int | None = None,
         chain_reward: float = 0.0,
+        redirects: int | None = None,
         **knobs: Any,
     ):
         if tier not in TIERS:
@@ -141,6 +156,14 @@ class ZorplexEnv(ToolEnv):
             raise ValueError(f"chain_reward must be a finite number, got {chain_reward!r}")
         if chain_reward and tier != "recursive":
             raise ValueError(f"chain_reward is the recursive tier's process reward, got tier {tier!r}")
+        if redirects is not None and (
+            tier != "recursive" or not isinstance(redirects, int) or not 1 <= redirects <= len(WORDS) - 2
+        ):
+            raise ValueError(
+                f"redirects is the recursive tier's chain length, an int in 1..{len(WORDS) - 2}: got "
+                f"{redirects!r} for tier {tier!r}"
+            )
+        self.redirects_fixed = redirects
         self.chain_reward = float(chain_reward)
         self.chain: list[str] = []
         self._chain_followed = 0
@@ -166,18 +189,22 @@ class ZorplexEnv(ToolEnv):
             tools = [Tool("LOOKUP", "the zorplex value of a word", self._lookup, arg="word")]
         level = difficulty or "hard"
         example = _EXAMPLES[(tier, level)] if tier == "compositional" else _EXAMPLES[tier]
+        noting = tier == "recursive" and bool(knobs.get("notes"))
+        if noting:
+            example = _NOTES_EXAMPLE
         knobs.setdefault("grader", numeric())
         super().__init__(tools=tools, instructions=_INSTRUCTIONS[tier], example=example, **knobs)
 
         most_calls = {"simple": 1, "multi_step": 2}.get(tier) or (
             {"easy": 2, "medium": 2, "hard": 3}[level]
             if tier == "compositional"
-            else {"easy": 2, "medium": 3, "hard": 4}[level]
+            else (redirects + 1 if redirects is not None else {"easy": 2, "medium": 3, "hard": 4}[level])
         )
-        if self.max_turns < most_calls + 1 or self.max_tool_calls < most_calls:
+        most_turns = most_calls + 1 + (most_calls - 1 if noting else 0)  # a note per redirect
+        if self.max_turns < most_turns or self.max_tool_calls < most_calls:
             raise ValueError(
                 f"Zorplex {tier}/{difficulty} needs up to {most_calls} tool calls and an answer: "
-                f"max_turns >= {most_calls + 1} and max_tool_calls >= {most_calls}, got "
+                f"{' and notes' if noting else ''}: max_turns >= {most_turns} and max_tool_calls >= {most_calls}, got "
                 f"max_turns={self.max_turns}, max_tool_calls={self.max_tool_calls}"
             )
 
@@ -240,8 +267,28 @@ class ZorplexEnv(ToolEnv):
 
         # recursive: order[0] -> order[1] -> ... -> order[depth], which holds the number.
         level = self.difficulty or _LEVELS[int(rng.integers(3))]
-        depth = {"easy": 1, "medium": 2, "hard": 3}[level]
+        depth = self.redirects_fixed or {"easy": 1, "medium": 2, "hard": 3}[level]
         self.chain = [WORDS[i] for i in order[: depth + 1]]
         self.redirects = dict(itertools.pairwise(self.chain))
         value = self.table[self.chain[-1]]
-        return Task(question, value, [_lookup(w) for w in self.chain])
+        if not self.notes:
+            return Task(question, value, [_lookup(w) for w in self.chain])
+        steps: list[Call] = [_lookup(self.chain[0])]
+        for word in self.chain[1:]:
+            steps += [_note(word), _lookup(word)]
+        return Task(question, value, steps, needed_tool_calls=len(self.chain))
+
+    def wrong_note_actions(self, rng: np.random.Generator) -> list[str] | None:
+        """A demonstrator's script that notes a wrong word at one redirect (drawn from `rng`),
+        looks it up and answers its value (wrong); None without notes or redirects."""
+        if not self.notes or len(self.chain) < 2:
+            return None
+        at = int(rng.integers(1, len(self.chain)))  # the note of chain[at] goes wrong
+        off_chain = [w for w in WORDS if w not in self.chain]
+        wrong = off_chain[int(rng.integers(len(off_chain)))]
+        steps: list[Call] = [_lookup(self.chain[0])]
+        for word in self.chain[1:at]:
+            steps += [_note(word), _lookup(word)]
+        steps += [_note(wrong), _lookup(wrong)]
+        actions = [self.format.render_calls(self.tools, [step]) for step in steps]
+        return [*actions, self.answer_action(self.table[wrong])]

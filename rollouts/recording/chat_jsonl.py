@@ -17,7 +17,10 @@ Export (`export_chat_jsonl`): one line per episode,
   env the recording cannot make (its module not imported, `envs/registry.py`'s check_env_id) or that declares
   no tools gets no `tools` key and keeps the recorded system prompt.
 - metadata (unless `metadata=False`): env id and kwargs, task seed, group, sample, policy
-  version, stop reason, reward and its components, failure mode, env metrics.
+  version, stop reason, reward and its components, failure mode, env metrics; for an episode
+  whose context was re-rendered (a context policy, rollouts/context.py, or a chat template that
+  restarts) `segment_starts`, the turns that start a new training sequence, and `context_policy`.
+  The messages are the whole conversation either way, not what each segment showed.
 
 Import (`import_chat_jsonl`): each line's conversation becomes a Trajectory that SFT reads like
 a recorded one (`sft.source = "recording"`): the messages up to the first assistant message are
@@ -182,6 +185,10 @@ def chat_record(
             "env_metrics": env_metrics if isinstance(env_metrics, dict) else {},
             "final_observation": t.final_observation,
         }
+        starts = [k for k, tr in enumerate(t.transitions) if k and tr.info.get(SEQUENCE_START) is True]
+        if starts or t.context_policy:  # where the model's context was re-rendered (segments)
+            record["metadata"]["segment_starts"] = starts
+            record["metadata"]["context_policy"] = t.context_policy
     return record
 
 

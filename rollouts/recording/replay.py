@@ -40,6 +40,7 @@ from ...agents.types import Role
 from ...envs.core.info import METRICS, SUCCESS_METRIC
 from ...envs.registry import EnvModuleNotAllowed, check_env_id
 from ..advantages import AdvantageConfig, Credit, batch_advantages
+from ..context import context_policy
 from ..credit import group_turn_advantages
 from ..env_io import abandon_env, env_stop_reason, reset_env, settles, step_env
 from ..episodes import (
@@ -51,8 +52,8 @@ from ..episodes import (
     sampled_length,
 )
 from ..metrics import batch_metrics
-from ..runner import env_replies, first_messages
-from ..types import SEQUENCE_START, Episode, StopReason, Trajectory
+from ..runner import EpisodeContext, env_replies, first_messages
+from ..types import CONTEXT_REWRITE, SEQUENCE_START, Episode, StopReason, Trajectory
 from .format import CHAT_TEMPLATE, RecordingError, RecordingHeader
 
 SAMPLED_OPEN, SAMPLED_CLOSE = "⟦", "⟧"
@@ -74,6 +75,10 @@ def transcript_segments(trajectory: Trajectory, renderer: Renderer) -> list[tupl
         header += f"error: {t.error}\n"
     pieces: list[tuple[str, str]] = [(header, "header")]
     for i, transition in enumerate(t.transitions):
+        if i and transition.info.get(SEQUENCE_START) is True:
+            rewrite = transition.info.get(CONTEXT_REWRITE)
+            why = "the context policy rewrote" if rewrite else "the chat template re-rendered"
+            pieces.append((f"    [a new segment: {why} the history]\n", "note"))
         pieces.append((renderer.decode(transition.observation_tokens), "prompt"))
         pieces.append((renderer.decode(transition.action.tokens), "sampled"))
         info = transition.info
@@ -318,31 +323,51 @@ def verify_tokens(trajectory: Trajectory, renderer: Renderer) -> list[str]:
     tools, else the observation), in one chat role for the whole episode ("tool" or "user":
     rollout.observation_role, which the recording does not keep). Every turn's observation
     tokens must be that rendering's, and a turn marked `sequence_start` exactly where the
-    rendering restarts (a chat template that is not append-only there)."""
+    rendering restarts (a chat template that is not append-only there, or the recorded context
+    policy, `Trajectory.context_policy`, applied again through the runner's `EpisodeContext`,
+    rewrites the conversation: marked `context_rewrite` too)."""
     t, problems = trajectory, []
     if not t.transitions:
         return problems
+    try:
+        policy = context_policy(t.context_policy or None)
+    except (ValueError, TypeError) as exc:
+        return [f"cannot rebuild the recorded context policy {t.context_policy}: {exc}"]
     try:
         messages, tools = first_messages(
             renderer, t.transitions[0].observation, t.reset_info, t.system_prompt
         )
         roles: list[Role] = ["tool", "user"]  # the roles that still explain every turn so far
-        renderings = [renderer.start_episode(messages, tools) for _ in roles]
+        renderings = [EpisodeContext(renderer, messages, tools, policy) for _ in roles]
         if t.transitions[0].observation_tokens != renderings[0].prompt:
             problems.append("turn 0: observation tokens are not the rendered prompt")
         for i in range(1, len(t.transitions)):
             before, transition = t.transitions[i - 1], t.transitions[i]
             restart = bool(transition.info.get(SEQUENCE_START))
-            turns = [
+            rewrite = bool(transition.info.get(CONTEXT_REWRITE))
+            extended = [
                 rendering.extend(
-                    before.action.tokens, env_replies(renderer, transition.observation, before.info, role)
+                    before.action.tokens,
+                    before.action.text,
+                    env_replies(renderer, transition.observation, before.info, role),
+                    before.info,
                 )
                 for role, rendering in zip(roles, renderings, strict=True)
             ]
+            turns = [turn for turn, _ in extended]
             same = [turn.tokens == transition.observation_tokens for turn in turns]
-            keep = [k for k, turn in enumerate(turns) if same[k] and turn.restarted == restart]
+            keep = [
+                k
+                for k, (turn, rewritten) in enumerate(extended)
+                if same[k] and turn.restarted == restart and rewritten == rewrite
+            ]
             if not keep:
-                if any(same):
+                if any(same) and any(turn.restarted == restart for turn in turns):
+                    problems.append(
+                        f"turn {i}: context_rewrite is {rewrite}, but the context policy "
+                        f"{'does not rewrite' if rewrite else 'rewrites'} there"
+                    )
+                elif any(same):
                     problems.append(
                         f"turn {i}: sequence_start is {restart}, but the rendering "
                         f"{'does not restart' if restart else 'restarts'} there"

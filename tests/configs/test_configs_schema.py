@@ -152,7 +152,7 @@ def test_errors_are_one_line_naming_the_field():
         == "config error: rollout.group_size: expected int, got str"
     )
     assert error_of({"rollout": {"gruop_size": 8}}).startswith(
-        "config error: rollout.gruop_size: unknown key (rollout keys: context_length,"
+        "config error: rollout.gruop_size: unknown key (rollout keys: context, context_length,"
     )
     assert error_of({"rollouts": {}}).startswith(
         "config error: rollouts: unknown key (sections: agent_program, batch,"

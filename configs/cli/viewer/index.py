@@ -45,7 +45,7 @@ from ....rollouts.recording.format import (
     _decode_record,
     _record_decoder,
 )
-from ....rollouts.types import SEQUENCE_START, Trajectory
+from ....rollouts.types import CONTEXT_REWRITE, SEQUENCE_START, Trajectory
 
 MAX_PROBLEMS = 100
 MAX_PAGE = 500
@@ -294,6 +294,7 @@ class RecordingIndex:
                     "metrics": _numbers(info.get(METRICS)),
                     "error": info.get("error"),
                     "sequence_start": k > 0 and info.get(SEQUENCE_START) is True,
+                    "context_rewrite": k > 0 and info.get(CONTEXT_REWRITE) is True,
                     "turn_adv": row["turn_adv"][k],
                     "obs_tokens": len(tr.observation_tokens),
                     "act_tokens": len(tr.action.tokens),

@@ -352,6 +352,10 @@ function drawTranscript(box, ep) {
   const t = ep.stream;
   const frag = document.createDocumentFragment();
   if (ep.system_prompt && !t.text) frag.append(el("span", { class: "tok m0", text: `[system] ${ep.system_prompt}\n` }));
+  const segmentNote = (turn) => {
+    const why = turn.context_rewrite ? "the context policy rewrote" : "the chat template re-rendered";
+    return el("span", { class: "turn-note segment-start", text: `[a new training sequence: ${why} the history]` });
+  };
   const note = (k) => {
     const turn = ep.turn_list[k];
     const parts = [`turn ${k}: reward ${signed(turn.reward)} · turn advantage ${signed(turn.turn_adv)}`];
@@ -365,7 +369,7 @@ function drawTranscript(box, ep) {
     for (let k = 0; k < t.id.length; k++) {
       const text = t.text[k];
       if (k > 0 && t.turn[k] !== t.turn[k - 1] && ep.turn_list[t.turn[k]].sequence_start) {
-        frag.append(el("span", { class: "turn-note", text: "[a new training sequence: the chat template re-rendered the history]" }));
+        frag.append(segmentNote(ep.turn_list[t.turn[k]]));
       }
       const span = el("span", { class: `tok m${t.mask[k]}`, "data-k": k, text });
       if (/^<\|.*\|>$/.test(text)) span.classList.add("special");
@@ -374,6 +378,7 @@ function drawTranscript(box, ep) {
     }
   } else { // no token text (another tokenizer): each turn's text as two spans
     ep.turn_list.forEach((turn, k) => {
+      if (k > 0 && turn.sequence_start) frag.append(segmentNote(turn));
       frag.append(el("span", { class: "tok m0", text: turn.observation + "\n" }));
       frag.append(el("span", { class: "tok m1", "data-turn-action": k, text: turn.action }));
       frag.append(note(k));

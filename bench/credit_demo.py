@@ -23,6 +23,7 @@ eval's record, so every arm pays for the same evals) at the first eval with held
 that reached the target. `--out/results.json` holds the figures, rewritten after each run, so a
 run cut short keeps what it measured; `--resume` reads the runs already finished in `--out` (a run
 is finished when its last held-out eval is at its configured `run.steps`) and starts the rest.
+The held-out accuracy curves go to `--curves` (bench/credit_demo_curves.png).
 """
 
 from __future__ import annotations
@@ -124,6 +125,27 @@ def report(results: dict[tuple[str, int], dict], out: Path) -> None:
     )
 
 
+def plot(out: Path, seeds: list[int], curves: Path) -> None:
+    """Held-out accuracy against the RL step, one panel per seed, one line per arm."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5 * len(seeds), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(seeds), squeeze=False)[0]
+    for ax, seed in zip(axes, seeds, strict=True):
+        for i, arm in enumerate(ARMS):
+            run_dir = out / f"{arm.replace('+', '_')}_s{seed}"
+            if not (run_dir / "metrics.jsonl").exists():
+                continue
+            ev = [r for r in map(json.loads, _lines(run_dir)) if r["kind"] == "eval"]
+            ax.plot([r["step"] for r in ev], [r.get("eval/accuracy") for r in ev], marker="o", color=f"C{i}", label=arm)
+        ax.axhline(TARGET, color="grey", lw=0.8, ls="--")
+        ax.set(title=f"seed {seed}: held-out accuracy (T=1)", xlabel="RL step", ylim=(0, 1))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.savefig(curves, dpi=100)
+    print(f"curves: {curves}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -132,6 +154,7 @@ def main() -> None:
     )
     parser.add_argument("--out", type=Path, default=Path("runs/credit_demo"))
     parser.add_argument("--resume", action="store_true", help="keep the runs already finished in --out")
+    parser.add_argument("--curves", type=Path, default=Path(__file__).parent / "credit_demo_curves.png")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     print(machine_summary())
@@ -156,6 +179,7 @@ def main() -> None:
             if sft_model is None:
                 sft_model = run_dir / "sft_model"
             report(results, args.out)
+    plot(args.out, args.seeds, args.curves)
 
 
 if __name__ == "__main__":

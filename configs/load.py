@@ -104,7 +104,11 @@ def parse_value(text: str) -> Any:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """`a.b.c=value` assignments applied to a copy of `raw` (tables are created as needed)."""
+    """`a.b.c=value` assignments applied to a copy of `raw` (tables are created as needed).
+
+    Setting the tag of a tagged-union table to another variant (`rollout.context.policy=window`
+    where the table held `{policy = "notes", keep_last = 1}`) starts that table afresh: the other
+    variant's fields would be unknown to the new one. Set the new variant's fields after its tag."""
     out = copy.deepcopy(raw)
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -119,8 +123,18 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, 
             table = table.setdefault(part, {})
             if not isinstance(table, dict):
                 raise ConfigError(".".join(parents[: i + 1]), f"is a value, not a table; cannot set {key}")
-        table[leaf] = parse_value(text.strip())
+        value = parse_value(text.strip())
+        if leaf in table and table[leaf] != value and _is_tag_field(parents, leaf):
+            table.clear()
+        table[leaf] = value
     return out
+
+
+def _is_tag_field(parents: Sequence[str], leaf: str) -> bool:
+    """Whether `leaf` is the tag field of a tagged union of Structs at `parents` in the schema."""
+    t = _type_at(parents)
+    members = t.types if isinstance(t, inspect.UnionType) else (t,)
+    return any(isinstance(m, inspect.StructType) and m.tag_field == leaf for m in members)
 
 
 # ---- checking against the schema ------------------------------------------------------------------

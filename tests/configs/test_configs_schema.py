@@ -24,6 +24,7 @@ from toolgym.configs.load import (
 )
 from toolgym.configs.schema import Config
 from toolgym.rollouts.advantages import AdvantageEstimator
+from toolgym.rollouts.context import KeepAll, Notes, SlidingWindow
 
 PRESETS = [
     "zorplex_tiny",
@@ -144,6 +145,24 @@ def test_overrides_set_nested_keys_and_keep_the_rest():
         apply_overrides({}, ["rollout.group_size"])
     with pytest.raises(ConfigError, match=r"rollout\.group_size: is a value, not a table"):
         apply_overrides(raw, ["rollout.group_size.x=1"])
+
+
+def test_setting_a_tagged_tables_tag_switches_the_variant_and_drops_the_old_fields():
+    # the notes preset's table is {policy = "notes", keep_last = 1}; keep_last is unknown to "window"
+    config, _ = load_config("zorplex_notes_tiny", ["rollout.context.policy=window", "rollout.context.turns=2"])
+    assert config.rollout.context == SlidingWindow(turns=2)
+    config, _ = load_config("zorplex_notes_tiny", ["rollout.context.policy=keep_all"])
+    assert config.rollout.context == KeepAll()
+    # the same tag again keeps the table; a field set before a new tag is dropped with the old variant
+    config, _ = load_config("zorplex_notes_tiny", ["rollout.context.policy=notes", "rollout.context.keep_last=2"])
+    assert config.rollout.context == Notes(keep_last=2)
+    out = apply_overrides({"rollout": {"context": {"policy": "notes", "keep_last": 3}}},
+                          ["rollout.context.turns=2", "rollout.context.policy=window"])  # fmt: skip
+    assert out["rollout"]["context"] == {"policy": "window"}
+    # an ordinary key that shares a tag field's name elsewhere is just set
+    assert apply_overrides({"env": {"kwargs": {"policy": "a", "x": 1}}}, ["env.kwargs.policy=b"]) == {
+        "env": {"kwargs": {"policy": "b", "x": 1}}
+    }
 
 
 def test_errors_are_one_line_naming_the_field():

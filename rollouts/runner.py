@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -179,10 +180,8 @@ def _describe(exc: BaseException) -> str:
 def _close_quietly(env: gymnasium.Env | None) -> None:
     """Close an env whose episode already ended (nothing is left to record an error in)."""
     if env is not None:
-        try:
+        with contextlib.suppress(Exception):
             env.close()
-        except Exception:
-            pass
 
 
 def first_messages(

@@ -21,7 +21,7 @@ from ...agents.policy import Policy
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...rollouts.batches import BatchConfig, TaskSeedStream
 from ...rollouts.evaluation import EvalReport, evaluate
-from ...rollouts.recording.format import RecordingHeader, RecordingWriter
+from ...rollouts.recording.format import POLICY_MODEL, RecordingHeader, RecordingWriter, policy_model_entry
 from ...rollouts.runner import RolloutRunner
 from ...trainers.checkpoint import CheckpointManager
 from ...trainers.distributed import DistInfo
@@ -77,10 +77,16 @@ def build_runner(config: Config, policy: Policy, renderer: Renderer) -> RolloutR
 
 
 def recording_header(config: Config, run: RunDir, renderer: Renderer) -> Callable[[str], RecordingHeader]:
-    """`header(what)`: a run recording's header (the env, the tokenizer, the chat template)."""
+    """`header(what)`: a run recording's header (the env, the tokenizer, the chat template, the
+    base model and its LoRA adapter's shape)."""
     rollout = config.rollout_config()
     fingerprint = tokenizer_fingerprint(renderer.tokenizer)
-    extra = run_chat_template_extra(config)
+    lora = config.policy.lora
+    base = str(run.sft_model) if config.sft.enabled else config.model.path or config.model.name
+    adapter = {"rank": lora.rank, "alpha": lora.alpha, "target_modules": list(lora.target_modules)}
+    extra = run_chat_template_extra(config) | {
+        POLICY_MODEL: policy_model_entry(base, adapter if lora.enabled else None)
+    }
 
     def header(what: str) -> RecordingHeader:
         return RecordingHeader(

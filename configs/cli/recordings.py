@@ -18,7 +18,12 @@ from ...agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from ...envs.registry import check_env_id, import_env_modules
 from ...rollouts.metrics import BatchMetrics
 from ...rollouts.recording.chat_jsonl import export_chat_jsonl, import_chat_jsonl, import_header
-from ...rollouts.recording.format import CHAT_TEMPLATE, RecordingReader, RecordingWriter
+from ...rollouts.recording.format import (
+    CHAT_TEMPLATE,
+    RecordingReader,
+    RecordingWriter,
+    describe_policy_model,
+)
 from ...rollouts.recording.replay import (
     errored,
     format_transcript,
@@ -68,8 +73,9 @@ def replay_command(
     renderer = recorded_renderer(head, tokenizer, path)
     template = head.extra.get(CHAT_TEMPLATE)
     rendered = f"  chat template {template.get('source')}" if isinstance(template, dict) else ""
+    model = f"  {described}" if (described := describe_policy_model(head)) else ""
     console.print(
-        f"{path}: {head.env_id} {head.env_kwargs}  policy {head.policy_id}  created {head.created}{rendered}",
+        f"{path}: {head.env_id} {head.env_kwargs}  policy {head.policy_id}{model}  created {head.created}{rendered}",
         markup=False,
         soft_wrap=True,
     )

@@ -82,6 +82,29 @@ class RecordingHeader(msgspec.Struct):
 
 
 CHAT_TEMPLATE = "chat_template"  # RecordingHeader.extra key: the chat template the episodes used
+POLICY_MODEL = "policy_model"  # RecordingHeader.extra key: the base model and its LoRA adapter, if any
+
+
+def policy_model_entry(base: str, adapter: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`RecordingHeader.extra[POLICY_MODEL]`: the base model (a name or a path) and, for a policy
+    sampling through LoRA adapters, their shape (rank, alpha, target_modules). An episode's
+    `policy_version` is then the version of the adapter that sampled it."""
+    return {"base": base, "adapter": None if adapter is None else dict(adapter)}
+
+
+def describe_policy_model(header: RecordingHeader) -> str:
+    """One line naming the model a recording's episodes were sampled by; "" if the header does not
+    say (recordings written before the entry, imports, endpoint captures)."""
+    entry = header.extra.get(POLICY_MODEL)
+    if not isinstance(entry, dict):
+        return ""
+    adapter = entry.get("adapter")
+    if not isinstance(adapter, dict):
+        return f"model {entry.get('base')}"
+    return (
+        f"model {entry.get('base')} + LoRA adapter r{adapter.get('rank')} alpha {adapter.get('alpha')}"
+        " (an episode's policy version is its adapter's)"
+    )
 
 
 def chat_template_entry(

@@ -39,11 +39,13 @@ from ....rollouts.advantages import AdvantageConfig, batch_advantages
 from ....rollouts.credit import returns_to_go, turn_loo_advantages
 from ....rollouts.episodes import INFRA_STOP_REASONS, sampled_length, trajectory_to_episodes
 from ....rollouts.recording.format import (
+    POLICY_MODEL,
     RecordingError,
     RecordingHeader,
     _decode_header,
     _decode_record,
     _record_decoder,
+    describe_policy_model,
 )
 from ....rollouts.types import CONTEXT_REWRITE, SEQUENCE_START, Trajectory
 
@@ -218,6 +220,7 @@ class RecordingIndex:
             "skipped": self.skipped,
             "problems": self.problems,
             "header": None if h is None else msgspec.to_builtins(h),
+            "model": "" if h is None else describe_policy_model(h),
             "facets": self.facets(),
         }
 
@@ -265,6 +268,13 @@ class RecordingIndex:
         with self.path.open("rb") as f:
             f.seek(start)
             return self._decode(f.read(end - start))
+
+    def _sampled_by(self, version: int) -> str:
+        """"adapter v3" for a recording sampled through LoRA adapters (its header says), else
+        "policy v3"."""
+        entry = self.header.extra.get(POLICY_MODEL) if self.header is not None else None
+        lora = isinstance(entry, dict) and isinstance(entry.get("adapter"), dict)
+        return f"{'adapter' if lora else 'policy'} v{version}"
 
     def episode(self, i: int, renderer: ChatRenderer | None) -> dict[str, Any]:
         """Episode i in full: its row, texts, per-turn rewards and infos, and `stream` (parallel
@@ -321,6 +331,7 @@ class RecordingIndex:
             "system_prompt": t.system_prompt,
             "final_observation": t.final_observation,
             "trained": t.stop_reason not in INFRA_STOP_REASONS,
+            "sampled_by": self._sampled_by(t.policy_version),
             "turn_list": turns,
             "notice": notice,
             "stream": {

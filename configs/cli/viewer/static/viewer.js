@@ -132,7 +132,7 @@ async function applyView(hash) {
 
 function showSummary(s) {
   const h = s.header;
-  const head = h ? `${h.env_id} ${JSON.stringify(h.env_kwargs)} · policy ${h.policy_id || "?"} · created ${h.created || "?"} · schema v${h.schema_version}` : "no readable header";
+  const head = h ? `${h.env_id} ${JSON.stringify(h.env_kwargs)} · policy ${h.policy_id || "?"}${s.model ? ` · ${s.model}` : ""} · created ${h.created || "?"} · schema v${h.schema_version}` : "no readable header";
   $("status").textContent = `${s.label}: ${s.episodes} episodes · ${head}` + (s.skipped ? ` · ${s.skipped} ${s.skipped === 1 ? "line" : "lines"} skipped` : "");
   const box = $("problems");
   box.hidden = !s.problems.length;
@@ -298,7 +298,7 @@ async function showEpisode(rid, i, target) {
   const ep = await api("episode", { r: rid, i });
   const meta = el("div", { class: "meta" });
   meta.append(
-    el("div", {}, el("b", { text: `episode ${ep.i}` }), ` (line ${ep.line}) · ${ep.env} ${ep.kwargs} · task seed ${ep.seed} · group ${ep.group} · sample ${ep.sample} · policy v${ep.version}`),
+    el("div", {}, el("b", { text: `episode ${ep.i}` }), ` (line ${ep.line}) · ${ep.env} ${ep.kwargs} · task seed ${ep.seed} · group ${ep.group} · sample ${ep.sample} · ${ep.sampled_by}`),
     el("div", {}, `stop ${ep.stop} · failure mode ${ep.failure || "–"} · reward `, el("b", { text: signed(ep.reward) }),
       ` (${objText(ep.components)}) · advantage ${signed(ep.adv, 3)}${ep.trained ? "" : " (not trained on)"} · ${ep.turns} turns · ${ep.tokens} sampled tokens`),
     el("div", {}, `env metrics: ${objText(ep.metrics, false)}`),

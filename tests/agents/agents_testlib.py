@@ -61,3 +61,15 @@ def require_vllm_cpu_kernels() -> None:
         if os.environ.get("TOOLGYM_REQUIRE_VLLM") == "1" and torch.cpu._is_avx512_bf16_supported():
             pytest.fail(f"TOOLGYM_REQUIRE_VLLM=1 but {reason}")
         pytest.skip(reason)
+
+
+def require_vllm() -> None:
+    """Skip where vllm does not import; fail instead where TOOLGYM_REQUIRE_VLLM=1 says it is
+    installed (the README's test command sets it, so a broken install cannot pass as a skip)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install (e.g. CUDA torchvision)
+        reason = f"vllm is not importable ({type(exc).__name__}: {exc})"
+        if os.environ.get("TOOLGYM_REQUIRE_VLLM") == "1":
+            pytest.fail(f"TOOLGYM_REQUIRE_VLLM=1 but {reason}")
+        pytest.skip(reason)

@@ -5,9 +5,8 @@ sampler's logprobs keep matching the trainer's). Skips without vllm unless TOOLG
 
 from __future__ import annotations
 
-import os
-
 import pytest
+from agents_testlib import require_vllm
 from test_configs_loop import records, small_config
 
 from toolgym.configs.cli.train import train
@@ -17,21 +16,10 @@ from toolgym.rollouts.recording.format import read_recording
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def vllm_unavailable_reason() -> str | None:
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:  # ImportError, or a broken install (e.g. CUDA torchvision)
-        return f"vllm is not importable ({type(exc).__name__}: {exc})"
-    return None
-
 
 @pytest.fixture(autouse=True)
 def need_vllm():
-    reason = vllm_unavailable_reason()
-    if reason is not None:
-        if os.environ.get("TOOLGYM_REQUIRE_VLLM") == "1":
-            pytest.fail(f"TOOLGYM_REQUIRE_VLLM=1 but {reason}")
-        pytest.skip(reason)
+    require_vllm()
 
 
 def test_the_loop_runs_on_the_vllm_backend(tmp_path):

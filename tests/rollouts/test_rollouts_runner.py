@@ -6,7 +6,6 @@ import threading
 import time
 
 import gymnasium
-
 import pytest
 from rollouts_fakes import SETTLING_ENV_ID, TOY_ENV_ID, PerSeedPolicy, TextPolicy, ToyEnv
 

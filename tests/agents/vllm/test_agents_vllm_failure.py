@@ -6,10 +6,10 @@ starts (one in-process engine at a time)."""
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 import torch.distributed as dist
+from agents_testlib import require_vllm
 
 from toolgym.agents.model.checkpoint import save_hf_checkpoint
 from toolgym.agents.model.transformer import build_model
@@ -20,13 +20,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 @pytest.fixture
 def policy(tmp_path):
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:
-        reason = f"vllm is not importable ({type(exc).__name__}: {exc})"
-        if os.environ.get("TOOLGYM_REQUIRE_VLLM") == "1":
-            pytest.fail(f"TOOLGYM_REQUIRE_VLLM=1 but {reason}")
-        pytest.skip(reason)
+    require_vllm()
     from toolgym.agents.vllm.policy import VLLMConfig, VLLMPolicy
 
     model = build_model("test", seed=0)
@@ -45,11 +39,11 @@ def test_an_engine_failure_fails_requests_and_shuts_the_engine_down(policy):
     # A request vLLM rejects fails alone (its admitted samples are aborted); the engine keeps serving.
     add_request, calls = policy._engine.add_request, []
 
-    def reject_second_sample(request_id, prompt, params):
+    def reject_second_sample(request_id, prompt, params, **kwargs):  # kwargs: lora_request
         calls.append(request_id)
         if len(calls) == 2:
             raise ValueError("injected rejection")
-        return add_request(request_id, prompt, params)
+        return add_request(request_id, prompt, params, **kwargs)
 
     policy._engine.add_request = reject_second_sample
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))
+from agents_testlib import require_vllm
 from test_agents_vllm import (
     LOGPROB_TOLERANCE,
     MAX_MODEL_LEN,
@@ -24,7 +24,6 @@ from test_agents_vllm import (
     TOKENIZER,
     max_gap,
     random_model,
-    vllm_unavailable_reason,
 )
 
 from toolgym.agents.engine.engine import TorchEngine
@@ -70,11 +69,7 @@ def merged(base: Transformer, adapters: dict[str, torch.Tensor]) -> Transformer:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    reason = vllm_unavailable_reason()
-    if reason is not None:
-        if os.environ.get("TOOLGYM_REQUIRE_VLLM") == "1":
-            pytest.fail(f"TOOLGYM_REQUIRE_VLLM=1 but {reason}")
-        pytest.skip(reason)
+    require_vllm()
     from toolgym.agents.vllm.policy import build_vllm_policy
 
     base = random_model(seed=0)

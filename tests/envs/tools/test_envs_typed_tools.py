@@ -10,7 +10,20 @@ from typing import Literal
 import msgspec
 import pytest
 
-from toolgym.envs import Call, Grade, Task, Tool, ToolEnv, ToolError, ToolResult, Unreadable, exact, numeric, text, tool
+from toolgym.envs import (
+    Call,
+    Grade,
+    Task,
+    Tool,
+    ToolEnv,
+    ToolError,
+    ToolResult,
+    Unreadable,
+    exact,
+    numeric,
+    text,
+    tool,
+)
 
 
 def json_call(name, **arguments):

@@ -6,7 +6,6 @@ unless TOOLGYM_REQUIRE_VLLM=1 (the rule of tests/agents/vllm/test_agents_vllm.py
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,7 @@ import openai
 import pytest
 import torch
 import torch.distributed as dist
+from agents_testlib import require_vllm
 from endpoint_testlib import TOKENIZER, renderer, tiny_model
 
 from toolgym.agents.model.checkpoint import save_hf_checkpoint
@@ -26,21 +26,10 @@ from toolgym.rollouts.types import StopReason
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-def vllm_unavailable_reason() -> str | None:
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:  # ImportError, or a broken install
-        return f"vllm is not importable ({type(exc).__name__}: {exc})"
-    return None
-
 
 @pytest.fixture(scope="module")
 def vllm_policy(tmp_path_factory):
-    reason = vllm_unavailable_reason()
-    if reason is not None:
-        if os.environ.get("TOOLGYM_REQUIRE_VLLM") == "1":
-            pytest.fail(f"TOOLGYM_REQUIRE_VLLM=1 but {reason}")
-        pytest.skip(reason)
+    require_vllm()
     from toolgym.agents.vllm.policy import build_vllm_policy
 
     model = tiny_model(positions=2048)

@@ -17,14 +17,16 @@ tokens, GRPO, fp32. Printed: best and median step time over every round's `--ste
 round after one warm-up step), and the largest peak RSS of its processes.
 
 Decode (`--parts decode`): the torch engine's decode throughput on small-25m with LoRA at the
-first `--ranks` (B drawn non-zero, as after training) served unmerged (each adapted linear
-computes x W^T + s (x A^T) B^T on the fly, on plain layers: what the engine runs with LoRA) against
-the same weights merged (W + s B A, no adapter modules) on the same plain layers, and merged on the
-machine's default layers (oneDNN packing, vLLM's kernels where present: what a merged engine could
-also use). Each call decodes `--decode-tokens` tokens for `--decode-batch` prompts of 32 tokens;
-decode tokens/s = batch * (tokens - 1) / (time of that call - time of a 1-token call), best of
-`--repeats`, the three engines measured in turn `--rounds` times (best round counts). Printed: the
-throughputs and unmerged / merged ratios from the same run.
+first `--ranks` (B drawn non-zero, as after training) served unmerged (`policy.lora.serving =
+"unmerged"`: each adapted linear computes x W^T + s (x A^T) B^T on the fly, on plain layers)
+against served merged (the default: W0 + s B A refolded into the weights on each sync, on the
+machine's default layers: oneDNN packing, vLLM's kernels where present), and each one's
+adapter-only sync (`load_weights` of the adapters: a copy, or a copy, the refold and the repack).
+Each call decodes `--decode-tokens` tokens for `--decode-batch` prompts of 32 tokens; decode
+tokens/s = batch * (tokens - 1) / (time of that call - time of a 1-token call), best of
+`--repeats`, the engines measured in turn `--rounds` times (best round counts). Printed: the
+throughputs, the unmerged / merged ratio from the same run, and after how many decoded tokens a
+step the merged engine's costlier sync is paid back.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from _common import format_table, machine_summary, time_repeats
 
 from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.engine import TorchEngine
-from toolgym.agents.model.lora import LoraConfig, adapter_tensors, apply_lora, merge_lora
+from toolgym.agents.model.lora import LoraConfig, adapter_tensors, apply_lora
 from toolgym.agents.model.transformer import build_model
 from toolgym.agents.types import SamplingParams
 from toolgym.rollouts.types import Episode
@@ -193,30 +195,27 @@ def sync_table(args: argparse.Namespace) -> None:
     print(format_table(["model", "weights", "tensors", "MiB sent", "push_weights", "shared memory"], rows))
 
 
-def decode_engines(rank: int, batch: int) -> dict[str, TorchEngine]:
-    """small-25m with LoRA at `rank` (B non-zero): unmerged, merged on the same plain layers,
-    merged on the default layers."""
+def decode_engines(rank: int, batch: int) -> tuple[dict[str, TorchEngine], dict[str, torch.Tensor]]:
+    """small-25m with LoRA at `rank` (B non-zero), served unmerged (plain layers) and merged (the
+    engine's default: its default layers); and the adapters, for timing a sync."""
     lora = apply_lora(build_model("small-25m", seed=0), LoraConfig(rank=rank), seed=0)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, tensor in adapter_tensors(lora):
             if ".lora_B." in name:
                 tensor.copy_(0.01 * torch.randn(tensor.shape, generator=g))
-    merged = merge_lora(copy.deepcopy(lora))
-    plain = select_backend(
-        merged.config, "cpu", torch.float32, pack_weights=False, fused_layers=False, kernels="torch"
-    )
+    adapters = {name: tensor.clone() for name, tensor in adapter_tensors(lora)}
+    unmerged = select_backend(lora.config, "cpu", torch.float32, lora="unmerged")
     kwargs = dict(max_batch_size=batch, max_seq_len=256, history_capacity=0)
     return {
-        f"LoRA r{rank} unmerged": TorchEngine(lora, **kwargs),
-        "merged, same plain layers": TorchEngine(copy.deepcopy(merged), backend=plain, **kwargs),
-        "merged, default layers": TorchEngine(merged, **kwargs),
-    }
+        f"LoRA r{rank} unmerged": TorchEngine(copy.deepcopy(lora), backend=unmerged, **kwargs),
+        f"LoRA r{rank} merged (default)": TorchEngine(lora, **kwargs),
+    }, adapters
 
 
 def decode_table(args: argparse.Namespace) -> None:
     rank, batch, tokens = args.ranks[0], args.decode_batch, args.decode_tokens
-    engines = decode_engines(rank, batch)
+    engines, adapters = decode_engines(rank, batch)
     rng = random.Random(0)
     vocab = next(iter(engines.values())).model.config.vocab_size
     prompts = [[rng.randrange(vocab) for _ in range(32)] for _ in range(batch)]
@@ -224,7 +223,11 @@ def decode_table(args: argparse.Namespace) -> None:
     def call(engine: TorchEngine, n: int) -> None:
         engine.generate_sync(prompts, SamplingParams(max_tokens=n, temperature=1.0, seed=0))
 
+    def sync(engine: TorchEngine) -> None:  # an adapter-only sync, as after each RL step
+        engine.load_weights(adapters.items(), engine.policy_version + 1)
+
     best: dict[str, float] = {}
+    load: dict[str, float] = {}
     rounds: list[dict[str, float]] = []
     try:
         for _ in range(args.rounds):
@@ -234,23 +237,32 @@ def decode_table(args: argparse.Namespace) -> None:
                 full = time_repeats(lambda e=engine: call(e, tokens), args.repeats).best
                 this[name] = batch * (tokens - 1) / (full - prefill)
                 best[name] = max(best.get(name, 0.0), this[name])
+                took = time_repeats(lambda e=engine: sync(e), args.repeats).best
+                load[name] = min(load.get(name, took), took)
             rounds.append(this)
         lines = [engine.backend.describe() for engine in engines.values()]
     finally:
         for engine in engines.values():
             engine.close()
     unmerged = f"LoRA r{rank} unmerged"
-    rows = [[name, f"{value:,.0f}", f"{best[unmerged] / value:.2f}"] for name, value in best.items()]
+    rows = [
+        [name, f"{value:,.0f}", f"{best[unmerged] / value:.2f}", f"{1e3 * load[name]:.1f}"]
+        for name, value in best.items()
+    ]
     print(
         f"\nTorch engine decode, small-25m, LoRA r{rank}, float32, batch {batch}, {tokens} new tokens "
         f"(tokens/s, best of {args.rounds} rounds x {args.repeats}; threads {torch.get_num_threads()})"
     )
-    print(format_table(["weights", "decode tok/s", "unmerged / this"], rows))
+    print(format_table(["weights", "decode tok/s", "unmerged / this", "adapter sync ms"], rows))
+    merged = next(name for name in best if name != unmerged)
+    saved = 1 / best[unmerged] - 1 / best[merged]  # seconds per decoded token
+    extra = load[merged] - load[unmerged]
+    if saved > 0:
+        print(f"merged pays back its sync after {max(extra, 0.0) / saved:,.0f} decoded tokens a step")
     for name, line in zip(best, lines, strict=True):
         print(f"{name}: {line}")
     for i, this in enumerate(rounds):
-        ratios = ", ".join(f"{this[unmerged] / v:.2f}" for k, v in this.items() if k != unmerged)
-        print(f"round {i + 1}: unmerged / merged (plain, default) = {ratios}")
+        print(f"round {i + 1}: unmerged / merged = {this[unmerged] / this[merged]:.2f}")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ from ..model.transformer import Transformer
 
 DecodeKernel = Literal["torch", "vllm", "vllm-paged"]
 KernelAttention = VllmCacheAttention | VllmPagedAttention
+LoraServing = Literal["merged", "unmerged"]
 _REDUCED = (torch.bfloat16, torch.float16)
 
 
@@ -70,6 +71,7 @@ class Backend:
     RoPE folded into the q/k/v GEMM. packed / fused: the layer form (at most one). cuda_graphs,
     worker_thread: see TorchEngine. matmul_attention: torch's prefill attention as explicit
     matmuls. tune_allocator: keep freed CPU memory. reasons: (choice, why) for each choice.
+    lora: how a model's LoRA adapters are served (agents/engine/merged_lora.py), None without.
     """
 
     device: torch.device
@@ -86,6 +88,7 @@ class Backend:
     matmul_attention: bool
     tune_allocator: bool
     reasons: tuple[tuple[str, str], ...] = ()
+    lora: LoraServing | None = None
 
     def reason(self, choice: str) -> str:
         """Why `choice` (a field name) is what it is ("" where nothing needed saying)."""
@@ -110,6 +113,8 @@ class Backend:
         for part, name in zip(parts[2:], names, strict=True):
             why = self.reason(name)
             described.append(f"{part} ({why})" if why else part)
+        if self.lora == "merged":  # "unmerged" is in the reasons of the layer form and kernels
+            described.append("LoRA adapters merged (W + s·BA refolded on each sync)")
         return ", ".join(parts[:2] + described)
 
     # ---- what the engine does with it -------------------------------------------------------------
@@ -217,14 +222,15 @@ def select_backend(
     cuda_graphs: bool | None = None,
     fused_layers: bool | None = None,
     worker_thread: bool | None = None,
-    lora: bool = False,
+    lora: LoraServing | None = None,
 ) -> Backend:
     """The engine's backend for a model of `model_config` in `dtype` on `device`. Each request
     left None takes this machine's default (see the module doc); one that cannot run here raises
     ValueError. pack_weights: oneDNN-packed linears; key_layout: "sd" or "ds"; kernels: "torch" or
     "vllm"; cuda_graphs: replay decode steps from CUDA graphs; fused_layers: FusedDecoderLayer;
     worker_thread: compute on a thread of the engine's own; lora: the model carries LoRA adapters,
-    served unmerged on its own layers (no packing, fusing or vLLM kernels)."""
+    "merged" into its weights on each sync (any layer form) or "unmerged" on its own layers (no
+    packing, fusing or vLLM kernels)."""
     device = torch.device(device)
     if key_layout not in (None, *get_args(KeyLayout)):
         raise ValueError(f"key_layout must be one of {get_args(KeyLayout)} or None, got {key_layout!r}")
@@ -234,7 +240,9 @@ def select_backend(
     amx = cpu and cpu_has_amx()
     reasons: dict[str, str] = {}
 
-    if lora:  # the adapters run unmerged beside each base linear: the model's own modules
+    if lora not in (None, *get_args(LoraServing)):
+        raise ValueError(f"lora must be one of {get_args(LoraServing)} or None, got {lora!r}")
+    if lora == "unmerged":  # the adapters run beside each base linear: the model's own modules
         if pack_weights or fused_layers or kernels == "vllm":
             raise ValueError(
                 "LoRA adapters run on plain layers: no pack_weights, fused_layers or vllm kernels"
@@ -322,7 +330,8 @@ def select_backend(
         matmul_attention=cpu and dtype == torch.bfloat16 and not amx,
         tune_allocator=cpu,
         reasons=tuple(reasons.items()),
+        lora=lora,
     )
 
 
-__all__ = ["Backend", "DecodeKernel", "Kernels", "KeyLayout", "select_backend"]
+__all__ = ["Backend", "DecodeKernel", "Kernels", "KeyLayout", "LoraServing", "select_backend"]

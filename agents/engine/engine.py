@@ -42,9 +42,10 @@ hash, so what it samples does not depend on the batch it shares or when it was a
 agents/engine/sampling.py for the exact guarantee). Requests without a seed get one from the engine's
 own generator (`seed=` at construction).
 
-LoRA: a model with adapters (agents/model/lora.py) is served unmerged, on plain layers (no packing or
-fusing: those would fold the base alone); a sync may carry the adapters only, and the engine then
-reports what it applied (`applied_adapter`).
+LoRA: a model with adapters (agents/model/lora.py) is served merged by default (the layers hold
+W0 + s·BA, refolded on each sync, so packing and fusing apply: agents/engine/merged_lora.py), or
+unmerged on plain layers (`select_backend(..., lora="unmerged")`); a sync may carry the adapters
+only, and the engine then reports what it applied (`applied_adapter`).
 
 Weights: `load_weights` copies the new tensors into the existing parameters in place and bumps
 `policy_version`. With `weight_updates="drain"` (the default) the running samples finish on the
@@ -84,6 +85,7 @@ from .backend import Backend, select_backend
 from .cache_attention import Forwards
 from .decode import DecodeGraphs
 from .kv_cache import KVCache
+from .merged_lora import MergedAdapters
 from .prefill import Prefiller
 from .sampling import seed_to_u64
 from .scheduler import EngineStats, Scheduler
@@ -147,7 +149,7 @@ class TorchEngine:
         lora = has_lora(model)
         if backend is None:
             dtype, device = dtype or model.dtype, torch.device(device) if device is not None else model.device
-            backend = select_backend(cfg, device, dtype, lora=lora)
+            backend = select_backend(cfg, device, dtype, lora="merged" if lora else None)
         else:
             dtype, device = (
                 dtype or backend.dtype,
@@ -157,15 +159,20 @@ class TorchEngine:
                 raise ValueError(
                     f"backend is for {backend.dtype} on {backend.device}, the engine for {dtype} on {device}"
                 )
-        if lora and (backend.packed or backend.fused):
+        unmerged = lora and backend.lora == "unmerged"
+        if unmerged and (backend.packed or backend.fused):
             raise ValueError(
-                "a model with LoRA adapters runs on plain layers: select_backend(..., lora=True)"
+                "unmerged LoRA adapters run on plain layers: select_backend(..., lora='unmerged')"
             )
         self.backend = backend
         backend.prepare_process()
         # The engine samples from its own copy: weights change only through load_weights.
         self.model = copy.deepcopy(model).to(dtype=dtype, device=device).eval().requires_grad_(False)
         keep_adapter_dtype(self.model)
+        # LoRA served merged (the default; agents/engine/merged_lora.py): plain weights W0 + s·BA
+        self._merged = MergedAdapters(self.model) if lora and not unmerged else None
+        if self._merged is not None:
+            self._merged.fold(dict(self.model.named_parameters()))
         self._adapter: AppliedAdapter | None = None  # what the last load_weights applied (LoRA)
         self.max_seq_len = max_seq_len or min(cfg.max_position_embeddings, 4096)
         if not 2 <= self.max_seq_len <= cfg.max_position_embeddings:
@@ -190,6 +197,8 @@ class TorchEngine:
             forwards = Forwards(self.cache, cfg)  # each forward's description and attention
         backend.prepare_model(self.model, batch_hint=max_batch_size)
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
+        # what load_weights takes: the parameters, and the adapters a merged engine keeps aside
+        self._loadable = self._params | dict(self._merged.tensors() if self._merged is not None else ())
         self.cuda_graphs = backend.cuda_graphs
         self._decoder = DecodeGraphs(self.model, self.cache, capture=self.cuda_graphs, forwards=forwards)
         self._prefiller = Prefiller(self.model, self.cache, share_prefixes=share_prefixes, forwards=forwards)
@@ -261,7 +270,7 @@ class TorchEngine:
         mixes two versions. "in_flight": the copy waits only for the step in progress; running
         samples continue on the new weights (module doc).
         """
-        updates = checked_weights(named_tensors, self._params, self.config.model_type)
+        updates = checked_weights(named_tensors, self._loadable, self.config.model_type)
         with self._cv:
             self._check_open()
             if self.weight_updates == "in_flight":
@@ -364,13 +373,18 @@ class TorchEngine:
             raise RuntimeError("TorchEngine is closed")
 
     def _copy_weights(self, updates: list[tuple[str, torch.Tensor]], version: int) -> None:
+        carries_adapters = any(is_adapter_name(name) for name, _ in updates)
         with torch.no_grad():
+            if self._merged is not None:
+                updates = self._merged.load(updates)
             for name, tensor in updates:
                 self._params[name].copy_(tensor)
+            if self._merged is not None:
+                self._merged.fold(self._params)
             self._prefiller.forget()
             self.backend.refresh_model(self.model)
-        if any(is_adapter_name(name) for name, _ in updates):
-            adapters = list(adapter_tensors(self.model))
+        if carries_adapters:
+            adapters = list(self._merged.tensors() if self._merged is not None else adapter_tensors(self.model))
             self._adapter = AppliedAdapter(version, adapter_checksum(adapters), adapters[0][1].dtype)
         self._scheduler.retag(version)
 

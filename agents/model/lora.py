@@ -40,13 +40,16 @@ class LoraConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """rank: r, 0 = no LoRA (full fine-tuning). alpha: the scale is alpha / rank. dropout: on the
     adapter's input while training. target_modules: the linears to adapt, by their last name.
     dtype: the adapters' dtype in a policy whose model is in bf16/fp16: "float32" (default, the
-    trainer's values exactly) or "model" (the policy's dtype)."""
+    trainer's values exactly) or "model" (the policy's dtype). serving: how the torch engine runs
+    them, "merged" into its weights on each sync (default: faster decode, bench/RESULTS.md
+    "lora_sync") or "unmerged" beside each linear; vLLM always runs them in its LoRA kernels."""
 
     rank: int = 0
     alpha: float = 16.0
     dropout: float = 0.0
     target_modules: list[str] = msgspec.field(default_factory=lambda: list(LORA_TARGETS))
     dtype: Literal["float32", "model"] = "float32"
+    serving: Literal["merged", "unmerged"] = "merged"
 
     def __post_init__(self) -> None:
         if self.rank < 0:

@@ -226,7 +226,7 @@ def select_policy_backend(config: Config, model: ModelConfig, device: torch.devi
         _DTYPES[config.model.dtype],
         cuda_graphs=None if replicas or config.policy.cuda_graphs else False,
         fused_layers=None if replicas or config.policy.fused_layers else False,
-        lora=config.policy.lora.enabled,
+        lora=config.policy.lora.serving if config.policy.lora.enabled else None,
     )
 
 

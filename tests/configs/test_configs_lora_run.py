@@ -38,7 +38,7 @@ def lora_config(run_dir: Path, steps: int) -> dict:
 def test_a_lora_run_exports_merged_and_peft_over_its_base_and_resumes(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert train(config_from_dict(lora_config(run_dir, steps=2))) == 0
-    assert "LoRA adapters unmerged" in capsys.readouterr().out
+    assert "LoRA adapters merged" in capsys.readouterr().out
     with safe_open(run_dir / "final_model" / "model.safetensors", "pt") as f:
         assert not [k for k in f.keys() if "lora_" in k]  # noqa: SIM118
     config = json.loads((run_dir / "final_adapter" / ADAPTER_CONFIG).read_text())

@@ -17,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from trainers_testlib import full_params, random_episodes
 
 import toolgym.trainers.trainer as trainer_module
+from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.model.checkpoint import load_hf_checkpoint
 from toolgym.agents.model.lora import (
@@ -25,7 +26,9 @@ from toolgym.agents.model.lora import (
     LoraConfig,
     adapter_tensors,
     apply_lora,
+    has_lora,
     is_adapter_name,
+    lora_modules,
     merged_state_dict,
 )
 from toolgym.agents.model.transformer import build_model
@@ -81,11 +84,26 @@ def test_a_model_with_nothing_to_train_is_refused():
         Trainer(build_model("test").requires_grad_(False), TrainerConfig(), device="cpu")
 
 
-def test_adapter_sync_sends_only_adapters_and_the_engine_scores_like_the_trainer():
+def lora_engine(serving: str | None, **kwargs) -> TorchEngine:
+    """A TorchEngine over lora_model(seed=0) (the trainer's base), serving its adapters as asked
+    (None: the engine's default, merged)."""
+    model = lora_model(seed=0)
+    if serving is None:
+        return TorchEngine(model, **kwargs)
+    dtype = kwargs.get("dtype", torch.float32)
+    return TorchEngine(model, backend=select_backend(model.config, "cpu", dtype, lora=serving), **kwargs)
+
+
+@pytest.mark.parametrize("serving", [None, "merged", "unmerged"])
+def test_adapter_sync_sends_only_adapters_and_the_engine_scores_like_the_trainer(serving):
     trainer = lora_trainer()
-    engine = TorchEngine(lora_model(seed=0), max_batch_size=4, max_seq_len=64)  # the same base
+    engine = lora_engine(serving, max_batch_size=4, max_seq_len=64)
     try:
-        assert "LoRA adapters unmerged" in engine.backend.describe()
+        described = engine.backend.describe()
+        if serving == "unmerged":
+            assert "LoRA adapters unmerged" in described and "layers plain" in described
+        else:  # merged: plain weights, so the layer form is the machine's default (packed here)
+            assert "LoRA adapters merged" in described and not has_lora(engine.model)
         train(trainer, range(2))
         weights = gather_weights(trainer)
         assert weights and all(is_adapter_name(n) for n in weights)
@@ -112,13 +130,45 @@ def test_adapter_sync_sends_only_adapters_and_the_engine_scores_like_the_trainer
         engine.close()
 
 
-@pytest.mark.filterwarnings("ignore:TorchEngine. torch.bfloat16 matmuls")
-def test_bf16_engine_keeps_float32_adapters_and_the_check_passes():
+@pytest.mark.parametrize("serving", ["merged", "unmerged"])
+def test_an_engine_on_another_base_takes_a_full_sync_then_adapters_only(serving):
+    # a generator process's engine: its own copy of a base (here another one), a first full sync
     trainer = lora_trainer()
-    engine = TorchEngine(lora_model(seed=0), max_batch_size=2, max_seq_len=32, dtype=torch.bfloat16)
+    model = lora_model(seed=1)
+    engine = TorchEngine(model, backend=select_backend(model.config, "cpu", torch.float32, lora=serving))
+    try:
+        train(trainer, range(1))
+        push_weights(trainer, engine, version=1)  # adapters only: the base is still seed 1's
+        engine.load_weights(gather_weights(trainer, full=True).items(), 1)
+        train(trainer, range(1, 2))
+        push_weights(trainer, engine)  # adapters only, checked
+        prompt = [5, 9, 2, 77]
+        (completion,) = asyncio.run(engine.generate([prompt], SamplingParams(max_tokens=8, seed=3)))
+        tokens = prompt + completion.tokens
+        episode = Episode(
+            tokens=tokens,
+            loss_mask=[0] * len(prompt) + [1] * len(completion.tokens),
+            sampler_logprobs=[0.0] * len(prompt) + list(completion.logprobs),
+            advantages=[0.0] * len(tokens),
+        )
+        (row,) = trainer.compute_logprobs([episode])
+        gap = max(abs(a - b) for a, b in zip(row[len(prompt) :], completion.logprobs, strict=True))
+        assert gap <= 1e-5, gap
+    finally:
+        engine.close()
+
+
+@pytest.mark.filterwarnings("ignore:TorchEngine. torch.bfloat16 matmuls")
+@pytest.mark.parametrize("serving", ["merged", "unmerged"])
+def test_bf16_engine_keeps_float32_adapters_and_the_check_passes(serving):
+    trainer = lora_trainer()
+    engine = lora_engine(serving, max_batch_size=2, max_seq_len=32, dtype=torch.bfloat16)
     try:
         q = engine.model.model.layers[0].self_attn.q_proj
-        assert q.weight.dtype == torch.bfloat16 and q.lora_A.weight.dtype == torch.float32
+        kept = dict(engine._merged.tensors()) if serving == "merged" else dict(adapter_tensors(engine.model))
+        assert q.weight.dtype == torch.bfloat16
+        assert {t.dtype for t in kept.values()} == {torch.float32}
+        assert len(kept) == 2 * len(list(lora_modules(lora_model(0))))
         train(trainer, range(1))
         push_weights(trainer, engine)  # checked: raises on a mismatch
         asyncio.run(engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4, seed=0)))

@@ -16,7 +16,7 @@ Step: `Trainer.train_step` on small-25m, full against LoRA rank 8, each in a pro
 tokens, GRPO, fp32. Printed: best and median step time over every round's `--steps` steps (each
 round after one warm-up step), and the largest peak RSS of its processes.
 
-Decode (`--parts decode`): the torch engine's decode throughput on small-25m with LoRA at the
+Decode (`--parts decode`): the torch engine's decode throughput on `--decode-model` (small-25m) with LoRA at the
 first `--ranks` (B drawn non-zero, as after training) served unmerged (`policy.lora.serving =
 "unmerged"`: each adapted linear computes x W^T + s (x A^T) B^T on the fly, on plain layers)
 against served merged (the default: W0 + s B A refolded into the weights on each sync, on the
@@ -141,6 +141,7 @@ def main() -> None:
     ap.add_argument("--parts", nargs="+", choices=["step", "sync", "decode"], default=["step", "sync"])
     ap.add_argument("--decode-batch", type=int, default=16, help="decode: prompts decoded together")
     ap.add_argument("--decode-tokens", type=int, default=64, help="decode: new tokens per prompt")
+    ap.add_argument("--decode-model", default="small-25m", help="decode: the model's shape")
     ap.add_argument("--step-worker", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.threads:
@@ -195,10 +196,12 @@ def sync_table(args: argparse.Namespace) -> None:
     print(format_table(["model", "weights", "tensors", "MiB sent", "push_weights", "shared memory"], rows))
 
 
-def decode_engines(rank: int, batch: int) -> tuple[dict[str, TorchEngine], dict[str, torch.Tensor]]:
-    """small-25m with LoRA at `rank` (B non-zero), served unmerged (plain layers) and merged (the
+def decode_engines(
+    model: str, rank: int, batch: int
+) -> tuple[dict[str, TorchEngine], dict[str, torch.Tensor]]:
+    """`model` with LoRA at `rank` (B non-zero), served unmerged (plain layers) and merged (the
     engine's default: its default layers); and the adapters, for timing a sync."""
-    lora = apply_lora(build_model("small-25m", seed=0), LoraConfig(rank=rank), seed=0)
+    lora = apply_lora(build_model(model, seed=0), LoraConfig(rank=rank), seed=0)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, tensor in adapter_tensors(lora):
@@ -215,7 +218,7 @@ def decode_engines(rank: int, batch: int) -> tuple[dict[str, TorchEngine], dict[
 
 def decode_table(args: argparse.Namespace) -> None:
     rank, batch, tokens = args.ranks[0], args.decode_batch, args.decode_tokens
-    engines, adapters = decode_engines(rank, batch)
+    engines, adapters = decode_engines(args.decode_model, rank, batch)
     rng = random.Random(0)
     vocab = next(iter(engines.values())).model.config.vocab_size
     prompts = [[rng.randrange(vocab) for _ in range(32)] for _ in range(batch)]
@@ -250,7 +253,7 @@ def decode_table(args: argparse.Namespace) -> None:
         for name, value in best.items()
     ]
     print(
-        f"\nTorch engine decode, small-25m, LoRA r{rank}, float32, batch {batch}, {tokens} new tokens "
+        f"\nTorch engine decode, {args.decode_model}, LoRA r{rank}, float32, batch {batch}, {tokens} new tokens "
         f"(tokens/s, best of {args.rounds} rounds x {args.repeats}; threads {torch.get_num_threads()})"
     )
     print(format_table(["weights", "decode tok/s", "unmerged / this", "adapter sync ms"], rows))

@@ -34,7 +34,7 @@ The choices (what each buys: docs/engine.md, bench/RESULTS.md 'bench/generate.py
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from functools import partial
 from typing import Literal, get_args
@@ -130,10 +130,13 @@ class Backend:
         elif self.fused:
             fuse_model(model, compiled=self.device.type == "cuda")
 
-    def refresh_model(self, model: nn.Module) -> None:
-        """After the parameters were overwritten in place: refresh the packed copies, if any."""
+    def refresh_model(self, model: nn.Module, changed: Collection[str] | None = None) -> None:
+        """After the parameters were overwritten in place: refresh the packed copies, if any; only
+        those of the decoder layers holding a parameter named in `changed` when it is given (the
+        caller vouches that nothing outside them changed: lm_head packs the tied embedding and the
+        final norm)."""
         if self.packed:
-            repack(model)
+            repack(model, changed)
 
     def slot_length(self, max_seq_len: int) -> int:
         """Positions a cache slot holds: vLLM's paged kernel reads a slot as one block, a

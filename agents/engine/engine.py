@@ -379,10 +379,10 @@ class TorchEngine:
                 updates = self._merged.load(updates)
             for name, tensor in updates:
                 self._params[name].copy_(tensor)
-            if self._merged is not None:
-                self._merged.fold(self._params)
+            folded = self._merged.fold(self._params) if self._merged is not None else []
             self._prefiller.forget()
-            self.backend.refresh_model(self.model)
+            # adapters alone change only the adapted linears: repack just their layers
+            self.backend.refresh_model(self.model, None if updates else folded)
         if carries_adapters:
             adapters = list(self._merged.tensors() if self._merged is not None else adapter_tensors(self.model))
             self._adapter = AppliedAdapter(version, adapter_checksum(adapters), adapters[0][1].dtype)

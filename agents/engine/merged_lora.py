@@ -32,8 +32,13 @@ class _Adapted:
     def __init__(self, base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> None:
         self.base, self.a, self.b, self.scale = base, a, b, scale
 
-    def weight(self) -> torch.Tensor:
-        return (self.base.float() + self.scale * (self.b.float() @ self.a.float())).to(self.base.dtype)
+    def fold_into(self, weight: torch.Tensor) -> None:
+        """weight = W0 + s * B @ A: one fused pass in float32, else computed in float32 and
+        rounded once to the weight's dtype."""
+        if weight.dtype == self.base.dtype == self.a.dtype == self.b.dtype == torch.float32:
+            torch.addmm(self.base, self.b, self.a, alpha=self.scale, out=weight)
+        else:
+            weight.copy_(torch.addmm(self.base.float(), self.b.float(), self.a.float(), alpha=self.scale))
 
 
 class MergedAdapters:
@@ -76,14 +81,15 @@ class MergedAdapters:
                 rest.append((name, tensor))
         return rest
 
-    def fold(self, params: Mapping[str, nn.Parameter]) -> int:
+    def fold(self, params: Mapping[str, nn.Parameter]) -> list[str]:
         """Write W0 + s * B @ A into each changed linear's weight in `params` (the model's
-        parameters by name); returns how many were refolded."""
+        parameters by name); returns the names of the weights written."""
         changed, self._changed = self._changed, set()
+        written = [f"{name}.weight" for name in sorted(changed)]
         with torch.no_grad():
-            for name in changed:
-                params[f"{name}.weight"].copy_(self._linears[name].weight())
-        return len(changed)
+            for name, weight in zip(sorted(changed), written, strict=True):
+                self._linears[name].fold_into(params[weight])
+        return written
 
     def tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor) of every adapter weight, named as the trainer's (`adapter_tensors`)."""

@@ -20,7 +20,7 @@ modules hold the very same Parameters under the same names.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Protocol, cast
 
 import torch
@@ -330,11 +330,13 @@ def pack_model(
     model.model.norm = NormFromNextGEMM(model.model.norm, kernels)  # pyright: ignore[reportAttributeAccessIssue]
 
 
-def repack(model: nn.Module) -> None:
-    """Refresh every packed weight from its Parameters (after the parameters were overwritten)."""
-    for module in model.modules():
+def repack(model: nn.Module, changed: Collection[str] | None = None) -> None:
+    """Refresh the packed weights from their Parameters (after the parameters were overwritten):
+    every one, or those of the packed modules holding a parameter named in `changed`."""
+    for name, module in model.named_modules():
         if isinstance(module, (PackedLinear, PackedDecoderLayer)):
-            module.repack()
+            if changed is None or any(p.startswith(f"{name}.") for p in changed):
+                module.repack()
 
 
 __all__ = [

@@ -384,9 +384,14 @@ class TorchEngine:
             # adapters alone change only the adapted linears: repack just their layers
             self.backend.refresh_model(self.model, None if updates else folded)
         if carries_adapters:
-            adapters = list(self._merged.tensors() if self._merged is not None else adapter_tensors(self.model))
+            adapters = self.adapter_tensors()
             self._adapter = AppliedAdapter(version, adapter_checksum(adapters), adapters[0][1].dtype)
         self._scheduler.retag(version)
+
+    def adapter_tensors(self) -> list[tuple[str, torch.Tensor]]:
+        """The LoRA adapter weights this engine holds, named as the trainer's (empty without
+        LoRA): those it folds into its weights when serving them merged, else its model's."""
+        return list(self._merged.tensors() if self._merged is not None else adapter_tensors(self.model))
 
     def applied_adapter(self) -> AppliedAdapter | None:
         """The LoRA adapters the last `load_weights` that carried them applied: its version and

@@ -334,9 +334,10 @@ def repack(model: nn.Module, changed: Collection[str] | None = None) -> None:
     """Refresh the packed weights from their Parameters (after the parameters were overwritten):
     every one, or those of the packed modules holding a parameter named in `changed`."""
     for name, module in model.named_modules():
-        if isinstance(module, (PackedLinear, PackedDecoderLayer)):
-            if changed is None or any(p.startswith(f"{name}.") for p in changed):
-                module.repack()
+        if isinstance(module, (PackedLinear, PackedDecoderLayer)) and (
+            changed is None or any(p.startswith(f"{name}.") for p in changed)
+        ):
+            module.repack()
 
 
 __all__ = [

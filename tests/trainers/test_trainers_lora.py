@@ -165,7 +165,7 @@ def test_bf16_engine_keeps_float32_adapters_and_the_check_passes(serving):
     engine = lora_engine(serving, max_batch_size=2, max_seq_len=32, dtype=torch.bfloat16)
     try:
         q = engine.model.model.layers[0].self_attn.q_proj
-        kept = dict(engine._merged.tensors()) if serving == "merged" else dict(adapter_tensors(engine.model))
+        kept = dict(engine.adapter_tensors())
         assert q.weight.dtype == torch.bfloat16
         assert {t.dtype for t in kept.values()} == {torch.float32}
         assert len(kept) == 2 * len(list(lora_modules(lora_model(0))))

@@ -110,7 +110,7 @@ def _lora_worker(out_dir: str) -> None:
     and after three steps, the adapters, and what a sync from rank 0 into a TorchEngine (with the
     same base) reports applying; saved from rank 0 as `lora.pt`, a checkpoint as `lora.ckpt`."""
     from toolgym.agents.engine.engine import TorchEngine
-    from toolgym.agents.model.lora import adapter_checksum, is_adapter_name
+    from toolgym.agents.model.lora import adapter_checksum
     from toolgym.trainers.checkpoint import CheckpointManager
     from toolgym.trainers.trainer import Trainer
     from toolgym.trainers.weight_sync import gather_weights, push_weights
@@ -137,7 +137,7 @@ def _lora_worker(out_dir: str) -> None:
     CheckpointManager(f"{out_dir}/lora.ckpt").save(trainer, {"next_step": 3})
     if engine is not None:
         applied = engine.applied_adapter()
-        engine_adapters = [(n, t) for n, t in engine.model.state_dict().items() if is_adapter_name(n)]
+        engine_adapters = engine.adapter_tensors()
         result = {
             "first": first,
             "grads": grads,

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-
 from ..core.grading import numeric
 from ..core.task import Example, Task
 from ..core.tool_env import ToolEnv

@@ -14,7 +14,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 
 sys.path.insert(0, str(Path(__file__).parent))
-from trainers_testlib import full_params, random_episodes
+from trainers_testlib import full_params, random_episodes, sample_and_score
 
 import toolgym.trainers.trainer as trainer_module
 from toolgym.agents.engine.backend import select_backend
@@ -34,7 +34,6 @@ from toolgym.agents.model.lora import (
 from toolgym.agents.model.transformer import build_model
 from toolgym.agents.types import SamplingParams
 from toolgym.configs.load import ConfigError, config_from_dict
-from toolgym.rollouts.types import Episode
 from toolgym.trainers.checkpoint import ADAPTER_DIR, CheckpointManager, export_hf
 from toolgym.trainers.config import OptimizerConfig, TrainerConfig
 from toolgym.trainers.distributed import fsdp_wrap
@@ -111,19 +110,7 @@ def test_adapter_sync_sends_only_adapters_and_the_engine_scores_like_the_trainer
         push_weights(trainer, engine)
         applied = engine.applied_adapter()
         assert applied is not None and applied.version == engine.policy_version == trainer.step == 2
-        prompt = [3, 17, 42, 7, 99]
-        (completion,) = asyncio.run(
-            engine.generate([prompt], SamplingParams(max_tokens=12, temperature=1.0, seed=1))
-        )
-        tokens = prompt + completion.tokens
-        episode = Episode(
-            tokens=tokens,
-            loss_mask=[0] * len(prompt) + [1] * len(completion.tokens),
-            sampler_logprobs=[0.0] * len(prompt) + list(completion.logprobs),
-            advantages=[0.0] * len(tokens),
-        )
-        (row,) = trainer.compute_logprobs([episode])
-        gap = max(abs(a - b) for a, b in zip(row[len(prompt) :], completion.logprobs, strict=True))
+        completion, gap = sample_and_score(trainer, engine, [3, 17, 42, 7, 99])
         assert gap <= 1e-5, gap
         assert completion.policy_version == trainer.step
     finally:
@@ -142,17 +129,7 @@ def test_an_engine_on_another_base_takes_a_full_sync_then_adapters_only(serving)
         engine.load_weights(gather_weights(trainer, full=True).items(), 1)
         train(trainer, range(1, 2))
         push_weights(trainer, engine)  # adapters only, checked
-        prompt = [5, 9, 2, 77]
-        (completion,) = asyncio.run(engine.generate([prompt], SamplingParams(max_tokens=8, seed=3)))
-        tokens = prompt + completion.tokens
-        episode = Episode(
-            tokens=tokens,
-            loss_mask=[0] * len(prompt) + [1] * len(completion.tokens),
-            sampler_logprobs=[0.0] * len(prompt) + list(completion.logprobs),
-            advantages=[0.0] * len(tokens),
-        )
-        (row,) = trainer.compute_logprobs([episode])
-        gap = max(abs(a - b) for a, b in zip(row[len(prompt) :], completion.logprobs, strict=True))
+        _, gap = sample_and_score(trainer, engine, [5, 9, 2, 77], max_tokens=8, seed=3)
         assert gap <= 1e-5, gap
     finally:
         engine.close()

@@ -1,6 +1,5 @@
 """Weight sync: after a push, the policy scores tokens exactly as the trainer does."""
 
-import asyncio
 import sys
 from pathlib import Path
 
@@ -8,11 +7,9 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from trainers_testlib import random_episodes
+from trainers_testlib import random_episodes, sample_and_score
 
 from toolgym.agents.model.transformer import build_model, causal_lm_logprobs
-from toolgym.agents.types import SamplingParams
-from toolgym.rollouts.types import Episode
 from toolgym.trainers.config import OptimizerConfig, TrainerConfig
 from toolgym.trainers.losses import LossConfig
 from toolgym.trainers.trainer import Trainer
@@ -73,18 +70,7 @@ def test_torch_engine_logprobs_match_trainer_after_sync():
     try:
         push_weights(trainer, engine)
         assert engine.policy_version == trainer.step
-        prompt = [3, 17, 42, 7, 99]
-        params = SamplingParams(max_tokens=12, temperature=1.0, seed=1)
-        (completion,) = asyncio.run(engine.generate([prompt], params))
-        tokens = prompt + completion.tokens
-        episode = Episode(
-            tokens=tokens,
-            loss_mask=[0] * len(prompt) + [1] * len(completion.tokens),
-            sampler_logprobs=[0.0] * len(prompt) + list(completion.logprobs),
-            advantages=[0.0] * len(tokens),
-        )
-        (row,) = trainer.compute_logprobs([episode])
-        gap = max(abs(a - b) for a, b in zip(row[len(prompt) :], completion.logprobs, strict=True))
+        completion, gap = sample_and_score(trainer, engine, [3, 17, 42, 7, 99])
         assert gap <= 1e-5, gap
         print(f"engine vs trainer max |logprob gap| = {gap:.2e}")
         assert completion.policy_version == trainer.step

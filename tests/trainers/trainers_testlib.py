@@ -160,3 +160,24 @@ if __name__ == "__main__":
         _lora_worker(sys.argv[1])
     else:
         _worker(sys.argv[1], sys.argv[2])
+
+
+def sample_and_score(trainer, engine, prompt: list[int], max_tokens: int = 12, seed: int = 1):
+    """One completion of `prompt` sampled by `engine` (temperature 1, `seed`), and the largest
+    |trainer logprob - sampler logprob| over its tokens: (completion, gap)."""
+    import asyncio
+
+    from toolgym.agents.types import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=1.0, seed=seed)
+    (completion,) = asyncio.run(engine.generate([prompt], params))
+    tokens = prompt + completion.tokens
+    episode = Episode(
+        tokens=tokens,
+        loss_mask=[0] * len(prompt) + [1] * len(completion.tokens),
+        sampler_logprobs=[0.0] * len(prompt) + list(completion.logprobs),
+        advantages=[0.0] * len(tokens),
+    )
+    (row,) = trainer.compute_logprobs([episode])
+    gap = max(abs(a - b) for a, b in zip(row[len(prompt) :], completion.logprobs, strict=True))
+    return completion, gap

@@ -293,9 +293,15 @@ function wireKeys() {
 
 const episodes = new WeakMap(); // transcript element -> episode data (for the tooltip)
 
+const latestEpisode = new WeakMap(); // detail element -> the request it should show
+
+// Draws episode i into target; false when a later request for target came first (stale answer).
 async function showEpisode(rid, i, target) {
+  const request = {};
+  latestEpisode.set(target, request);
   target.replaceChildren(el("p", { class: "hint", text: "Loading…" }));
   const ep = await api("episode", { r: rid, i });
+  if (latestEpisode.get(target) !== request) return false; // answers can arrive out of order
   const meta = el("div", { class: "meta" });
   meta.append(
     el("div", {}, el("b", { text: `episode ${ep.i}` }), ` (line ${ep.line}) · ${ep.env} ${ep.kwargs} · task seed ${ep.seed} · group ${ep.group} · sample ${ep.sample} · ${ep.sampled_by}`),
@@ -310,6 +316,7 @@ async function showEpisode(rid, i, target) {
   drawTranscript(transcript, ep);
   target.replaceChildren(meta, shadeSwitch(), legend(), transcript);
   applyShade(transcript, ep);
+  return true;
 }
 
 let shadeGroups = 0;
@@ -475,7 +482,7 @@ function openPair(tr) {
     const i = tr.dataset[side];
     const label = select.options[select.selectedIndex].text;
     if (i === "") box.append(el("p", { class: "hint", text: `${label}: no episode for task seed ${tr.dataset.seed}` }));
-    else shown.push(showEpisode(Number(select.value), Number(i), box).then(() => box.prepend(el("h3", { text: `${side.toUpperCase()}: ${label}` }))));
+    else shown.push(showEpisode(Number(select.value), Number(i), box).then((drawn) => drawn && box.prepend(el("h3", { text: `${side.toUpperCase()}: ${label}` }))));
     return box;
   });
   $("compare-detail").replaceChildren(...sides);

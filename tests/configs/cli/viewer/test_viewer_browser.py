@@ -280,6 +280,23 @@ def test_the_url_holds_the_view(open_page, recordings):
     assert "task seed 4" in pair.text_content("#compare-detail .side-a .meta")
 
 
+def test_a_late_answer_for_an_earlier_episode_does_not_replace_the_later_one(open_page):
+    page = open_page("#limit=5")
+    # the answer for episode 0 arrives 800 ms late, after the one for episode 1
+    page.evaluate(
+        """() => { const plain = window.fetch; window.fetch = (url, options) =>
+             /episode\\?.*i=0(&|$)/.test(String(url))
+               ? new Promise((done) => setTimeout(done, 800)).then(() => plain(url, options))
+               : plain(url, options); }"""
+    )
+    page.keyboard.press("j")
+    page.keyboard.press("j")
+    page.wait_for_function("document.querySelector('#episode-detail .meta')?.textContent.includes('episode 1 ')")
+    page.wait_for_timeout(1200)  # episode 0's answer has come by now
+    assert "episode 1 " in page.text_content("#episode-detail .meta")
+    assert page.locator("#episode-detail .meta").count() == 1
+
+
 def test_keys_walk_episodes_and_pages(open_page):
     page = open_page("#limit=5")
     assert page.text_content("#pager-pages") == "of 3" and len(_rows(page)) == 5

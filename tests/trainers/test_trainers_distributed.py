@@ -1,7 +1,5 @@
 """2-process FSDP2 on gloo gives the same loss, gradients and parameters as 1 process."""
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -9,23 +7,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from trainers_testlib import full_params, random_episodes, worker_config
+from trainers_testlib import WORKER, full_params, random_episodes, run_worker, worker_config
 
 from toolgym.agents.model.transformer import build_model
 from toolgym.trainers.checkpoint import CheckpointManager
 from toolgym.trainers.trainer import Trainer, lr_factor
-
-HERE = Path(__file__).parent
-WORKER = HERE / "trainers_testlib.py"
-
-
-def _run(cmd: list[str], tmp: Path) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE))
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-
 
 LOSSES = ("grpo", "dapo")  # seq-mean-token-mean and token-mean: both need step-wide counts
 
@@ -34,9 +20,9 @@ LOSSES = ("grpo", "dapo")  # seq-mean-token-mean and token-mean: both need step-
 def runs(tmp_path_factory):
     """One plain process (a world of one, no torchrun) and one 2-process torchrun, both losses."""
     one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
-    _run([sys.executable, str(WORKER), str(one), ",".join(LOSSES)], one)
+    run_worker([sys.executable, str(WORKER), str(one), ",".join(LOSSES)], one)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    _run([*torchrun, str(WORKER), str(two), ",".join(LOSSES)], two)
+    run_worker([*torchrun, str(WORKER), str(two), ",".join(LOSSES)], two)
     return one, two
 
 

@@ -1,8 +1,6 @@
 """LoRA over 2-process FSDP2 on gloo: the adapters' gradients and updates match 1 process, the
 sharded base stays frozen bitwise, and the sync from rank 0 carries the adapters' checksum."""
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,31 +8,20 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from trainers_testlib import full_params, lora_test_model, random_episodes, worker_config
+from trainers_testlib import WORKER, full_params, lora_test_model, random_episodes, run_worker, worker_config
 
 from toolgym.agents.model.lora import adapter_checksum, is_adapter_name
 from toolgym.trainers.checkpoint import CheckpointManager
 from toolgym.trainers.trainer import Trainer
-
-HERE = Path(__file__).parent
-WORKER = HERE / "trainers_testlib.py"
-
-
-def _run(cmd: list[str], tmp: Path) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE))
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The LoRA worker in one plain process and in a 2-process torchrun."""
     one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
-    _run([sys.executable, str(WORKER), str(one), "lora"], one)
+    run_worker([sys.executable, str(WORKER), str(one), "lora"], one)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    _run([*torchrun, str(WORKER), str(two), "lora"], two)
+    run_worker([*torchrun, str(WORKER), str(two), "lora"], two)
     a, b = torch.load(one / "lora.pt"), torch.load(two / "lora.pt")
     assert (a["world_size"], b["world_size"]) == (1, 2)
     return a, b, two

@@ -9,8 +9,11 @@ LoRA adapters over the frozen "test" model instead (`_lora_worker`).
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -181,3 +184,16 @@ def sample_and_score(trainer, engine, prompt: list[int], max_tokens: int = 12, s
     (row,) = trainer.compute_logprobs([episode])
     gap = max(abs(a - b) for a, b in zip(row[len(prompt) :], completion.logprobs, strict=True))
     return completion, gap
+
+
+WORKER = Path(__file__)  # this file, run as the worker script
+
+
+def run_worker(cmd: list[str], tmp: Path) -> None:
+    """Run `cmd` (the worker under python or torchrun) in `tmp`, one thread per process, without
+    any torchrun variables of the caller's; fails the test with the output's tail on an error."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(WORKER.parent))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -4,17 +4,20 @@
     python bench/sft_copy.py --beta2 0.999 --steps 800         # AdamW's default beta2
     python bench/sft_copy.py --lr 3e-3 --seed 1 --threads 1    # another model seed
     python bench/sft_copy.py --device cuda --seed 3            # on a GPU (many seeds side by side)
+    python bench/sft_copy.py --preset pycalc_tiny              # another preset's demos
 
 Builds the CPU demo's oracle demonstrations (`configs/zorplex_tiny.toml`, its SFT data and model),
 trains with the project's Trainer (`sft_step`, shared-prefix micro-batches) and every
 `--eval-every` steps prints the mean held-out loss (nats per token, 256 demos from another task
 stream) of the trained tokens by kind:
 
-    call     the first assistant turn (`LOOKUP[word]<|im_end|>`)
+    call     the first assistant turn (`LOOKUP[word]<|im_end|>`), but its digits
+    callD    the first assistant turn's digits (copied from the question: `PYTHON[print(482 * 917)]`)
     digit1   the answer's first digit (copied from the tool message)
     digitN   its later digits
     after    the token after the last digit (`.` or `<|im_end|>`)
     final    the rest of the answer turn (the tag or "The answer is", whose choice is a coin flip)
+    guess    every token of a demo that answers without a call (the oracle's p_skip_lookup)
 
 A copy that has formed shows as digit1 and digitN near 0; uniform guessing is ln 10 = 2.30.
 docs/training.md ("What makes the tiny model learn to copy") quotes these runs (bench/RESULTS.md has their output).
@@ -37,12 +40,15 @@ from toolgym.trainers.config import OptimizerConfig
 from toolgym.trainers.sft import BatchOrder
 from toolgym.trainers.trainer import Trainer
 
-KINDS = ("after", "call", "digit1", "digitN", "final")
+KINDS = ("after", "call", "callD", "digit1", "digitN", "final", "guess")
 
 
 def position_kinds(episode: Episode, digit_ids: set[int]) -> list[str | None]:
     """The kind (module doc) of every token of `episode`; None where it is not trained."""
     kinds: list[str | None] = []
+    turns = sum(bool(m and not p) for p, m in zip([0, *episode.loss_mask], episode.loss_mask, strict=False))
+    if turns == 1:
+        return ["guess" if mask else None for mask in episode.loss_mask]
     turn, previous_mask, previous_digit = 0, 0, False
     for token, mask in zip(episode.tokens, episode.loss_mask, strict=True):
         turn += bool(mask and not previous_mask)
@@ -52,7 +58,7 @@ def position_kinds(episode: Episode, digit_ids: set[int]) -> list[str | None]:
             previous_digit = False
             continue
         if turn == 1:
-            kind = "call"
+            kind = "callD" if token in digit_ids else "call"
         elif token in digit_ids:
             kind = "digitN" if previous_digit else "digit1"
         else:
@@ -82,6 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--preset", default="zorplex_tiny", help="the preset whose SFT demos and model to use")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=32, help="episodes per step")
     parser.add_argument("--lr", type=float, default=2e-3)
@@ -94,7 +101,7 @@ def main() -> None:
     parser.add_argument(
         "--stop-when-formed",
         action="store_true",
-        help="stop at the first eval with both digit losses <= 0.01",
+        help="stop at the first eval with every copy loss (callD, digit1, digitN) <= 0.01",
     )
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=2)
@@ -106,13 +113,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     config, _ = load_config(
-        "zorplex_tiny", [f"sft.num_tasks={args.demos}", f"model.init_seed={args.seed}", *args.set]
+        args.preset, [f"sft.num_tasks={args.demos}", f"model.init_seed={args.seed}", *args.set]
     )
     renderer, _ = build_renderer(config)
     started = time.perf_counter()
-    episodes, _, _ = demo_episodes(config, renderer, 256)
-    heldout_config, _ = load_config("zorplex_tiny", ["sft.num_tasks=256", "run.seed=7"])
-    heldout, _, _ = demo_episodes(heldout_config, renderer, 256)
+    episodes, _, _ = demo_episodes(config, renderer, 512)
+    heldout_config, _ = load_config(args.preset, ["sft.num_tasks=256", "run.seed=7", *args.set])
+    heldout, _, _ = demo_episodes(heldout_config, renderer, 512)
     digit_ids = {renderer.tokenizer.token_to_id(str(d)) for d in range(10)}
     kinds = [position_kinds(e, digit_ids) for e in heldout]
     print(f"{len(episodes)} demos, {len(heldout)} held out, built in {time.perf_counter() - started:.1f}s")
@@ -144,7 +151,8 @@ def main() -> None:
             losses = heldout_losses(trainer, heldout, kinds)
             cells = "  ".join(f"{losses.get(k, np.nan):6.3f}" for k in KINDS)
             print(f"{step:4d}  {time.perf_counter() - started:7.0f}  {loss:10.3f}  {cells}", flush=True)
-            if args.stop_when_formed and max(losses["digit1"], losses["digitN"]) <= 0.01:
+            copies = [losses[k] for k in ("callD", "digit1", "digitN") if k in losses]
+            if args.stop_when_formed and max(copies) <= 0.01:
                 print(f"formed by step {step}")
                 break
 

@@ -24,6 +24,8 @@ from ..tools.typed import Call
 
 _INSTRUCTIONS = "Work out the arithmetic exactly: run Python with the python tool and print the result."
 _EXAMPLE = Example("What is 12 * 34?", [(Call("python", {"code": "print(12 * 34)"}), "408")], 408)
+_INSTRUCTIONS_WITHOUT_TOOL = "Work out the arithmetic exactly, in your head."
+_EXAMPLE_WITHOUT_TOOL = Example("What is 12 * 34?", [], 408)
 KINDS = ("product", "sum")
 
 
@@ -33,8 +35,9 @@ class PyCalcEnv(ToolEnv):
     kind: "product" (a * b, two 3-digit numbers), "sum" (six 3-digit numbers) or "mixed" (either,
     drawn per episode). sandbox: SandboxConfig fields (a mapping) or a SandboxConfig. persistent:
     the python tool keeps what a call defines for the episode's next calls
-    (`python_tool(persistent=True)`). Other keyword arguments are the ToolEnv knobs (max_turns=3,
-    rewards, limits)."""
+    (`python_tool(persistent=True)`). tool=False: the same tasks with no tool (no sandbox is
+    started; the oracle answers at once), the baseline that says how much of a score is the
+    tool's. Other keyword arguments are the ToolEnv knobs (max_turns=3, rewards, limits)."""
 
     def __init__(
         self,
@@ -42,18 +45,19 @@ class PyCalcEnv(ToolEnv):
         *,
         sandbox: Mapping[str, Any] | SandboxConfig | None = None,
         persistent: bool = False,
+        tool: bool = True,
         max_turns: int = 3,
         **knobs: Any,
     ):
         if kind not in ("mixed", *KINDS):
             raise ValueError(f"kind must be 'mixed', 'product' or 'sum', got {kind!r}")
-        config = sandbox_config(sandbox)
         self.kind = kind
+        self.tool = tool
         knobs.setdefault("grader", numeric())
         super().__init__(
-            tools=[python_tool(config, persistent=persistent)],
-            instructions=_INSTRUCTIONS,
-            example=_EXAMPLE,
+            tools=[python_tool(sandbox_config(sandbox), persistent=persistent)] if tool else [],
+            instructions=_INSTRUCTIONS if tool else _INSTRUCTIONS_WITHOUT_TOOL,
+            example=_EXAMPLE if tool else _EXAMPLE_WITHOUT_TOOL,
             max_turns=max_turns,
             **knobs,
         )
@@ -65,4 +69,5 @@ class PyCalcEnv(ToolEnv):
         numbers = rng.integers(100, 1000, size=count).tolist()
         expression = (" * " if kind == "product" else " + ").join(map(str, numbers))
         answer = numbers[0] * numbers[1] if kind == "product" else sum(numbers)
-        return Task(f"What is {expression}?", answer, [Call("python", {"code": f"print({expression})"})])
+        solution = [Call("python", {"code": f"print({expression})"})] if self.tool else []
+        return Task(f"What is {expression}?", answer, solution)

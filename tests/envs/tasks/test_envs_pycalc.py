@@ -92,3 +92,19 @@ def test_a_persistent_python_keeps_the_episodes_variables_and_no_more():
         assert env.step("PYTHON[print('x' in globals())]")[4]["tool_results"] == ["False"]
     finally:
         env.close()
+
+
+def test_without_the_tool_the_same_tasks_are_answered_at_once_and_a_call_is_unknown():
+    with_tool = make_env(ENV_ID, kind="product").unwrapped
+    env = make_env(ENV_ID, kind="product", tool=False).unwrapped
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(env)
+    assert env.tool_specs == [] and "PYTHON" not in env.system_prompt and "in your head" in env.system_prompt
+    question, info = env.reset(seed=5)
+    assert question == with_tool.reset(seed=5)[0] and info["needed_tool_calls"] == 0
+    assert env.oracle_actions() == [f"[ANSWER] {info['answer']}"]
+    observation, _, terminated, _, _ = env.step("PYTHON[print(1)]")
+    assert "UNKNOWN_TOOL" in observation and not terminated
+    observation, reward, terminated, _, _ = env.step(f"[ANSWER] {info['answer']}")
+    assert (observation, terminated) == ("CORRECT", True) and reward > 0

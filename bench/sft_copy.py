@@ -88,7 +88,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--preset", default="zorplex_tiny", help="the preset whose SFT demos and model to use")
+    parser.add_argument(
+        "--preset", default="zorplex_tiny", help="the preset whose SFT demos and model to use"
+    )
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=32, help="episodes per step")
     parser.add_argument("--lr", type=float, default=2e-3)

@@ -33,7 +33,8 @@ class PyCalcEnv(ToolEnv):
     """`gymnasium.make("toolgym/PyCalc-v0", kind="mixed", sandbox={"timeout_s": 5})`.
 
     kind: "product" (a * b, two 3-digit numbers), "sum" (six 3-digit numbers) or "mixed" (either,
-    drawn per episode). sandbox: SandboxConfig fields (a mapping) or a SandboxConfig. persistent:
+    drawn per episode). min_operand: the smallest number drawn (100..999); 317 makes every
+    product six digits long, so the answer has one length. sandbox: SandboxConfig fields (a mapping) or a SandboxConfig. persistent:
     the python tool keeps what a call defines for the episode's next calls
     (`python_tool(persistent=True)`). tool=False: the same tasks with no tool (no sandbox is
     started; the oracle answers at once), the baseline that says how much of a score is the
@@ -46,13 +47,17 @@ class PyCalcEnv(ToolEnv):
         sandbox: Mapping[str, Any] | SandboxConfig | None = None,
         persistent: bool = False,
         tool: bool = True,
+        min_operand: int = 100,
         max_turns: int = 3,
         **knobs: Any,
     ):
         if kind not in ("mixed", *KINDS):
             raise ValueError(f"kind must be 'mixed', 'product' or 'sum', got {kind!r}")
+        if not (isinstance(min_operand, int) and 100 <= min_operand <= 999):
+            raise ValueError(f"min_operand must be an integer from 100 to 999, got {min_operand!r}")
         self.kind = kind
         self.tool = tool
+        self.min_operand = min_operand
         knobs.setdefault("grader", numeric())
         super().__init__(
             tools=[python_tool(sandbox_config(sandbox), persistent=persistent)] if tool else [],
@@ -66,7 +71,7 @@ class PyCalcEnv(ToolEnv):
         rng = self.np_random
         kind = self.kind if self.kind != "mixed" else KINDS[int(rng.integers(len(KINDS)))]
         count = 2 if kind == "product" else 6
-        numbers = rng.integers(100, 1000, size=count).tolist()
+        numbers = rng.integers(self.min_operand, 1000, size=count).tolist()
         expression = (" * " if kind == "product" else " + ").join(map(str, numbers))
         answer = numbers[0] * numbers[1] if kind == "product" else sum(numbers)
         solution = [Call("python", {"code": f"print({expression})"})] if self.tool else []

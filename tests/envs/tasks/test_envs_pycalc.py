@@ -52,6 +52,9 @@ def test_both_kinds_are_drawn_and_the_same_seed_repeats(env):
     question, info = product.reset(seed=0)
     a, b = (int(x) for x in question.removeprefix("What is ").removesuffix("?").split(" * "))
     assert 100 <= a <= 999 and 100 <= b <= 999 and info["answer"] == a * b
+    six_digits = make_env(ENV_ID, kind="product", min_operand=317).unwrapped
+    answers = [six_digits.reset(seed=seed)[1]["answer"] for seed in range(200)]
+    assert all(100_000 <= answer <= 998_001 for answer in answers)
 
 
 def test_sandbox_errors_are_error_observations_counted_as_metrics():
@@ -72,6 +75,8 @@ def test_a_bad_sandbox_setting_is_refused():
         PyCalcEnv(sandbox={"timeout": 3})
     with pytest.raises(ValueError, match="kind"):
         PyCalcEnv(kind="division")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="min_operand"):
+        PyCalcEnv(min_operand=1000)
 
 
 def test_the_scripted_oracle_solves_it_through_the_rollout_runner(env):

@@ -6,7 +6,8 @@
     python bench/sft_copy.py --device cuda --seed 3            # on a GPU (many seeds side by side)
     python bench/sft_copy.py --preset pycalc_tiny              # another preset's demos
 
-Builds the CPU demo's oracle demonstrations (`configs/zorplex_tiny.toml`, its SFT data and model),
+Builds a preset's oracle demonstrations (`--preset`; by default the CPU demo's
+`configs/zorplex_tiny.toml`: its SFT data and model),
 trains with the project's Trainer (`sft_step`, shared-prefix micro-batches) and every
 `--eval-every` steps prints the mean held-out loss (nats per token, 256 demos from another task
 stream) of the trained tokens by kind:
@@ -46,9 +47,6 @@ KINDS = ("after", "call", "callD", "digit1", "digitN", "final", "guess")
 def position_kinds(episode: Episode, digit_ids: set[int]) -> list[str | None]:
     """The kind (module doc) of every token of `episode`; None where it is not trained."""
     kinds: list[str | None] = []
-    turns = sum(bool(m and not p) for p, m in zip([0, *episode.loss_mask], episode.loss_mask, strict=False))
-    if turns == 1:
-        return ["guess" if mask else None for mask in episode.loss_mask]
     turn, previous_mask, previous_digit = 0, 0, False
     for token, mask in zip(episode.tokens, episode.loss_mask, strict=True):
         turn += bool(mask and not previous_mask)
@@ -65,6 +63,8 @@ def position_kinds(episode: Episode, digit_ids: set[int]) -> list[str | None]:
             kind = "after" if previous_digit else "final"
         previous_digit = token in digit_ids
         kinds.append(kind)
+    if turn == 1:  # answered without a call
+        return ["guess" if kind is not None else None for kind in kinds]
     return kinds
 
 
@@ -154,7 +154,7 @@ def main() -> None:
             cells = "  ".join(f"{losses.get(k, np.nan):6.3f}" for k in KINDS)
             print(f"{step:4d}  {time.perf_counter() - started:7.0f}  {loss:10.3f}  {cells}", flush=True)
             copies = [losses[k] for k in ("callD", "digit1", "digitN") if k in losses]
-            if args.stop_when_formed and max(copies) <= 0.01:
+            if args.stop_when_formed and copies and max(copies) <= 0.01:
                 print(f"formed by step {step}")
                 break
 

@@ -34,8 +34,8 @@ class PyCalcEnv(ToolEnv):
 
     kind: "product" (a * b, two 3-digit numbers), "sum" (six 3-digit numbers) or "mixed" (either,
     drawn per episode). min_operand: the smallest number drawn (100..999); 317 makes every
-    product six digits long, so the answer has one length. sandbox: SandboxConfig fields (a mapping) or a SandboxConfig. persistent:
-    the python tool keeps what a call defines for the episode's next calls
+    product six digits long, so the answer has one length. sandbox: SandboxConfig fields (a
+    mapping) or a SandboxConfig, checked even with tool=False. persistent: the python tool keeps what a call defines for the episode's next calls
     (`python_tool(persistent=True)`). tool=False: the same tasks with no tool (no sandbox is
     started; the oracle answers at once), the baseline that says how much of a score is the
     tool's. Other keyword arguments are the ToolEnv knobs (max_turns=3, rewards, limits)."""
@@ -55,12 +55,13 @@ class PyCalcEnv(ToolEnv):
             raise ValueError(f"kind must be 'mixed', 'product' or 'sum', got {kind!r}")
         if not (isinstance(min_operand, int) and 100 <= min_operand <= 999):
             raise ValueError(f"min_operand must be an integer from 100 to 999, got {min_operand!r}")
+        config = sandbox_config(sandbox)
         self.kind = kind
         self.tool = tool
         self.min_operand = min_operand
         knobs.setdefault("grader", numeric())
         super().__init__(
-            tools=[python_tool(sandbox_config(sandbox), persistent=persistent)] if tool else [],
+            tools=[python_tool(config, persistent=persistent)] if tool else [],
             instructions=_INSTRUCTIONS if tool else _INSTRUCTIONS_WITHOUT_TOOL,
             example=_EXAMPLE if tool else _EXAMPLE_WITHOUT_TOOL,
             max_turns=max_turns,

@@ -77,6 +77,8 @@ def test_a_bad_sandbox_setting_is_refused():
         PyCalcEnv(kind="division")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="min_operand"):
         PyCalcEnv(min_operand=1000)
+    with pytest.raises(ValueError, match="sandbox"):
+        PyCalcEnv(tool=False, sandbox={"timeout": 3})
 
 
 def test_the_scripted_oracle_solves_it_through_the_rollout_runner(env):

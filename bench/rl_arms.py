@@ -3,7 +3,8 @@
 Per seed S, one `toolgym train <preset>` run per arm (`run.seed=S`, `model.init_seed=S`), each its
 own process, in the arms' order. The first arm runs the preset as shipped (SFT, then RL); every
 later arm starts RL from the first arm's SFT model (`model.path`, `sft.enabled = false`), so the
-arms share their starting weights and only RL differs.
+arms share their starting weights and only RL differs (an arm that needs other demonstrations
+runs its own SFT).
 
 Reported per run, from its metrics.jsonl: the RL step and the RL wall time (timed from the step-0
 eval's record, so every arm pays for the same evals) at the first held-out eval that meets every
@@ -38,13 +39,15 @@ from _common import commit, format_table, machine_summary
 @dataclass(frozen=True)
 class ArmsBench:
     """What one bench compares: `arms` maps an arm's name to its `--set` overrides (the first arm
-    runs SFT); `target` maps held-out eval metrics to the value each must reach (all at once)."""
+    runs SFT, and so does every arm in `own_sft`, for an arm whose demonstrations differ);
+    `target` maps held-out eval metrics to the value each must reach (all at once)."""
 
     preset: str
     arms: dict[str, list[str]]
     target: dict[str, float]
     out: Path  # default --out
     curves: Path  # default --curves
+    own_sft: frozenset[str] = frozenset()
 
     def run_dir(self, out: Path, arm: str, seed: int) -> Path:
         return out / f"{arm.replace('+', '_')}_s{seed}"
@@ -210,7 +213,8 @@ def main(benches: dict[str, ArmsBench], description: str) -> None:
                         f"{run_dir} exists and is not a finished run: remove it or give another --out"
                     )
                 else:
-                    wall = train(bench, run_dir, seed, overrides, args.sets, sft_model, core)
+                    start_from = None if arm in bench.own_sft else sft_model
+                    wall = train(bench, run_dir, seed, overrides, args.sets, start_from, core)
                     print(
                         f"{run_dir}: {wall:.0f} s" + ("" if core is None else f" (core {core})"), flush=True
                     )

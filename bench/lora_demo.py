@@ -12,9 +12,10 @@ arm's SFT model; SFT trains every weight):
 - full: the preset as shipped, RL on every weight;
 - lora_r8: `policy.lora.rank=8` (alpha 16: the adapters scaled by 2), RL on the adapters alone at
   the preset's lr;
-- lora_r8_lr2e-3: the same at lr 2e-3 (10x the presets' 2e-4): a zero-initialised B moves the
-  product s·BA by about lr·s·|A| per step, a fraction of what Adam moves a full weight by
-  (zorplex_recursive_tiny runs this arm and full only).
+- lora_r8_lr1e-3: the same at lr 1e-3 (5x the presets' 2e-4): a zero-initialised B moves the
+  product s·BA by about lr·s·|A| per step, a fraction of what Adam moves a full weight by;
+- lora_r8_lr2e-3: 10x (zorplex_tiny only, as is lora_r8: zorplex_recursive_tiny runs full and
+  lora_r8_lr1e-3).
 The held-out targets are the presets': tag rate >= 0.95 with accuracy >= 0.90 (zorplex_tiny),
 accuracy >= 0.90 (zorplex_recursive_tiny). The curves go to bench/lora_demo_<preset>_curves.png.
 """
@@ -27,7 +28,8 @@ from rl_arms import ArmsBench, main  # bench/ is sys.path[0] when run as a scrip
 
 FULL: list[str] = []
 LORA = ["policy.lora.rank=8"]
-LORA_LR = ["policy.lora.rank=8", "trainer.optimizer.lr=2e-3"]
+LORA_5X = ["policy.lora.rank=8", "trainer.optimizer.lr=1e-3"]
+LORA_10X = ["policy.lora.rank=8", "trainer.optimizer.lr=2e-3"]
 BENCHES = {
     preset: ArmsBench(
         preset=preset,
@@ -39,10 +41,10 @@ BENCHES = {
     for preset, arms, target in [
         (
             "zorplex_tiny",
-            {"full": FULL, "lora_r8": LORA, "lora_r8_lr2e-3": LORA_LR},
+            {"full": FULL, "lora_r8": LORA, "lora_r8_lr1e-3": LORA_5X, "lora_r8_lr2e-3": LORA_10X},
             {"tag_rate": 0.95, "accuracy": 0.90},
         ),
-        ("zorplex_recursive_tiny", {"full": FULL, "lora_r8_lr2e-3": LORA_LR}, {"accuracy": 0.90}),
+        ("zorplex_recursive_tiny", {"full": FULL, "lora_r8_lr1e-3": LORA_5X}, {"accuracy": 0.90}),
     ]
 }
 

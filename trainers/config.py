@@ -22,7 +22,8 @@ class OptimizerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     The schedule: linear warmup from 0 over `warmup_steps`, then `decay` down to
     lr x min_lr_ratio at `total_steps` (linear or cosine; constant keeps lr). Steps count
-    optimizer updates.
+    optimizer updates. `loraplus_lr_ratio`: LoRA adapters' B matrices train at lr x this (LoRA+,
+    PEFT's `loraplus_lr_ratio`); 1 = one lr for everything.
     """
 
     lr: float = 1e-5
@@ -34,6 +35,7 @@ class OptimizerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     decay: Decay = "constant"
     total_steps: int = 0
     min_lr_ratio: float = 0.0
+    loraplus_lr_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0 < self.lr <= MAX_LR:
@@ -48,6 +50,8 @@ class OptimizerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ValueError("OptimizerConfig.eps must be > 0 and weight_decay >= 0")
         if self.max_grad_norm <= 0:
             raise ValueError(f"OptimizerConfig.max_grad_norm must be > 0, got {self.max_grad_norm}")
+        if not self.loraplus_lr_ratio > 0:
+            raise ValueError(f"OptimizerConfig.loraplus_lr_ratio must be > 0, got {self.loraplus_lr_ratio}")
         if self.warmup_steps < 0:
             raise ValueError(f"OptimizerConfig.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.decay not in ("constant", "linear", "cosine"):

@@ -99,11 +99,24 @@ class Trainer:
         opt = config.optimizer
         # Only what trains: with LoRA (agents/model/lora.py) the adapters, the frozen base has
         # neither optimizer state nor gradients.
-        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.trainable = [p for _, p in named]
         if not self.trainable:
             raise ValueError("the model has no trainable parameters (every requires_grad is False)")
+        # LoRA+ (opt.loraplus_lr_ratio): the adapters' B matrices in a group of their own, at
+        # lr x the ratio; otherwise one group, in the model's order (what checkpoints hold).
+        params: list[torch.Tensor] | list[dict] = self.trainable
+        is_b = [n.endswith("lora_B.weight") for n, _ in named]
+        if any(is_b) and opt.loraplus_lr_ratio != 1.0:
+            params = [
+                {"params": [p for (_, p), b in zip(named, is_b, strict=True) if not b]},
+                {
+                    "params": [p for (_, p), b in zip(named, is_b, strict=True) if b],
+                    "lr": opt.lr * opt.loraplus_lr_ratio,
+                },
+            ]
         self.optimizer = torch.optim.AdamW(
-            self.trainable,
+            params,
             lr=opt.lr,
             betas=opt.betas,
             eps=opt.eps,

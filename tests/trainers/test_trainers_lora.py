@@ -78,6 +78,36 @@ def test_a_step_changes_only_the_adapters_and_the_optimizer_holds_only_them():
     assert [id(p) for p in trainer.optimizer.param_groups[0]["params"]] == [id(p) for p in trainer.trainable]
 
 
+def test_loraplus_trains_b_at_the_ratio_times_the_lr_under_the_schedule():
+    def first_step(ratio: float) -> dict[str, torch.Tensor]:
+        optimizer = OptimizerConfig(lr=1e-3, loraplus_lr_ratio=ratio)
+        trainer = Trainer(
+            lora_model(), TrainerConfig(loss=LossConfig(name="grpo"), optimizer=optimizer), device="cpu"
+        )
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        train(trainer, range(1))
+        return {n: p.detach() - before[n] for n, p in trainer.model.named_parameters() if "lora_" in n}
+
+    plain, plus = first_step(1.0), first_step(16.0)
+    b_names = [n for n in plain if n.endswith("lora_B.weight")]
+    assert b_names and all(plain[n].abs().max() > 0 for n in b_names)
+    for n in b_names:  # Adam's first step is lr x sign(g): B moves 16x as far, A not at all (B was 0)
+        torch.testing.assert_close(plus[n], 16 * plain[n], rtol=1e-4, atol=1e-9)
+    assert all(torch.equal(plus[n], plain[n]) for n in plain if n.endswith("lora_A.weight"))
+    scheduled = OptimizerConfig(lr=1e-3, loraplus_lr_ratio=16, warmup_steps=1, decay="cosine", total_steps=4)
+    trainer = Trainer(
+        lora_model(), TrainerConfig(loss=LossConfig(name="grpo"), optimizer=scheduled), device="cpu"
+    )
+    train(trainer, range(2))
+    a_group, b_group = trainer.optimizer.param_groups
+    assert {id(p) for p in b_group["params"]} == {
+        id(p) for n, p in trainer.model.named_parameters() if n.endswith("lora_B.weight")
+    }
+    assert 0 < a_group["lr"] < 1e-3 and b_group["lr"] == pytest.approx(16 * a_group["lr"])
+    with pytest.raises(ValueError, match="loraplus_lr_ratio must be > 0"):
+        OptimizerConfig(loraplus_lr_ratio=0)
+
+
 def test_a_model_with_nothing_to_train_is_refused():
     with pytest.raises(ValueError, match="no trainable parameters"):
         Trainer(build_model("test").requires_grad_(False), TrainerConfig(), device="cpu")

@@ -105,7 +105,7 @@ class Trainer:
             raise ValueError("the model has no trainable parameters (every requires_grad is False)")
         # LoRA+ (opt.loraplus_lr_ratio): the adapters' B matrices in a group of their own, at
         # lr x the ratio; otherwise one group, in the model's order (what checkpoints hold).
-        params: list[torch.Tensor] | list[dict] = self.trainable
+        params: list[nn.Parameter] | list[dict] = self.trainable
         is_b = [n.endswith("lora_B.weight") for n, _ in named]
         if any(is_b) and opt.loraplus_lr_ratio != 1.0:
             params = [

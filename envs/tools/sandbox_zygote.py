@@ -115,7 +115,9 @@ def _child(call_id, uid_offset, code, settings, out_w, err_w):
     """In the forked child: isolate, limit, run `code`, exit. Never returns."""
     try:
         _isolate(settings, uid_offset, f"call-{call_id}", out_w, err_w)
-        resource.setrlimit(resource.RLIMIT_CPU, (settings["cpu_s"], settings["cpu_s"]))
+        # SIGXCPU at the soft limit (reported as a timeout); SIGKILL a second later for code that
+        # ignores it. Equal limits would make the kernel send SIGKILL alone, read as a crash.
+        resource.setrlimit(resource.RLIMIT_CPU, (settings["cpu_s"], settings["cpu_s"] + 1))
     except BaseException:
         os._exit(125)
     os._exit(_execute(code, {"__name__": "__main__", "__builtins__": __builtins__}))

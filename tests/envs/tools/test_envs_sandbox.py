@@ -14,6 +14,7 @@ import socket
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from sandbox_testlib import start_sandbox
 
@@ -96,6 +97,17 @@ def test_an_infinite_loop_times_out_and_its_process_group_is_killed(sandbox):
     assert time.monotonic() - start < CONFIG.timeout_s + 3
 
 
+def test_cpu_past_the_limit_is_a_timeout_naming_the_cpu_limit():
+    # SIGXCPU at cpu_s (a timeout), not the SIGKILL that equal soft and hard limits would send
+    box = start_sandbox(msgspec.structs.replace(CONFIG, timeout_s=10.0, cpu_s=1, pool_size=1))
+    try:
+        result = box.run("while True: pass")
+    finally:
+        box.close()
+    assert (result.kind, result.exit_code) == ("sandbox_timeout", None)
+    assert "CPU time limit of 1 s" in result.message
+
+
 def test_a_fork_bomb_hits_the_process_limit(sandbox):
     result = _attack(sandbox, "import os\nwhile True:\n    os.fork()")
     assert result.kind in ("sandbox_error", "sandbox_timeout")
@@ -119,7 +131,13 @@ def test_the_host_files_are_out_of_reach(sandbox, tmp_path):
     canary = tmp_path / "canary.txt"
     canary.write_text("host data")
     before = hashlib.sha256(canary.read_bytes()).hexdigest()
-    targets = [canary, Path.cwd() / "pyproject.toml", Path.home() / ".ssh", Path("/etc/shadow"), Path("/etc/passwd")]
+    targets = [
+        canary,
+        Path.cwd() / "pyproject.toml",
+        Path.home() / ".ssh",
+        Path("/etc/shadow"),
+        Path("/etc/passwd"),
+    ]
     for target in targets:
         result = _attack(sandbox, f"print(open({str(target)!r}).read())")
         assert result.kind == "sandbox_error" and "FileNotFoundError" in result.stderr, (target, result)
@@ -150,7 +168,9 @@ def test_killing_the_parent_fails_and_the_zygote_serves_on(sandbox):
     assert sandbox.pids == pids and sandbox.run("print(7)").stdout == "7\n"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="calls have uids of their own only when the host process is root")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="calls have uids of their own only when the host process is root"
+)
 def test_a_call_cannot_kill_another_call():
     with start_sandbox(SandboxConfig(timeout_s=5.0)) as box:
         victim = box.submit("import time\ntime.sleep(0.5)\nprint('alive')")
@@ -176,7 +196,9 @@ def test_a_100_mb_print_is_cut_with_a_marker(sandbox):
     start = time.monotonic()
     result = _attack(sandbox, "print('a' * 10**8)")
     assert result.kind is None and result.truncated
-    assert result.stdout.startswith("a" * 2000) and result.stdout.endswith("[output truncated: 100000001 bytes in all]")
+    assert result.stdout.startswith("a" * 2000) and result.stdout.endswith(
+        "[output truncated: 100000001 bytes in all]"
+    )
     assert len(result.observation()) < 2100 and time.monotonic() - start < 10
 
 

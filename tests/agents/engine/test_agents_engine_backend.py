@@ -12,6 +12,7 @@ from agents_testlib import require_vllm_cpu_kernels
 
 from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.engine import TorchEngine
+from toolgym.agents.model.attention import cpu_has_amx
 from toolgym.agents.model.config import ModelConfig
 from toolgym.agents.model.transformer import build_model
 from toolgym.agents.types import SamplingParams
@@ -42,9 +43,12 @@ def test_the_backend_is_immutable_and_describes_itself_in_one_line() -> None:
 def test_a_head_dim_16_model_generates_with_torchs_attention(dtype) -> None:
     require_vllm_cpu_kernels()
     backend = select_backend(HEAD_DIM_16, "cpu", dtype)
-    assert backend.kernels == "vllm" and backend.attention == "torch"
+    # bf16 on an AMX CPU takes torch's kernels (flash attention) whatever the head dim
+    amx_bf16 = dtype == torch.bfloat16 and cpu_has_amx()
+    assert backend.kernels == ("torch" if amx_bf16 else "vllm") and backend.attention == "torch"
     kernel = "vLLM's paged kernel does" if dtype == torch.float32 else "SGLang's kernels do"
-    assert f"{kernel} not take head_dim=16" in backend.describe()
+    reason = "AMX: torch's flash attention" if amx_bf16 else f"{kernel} not take head_dim=16"
+    assert reason in backend.describe()
     model = build_model(HEAD_DIM_16, seed=0)
     params = SamplingParams(max_tokens=6, temperature=0.0)
     prompts = [[1, 2, 3, 4, 5], [6, 7, 8]]

@@ -307,7 +307,8 @@ def test_engine_with_the_kernel_samples_the_bf16_models_logprobs(kernel) -> None
     model = make_model()
     bf16_model = model.to(torch.bfloat16)
     prompts = [[(7 * i + j) % 200 + 1 for j in range(length)] for i, length in enumerate([3, 11, 6, 17, 9])]
-    with TorchEngine(model, max_batch_size=6, max_seq_len=64, dtype=torch.bfloat16) as engine:
+    backend = select_backend(model.config, "cpu", torch.bfloat16, kernels="vllm")  # AMX's default: torch's
+    with TorchEngine(model, max_batch_size=6, max_seq_len=64, backend=backend) as engine:
         assert engine.cache.backend.attention == "vllm"
 
         async def one_call(seed: int):

@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from ..agents.model.lora import lora_modules
 from ..rollouts.types import Episode, PolicySampling
 from .batching import MicroBatch, empty_micro_batch, make_micro_batches, shard_episodes
 from .config import OptimizerConfig, TrainerConfig
@@ -99,19 +100,18 @@ class Trainer:
         opt = config.optimizer
         # Only what trains: with LoRA (agents/model/lora.py) the adapters, the frozen base has
         # neither optimizer state nor gradients.
-        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        self.trainable = [p for _, p in named]
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         if not self.trainable:
             raise ValueError("the model has no trainable parameters (every requires_grad is False)")
         # LoRA+ (opt.loraplus_lr_ratio): the adapters' B matrices in a group of their own, at
         # lr x the ratio; otherwise one group, in the model's order (what checkpoints hold).
         params: list[nn.Parameter] | list[dict] = self.trainable
-        is_b = [n.endswith("lora_B.weight") for n, _ in named]
-        if any(is_b) and opt.loraplus_lr_ratio != 1.0:
+        lora_b = {id(module.lora_B.weight) for _, module in lora_modules(self.model)}
+        if lora_b and opt.loraplus_lr_ratio != 1.0:
             params = [
-                {"params": [p for (_, p), b in zip(named, is_b, strict=True) if not b]},
+                {"params": [p for p in self.trainable if id(p) not in lora_b]},
                 {
-                    "params": [p for (_, p), b in zip(named, is_b, strict=True) if b],
+                    "params": [p for p in self.trainable if id(p) in lora_b],
                     "lr": opt.lr * opt.loraplus_lr_ratio,
                 },
             ]

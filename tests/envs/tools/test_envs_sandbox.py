@@ -131,13 +131,7 @@ def test_the_host_files_are_out_of_reach(sandbox, tmp_path):
     canary = tmp_path / "canary.txt"
     canary.write_text("host data")
     before = hashlib.sha256(canary.read_bytes()).hexdigest()
-    targets = [
-        canary,
-        Path.cwd() / "pyproject.toml",
-        Path.home() / ".ssh",
-        Path("/etc/shadow"),
-        Path("/etc/passwd"),
-    ]
+    targets = [canary, Path.cwd() / "pyproject.toml", Path.home() / ".ssh", Path("/etc/shadow"), Path("/etc/passwd")]
     for target in targets:
         result = _attack(sandbox, f"print(open({str(target)!r}).read())")
         assert result.kind == "sandbox_error" and "FileNotFoundError" in result.stderr, (target, result)
@@ -168,9 +162,7 @@ def test_killing_the_parent_fails_and_the_zygote_serves_on(sandbox):
     assert sandbox.pids == pids and sandbox.run("print(7)").stdout == "7\n"
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0, reason="calls have uids of their own only when the host process is root"
-)
+@pytest.mark.skipif(os.geteuid() != 0, reason="calls have uids of their own only when the host process is root")
 def test_a_call_cannot_kill_another_call():
     with start_sandbox(SandboxConfig(timeout_s=5.0)) as box:
         victim = box.submit("import time\ntime.sleep(0.5)\nprint('alive')")
@@ -196,9 +188,7 @@ def test_a_100_mb_print_is_cut_with_a_marker(sandbox):
     start = time.monotonic()
     result = _attack(sandbox, "print('a' * 10**8)")
     assert result.kind is None and result.truncated
-    assert result.stdout.startswith("a" * 2000) and result.stdout.endswith(
-        "[output truncated: 100000001 bytes in all]"
-    )
+    assert result.stdout.startswith("a" * 2000) and result.stdout.endswith("[output truncated: 100000001 bytes in all]")
     assert len(result.observation()) < 2100 and time.monotonic() - start < 10
 
 

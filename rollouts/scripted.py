@@ -34,6 +34,10 @@ Knobs (each drawn once per episode):
 - p_wrong_note: for an env that takes notes (rollouts/context.py; its `wrong_note_actions`), play
   instead a demonstrator who notes a wrong word once and follows it to a wrong answer (the env's
   script; the other knobs do not apply to it). No effect on an env without notes.
+- p_wrong_lookup: per lookup, for an env whose lookups are independent sub-tasks (its
+  `wrong_lookup_actions`, e.g. Zorplex's list tier): look up a wrong word instead, and answer what
+  was looked up (wrong). An episode with a wrong lookup plays the env's script; the other knobs do
+  not apply to it. No effect on an env without the method's answer (None).
 When the env keeps going after the script ends (e.g. after extra errors), the last action is
 repeated.
 """
@@ -59,9 +63,11 @@ class OracleConfig(msgspec.Struct, frozen=True):
     p_stop_early: float = 0.0
     guess: int | None = None
     p_wrong_note: float = 0.0
+    p_wrong_lookup: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("p_omit_tag", "p_skip_lookup", "p_malformed_call", "p_stop_early", "p_wrong_note"):
+        probabilities = ("p_omit_tag", "p_skip_lookup", "p_malformed_call", "p_stop_early")
+        for name in (*probabilities, "p_wrong_note", "p_wrong_lookup"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(
                     f"OracleConfig.{name} must be a probability in [0, 1], got {getattr(self, name)}"
@@ -85,6 +91,10 @@ def plan_actions(env: Any, config: OracleConfig, rng: np.random.Generator) -> li
         wrong_note = _oracle_method(env, "wrong_note_actions")(rng)
         if wrong_note:
             return list(wrong_note)
+    if config.p_wrong_lookup:
+        wrong_lookups = _oracle_method(env, "wrong_lookup_actions")(rng, config.p_wrong_lookup)
+        if wrong_lookups:
+            return list(wrong_lookups)
     script: list[str] = []
     answer_action = _oracle_method(env, "answer_action")
     guessed = wrong_answer(env.answer, offset, config.guess)
@@ -172,6 +182,7 @@ class OraclePolicy:
         stop = f", p_stop_early={c.p_stop_early}" if c.p_stop_early else ""
         stop += f", guess={c.guess}" if c.guess is not None else ""
         stop += f", p_wrong_note={c.p_wrong_note}" if c.p_wrong_note else ""
+        stop += f", p_wrong_lookup={c.p_wrong_lookup}" if c.p_wrong_lookup else ""
         return (
             f"oracle(p_omit_tag={c.p_omit_tag}, p_skip_lookup={c.p_skip_lookup}, "
             f"p_malformed_call={c.p_malformed_call}{stop})"

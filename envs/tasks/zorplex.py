@@ -15,25 +15,33 @@ Tiers (question -> ideal actions):
                  table's RNG right after the values (so they follow from the seed).
 - recursive:     same question; LOOKUP on the asked word returns `SEE: other` along a chain of
                  1-3 redirects (easy 1, medium 2, hard 3) that ends at a word with a number.
-difficulty=None draws the difficulty per episode (compositional, recursive); simple and
+- list:          "What are the zorplex values of 'cat', 'sun' and 'ice'? ..."   one LOOKUP per
+                 word, then `[ANSWER] 17 5 3` (the values in the asked order, graded as text).
+                 easy: 2 words, medium 3, hard 4. Each lookup succeeds or fails on its own: the
+                 turns of one episode are independent sub-tasks (the credit demo's env).
+difficulty=None draws the difficulty per episode (compositional, recursive, list); simple and
 multi_step have none. `redirects=n` (recursive) fixes the chain at n redirects (n + 1 lookups),
-for chains longer than hard's.
+for chains longer than hard's; `items=n` (list) fixes the list at n words.
 
 Notes (`notes=True`, a ToolEnv knob: a NOTE tool and the notes context policy, which cuts the
 conversation to the task and the notes after each one): in the recursive tier the oracle notes
 each `SEE:` target before looking it up (`LOOKUP[cat]`, `NOTE[sun]`, `LOOKUP[sun]`, ...), so a
 chain longer than the context window still fits; `wrong_note_actions` is a demonstrator that
-notes a wrong word once and follows it to a wrong answer.
+notes a wrong word once and follows it to a wrong answer. In the list tier,
+`wrong_lookup_actions` is a demonstrator whose every lookup independently goes to a wrong word
+with a given probability (its value then lands in the answer: wrong).
 
 Tool results: `LOOKUP[cat] = 17`, `LOOKUP[cat] = SEE: sun`, `LOOKUP[xyz] = UNKNOWN`,
 `GETKEY[cat] = ZK_3F9A01`, `GETKEY[xyz] = UNKNOWN_WORD`, `FETCH[ZK_000000] = INVALID_KEY`.
 Unknown words and keys are ordinary results (they cost a tool call, not an error).
 
-Process reward (recursive tier, off by default): `chain_reward=r` awards r, as the reward
-component `chain`, at the step of each LOOKUP that follows the chain: the lookup of the chain's
-next word not yet looked up (the asked word first, then each `SEE:` target in order, the last
-being the word with the number). Each link pays once, so a chain of n words pays at most n * r,
-and repeating or skipping ahead pays nothing. The texts the policy sees do not change.
+Process reward (recursive and list tiers, off by default): `chain_reward=r` awards r, as the
+reward component `chain`, at the step of each LOOKUP that follows the solution's chain of
+lookups. Recursive: the lookup of the chain's next word not yet looked up (the asked word first,
+then each `SEE:` target in order, the last being the word with the number); skipping ahead pays
+nothing. List: the first lookup of each asked word, in any order (one wrong lookup does not stop
+the others paying). Each word pays once, so n words pay at most n * r, and repeating pays
+nothing. The texts the policy sees do not change.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from ..core.grading import numeric
+from ..core.grading import text as text_grader
 from ..core.task import Example, Task
 from ..core.tool_env import ToolEnv
 from ..tools.typed import Call, Tool, ToolResult
@@ -54,12 +63,13 @@ WORDS: tuple[str, ...] = (
     "kite", "lemon", "moon", "night", "ocean", "piano", "queen", "river", "sun", "tree",
     "umbrella", "violet", "water", "xray", "yellow", "zebra",
 )  # fmt: skip
-TIERS: tuple[str, ...] = ("simple", "compositional", "multi_step", "recursive")
+TIERS: tuple[str, ...] = ("simple", "compositional", "multi_step", "recursive", "list")
 DIFFICULTIES: dict[str, tuple[str | None, ...]] = {
     "simple": (None,),
     "compositional": (None, "easy", "medium", "hard"),
     "multi_step": (None,),
     "recursive": (None, "easy", "medium", "hard"),
+    "list": (None, "easy", "medium", "hard"),
 }
 _LEVELS = ("easy", "medium", "hard")
 _OPS = ("+", "-", "*")
@@ -70,7 +80,9 @@ _INSTRUCTIONS = {
     "compositional": _INTRO + " Do the arithmetic left to right.",
     "multi_step": "Every word has a secret zorplex value, stored under a key. Only the tools know them.",
     "recursive": _INTRO + " A word may point to another word (SEE: word); follow it until you get a number.",
+    "list": _INTRO + " Answer every value asked, in the order asked, separated by spaces.",
 }
+_LIST_LENGTHS = {"easy": 2, "medium": 3, "hard": 4}
 _Q = "What is the zorplex value of 'cat'?"
 
 
@@ -80,6 +92,11 @@ def _lookup(word: str) -> Call:
 
 def _note(text: str) -> Call:
     return Call("NOTE", {"text": text})
+
+
+def _list_question(words: list[str]) -> str:
+    quoted = [f"'{w}'" for w in words]
+    return f"What are the zorplex values of {', '.join(quoted[:-1])} and {quoted[-1]}?"
 
 
 def _compositional(expression: str, values: dict[str, int], answer: int) -> Example:
@@ -98,6 +115,7 @@ _EXAMPLES = {
         _Q, [(Call("GETKEY", {"word": "cat"}), "ZK_3F9A01"), (Call("FETCH", {"key": "ZK_3F9A01"}), 17)], 17
     ),
     "recursive": Example(_Q, [(_lookup("cat"), "SEE: sun"), (_lookup("sun"), 17)], 17),
+    "list": Example(_list_question(["cat", "sun"]), [(_lookup("cat"), 17), (_lookup("sun"), 5)], "17 5"),
 }
 _NOTES_EXAMPLE = Example(
     _Q, [(_lookup("cat"), "SEE: sun"), (_note("sun"), "noted"), (_lookup("sun"), 17)], 17
@@ -128,10 +146,11 @@ def _evaluate(values: list[int], ops: list[str]) -> int:
 class ZorplexEnv(ToolEnv):
     """`gymnasium.make("toolgym/Zorplex-v0", tier="compositional", difficulty="hard")`.
 
-    tier: simple, compositional, multi_step or recursive. difficulty: see the module doc.
-    table_seed: fix the table (None: a new table per episode). chain_reward: the recursive tier's
-    process reward per chain link followed (module doc; 0 = off). Other keyword arguments are the
-    ToolEnv knobs (max_turns=5, rewards, limits).
+    tier: simple, compositional, multi_step, recursive or list. difficulty: see the module doc.
+    table_seed: fix the table (None: a new table per episode). chain_reward: the recursive and
+    list tiers' process reward per lookup that follows the chain (module doc; 0 = off).
+    redirects (recursive), items (list): a fixed length. Other keyword arguments are the ToolEnv
+    knobs (max_turns=5, rewards, limits).
     """
 
     def __init__(
@@ -141,6 +160,7 @@ class ZorplexEnv(ToolEnv):
         table_seed: int | None = None,
         chain_reward: float = 0.0,
         redirects: int | None = None,
+        items: int | None = None,
         **knobs: Any,
     ):
         if tier not in TIERS:
@@ -154,8 +174,10 @@ class ZorplexEnv(ToolEnv):
         number = isinstance(chain_reward, int | float) and not isinstance(chain_reward, bool)
         if not number or not math.isfinite(chain_reward):
             raise ValueError(f"chain_reward must be a finite number, got {chain_reward!r}")
-        if chain_reward and tier != "recursive":
-            raise ValueError(f"chain_reward is the recursive tier's process reward, got tier {tier!r}")
+        if chain_reward and tier not in ("recursive", "list"):
+            raise ValueError(
+                f"chain_reward is the recursive and list tiers' process reward, got tier {tier!r}"
+            )
         if redirects is not None and (
             tier != "recursive" or not isinstance(redirects, int) or not 1 <= redirects <= len(WORDS) - 2
         ):
@@ -163,10 +185,18 @@ class ZorplexEnv(ToolEnv):
                 f"redirects is the recursive tier's chain length, an int in 1..{len(WORDS) - 2}: got "
                 f"{redirects!r} for tier {tier!r}"
             )
+        if items is not None and (
+            tier != "list" or not isinstance(items, int) or not 2 <= items <= len(WORDS) // 2
+        ):
+            raise ValueError(
+                f"items is the list tier's number of words, an int in 2..{len(WORDS) // 2}: got "
+                f"{items!r} for tier {tier!r}"
+            )
         self.redirects_fixed = redirects
+        self.items_fixed = items
         self.chain_reward = float(chain_reward)
         self.chain: list[str] = []
-        self._chain_followed = 0
+        self._followed: set[str] = set()  # the chain's words looked up so far (each pays once)
         self.tier = tier
         self.difficulty = difficulty
         self.table_seed = table_seed
@@ -192,12 +222,14 @@ class ZorplexEnv(ToolEnv):
         noting = tier == "recursive" and bool(knobs.get("notes"))
         if noting:
             example = _NOTES_EXAMPLE
-        knobs.setdefault("grader", numeric())
+        knobs.setdefault("grader", text_grader() if tier == "list" else numeric())
         super().__init__(tools=tools, instructions=_INSTRUCTIONS[tier], example=example, **knobs)
 
         most_calls = {"simple": 1, "multi_step": 2}.get(tier) or (
             {"easy": 2, "medium": 2, "hard": 3}[level]
             if tier == "compositional"
+            else (items or _LIST_LENGTHS[level])
+            if tier == "list"
             else (redirects + 1 if redirects is not None else {"easy": 2, "medium": 3, "hard": 4}[level])
         )
         most_turns = most_calls + 1 + (most_calls - 1 if noting else 0)  # a note per redirect
@@ -215,9 +247,13 @@ class ZorplexEnv(ToolEnv):
         target = self.redirects.get(word)
         value = self.table.get(word)
         text = f"SEE: {target}" if target is not None else "UNKNOWN" if value is None else str(value)
-        following = self._chain_followed < len(self.chain) and word == self.chain[self._chain_followed]
+        if self.tier == "list":  # an asked word's first lookup, in any order
+            following = word in self.chain and word not in self._followed
+        else:  # the chain's next word
+            following = len(self._followed) < len(self.chain) and word == self.chain[len(self._followed)]
+        if following:
+            self._followed.add(word)
         if self.chain_reward and following:
-            self._chain_followed += 1
             return ToolResult(text, {"chain": self.chain_reward})
         return text
 
@@ -236,7 +272,7 @@ class ZorplexEnv(ToolEnv):
             self.table = dict(zip(WORDS, rng.integers(1, 101, size=len(WORDS)).tolist(), strict=True))
         else:
             self.table = self._fixed_table
-        self.redirects, self.chain, self._chain_followed = {}, [], 0
+        self.redirects, self.chain, self._followed = {}, [], set()
         order = rng.permutation(len(WORDS)).tolist()
         word = WORDS[order[0]]
         question = f"What is the zorplex value of '{word}'?"
@@ -265,6 +301,12 @@ class ZorplexEnv(ToolEnv):
             value, key = self.table[word], self.keys[word]
             return Task(question, value, [Call("GETKEY", {"word": word}), Call("FETCH", {"key": key})])
 
+        if self.tier == "list":
+            level = self.difficulty or _LEVELS[int(rng.integers(3))]
+            self.chain = [WORDS[i] for i in order[: self.items_fixed or _LIST_LENGTHS[level]]]
+            answer = " ".join(str(self.table[w]) for w in self.chain)
+            return Task(_list_question(self.chain), answer, [_lookup(w) for w in self.chain])
+
         # recursive: order[0] -> order[1] -> ... -> order[depth], which holds the number.
         level = self.difficulty or _LEVELS[int(rng.integers(3))]
         depth = self.redirects_fixed or {"easy": 1, "medium": 2, "hard": 3}[level]
@@ -292,3 +334,18 @@ class ZorplexEnv(ToolEnv):
         steps += [_note(wrong), _lookup(wrong)]
         actions = [self.format.render_calls(self.tools, [step]) for step in steps]
         return [*actions, self.answer_action(self.table[wrong])]
+
+    def wrong_lookup_actions(self, rng: np.random.Generator, p: float) -> list[str] | None:
+        """A demonstrator's script for the list tier: each asked word's lookup independently goes,
+        with probability `p`, to a word not asked (drawn from `rng`), and the answer lists the
+        values it looked up (so it is wrong). None in another tier or when no lookup goes wrong."""
+        if self.tier != "list" or not self.chain:
+            return None
+        wrong = rng.random(len(self.chain)) < p
+        off_list = [w for w in WORDS if w not in self.chain]
+        picks = rng.integers(len(off_list), size=len(self.chain)).tolist()
+        if not wrong.any():
+            return None
+        looked_up = [off_list[i] if bad else w for w, bad, i in zip(self.chain, wrong, picks, strict=True)]
+        actions = [self.format.render_calls(self.tools, [_lookup(w)]) for w in looked_up]
+        return [*actions, self.answer_action(" ".join(str(self.table[w]) for w in looked_up))]

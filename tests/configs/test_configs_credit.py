@@ -87,3 +87,18 @@ def test_the_credit_demo_preset_runs_its_three_arms_from_one_file():
     )
     check_environment(dense)
     assert dense.env.kwargs["chain_reward"] == 0.1 and dense.env.kwargs["difficulty"] == "hard"
+
+
+def test_the_list_credit_preset_loads_with_every_arm_of_the_demo():
+    # bench/credit_demo.py --preset zorplex_list_credit_tiny: outcome, turn_loo, turn_loo with the
+    # per-lookup reward, the reward with outcome credit; the demonstrator errs per lookup
+    outcome, _ = load_config("zorplex_list_credit_tiny")
+    assert outcome.batch.advantage.credit is Credit.OUTCOME and outcome.env.kwargs["tier"] == "list"
+    assert outcome.sft.oracle.p_wrong_lookup == 0.15
+    for arm in (
+        ["batch.advantage.credit=turn_loo", "env.kwargs.chain_reward=0.2"],
+        ["env.kwargs.chain_reward=0.2"],
+    ):
+        config, _ = load_config("zorplex_list_credit_tiny", arm)
+        check_environment(config)
+        assert config.env.kwargs["chain_reward"] == 0.2 and config.env.kwargs["difficulty"] == "hard"

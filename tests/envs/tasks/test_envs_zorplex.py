@@ -40,7 +40,8 @@ def test_oracle_reaches_max_reward(tier, difficulty):
     for seed in range(30):
         question, info = env.reset(seed=seed)
         assert info["question"] == question == env.unwrapped.question
-        assert info["answer"] == env.unwrapped.answer and isinstance(info["answer"], int)
+        assert info["answer"] == env.unwrapped.answer
+        assert isinstance(info["answer"], str if tier == "list" else int)
         assert info["system_prompt"] == env.unwrapped.system_prompt
         oracle = env.unwrapped.oracle_actions()
         assert oracle[-1] == f"[ANSWER] {info['answer']}"
@@ -210,6 +211,9 @@ def test_system_prompt_describes_tools_rules_and_example():
         ({"tier": "compositional", "difficulty": "extreme"}, "takes difficulty in"),
         ({"table_seed": -1}, "table_seed"),
         ({"tier": "recursive", "max_turns": 4}, "max_turns >= 5"),
+        ({"tier": "list", "items": 6}, "max_turns >= 7 and max_tool_calls >= 6"),
+        ({"tier": "list", "items": 1}, "items is the list tier's number of words, an int in 2..13"),
+        ({"tier": "recursive", "items": 3}, "items is the list tier's"),
         ({"tier": "compositional", "difficulty": "hard", "max_tool_calls": 2}, "max_tool_calls >= 3"),
         ({"max_turns": 0}, "max_turns must be an int >= 1"),
         ({"error_penalty": -0.1}, "error_penalty is a magnitude"),
@@ -253,7 +257,7 @@ def test_the_oracle_collects_the_whole_chain_reward():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"tier": "simple", "chain_reward": 0.1}, "recursive tier"),
+        ({"tier": "simple", "chain_reward": 0.1}, "recursive and list tiers"),
         ({"tier": "recursive", "chain_reward": float("nan")}, "finite"),
         ({"tier": "recursive", "chain_reward": True}, "finite"),
     ],
@@ -261,3 +265,71 @@ def test_the_oracle_collects_the_whole_chain_reward():
 def test_chain_reward_is_refused_where_it_means_nothing(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ZorplexEnv(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("difficulty", "lengths"), [("easy", {2}), ("medium", {3}), ("hard", {4}), (None, {2, 3, 4})]
+)
+def test_list_asks_distinct_words_and_wants_their_values_in_order(difficulty, lengths):
+    env = make("list", difficulty).unwrapped
+    seen = set()
+    for seed in range(40):
+        question, _ = env.reset(seed=seed)
+        words = re.findall(r"'(\w+)'", question)
+        assert words == env.chain and len(set(words)) == len(words)
+        assert env.answer == " ".join(str(env.table[w]) for w in words)
+        seen.add(len(words))
+    assert seen == lengths
+    env = make("list", "medium", max_turns=6)
+    env.reset(seed=5)
+    words = env.unwrapped.chain
+    values = [env.unwrapped.table[w] for w in words]
+    steps = run(env, [f"LOOKUP[{w}]" for w in words])
+    assert [s[0] for s in steps] == [f"LOOKUP[{w}] = {v}" for w, v in zip(words, values, strict=True)]
+    obs, reward, *_ = env.step(f"[ANSWER] {values[1]} {values[0]} {values[2]}")
+    assert obs != "CORRECT" and reward < 1.0  # the values, but out of order
+    fixed = make("list", items=7, max_turns=8, max_tool_calls=7).unwrapped
+    fixed.reset(seed=0)
+    assert len(fixed.chain) == 7 and len(fixed.oracle_actions()) == 8
+
+
+def test_list_chain_reward_pays_each_asked_words_first_lookup_in_any_order():
+    plain, dense = make("list", "hard", max_turns=7), make("list", "hard", chain_reward=0.2, max_turns=7)
+    for seed in range(5):
+        first, _ = plain.reset(seed=seed)
+        assert dense.reset(seed=seed)[0] == first
+        words = dense.unwrapped.chain
+        off_list = next(w for w in WORDS if w not in words)
+        # the last word first, a word not asked, the last word again, then the rest in order
+        actions = [f"LOOKUP[{words[3]}]", f"LOOKUP[{off_list}]", f"LOOKUP[{words[3]}]"]
+        actions += [f"LOOKUP[{w}]" for w in words[:3]] + [f"[ANSWER] {dense.unwrapped.answer}"]
+        a, b = run(plain, actions), run(dense, actions)
+        assert [s[0] for s in a] == [s[0] for s in b]  # the same observations
+        extra = [rb - ra for (_, ra, *_), (_, rb, *_) in zip(a, b, strict=True)]
+        # a wrong lookup does not stop later ones paying; the repeat pays nothing
+        assert extra == pytest.approx([0.2, 0.0, 0.0, 0.2, 0.2, 0.2, 0.0])
+        assert b[-1][4]["reward_components"]["chain"] == pytest.approx(0.8)
+        assert b[-1][0] == "CORRECT"
+
+
+def test_the_wrong_lookup_demonstrator_errs_per_lookup_and_answers_what_it_looked_up():
+    from toolgym.rollouts.scripted import OracleConfig, plan_actions
+
+    env = make("list", "hard").unwrapped
+    wrong_lookups, wrong_episodes, episodes = 0, 0, 400
+    for seed in range(episodes):
+        env.reset(seed=seed)
+        script = plan_actions(env, OracleConfig(p_wrong_lookup=0.25), np.random.default_rng(seed))
+        looked_up = [re.fullmatch(r"LOOKUP\[(\w+)\]", a).group(1) for a in script[:-1]]
+        assert len(looked_up) == 4
+        misses = [got != want for got, want in zip(looked_up, env.chain, strict=True)]
+        assert all(got not in env.chain for got, miss in zip(looked_up, misses, strict=True) if miss)
+        assert script[-1] == "[ANSWER] " + " ".join(str(env.table[w]) for w in looked_up)
+        wrong_lookups += sum(misses)
+        wrong_episodes += any(misses)
+        if not any(misses):
+            assert script == env.oracle_actions()
+    # each of the 4 lookups goes wrong with p = 0.25 on its own: 1 - 0.75^4 = 0.68 of episodes
+    assert wrong_lookups / (4 * episodes) == pytest.approx(0.25, abs=0.04)
+    assert wrong_episodes / episodes == pytest.approx(1 - 0.75**4, abs=0.06)
+    assert make("recursive", "hard").unwrapped.wrong_lookup_actions(np.random.default_rng(0), 1.0) is None

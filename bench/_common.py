@@ -6,12 +6,37 @@ Import from a bench script as `from _common import ...` (bench/ is not a package
 
 from __future__ import annotations
 
+import os
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+
+def toolgym_train(preset: str, overrides: Sequence[str], log: Path, core: int | None = None) -> float:
+    """One `toolgym train <preset> --set ...` process, its output to `log`; with `core`, pinned to
+    that core with one torch thread (`parallel.threads=1`, OMP_NUM_THREADS=1), so a figure taken
+    beside another pinned run is a one-core figure. Returns its wall time; a failed run exits
+    naming the log."""
+    command = [sys.executable, "-m", "toolgym.configs.cli", "train", preset, "--no-progress"]
+    env = dict(os.environ)
+    if core is not None:
+        command = ["taskset", "-c", str(core), *command]
+        overrides = [*overrides, "parallel.threads=1"]
+        env["OMP_NUM_THREADS"] = "1"
+    for item in overrides:
+        command += ["--set", item]
+    started = time.perf_counter()
+    with log.open("w") as out:
+        returncode = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+    if returncode != 0:
+        raise SystemExit(f"{' '.join(command)} exited {returncode}; its output: {log}")
+    return time.perf_counter() - started
 
 
 def _sync(device: torch.device) -> None:

@@ -27,17 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import queue
 import statistics
 import subprocess
 import sys
-import time
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _common import format_table
+from _common import format_table, toolgym_train
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLGYM = str(Path(sys.executable).with_name("toolgym"))
@@ -49,19 +47,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def train(run_dir: Path, preset: str, overrides: list[str], core: int | None, log: Path) -> float:
     """One `toolgym train` run; returns its wall time in seconds (the process's, install-free)."""
-    cmd = [TOOLGYM, "train", preset, "--set", f'run.run_dir="{run_dir}"', "--set", "run.plot=false"]
-    for item in overrides:
-        cmd += ["--set", item]
-    env = dict(os.environ)
-    if core is not None:
-        cmd = ["taskset", "-c", str(core), *cmd, "--set", "parallel.threads=1"]
-        env["OMP_NUM_THREADS"] = "1"
-    started = time.perf_counter()
-    with log.open("w") as out:
-        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
-    if rc != 0:
-        raise SystemExit(f"{' '.join(cmd)} exited {rc}; its output: {log}")
-    return time.perf_counter() - started
+    return toolgym_train(preset, [f'run.run_dir="{run_dir}"', "run.plot=false", *overrides], log, core)
 
 
 def sft_phase(records: list[dict]) -> tuple[int, float]:

@@ -24,16 +24,13 @@ import json
 import os
 import queue
 import statistics
-import subprocess
-import sys
 import threading
-import time
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from _common import commit, format_table, machine_summary
+from _common import commit, format_table, machine_summary, toolgym_train
 
 
 @dataclass(frozen=True)
@@ -58,21 +55,11 @@ def train(
     core: int | None,
 ) -> float:  # fmt: skip
     """One `toolgym train` of the preset; returns its wall time. Its output goes to run_dir.log."""
-    command = [sys.executable, "-m", "toolgym.configs.cli", "train", bench.preset, "--no-progress"]
     items = [f"run.seed={seed}", f"model.init_seed={seed}", f"run.run_dir={run_dir}", "run.export_hf=false"]
-    env = dict(os.environ)
-    if core is not None:
-        command = ["taskset", "-c", str(core), *command]
-        items.append("parallel.threads=1")
-        env["OMP_NUM_THREADS"] = "1"
     if sft_model is not None:
         items += ["sft.enabled=false", f"model.path={sft_model}"]
-    for item in items + overrides + sets:  # the user's --set last: they win
-        command += ["--set", item]
-    started = time.perf_counter()
-    with open(f"{run_dir}.log", "w") as log:
-        subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=True, env=env)
-    return time.perf_counter() - started
+    # the user's --set last: they win (a pinned run's parallel.threads=1 comes after them)
+    return toolgym_train(bench.preset, items + overrides + sets, Path(f"{run_dir}.log"), core)
 
 
 def _records(run_dir: Path) -> list[dict]:

@@ -15,13 +15,24 @@ RL from the first arm's SFT model, so every arm starts from the same note-taking
 - window: `rollout.context.policy = "window"`, the last two turns (head + the two newest turns).
 Held-out accuracy is the env's `accuracy` metric (a right answer); the target is 0.80 for the
 notes arm. The curves go to `--curves` (bench/notes_demo_curves.png).
+
+Then, per seed, what the notes arm's notes contain in its held-out episodes after SFT and at the
+end (its recorded eval trajectories): notes per episode, the share that copy the `SEE:` target the
+model had just read (the note the task needs), that name another word, or that carry other text,
+and the accuracy of the episodes whose every note was a right copy; and one episode's actions.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
+from _common import format_table
 from rl_arms import ArmsBench, main  # bench/ is sys.path[0] when run as a script
+
+_SEE = re.compile(r"= SEE: (\w+)\s*$")
+_WORD = re.compile(r"\w+")
 
 BENCH = ArmsBench(
     preset="zorplex_notes_tiny",
@@ -35,5 +46,67 @@ BENCH = ArmsBench(
     curves=Path(__file__).parent / "notes_demo_curves.png",
 )
 
+
+def note_kinds(trajectories: Path) -> dict[str, float]:
+    """What the notes of one eval's recorded episodes contain (see the module doc)."""
+    records = [json.loads(line) for line in trajectories.read_text().splitlines() if line.strip()]
+    episodes = [r for r in records if "transitions" in r]  # the file's first line is its header
+    counts = {"right copy": 0, "other word": 0, "other text": 0}
+    clean, clean_right = 0, 0
+    for episode in episodes:
+        kinds = []
+        for transition in episode["transitions"]:
+            note = transition["info"].get("note")
+            if note is None:
+                continue
+            seen = _SEE.search(transition["observation"])
+            if seen is not None and note.strip() == seen.group(1):
+                kinds.append("right copy")
+            else:
+                kinds.append("other word" if _WORD.fullmatch(note.strip()) else "other text")
+        for kind in kinds:
+            counts[kind] += 1
+        if kinds and all(k == "right copy" for k in kinds):
+            clean += 1
+            clean_right += episode["final_observation"] == "CORRECT"
+    notes = sum(counts.values())
+    return {
+        "episodes": len(episodes),
+        "notes per episode": notes / max(1, len(episodes)),
+        **{kind: n / max(1, notes) for kind, n in counts.items()},
+        "accuracy, all notes right": clean_right / max(1, clean),
+    }
+
+
+def example(trajectories: Path) -> str:
+    """The first recorded episode's actions, one line."""
+    records = (json.loads(line) for line in trajectories.read_text().splitlines() if line.strip())
+    episode = next(r for r in records if "transitions" in r)
+    actions = " | ".join(t["action"]["text"] for t in episode["transitions"])
+    return f"{episode['transitions'][0]['observation']}  {actions}  -> {episode['final_observation']}"
+
+
+def report_notes(out: Path, seeds: list[int]) -> None:
+    rows, examples = [], []
+    for seed in seeds:
+        evals = sorted((BENCH.run_dir(out, "notes", seed) / "trajectories").glob("eval_step_*.jsonl"))
+        if not evals:
+            continue
+        for label, path in (
+            ("after SFT", evals[0]),
+            (f"step {int(evals[-1].stem.split('_')[-1])}", evals[-1]),
+        ):
+            kinds = note_kinds(path)
+            rows.append([seed, label, *(f"{v:.3f}" if isinstance(v, float) else v for v in kinds.values())])
+        examples.append(f"seed {seed}, last eval: {example(evals[-1])}")
+    if rows:
+        headers = ["seed", "eval", "episodes", "notes per episode", "right copy", "other word", "other text",
+                   "accuracy, all notes right"]  # fmt: skip
+        print("the notes arm's held-out notes:")
+        print(format_table(headers, rows))
+        print("\n".join(examples))
+
+
 if __name__ == "__main__":
-    main({BENCH.preset: BENCH}, (__doc__ or "").split("\n")[0])
+    args = main({BENCH.preset: BENCH}, (__doc__ or "").split("\n")[0])
+    report_notes(args.out, args.seeds)

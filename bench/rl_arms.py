@@ -155,8 +155,9 @@ def plot(bench: ArmsBench, out: Path, seeds: list[int], curves: Path) -> None:
     print(f"curves: {curves}")
 
 
-def main(benches: dict[str, ArmsBench], description: str) -> None:
-    """The command line: `--preset` picks one of `benches` (by preset name; the first by default)."""
+def main(benches: dict[str, ArmsBench], description: str) -> argparse.Namespace:
+    """The command line: `--preset` picks one of `benches` (by preset name; the first by default).
+    Returns the parsed arguments (`out` and `curves` resolved), for a bench's own report after."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--preset", choices=list(benches), default=next(iter(benches)))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -217,3 +218,4 @@ def main(benches: dict[str, ArmsBench], description: str) -> None:
         for future in [pool.submit(one_seed, seed) for seed in args.seeds]:
             future.result()
     plot(bench, args.out, args.seeds, args.curves)
+    return args

@@ -6,13 +6,17 @@ context window (configs/zorplex_notes_tiny.toml: four redirects, a 320-token win
         --set sft.num_tasks=64 --set eval.num_tasks=4 --set eval.every_steps=1 \
         --out /tmp/notes_smoke                                     # a smoke run (no meaningful figure)
 
-Per seed, three `toolgym train zorplex_notes_tiny` runs (bench/rl_arms.py: the later arms start
-RL from the first arm's SFT model, so every arm starts from the same note-taking policy):
+Per seed, one `toolgym train zorplex_notes_tiny` run per arm (bench/rl_arms.py: the later arms
+start RL from the first arm's SFT model, so they start from the same note-taking policy):
 - notes: the preset as shipped (each NOTE cuts the context back to the system prompt, the task
   and the last note);
 - keep_all: `rollout.context.policy = "keep_all"` (the notes are written but cut nothing; the
   history overflows the window before the last lookup, and the episode is truncated);
-- window: `rollout.context.policy = "window"`, the last two turns (head + the two newest turns).
+- window: `rollout.context.policy = "window"`, the last two turns (head + the two newest turns),
+  from the same note-taking SFT model;
+- window_no_notes: its own SFT and RL without the NOTE tool (`env.kwargs.notes = false`) under
+  the same window: the demonstrator follows the chain without notes, and the window keeps the
+  last `SEE:` result, which is all this chain needs.
 Held-out accuracy is the env's `accuracy` metric (a right answer); the target is 0.80 for the
 notes arm. The curves go to `--curves` (bench/notes_demo_curves.png).
 
@@ -40,10 +44,16 @@ BENCH = ArmsBench(
         "notes": [],
         "keep_all": ["rollout.context.policy=keep_all"],
         "window": ["rollout.context.policy=window", "rollout.context.turns=2"],
+        "window_no_notes": [
+            "env.kwargs.notes=false",
+            "rollout.context.policy=window",
+            "rollout.context.turns=2",
+        ],
     },
     target={"accuracy": 0.80},
     out=Path("runs/notes_demo"),
     curves=Path(__file__).parent / "notes_demo_curves.png",
+    own_sft=frozenset({"window_no_notes"}),
 )
 
 

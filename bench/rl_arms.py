@@ -27,7 +27,7 @@ import statistics
 import threading
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from _common import commit, format_table, machine_summary, toolgym_train
@@ -168,10 +168,21 @@ def main(benches: dict[str, ArmsBench], description: str) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="keep the runs already finished in --out")
     parser.add_argument("--curves", type=Path, help="the curves PNG (default: the preset's)")
     parser.add_argument(
+        "--arms",
+        nargs="+",
+        help="run (or, with --resume, report) only these arms; the first arm always runs first",
+    )
+    parser.add_argument(
         "--jobs", type=int, default=1, help="seeds at once, each on its own core (1: all cores)"
     )
     args = parser.parse_args()
     bench = benches[args.preset]
+    if args.arms:
+        unknown = sorted(set(args.arms) - set(bench.arms))
+        if unknown:
+            raise SystemExit(f"--arms: {unknown} are not arms of {bench.preset} ({', '.join(bench.arms)})")
+        first = next(iter(bench.arms))  # its SFT model is where the others start
+        bench = replace(bench, arms={a: o for a, o in bench.arms.items() if a == first or a in args.arms})
     args.out = args.out or bench.out
     args.curves = args.curves or bench.curves
     args.out.mkdir(parents=True, exist_ok=True)

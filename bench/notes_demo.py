@@ -28,12 +28,15 @@ and the accuracy of the episodes whose every note was a right copy; and one epis
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from _common import format_table
 from rl_arms import ArmsBench, main  # bench/ is sys.path[0] when run as a script
+
+from toolgym.envs.core.info import NOTE
+from toolgym.rollouts.recording.format import read_recording
+from toolgym.rollouts.types import Trajectory
 
 _SEE = re.compile(r"= SEE: (\w+)\s*$")
 _WORD = re.compile(r"\w+")
@@ -57,19 +60,17 @@ BENCH = ArmsBench(
 )
 
 
-def note_kinds(trajectories: Path) -> dict[str, float]:
+def note_kinds(episodes: list[Trajectory]) -> dict[str, float]:
     """What the notes of one eval's recorded episodes contain (see the module doc)."""
-    records = [json.loads(line) for line in trajectories.read_text().splitlines() if line.strip()]
-    episodes = [r for r in records if "transitions" in r]  # the file's first line is its header
     counts = {"right copy": 0, "other word": 0, "other text": 0}
     clean, clean_right = 0, 0
     for episode in episodes:
         kinds = []
-        for transition in episode["transitions"]:
-            note = transition["info"].get("note")
+        for transition in episode.transitions:
+            note = transition.info.get(NOTE)
             if note is None:
                 continue
-            seen = _SEE.search(transition["observation"])
+            seen = _SEE.search(transition.observation)
             if seen is not None and note.strip() == seen.group(1):
                 kinds.append("right copy")
             else:
@@ -78,7 +79,7 @@ def note_kinds(trajectories: Path) -> dict[str, float]:
             counts[kind] += 1
         if kinds and all(k == "right copy" for k in kinds):
             clean += 1
-            clean_right += episode["final_observation"] == "CORRECT"
+            clean_right += episode.final_observation == "CORRECT"
     notes = sum(counts.values())
     return {
         "episodes": len(episodes),
@@ -88,12 +89,10 @@ def note_kinds(trajectories: Path) -> dict[str, float]:
     }
 
 
-def example(trajectories: Path) -> str:
-    """The first recorded episode's actions, one line."""
-    records = (json.loads(line) for line in trajectories.read_text().splitlines() if line.strip())
-    episode = next(r for r in records if "transitions" in r)
-    actions = " | ".join(t["action"]["text"] for t in episode["transitions"])
-    return f"{episode['transitions'][0]['observation']}  {actions}  -> {episode['final_observation']}"
+def example(episode: Trajectory) -> str:
+    """One recorded episode's question and actions, one line."""
+    actions = " | ".join(t.action.text for t in episode.transitions)
+    return f"{episode.transitions[0].observation}  {actions}  -> {episode.final_observation}"
 
 
 def report_notes(out: Path, seeds: list[int]) -> None:
@@ -106,9 +105,10 @@ def report_notes(out: Path, seeds: list[int]) -> None:
             ("after SFT", evals[0]),
             (f"step {int(evals[-1].stem.split('_')[-1])}", evals[-1]),
         ):
-            kinds = note_kinds(path)
+            _, episodes = read_recording(path)
+            kinds = note_kinds(episodes)
             rows.append([seed, label, *(f"{v:.3f}" if isinstance(v, float) else v for v in kinds.values())])
-        examples.append(f"seed {seed}, last eval: {example(evals[-1])}")
+        examples.append(f"seed {seed}, last eval: {example(episodes[0])}")
     if rows:
         headers = ["seed", "eval", "episodes", "notes per episode", "right copy", "other word", "other text",
                    "accuracy, all notes right"]  # fmt: skip

@@ -82,6 +82,7 @@ _INSTRUCTIONS = {
     "recursive": _INTRO + " A word may point to another word (SEE: word); follow it until you get a number.",
     "list": _INTRO + " Answer every value asked, in the order asked, separated by spaces.",
 }
+_REDIRECTS = {"easy": 1, "medium": 2, "hard": 3}  # recursive: a chain of n redirects, n + 1 lookups
 _LIST_LENGTHS = {"easy": 2, "medium": 3, "hard": 4}
 _Q = "What is the zorplex value of 'cat'?"
 
@@ -226,11 +227,7 @@ class ZorplexEnv(ToolEnv):
         super().__init__(tools=tools, instructions=_INSTRUCTIONS[tier], example=example, **knobs)
 
         most_calls = {"simple": 1, "multi_step": 2}.get(tier) or (
-            {"easy": 2, "medium": 2, "hard": 3}[level]
-            if tier == "compositional"
-            else (items or _LIST_LENGTHS[level])
-            if tier == "list"
-            else (redirects + 1 if redirects is not None else {"easy": 2, "medium": 3, "hard": 4}[level])
+            {"easy": 2, "medium": 2, "hard": 3}[level] if tier == "compositional" else self._lookups(level)
         )
         most_turns = most_calls + 1 + (most_calls - 1 if noting else 0)  # a note per redirect
         if self.max_turns < most_turns or self.max_tool_calls < most_calls:
@@ -239,6 +236,12 @@ class ZorplexEnv(ToolEnv):
                 f"{' and notes' if noting else ''}: max_turns >= {most_turns} and max_tool_calls >= {most_calls}, got "
                 f"max_turns={self.max_turns}, max_tool_calls={self.max_tool_calls}"
             )
+
+    def _lookups(self, level: str) -> int:
+        """The lookups a recursive chain or a list of `level` takes (`redirects`/`items` win)."""
+        if self.tier == "list":
+            return self.items_fixed or _LIST_LENGTHS[level]
+        return (self.redirects_fixed or _REDIRECTS[level]) + 1
 
     # ---- tools (per-episode state: table, redirects, keys) -------------------------------------
 
@@ -303,14 +306,13 @@ class ZorplexEnv(ToolEnv):
 
         if self.tier == "list":
             level = self.difficulty or _LEVELS[int(rng.integers(3))]
-            self.chain = [WORDS[i] for i in order[: self.items_fixed or _LIST_LENGTHS[level]]]
+            self.chain = [WORDS[i] for i in order[: self._lookups(level)]]
             answer = " ".join(str(self.table[w]) for w in self.chain)
             return Task(_list_question(self.chain), answer, [_lookup(w) for w in self.chain])
 
-        # recursive: order[0] -> order[1] -> ... -> order[depth], which holds the number.
+        # recursive: order[0] -> order[1] -> ... -> the chain's last word, which holds the number.
         level = self.difficulty or _LEVELS[int(rng.integers(3))]
-        depth = self.redirects_fixed or {"easy": 1, "medium": 2, "hard": 3}[level]
-        self.chain = [WORDS[i] for i in order[: depth + 1]]
+        self.chain = [WORDS[i] for i in order[: self._lookups(level)]]
         self.redirects = dict(itertools.pairwise(self.chain))
         value = self.table[self.chain[-1]]
         if not self.notes:

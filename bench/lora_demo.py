@@ -15,7 +15,10 @@ arm's SFT model; SFT trains every weight):
 - lora_r8_lr1e-3: the same at lr 1e-3 (5x the presets' 2e-4): a zero-initialised B moves the
   product s·BA by about lr·s·|A| per step, a fraction of what Adam moves a full weight by;
 - lora_r8_lr2e-3: 10x (zorplex_tiny only, as is lora_r8: zorplex_recursive_tiny runs full and
-  lora_r8_lr1e-3).
+  lora_r8_lr1e-3);
+- lora_r8_lr1e-3_dr, lora_r8_lr2e-3_dr: 5x and 10x with Dr. GRPO's mean-centred advantages
+  (zorplex_tiny; GRPO's std division makes the 0.2 format-reward gap unit-scale once every answer
+  is right, which collapsed an adapter run, docs/training.md).
 The held-out targets are the presets': tag rate >= 0.95 with accuracy >= 0.90 (zorplex_tiny),
 accuracy >= 0.90 (zorplex_recursive_tiny). The curves go to bench/lora_demo_<preset>_curves.png.
 """
@@ -30,6 +33,7 @@ FULL: list[str] = []
 LORA = ["policy.lora.rank=8"]
 LORA_5X = ["policy.lora.rank=8", "trainer.optimizer.lr=1e-3"]
 LORA_10X = ["policy.lora.rank=8", "trainer.optimizer.lr=2e-3"]
+DR_GRPO = ["batch.advantage.estimator=dr_grpo"]
 BENCHES = {
     preset: ArmsBench(
         preset=preset,
@@ -41,7 +45,14 @@ BENCHES = {
     for preset, arms, target in [
         (
             "zorplex_tiny",
-            {"full": FULL, "lora_r8": LORA, "lora_r8_lr1e-3": LORA_5X, "lora_r8_lr2e-3": LORA_10X},
+            {
+                "full": FULL,
+                "lora_r8": LORA,
+                "lora_r8_lr1e-3": LORA_5X,
+                "lora_r8_lr2e-3": LORA_10X,
+                "lora_r8_lr1e-3_dr": LORA_5X + DR_GRPO,
+                "lora_r8_lr2e-3_dr": LORA_10X + DR_GRPO,
+            },
             {"tag_rate": 0.95, "accuracy": 0.90},
         ),
         ("zorplex_recursive_tiny", {"full": FULL, "lora_r8_lr1e-3": LORA_5X}, {"accuracy": 0.90}),

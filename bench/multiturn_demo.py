@@ -29,16 +29,14 @@ import argparse
 import json
 import queue
 import statistics
-import subprocess
-import sys
-import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from _common import format_table, toolgym_train
 
+from toolgym.configs.load import load_config
+
 ROOT = Path(__file__).resolve().parents[1]
-TOOLGYM = str(Path(sys.executable).with_name("toolgym"))
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -155,11 +153,8 @@ def main() -> None:
         records = read_metrics(rl_dir)
         sft_steps, sft_seconds = sft_phase(records)
         extra_steps = max(1, int(sft_steps * (rl_wall - sft_seconds) / sft_seconds))
-        config = tomllib.loads(subprocess.check_output(
-                [TOOLGYM, "train", args.preset, *(a for o in args.overrides for a in ("--set", o)), "--print-config"],
-                text=True,
-            ))
-        final_lr = config["sft"]["optimizer"]["lr"] * config["sft"]["optimizer"]["min_lr_ratio"]
+        config, _ = load_config(args.preset, args.overrides)
+        final_lr = config.sft.optimizer.lr * config.sft.optimizer.min_lr_ratio
         sft_dir, sft_wall = job(
             f"sft-only-seed{seed}",
             [

@@ -18,7 +18,9 @@ arm's SFT model; SFT trains every weight):
   lora_r8_lr1e-3);
 - lora_r8_lr1e-3_dr, lora_r8_lr2e-3_dr: 5x and 10x with Dr. GRPO's mean-centred advantages
   (zorplex_tiny; GRPO's std division makes the 0.2 format-reward gap unit-scale once every answer
-  is right, which collapsed an adapter run, docs/training.md).
+  is right, which collapsed an adapter run, docs/training.md);
+- lora_r8_lr2e-3_eps0.1: 10x, GRPO with 0.1 added to the group's std (a floor that shrinks a
+  format-only 0.2 gap's advantages about 2x and a right/wrong gap's by about 15%).
 The held-out targets are the presets': tag rate >= 0.95 with accuracy >= 0.90 (zorplex_tiny),
 accuracy >= 0.90 (zorplex_recursive_tiny). The curves go to bench/lora_demo_<preset>_curves.png.
 """
@@ -34,6 +36,7 @@ LORA = ["policy.lora.rank=8"]
 LORA_5X = ["policy.lora.rank=8", "trainer.optimizer.lr=1e-3"]
 LORA_10X = ["policy.lora.rank=8", "trainer.optimizer.lr=2e-3"]
 DR_GRPO = ["batch.advantage.estimator=dr_grpo"]
+STD_FLOOR = ["batch.advantage.eps=0.1"]
 BENCHES = {
     preset: ArmsBench(
         preset=preset,
@@ -52,6 +55,7 @@ BENCHES = {
                 "lora_r8_lr2e-3": LORA_10X,
                 "lora_r8_lr1e-3_dr": LORA_5X + DR_GRPO,
                 "lora_r8_lr2e-3_dr": LORA_10X + DR_GRPO,
+                "lora_r8_lr2e-3_eps0.1": LORA_10X + STD_FLOOR,
             },
             {"tag_rate": 0.95, "accuracy": 0.90},
         ),

@@ -10,7 +10,9 @@ Per seed, two `toolgym train pycalc_tiny` runs (bench/rl_arms.py):
 - tool: the preset as shipped: SFT on demonstrations that call python half the time and guess
   100000 otherwise, then RL;
 - no_tool: `env.kwargs.tool=false`: the same tasks with no tool (no sandbox started), SFT on the
-  right answers stated at once, then RL, its own SFT (its demonstrations differ).
+  right answers stated at once, then RL, its own SFT (its demonstrations differ);
+- no_tool_same_wall: the same with 2900 SFT steps, about the tool run's wall time on one core
+  (a tool-free SFT step is ~4x cheaper: its sequences are shorter and it runs no sandbox).
 The target is held-out accuracy >= 0.90 (with the tool; the tool-free model is the baseline).
 The curves go to bench/pycalc_demo_curves.png.
 """
@@ -23,11 +25,15 @@ from rl_arms import ArmsBench, main  # bench/ is sys.path[0] when run as a scrip
 
 BENCH = ArmsBench(
     preset="pycalc_tiny",
-    arms={"tool": [], "no_tool": ["env.kwargs.tool=false"]},
+    arms={
+        "tool": [],
+        "no_tool": ["env.kwargs.tool=false"],
+        "no_tool_same_wall": ["env.kwargs.tool=false", "sft.steps=2900"],
+    },
     target={"accuracy": 0.90},
     out=Path("runs/pycalc_demo"),
     curves=Path(__file__).parent / "pycalc_demo_curves.png",
-    own_sft=frozenset({"no_tool"}),
+    own_sft=frozenset({"no_tool", "no_tool_same_wall"}),
 )
 
 if __name__ == "__main__":

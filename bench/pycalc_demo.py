@@ -6,7 +6,7 @@ with the sandbox, against the same model, SFT and RL steps with no tool at all.
         --set sft.optimizer.warmup_steps=1 --set eval.num_tasks=4 --set eval.every_steps=1 \
         --out /tmp/pycalc_smoke                       # a smoke run (no figure)
 
-Per seed, two `toolgym train pycalc_tiny` runs (bench/rl_arms.py):
+Per seed, three `toolgym train pycalc_tiny` runs (bench/rl_arms.py):
 - tool: the preset as shipped: SFT on demonstrations that call python half the time and guess
   100000 otherwise, then RL;
 - no_tool: `env.kwargs.tool=false`: the same tasks with no tool (no sandbox started), SFT on the

@@ -55,16 +55,6 @@ import torch
 from ..agents.chat import Renderer
 from ..agents.types import Completion, SamplingParams
 
-# OracleConfig's knobs that are probabilities
-_PROBABILITIES = (
-    "p_omit_tag",
-    "p_skip_lookup",
-    "p_malformed_call",
-    "p_stop_early",
-    "p_wrong_note",
-    "p_wrong_lookup",
-)
-
 
 class OracleConfig(msgspec.Struct, frozen=True):
     p_omit_tag: float = 0.0
@@ -76,7 +66,7 @@ class OracleConfig(msgspec.Struct, frozen=True):
     p_wrong_lookup: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in _PROBABILITIES:
+        for name in (field for field in self.__struct_fields__ if field.startswith("p_")):  # probabilities
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(
                     f"OracleConfig.{name} must be a probability in [0, 1], got {getattr(self, name)}"

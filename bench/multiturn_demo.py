@@ -34,7 +34,7 @@ from pathlib import Path
 
 from _common import format_table, toolgym_train
 
-from toolgym.configs.load import load_config
+from toolgym.configs.load import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,6 +132,11 @@ def main() -> None:
     args.out = args.out.resolve()
     if args.plot_only:
         return print_kinds_and_plot(args.out, args.seeds, args.curves)
+    try:  # a bad --set fails here, before any run
+        config, _ = load_config(args.preset, args.overrides)
+    except ConfigError as exc:
+        raise SystemExit(str(exc)) from None
+    final_lr = config.sft.optimizer.lr * config.sft.optimizer.min_lr_ratio  # the SFT-only runs' lr
     args.out.mkdir(parents=True, exist_ok=True)
     cores: queue.Queue[int | None] = queue.Queue()
     for core in range(args.jobs) if args.jobs > 1 else [None]:
@@ -153,8 +158,6 @@ def main() -> None:
         records = read_metrics(rl_dir)
         sft_steps, sft_seconds = sft_phase(records)
         extra_steps = max(1, int(sft_steps * (rl_wall - sft_seconds) / sft_seconds))
-        config, _ = load_config(args.preset, args.overrides)
-        final_lr = config.sft.optimizer.lr * config.sft.optimizer.min_lr_ratio
         sft_dir, sft_wall = job(
             f"sft-only-seed{seed}",
             [

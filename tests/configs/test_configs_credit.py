@@ -101,4 +101,4 @@ def test_the_list_credit_preset_loads_with_every_arm_of_the_demo():
     ):
         config, _ = load_config("zorplex_list_credit_tiny", arm)
         check_environment(config)
-        assert config.env.kwargs["chain_reward"] == 0.2 and config.env.kwargs["difficulty"] == "hard"
+        assert config.env.kwargs["chain_reward"] == 0.2 and config.env.kwargs["difficulty"] == "easy"

@@ -29,6 +29,7 @@ and the accuracy of the episodes whose every note was a right copy; and one epis
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from _common import format_table
@@ -41,22 +42,29 @@ from toolgym.rollouts.types import Trajectory
 _SEE = re.compile(r"= SEE: (\w+)\s*$")
 _WORD = re.compile(r"\w+")
 
+ARMS = {
+    "notes": [],
+    "keep_all": ["rollout.context.policy=keep_all"],
+    "window": ["rollout.context.policy=window", "rollout.context.turns=2"],
+    "window_no_notes": [
+        "env.kwargs.notes=false",
+        "rollout.context.policy=window",
+        "rollout.context.turns=2",
+    ],
+}
 BENCH = ArmsBench(
     preset="zorplex_notes_tiny",
-    arms={
-        "notes": [],
-        "keep_all": ["rollout.context.policy=keep_all"],
-        "window": ["rollout.context.policy=window", "rollout.context.turns=2"],
-        "window_no_notes": [
-            "env.kwargs.notes=false",
-            "rollout.context.policy=window",
-            "rollout.context.turns=2",
-        ],
-    },
+    arms=ARMS,
     target={"accuracy": 0.80},
     out=Path("runs/notes_demo"),
     curves=Path(__file__).parent / "notes_demo_curves.png",
     own_sft=frozenset({"window_no_notes"}),
+)
+VALUES = replace(
+    BENCH,
+    preset="zorplex_notes_values_tiny",
+    out=Path("runs/notes_demo_values"),
+    curves=Path(__file__).parent / "notes_demo_values_curves.png",
 )
 
 
@@ -118,5 +126,5 @@ def report_notes(out: Path, seeds: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    args = main({BENCH.preset: BENCH}, (__doc__ or "").split("\n")[0])
+    args = main({b.preset: b for b in (BENCH, VALUES)}, (__doc__ or "").split("\n")[0])
     report_notes(args.out, args.seeds)

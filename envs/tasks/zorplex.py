@@ -15,6 +15,9 @@ Tiers (question -> ideal actions):
                  table's RNG right after the values (so they follow from the seed).
 - recursive:     same question; LOOKUP on the asked word returns `SEE: other` along a chain of
                  1-3 redirects (easy 1, medium 2, hard 3) that ends at a word with a number.
+                 `collect=True`: every word on the chain has a value (`LOOKUP[cat] = 17 SEE: sun`)
+                 and the answer is all of them in chain order (`[ANSWER] 17 5`, graded as text),
+                 so the first lookups' values are needed at the end.
 - list:          "What are the zorplex values of 'cat', 'sun' and 'ice'? ..."   one LOOKUP per
                  word, then `[ANSWER] 17 5 3` (the values in the asked order, graded as text).
                  easy: 2 words, medium 3, hard 4. Each lookup succeeds or fails on its own: the
@@ -27,7 +30,10 @@ Notes (`notes=True`, a ToolEnv knob: a NOTE tool and the notes context policy, w
 conversation to the task and the notes after each one): in the recursive tier the oracle notes
 each `SEE:` target before looking it up (`LOOKUP[cat]`, `NOTE[sun]`, `LOOKUP[sun]`, ...), so a
 chain longer than the context window still fits; `wrong_note_actions` is a demonstrator that
-notes a wrong word once and follows it to a wrong answer. In the list tier,
+notes a wrong word once and follows it to a wrong answer. With `collect=True` each note carries
+the values so far and the next word (`NOTE[17 sun]`, `NOTE[17 5 ice]`): with only the last note
+kept, the note is the only place the early values survive, so a window of recent turns cannot
+answer; the fallible demonstrator's one wrong note names a wrong word or miscopies a value. In the list tier,
 `wrong_lookup_actions` is a demonstrator whose every lookup independently goes to a wrong word
 with a given probability (its value then lands in the answer: wrong).
 
@@ -80,6 +86,9 @@ _INSTRUCTIONS = {
     "compositional": _INTRO + " Do the arithmetic left to right.",
     "multi_step": "Every word has a secret zorplex value, stored under a key. Only the tools know them.",
     "recursive": _INTRO + " A word may point to another word (SEE: word); follow it until you get a number.",
+    "collect": _INTRO
+    + " A word's value may point on to another word (17 SEE: sun): follow the chain to its end and"
+    " answer every value on it, in chain order, separated by spaces.",
     "list": _INTRO + " Answer every value asked, in the order asked, separated by spaces.",
 }
 _REDIRECTS = {"easy": 1, "medium": 2, "hard": 3}  # recursive: a chain of n redirects, n + 1 lookups
@@ -121,6 +130,11 @@ _EXAMPLES = {
 _NOTES_EXAMPLE = Example(
     _Q, [(_lookup("cat"), "SEE: sun"), (_note("sun"), "noted"), (_lookup("sun"), 17)], 17
 )
+_QC = "What are the zorplex values along the chain from 'cat'?"
+_COLLECT_EXAMPLE = Example(_QC, [(_lookup("cat"), "17 SEE: sun"), (_lookup("sun"), 5)], "17 5")
+_COLLECT_NOTES_EXAMPLE = Example(
+    _QC, [(_lookup("cat"), "17 SEE: sun"), (_note("17 sun"), "noted"), (_lookup("sun"), 5)], "17 5"
+)
 
 
 def fixed_table(table_seed: int) -> tuple[dict[str, int], np.random.Generator]:
@@ -150,8 +164,9 @@ class ZorplexEnv(ToolEnv):
     tier: simple, compositional, multi_step, recursive or list. difficulty: see the module doc.
     table_seed: fix the table (None: a new table per episode). chain_reward: the recursive and
     list tiers' process reward per lookup that follows the chain (module doc; 0 = off).
-    redirects (recursive), items (list): a fixed length. Other keyword arguments are the ToolEnv
-    knobs (max_turns=5, rewards, limits).
+    redirects (recursive), items (list): a fixed length. collect (recursive): every chain word has
+    a value and the answer lists them (module doc). Other keyword arguments are the ToolEnv knobs
+    (max_turns=5, rewards, limits).
     """
 
     def __init__(
@@ -162,6 +177,7 @@ class ZorplexEnv(ToolEnv):
         chain_reward: float = 0.0,
         redirects: int | None = None,
         items: int | None = None,
+        collect: bool = False,
         **knobs: Any,
     ):
         if tier not in TIERS:
@@ -193,6 +209,9 @@ class ZorplexEnv(ToolEnv):
                 f"items is the list tier's number of words, an int in 2..{len(WORDS) // 2}: got "
                 f"{items!r} for tier {tier!r}"
             )
+        if collect and tier != "recursive":
+            raise ValueError(f"collect is a recursive tier's variant, got tier {tier!r}")
+        self.collect = bool(collect)
         self.redirects_fixed = redirects
         self.items_fixed = items
         self.chain_reward = float(chain_reward)
@@ -223,8 +242,11 @@ class ZorplexEnv(ToolEnv):
         noting = tier == "recursive" and bool(knobs.get("notes"))
         if noting:
             example = _NOTES_EXAMPLE
-        knobs.setdefault("grader", text_grader() if tier == "list" else numeric())
-        super().__init__(tools=tools, instructions=_INSTRUCTIONS[tier], example=example, **knobs)
+        if self.collect:
+            example = _COLLECT_NOTES_EXAMPLE if noting else _COLLECT_EXAMPLE
+        knobs.setdefault("grader", text_grader() if tier == "list" or self.collect else numeric())
+        instructions = _INSTRUCTIONS["collect" if self.collect else tier]
+        super().__init__(tools=tools, instructions=instructions, example=example, **knobs)
 
         most_calls = {"simple": 1, "multi_step": 2}.get(tier) or (
             {"easy": 2, "medium": 2, "hard": 3}[level] if tier == "compositional" else self._lookups(level)
@@ -250,6 +272,8 @@ class ZorplexEnv(ToolEnv):
         target = self.redirects.get(word)
         value = self.table.get(word)
         text = f"SEE: {target}" if target is not None else "UNKNOWN" if value is None else str(value)
+        if self.collect and target is not None:
+            text = f"{value} SEE: {target}"
         if self.tier == "list":  # an asked word's first lookup, in any order
             following = word in self.chain and word not in self._followed
         else:  # the chain's next word
@@ -315,27 +339,53 @@ class ZorplexEnv(ToolEnv):
         self.chain = [WORDS[i] for i in order[: self._lookups(level)]]
         self.redirects = dict(itertools.pairwise(self.chain))
         value = self.table[self.chain[-1]]
+        if self.collect:
+            question = f"What are the zorplex values along the chain from '{word}'?"
+            value = " ".join(str(self.table[w]) for w in self.chain)
         if not self.notes:
             return Task(question, value, [_lookup(w) for w in self.chain])
         steps: list[Call] = [_lookup(self.chain[0])]
-        for word in self.chain[1:]:
-            steps += [_note(word), _lookup(word)]
+        for at, word in enumerate(self.chain[1:], start=1):
+            steps += [
+                _note(self._collect_note(self.chain[:at], word) if self.collect else word),
+                _lookup(word),
+            ]
         return Task(question, value, steps, needed_tool_calls=len(self.chain))
+
+    def _collect_note(self, looked_up: list[str], next_word: str) -> str:
+        """The collecting chain's note: the values of the words looked up so far, then the next word."""
+        return " ".join([*(str(self.table[w]) for w in looked_up), next_word])
 
     def wrong_note_actions(self, rng: np.random.Generator) -> list[str] | None:
         """A demonstrator's script that notes a wrong word at one redirect (drawn from `rng`),
-        looks it up and answers its value (wrong); None without notes or redirects."""
+        looks it up and answers its value (wrong); None without notes or redirects. Collecting,
+        the wrong note names a wrong word or, as often, miscopies one value, which then rides
+        along in every later note and the answer."""
         if not self.notes or len(self.chain) < 2:
             return None
         at = int(rng.integers(1, len(self.chain)))  # the note of chain[at] goes wrong
         off_chain = [w for w in WORDS if w not in self.chain]
         wrong = off_chain[int(rng.integers(len(off_chain)))]
-        steps: list[Call] = [_lookup(self.chain[0])]
-        for word in self.chain[1:at]:
-            steps += [_note(word), _lookup(word)]
-        steps += [_note(wrong), _lookup(wrong)]
+        if not self.collect:
+            steps: list[Call] = [_lookup(self.chain[0])]
+            for word in self.chain[1:at]:
+                steps += [_note(word), _lookup(word)]
+            steps += [_note(wrong), _lookup(wrong)]
+            actions = [self.format.render_calls(self.tools, [step]) for step in steps]
+            return [*actions, self.answer_action(self.table[wrong])]
+        values = [str(self.table[w]) for w in self.chain]
+        miscopy = bool(rng.random() < 0.5)
+        slot = int(rng.integers(at))  # the value miscopied, one of those noted so far
+        values[slot] = str((int(values[slot]) + int(rng.integers(1, 100)) - 1) % 100 + 1)  # another value
+        path = self.chain if miscopy else [*self.chain[:at], wrong]
+        if not miscopy:
+            values = [str(self.table[w]) for w in path]
+        steps = [_lookup(path[0])]
+        for i, word in enumerate(path[1:], start=1):
+            shown = values[:i] if i >= at else [str(self.table[w]) for w in path[:i]]
+            steps += [_note(" ".join([*shown, word])), _lookup(word)]
         actions = [self.format.render_calls(self.tools, [step]) for step in steps]
-        return [*actions, self.answer_action(self.table[wrong])]
+        return [*actions, self.answer_action(" ".join(values[: len(path)]))]
 
     def wrong_lookup_actions(self, rng: np.random.Generator, p: float) -> list[str] | None:
         """A demonstrator's script for the list tier: each asked word's lookup independently goes,

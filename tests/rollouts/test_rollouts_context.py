@@ -304,3 +304,35 @@ def test_the_notes_preset_overflows_keep_all_and_fits_with_notes():
         runner_config = msgspec.structs.replace(rollout, context=context or rollout.context)
         trajectories = RolloutRunner(OraclePolicy(renderer), renderer, runner_config).run(list(range(4)))
         assert all(t.stop_reason == stop for t in trajectories)
+
+
+def test_the_values_preset_leaves_the_first_value_to_the_notes_alone():
+    # zorplex_notes_values_tiny: keep-all overflows; the oracle's notes answer; a two-turn window
+    # without notes has lost the first value from the prompt of its answer
+    from toolgym.configs.load import load_config
+
+    config = load_config("zorplex_notes_values_tiny")[0]
+    renderer = shipped_renderer()
+    rollout = msgspec.structs.replace(config.rollout_config(), group_size=1)
+    no_notes = {**rollout.env_kwargs, "notes": False}
+    cases = (
+        (rollout, StopReason.ANSWERED),
+        (msgspec.structs.replace(rollout, context=KeepAll()), StopReason.CONTEXT_OVERFLOW),
+        (
+            msgspec.structs.replace(rollout, context=SlidingWindow(turns=2), env_kwargs=no_notes),
+            StopReason.ANSWERED,
+        ),
+    )
+    for runner_config, stop in cases:
+        trajectories = RolloutRunner(OraclePolicy(renderer), renderer, runner_config).run(list(range(3)))
+        for t in trajectories:
+            assert t.stop_reason == stop
+            env = gymnasium.make("toolgym/Zorplex-v0", **runner_config.env_kwargs)
+            env.reset(seed=t.task_seed)
+            first = f"= {env.unwrapped.table[env.unwrapped.chain[0]]} SEE:"
+            answer_prompt = renderer.decode(rendered_segments(t, renderer)[-1])
+            if runner_config.context == SlidingWindow(turns=2):
+                assert first not in answer_prompt and t.metrics["env"]["accuracy"] == 1  # the oracle knows
+            elif stop == StopReason.ANSWERED:
+                note = f"NOTE[{env.unwrapped.table[env.unwrapped.chain[0]]} "
+                assert first not in answer_prompt and note in answer_prompt  # carried by the last note

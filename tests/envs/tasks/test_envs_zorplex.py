@@ -333,3 +333,50 @@ def test_the_wrong_lookup_demonstrator_errs_per_lookup_and_answers_what_it_looke
     assert wrong_lookups / (4 * episodes) == pytest.approx(0.25, abs=0.04)
     assert wrong_episodes / episodes == pytest.approx(1 - 0.75**4, abs=0.06)
     assert make("recursive", "hard").unwrapped.wrong_lookup_actions(np.random.default_rng(0), 1.0) is None
+
+
+def test_a_collecting_chain_shows_every_value_and_wants_them_all_in_order():
+    env = make("recursive", "hard", collect=True)
+    check_env(env.unwrapped, skip_render_check=True)
+    for seed in range(10):
+        question, _ = env.reset(seed=seed)
+        u = env.unwrapped
+        assert question == f"What are the zorplex values along the chain from '{u.chain[0]}'?"
+        for word, nxt in zip(u.chain, u.chain[1:], strict=False):
+            assert env.step(f"LOOKUP[{word}]")[0] == f"LOOKUP[{word}] = {u.table[word]} SEE: {nxt}"
+        assert env.step(f"LOOKUP[{u.chain[-1]}]")[0] == f"LOOKUP[{u.chain[-1]}] = {u.table[u.chain[-1]]}"
+        values = [str(u.table[w]) for w in u.chain]
+        assert u.answer == " ".join(values) and len(values) == 4
+        assert env.step(f"[ANSWER] {' '.join(values[1:])}")[0].startswith("INCORRECT")  # all, in order
+    assert "answer every value on it, in chain order" in u.system_prompt
+    assert "LOOKUP[cat] = 17 SEE: sun" in u.system_prompt
+    with pytest.raises(ValueError, match="collect is a recursive tier's variant"):
+        ZorplexEnv(tier="list", collect=True)
+
+
+def test_a_collecting_note_taker_carries_the_values_so_far_and_errs_two_ways():
+    from toolgym.rollouts.scripted import OracleConfig, plan_actions
+
+    env = make("recursive", collect=True, notes=True, redirects=4, max_turns=14, max_tool_calls=8)
+    env.reset(seed=3)
+    u = env.unwrapped
+    values = [str(u.table[w]) for w in u.chain]
+    notes = [a for a in u.oracle_actions() if a.startswith("NOTE[")]
+    assert notes == [f"NOTE[{' '.join([*values[:k], u.chain[k]])}]" for k in range(1, 5)]
+    assert run(env, u.oracle_actions())[-1][1] == pytest.approx(MAX_REWARD)
+    kinds = set()
+    for seed in range(40):
+        env.reset(seed=seed)
+        values = [str(u.table[w]) for w in u.chain]
+        script = plan_actions(u, OracleConfig(p_wrong_note=1.0), np.random.default_rng(seed))
+        steps = run(env, script)
+        assert steps[-1][0].startswith("INCORRECT") and steps[-1][2]
+        looked_up = [re.fullmatch(r"LOOKUP\[(\w+)\]", a).group(1) for a in script if a.startswith("LOOKUP")]
+        answered = script[-1].removeprefix("[ANSWER] ").split()
+        if looked_up == u.chain:  # a miscopied value, carried to the answer
+            assert sum(a != v for a, v in zip(answered, values, strict=True)) == 1
+            kinds.add("miscopy")
+        else:  # a wrong word followed: the values it read, in order
+            assert looked_up[-1] not in u.chain and answered == [str(u.table[w]) for w in looked_up]
+            kinds.add("wrong word")
+    assert kinds == {"miscopy", "wrong word"}

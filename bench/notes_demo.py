@@ -22,8 +22,10 @@ notes arm. The curves go to `--curves` (bench/notes_demo_curves.png).
 
 Then, per seed, what the notes arm's notes contain in its held-out episodes after SFT and at the
 end (its recorded eval trajectories): notes per episode, the share that copy the `SEE:` target the
-model had just read (the note the task needs), that name another word, or that carry other text,
-and the accuracy of the episodes whose every note was a right copy; and one episode's actions.
+model had just read (the note the task needs; on the collecting chain, the values read so far and
+that target), that have the right form but other content (another word, a miscopied value), or
+that carry other text, and the accuracy of the episodes whose every note was a right copy; and one
+episode's actions.
 """
 
 from __future__ import annotations
@@ -39,8 +41,7 @@ from toolgym.envs.core.info import NOTE
 from toolgym.rollouts.recording.format import read_recording
 from toolgym.rollouts.types import Trajectory
 
-_SEE = re.compile(r"= SEE: (\w+)\s*$")
-_WORD = re.compile(r"\w+")
+_SEE = re.compile(r"= (?:(\d+) )?SEE: (\w+)\s*$")  # `= SEE: sun`, collecting `= 12 SEE: sun`
 
 ARMS = {
     "notes": [],
@@ -70,19 +71,23 @@ VALUES = replace(
 
 def note_kinds(episodes: list[Trajectory]) -> dict[str, float]:
     """What the notes of one eval's recorded episodes contain (see the module doc)."""
-    counts = {"right copy": 0, "other word": 0, "other text": 0}
+    counts = {"right copy": 0, "other content": 0, "other text": 0}
     clean, clean_right = 0, 0
     for episode in episodes:
-        kinds = []
+        kinds, values = [], []  # values: those read so far (the collecting chain's)
         for transition in episode.transitions:
+            seen = _SEE.search(transition.observation)
+            if seen is not None and seen.group(1) is not None:
+                values.append(seen.group(1))
             note = transition.info.get(NOTE)
             if note is None:
                 continue
-            seen = _SEE.search(transition.observation)
-            if seen is not None and note.strip() == seen.group(1):
+            right = None if seen is None else " ".join([*values, seen.group(2)])
+            if note.strip() == right:
                 kinds.append("right copy")
-            else:
-                kinds.append("other word" if _WORD.fullmatch(note.strip()) else "other text")
+            else:  # the right form: as many values as read, then a word
+                form = rf"(\d+ ){{{len(values)}}}[a-z]+"
+                kinds.append("other content" if re.fullmatch(form, note.strip()) else "other text")
         for kind in kinds:
             counts[kind] += 1
         if kinds and all(k == "right copy" for k in kinds):
@@ -118,7 +123,7 @@ def report_notes(out: Path, seeds: list[int]) -> None:
             rows.append([seed, label, *(f"{v:.3f}" if isinstance(v, float) else v for v in kinds.values())])
         examples.append(f"seed {seed}, last eval: {example(episodes[0])}")
     if rows:
-        headers = ["seed", "eval", "episodes", "notes per episode", "right copy", "other word", "other text",
+        headers = ["seed", "eval", "episodes", "notes per episode", "right copy", "other content", "other text",
                    "accuracy, all notes right"]  # fmt: skip
         print("the notes arm's held-out notes:")
         print(format_table(headers, rows))

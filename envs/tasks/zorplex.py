@@ -373,19 +373,19 @@ class ZorplexEnv(ToolEnv):
             steps += [_note(wrong), _lookup(wrong)]
             actions = [self.format.render_calls(self.tools, [step]) for step in steps]
             return [*actions, self.answer_action(self.table[wrong])]
-        values = [str(self.table[w]) for w in self.chain]
         miscopy = bool(rng.random() < 0.5)
         slot = int(rng.integers(at))  # the value miscopied, one of those noted so far
-        values[slot] = str((int(values[slot]) + int(rng.integers(1, 100)) - 1) % 100 + 1)  # another value
+        shift = int(rng.integers(1, 100))
         path = self.chain if miscopy else [*self.chain[:at], wrong]
-        if not miscopy:
-            values = [str(self.table[w]) for w in path]
+        carried = [str(self.table[w]) for w in path]  # the values the notes from `at` on carry
+        if miscopy:
+            carried[slot] = str((int(carried[slot]) + shift - 1) % 100 + 1)  # another value
         steps = [_lookup(path[0])]
         for i, word in enumerate(path[1:], start=1):
-            shown = values[:i] if i >= at else [str(self.table[w]) for w in path[:i]]
-            steps += [_note(" ".join([*shown, word])), _lookup(word)]
+            note = " ".join([*carried[:i], word]) if i >= at else self._collect_note(path[:i], word)
+            steps += [_note(note), _lookup(word)]
         actions = [self.format.render_calls(self.tools, [step]) for step in steps]
-        return [*actions, self.answer_action(" ".join(values[: len(path)]))]
+        return [*actions, self.answer_action(" ".join(carried))]
 
     def wrong_lookup_actions(self, rng: np.random.Generator, p: float) -> list[str] | None:
         """A demonstrator's script for the list tier: each asked word's lookup independently goes,

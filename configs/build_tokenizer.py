@@ -3,6 +3,7 @@
     python -m toolgym.configs.build_tokenizer            # rewrite configs/assets/
     python -m toolgym.configs.build_tokenizer --check    # exit 1 if the committed files differ
     python -m toolgym.configs.build_tokenizer --out DIR  # write elsewhere
+    python -m toolgym.configs.build_tokenizer --split words --out DIR  # words never take punctuation
 
 A byte-level BPE in the Qwen2 style (NFC, Qwen's split regex so digits are single tokens, byte-level
 alphabet) with the ChatML special tokens at fixed ids, `<|endoftext|>` 0, `<|im_start|>` 1,
@@ -16,6 +17,11 @@ The output is deterministic (fixed seeds, fixed order; the BPE trainer breaks fr
 pair itself), so the script regenerates the committed file byte for byte, and a test checks that.
 When env texts change, that test fails: rebuild with this script and commit both files.
 `tokenizer.fingerprint` holds `tokenizer_fingerprint()` of the result (what recordings carry).
+
+`--split words` (not shipped) lets a word take only a leading space, as GPT-2's split does, so the
+word in a call `LOOKUP[lemon]` is the same token as in the question's `'lemon'`; with Qwen2's split
+`[lemon` is one token and the tiny model learns a per-word mapping instead of a copy. Measured
+both ways in docs/training.md ("What makes the tiny model learn to copy").
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ QWEN2_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# The same, except that a word takes at most a leading space (GPT-2's rule for letters).
+WORDS_SPLIT_REGEX = QWEN2_SPLIT_REGEX.replace(r"[^\r\n\p{L}\p{N}]?\p{L}+", r" ?\p{L}+")
+SPLITS = {"qwen2": QWEN2_SPLIT_REGEX, "words": WORDS_SPLIT_REGEX}
 
 # (env id, make kwargs, seeds). Seeds are fixed so the corpus, and so the file, never changes
 # unless the envs' texts do.
@@ -63,18 +72,23 @@ ENV_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
 SEEDS_PER_CONFIG = 200
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int = VOCAB_SIZE, min_frequency: int = 2) -> Tokenizer:
+def train_bpe(
+    texts: Iterable[str], vocab_size: int = VOCAB_SIZE, min_frequency: int = 2, split: str = "qwen2"
+) -> Tokenizer:
     """Train a Qwen2-style byte-level BPE with the ChatML special tokens at ids 0, 1, 2.
 
-    `texts` are the plain-text pieces between control tokens (what `ChatRenderer` encodes).
+    `texts` are the plain-text pieces between control tokens (what `ChatRenderer` encodes);
+    `split` names the pre-tokenizer's regex in `SPLITS`.
     """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {sorted(SPLITS)}, not {split!r}")
     if vocab_size < len(SPECIAL_TOKENS) + 256:
         raise ValueError(f"vocab_size must be >= {len(SPECIAL_TOKENS) + 256} (specials + bytes)")
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(SPLITS[split]), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -163,11 +177,11 @@ def corpus_texts(seeds_per_config: int = SEEDS_PER_CONFIG) -> Iterator[str]:
         yield from chatml_text_pieces(conversation)
 
 
-def build(out_dir: str | Path = ASSETS_DIR) -> Path:
+def build(out_dir: str | Path = ASSETS_DIR, split: str = "qwen2") -> Path:
     """Train on the env corpus and write `tokenizer.json` and `tokenizer.fingerprint` to `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_bpe(corpus_texts())
+    tokenizer = train_bpe(corpus_texts(), split=split)
     path = out_dir / "tokenizer.json"
     path.write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
     (out_dir / FINGERPRINT_FILENAME).write_text(tokenizer_fingerprint(tokenizer) + "\n", encoding="utf-8")
@@ -180,15 +194,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--check", action="store_true", help="build into a temporary directory and compare with --out"
     )
+    parser.add_argument(
+        "--split", choices=sorted(SPLITS), default="qwen2", help="the pre-tokenizer's split (shipped: qwen2)"
+    )
     args = parser.parse_args(argv)
+    if args.split != "qwen2" and args.out.resolve() == ASSETS_DIR:
+        parser.error("the shipped tokenizer uses --split qwen2; write another split with --out DIR")
     if not args.check:
-        path = build(args.out)
+        path = build(args.out, split=args.split)
         print(f"wrote {path} and {path.with_name(FINGERPRINT_FILENAME)}")
         return 0
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        build(tmp)
+        build(tmp, split=args.split)
         stale = [
             name
             for name in ("tokenizer.json", FINGERPRINT_FILENAME)

@@ -64,3 +64,24 @@ def test_shipped_tokenizer_keeps_json_tool_calls_compact():
             texts += [action, env.step(action)[0]]
     chars = sum(map(len, texts))
     assert sum(len(renderer.encode(t)) for t in texts) < 0.35 * chars  # was 0.66 before JSON was in the corpus
+
+
+def test_words_split_makes_the_called_word_the_asked_words_token():
+    texts = list(build_tokenizer.corpus_texts(seeds_per_config=3))
+
+    def word_tokens(split: str) -> tuple[list[str], list[str]]:
+        tokenizer = build_tokenizer.train_bpe(texts, split=split)
+        asked = tokenizer.encode("What is the zorplex value of 'lemon'?").tokens
+        return asked, tokenizer.encode("LOOKUP[lemon]").tokens
+
+    asked, called = word_tokens("words")
+    assert "lemon" in asked and called == ["LOOKUP", "[", "lemon", "]"]
+    asked, called = word_tokens("qwen2")
+    assert "[lemon" in called and "[lemon" not in asked  # the shipped split: a different token
+    with pytest.raises(ValueError, match="split must be one of"):
+        build_tokenizer.train_bpe(texts, split="gpt4")
+
+
+def test_cli_refuses_to_write_another_split_over_the_shipped_files():
+    with pytest.raises(SystemExit):
+        build_tokenizer.main(["--split", "words"])

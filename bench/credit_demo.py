@@ -21,13 +21,21 @@ the first arm's SFT model):
   reward adds from what the credit adds.
 Held-out accuracy is the env's `accuracy` metric (a right answer), the same in every arm whatever
 the reward; the target is 0.85. The curves go to `--curves` (bench/credit_demo_curves.png, bench/credit_demo_list_curves.png).
+
+Last, the bound on what turn-level credit can change: returns-to-go drop from turn t's return only
+the rewards before t, so per turn index it prints Var(rewards before t) / Var(episode reward) over
+the turn_loo+chain arm's held-out episodes after SFT (its first recorded eval) that reach turn t.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+from _common import format_table
 from rl_arms import ArmsBench, main  # bench/ is sys.path[0] when run as a script
+
+from toolgym.rollouts.recording.format import read_recording
 
 CHAIN = ArmsBench(
     preset="zorplex_chain_credit_tiny",
@@ -53,5 +61,40 @@ LIST = ArmsBench(
     curves=Path(__file__).parent / "credit_demo_list_curves.png",
 )
 
+
+def past_reward_shares(per_turn_rewards: list[list[float]]) -> list[float]:
+    """For each turn index t that at least half of the episodes reach: over those episodes,
+    Var(sum of rewards before t) / Var(episode reward) (0 where the reward does not vary)."""
+    shares = []
+    for t in range(max(map(len, per_turn_rewards))):
+        reached = [r for r in per_turn_rewards if len(r) > t]
+        if 2 * len(reached) < len(per_turn_rewards):
+            break
+        total = np.var([sum(r) for r in reached])
+        shares.append(float(np.var([sum(r[:t]) for r in reached]) / total) if total > 0 else 0.0)
+    return shares
+
+
+def report_past_reward_shares(bench: ArmsBench, out: Path, seeds: list[int]) -> None:
+    rows = []
+    for seed in seeds:
+        evals = sorted(
+            (bench.run_dir(out, "turn_loo+chain", seed) / "trajectories").glob("eval_step_*.jsonl")
+        )
+        if evals:
+            _, episodes = read_recording(evals[0])
+            shares = past_reward_shares([[t.reward for t in e.transitions] for e in episodes])
+            rows.append([seed, len(episodes), *(f"{v:.3f}" for v in shares)])
+    if rows:
+        width = max(map(len, rows)) - 2
+        rows = [row + ["-"] * (width + 2 - len(row)) for row in rows]
+        print(
+            "the most turn-level credit can remove from turn t's return variance (turn_loo+chain, after SFT):"
+        )
+        print(format_table(["seed", "episodes", *(f"t={t}" for t in range(width))], rows))
+
+
 if __name__ == "__main__":
-    main({CHAIN.preset: CHAIN, LIST.preset: LIST}, (__doc__ or "").split("\n")[0])
+    benches = {CHAIN.preset: CHAIN, LIST.preset: LIST}
+    args = main(benches, (__doc__ or "").split("\n")[0])
+    report_past_reward_shares(benches[args.preset], args.out, args.seeds)

@@ -35,6 +35,7 @@ import numpy as np
 from _common import format_table
 from rl_arms import ArmsBench, main  # bench/ is sys.path[0] when run as a script
 
+from toolgym.rollouts.credit import turn_rewards
 from toolgym.rollouts.recording.format import read_recording
 
 CHAIN = ArmsBench(
@@ -66,7 +67,7 @@ def past_reward_shares(per_turn_rewards: list[list[float]]) -> list[float]:
     """For each turn index t that at least half of the episodes reach: over those episodes,
     Var(sum of rewards before t) / Var(episode reward) (0 where the reward does not vary)."""
     shares = []
-    for t in range(max(map(len, per_turn_rewards))):
+    for t in range(max(map(len, per_turn_rewards), default=0)):
         reached = [r for r in per_turn_rewards if len(r) > t]
         if 2 * len(reached) < len(per_turn_rewards):
             break
@@ -83,7 +84,7 @@ def report_past_reward_shares(bench: ArmsBench, out: Path, seeds: list[int]) -> 
         )
         if evals:
             _, episodes = read_recording(evals[0])
-            shares = past_reward_shares([[t.reward for t in e.transitions] for e in episodes])
+            shares = past_reward_shares([turn_rewards(e) for e in episodes])
             rows.append([seed, len(episodes), *(f"{v:.3f}" for v in shares)])
     if rows:
         width = max(map(len, rows)) - 2

@@ -6,7 +6,7 @@
 const state = {
   rec: 0, offset: 0, limit: 100, total: 0, sort: "i", desc: false, filters: {},
   shade: "mask", selected: null, cmpOffset: 0, cmpTotal: 0, pair: null, recordings: [], charts: null,
-  picked: [],
+  picked: [], listRequest: 0,
 };
 const FILTERS = ["env", "stop", "failure", "version", "seed", "rmin", "rmax"];
 const $ = (id) => document.getElementById(id);
@@ -154,9 +154,20 @@ function showSummary(s) {
 // ---- the episode list ---------------------------------------------------------------------
 
 async function loadPage() {
+  // The newest request wins: two changes in quick succession (a filter's change event as focus
+  // leaves it, then the click that caused it) put two requests in flight, whose answers may come
+  // back in either order; an older one's answer is dropped, not drawn over the newer list.
+  const request = ++state.listRequest;
   const params = { r: state.rec, offset: state.offset, limit: state.limit, sort: state.sort, desc: state.desc ? 1 : 0 };
   for (const [k, v] of Object.entries(state.filters)) if (v !== "") params[k] = v;
-  const page = await api("episodes", params);
+  document.body.dataset.listPending = String(Number(document.body.dataset.listPending || 0) + 1);
+  let page;
+  try {
+    page = await api("episodes", params);
+  } finally {
+    document.body.dataset.listPending = String(Number(document.body.dataset.listPending) - 1);
+  }
+  if (request !== state.listRequest) return;
   const body = $("episode-table").tBodies[0];
   body.replaceChildren(...page.rows.map((r) => {
     const tr = el("tr", { "data-i": r.i, "data-seed": r.seed },

@@ -150,6 +150,25 @@ def test_filters_and_sorting_change_the_list(page, recordings):
     assert len(rewards) == 12 and rewards == sorted(rewards, reverse=True)
 
 
+def test_a_late_answer_for_an_older_filter_does_not_replace_the_newer_list(page):
+    """Two list requests in flight (a filter, then clearing it) whose answers come back in the
+    other order: the older answer is dropped, so the list shows what the controls now say."""
+    held = []
+    page.route(lambda url: "/api/episodes" in url and "seed=4" in url, lambda route: held.append(route))
+    page.fill("#filter-seed", "4")
+    page.dispatch_event("#filter-seed", "change")
+    page.wait_for_function("document.body.dataset.listPending === '1'")
+    version = page.get_attribute("body", "data-list-version")
+    page.click("#filter-clear")  # focus leaves the seed box too: its change may fire once more (held as well)
+    _wait_list_change(page, version)
+    assert len(_rows(page)) == 12 and held
+    for route in held:
+        route.continue_()
+    page.wait_for_function("document.body.dataset.listPending === '0'")
+    assert len(_rows(page)) == 12
+    assert page.input_value("#filter-seed") == "" and page.text_content("#list-count").startswith("1–12 of 12")
+
+
 def test_token_shading_matches_the_recording_masks(page, recordings):
     _, trajectories = read_recording(recordings[0])
     index = RecordingIndex(recordings[0])

@@ -29,6 +29,7 @@ the turn_loo+chain arm's held-out episodes after SFT (its first recorded eval) t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,12 @@ CHAIN = ArmsBench(
     target={"accuracy": 0.85},
     out=Path("runs/credit_demo"),
     curves=Path(__file__).parent / "credit_demo_curves.png",
+)
+CHAIN4 = replace(
+    CHAIN,
+    preset="zorplex_chain4_credit_tiny",
+    out=Path("runs/credit_demo_chain4"),
+    curves=Path(__file__).parent / "credit_demo_chain4_curves.png",
 )
 LIST = ArmsBench(
     preset="zorplex_list_credit_tiny",
@@ -96,6 +103,6 @@ def report_past_reward_shares(bench: ArmsBench, out: Path, seeds: list[int]) -> 
 
 
 if __name__ == "__main__":
-    benches = {CHAIN.preset: CHAIN, LIST.preset: LIST}
+    benches = {b.preset: b for b in (CHAIN, CHAIN4, LIST)}
     args = main(benches, (__doc__ or "").split("\n")[0])
     report_past_reward_shares(benches[args.preset], args.out, args.seeds)

@@ -32,11 +32,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 from _common import format_table
 from rl_arms import ArmsBench, main  # bench/ is sys.path[0] when run as a script
 
-from toolgym.rollouts.credit import turn_rewards
+from toolgym.rollouts.credit import past_reward_share, turn_rewards
 from toolgym.rollouts.recording.format import read_recording
 
 CHAIN = ArmsBench(
@@ -71,16 +70,11 @@ LIST = ArmsBench(
 
 
 def past_reward_shares(per_turn_rewards: list[list[float]]) -> list[float]:
-    """For each turn index t that at least half of the episodes reach: over those episodes,
-    Var(sum of rewards before t) / Var(episode reward) (0 where the reward does not vary)."""
-    shares = []
-    for t in range(max(map(len, per_turn_rewards), default=0)):
-        reached = [r for r in per_turn_rewards if len(r) > t]
-        if 2 * len(reached) < len(per_turn_rewards):
-            break
-        total = np.var([sum(r) for r in reached])
-        shares.append(float(np.var([sum(r[:t]) for r in reached]) / total) if total > 0 else 0.0)
-    return shares
+    """`past_reward_share` at each turn index t that at least half of the episodes reach."""
+    n = len(per_turn_rewards)
+    turns = max(map(len, per_turn_rewards), default=0)
+    reached = [t for t in range(turns) if 2 * sum(len(r) > t for r in per_turn_rewards) >= n]
+    return [past_reward_share(per_turn_rewards, t) for t in reached]
 
 
 def report_past_reward_shares(bench: ArmsBench, out: Path, seeds: list[int]) -> None:

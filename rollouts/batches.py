@@ -39,7 +39,7 @@ from typing import Protocol
 import msgspec
 
 from .advantages import AdvantageConfig, Credit, group_advantages, is_zero_variance, shaped_rewards
-from .credit import credit_metrics, group_turn_advantages, is_informative, mean_abs_advantage, turn_returns
+from .credit import credit_metrics, group_turn_advantages, is_informative, mean_abs_advantage, turn_rewards
 from .episodes import INFRA_STOP_REASONS, Advantage, OverlongEpisodeRule, build_episodes, sampled_length
 from .metrics import batch_metrics
 from .runner import RolloutRunner
@@ -138,7 +138,7 @@ def build_kept_batch(
     reports: the episode builder's counts, the groups kept, the fill against `needed`, the
     episodes' tokens and sampled tokens, the mean |advantage| of the kept trajectories that
     are trained on (a per-turn advantage counts as its mean over the turns), and their per-turn
-    returns (`credit_metrics`)."""
+    returns and reward shares (`credit_metrics`)."""
     episodes, stats = build_episodes(
         kept_trajectories,
         kept_advantages,
@@ -148,7 +148,7 @@ def build_kept_batch(
     )
     pairs = [(t, a) for t, a in zip(kept_trajectories, kept_advantages, strict=True) if _trainable(t, config)]
     trained = [a for _, a in pairs]
-    returns = [turn_returns(t, config.advantage.gamma, config.advantage.overlong) for t, _ in pairs]
+    rewards = [turn_rewards(t, config.advantage.overlong) for t, _ in pairs]
     return episodes, {
         **stats.as_metrics(),
         "batch/groups": float(groups),
@@ -156,7 +156,7 @@ def build_kept_batch(
         "batch/tokens": float(sum(len(e.tokens) for e in episodes)),
         "batch/sampled_tokens": float(sum(sum(e.loss_mask) for e in episodes)),
         "advantage/mean_abs": sum(mean_abs_advantage(a) for a in trained) / len(trained) if trained else 0.0,
-        **credit_metrics(returns),
+        **credit_metrics(rewards, config.advantage.gamma),
     }
 
 

@@ -167,16 +167,42 @@ def group_turn_advantages(group: Sequence[Trajectory], config: AdvantageConfig) 
     return turn_loo_advantages(returns, config.estimator, config.eps)
 
 
-def credit_metrics(returns: Sequence[Sequence[float]], prefix: str = "credit/") -> dict[str, float]:
-    """Per turn index t < CREDIT_METRIC_TURNS: `return_turn{t}_mean`, the mean return-to-go of
-    the episodes that reached turn t (0 when none did), and `reached_turn{t}`, the fraction of
-    episodes that did. The same keys every step, whatever the episodes' lengths."""
+def past_reward_share(rewards: Sequence[Sequence[float]], t: int) -> float:
+    """Over the episodes that reached turn t: Var(sum of the rewards before t) / Var(episode
+    reward), 0 where fewer than two reached it or the reward does not vary. What turn-level credit
+    can change at t: returns-to-go drop only the rewards before t, so this is the most of turn t's
+    return variance they can remove (docs/credit.md, "The bound").
+
+    rewards: per episode, its per-turn rewards (`turn_rewards`)."""
+    reached = [r for r in rewards if len(r) > t]
+    if len(reached) < 2:
+        return 0.0
+    total = _variance([math.fsum(r) for r in reached])
+    return _variance([math.fsum(r[:t]) for r in reached]) / total if total > 0 else 0.0
+
+
+def _variance(values: Sequence[float]) -> float:
+    mean = math.fsum(values) / len(values)
+    return math.fsum((v - mean) ** 2 for v in values) / len(values)
+
+
+def credit_metrics(
+    rewards: Sequence[Sequence[float]], gamma: float = 1.0, prefix: str = "credit/"
+) -> dict[str, float]:
+    """Per turn index t < CREDIT_METRIC_TURNS: `return_turn{t}_mean`, the mean return-to-go
+    (discounted by gamma) of the episodes that reached turn t (0 when none did), `reached_turn{t}`,
+    the fraction of episodes that did, and `past_share_turn{t}`, `past_reward_share` at t. The
+    same keys every step, whatever the episodes' lengths.
+
+    rewards: per episode, its per-turn rewards (`turn_rewards`)."""
+    returns = [returns_to_go(r, gamma) for r in rewards]
     n = len(returns)
     m: dict[str, float] = {}
     for t in range(CREDIT_METRIC_TURNS):
         values = [r[t] for r in returns if len(r) > t]
         m[f"{prefix}return_turn{t}_mean"] = math.fsum(values) / len(values) if values else 0.0
         m[f"{prefix}reached_turn{t}"] = len(values) / n if n else 0.0
+        m[f"{prefix}past_share_turn{t}"] = past_reward_share(rewards, t)
     return m
 
 

@@ -15,6 +15,7 @@ from toolgym.rollouts.credit import (
     credit_metrics,
     is_informative,
     mean_abs_advantage,
+    past_reward_share,
     returns_to_go,
     scale_advantage,
     turn_loo_advantages,
@@ -174,12 +175,30 @@ def test_scaling_and_mean_abs_take_either_form():
 
 
 def test_credit_metrics_have_fixed_keys():
-    m = credit_metrics([[3.0, 2.0, 1.0], [1.0, 1.0]])
-    assert len(m) == 2 * CREDIT_METRIC_TURNS
+    m = credit_metrics([[1.0, 1.0, 1.0], [0.0, 1.0]])  # returns-to-go [3, 2, 1] and [1, 1]
+    assert len(m) == 3 * CREDIT_METRIC_TURNS
     assert m["credit/return_turn0_mean"] == 2.0 and m["credit/reached_turn0"] == 1.0
     assert m["credit/return_turn2_mean"] == 1.0 and m["credit/reached_turn2"] == 0.5
     assert m["credit/return_turn5_mean"] == 0.0 and m["credit/reached_turn5"] == 0.0
     assert credit_metrics([])["credit/reached_turn0"] == 0.0
+    assert credit_metrics([[1.0, 1.0]], gamma=0.5)["credit/return_turn0_mean"] == 1.5
+
+
+def test_past_reward_share_is_the_variance_turn_level_credit_can_remove():
+    # Two independent rewarded steps, then the grade: rewards before t are what turn t's
+    # return-to-go leaves out.
+    rewards = [[a, b, float(a and b)] for a in (0.0, 1.0) for b in (0.0, 1.0)]
+    totals = [sum(r) for r in rewards]  # 0, 1, 1, 3
+    var = sum((x - 1.25) ** 2 for x in totals) / 4
+    assert past_reward_share(rewards, 0) == 0.0  # nothing comes before the first turn
+    assert past_reward_share(rewards, 1) == pytest.approx(0.25 / var)  # Var(a) = 1/4
+    assert past_reward_share(rewards, 2) == pytest.approx(0.5 / var)  # Var(a + b) = 1/2
+    m = credit_metrics(rewards)
+    assert m["credit/past_share_turn2"] == pytest.approx(0.5 / var) and m["credit/past_share_turn3"] == 0.0
+    # only the grade varies: nothing to remove; fewer than two episodes at t: 0
+    assert past_reward_share([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]], 2) == 0.0
+    assert past_reward_share([[1.0, 0.0], [0.0]], 1) == 0.0
+    assert past_reward_share([[1.0, 1.0], [1.0, 1.0]], 1) == 0.0  # equal totals: no variance
 
 
 def test_kept_batch_reports_turn_returns_and_per_turn_mean_abs():

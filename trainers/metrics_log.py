@@ -3,7 +3,7 @@
 Every record is one JSON object: {"kind": "sft" | "train" | "eval", "step": n, "time": unix
 seconds, <metric name>: value, ...}. Train metrics keep the components' names (`rollout/...`,
 `batch/...`, `dynamic_sampling/...`, `episodes/...` from the rollouts, `train/...` from the
-trainer, `time/...` from the loop); eval metrics are `eval/...`; SFT metrics `sft/...`. Console
+trainer, `time/...` and `memory/...` from the loop); eval metrics are `eval/...`; SFT metrics `sft/...`. Console
 lines go through `tqdm.write` so they do not fight the progress bar.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import torch
 from tqdm import tqdm
 
 METRICS_FILE = "metrics.jsonl"  # in a run directory
@@ -138,6 +139,23 @@ class MetricsLog:
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None
+
+
+def peak_memory_metrics(device: torch.device) -> dict[str, float]:
+    """The process's memory high-water marks so far, in GiB: `memory/host_peak_gib` (the peak
+    resident set, VmHWM; Linux only) and, on a CUDA device, `memory/device_peak_gib` (the most
+    torch has had allocated on it, `torch.cuda.max_memory_allocated`)."""
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    out["memory/host_peak_gib"] = int(line.split()[1]) / 2**20  # kB
+    except OSError:
+        pass
+    if device.type == "cuda":
+        out["memory/device_peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return out
 
 
 def format_metric(value: float | None, spec: str) -> str:

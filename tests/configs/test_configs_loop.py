@@ -101,6 +101,7 @@ def test_train_runs_sft_then_rl_end_to_end(tmp_path, capsys):
         ):  # fmt: skip
             assert key in r, key
         assert r["rollout/episodes"] == 4
+        assert r["memory/host_peak_gib"] > 0.05 and "memory/device_peak_gib" not in r  # CPU: no device peak
         assert abs(r["train/sampler_kl_k3"]) < 1e-4  # the engine samples with the trainer's weights
     assert train_records[-1]["policy_version"] == 2.0
 

@@ -36,7 +36,7 @@ from ...rollouts.evaluation import EvalReport
 from ...rollouts.recording.format import RecordingHeader, RecordingWriter
 from ..checkpoint import CheckpointManager
 from ..distributed import DistInfo
-from ..metrics_log import MetricsLog, eval_line, train_line
+from ..metrics_log import MetricsLog, eval_line, peak_memory_metrics, train_line
 from ..trainer import Trainer
 from .sources import BatchSource
 
@@ -190,6 +190,7 @@ class RLLoop:
                 "time/step_s": time.perf_counter() - started,
                 "train/episodes": batch.total_episodes,
                 "policy_version": float(self.trainer.step),
+                **peak_memory_metrics(self.trainer.device),
             }
         )
         return metrics

@@ -264,7 +264,10 @@ class LoggingSection(LoggingConfig, **_STRICT):
 
 class CheckpointSection(CheckpointConfig, **_STRICT):
     """CheckpointConfig, with `directory` a relative folder inside the run directory: a
-    checkpoint never lands outside its run."""
+    checkpoint never lands outside its run. at_end: checkpoint the last step (false: only the
+    periodic ones, e.g. a measurement at a size whose optimizer state would fill the disk)."""
+
+    at_end: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

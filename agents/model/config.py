@@ -171,7 +171,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     @classmethod
     def named(cls, name: str) -> ModelConfig:
         """A named config: 'tiny' (CPU default), 'bench-3m', 'small-25m', 'test', 'test-qwen3',
-        'qwen2.5-0.5b', 'qwen3-0.6b' (the real shapes, random weights)."""
+        'qwen2.5-0.5b', 'qwen3-0.6b', 'qwen3-1.7b', 'qwen3-4b', 'qwen3-8b' (the real shapes, random
+        weights)."""
         if name not in NAMED_CONFIGS:
             raise KeyError(f"unknown model config {name!r}; known: {sorted(NAMED_CONFIGS)}")
         return cls(**NAMED_CONFIGS[name])
@@ -207,4 +208,17 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
                        num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0,
                        max_position_embeddings=40960, tie_word_embeddings=True, model_type="qwen3",
                        bos_token_id=151643, eos_token_id=151645),
+    # Larger Qwen3 shapes, for one-GPU memory and LoRA measurements (bench/gpu_rl_step.py).
+    "qwen3-1.7b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0,
+                       max_position_embeddings=40960, tie_word_embeddings=True, model_type="qwen3",
+                       bos_token_id=151643, eos_token_id=151645),
+    "qwen3-4b": dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0,
+                     max_position_embeddings=40960, tie_word_embeddings=True, model_type="qwen3",
+                     bos_token_id=151643, eos_token_id=151645),
+    "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0,
+                     max_position_embeddings=40960, tie_word_embeddings=False, model_type="qwen3",
+                     bos_token_id=151643, eos_token_id=151645),
 }  # fmt: skip

@@ -292,7 +292,7 @@ def _run_rl(
             if dist.is_main:
                 print(f"error: {exc}; checkpoint saved at step {loop.step}", file=sys.stderr)
             return 1
-        if loop.step > point.step or point.latest is None:
+        if config.checkpoint.at_end and (loop.step > point.step or point.latest is None):
             loop.save_checkpoint()
     return 0
 

@@ -136,6 +136,20 @@ def test_sft_shortfall_hint_only_when_sft_fell_far_short_of_its_demos():
     assert hint is not None and "0.26" in hint and "1.00" in hint and "sft.steps" in hint
 
 
+def test_checkpoint_at_end_false_keeps_only_the_periodic_checkpoints(tmp_path):
+    run_dir = tmp_path / "run"
+    raw = small_config(
+        run_dir,
+        run={"steps": 3},
+        sft={"enabled": False},
+        eval={"every_steps": 0, "at_start": False, "at_end": False},
+        checkpoint={"every_steps": 2, "keep_last": 2, "at_end": False},
+    )
+    assert train(config_from_dict(raw)) == 0
+    assert [r["step"] for r in records(run_dir, "train")] == [1, 2, 3]
+    assert sorted(p.name for p in (run_dir / "checkpoints" / "rl").glob("step_*")) == ["step_00000002"]
+
+
 def test_resume_continues_the_step_count_metrics_and_task_stream(tmp_path, capsys):
     run_dir = tmp_path / "run"
     raw = small_config(run_dir, sft={"enabled": False}, eval={"every_steps": 0, "at_start": False})

@@ -179,6 +179,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _SMALL = dict(vocab_size=1024, max_position_embeddings=2048, tie_word_embeddings=True, model_type="qwen2")
+# What the published Qwen3 dense shapes share (0.6B-8B): vocabulary, RoPE, 8 KV heads of 128.
+_QWEN3 = dict(vocab_size=151936, num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0,
+              max_position_embeddings=40960, tie_word_embeddings=True, model_type="qwen3",
+              bos_token_id=151643, eos_token_id=151645)  # fmt: skip
 NAMED_CONFIGS: dict[str, dict[str, Any]] = {
     # ~3.2M params: the CPU default policy. Qwen3's attention (an RMSNorm over each head's q and k)
     # with 8 heads of 32 and RoPE theta 1e4: SFT teaches the CPU demo to copy the looked-up value
@@ -204,21 +208,13 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
                          num_attention_heads=14, num_key_value_heads=2, head_dim=64, rope_theta=1_000_000.0,
                          max_position_embeddings=32768, tie_word_embeddings=True, model_type="qwen2",
                          bos_token_id=151643, eos_token_id=151645),
-    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0,
-                       max_position_embeddings=40960, tie_word_embeddings=True, model_type="qwen3",
-                       bos_token_id=151643, eos_token_id=151645),
+    "qwen3-0.6b": dict(_QWEN3, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16),
     # Larger Qwen3 shapes, for one-GPU memory and LoRA measurements (bench/gpu_rl_step.py).
-    "qwen3-1.7b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0,
-                       max_position_embeddings=40960, tie_word_embeddings=True, model_type="qwen3",
-                       bos_token_id=151643, eos_token_id=151645),
-    "qwen3-4b": dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0,
-                     max_position_embeddings=40960, tie_word_embeddings=True, model_type="qwen3",
-                     bos_token_id=151643, eos_token_id=151645),
-    "qwen3-8b": dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                     num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0,
-                     max_position_embeddings=40960, tie_word_embeddings=False, model_type="qwen3",
-                     bos_token_id=151643, eos_token_id=151645),
+    "qwen3-1.7b": dict(_QWEN3, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
+                       num_attention_heads=16),
+    "qwen3-4b": dict(_QWEN3, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
+                     num_attention_heads=32),
+    "qwen3-8b": dict(_QWEN3, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, tie_word_embeddings=False),
 }  # fmt: skip

@@ -23,7 +23,8 @@ what it samples).
 
 `AdvantageConfig.credit` chooses how the advantage is spread over an episode's turns: "outcome"
 (the default) gives every turn the episode's group advantage computed here; "turn_loo" gives each
-turn its own, from the turn's return-to-go and a leave-one-out baseline per turn index
+turn its own, from the turn's return-to-go and a leave-one-out baseline per turn index, and
+"turn_state" the same with the baseline taken from the other episodes in the same state
 (rollouts/credit.py, which also documents each estimator's bias and variance).
 """
 
@@ -46,6 +47,7 @@ class Credit(enum.StrEnum):
 
     OUTCOME = "outcome"  # the episode's group advantage on every turn
     TURN_LOO = "turn_loo"  # per turn: return-to-go minus the other episodes' mean at that turn
+    TURN_STATE = "turn_state"  # ... minus the other episodes' mean in the same state (else turn_loo's)
 
 
 class OverlongShaping(msgspec.Struct, frozen=True):
@@ -64,8 +66,8 @@ class OverlongShaping(msgspec.Struct, frozen=True):
 
 
 class AdvantageConfig(msgspec.Struct, frozen=True):
-    """estimator: divide by the group's std ("grpo") or not ("dr_grpo"). credit: "outcome" or
-    "turn_loo" (`Credit`). gamma: the discount of the per-turn returns-to-go, in (0, 1]; it
+    """estimator: divide by the group's std ("grpo") or not ("dr_grpo"). credit: "outcome",
+    "turn_loo" or "turn_state" (`Credit`). gamma: the discount of the per-turn returns-to-go, in (0, 1]; it
     applies to turn-level credit only ("outcome" uses the episode's total reward, so gamma must
     stay 1 there)."""
 

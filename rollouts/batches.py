@@ -23,8 +23,8 @@ their group's advantage statistics and of the Episodes (counted), unless
 `train_on_infra_failures`.
 
 Credit (`AdvantageConfig.credit`, rollouts/credit.py): "outcome" gives each episode one advantage
-(a float), "turn_loo" one per turn (a list); `score_group` returns whichever, and a group is
-informative when its rewards differ (outcome) or when some turn's advantage is not 0 (turn_loo).
+(a float), "turn_loo" and "turn_state" one per turn (a list); `score_group` returns whichever, and a group is
+informative when its rewards differ (outcome) or when some turn's advantage is not 0 (turn-level).
 The batch metrics add `credit/`: the kept, trained episodes' mean return-to-go per turn index.
 """
 
@@ -182,7 +182,8 @@ def score_group(group: Sequence[Trajectory], config: BatchConfig) -> tuple[list[
 def _score_turns(
     group: Sequence[Trajectory], members: list[int], config: BatchConfig
 ) -> tuple[list[Advantage], bool]:
-    """Turn-level credit ("turn_loo"): the members' per-turn returns, leave-one-out baselines."""
+    """Turn-level credit ("turn_loo", "turn_state"): the members' per-turn returns, leave-one-out
+    baselines."""
     advantages: list[Advantage] = [0.0] * len(group)
     scored = group_turn_advantages([group[i] for i in members], config.advantage)
     for i, a in zip(members, scored, strict=True):

@@ -53,6 +53,17 @@ reward; every statement is about the expectation over the group):
   two did or all were equal). std_t includes episode i's own return, so this is biased in the
   same known way GRPO is; "dr_grpo" (no division) is the unbiased one.
 
+- "turn_state": as "turn_loo", but b_{i,t} is the mean return-to-go of the group's OTHER
+  episodes at the first turn where they stood in the same state as episode i at turn t (a key
+  per turn, `turn_states`: the env's `credit_state` from the step before, else the exact history
+  of observations and actions so far), falling back to "turn_loo"'s baseline where no other
+  episode did. Unbiased for the same reason: the key is fixed by episode i's history before
+  a_{i,t}, and the rest is the other episodes, so E[grad log pi_{i,t} * b_{i,t} | history] = 0;
+  a key that looked past a_{i,t} (its step's own outcome) would not be (the test checks it).
+  Variance: the baseline approaches the state's value V(s_t) rather than the turn index's mean,
+  so a turn after an episode's chain broke (V near 0) is no longer pushed down by the group's
+  successes; the more the key's states differ in value, the more it removes.
+
 Policy versions (async training, weights loaded in flight): the group's episodes may come from
 different policy versions, each token recording its own (Episode.token_versions). The baseline is
 still a function of the other episodes only, so the argument above holds for the sampling
@@ -68,10 +79,12 @@ tabular multi-turn MDP, through `score_group` and the Episodes builder
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
-from .advantages import AdvantageConfig, AdvantageEstimator, OverlongShaping, overlong_penalty
+from ..envs.core.info import CREDIT_STATE
+from .advantages import AdvantageConfig, AdvantageEstimator, Credit, OverlongShaping, overlong_penalty
 from .episodes import Advantage, sampled_length
 from .types import Trajectory
 
@@ -134,25 +147,35 @@ def turn_loo_advantages(
     returns: Sequence[Sequence[float]],
     estimator: AdvantageEstimator = AdvantageEstimator.DR_GRPO,
     eps: float = 1e-6,
+    states: Sequence[Sequence[Hashable]] | None = None,
 ) -> list[list[float]]:
     """Per episode, per turn: return-to-go minus the leave-one-out baseline at that turn index
-    (the module doc: baseline, fallback, and "grpo"'s division by the turn's std).
+    (the module doc: baseline, fallback, and "grpo"'s division by the turn's std); with
+    `states` (one key per turn, `turn_states`), "turn_state"'s baseline first.
 
     returns: the group's episodes' returns-to-go (`turn_returns`), one list per episode, of any
     lengths (an empty list: an episode without a turn)."""
     for r in returns:
         _check_finite(r, "returns")
+    if states is not None and [len(s) for s in states] != [len(r) for r in returns]:
+        raise ValueError("turn_loo_advantages: states must give one key per turn of each episode")
     longest = max((len(r) for r in returns), default=0)
     at_turn = [[r[t] for r in returns if len(r) > t] for t in range(longest)]
     scale = [_sample_std(values) if estimator == AdvantageEstimator.GRPO else None for values in at_turn]
+    # per episode: each state's first turn's return-to-go
+    first_in_state = [_first_returns(r, s) for r, s in zip(returns, states, strict=True)] if states else None
     out: list[list[float]] = []
     for i, own in enumerate(returns):
         others = [r for j, r in enumerate(returns) if j != i]
         last = [r[-1] for r in others if r]
         advantages = []
         for t, g in enumerate(own):
+            same = []
+            if states is not None and first_in_state is not None:
+                key = states[i][t]
+                same = [f[key] for j, f in enumerate(first_in_state) if j != i and key in f]
             reached = [r[t] for r in others if len(r) > t]
-            baseline = _mean(reached) if reached else _mean(last) if last else 0.0
+            baseline = _mean(same) if same else _mean(reached) if reached else _mean(last) if last else 0.0
             a = g - baseline
             std = scale[t]
             advantages.append(a / (std + eps) if std is not None else a)
@@ -160,11 +183,38 @@ def turn_loo_advantages(
     return out
 
 
+def _first_returns(returns: Sequence[float], states: Sequence[Hashable]) -> dict[Hashable, float]:
+    first: dict[Hashable, float] = {}
+    for g, key in zip(returns, states, strict=True):
+        first.setdefault(key, g)
+    return first
+
+
+def turn_states(trajectory: Trajectory) -> list[Hashable]:
+    """A key per turn for "turn_state": where the episode stood before turn t's action. Turn 0:
+    the task (one key for the whole group). Turn t > 0: the env's `credit_state` in the info of
+    step t-1 where it gives one, else the exact history (each turn's observation and action text
+    up to turn t's observation)."""
+    keys: list[Hashable] = []
+    history: tuple[str, ...] = ()
+    for t, transition in enumerate(trajectory.transitions):
+        history = (*history, transition.observation)
+        if t == 0:
+            keys.append(("task",))
+        else:
+            declared = trajectory.transitions[t - 1].info.get(CREDIT_STATE)
+            keys.append(("env", json.dumps(declared)) if declared is not None else ("history", *history))
+        history = (*history, transition.action.text)
+    return keys
+
+
 def group_turn_advantages(group: Sequence[Trajectory], config: AdvantageConfig) -> list[list[float]]:
     """Turn-level advantages of one group's trajectories (all of them members: leave out the
-    ones not trained on before calling), by `config`'s gamma, overlong shaping and estimator."""
+    ones not trained on before calling), by `config`'s credit, gamma, overlong shaping and
+    estimator."""
     returns = [turn_returns(t, config.gamma, config.overlong) for t in group]
-    return turn_loo_advantages(returns, config.estimator, config.eps)
+    states = [turn_states(t) for t in group] if config.credit == Credit.TURN_STATE else None
+    return turn_loo_advantages(returns, config.estimator, config.eps, states)
 
 
 def past_reward_share(rewards: Sequence[Sequence[float]], t: int) -> float:

@@ -17,6 +17,11 @@ step info:
                     order (what the observation shows per call), for a chat template that renders
                     one tool message per result.
 
+    credit_state    str (or any JSON scalar): a summary of where the episode stands after this
+                    step, determined by the history so far, e.g. Zorplex's chain links followed
+                    and strayed. Turn-level credit `credit = "turn_state"` (rollouts/credit.py)
+                    takes the next turn's baseline from the group's episodes in the same state.
+
     note            str: the note the action wrote (a ToolEnv with notes=True): the `notes` context
                     policy (rollouts/context.py) then cuts the conversation to the system prompt,
                     the task and the note turns.
@@ -89,6 +94,7 @@ class StepInfo(TypedDict, total=False):
 
 SYSTEM_PROMPT = "system_prompt"
 NOTE = "note"
+CREDIT_STATE = "credit_state"
 TOOLS = "tools"
 INSTRUCTIONS = "instructions"
 TOOL_RESULTS = "tool_results"

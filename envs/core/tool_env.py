@@ -89,7 +89,7 @@ from ..tools.call_formats import (
 from ..tools.typed import Call, Tool, ToolCallError, as_tool, marked_methods, result_text
 from . import prompts
 from .grading import Grade, Unreadable, answer_text, default_grader, is_reader, to_grade
-from .info import NOTE
+from .info import CREDIT_STATE, NOTE
 from .ledger import RewardLedger
 from .limits import Ending, limit_reached
 from .task import Example, Task
@@ -663,9 +663,17 @@ class ToolEnv(TextEnv):
         self._end_tool_episodes()
         super().close()
 
+    def credit_state(self) -> Any:
+        """Where the episode stands now, for turn-level credit by state (`credit_state` in the step
+        info, envs/core/info.py): a JSON scalar fixed by the history so far, or None (the default:
+        not declared, and the exact history is used)."""
+        return None
+
     def _info(self, step_errors: list[str]) -> dict[str, Any]:
         grade = self._grade
+        state = self.credit_state()
         return {
+            **({CREDIT_STATE: state} if state is not None else {}),
             "reward_components": self._ledger.parts,
             "tool_calls": self._tool_calls,
             "errors": self._errors,

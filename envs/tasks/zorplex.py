@@ -217,6 +217,7 @@ class ZorplexEnv(ToolEnv):
         self.chain_reward = float(chain_reward)
         self.chain: list[str] = []
         self._followed: set[str] = set()  # the chain's words looked up so far (each pays once)
+        self._strayed = 0  # lookups that did not follow the chain (a wrong word, or one again)
         self.tier = tier
         self.difficulty = difficulty
         self.table_seed = table_seed
@@ -280,9 +281,18 @@ class ZorplexEnv(ToolEnv):
             following = len(self._followed) < len(self.chain) and word == self.chain[len(self._followed)]
         if following:
             self._followed.add(word)
+        else:
+            self._strayed += 1
         if self.chain_reward and following:
             return ToolResult(text, {"chain": self.chain_reward})
         return text
+
+    def credit_state(self) -> str | None:
+        """The recursive and list tiers: the chain's words followed and the lookups that strayed
+        so far (`credit = "turn_state"`'s key, envs/core/info.py); None for the other tiers."""
+        if self.tier not in ("recursive", "list"):
+            return None
+        return f"followed {len(self._followed)} strayed {self._strayed}"
 
     def _getkey(self, word: str) -> str:
         return self.keys.get(word.lower(), "UNKNOWN_WORD")
@@ -299,7 +309,7 @@ class ZorplexEnv(ToolEnv):
             self.table = dict(zip(WORDS, rng.integers(1, 101, size=len(WORDS)).tolist(), strict=True))
         else:
             self.table = self._fixed_table
-        self.redirects, self.chain, self._followed = {}, [], set()
+        self.redirects, self.chain, self._followed, self._strayed = {}, [], set(), 0
         order = rng.permutation(len(WORDS)).tolist()
         word = WORDS[order[0]]
         question = f"What is the zorplex value of '{word}'?"

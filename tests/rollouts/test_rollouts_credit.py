@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from toolgym.agents.types import Completion
+from toolgym.envs.core.info import CREDIT_STATE
 from toolgym.rollouts.advantages import AdvantageConfig, AdvantageEstimator, Credit, OverlongShaping
 from toolgym.rollouts.batches import BatchConfig, build_kept_batch, score_group
 from toolgym.rollouts.credit import (
@@ -21,6 +22,7 @@ from toolgym.rollouts.credit import (
     turn_loo_advantages,
     turn_returns,
     turn_rewards,
+    turn_states,
 )
 from toolgym.rollouts.episodes import OverlongEpisodeRule, build_episodes, trajectory_to_episodes, turn_spans
 from toolgym.rollouts.types import SEQUENCE_START, StopReason, Trajectory, Transition
@@ -51,8 +53,8 @@ def trajectory(
     )  # fmt: skip
 
 
-def turn_config(**kw) -> BatchConfig:
-    return BatchConfig(advantage=AdvantageConfig(credit=Credit.TURN_LOO, estimator=DR, **kw))
+def turn_config(credit: Credit = Credit.TURN_LOO, **kw) -> BatchConfig:
+    return BatchConfig(advantage=AdvantageConfig(credit=credit, estimator=DR, **kw))
 
 
 def test_returns_to_go():
@@ -263,3 +265,32 @@ def test_turn_spans_locate_each_turn_sampled_tokens_in_the_built_episodes(restar
         covered[index] |= set(range(start, end))
     for index, episode in enumerate(episodes):  # every sampled token belongs to exactly one turn
         assert {k for k, m in enumerate(episode.loss_mask) if m} == covered[index]
+
+
+def test_turn_state_baselines_a_turn_by_the_other_episodes_in_the_same_state():
+    # A chain of two lookups then the answer (grade 1 at the end). Episodes 0-1 follow it; 2-3
+    # break it at turn 0 (state "off"), then keep calling: their later turns have value 0, and
+    # the episodes in their state say so, where the turn index's mean does not.
+    def episode(states: list[str], grade: float) -> Trajectory:
+        transitions = [
+            Transition(f"obs{t}", [1], Completion([2], [-0.5], "stop"), reward=0.0, info={CREDIT_STATE: s})
+            for t, s in enumerate(states)
+        ]
+        transitions[-1] = msgspec.structs.replace(transitions[-1], reward=grade, terminated=True)
+        return Trajectory("env", {}, 0, 0, transitions, StopReason.ANSWERED, total_reward=grade)
+
+    group = [episode(["1", "2", "end"], 1.0), episode(["1", "2", "end"], 1.0)]
+    group += [episode(["off", "off", "end"], 0.0), episode(["off", "off", "end"], 0.0)]
+    by_state, _ = score_group(group, turn_config(credit=Credit.TURN_STATE))
+    by_index, _ = score_group(group, turn_config())
+    assert by_state[2] == [pytest.approx(-2 / 3), 0.0, 0.0]  # turn 0: one state for all (the task)
+    assert by_index[2] == [pytest.approx(-2 / 3), pytest.approx(-2 / 3), pytest.approx(-2 / 3)]
+    assert by_state[0] == [pytest.approx(2 / 3), 0.0, 0.0]  # later: the other follower succeeded too
+    assert turn_states(group[0])[0] == turn_states(group[2])[0] != turn_states(group[0])[1]
+    # without a declared state, the exact history is the key: same observations and actions, same key
+    bare = [
+        msgspec.structs.replace(t, transitions=[msgspec.structs.replace(x, info={}) for x in t.transitions])
+        for t in group
+    ]
+    assert turn_states(bare[0]) == turn_states(bare[2])  # identical texts here
+    assert len(set(turn_states(bare[0]))) == 3

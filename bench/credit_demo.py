@@ -52,6 +52,7 @@ CHAIN = ArmsBench(
 CHAIN4 = replace(
     CHAIN,
     preset="zorplex_chain4_credit_tiny",
+    arms={**CHAIN.arms, "turn_state": ["batch.advantage.credit=turn_state"]},
     out=Path("runs/credit_demo_chain4"),
     curves=Path(__file__).parent / "credit_demo_chain4_curves.png",
 )

@@ -32,7 +32,8 @@ def test_a_preset_with_turn_loo_loads_and_passes_the_checks(preset):
 
 def test_credit_and_gamma_errors_name_the_field_and_the_choices():
     assert error_of({"batch": {"advantage": {"credit": "td"}}}) == (
-        "config error: batch.advantage.credit: invalid value 'td' (expected one of 'outcome', 'turn_loo')"
+        "config error: batch.advantage.credit: invalid value 'td' (expected one of 'outcome', 'turn_loo', "
+        "'turn_state')"
     )
     assert error_of({"batch": {"advantage": {"credit": "turn_loo", "gamma": 0.0}}}) == (
         "config error: batch.advantage.gamma: must be in (0, 1], got 0.0"
@@ -87,6 +88,19 @@ def test_the_credit_demo_preset_runs_its_three_arms_from_one_file():
     )
     check_environment(dense)
     assert dense.env.kwargs["chain_reward"] == 0.1 and dense.env.kwargs["difficulty"] == "hard"
+
+
+def test_the_four_link_chain_preset_loads_with_every_arm_of_the_demo():
+    # bench/credit_demo.py --preset zorplex_chain4_credit_tiny: five lookups, and a turn_state arm
+    outcome, _ = load_config("zorplex_chain4_credit_tiny")
+    assert outcome.env.kwargs["redirects"] == 4 and outcome.rollout.max_turns == 7
+    for arm in (
+        ["batch.advantage.credit=turn_loo", "env.kwargs.chain_reward=0.1"],
+        ["batch.advantage.credit=turn_state"],
+    ):
+        config, _ = load_config("zorplex_chain4_credit_tiny", arm)
+        check_environment(config)
+    assert config.batch.advantage.credit is Credit.TURN_STATE
 
 
 def test_the_list_credit_preset_loads_with_every_arm_of_the_demo():

@@ -1,10 +1,11 @@
 """Outcome credit, turn-level credit, and turn-level credit with a per-lookup process reward, in one
-run: on a 4-link Zorplex chain (configs/zorplex_chain_credit_tiny.toml, where each lookup needs the
-last one) and on Zorplex's list tier (configs/zorplex_list_credit_tiny.toml, four independent
-lookups).
+run: on a Zorplex chain where each lookup needs the last one (configs/zorplex_chain_credit_tiny.toml,
+three links; zorplex_chain4_credit_tiny.toml, four, with a fourth arm, baselines by state) and on
+Zorplex's list tier (configs/zorplex_list_credit_tiny.toml, independent lookups).
 
     python bench/credit_demo.py                                    # 3 seeds, the chain as shipped
     python bench/credit_demo.py --preset zorplex_list_credit_tiny  # 3 seeds, the list
+    python bench/credit_demo.py --preset zorplex_chain4_credit_tiny  # 3 seeds, four links
     python bench/credit_demo.py --seeds 0 --set run.steps=2 --set sft.steps=4 \
         --set sft.num_tasks=64 --set eval.num_tasks=4 --set eval.every_steps=1 \
         --out /tmp/credit_smoke                                    # a smoke run (no meaningful figure)
@@ -17,6 +18,8 @@ the first arm's SFT model):
 - turn_loo+chain: the same, plus `env.kwargs.chain_reward` (the reward component `chain`: 0.1 for
   each lookup that follows the chain to its next word; on the list, 0.2 for each asked word's
   first lookup);
+- turn_state (four links): `credit = "turn_state"`, each turn's baseline from the other episodes
+  in the same state (followed/strayed lookups);
 - outcome+chain (the list): the process reward with outcome credit, which separates what the
   reward adds from what the credit adds.
 Held-out accuracy is the env's `accuracy` metric (a right answer), the same in every arm whatever

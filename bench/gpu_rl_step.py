@@ -26,6 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import commit, format_table, machine_summary, toolgym_train
 
+from toolgym.trainers.metrics_log import METRICS_FILE, read_metrics
+
 DEFAULT_ROWS = ["qwen3-4b:8", "qwen3-4b:32"]
 FULL_FIT = ["qwen3-8b:0", "qwen3-4b:0", "qwen3-1.7b:0", "qwen3-0.6b:0"]  # largest first
 
@@ -69,17 +71,14 @@ def one_row(spec: str, args: argparse.Namespace) -> dict:
     wall = time.perf_counter() - started
     log = Path(f"{run_dir}.log").read_text(errors="replace")
     oom = "OutOfMemoryError" in log or "out of memory" in log
-    records = []
-    if (run_dir / "metrics.jsonl").exists():
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    train = [r for r in records if r["kind"] == "train"]
-    last = train[-1] if train else {}
+    train = [r for r in read_metrics(run_dir / METRICS_FILE) if r["kind"] == "train"]
+    fitted = fitted and bool(train)  # a run that logged no RL step did not show it fits
     return {
         "row": spec,
-        "fitted": fitted and bool(train),
+        "fitted": fitted,
         "oom": oom,
         "wall_s": wall,
-        "last": last,
+        "last": train[-1] if train else {},
         "error": "" if fitted else log.strip().splitlines()[-1][:160] if log.strip() else "no output",
     }
 

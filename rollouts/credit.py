@@ -203,7 +203,8 @@ def turn_states(trajectory: Trajectory) -> list[Hashable]:
             keys.append(("task",))
         else:
             declared = trajectory.transitions[t - 1].info.get(CREDIT_STATE)
-            keys.append(("env", json.dumps(declared)) if declared is not None else ("history", *history))
+            keyed = ("env", json.dumps(declared, sort_keys=True))  # a dict state: its keys' order aside
+            keys.append(keyed if declared is not None else ("history", *history))
         history = (*history, transition.action.text)
     return keys
 

@@ -294,3 +294,12 @@ def test_turn_state_baselines_a_turn_by_the_other_episodes_in_the_same_state():
     ]
     assert turn_states(bare[0]) == turn_states(bare[2])  # identical texts here
     assert len(set(turn_states(bare[0]))) == 3
+    # a dict state is one key whatever the order of its fields
+    a, b = (
+        msgspec.structs.replace(
+            group[0],
+            transitions=[msgspec.structs.replace(x, info={CREDIT_STATE: d}) for x in group[0].transitions],
+        )
+        for d in ({"followed": 1, "strayed": 0}, {"strayed": 0, "followed": 1})
+    )
+    assert turn_states(a) == turn_states(b)

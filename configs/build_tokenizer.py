@@ -1,8 +1,10 @@
-"""Build the shipped CPU-default tokenizer, `configs/assets/tokenizer.json`, from the repo's own envs.
+"""Build the shipped tokenizers, `configs/assets/tokenizer.json` (the CPU default) and
+`configs/assets/tokenizers/copy/tokenizer.json`, from the repo's own envs.
 
-    python -m toolgym.configs.build_tokenizer            # rewrite configs/assets/
-    python -m toolgym.configs.build_tokenizer --check    # exit 1 if the committed files differ
-    python -m toolgym.configs.build_tokenizer --out DIR  # write elsewhere
+    python -m toolgym.configs.build_tokenizer                  # rewrite configs/assets/
+    python -m toolgym.configs.build_tokenizer --split copy     # rewrite configs/assets/tokenizers/copy/
+    python -m toolgym.configs.build_tokenizer --check          # exit 1 if the committed files differ
+    python -m toolgym.configs.build_tokenizer --out DIR        # write elsewhere
     python -m toolgym.configs.build_tokenizer --split words --out DIR  # words never take punctuation
 
 A byte-level BPE in the Qwen2 style (NFC, Qwen's split regex so digits are single tokens, byte-level
@@ -14,14 +16,19 @@ actions, and plainly stated answers, rendered as ChatML for the envs in `ENV_CON
 seeds.
 
 The output is deterministic (fixed seeds, fixed order; the BPE trainer breaks frequency ties by the
-pair itself), so the script regenerates the committed file byte for byte, and a test checks that.
-When env texts change, that test fails: rebuild with this script and commit both files.
+pair itself), so the script regenerates the committed files byte for byte, and a test checks that.
+When env texts change, that test fails: rebuild with this script and commit the files.
 `tokenizer.fingerprint` holds `tokenizer_fingerprint()` of the result (what recordings carry).
 
-`--split words` (not shipped) lets a word take only a leading space, as GPT-2's split does, so the
-word in a call `LOOKUP[lemon]` is the same token as in the question's `'lemon'`; with Qwen2's split
-`[lemon` is one token and the tiny model learns a per-word mapping instead of a copy. Measured
-both ways in docs/training.md ("What makes the tiny model learn to copy").
+Other splits. With Qwen2's split `[lemon` is one token, so the call `LOOKUP[lemon]` after a
+question's `'lemon'` maps one token to another and the tiny model learns that mapping per word
+instead of a copy (docs/training.md, "What makes the tiny model learn to copy").
+`--split words` (not shipped) lets a word take only a leading space, as GPT-2's split does: the
+call's word is the question's token, but `SEE: queen` still gives ` queen` where `NOTE[queen]`
+needs `queen`. `--split copy` (shipped, `[tokenizer] path = "copy"`) also joins a colon and the
+space after it when a word follows, so each word a Zorplex chain passes along is one token
+wherever it appears, and a lone space is still the token before a value (`= 17`, `[ANSWER] 17`),
+as with Qwen2's split: following the chain and copying its value are both copies (docs/context.md).
 """
 
 from __future__ import annotations
@@ -50,7 +57,15 @@ QWEN2_SPLIT_REGEX = (
 )
 # The same, except that a word takes at most a leading space (GPT-2's rule for letters).
 WORDS_SPLIT_REGEX = QWEN2_SPLIT_REGEX.replace(r"[^\r\n\p{L}\p{N}]?\p{L}+", r" ?\p{L}+")
-SPLITS = {"qwen2": QWEN2_SPLIT_REGEX, "words": WORDS_SPLIT_REGEX}
+# Copy-friendly: as `words`, and a space after a colon joins the colon when a word follows
+# (`SEE: queen` gives `: ` then `queen`), so a word is the same token after `'`, `[` or `: `, and a
+# lone space stays the token before a value (`= 17`, `[ANSWER] 17`).
+COPY_SPLIT_REGEX = WORDS_SPLIT_REGEX.replace(r" ?\p{L}+", r"(?<!: ) ?\p{L}+|(?<=: )\p{L}+").replace(
+    r" ?[^\s\p{L}\p{N}]+[\r\n]*", r" ?[^\s\p{L}\p{N}]+(?:(?<=:) (?=\p{L}))?[\r\n]*"
+)
+SPLITS = {"qwen2": QWEN2_SPLIT_REGEX, "words": WORDS_SPLIT_REGEX, "copy": COPY_SPLIT_REGEX}
+# Where each shipped split lives (configs/load.py resolves `[tokenizer] path = "copy"` there).
+SHIPPED_DIRS = {"qwen2": ASSETS_DIR, "copy": ASSETS_DIR / "tokenizers" / "copy"}
 
 # (env id, make kwargs, seeds). Seeds are fixed so the corpus, and so the file, never changes
 # unless the envs' texts do.
@@ -190,16 +205,26 @@ def build(out_dir: str | Path = ASSETS_DIR, split: str = "qwen2") -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=ASSETS_DIR, help="output directory")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="output directory (default: the split's shipped one)"
+    )
     parser.add_argument(
         "--check", action="store_true", help="build into a temporary directory and compare with --out"
     )
     parser.add_argument(
-        "--split", choices=sorted(SPLITS), default="qwen2", help="the pre-tokenizer's split (shipped: qwen2)"
+        "--split", choices=sorted(SPLITS), default="qwen2", help="the pre-tokenizer's split (default: qwen2)"
     )
     args = parser.parse_args(argv)
-    if args.split != "qwen2" and args.out.resolve() == ASSETS_DIR:
-        parser.error("the shipped tokenizer uses --split qwen2; write another split with --out DIR")
+    shipped = SHIPPED_DIRS.get(args.split)
+    if args.out is None:
+        if shipped is None:
+            parser.error(f"--split {args.split} is not shipped: give --out DIR")
+        args.out = shipped
+    taken = {d.resolve(): split for split, d in SHIPPED_DIRS.items()}
+    if taken.get(args.out.resolve(), args.split) != args.split:
+        parser.error(
+            f"{args.out} holds the shipped {taken[args.out.resolve()]} split; write --split {args.split} elsewhere"
+        )
     if not args.check:
         path = build(args.out, split=args.split)
         print(f"wrote {path} and {path.with_name(FINGERPRINT_FILENAME)}")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import re
 import tomllib
 import warnings
@@ -41,6 +42,7 @@ from .schema import Config, EnvSection, PolicySection, RunSection, SFTSection
 
 PRESETS_DIR = Path(__file__).resolve().parent
 SHIPPED_TOKENIZER = PRESETS_DIR / "assets" / "tokenizer.json"
+SHIPPED_TOKENIZERS = PRESETS_DIR / "assets" / "tokenizers"  # other shipped splits, by name
 DEFAULT_PRESET = "zorplex_tiny"
 SFT_DEFAULT_LR = 1e-3  # supervised warm start of a small model: far above an RL learning rate
 
@@ -436,9 +438,20 @@ def chat_template_path(value: str) -> str:
     return value
 
 
+def tokenizer_file(value: str | os.PathLike[str]) -> Path:
+    """`tokenizer.path` / `--tokenizer` as a file: a shipped tokenizer's name (`copy`,
+    configs/assets/tokenizers/; configs/build_tokenizer.py builds it) becomes its file, anything
+    else is a path."""
+    path = Path(value)
+    shipped = SHIPPED_TOKENIZERS / str(value) / "tokenizer.json"
+    if not path.exists() and path.name == str(value) and shipped.is_file():
+        return shipped
+    return path
+
+
 def tokenizer_path(config: Config) -> Path:
     if config.tokenizer.path:
-        return Path(config.tokenizer.path)
+        return tokenizer_file(config.tokenizer.path)
     if config.model.path and (Path(config.model.path) / "tokenizer.json").is_file():
         return Path(config.model.path) / "tokenizer.json"
     return SHIPPED_TOKENIZER

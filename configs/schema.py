@@ -144,7 +144,9 @@ class ModelSection(msgspec.Struct, **_STRICT):
 
 
 class TokenizerSection(msgspec.Struct, **_STRICT):
-    path: str = ""  # "" = the model directory's tokenizer.json if it has one, else the shipped one
+    # "" = the model directory's tokenizer.json if it has one, else the shipped one; a shipped
+    # tokenizer's name ("copy": configs/assets/tokenizers/) or a tokenizer.json path
+    path: str = ""
 
 
 class PolicySection(PolicySampling, frozen=True, **_STRICT):

@@ -44,6 +44,13 @@ from ...rollouts.types import PolicySampling, RolloutSettings
 DEFAULT_TOKENIZER = Path(__file__).resolve().parents[1] / "assets" / "tokenizer.json"
 
 
+def _tokenizer(value: str) -> str:
+    """A `--tokenizer` value: a tokenizer.json path, or a shipped tokenizer's name (`copy`)."""
+    from ..load import tokenizer_file
+
+    return str(tokenizer_file(value))
+
+
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -64,7 +71,7 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
     _add_env_module_arg(p)
     p.add_argument("--policy", default="oracle", help="'oracle' or a Hugging Face checkpoint directory")
     p.add_argument(
-        "--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer.json (default: the shipped one)"
+        "--tokenizer", type=_tokenizer, default=str(DEFAULT_TOKENIZER), help="tokenizer.json (default: the shipped one)"
     )
     p.add_argument(
         "--chat-template",
@@ -224,7 +231,7 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=None, help="show only the first K transcripts")
     p.add_argument("--summary-only", action="store_true", help="no transcripts")
     p.add_argument(
-        "--tokenizer", default=str(DEFAULT_TOKENIZER), help="the tokenizer the file was recorded with"
+        "--tokenizer", type=_tokenizer, default=str(DEFAULT_TOKENIZER), help="the tokenizer the file was recorded with"
     )
     _add_env_module_arg(p)  # a recording imports nothing itself: --verify makes only these envs
 
@@ -368,6 +375,7 @@ def add_view(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--tokenizer",
+        type=_tokenizer,
         default=None,
         help="the tokenizer the files were recorded with (default: a run's final_model's, else the shipped one)",
     )
@@ -421,7 +429,7 @@ def add_import(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("file", help="chat-messages JSONL: one {\"messages\": [...], \"tools\": [...]} per line")
     p.add_argument("--out", required=True, help="the recording to write (appended to if it exists)")
-    p.add_argument("--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer.json to tokenize with")
+    p.add_argument("--tokenizer", type=_tokenizer, default=str(DEFAULT_TOKENIZER), help="tokenizer.json to tokenize with")
 
     def run(args: argparse.Namespace) -> int:
         from .recordings import import_command
@@ -439,7 +447,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--policy", required=True, help="a Hugging Face checkpoint directory")
     p.add_argument(
-        "--tokenizer", default=str(DEFAULT_TOKENIZER), help="tokenizer.json (default: the checkpoint's, else the shipped one)"
+        "--tokenizer", type=_tokenizer, default=str(DEFAULT_TOKENIZER), help="tokenizer.json (default: the checkpoint's, else the shipped one)"
     )
     p.add_argument("--chat-template", default="", help="as for `toolgym eval` (default: plain ChatML)")
     p.add_argument("--host", default="127.0.0.1", help="address (default: this machine only; there is no auth)")

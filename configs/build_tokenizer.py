@@ -27,7 +27,7 @@ instead of a copy (docs/training.md, "What makes the tiny model learn to copy").
 call's word is the question's token, but `SEE: queen` still gives ` queen` where `NOTE[queen]`
 needs `queen`. `--split copy` (shipped, `[tokenizer] path = "copy"`) also joins a colon and the
 space after it when a word follows, so each word a Zorplex chain passes along is one token
-wherever it appears, and a lone space is still the token before a value (`= 17`, `[ANSWER] 17`),
+wherever it appears, and a lone space is still the token before a value (`= 17`, and before the answer's),
 as with Qwen2's split: following the chain and copying its value are both copies (docs/context.md).
 """
 
@@ -59,7 +59,7 @@ QWEN2_SPLIT_REGEX = (
 WORDS_SPLIT_REGEX = QWEN2_SPLIT_REGEX.replace(r"[^\r\n\p{L}\p{N}]?\p{L}+", r" ?\p{L}+")
 # Copy-friendly: as `words`, and a space after a colon joins the colon when a word follows
 # (`SEE: queen` gives `: ` then `queen`), so a word is the same token after `'`, `[` or `: `, and a
-# lone space stays the token before a value (`= 17`, `[ANSWER] 17`).
+# lone space stays the token before a value (`= 17`, and in the answer).
 COPY_SPLIT_REGEX = WORDS_SPLIT_REGEX.replace(r" ?\p{L}+", r"(?<!: ) ?\p{L}+|(?<=: )\p{L}+").replace(
     r" ?[^\s\p{L}\p{N}]+[\r\n]*", r" ?[^\s\p{L}\p{N}]+(?:(?<=:) (?=\p{L}))?[\r\n]*"
 )

@@ -42,6 +42,7 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from ..agents.tokenizer import tokenizer_fingerprint
+from .load import SHIPPED_TOKENIZERS
 
 ASSETS_DIR = Path(__file__).resolve().parent / "assets"
 SHIPPED_TOKENIZER_PATH = ASSETS_DIR / "tokenizer.json"
@@ -65,7 +66,7 @@ COPY_SPLIT_REGEX = WORDS_SPLIT_REGEX.replace(r" ?\p{L}+", r"(?<!: ) ?\p{L}+|(?<=
 )
 SPLITS = {"qwen2": QWEN2_SPLIT_REGEX, "words": WORDS_SPLIT_REGEX, "copy": COPY_SPLIT_REGEX}
 # Where each shipped split lives (configs/load.py resolves `[tokenizer] path = "copy"` there).
-SHIPPED_DIRS = {"qwen2": ASSETS_DIR, "copy": ASSETS_DIR / "tokenizers" / "copy"}
+SHIPPED_DIRS = {"qwen2": ASSETS_DIR, "copy": SHIPPED_TOKENIZERS / "copy"}
 
 # (env id, make kwargs, seeds). Seeds are fixed so the corpus, and so the file, never changes
 # unless the envs' texts do.

@@ -203,8 +203,10 @@ def turn_states(trajectory: Trajectory) -> list[Hashable]:
             keys.append(("task",))
         else:
             declared = trajectory.transitions[t - 1].info.get(CREDIT_STATE)
-            keyed = ("env", json.dumps(declared, sort_keys=True))  # a dict state: its keys' order aside
-            keys.append(keyed if declared is not None else ("history", *history))
+            if declared is None:
+                keys.append(("history", *history))
+            else:  # a dict state is one key whatever the order of its fields
+                keys.append(("env", json.dumps(declared, sort_keys=True)))
         history = (*history, transition.action.text)
     return keys
 

@@ -3,6 +3,7 @@
     python bench/gpu_rl_step.py                                   # on a GPU: the default rows
     python bench/gpu_rl_step.py --rows qwen3-4b:8 qwen3-4b:0 qwen3-1.7b:0 --steps 2
     python bench/gpu_rl_step.py --device cpu --rows qwen3-0.6b:8 --steps 1 --groups 1 --group-size 2  # smoke
+    python bench/gpu_rl_step.py --full-fit --set trainer.activation_checkpointing=true
 
 Each row is MODEL:RANK, a named shape (agents/model/config.py; random weights) and a LoRA rank (0:
 full fine-tuning). Per row, one `toolgym train zorplex_tiny` process (its own, so one row's
@@ -55,6 +56,7 @@ def overrides(model: str, rank: int, args: argparse.Namespace, run_dir: Path) ->
         "eval.at_end=false",
         "checkpoint.every_steps=0",
         "checkpoint.at_end=false",
+        *args.set,
     ]
 
 
@@ -112,7 +114,7 @@ def show(results: list[dict], device: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, help="MODEL:RANK (rank 0: full)")
+    ap.add_argument("--rows", nargs="*", default=DEFAULT_ROWS, help="MODEL:RANK (rank 0: full; none: --full-fit only)")
     ap.add_argument(
         "--full-fit", action="store_true", help=f"then {FULL_FIT}, largest first, to the first fit"
     )
@@ -121,6 +123,10 @@ def main() -> None:
     ap.add_argument("--groups", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--out", type=Path, default=Path("runs/gpu_rl_step"))
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a config override for every row (e.g. trainer.activation_checkpointing=true)",
+    )  # fmt: skip
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     print(machine_summary())

@@ -1,14 +1,16 @@
-"""The CPU demo's SFT step, with and without FSDP2 wrapping, in one process.
+"""The CPU demo's SFT step, the trainer as it is against a variant, in one process.
 
-    python bench/sft_step.py [--steps 8] [--repeats 3]
+    python bench/sft_step.py [--steps 8] [--repeats 3] [--against fsdp2|logits]
 
 The SFT phase is most of the demo's time (1,500 of these steps). Its batches here are the
 demo's: `configs/zorplex_tiny.toml`'s oracle demonstrations (1,024 tasks instead of 8,192, the
 same distribution), 32 episodes per step, the preset's SFT optimizer. Two trainers from the same
 initial weights take the same batches:
 - plain: what `Trainer` does in a world of one in fp32 (`shard_model` returns the model as is);
-- fsdp2: the same model wrapped by `fsdp_wrap` (what every world size used before), which in one
-  process neither shards nor casts but copies every parameter in and every gradient out per step.
+- fsdp2 (`--against fsdp2`, the default): the same model wrapped by `fsdp_wrap` (what every world
+  size used before), which in one process neither shards nor casts but copies every parameter in
+  and every gradient out per step;
+- logits (`--against logits`): whole logits (`trainer.fused_head = false`) instead of the fused head.
 The two alternate, `--steps` steps at a time, `--repeats` times; printed: ms per step (best and
 median of the repeats), the ratio, and both trainers' loss on one more batch (they should agree).
 """
@@ -20,6 +22,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import format_table, machine_summary
@@ -36,6 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8, help="steps per timed window")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--against", choices=["fsdp2", "logits"], default="fsdp2")
     args = ap.parse_args()
 
     config, _ = load_config("zorplex_tiny", ["sft.num_tasks=1024"])
@@ -47,14 +52,19 @@ def main() -> None:
     trainers = {
         "plain": trainer_module.Trainer(initial_model(config), sft_trainer_config(config), device="cpu")
     }
-    plain_shard = trainer_module.shard_model
-    trainer_module.shard_model = fsdp_wrap
-    try:
-        trainers["fsdp2"] = trainer_module.Trainer(
-            initial_model(config), sft_trainer_config(config), device="cpu"
-        )
-    finally:
-        trainer_module.shard_model = plain_shard
+    other = args.against
+    if other == "logits":
+        logits_config = msgspec.structs.replace(sft_trainer_config(config), fused_head=False)
+        trainers[other] = trainer_module.Trainer(initial_model(config), logits_config, device="cpu")
+    else:
+        plain_shard = trainer_module.shard_model
+        trainer_module.shard_model = fsdp_wrap
+        try:
+            trainers[other] = trainer_module.Trainer(
+                initial_model(config), sft_trainer_config(config), device="cpu"
+            )
+        finally:
+            trainer_module.shard_model = plain_shard
 
     for trainer in trainers.values():
         for batch in batches[:3]:  # warm-up
@@ -73,8 +83,8 @@ def main() -> None:
           f"{args.repeats} windows of {args.steps} steps")  # fmt: skip
     rows = [[n, f"{min(v):.0f}", f"{statistics.median(v):.0f}", f"{loss[n]:.6f}"] for n, v in ms.items()]
     print(format_table(["trainer", "ms/step (best)", "(median)", "loss after"], rows))
-    print(f"fsdp2 / plain: {min(ms['fsdp2']) / min(ms['plain']):.2f}x (best), "
-          f"{statistics.median(ms['fsdp2']) / statistics.median(ms['plain']):.2f}x (median)")  # fmt: skip
+    print(f"{other} / plain: {min(ms[other]) / min(ms['plain']):.2f}x (best), "
+          f"{statistics.median(ms[other]) / statistics.median(ms['plain']):.2f}x (median)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -26,10 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..agents.model.chunks import padded_chunks
 from ..rollouts.types import Episode
+from .logprobs import TokenScores, head_token_scores
 from .shared_prefix import SharedPrefixAttention, shared_prefix_length
 
 _MIN_SAVING = 0.25  # share a prefix only when it removes at least this share of padded positions
@@ -78,6 +79,44 @@ class MicroBatch:
             self.prefix_rows, self.prefix_len, self.input_ids.shape[1], self.input_ids.device
         )
         return model(self.input_ids, self.positions, cache=attention)[self.prefix_rows :]
+
+    def scores(
+        self,
+        model: Callable[..., TokenScores],
+        temperature: float = 1.0,
+        *,
+        select: Tensor | None = None,
+        with_entropy: bool = False,
+        with_argmax: bool = False,
+    ) -> TokenScores:
+        """`model`'s TokenScores of the targets at the `select`ed positions (bool [B, T]; default
+        the loss mask), 0 elsewhere: the output layer runs on those rows of the final hidden states
+        alone (`head_token_scores`). `model` takes a `head=` (agents/model/transformer.py)."""
+        select = self.loss_mask if select is None else select
+        targets = self.targets[select]
+
+        def head(hidden: Tensor, lm_head: nn.Module) -> TokenScores:
+            picked = hidden[self.prefix_rows :][select]
+            values = head_token_scores(
+                picked, lm_head, targets, temperature, with_entropy=with_entropy, with_argmax=with_argmax
+            )
+            return TokenScores(*(None if v is None else _place(v, select) for v in values))
+
+        if not self.prefix_rows:
+            return model(self.input_ids, head=head)
+        attention = SharedPrefixAttention(
+            self.prefix_rows, self.prefix_len, self.input_ids.shape[1], self.input_ids.device
+        )
+        return model(self.input_ids, self.positions, cache=attention, head=head)
+
+    def real_positions(self) -> Tensor:
+        """bool [B, T]: the positions that hold an episode's token (not padding)."""
+        return torch.arange(self.targets.shape[1], device=self.targets.device) < self.lengths[:, None]
+
+
+def _place(values: Tensor, select: Tensor) -> Tensor:
+    """values [select.sum()] at the True positions of select, 0 elsewhere (differentiable)."""
+    return values.new_zeros(select.shape).masked_scatter(select, values)
 
 
 def validate_episode(episode: Episode, index: int, vocab_size: int | None = None) -> None:

@@ -77,6 +77,12 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     share_prefix: compute an untrained prefix that all rows of a micro-batch share (the system
         prompt, a group's prompt) once instead of once per row (trainers/shared_prefix.py); the
         same loss and gradients up to float rounding, ~3x fewer positions on Zorplex.
+    fused_head: run the output layer on the trained positions only, a chunk of rows at a time,
+        straight into logprobs (trainers/logprobs.py `head_token_scores`): the [positions x vocab]
+        logits never exist whole; the same loss and gradients up to float rounding.
+    activation_checkpointing: keep only each decoder block's input in a training forward and
+        recompute the block in backward: activation memory of one block instead of all of them,
+        for one more forward's compute (a larger `micro_batch_tokens`, or a larger model, fits).
     """
 
     loss: LossConfig = msgspec.field(default_factory=LossConfig)
@@ -85,6 +91,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     precision: Precision = "fp32"
     compute_entropy: bool = True
     share_prefix: bool = True
+    fused_head: bool = True
+    activation_checkpointing: bool = False
     pad_token_id: int = 0
     seed: int = 0
 

@@ -7,14 +7,25 @@ row-chunk by row-chunk, writing straight into the logits' gradient; no log-softm
 float32 copy of the whole micro-batch is kept. The entropy metric (no grad) can come from the same
 pass (`token_logprobs_and_entropy`). Only an entropy *bonus* (entropy with grad) uses plain
 autograd and its softmax copy.
+
+`head_token_scores` goes one step further (`TrainerConfig.fused_head`): from the final hidden
+states and the output layer's weight, a chunk of rows at a time, so the logits of a micro-batch
+never exist whole, and only the rows asked for (the trained tokens) pass the vocabulary at all.
+Its backward recomputes each chunk's logits (one extra [rows x hidden] x [hidden x vocab] matmul)
+instead of keeping them.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 CHUNK_ELEMENTS = 1 << 26  # 64M float32 (256 MiB) of temporaries per chunk of rows
+# The fused head's chunks: each one adds a [vocab x hidden] product to the weight's gradient, so
+# fewer, larger chunks (512 MiB of float32 logits each) than above.
+HEAD_CHUNK_ELEMENTS = 1 << 27
 
 
 def _rows_per_chunk(vocab: int) -> int:
@@ -122,3 +133,107 @@ def token_logprobs_and_entropy(
     `entropy_from_logits` (with grad) instead."""
     logprobs, entropy = _token_logprobs(logits, targets, temperature, with_entropy)
     return logprobs, entropy if with_entropy else None
+
+
+class TokenScores(NamedTuple):
+    """What a training forward gives the losses, each [B, T] (float32; argmax long): the target's
+    logprob (with grad), the entropy (a metric, no grad) and the argmax, the last two None unless
+    asked for. Positions that were not selected hold 0."""
+
+    logprobs: Tensor
+    entropy: Tensor | None = None
+    argmax: Tensor | None = None
+
+
+class _HeadTokenLogprob(torch.autograd.Function):
+    """hidden [N, H] @ weight [V, H]^T -> log softmax(. / temperature)[target], a chunk of rows at a
+    time; inputs in the compute dtype (bf16 or float32), softmax statistics in float32."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, with_entropy, with_argmax):
+        rows = hidden.shape[0]
+        step = max(1, HEAD_CHUNK_ELEMENTS // weight.shape[0])
+        dtype = _compute_dtype(hidden)
+        out = torch.empty(rows, dtype=dtype, device=hidden.device)
+        log_normaliser = torch.empty_like(out)
+        entropy = torch.empty_like(out) if with_entropy else out.new_empty(0)
+        argmax = torch.empty(rows if with_argmax else 0, dtype=torch.long, device=hidden.device)
+        flat_targets = targets.reshape(-1, 1).long()
+        for lo in range(0, rows, step):
+            part = slice(lo, lo + step)
+            z = (hidden[part] @ weight.T).to(dtype)
+            if with_argmax:
+                argmax[part] = z.argmax(dim=-1)
+            if temperature != 1.0:
+                z /= temperature
+            lse = torch.logsumexp(z, dim=-1)
+            log_normaliser[part] = lse
+            out[part] = z.gather(1, flat_targets[part]).squeeze(1)
+            if with_entropy:
+                entropy[part] = _chunk_entropy(z, lse)
+        out -= log_normaliser
+        ctx.save_for_backward(hidden, weight, flat_targets, log_normaliser)
+        ctx.temperature, ctx.step = temperature, step
+        ctx.mark_non_differentiable(entropy, argmax)
+        return out, entropy, argmax
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_entropy, _grad_argmax):
+        hidden, weight, flat_targets, log_normaliser = ctx.saved_tensors
+        temperature, step = ctx.temperature, ctx.step
+        dtype = log_normaliser.dtype
+        grad_out = grad_out.reshape(-1, 1).to(dtype)
+        grad_hidden = torch.empty_like(hidden)
+        # The weight's gradient sums every chunk's product: in float32 (or float64), cast at the end.
+        grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
+        for lo in range(0, hidden.shape[0], step):
+            part = slice(lo, lo + step)
+            z = (hidden[part] @ weight.T).to(dtype)
+            if temperature != 1.0:
+                z /= temperature
+            g = grad_out[part]
+            # d logp / d z = onehot(target) - softmax(z); d z / d logits = 1 / temperature
+            grad_z = z.sub_(log_normaliser[part, None]).exp_().mul_(-g)
+            grad_z.scatter_add_(1, flat_targets[part], g)
+            if temperature != 1.0:
+                grad_z /= temperature
+            grad_z = grad_z.to(hidden.dtype)
+            grad_hidden[part] = grad_z @ weight
+            product = grad_z.T @ hidden[part]
+            grad_weight += product
+        return grad_hidden, grad_weight.to(weight.dtype), None, None, None, None
+
+
+def head_token_scores(
+    hidden: Tensor,
+    head: nn.Module,
+    targets: Tensor,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = False,
+    with_argmax: bool = False,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The output layer and `token_logprobs_and_entropy` in one: hidden [N, H] (the rows to score),
+    head (the model's `lm_head`), targets [N] -> (logprobs [N] with grad, entropy [N] or None,
+    argmax [N] or None), equal to scoring `head(hidden)` up to float rounding. A bias-free
+    nn.Linear head runs fused (module doc); any other head is called on the rows and scored.
+    Under autocast the matmuls run in its dtype, as `head(hidden)` would."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for logprobs, got {temperature}")
+    if type(head) is not nn.Linear or head.bias is not None:
+        logits = head(hidden)
+        argmax = logits.detach().argmax(dim=-1) if with_argmax else None
+        logprobs, entropy = token_logprobs_and_entropy(logits, targets, temperature, with_entropy)
+        return logprobs, entropy, argmax
+    weight = head.weight
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+        hidden, weight = hidden.to(dtype), weight.to(dtype)
+    elif hidden.dtype != weight.dtype:
+        hidden = hidden.to(weight.dtype)
+    with torch.autocast(device, enabled=False):
+        logprobs, entropy, argmax = _HeadTokenLogprob.apply(
+            hidden, weight, targets, float(temperature), with_entropy, with_argmax
+        )
+    return logprobs, entropy if with_entropy else None, argmax if with_argmax else None

@@ -32,6 +32,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from ..agents.model.lora import lora_modules
+from ..agents.model.transformer import Transformer
 from ..rollouts.types import Episode, PolicySampling
 from .batching import MicroBatch, empty_micro_batch, make_micro_batches, shard_episodes
 from .config import OptimizerConfig, TrainerConfig
@@ -43,13 +44,13 @@ from .distributed import (
     shard_model,
     training_precision,
 )
-from .logprobs import entropy_from_logits, token_logprobs, token_logprobs_and_entropy
+from .logprobs import TokenScores, entropy_from_logits, token_logprobs, token_logprobs_and_entropy
 from .losses import LossNormaliser, combine_metrics, finish_metrics, policy_loss
 
 log = logging.getLogger(__name__)
 
-# (micro-batch, its logits, normaliser) -> (loss, metrics)
-MicroBatchLoss = Callable[[MicroBatch, Tensor, LossNormaliser], tuple[Tensor, dict[str, Tensor]]]
+# (micro-batch, normaliser) -> (loss, metrics); the loss runs its own forward (Trainer._scores)
+MicroBatchLoss = Callable[[MicroBatch, LossNormaliser], tuple[Tensor, dict[str, Tensor]]]
 
 
 def lr_factor(step: int, config: OptimizerConfig) -> float:
@@ -90,7 +91,14 @@ class Trainer:
         self.model_config = getattr(model, "config", None)
         self.vocab_size = getattr(self.model_config, "vocab_size", None)
         self.precision = training_precision(config.precision, self.device)
+        if config.activation_checkpointing:
+            stack = getattr(model, "model", None)
+            if not hasattr(stack, "checkpoint_layers"):
+                raise ValueError("activation_checkpointing needs toolgym's Transformer (agents/model)")
+            stack.checkpoint_layers = True  # type: ignore[union-attr]
         self.model = shard_model(model.to(self.device), self.mesh, self.precision)
+        # The fused head needs our Transformer's `head=`; any other model gives logits.
+        self._fused_head = config.fused_head and isinstance(model, Transformer)
         self.reference_model = None
         if config.loss.kl_coef > 0:
             if reference_model is None:
@@ -141,23 +149,21 @@ class Trainer:
         """One supervised update: mean cross-entropy over all loss_mask tokens of the batch."""
         return self._step(episodes, self.sft_loss, sharded)
 
-    def policy_loss(
-        self, mb: MicroBatch, logits: Tensor, norm: LossNormaliser
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    def policy_loss(self, mb: MicroBatch, norm: LossNormaliser) -> tuple[Tensor, dict[str, Tensor]]:
         """The configured RL loss of one micro-batch (a MicroBatchLoss)."""
         loss_config, temperature = self.config.loss, self.temperature
-        if loss_config.entropy_coef > 0:
+        if loss_config.entropy_coef > 0:  # an entropy bonus trains the entropy: whole logits
+            logits = self._logits(mb, self.model)
             logprobs = token_logprobs(logits, mb.targets, temperature)
-            entropy = entropy_from_logits(logits, temperature)  # with grad: the bonus trains it
+            entropy = entropy_from_logits(logits, temperature)
         else:  # the entropy is a metric only (no grad), from the same pass over the logits
-            logprobs, entropy = token_logprobs_and_entropy(
-                logits, mb.targets, temperature, with_entropy=self.config.compute_entropy
+            logprobs, entropy, _ = self._scores(
+                mb, self.model, temperature, with_entropy=self.config.compute_entropy
             )
         ref_logprobs = None
         if self.reference_model is not None:
             with torch.no_grad():
-                ref_logits = self._logits(mb, self.reference_model)
-                ref_logprobs = token_logprobs(ref_logits, mb.targets, temperature)
+                ref_logprobs = self._scores(mb, self.reference_model, temperature).logprobs
         return policy_loss(
             loss_config,
             logprobs,
@@ -170,15 +176,14 @@ class Trainer:
             staleness=(self.step - mb.versions).clamp(min=0),
         )
 
-    def sft_loss(
-        self, mb: MicroBatch, logits: Tensor, norm: LossNormaliser
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    def sft_loss(self, mb: MicroBatch, norm: LossNormaliser) -> tuple[Tensor, dict[str, Tensor]]:
         """Cross-entropy on loss_mask tokens over the step's token count (a MicroBatchLoss)."""
-        logprobs = token_logprobs(logits, mb.targets)
+        logprobs, _, argmax = self._scores(mb, self.model, 1.0, with_argmax=True)
+        assert argmax is not None
         mask = mb.loss_mask
         loss = -torch.where(mask, logprobs, torch.zeros_like(logprobs)).sum() / max(norm.num_tokens, 1.0)
         with torch.no_grad():
-            correct = (logits.detach().argmax(dim=-1) == mb.targets) & mask
+            correct = (argmax == mb.targets) & mask
             metrics = {
                 "loss": loss.detach(),
                 "token_accuracy": correct.sum() / mask.sum().clamp(min=1),
@@ -201,7 +206,7 @@ class Trainer:
             episodes, self.config.micro_batch_tokens, self.config.pad_token_id, self.vocab_size
         ):
             mb = mb.to(self.device)
-            logprobs = token_logprobs(self._logits(mb, self.model), mb.targets, temperature)
+            logprobs = self._scores(mb, self.model, temperature, select=mb.real_positions()).logprobs
             for row, (index, n) in enumerate(
                 zip(mb.episode_index.tolist(), mb.lengths.tolist(), strict=True)
             ):
@@ -211,6 +216,28 @@ class Trainer:
     def _logits(self, mb: MicroBatch, model: nn.Module) -> Tensor:
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
             return mb.logits(model)
+
+    def _scores(
+        self,
+        mb: MicroBatch,
+        model: nn.Module,
+        temperature: float,
+        *,
+        select: Tensor | None = None,
+        with_entropy: bool = False,
+        with_argmax: bool = False,
+    ) -> TokenScores:
+        """`model`'s TokenScores of mb at `select` (default: its loss mask; other positions may
+        hold anything): the fused head where it applies (TrainerConfig.fused_head), else the
+        whole logits."""
+        if self._fused_head:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
+                return mb.scores(
+                    model, temperature, select=select, with_entropy=with_entropy, with_argmax=with_argmax
+                )
+        logits = self._logits(mb, model)
+        logprobs, entropy = token_logprobs_and_entropy(logits, mb.targets, temperature, with_entropy)
+        return TokenScores(logprobs, entropy, logits.detach().argmax(dim=-1) if with_argmax else None)
 
     @property
     def lr(self) -> float:
@@ -280,9 +307,7 @@ class Trainer:
             if isinstance(self.model, FSDPModule):
                 self.model.set_requires_gradient_sync(i == len(batches) - 1)
             mb = host_batch.to(self.device)
-            logits = self._logits(mb, self.model)
-            loss, metrics = loss_fn(mb, logits, normaliser)
-            del logits
+            loss, metrics = loss_fn(mb, normaliser)
             loss.backward()
             local_loss += loss.detach().double()
             if host_batch.num_real_tokens > 0:  # not a filler batch

@@ -24,11 +24,13 @@ Two ways in:
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from .attention import scaled_dot_product_attention
 from .config import ModelConfig
@@ -196,6 +198,9 @@ class DecoderStack(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # Activation checkpointing (the trainer's `activation_checkpointing`): a training forward
+        # keeps only each block's input and recomputes the block in backward.
+        self.checkpoint_layers = False
 
     def forward(
         self,
@@ -223,8 +228,12 @@ class DecoderStack(nn.Module):
         if keep is not None and cache is None:
             raise ValueError("keep= needs a cache (the cache masks the kept queries' attention)")
         last = len(self.layers) - 1
+        recompute = self.checkpoint_layers and keep is None and torch.is_grad_enabled()
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache, keep if i == last else None)
+            if recompute:
+                x = checkpoint(layer, x, cos, sin, cache, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, cache, keep if i == last else None)
         return self.norm(x if keep is None else x[:, 0])
 
 
@@ -262,9 +271,16 @@ class Transformer(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor | None = None,
         cache: AttentionCache | None = None,
-    ) -> torch.Tensor:
-        """Training / scoring: input_ids [B, T] -> logits [B, T, V] (causal, or as `cache` attends)."""
-        return self.lm_head(self.model(input_ids, positions, cache))
+        head: Callable[[torch.Tensor, nn.Module], Any] | None = None,
+    ) -> Any:
+        """Training / scoring: input_ids [B, T] -> logits [B, T, V] (causal, or as `cache` attends).
+
+        `head(hidden [B, T, hidden], self.lm_head)`, when given, replaces `lm_head(hidden)` and its
+        result is returned: the trainer scores only the positions it trains, without the whole
+        logits (trainers/logprobs.py). It runs inside this forward, where FSDP2 has gathered the
+        head's weight."""
+        hidden = self.model(input_ids, positions, cache)
+        return self.lm_head(hidden) if head is None else head(hidden, self.lm_head)
 
     @property
     def device(self) -> torch.device:

@@ -192,11 +192,12 @@ def test_one_process_trains_the_plain_model_and_bf16_computes_under_autocast():
     fp32, bf16 = _trainer(loss="dapo"), _trainer(loss="dapo", precision="bf16")
     for trainer in (fp32, bf16):
         assert not any(isinstance(m, FSDPModule) for m in trainer.model.modules())
-    head_dtypes = []
-    hook = bf16.model.lm_head.register_forward_hook(lambda m, args, out: head_dtypes.append(out.dtype))
+    out_dtypes = []
+    last_linear = bf16.model.model.layers[-1].mlp.down_proj
+    hook = last_linear.register_forward_hook(lambda m, args, out: out_dtypes.append(out.dtype))
     bf16._forward_backward(random_episodes(4, seed=2), bf16.policy_loss, sharded=False)
     hook.remove()
-    assert head_dtypes and set(head_dtypes) == {torch.bfloat16}
+    assert out_dtypes and set(out_dtypes) == {torch.bfloat16}
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in bf16.model.parameters())
     fp32_logprobs = fp32.compute_logprobs(random_episodes(3, seed=4))
     bf16_logprobs = bf16.compute_logprobs(random_episodes(3, seed=4))
@@ -259,12 +260,62 @@ def test_kl_to_reference_model_and_nothing_to_train():
 
 def test_normaliser_counts_are_step_wide():
     episodes = random_episodes(7, seed=9)
-    metrics = _trainer(budget=60)._forward_backward(
-        episodes, lambda mb, logits, norm: _probe(mb, logits, norm), False
-    )
+    trainer = _trainer(budget=60)
+    metrics = trainer._forward_backward(episodes, lambda mb, norm: _probe(trainer, mb, norm), False)
     assert metrics["norm_tokens_max"] == sum(sum(e.loss_mask[1:]) for e in episodes)
 
 
-def _probe(mb, logits, norm: LossNormaliser):
-    loss = logits.sum() * 0.0
+def _probe(trainer, mb, norm: LossNormaliser):
+    loss = trainer._logits(mb, trainer.model).sum() * 0.0
     return loss, {"norm_tokens_max": torch.tensor(norm.num_tokens), "num_tokens": mb.loss_mask.sum().float()}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fused_head_trains_as_the_whole_logits_do(precision):
+    """TrainerConfig.fused_head scores only the trained positions, from the hidden states: the RL
+    loss, its metrics and gradients, SFT's loss and accuracy and compute_logprobs are the whole
+    logits' ones (a shared prefix and several micro-batches included)."""
+    episodes = random_episodes(9, seed=11, shared_prefix=12)
+    got = {}
+    for fused in (True, False):
+        trainer = _trainer("dapo", budget=150, precision=precision, fused_head=fused)
+        rl = trainer._forward_backward(episodes, trainer.policy_loss, sharded=False)
+        grads = full_grads(trainer.model)
+        trainer.optimizer.zero_grad(set_to_none=True)
+        sft = trainer.sft_step(episodes)
+        got[fused] = rl, grads, sft, trainer.compute_logprobs(episodes)
+    (rl, grads, sft, logprobs), (rl_ref, grads_ref, sft_ref, logprobs_ref) = got[True], got[False]
+    assert rl["num_micro_batches"] > 1
+    tol = 1e-5 if precision == "fp32" else 2e-2
+    for key in ("loss", "entropy", "num_tokens"):
+        assert rl[key] == pytest.approx(rl_ref[key], rel=tol, abs=tol), key
+    for key in ("loss", "token_accuracy"):
+        assert sft[key] == pytest.approx(sft_ref[key], rel=tol, abs=tol), key
+    for name, grad in grads_ref.items():
+        scale = grad.abs().max().item()
+        assert (grads[name] - grad).abs().max().item() <= tol * max(scale, 1e-3) * 10, name
+    for a, b in zip(logprobs, logprobs_ref, strict=True):
+        assert max(abs(x - y) for x, y in zip(a, b, strict=True)) <= (1e-5 if precision == "fp32" else 5e-2)
+
+
+def test_activation_checkpointing_gives_the_same_gradients_and_keeps_less():
+    episodes = random_episodes(6, seed=12)
+    got = {}
+    for recompute in (True, False):
+        trainer = _trainer("dapo", budget=10_000, activation_checkpointing=recompute)
+        saved: list[int] = []
+
+        def pack(t, saved=saved):
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            metrics = trainer._forward_backward(episodes, trainer.policy_loss, sharded=False)
+        got[recompute] = metrics, full_grads(trainer.model), sum(saved)
+    (metrics, grads, kept), (metrics_ref, grads_ref, kept_ref) = got[True], got[False]
+    assert metrics["loss"] == pytest.approx(metrics_ref["loss"], abs=1e-6)
+    for name, grad in grads_ref.items():
+        assert (grads[name] - grad).abs().max().item() <= 1e-6, name
+    assert kept < kept_ref / 2  # the blocks' activations are recomputed, not kept
+    with pytest.raises(ValueError, match="activation_checkpointing"):
+        Trainer(torch.nn.Linear(2, 2), TrainerConfig(activation_checkpointing=True), device="cpu")

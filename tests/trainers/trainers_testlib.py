@@ -65,7 +65,7 @@ def full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def worker_config(loss_name: str):
+def worker_config(loss_name: str, activation_checkpointing: bool = False):
     from toolgym.trainers.config import OptimizerConfig, TrainerConfig
     from toolgym.trainers.losses import LossConfig
 
@@ -73,6 +73,7 @@ def worker_config(loss_name: str):
         loss=LossConfig(name=loss_name),
         micro_batch_tokens=200,
         optimizer=OptimizerConfig(lr=1e-3, warmup_steps=1, decay="linear", total_steps=6),
+        activation_checkpointing=activation_checkpointing,
     )
 
 
@@ -82,8 +83,13 @@ def _worker(out_dir: str, loss_names: str) -> None:
     from toolgym.trainers.trainer import Trainer
 
     torch.set_num_threads(1)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     for loss_name in loss_names.split(","):
-        trainer = Trainer(build_model("test", seed=0), worker_config(loss_name), device="cpu")
+        # Two ranks recompute dapo's blocks in backward (FSDP2 with activation checkpointing), to
+        # be compared with one process that keeps them.
+        recompute = world > 1 and loss_name == "dapo"
+        config = worker_config(loss_name, activation_checkpointing=recompute)
+        trainer = Trainer(build_model("test", seed=0), config, device="cpu")
         episodes = random_episodes(13, seed=1)
         first = trainer._forward_backward(episodes, trainer.policy_loss, sharded=False)
         grads = full_grads(trainer.model)

@@ -2,7 +2,7 @@
 
     python bench/train.py                                  # CPU: bench-3m and small-25m, 1 and 2 procs, fp32 and bf16
     python bench/train.py --sweep                          # CPU: micro-batch token budgets, small-25m fp32 1 proc
-    python bench/train.py --heads fused,logits --recompute off,on   # the fused head, activation checkpointing
+    python bench/train.py --heads fused,logits --recompute off,on --compile off,on  # trainer options
     python bench/train.py --device cuda --models qwen2.5-0.5b --precisions bf16 --procs 1 \
         --seq-len 1024 --micro-batch-tokens 16384 --episodes 64      # GPU (target >= 40% of bf16 peak)
 
@@ -12,7 +12,8 @@ masked prompt, the rest sampled) is warmed up, then `--steps` steps are timed; t
 reported (a shared machine only adds delay). Weight sync is gathering the full state dict and
 loading it into a TorchEngine on the same device. `--heads` compares the fused head (logprobs straight
 from the hidden states, `TrainerConfig.fused_head`) with whole logits, `--recompute` activation
-checkpointing; `--profile` prints one step's top operators (torch.profiler) per configuration.
+checkpointing, `--compile` torch.compile'd decoder blocks (the warm-up step compiles);
+`--profile` prints one step's top operators (torch.profiler) per configuration.
 
 FLOPs per trained position: 6 x (matmul parameters: every Linear, lm_head included, the embedding
 lookup not) + 6 x layers x heads x head_dim x seq_len (causal attention QK^T and AV, forward and
@@ -84,6 +85,7 @@ def worker(args: argparse.Namespace) -> None:
         compute_entropy=not args.no_entropy,
         fused_head=args.head == "fused",
         activation_checkpointing=args.recompute == "on",
+        compile=args.compile_blocks == "on",
     )
     trainer = Trainer(build_model(config, seed=0), trainer_config, device=args.device)
     if args.device == "cuda":
@@ -161,6 +163,7 @@ def run_config(args: argparse.Namespace, **overrides) -> dict | None:
         "threads",
         "head",
         "recompute",
+        "compile_blocks",
     ):
         flags += [f"--{key.replace('_', '-')}", str(settings[key])]
     if settings["no_entropy"]:
@@ -215,7 +218,9 @@ def main() -> None:
         "--recompute", default="off", help="off, on or both: activation checkpointing per decoder block"
     )
     parser.add_argument("--profile", action="store_true", help="print one step's top operators per row")
+    parser.add_argument("--compile", default="off", help="off, on or both: torch.compile'd decoder blocks")
     parser.add_argument("--head", default="fused", help=argparse.SUPPRESS)
+    parser.add_argument("--compile-blocks", default="off", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", default="bench-3m", help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="fp32", help=argparse.SUPPRESS)
@@ -232,24 +237,26 @@ def main() -> None:
         for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))
     }
     print(machine_summary())
-    variants = [(h, r) for h in args.heads.split(",") for r in args.recompute.split(",")]
+    variants = [
+        (h, r, c) for h in args.heads.split(",") for r in args.recompute.split(",") for c in args.compile.split(",")
+    ]
     if args.sweep:
         grid = [
-            (m, 1, "fp32", b, h, r)
+            (m, 1, "fp32", b, *variant)
             for m in args.models.split(",")
             for b in (1024, 2048, 4096, 8192, 16384)
-            for h, r in variants
+            for variant in variants
         ]
     else:
         grid = [
-            (m, int(p), prec, args.micro_batch_tokens, h, r)
+            (m, int(p), prec, args.micro_batch_tokens, *variant)
             for m in args.models.split(",")
             for p in args.procs.split(",")
             for prec in args.precisions.split(",")
-            for h, r in variants
+            for variant in variants
         ]
     results = []
-    for model, procs, precision, budget, head, recompute in grid:
+    for model, procs, precision, budget, head, recompute, compiled in grid:
         start = time.perf_counter()
         result = run_config(
             args,
@@ -259,8 +266,9 @@ def main() -> None:
             micro_batch_tokens=budget,
             head=head,
             recompute=recompute,
+            compile_blocks=compiled,
         )
-        key = (model, procs, precision, budget, head, recompute)
+        key = (model, procs, precision, budget, head, recompute, compiled)
         results.append((key, result, time.perf_counter() - start))
     # The peak is a property of the machine: on a shared one the best of two measurements (before
     # and after the runs) is the better estimate. The MFU columns use it.
@@ -268,11 +276,10 @@ def main() -> None:
         peaks[name] = max(peaks[name], matmul_peak_flops(dtype, device))
     print(f"matmul peak: fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bf16'] / 1e9:.1f} GFLOP/s")
     rows = []
-    for (model, procs, precision, budget, head, recompute), result, wall in results:
+    for (model, procs, precision, budget, head, recompute, compiled), result, wall in results:
         if result is None:
-            rows.append(
-                [model, "-", procs, precision, budget, head, recompute, "failed", "", "", "", "", "", f"{wall:.0f}"]
-            )
+            failed = ["failed", "", "", "", "", "", f"{wall:.0f}"]
+            rows.append([model, "-", procs, precision, budget, head, recompute, compiled, *failed])
             continue
         flops = result["flops_per_s"]
         rows.append(
@@ -284,6 +291,7 @@ def main() -> None:
                 budget,
                 head,
                 recompute,
+                compiled,
                 f"{result['tokens_per_s']:.0f}",
                 f"{flops / 1e9:.1f}",
                 f"{100 * flops / peaks['fp32']:.0f}%",
@@ -301,6 +309,7 @@ def main() -> None:
         "mb tokens",
         "head",
         "recompute",
+        "compile",
         "tokens/s",
         "GFLOP/s",
         "MFU fp32",

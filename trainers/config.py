@@ -83,6 +83,9 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     activation_checkpointing: keep only each decoder block's input in a training forward and
         recompute the block in backward: activation memory of one block instead of all of them,
         for one more forward's compute (a larger `micro_batch_tokens`, or a larger model, fits).
+    compile: run each decoder block of a training forward through torch.compile (dynamic shapes;
+        the first steps compile, tens of seconds on a CPU): fused elementwise kernels around the
+        matmuls. The same results up to float rounding.
     """
 
     loss: LossConfig = msgspec.field(default_factory=LossConfig)
@@ -93,6 +96,7 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     share_prefix: bool = True
     fused_head: bool = True
     activation_checkpointing: bool = False
+    compile: bool = False
     pad_token_id: int = 0
     seed: int = 0
 

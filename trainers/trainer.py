@@ -91,11 +91,12 @@ class Trainer:
         self.model_config = getattr(model, "config", None)
         self.vocab_size = getattr(self.model_config, "vocab_size", None)
         self.precision = training_precision(config.precision, self.device)
-        if config.activation_checkpointing:
-            stack = getattr(model, "model", None)
-            if not hasattr(stack, "checkpoint_layers"):
-                raise ValueError("activation_checkpointing needs toolgym's Transformer (agents/model)")
-            stack.checkpoint_layers = True  # type: ignore[union-attr]
+        for option, flag in (("activation_checkpointing", "checkpoint_layers"), ("compile", "compile_layers")):
+            if getattr(config, option):
+                stack = getattr(model, "model", None)
+                if not hasattr(stack, flag):
+                    raise ValueError(f"trainer.{option} needs toolgym's Transformer (agents/model)")
+                setattr(stack, flag, True)
         self.model = shard_model(model.to(self.device), self.mesh, self.precision)
         # The fused head needs our Transformer's `head=`; any other model gives logits.
         self._fused_head = config.fused_head and isinstance(model, Transformer)

@@ -189,6 +189,23 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(cast_once_for_autocast(self.post_attention_layernorm(x)))
 
 
+def run_block(layer: DecoderLayer, x: torch.Tensor, cos, sin, cache: AttentionCache | None) -> torch.Tensor:
+    """One decoder block of a training forward (what `compiled_block` compiles)."""
+    return layer(x, cos, sin, cache)
+
+
+_COMPILED_BLOCK: list = []
+
+
+def compiled_block():
+    """`run_block` under torch.compile (dynamic shapes), made once per process: the blocks share
+    one compiled graph (torch.compile treats a module's parameters as inputs), and the function
+    holds no module, so a copy of the model (the engine's) shares nothing with the trainer's."""
+    if not _COMPILED_BLOCK:
+        _COMPILED_BLOCK.append(torch.compile(run_block, dynamic=True))
+    return _COMPILED_BLOCK[0]
+
+
 class DecoderStack(nn.Module):
     """HF's `Qwen2Model`: embeddings, the decoder layers, the final norm (the `model.` prefix)."""
 
@@ -198,9 +215,11 @@ class DecoderStack(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        # Activation checkpointing (the trainer's `activation_checkpointing`): a training forward
-        # keeps only each block's input and recomputes the block in backward.
+        # The trainer's `activation_checkpointing`: a training forward keeps only each block's
+        # input and recomputes the block in backward. Its `compile`: a training forward runs
+        # each block through `compiled_block`. Inference forwards (no grad) do neither.
         self.checkpoint_layers = False
+        self.compile_layers = False
 
     def forward(
         self,
@@ -228,10 +247,13 @@ class DecoderStack(nn.Module):
         if keep is not None and cache is None:
             raise ValueError("keep= needs a cache (the cache masks the kept queries' attention)")
         last = len(self.layers) - 1
-        recompute = self.checkpoint_layers and keep is None and torch.is_grad_enabled()
+        training = keep is None and torch.is_grad_enabled()
+        block = compiled_block() if training and self.compile_layers else run_block
         for i, layer in enumerate(self.layers):
-            if recompute:
-                x = checkpoint(layer, x, cos, sin, cache, use_reentrant=False)
+            if training and self.checkpoint_layers:
+                x = checkpoint(block, layer, x, cos, sin, cache, use_reentrant=False)
+            elif block is not run_block:
+                x = block(layer, x, cos, sin, cache)
             else:
                 x = layer(x, cos, sin, cache, keep if i == last else None)
         return self.norm(x if keep is None else x[:, 0])

@@ -319,3 +319,21 @@ def test_activation_checkpointing_gives_the_same_gradients_and_keeps_less():
     assert kept < kept_ref / 2  # the blocks' activations are recomputed, not kept
     with pytest.raises(ValueError, match="activation_checkpointing"):
         Trainer(torch.nn.Linear(2, 2), TrainerConfig(activation_checkpointing=True), device="cpu")
+
+
+@pytest.mark.slow
+def test_compiled_blocks_train_as_eager_ones():
+    """trainer.compile (with and without activation checkpointing, a shared prefix in the batch):
+    the same loss and gradients as eager blocks; scoring without grad stays eager."""
+    episodes = random_episodes(6, seed=13, shared_prefix=10)
+    reference = _trainer("dapo", budget=10_000)
+    metrics_ref = reference._forward_backward(episodes, reference.policy_loss, sharded=False)
+    grads_ref = full_grads(reference.model)
+    for recompute in (False, True):
+        trainer = _trainer("dapo", budget=10_000, compile=True, activation_checkpointing=recompute)
+        metrics = trainer._forward_backward(episodes, trainer.policy_loss, sharded=False)
+        assert metrics["loss"] == pytest.approx(metrics_ref["loss"], abs=1e-5)
+        for name, grad in full_grads(trainer.model).items():
+            assert (grad - grads_ref[name]).abs().max().item() <= 1e-5, name
+    for got, want in zip(trainer.compute_logprobs(episodes), reference.compute_logprobs(episodes), strict=True):
+        assert got == pytest.approx(want, abs=1e-5)

@@ -449,6 +449,19 @@ def tokenizer_file(value: str | os.PathLike[str]) -> Path:
     return path
 
 
+def shipped_tokenizer_hint(fingerprint: str) -> str:
+    """How to name the shipped tokenizer whose fingerprint this is (each shipped tokenizer.json
+    has its tokenizer.fingerprint beside it), for an error about a recording made with it; "" when
+    none is."""
+    default = PRESETS_DIR / "assets" / "tokenizer.fingerprint"
+    if default.is_file() and default.read_text().strip() == fingerprint:
+        return "It is the default tokenizer: leave --tokenizer out."
+    for file in sorted(SHIPPED_TOKENIZERS.glob("*/tokenizer.fingerprint")):
+        if file.read_text().strip() == fingerprint:
+            return f"It is the shipped {file.parent.name!r} tokenizer: pass --tokenizer {file.parent.name}."
+    return ""
+
+
 def tokenizer_path(config: Config) -> Path:
     if config.tokenizer.path:
         return tokenizer_file(config.tokenizer.path)

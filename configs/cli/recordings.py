@@ -20,6 +20,7 @@ from ...rollouts.metrics import BatchMetrics
 from ...rollouts.recording.chat_jsonl import export_chat_jsonl, import_chat_jsonl, import_header
 from ...rollouts.recording.format import (
     CHAT_TEMPLATE,
+    RecordingError,
     RecordingReader,
     RecordingWriter,
     describe_policy_model,
@@ -31,6 +32,7 @@ from ...rollouts.recording.replay import (
     replay_problems,
     rich_transcript,
 )
+from ..load import shipped_tokenizer_hint
 from .summary import error_text, print_summary
 
 
@@ -59,7 +61,12 @@ def replay_command(
     ChatML when it records none); a recorded template that cannot be used raises ValueError."""
     import_env_modules(env_modules)
     tokenizer = load_tokenizer(tokenizer_path)
-    reader = RecordingReader(path, tokenizer_fingerprint(tokenizer), skip_damaged=True)
+    try:
+        reader = RecordingReader(path, tokenizer_fingerprint(tokenizer), skip_damaged=True)
+    except RecordingError as exc:
+        recorded = RecordingReader(path, skip_damaged=True).header.tokenizer_fingerprint
+        hint = shipped_tokenizer_hint(recorded) if recorded else ""
+        raise RecordingError(f"{exc} {hint}".rstrip()) from None
     head = reader.header
     if verify:
         check_env_id(head.env_id)

@@ -61,6 +61,22 @@ def test_replay_refuses_another_tokenizer(tokenizer_file, tmp_path, capsys):
     assert "recorded with tokenizer" in capsys.readouterr().err
 
 
+def test_replay_with_the_wrong_shipped_tokenizer_names_the_right_one(tmp_path, capsys):
+    # Recorded with the shipped "copy" split, replayed with the default: the error says which
+    # --tokenizer the file needs; the other way round it says to leave --tokenizer out.
+    copy, default = tmp_path / "copy.jsonl", tmp_path / "default.jsonl"
+    assert main(record_args("copy", copy)) == 0
+    args = record_args("copy", default)
+    del args[args.index("--tokenizer") : args.index("--tokenizer") + 2]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(["replay", str(copy), "--limit", "0"]) == 2
+    assert "It is the shipped 'copy' tokenizer: pass --tokenizer copy." in capsys.readouterr().err
+    assert main(["replay", str(default), "--limit", "0", "--tokenizer", "copy"]) == 2
+    assert "It is the default tokenizer: leave --tokenizer out." in capsys.readouterr().err
+    assert main(["replay", str(copy), "--limit", "0", "--tokenizer", "copy"]) == 0
+
+
 def test_eval_oracle(tokenizer_file, tmp_path, capsys):
     metrics_file = tmp_path / "eval.json"
     args = ["eval", "--env", "toolgym/SumDigits-v0", "--policy", "oracle", "--tasks", "4"]

@@ -50,6 +50,24 @@ def _chunk_entropy(z: Tensor, lse: Tensor) -> Tensor:
     return lse - (torch.sub(z, lse[:, None]).exp_() * z).sum(-1)
 
 
+def _score_chunk(z: Tensor, targets: Tensor, rows: slice, out: Tensor, log_normaliser: Tensor, entropy: Tensor) -> None:
+    """Write rows' target logit, log-normaliser and (when `entropy` is not empty) entropy from
+    z [rows, V] (float32, already / temperature); targets [rows, 1]."""
+    lse = torch.logsumexp(z, dim=-1)
+    log_normaliser[rows] = lse
+    out[rows] = z.gather(1, targets).squeeze(1)
+    if entropy.numel():
+        entropy[rows] = _chunk_entropy(z, lse)
+
+
+def _chunk_grad(z: Tensor, lse: Tensor, g: Tensor, targets: Tensor, temperature: float) -> Tensor:
+    """d(g * logp[target]) / d logits = g * (onehot(target) - softmax(z)) / temperature, for
+    z = logits / temperature [rows, V], lse [rows], g and targets [rows, 1]."""
+    grad = torch.sub(z, lse[:, None]).exp_().mul_(-g)  # z may view the logits: not in place
+    grad.scatter_add_(1, targets, g)
+    return grad.div_(temperature) if temperature != 1.0 else grad
+
+
 class _TokenLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool):
@@ -62,11 +80,7 @@ class _TokenLogprob(torch.autograd.Function):
         entropy = torch.empty_like(out) if with_entropy else out.new_empty(0)
         for lo, z in _scaled_chunks(flat, temperature, dtype):
             rows = slice(lo, lo + z.shape[0])
-            lse = torch.logsumexp(z, dim=-1)
-            log_normaliser[rows] = lse
-            out[rows] = z.gather(1, flat_targets[rows]).squeeze(1)
-            if with_entropy:
-                entropy[rows] = _chunk_entropy(z, lse)
+            _score_chunk(z, flat_targets[rows], rows, out, log_normaliser, entropy)
         out -= log_normaliser
         ctx.save_for_backward(logits, flat_targets, log_normaliser)
         ctx.temperature = temperature
@@ -84,13 +98,7 @@ class _TokenLogprob(torch.autograd.Function):
         grad = torch.empty_like(flat)
         for lo, z in _scaled_chunks(flat, temperature, dtype):
             rows = slice(lo, lo + z.shape[0])
-            g = grad_flat[rows]
-            # d logp / d logits = (onehot(target) - softmax(z)) / temperature
-            chunk = torch.sub(z, log_normaliser[rows, None]).exp_().mul_(-g)  # z may view logits
-            chunk.scatter_add_(1, flat_targets[rows], g)
-            if temperature != 1.0:
-                chunk /= temperature
-            grad[rows] = chunk
+            grad[rows] = _chunk_grad(z, log_normaliser[rows], grad_flat[rows], flat_targets[rows], temperature)
         return grad.view_as(logits), None, None, None
 
 
@@ -166,11 +174,7 @@ class _HeadTokenLogprob(torch.autograd.Function):
                 argmax[part] = z.argmax(dim=-1)
             if temperature != 1.0:
                 z /= temperature
-            lse = torch.logsumexp(z, dim=-1)
-            log_normaliser[part] = lse
-            out[part] = z.gather(1, flat_targets[part]).squeeze(1)
-            if with_entropy:
-                entropy[part] = _chunk_entropy(z, lse)
+            _score_chunk(z, flat_targets[part], part, out, log_normaliser, entropy)
         out -= log_normaliser
         ctx.save_for_backward(hidden, weight, flat_targets, log_normaliser)
         ctx.temperature, ctx.step = temperature, step
@@ -191,12 +195,7 @@ class _HeadTokenLogprob(torch.autograd.Function):
             z = (hidden[part] @ weight.T).to(dtype)
             if temperature != 1.0:
                 z /= temperature
-            g = grad_out[part]
-            # d logp / d z = onehot(target) - softmax(z); d z / d logits = 1 / temperature
-            grad_z = z.sub_(log_normaliser[part, None]).exp_().mul_(-g)
-            grad_z.scatter_add_(1, flat_targets[part], g)
-            if temperature != 1.0:
-                grad_z /= temperature
+            grad_z = _chunk_grad(z, log_normaliser[part], grad_out[part], flat_targets[part], temperature)
             grad_z = grad_z.to(hidden.dtype)
             grad_hidden[part] = grad_z @ weight
             product = grad_z.T @ hidden[part]

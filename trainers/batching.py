@@ -97,10 +97,14 @@ class MicroBatch:
 
         def head(hidden: Tensor, lm_head: nn.Module) -> TokenScores:
             picked = hidden[self.prefix_rows :][select]
-            values = head_token_scores(
+            logprobs, entropy, argmax = head_token_scores(
                 picked, lm_head, targets, temperature, with_entropy=with_entropy, with_argmax=with_argmax
             )
-            return TokenScores(*(None if v is None else _place(v, select) for v in values))
+            return TokenScores(
+                _place(logprobs, select),
+                None if entropy is None else _place(entropy, select),
+                None if argmax is None else _place(argmax, select),
+            )
 
         if not self.prefix_rows:
             return model(self.input_ids, head=head)

@@ -189,7 +189,7 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(cast_once_for_autocast(self.post_attention_layernorm(x)))
 
 
-def run_block(layer: DecoderLayer, x: torch.Tensor, cos, sin, cache: AttentionCache | None) -> torch.Tensor:
+def run_block(layer: nn.Module, x: torch.Tensor, cos, sin, cache: AttentionCache | None) -> torch.Tensor:
     """One decoder block of a training forward (what `compiled_block` compiles)."""
     return layer(x, cos, sin, cache)
 

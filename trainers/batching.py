@@ -73,12 +73,16 @@ class MicroBatch:
 
     def logits(self, model: Callable[..., Tensor]) -> Tensor:
         """`model`'s logits for the episode rows: [B, T, V] (the shared prefix rows dropped)."""
+        return self._forward(model)[self.prefix_rows :]
+
+    def _forward(self, model: Callable[..., Any], **kwargs: Any) -> Any:
+        """`model` on input_ids, attending across the shared prefix rows when there are any."""
         if not self.prefix_rows:
-            return model(self.input_ids)
+            return model(self.input_ids, **kwargs)
         attention = SharedPrefixAttention(
             self.prefix_rows, self.prefix_len, self.input_ids.shape[1], self.input_ids.device
         )
-        return model(self.input_ids, self.positions, cache=attention)[self.prefix_rows :]
+        return model(self.input_ids, self.positions, cache=attention, **kwargs)
 
     def scores(
         self,
@@ -106,12 +110,7 @@ class MicroBatch:
                 None if argmax is None else _place(argmax, select),
             )
 
-        if not self.prefix_rows:
-            return model(self.input_ids, head=head)
-        attention = SharedPrefixAttention(
-            self.prefix_rows, self.prefix_len, self.input_ids.shape[1], self.input_ids.device
-        )
-        return model(self.input_ids, self.positions, cache=attention, head=head)
+        return self._forward(model, head=head)
 
     def real_positions(self) -> Tensor:
         """bool [B, T]: the positions that hold an episode's token (not padding)."""

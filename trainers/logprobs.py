@@ -143,6 +143,15 @@ def token_logprobs_and_entropy(
     return logprobs, entropy if with_entropy else None
 
 
+def logits_token_scores(
+    logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool, with_argmax: bool
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """(logprobs with grad, entropy or None, argmax or None) of whole logits [..., V]: what
+    `head_token_scores` gives, from logits that exist already."""
+    logprobs, entropy = token_logprobs_and_entropy(logits, targets, temperature, with_entropy)
+    return logprobs, entropy, logits.detach().argmax(dim=-1) if with_argmax else None
+
+
 class TokenScores(NamedTuple):
     """What a training forward gives the losses, each [B, T] (float32; argmax long): the target's
     logprob (with grad), the entropy (a metric, no grad) and the argmax, the last two None unless
@@ -220,10 +229,7 @@ def head_token_scores(
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for logprobs, got {temperature}")
     if type(head) is not nn.Linear or head.bias is not None:
-        logits = head(hidden)
-        argmax = logits.detach().argmax(dim=-1) if with_argmax else None
-        logprobs, entropy = token_logprobs_and_entropy(logits, targets, temperature, with_entropy)
-        return logprobs, entropy, argmax
+        return logits_token_scores(head(hidden), targets, temperature, with_entropy, with_argmax)
     weight = head.weight
     device = hidden.device.type
     if torch.is_autocast_enabled(device):

@@ -44,7 +44,7 @@ from .distributed import (
     shard_model,
     training_precision,
 )
-from .logprobs import TokenScores, entropy_from_logits, token_logprobs, token_logprobs_and_entropy
+from .logprobs import TokenScores, entropy_from_logits, logits_token_scores, token_logprobs
 from .losses import LossNormaliser, combine_metrics, finish_metrics, policy_loss
 
 log = logging.getLogger(__name__)
@@ -237,8 +237,7 @@ class Trainer:
                     model, temperature, select=select, with_entropy=with_entropy, with_argmax=with_argmax
                 )
         logits = self._logits(mb, model)
-        logprobs, entropy = token_logprobs_and_entropy(logits, mb.targets, temperature, with_entropy)
-        return TokenScores(logprobs, entropy, logits.detach().argmax(dim=-1) if with_argmax else None)
+        return TokenScores(*logits_token_scores(logits, mb.targets, temperature, with_entropy, with_argmax))
 
     @property
     def lr(self) -> float:

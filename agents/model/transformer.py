@@ -248,14 +248,14 @@ class DecoderStack(nn.Module):
             raise ValueError("keep= needs a cache (the cache masks the kept queries' attention)")
         last = len(self.layers) - 1
         training = keep is None and torch.is_grad_enabled()
-        block = compiled_block() if training and self.compile_layers else run_block
+        block = compiled_block() if self.compile_layers else run_block
         for i, layer in enumerate(self.layers):
-            if training and self.checkpoint_layers:
-                x = checkpoint(block, layer, x, cos, sin, cache, use_reentrant=False)
-            elif block is not run_block:
-                x = block(layer, x, cos, sin, cache)
-            else:
+            if not training:
                 x = layer(x, cos, sin, cache, keep if i == last else None)
+            elif self.checkpoint_layers:
+                x = checkpoint(block, layer, x, cos, sin, cache, use_reentrant=False)
+            else:
+                x = block(layer, x, cos, sin, cache)
         return self.norm(x if keep is None else x[:, 0])
 
 

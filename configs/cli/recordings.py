@@ -23,6 +23,7 @@ from ...rollouts.recording.format import (
     RecordingError,
     RecordingReader,
     RecordingWriter,
+    TokenizerMismatch,
     describe_policy_model,
 )
 from ...rollouts.recording.replay import (
@@ -63,9 +64,8 @@ def replay_command(
     tokenizer = load_tokenizer(tokenizer_path)
     try:
         reader = RecordingReader(path, tokenizer_fingerprint(tokenizer), skip_damaged=True)
-    except RecordingError as exc:
-        recorded = RecordingReader(path, skip_damaged=True).header.tokenizer_fingerprint
-        hint = shipped_tokenizer_hint(recorded) if recorded else ""
+    except TokenizerMismatch as exc:
+        hint = shipped_tokenizer_hint(exc.recorded) if exc.recorded else ""
         raise RecordingError(f"{exc} {hint}".rstrip()) from None
     head = reader.header
     if verify:

@@ -54,6 +54,14 @@ class RecordingError(ValueError):
     """A recording that cannot be read as asked (wrong schema, tokenizer, or a corrupt line)."""
 
 
+class TokenizerMismatch(RecordingError):
+    """A recording made with another tokenizer than the one given; `recorded` is its fingerprint."""
+
+    def __init__(self, message: str, recorded: str) -> None:
+        super().__init__(message)
+        self.recorded = recorded
+
+
 class TornLineWarning(UserWarning):
     """The last line of a recording was cut off (a crash mid-write); it was skipped."""
 
@@ -245,10 +253,11 @@ def _decode_record(decoder: msgspec.json.Decoder[Trajectory], line: bytes, versi
 
 def check_tokenizer(header: RecordingHeader, fingerprint: str | None, path: Path | str) -> None:
     if fingerprint is not None and header.tokenizer_fingerprint != fingerprint:
-        raise RecordingError(
+        raise TokenizerMismatch(
             f"{path}: recorded with tokenizer {header.tokenizer_fingerprint}, but the tokenizer "
             f"given has fingerprint {fingerprint}; its token ids would decode to other text. "
-            "Use the tokenizer it was recorded with."
+            "Use the tokenizer it was recorded with.",
+            header.tokenizer_fingerprint,
         )
 
 

@@ -49,7 +49,7 @@ def child(episodes: int, policy: str, keep: bool) -> None:
     """Run one eval in this process; print its peak RSS (KiB) and wall time on the last line."""
     started = time.perf_counter()
     if keep:  # every trajectory kept until the summary: how eval behaved before streaming
-        from toolgym.configs.build.parts import load_policy, policy_renderer
+        from toolgym.configs.assembly.parts import load_policy, policy_renderer
         from toolgym.configs.cli.main import DEFAULT_TOKENIZER
         from toolgym.rollouts.evaluation import EvalConfig, evaluate_sync
         from toolgym.rollouts.runner import EnvRolloutConfig

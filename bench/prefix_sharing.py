@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import format_table, machine_summary
 
 from toolgym.agents.engine.engine import TorchEngine
-from toolgym.configs.build.parts import build_renderer, initial_model, load_model
+from toolgym.configs.assembly.parts import build_renderer, initial_model, load_model
 from toolgym.configs.load import load_config
 from toolgym.rollouts.batches import TaskSeedStream
 from toolgym.rollouts.runner import RolloutRunner

@@ -33,8 +33,8 @@ import msgspec
 import numpy as np
 import torch
 
-from toolgym.configs.build.demos import demo_episodes, sft_trainer_config
-from toolgym.configs.build.parts import build_renderer, initial_model
+from toolgym.configs.assembly.demos import demo_episodes, sft_trainer_config
+from toolgym.configs.assembly.parts import build_renderer, initial_model
 from toolgym.configs.load import load_config
 from toolgym.rollouts.types import Episode
 from toolgym.trainers.config import OptimizerConfig

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import format_table, machine_summary
 
 import toolgym.trainers.trainer as trainer_module
-from toolgym.configs.build.demos import demo_episodes, sft_trainer_config
-from toolgym.configs.build.parts import build_renderer, initial_model, model_config, policy_max_seq_len
+from toolgym.configs.assembly.demos import demo_episodes, sft_trainer_config
+from toolgym.configs.assembly.parts import build_renderer, initial_model, model_config, policy_max_seq_len
 from toolgym.configs.load import load_config
 from toolgym.trainers.distributed import fsdp_wrap
 from toolgym.trainers.sft import BatchOrder

@@ -122,8 +122,8 @@ def warm_model(args: argparse.Namespace, directory: Path) -> str:
 
     from toolgym.agents.model.checkpoint import save_hf_checkpoint
     from toolgym.agents.model.transformer import build_model
-    from toolgym.configs.build.demos import demo_episodes
-    from toolgym.configs.build.parts import build_renderer
+    from toolgym.configs.assembly.demos import demo_episodes
+    from toolgym.configs.assembly.parts import build_renderer
     from toolgym.trainers.config import OptimizerConfig, TrainerConfig
     from toolgym.trainers.sft import BatchOrder
     from toolgym.trainers.trainer import Trainer
@@ -156,7 +156,7 @@ def make_workload(args: argparse.Namespace, count: int) -> dict[str, Any]:
     import gymnasium
 
     import toolgym.envs  # noqa: F401  (registers toolgym/*)
-    from toolgym.configs.build.parts import build_renderer
+    from toolgym.configs.assembly.parts import build_renderer
     from toolgym.rollouts.batches import TaskSeedStream
     from toolgym.rollouts.runner import first_messages
 
@@ -197,7 +197,7 @@ def toolgym_worker(args: argparse.Namespace, workdir: Path) -> dict:
     import torch
 
     from toolgym.agents.model.checkpoint import load_hf_checkpoint
-    from toolgym.configs.build.parts import build_policy, build_renderer
+    from toolgym.configs.assembly.parts import build_policy, build_renderer
     from toolgym.rollouts.batches import BatchConfig, TaskSeedStream, collect_batch
     from toolgym.rollouts.runner import RolloutRunner
     from toolgym.trainers.config import OptimizerConfig, TrainerConfig

@@ -26,9 +26,9 @@ from ..rollouts.env_io import reset_env
 from ..rollouts.runner import RolloutRunner, first_messages
 from ..rollouts.scripted import OraclePolicy
 from ..rollouts.types import StopReason
-from .build.demos import rl_stream, sft_stream
-from .build.parts import policy_max_seq_len
-from .build.placement import check_async
+from .assembly.demos import rl_stream, sft_stream
+from .assembly.parts import policy_max_seq_len
+from .assembly.placement import check_async
 from .load import ConfigError, tokenizer_path
 from .schema import Config
 

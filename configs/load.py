@@ -440,7 +440,7 @@ def chat_template_path(value: str) -> str:
 
 def tokenizer_file(value: str | os.PathLike[str]) -> Path:
     """`tokenizer.path` / `--tokenizer` as a file: a shipped tokenizer's name (`copy`,
-    configs/assets/tokenizers/; configs/build_tokenizer.py builds it) becomes its file, anything
+    configs/assets/tokenizers/; tools/build_tokenizer.py builds it) becomes its file, anything
     else is a path."""
     path = Path(value)
     shipped = SHIPPED_TOKENIZERS / str(value) / "tokenizer.json"

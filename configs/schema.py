@@ -316,7 +316,7 @@ class LoopSection(msgspec.Struct, **_STRICT):
     generator_processes: "process": how many (0: on CPU one per core, at most 4; on CUDA one).
     generator_threads: "process": the generator processes' torch threads, in all, the trainer
         keeping the rest (0, the default: one each, and the trainer keeps all its threads: the
-        two sides share the cores, configs/build/placement.py). With generator_ranks: each
+        two sides share the cores, configs/assembly/placement.py). With generator_ranks: each
         generator rank's (0: as every rank, parallel.threads).
     generator_ranks: async under torchrun: the last this many ranks generate (each an engine in
         its process, its own share of the task stream), the others train with FSDP2; trainer rank

@@ -1,6 +1,6 @@
 """The SFT warm start: cross-entropy on the tokens a demonstrator sampled, with the same Trainer.
 
-Takes the demonstrations already built into Episodes (configs/build/demos.py makes them from an
+Takes the demonstrations already built into Episodes (configs/assembly/demos.py makes them from an
 oracle or a `toolgym record` file); each optimizer step trains on `batch_episodes` of them (a
 seeded shuffle, epoch after epoch), for a fixed number of steps. Every rank builds the same demos
 and the same batches; the Trainer gives each rank its share.

@@ -1,5 +1,5 @@
 """toolgym.configs.cli: the `toolgym` command line, each command a thin function over library calls;
-settings become parts in configs/build/ (the one builder), for these commands and `train` alike.
+settings become parts in configs/assembly/ (the one builder), for these commands and `train` alike.
 
 Modules (import them directly; this package imports nothing, so `toolgym --help` stays cheap):
 - main: the argument parser and dispatch (`toolgym = toolgym.configs.cli.main:main`).

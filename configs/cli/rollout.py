@@ -32,7 +32,7 @@ from ...rollouts.recording.format import (
 from ...rollouts.recording.replay import errored, summarize
 from ...rollouts.runner import EnvRolloutConfig, RolloutRunner
 from ...rollouts.scripted import OracleConfig
-from ..build.parts import ORACLE, chat_template_extra, load_policy, policy_renderer
+from ..assembly.parts import ORACLE, chat_template_extra, load_policy, policy_renderer
 from .summary import error_text, print_summary
 
 
@@ -183,7 +183,7 @@ def eval_command(
     chat_template: str = "",
 ) -> int:
     """Evaluate a policy on the held-out task seeds; `env_modules` are imported first (they
-    register the user's envs with gymnasium). `chat_template`: see `policy_renderer` (configs/build/parts.py)."""
+    register the user's envs with gymnasium). `chat_template`: see `policy_renderer` (configs/assembly/parts.py)."""
     import_env_modules(env_modules)
     renderer = policy_renderer(policy_spec, tokenizer_path, chat_template)
     policy, policy_id = load_policy(policy_spec, renderer, oracle)

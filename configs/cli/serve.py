@@ -8,7 +8,7 @@ from ...agents.tokenizer import tokenizer_fingerprint
 from ...rollouts.endpoint.capture import ENDPOINT_ENV_ID
 from ...rollouts.endpoint.server import EndpointConfig, PolicyServer
 from ...rollouts.recording.format import RecordingHeader, RecordingWriter
-from ..build.parts import ORACLE, load_policy, policy_renderer
+from ..assembly.parts import ORACLE, load_policy, policy_renderer
 
 
 def serve_command(

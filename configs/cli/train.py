@@ -6,7 +6,7 @@ eval, the RL loop, a final eval, the final policy exported, plots, and the befor
     train(config, resume="runs/x")     # continue from its latest checkpoint
 
 `train` reads as: check (nothing starts for a config that cannot work here), the run directory
-(new, or resumed: run_dir.py), SFT, build the RL loop (build/loop.py), run it
+(new, or resumed: run_dir.py), SFT, build the RL loop (assembly/loop.py), run it
 (trainers/loop/rl.py), finish (export, summary, plots).
 
 Resume: a run with an RL checkpoint continues from it (model, optimizer, schedule, RNG, step, the
@@ -44,9 +44,9 @@ from ...trainers.metrics_log import MetricsLog, display_name, format_metric, rea
 from ...trainers.plots import plot_run
 from ...trainers.sft import run_sft
 from ...trainers.weight_sync import push_weights
-from ..build.demos import check_demo_rendering, demo_episodes, rl_stream, sft_schedule, sft_trainer_config
-from ..build.loop import build_loop, generator_process_main, run_generator
-from ..build.parts import (
+from ..assembly.demos import check_demo_rendering, demo_episodes, rl_stream, sft_schedule, sft_trainer_config
+from ..assembly.loop import build_loop, generator_process_main, run_generator
+from ..assembly.parts import (
     build_policy,
     build_renderer,
     build_trainer,
@@ -63,7 +63,7 @@ from ..build.parts import (
     setup_distributed,
     with_lora,
 )
-from ..build.placement import generator_layout, generator_placement
+from ..assembly.placement import generator_layout, generator_placement
 from ..checks import check_against_machine, check_async, check_environment
 from ..load import ConfigError
 from ..run_dir import (
@@ -342,7 +342,7 @@ def _prepare_run_dir(config: Config, resume: str | Path | None, is_main: bool) -
 
 def _check_sft_recording(config: Config, renderer: Renderer) -> None:
     """The SFT recording: every record readable (rollouts/recording/format.py's check_recording), made
-    with the run's tokenizer and rendered as the run renders (build/demos.py's
+    with the run's tokenizer and rendered as the run renders (assembly/demos.py's
     check_demo_rendering); ConfigError (sft.recording) otherwise."""
     if not (config.sft.enabled and config.sft.source == "recording"):
         return

@@ -61,7 +61,7 @@ class TextEnv(gymnasium.Env[str, str]):
 
     Subclasses provide `system_prompt`, `question`, `answer` (after `reset`) and the oracle:
     `oracle_actions()`, `malformed_action()`, `answer_action()` and `mistaken_actions()`, which
-    the scripted policy (rollouts/scripted.py) and the tokenizer corpus (configs/build_tokenizer.py)
+    the scripted policy (rollouts/scripted.py) and the tokenizer corpus (tools/build_tokenizer.py)
     use so that they know no env's action grammar. Randomness comes only from `self.np_random`
     (seeded by `reset(seed=...)`). The info keys the runner reads: envs/core/info.py.
 

@@ -200,7 +200,7 @@ class BracketFormat(ToolCallFormat):
 
     def unknown_tool_text(self, call: ParsedCall, tools: Sequence[Tool]) -> str:
         # The seed experiment's grammar, kept as it is: the system prompt lists the tools, and the
-        # shipped tokenizer is built from the envs' own texts (configs/build_tokenizer.py).
+        # shipped tokenizer is built from the envs' own texts (tools/build_tokenizer.py).
         return "UNKNOWN_TOOL"
 
     def mistakes(self, tools: Sequence[Tool]) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from tokenizers import AddedToken, Tokenizer
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.tokenizer import load_tokenizer
 from toolgym.agents.types import Message
-from toolgym.configs.build_tokenizer import SHIPPED_TOKENIZER_PATH, train_bpe
+from toolgym.tools.build_tokenizer import SHIPPED_TOKENIZER_PATH, train_bpe
 
 SYNTHETIC_CORPUS = [
     "You are a helpful assistant. Use LOOKUP[word] to find the zorplex value of a word.",

@@ -14,7 +14,7 @@ import pytest
 from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
 
 from toolgym.agents.tokenizer import load_tokenizer, tokenizer_fingerprint
-from toolgym.configs.build_tokenizer import train_bpe
+from toolgym.tools.build_tokenizer import train_bpe
 
 CORPUS = ["LOOKUP[apple] returns zorplex 17.", "The answer is 42.", "What is the digit sum of 123?"] * 30
 

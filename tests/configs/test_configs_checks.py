@@ -11,7 +11,7 @@ import pytest
 import torch
 from sandbox_testlib import make_env
 
-from toolgym.configs.build.parts import build_policy, build_renderer, initial_model, model_config
+from toolgym.configs.assembly.parts import build_policy, build_renderer, initial_model, model_config
 from toolgym.configs.checks import check_against_machine, check_context, first_prompt_length, kv_cache_bytes
 from toolgym.configs.cli.main import main
 from toolgym.configs.load import ConfigError, config_from_dict, load_config

@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from toolgym.configs.build.demos import sft_trainer_config
+from toolgym.configs.assembly.demos import sft_trainer_config
 from toolgym.configs.checks import check_environment
 from toolgym.configs.cli.main import main
 from toolgym.configs.load import (
@@ -281,7 +281,7 @@ def test_the_rollout_config_a_run_builds_is_the_one_validated():
 def test_policy_gpu_settings_reach_the_engine(setting, on):
     import torch
 
-    from toolgym.configs.build.parts import build_policy, build_renderer, initial_model
+    from toolgym.configs.assembly.parts import build_policy, build_renderer, initial_model
 
     config, _ = load_config("zorplex_tiny", ["model.name=test", f"policy.{setting}={str(on).lower()}"])
     assert getattr(config.policy, setting) is on
@@ -297,7 +297,7 @@ def test_policy_gpu_settings_reach_the_engine(setting, on):
 def test_policy_history_capacity_reaches_the_engine(setting, positions):
     import torch
 
-    from toolgym.configs.build.parts import build_policy, build_renderer, describe_policy, initial_model
+    from toolgym.configs.assembly.parts import build_policy, build_renderer, describe_policy, initial_model
 
     overrides = ["model.name=test"] + ([] if setting is None else [f"policy.history_capacity={setting}"])
     config, _ = load_config("zorplex_tiny", overrides)  # 128 slots of 256 positions
@@ -314,7 +314,7 @@ def test_policy_replicas_build_engine_processes():
     import torch
 
     from toolgym.agents.types import SamplingParams
-    from toolgym.configs.build.parts import build_policy, build_renderer, describe_policy, initial_model
+    from toolgym.configs.assembly.parts import build_policy, build_renderer, describe_policy, initial_model
 
     config, _ = load_config(
         "zorplex_tiny", ["model.name=test", "policy.replicas=2", "policy.max_batch_size=4"]

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from toolgym.agents.chat_template import TemplateRenderer
-from toolgym.configs.build.parts import build_renderer
+from toolgym.configs.assembly.parts import build_renderer
 from toolgym.configs.load import SHIPPED_CHAT_TEMPLATES, chat_template_path, load_config
 
 

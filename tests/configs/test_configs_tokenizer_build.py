@@ -9,8 +9,8 @@ import pytest
 
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.tokenizer import load_tokenizer, tokenizer_fingerprint
-from toolgym.configs import build_tokenizer
-from toolgym.configs.build_tokenizer import (
+from toolgym.tools import build_tokenizer
+from toolgym.tools.build_tokenizer import (
     ASSETS_DIR,
     FINGERPRINT_FILENAME,
     SHIPPED_DIRS,
@@ -36,7 +36,7 @@ def test_script_regenerates_the_committed_files_byte_for_byte(split, rebuilt, tm
     for name in ("tokenizer.json", FINGERPRINT_FILENAME):
         assert (out / name).read_bytes() == (SHIPPED_DIRS[split] / name).read_bytes(), (
             f"{SHIPPED_DIRS[split]}/{name} is stale (env texts or the recipe changed): "
-            f"run `python -m toolgym.configs.build_tokenizer --split {split}` and commit both files"
+            f"run `python -m toolgym.tools.build_tokenizer --split {split}` and commit both files"
         )
 
 

@@ -128,7 +128,7 @@ def test_dropped_reasoning_splits_the_episode_into_sequences(shipped):
 
 def test_config_and_cli_pick_the_template_and_refuse_a_bad_one_in_one_line(tmp_path, capsys):
     from toolgym.agents.chat import ChatRenderer
-    from toolgym.configs.build.parts import build_renderer
+    from toolgym.configs.assembly.parts import build_renderer
     from toolgym.configs.cli.main import main
     from toolgym.configs.load import ConfigError, load_config
 

@@ -1,7 +1,7 @@
 """The RL loop: take a batch from the source -> train on it -> hand the new weights to the
 source -> repeat, with an eval on the held-out seeds every N steps and checkpoints between.
 
-    configs/build/loop.py builds it            trainers/loop/sources.py
+    configs/assembly/loop.py builds it            trainers/loop/sources.py
     ----------------------------------         ---------------------------------------------
     RLLoop.start()  ------------------------>  source.start(trainer, positions, pending)
     RLLoop.evaluate("step 0")                  (generators begin rolling out meanwhile)

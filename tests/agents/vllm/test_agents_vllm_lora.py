@@ -37,7 +37,7 @@ from toolgym.agents.model.lora import (
 )
 from toolgym.agents.model.transformer import Transformer
 from toolgym.agents.types import SamplingParams
-from toolgym.configs.build.parts import describe_policy
+from toolgym.configs.assembly.parts import describe_policy
 from toolgym.trainers.weight_sync import AdapterSyncError, load_and_check
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

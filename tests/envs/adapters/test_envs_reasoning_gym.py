@@ -18,7 +18,7 @@ from gymnasium.utils.env_checker import check_env
 
 pytest.importorskip("reasoning_gym")
 
-from toolgym.configs.build.parts import build_renderer, model_config
+from toolgym.configs.assembly.parts import build_renderer, model_config
 from toolgym.configs.checks import check_against_machine, check_environment
 from toolgym.configs.cli.main import main as cli_main
 from toolgym.configs.load import config_from_dict, config_to_toml, load_config

@@ -18,7 +18,7 @@ from toolgym.rollouts.endpoint import AgentProgram, AgentRunner, evaluate_agent
 from toolgym.rollouts.runner import EnvRolloutConfig
 from toolgym.rollouts.types import StopReason
 
-SHOP = AgentProgram(module="toolgym.configs.shop_agent", function="run_agent", task="task")
+SHOP = AgentProgram(module="toolgym.examples.shop_agent", function="run_agent", task="task")
 
 
 def _between_markers(text: str) -> str:
@@ -28,7 +28,7 @@ def _between_markers(text: str) -> str:
 
 
 def test_the_readme_shows_the_shipped_agent_program_verbatim():
-    agent = _between_markers((ROOT / "configs" / "shop_agent.py").read_text())
+    agent = _between_markers((ROOT / "examples" / "shop_agent.py").read_text())
     readme = (ROOT / "README.md").read_text()
     block = re.search(r"## Train your own agent\n.*?```python\n(.*?)```", readme, re.DOTALL)
     assert block is not None, "README.md has no 'Train your own agent' section with a python block"
@@ -60,7 +60,7 @@ def test_64_concurrent_agent_runs_become_groups_and_token_exact_episodes(shop_en
     assert len({t.env_kwargs["conversation_id"] for t in trajectories}) == 64
     for t in trajectories:
         assert t.stop_reason in (StopReason.ANSWERED, StopReason.MAX_TOKENS), t.error
-        assert t.env_id == "toolgym.configs.shop_agent:run_agent" and t.transitions
+        assert t.env_id == "toolgym.examples.shop_agent:run_agent" and t.transitions
         assert t.total_reward == pytest.approx(sum(t.reward_components.values()))
     # Each group is one task seed's 4 samples (different samples: seeded per sample and turn).
     groups = {}

@@ -54,7 +54,7 @@ def vllm_policy(tmp_path_factory):
 
 
 def test_64_concurrent_agent_runs_through_the_endpoint_over_vllm(vllm_policy):
-    program = AgentProgram(module="toolgym.configs.shop_agent", function="run_agent", task="task")
+    program = AgentProgram(module="toolgym.examples.shop_agent", function="run_agent", task="task")
     config = EnvRolloutConfig(
         env_id="toolgym/Shop-v0", group_size=4, max_tokens_per_turn=8, max_tokens_per_episode=24
     )

@@ -189,7 +189,7 @@ def test_cli_export_import_and_sft_reads_the_result(shop, tmp_path, capsys):
     assert main(["import", str(chat), "--out", str(demos)]) == 0
     header, trajectories = read_recording(demos)
     assert header.extra["token_exact"] is False and len(trajectories) == len(chat.read_text().splitlines())
-    from toolgym.configs.build.demos import demo_episodes
+    from toolgym.configs.assembly.demos import demo_episodes
     from toolgym.configs.load import load_config
 
     config, _ = load_config(None, ["sft.enabled=true", 'sft.source="recording"', f'sft.recording="{demos}"'])

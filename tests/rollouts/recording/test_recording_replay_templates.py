@@ -276,8 +276,8 @@ def test_appending_episodes_rendered_otherwise_is_refused(tmp_path):
 
 
 def test_run_recordings_and_sft_demos_keep_the_template(tmp_path, capsys, shipped):
-    from toolgym.configs.build.demos import check_demo_rendering, demo_episodes
-    from toolgym.configs.build.parts import build_renderer, run_chat_template_extra
+    from toolgym.configs.assembly.demos import check_demo_rendering, demo_episodes
+    from toolgym.configs.assembly.parts import build_renderer, run_chat_template_extra
 
     overrides = ["policy.chat_template=qwen2.5-style", 'env.kwargs={tool_format = "json"}', "sft.num_tasks=3"]
     config, _ = load_config("zorplex_tiny", overrides)

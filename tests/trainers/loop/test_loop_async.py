@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolgym.configs.build.placement import generator_layout
+from toolgym.configs.assembly.placement import generator_layout
 from toolgym.configs.cli.train import train
 from toolgym.configs.load import ConfigError, config_from_dict, config_to_toml
 from toolgym.rollouts.recording.format import read_recording
@@ -164,7 +164,7 @@ def check_async_run(run_dir: Path, over_stale: str) -> None:
 
 def test_async_refuses_what_it_cannot_run(tmp_path, monkeypatch):
     config = config_from_dict(
-        async_config(tmp_path / "run", 1) | {"agent_program": {"module": "toolgym.configs.shop_agent"}}
+        async_config(tmp_path / "run", 1) | {"agent_program": {"module": "toolgym.examples.shop_agent"}}
     )
     with pytest.raises(ConfigError, match="agent_program"):
         train(config)

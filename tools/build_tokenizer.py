@@ -1,11 +1,11 @@
 """Build the shipped tokenizers, `configs/assets/tokenizer.json` (the CPU default) and
 `configs/assets/tokenizers/copy/tokenizer.json`, from the repo's own envs.
 
-    python -m toolgym.configs.build_tokenizer                  # rewrite configs/assets/
-    python -m toolgym.configs.build_tokenizer --split copy     # rewrite configs/assets/tokenizers/copy/
-    python -m toolgym.configs.build_tokenizer --check          # exit 1 if the committed files differ
-    python -m toolgym.configs.build_tokenizer --out DIR        # write elsewhere
-    python -m toolgym.configs.build_tokenizer --split words --out DIR  # words never take punctuation
+    python -m toolgym.tools.build_tokenizer                  # rewrite configs/assets/
+    python -m toolgym.tools.build_tokenizer --split copy     # rewrite configs/assets/tokenizers/copy/
+    python -m toolgym.tools.build_tokenizer --check          # exit 1 if the committed files differ
+    python -m toolgym.tools.build_tokenizer --out DIR        # write elsewhere
+    python -m toolgym.tools.build_tokenizer --split words --out DIR  # words never take punctuation
 
 A byte-level BPE in the Qwen2 style (NFC, Qwen's split regex so digits are single tokens, byte-level
 alphabet) with the ChatML special tokens at fixed ids, `<|endoftext|>` 0, `<|im_start|>` 1,
@@ -42,10 +42,10 @@ from typing import Any
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from ..agents.tokenizer import tokenizer_fingerprint
-from .load import SHIPPED_TOKENIZERS
+from ..configs.load import SHIPPED_TOKENIZER, SHIPPED_TOKENIZERS
 
-ASSETS_DIR = Path(__file__).resolve().parent / "assets"
-SHIPPED_TOKENIZER_PATH = ASSETS_DIR / "tokenizer.json"
+ASSETS_DIR = SHIPPED_TOKENIZER.parent  # configs/assets/
+SHIPPED_TOKENIZER_PATH = SHIPPED_TOKENIZER
 FINGERPRINT_FILENAME = "tokenizer.fingerprint"
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2

@@ -18,21 +18,29 @@ import torch
 from .. import envs  # noqa: F401 (registers toolgym/*)
 from ..agents.chat import Renderer
 from ..agents.model.config import NAMED_CONFIGS, ModelConfig
+from ..agents.tokenizer import tokenizer_fingerprint
 from ..agents.vllm.engine import INSTALL_HINT
 from ..envs.registry import import_env_modules
 from ..rollouts.batches import TaskSeedStream
 from ..rollouts.endpoint.program import load_program
 from ..rollouts.env_io import reset_env
+from ..rollouts.recording.format import RecordingError, RecordingReader, check_recording
 from ..rollouts.runner import RolloutRunner, first_messages
 from ..rollouts.scripted import OraclePolicy
 from ..rollouts.types import StopReason
-from .assembly.demos import rl_stream, sft_stream
+from .assembly.demos import check_demo_rendering, rl_stream, sft_stream
 from .assembly.parts import policy_max_seq_len
 from .assembly.placement import check_async
 from .load import ConfigError, tokenizer_path
 from .schema import Config
 
-__all__ = ["check_against_machine", "check_async", "check_environment"]
+__all__ = [
+    "check_against_machine",
+    "check_async",
+    "check_environment",
+    "check_sft_recording",
+    "schedule_notes",
+]
 
 
 def check_environment(config: Config, world_size: int = 1) -> None:
@@ -243,3 +251,40 @@ def check_against_machine(
     check_memory(config, model, device)
     check_context(config, model, renderer)
     check_demo_limits(config, model, renderer)
+
+
+def check_sft_recording(config: Config, renderer: Renderer) -> None:
+    """The SFT recording: every record readable (rollouts/recording/format.py's check_recording), made
+    with the run's tokenizer and rendered as the run renders (assembly/demos.py's
+    check_demo_rendering); ConfigError (sft.recording) otherwise."""
+    if not (config.sft.enabled and config.sft.source == "recording"):
+        return
+    fingerprint = tokenizer_fingerprint(renderer.tokenizer)
+    try:  # every record: a damaged one found after the run directory exists would leave it behind
+        check_recording(config.sft.recording, fingerprint)
+        header = RecordingReader(config.sft.recording, fingerprint).header
+    except (RecordingError, OSError) as exc:
+        raise ConfigError("sft.recording", str(exc)) from None
+    check_demo_rendering(config, renderer, header)
+
+
+
+
+def schedule_notes(config: Config) -> list[str]:
+    """A line for each decaying LR schedule that ends before its phase does: the steps after
+    `total_steps` run at lr x min_lr_ratio. This is how a resume with `--set run.steps=N` (more
+    steps) behaves, since the stored config.toml fixed total_steps at the old run.steps;
+    stretching the schedule mid-run would change the LR of steps already planned, so it is the
+    user's call, and the note says how."""
+    notes = []
+    phases = [("trainer.optimizer", config.trainer.optimizer, "run.steps", config.run.steps)]
+    if config.sft.enabled:
+        phases.append(("sft.optimizer", config.sft.optimizer, "sft.steps", config.sft.steps))
+    for key, optimizer, steps_key, steps in phases:
+        if optimizer.decay != "constant" and steps > optimizer.total_steps:
+            notes.append(
+                f"note: {key}.total_steps={optimizer.total_steps} < {steps_key}={steps}: the {optimizer.decay} "
+                f"LR schedule ends at step {optimizer.total_steps} and later steps run at lr x "
+                f"min_lr_ratio={optimizer.min_lr_ratio:g} (--set {key}.total_steps={steps} stretches it)"
+            )
+    return notes

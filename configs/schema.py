@@ -64,6 +64,7 @@ from ..rollouts.runner import EnvRolloutConfig
 from ..rollouts.scripted import OracleConfig
 from ..rollouts.types import PolicySampling, RolloutSettings
 from ..trainers.config import CheckpointConfig, OptimizerConfig, TrainerConfig
+from ..trainers.loop.rl import EvalSchedule
 from ..trainers.metrics_log import LoggingConfig
 
 _STRICT = {"kw_only": True, "forbid_unknown_fields": True}
@@ -228,10 +229,10 @@ class SFTSection(msgspec.Struct, **_STRICT):
             raise ValueError('sft.recording must name a `toolgym record` file when sft.source = "recording"')
 
 
-class EvalSection(msgspec.Struct, **_STRICT):
-    every_steps: int = 10  # 0 = only at start and end
-    at_start: bool = True
-    at_end: bool = True
+class EvalSection(EvalSchedule, **_STRICT):
+    """[eval]: the loop's EvalSchedule (every_steps, 0 = only at start and end; at_start; at_end)
+    and what an eval runs."""
+
     num_tasks: int = 64  # the fixed held-out task seeds [0, num_tasks)
     greedy: bool = True
     samples_per_task: int = 1

@@ -34,7 +34,6 @@ from ...trainers.trainer import Trainer
 from ...trainers.weight_sync import load_and_check
 from ..run_dir import RunDir
 from ..schema import Config
-from .demos import rl_stream
 from .parts import (
     build_policy,
     build_renderer,
@@ -43,7 +42,8 @@ from .parts import (
     run_chat_template_extra,
     with_lora,
 )
-from .placement import buffer_capacity, generator_placement
+from .placement import buffer_capacity
+from .plan import RunPlan
 
 if TYPE_CHECKING:
     from ...rollouts.endpoint.agent_runner import AgentRunner
@@ -51,12 +51,9 @@ if TYPE_CHECKING:
 
 def loop_settings(config: Config) -> LoopSettings:
     return LoopSettings(
-        eval_every=config.eval.every_steps,
-        eval_at_start=config.eval.at_start,
-        eval_at_end=config.eval.at_end,
-        checkpoint_every=config.checkpoint.every_steps,
-        log_every=config.logging.every_steps,
-        headline_metrics=tuple(config.logging.headline_metrics),
+        eval=config.eval,
+        checkpoint=config.checkpoint,
+        logging=config.logging,
         max_steps_without_learning=config.run.max_steps_without_learning,
     )
 
@@ -129,6 +126,7 @@ def build_evaluator(
 
 def build_source(
     config: Config,
+    plan: RunPlan,
     dist: DistInfo,
     runner: RolloutRunner | AgentRunner,
     policy: Policy,
@@ -137,19 +135,19 @@ def build_source(
 ) -> BatchSource:
     """The loop's batch source (module doc). `dist.generators`: generator processes or ranks
     joined over `dist.channel` (0: none)."""
-    if config.loop.mode == "sync":
+    if plan.mode == "sync":
         return SyncSource(runner, stream, batch_config, policy)
     if not dist.generators:
         return ProducerSource(runner, stream, batch_config, policy, buffer_capacity(config), staleness_bound(config))
     groups = None
     if dist.is_main:  # trainer rank 0 speaks to the generators; processes on this machine share memory
-        shared = generator_placement(config, dist.device) == "process"
-        groups = RankGroups(dist.channel, dist.generators, shared_weights=shared)
+        groups = RankGroups(dist.channel, dist.generators, shared_weights=plan.placement == "process")
     return GeneratorSource(groups, stream.stream, batch_config, policy, staleness_bound(config))
 
 
 def build_loop(
     config: Config,
+    plan: RunPlan,
     run: RunDir,
     dist: DistInfo,
     trainer: Trainer,
@@ -168,7 +166,7 @@ def build_loop(
         config.batch, groups_per_batch=groups, max_seq_len=config.batch.max_seq_len or max_seq_len
     )
     runner = build_runner(config, policy, renderer)
-    source = build_source(config, dist, runner, policy, stream, batch_config)
+    source = build_source(config, plan, dist, runner, policy, stream, batch_config)
     header = recording_header(config, run, renderer)  # the tokenizer's fingerprint, the template: once
     writer = None
     if config.logging.record_training and (dist.is_main or not split):  # split: rank 0 has the groups
@@ -187,7 +185,7 @@ def build_loop(
     )
 
 
-def run_generator(config: Config, dist_info: DistInfo, renderer: Renderer, threads: int = 0) -> int:
+def run_generator(config: Config, plan: RunPlan, dist_info: DistInfo, renderer: Renderer, threads: int = 0) -> int:
     """A generator's whole run (a torchrun rank's, or a GeneratorProcesses process's): its engine
     (the trainer's weights replace the initial ones before its first rollout), its share of the
     task stream, until trainer rank 0 says stop. `threads`: its torch threads (0: as set)."""
@@ -195,7 +193,7 @@ def run_generator(config: Config, dist_info: DistInfo, renderer: Renderer, threa
         torch.set_num_threads(threads)
     # With LoRA its first weights are the whole model (base and adapters), later ones the adapters.
     model = with_lora(config, initial_model(config))
-    policy = build_policy(config, model, None, renderer, dist_info.device)
+    policy = build_policy(config, model, None, renderer, dist_info.device, placement=plan.placement)
     runner = RolloutRunner(policy, renderer, config.rollout_config())
     max_seq_len = config.batch.max_seq_len or policy_max_seq_len(config, model.config)
     batch_config = msgspec.structs.replace(config.batch, max_seq_len=max_seq_len)
@@ -217,12 +215,12 @@ def run_generator(config: Config, dist_info: DistInfo, renderer: Renderer, threa
         def load(tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
             load_and_check(policy, dict(tensors), version)
 
-        return serve_generator(dist_info, rl_stream(config), load, make_producer)
+        return serve_generator(dist_info, plan.rl_stream, load, make_producer)
     finally:
         policy.close()
 
 
-def generator_process_main(config: Config, threads: int, info: DistInfo) -> None:
+def generator_process_main(config: Config, plan: RunPlan, info: DistInfo) -> None:
     """A spawned generator process's main (trainers/loop/generators.py's GeneratorProcesses)."""
     renderer, _ = build_renderer(config)
-    run_generator(config, info, renderer, threads)
+    run_generator(config, plan, info, renderer, plan.generator_threads)

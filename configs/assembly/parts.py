@@ -33,7 +33,6 @@ from ...trainers.distributed import DistInfo, barrier, init_distributed
 from ...trainers.trainer import Trainer
 from ..load import ConfigError, chat_template_path, tokenizer_path
 from ..schema import Config, ParallelSection
-from .placement import generator_placement
 
 if TYPE_CHECKING:
     from ...agents.engine.backend import Backend
@@ -58,13 +57,11 @@ def resolve_device(parallel: ParallelSection) -> str:
     return device
 
 
-def setup_distributed(parallel: ParallelSection, generator_ranks: int = 0) -> DistInfo:
+def setup_distributed(device: str, threads: int, generator_ranks: int = 0) -> DistInfo:
     """Join torchrun's process group (or make a one-process one; `generator_ranks`: split the
-    ranks, trainers/distributed.py) and split the cores between the processes of this node, so
-    two ranks on two cores do not each start two threads."""
-    info = init_distributed(resolve_device(parallel), generator_ranks)
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", info.world_size))
-    threads = parallel.threads or max(1, usable_cores() // max(1, local_world))
+    ranks, trainers/distributed.py) and give this process `threads` torch threads (the run plan's
+    share of the node's cores, so two ranks on two cores do not each start two threads)."""
+    info = init_distributed(device, generator_ranks)
     torch.set_num_threads(threads)
     return info
 
@@ -266,10 +263,11 @@ def build_policy(
     renderer: Renderer,
     device: torch.device,
     backend: Backend | None = None,
+    placement: str | None = None,
 ) -> Policy:
     """The policy that samples: a TorchEngine on a copy of `model` (on `backend`, default
     `select_policy_backend`), or vLLM serving `hf_dir` (which must hold the same weights as
-    `model`)."""
+    `model`). `placement`: the run plan's async generator placement (None: sync, or vLLM)."""
     max_seq_len = policy_max_seq_len(config, model.config)
     if config.policy.backend == "torch":
         dtype = _DTYPES[config.model.dtype]
@@ -285,7 +283,6 @@ def build_policy(
             history_capacity=None if config.policy.history_capacity == -1 else config.policy.history_capacity,
             backend=backend,
         )
-        placement = generator_placement(config, device)
         if placement is not None:
             engine_kwargs["weight_updates"] = config.loop.weight_updates
         # async: a generator's engine, or the trainer's own for evals (the generators are

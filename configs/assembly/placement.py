@@ -51,10 +51,10 @@ def generator_placement(config: Config, device: torch.device | str) -> str | Non
     return "process" if torch.device(device).type == "cpu" else "thread"
 
 
-def check_async(config: Config, world_size: int, device: torch.device | str) -> None:
+def check_async(config: Config, world_size: int, placement: str | None) -> None:
     """ConfigError when `loop.mode = "async"` cannot run this config here (`world_size`: all of
-    torchrun's ranks; one process, or ranks split by loop.generator_ranks; a generator process
-    on CPU only; env rollouts); nothing for sync mode."""
+    torchrun's ranks; one process, or ranks split by loop.generator_ranks; env rollouts;
+    `placement`: the run plan's, plan.py); nothing for sync mode."""
     generators = config.loop.generator_ranks
     if config.loop.mode != "async":
         if generators:
@@ -74,7 +74,6 @@ def check_async(config: Config, world_size: int, device: torch.device | str) -> 
         )
     if generators and config.policy.backend != "torch":
         raise ConfigError("loop.generator_ranks", "generator ranks run the torch engine (policy.backend)")
-    placement = generator_placement(config, device)
     if placement is not None and config.policy.replicas > 1:
         raise ConfigError(
             "policy.replicas",

@@ -35,24 +35,32 @@ from ...agents.policy import Policy
 from ...rollouts.evaluation import EvalReport
 from ...rollouts.recording.format import RecordingHeader, RecordingWriter
 from ..checkpoint import CheckpointManager
+from ..config import CheckpointConfig
 from ..distributed import DistInfo
-from ..metrics_log import MetricsLog, eval_line, peak_memory_metrics, train_line
+from ..metrics_log import LoggingConfig, MetricsLog, eval_line, peak_memory_metrics, train_line
 from ..trainer import Trainer
 from .sources import BatchSource
 
 
-class LoopSettings(msgspec.Struct, kw_only=True, frozen=True):
-    """The loop's schedule. eval_every: steps between evals (0: only at start and end);
-    eval_at_start/at_end; checkpoint_every (0: only at the end); log_every: console lines;
-    headline_metrics: the env metrics shown on the console and the bar; max_steps_without_learning:
-    consecutive steps that changed nothing before NoLearningError (0: never)."""
+class EvalSchedule(msgspec.Struct, kw_only=True):
+    """When the loop evaluates (a config's [eval] section extends it): every_steps between evals
+    (0: only at start and end), at_start, at_end."""
 
-    eval_every: int = 10
-    eval_at_start: bool = True
-    eval_at_end: bool = True
-    checkpoint_every: int = 0
-    log_every: int = 1
-    headline_metrics: Sequence[str] = ("accuracy",)
+    every_steps: int = 10
+    at_start: bool = True
+    at_end: bool = True
+
+
+class LoopSettings(msgspec.Struct, kw_only=True, frozen=True):
+    """The loop's schedule, made of the config's own sections rather than copies of their fields:
+    eval (EvalSchedule), checkpoint (every_steps; 0: only at the end), logging (every_steps between
+    console lines; headline_metrics: the env metrics shown on the console and the bar), and
+    max_steps_without_learning: consecutive steps that changed nothing before NoLearningError
+    (0: never)."""
+
+    eval: EvalSchedule = msgspec.field(default_factory=EvalSchedule)
+    checkpoint: CheckpointConfig = msgspec.field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
     max_steps_without_learning: int = 5
 
 
@@ -145,7 +153,7 @@ class RLLoop:
         self.log.log("eval", self.step, metrics)
         for example in report.examples:
             self.log.print(example)
-        self.log.print(eval_line(label, metrics, self.settings.headline_metrics))
+        self.log.print(eval_line(label, metrics, self.settings.logging.headline_metrics))
         if self.evaluator.recording is not None:
             path = self.evaluator.recording(self.step)
             # One file per eval, written afresh: the writer appends, and a resumed run that
@@ -157,8 +165,9 @@ class RLLoop:
         return metrics
 
     def _eval_due(self, total: int) -> bool:
-        every = self.settings.eval_every
-        return (every > 0 and self.step % every == 0) or (self.step == total and self.settings.eval_at_end)
+        schedule = self.settings.eval
+        every = schedule.every_steps
+        return (every > 0 and self.step % every == 0) or (self.step == total and schedule.at_end)
 
     # ---- one step ---------------------------------------------------------------------------
 
@@ -211,17 +220,18 @@ class RLLoop:
                 self.log.log("train", self.step, metrics)
                 if metrics.get("train/skipped"):
                     self.log.print(f"step {self.step}: non-finite loss or grad norm; update skipped")
-                if self.step % settings.log_every == 0 or self.step == total:
-                    self.log.print(train_line(self.step, total, metrics, settings.headline_metrics))
+                if self.step % settings.logging.every_steps == 0 or self.step == total:
+                    self.log.print(train_line(self.step, total, metrics, settings.logging.headline_metrics))
                 bar.update(1)
                 headline = {
-                    name: f"{metrics.get(f'rollout/{name}', 0.0):.2f}" for name in settings.headline_metrics
+                    name: f"{metrics.get(f'rollout/{name}', 0.0):.2f}"
+                    for name in settings.logging.headline_metrics
                 }
                 bar.set_postfix(
                     {"reward": f"{metrics.get('rollout/reward_mean', 0.0):.2f}", **headline}, refresh=False
                 )
                 self._check_learning(metrics)
-                every_ckpt = settings.checkpoint_every
+                every_ckpt = settings.checkpoint.every_steps
                 if every_ckpt and self.step % every_ckpt == 0 and self.step != total:
                     self.save_checkpoint()
                 if self._eval_due(total):

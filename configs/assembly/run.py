@@ -306,3 +306,12 @@ def sft_shortfall(demo_accuracy: float | None, eval_metrics: dict[str, float] | 
         "SFT has not taught the task yet (a skill such as copying a tool's answer can form late; "
         "bench/sft_copy.py). Consider more SFT steps (--set sft.steps=N)."
     )
+
+
+def eval_kept(config: Config, run: RunDir, step: int) -> bool:
+    """Whether the run directory holds the eval of `step` whole: its metrics row and, where
+    evals are recorded, its recording. A run stopped during the eval that follows a checkpoint
+    at the same step has neither (or only the row), and its resume redoes that eval."""
+    recorded = not config.eval.record or run.eval_recording(step).is_file()
+    rows = read_metrics(run.metrics) if run.metrics.is_file() else []
+    return recorded and any(r.get("kind") == "eval" and r.get("step") == step for r in rows)

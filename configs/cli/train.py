@@ -32,7 +32,16 @@ from ..assembly.parts import (
     setup_distributed,
 )
 from ..assembly.plan import RunPlan, plan_run
-from ..assembly.run import ResumePoint, RLParts, build_rl, finish, open_run, sft_phase, sft_shortfall
+from ..assembly.run import (
+    ResumePoint,
+    RLParts,
+    build_rl,
+    eval_kept,
+    finish,
+    open_run,
+    sft_phase,
+    sft_shortfall,
+)
 from ..checks import (
     check_against_machine,
     check_async,
@@ -121,6 +130,9 @@ def _run_rl(
             hint = sft_shortfall(demo_accuracy, metrics)
             if hint:
                 log.print(hint)
+        elif point.latest is not None and loop.eval_due(config.run.steps) and not eval_kept(config, run, loop.step):
+            # the run stopped during the eval after its checkpoint: that eval is done again
+            loop.evaluate(runner, f"step {loop.step}")
         try:
             loop.run_steps(config.run.steps, runner, progress)
         except KeyboardInterrupt:

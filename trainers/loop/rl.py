@@ -164,7 +164,8 @@ class RLLoop:
         self.eval_history.append((self.step, metrics))
         return metrics
 
-    def _eval_due(self, total: int) -> bool:
+    def eval_due(self, total: int) -> bool:
+        """Whether the schedule evaluates at this step of a run of `total` steps."""
         schedule = self.settings.eval
         every = schedule.every_steps
         return (every > 0 and self.step % every == 0) or (self.step == total and schedule.at_end)
@@ -234,7 +235,7 @@ class RLLoop:
                 every_ckpt = settings.checkpoint.every_steps
                 if every_ckpt and self.step % every_ckpt == 0 and self.step != total:
                     self.save_checkpoint()
-                if self._eval_due(total):
+                if self.eval_due(total):
                     self.evaluate(runner, f"step {self.step}")
 
     def _check_learning(self, metrics: Mapping[str, float]) -> None:

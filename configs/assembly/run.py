@@ -277,7 +277,12 @@ def _summary(run: RunDir, loop: RLLoop, sft: bool, started: float) -> dict[str, 
         for name, record in (("before", first), ("after", last)):
             keys = [*SUMMARY_KEYS, *(f"eval/{n}" for n in env_metric_names(record, "eval/"))]
             summary[name] = {"step": record["step"], **{k.removeprefix("eval/"): record.get(k) for k in keys}}
-        summary["before"]["label"] = "after SFT" if sft else "initial policy"
+        # "before" is the policy RL started from only when it was evaluated at step 0
+        # (eval.at_start); else it is the first eval, already after some RL steps
+        if first["step"] == 0:
+            summary["before"]["label"] = "after SFT" if sft else "initial policy"
+        else:
+            summary["before"]["label"] = "first eval"
         summary["after"]["label"] = "after RL"
     return summary
 
@@ -287,7 +292,8 @@ def _print_summary(log: MetricsLog, summary: dict[str, Any], headline: Sequence[
     if "before" not in summary:
         return
     log.print("")
-    for key in ("before", "after"):
+    one_eval = summary["before"]["step"] == summary["after"]["step"]  # the same eval: one line
+    for key in ("after",) if one_eval else ("before", "after"):
         s = summary[key]
         metrics = "".join(f"{display_name(n)} {format_metric(s.get(n), '.3f')}  " for n in headline)
         log.print(

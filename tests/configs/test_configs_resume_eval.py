@@ -65,3 +65,15 @@ def test_a_run_stopped_during_an_eval_redoes_it_on_resume(tmp_path, monkeypatch,
         _, got = read_recording(cut / "trajectories" / name)
         _, want = read_recording(whole / "trajectories" / name)
         assert [t.transitions for t in got] == [t.transitions for t in want]
+
+
+def test_the_summary_names_a_first_eval_after_rl_steps_as_such(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert train(config(run_dir, steps=4), progress=False) == 0
+    out = capsys.readouterr().out
+    assert "first eval (step    2)" in out and "after RL (step    4)" in out
+    assert "initial policy" not in out
+    single = tmp_path / "single"
+    assert train(config(single, steps=2), progress=False) == 0
+    out = capsys.readouterr().out
+    assert "after RL (step    2)" in out and "first eval" not in out and "initial policy" not in out

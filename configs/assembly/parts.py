@@ -174,6 +174,13 @@ def check_model(config: Config, model: ModelConfig, renderer: Renderer) -> None:
             f"must be in [2, {model.max_position_embeddings}] (the model's max_position_embeddings), "
             f"got {max_seq_len}",
         )
+    rank = config.policy.lora.rank
+    if rank > model.hidden_size:
+        raise ConfigError(
+            "policy.lora.rank",
+            f"must be <= the model's hidden_size ({model.hidden_size}), got {rank}: an adapter of a "
+            "larger rank is no more expressive than a full-rank one and only costs memory and time",
+        )
 
 
 def initial_model(config: Config) -> Transformer:

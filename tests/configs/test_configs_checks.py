@@ -11,7 +11,7 @@ import pytest
 import torch
 from sandbox_testlib import make_env
 
-from toolgym.configs.assembly.parts import build_policy, build_renderer, initial_model, model_config
+from toolgym.configs.assembly.parts import build_policy, build_renderer, check_model, initial_model, model_config
 from toolgym.configs.checks import check_against_machine, check_context, first_prompt_length, kv_cache_bytes
 from toolgym.configs.cli.main import main
 from toolgym.configs.load import ConfigError, config_from_dict, load_config
@@ -49,6 +49,14 @@ def test_a_kv_cache_larger_than_the_machine_is_one_line_before_anything_starts(t
     assert f"need {needed:,} bytes" in err
     for field in ("policy.max_batch_size", "policy.max_seq_len", "policy.history_capacity"):
         assert field in err
+
+
+def test_a_lora_rank_above_the_hidden_size_is_refused_before_anything_starts(tmp_path, capsys):
+    # it used to be accepted: a 290 MB adapter on the tiny model and 40 s steps
+    err = refused(tmp_path, capsys, "policy.lora.rank=2048")
+    assert err.startswith("config error: policy.lora.rank: must be <= the model's hidden_size (256), got 2048"), err
+    refused_nothing = load_config(None, ["policy.lora.rank=256"])[0]  # the hidden size itself is allowed
+    check_model(refused_nothing, model_config(refused_nothing), build_renderer(refused_nothing)[0])
 
 
 def test_an_oversized_history_pool_names_its_own_field(tmp_path, capsys):

@@ -21,24 +21,24 @@ per-episode tensors (targets, masks, ...) always have one row per episode.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..agents.model.chunks import padded_chunks
 from ..rollouts.types import Episode
-from .logprobs import TokenScores, head_token_scores
-from .shared_prefix import SharedPrefixAttention, shared_prefix_length
+from .shared_prefix import shared_prefix_length
 
 _MIN_SAVING = 0.25  # share a prefix only when it removes at least this share of padded positions
 
 
 @dataclass
 class MicroBatch:
-    """One forward/backward worth of padded, shifted tensors ([B, T] unless noted).
+    """One forward/backward worth of padded, shifted tensors ([B, T] unless noted): data only;
+    the Trainer runs the model over it (trainers/forward.py).
 
     Row b's column t is input position `prefix_len + t` of its episode (prefix_len = 0 unless a
     prefix is shared; then `input_ids` has `prefix_rows` extra leading rows holding it).
@@ -71,55 +71,9 @@ class MicroBatch:
         }
         return MicroBatch(**moved)
 
-    def logits(self, model: Callable[..., Tensor]) -> Tensor:
-        """`model`'s logits for the episode rows: [B, T, V] (the shared prefix rows dropped)."""
-        return self._forward(model)[self.prefix_rows :]
-
-    def _forward(self, model: Callable[..., Any], **kwargs: Any) -> Any:
-        """`model` on input_ids, attending across the shared prefix rows when there are any."""
-        if not self.prefix_rows:
-            return model(self.input_ids, **kwargs)
-        attention = SharedPrefixAttention(
-            self.prefix_rows, self.prefix_len, self.input_ids.shape[1], self.input_ids.device
-        )
-        return model(self.input_ids, self.positions, cache=attention, **kwargs)
-
-    def scores(
-        self,
-        model: Callable[..., TokenScores],
-        temperature: float = 1.0,
-        *,
-        select: Tensor | None = None,
-        with_entropy: bool = False,
-        with_argmax: bool = False,
-    ) -> TokenScores:
-        """`model`'s TokenScores of the targets at the `select`ed positions (bool [B, T]; default
-        the loss mask), 0 elsewhere: the output layer runs on those rows of the final hidden states
-        alone (`head_token_scores`). `model` takes a `head=` (agents/model/transformer.py)."""
-        select = self.loss_mask if select is None else select
-        targets = self.targets[select]
-
-        def head(hidden: Tensor, lm_head: nn.Module) -> TokenScores:
-            picked = hidden[self.prefix_rows :][select]
-            logprobs, entropy, argmax = head_token_scores(
-                picked, lm_head, targets, temperature, with_entropy=with_entropy, with_argmax=with_argmax
-            )
-            return TokenScores(
-                _place(logprobs, select),
-                None if entropy is None else _place(entropy, select),
-                None if argmax is None else _place(argmax, select),
-            )
-
-        return self._forward(model, head=head)
-
     def real_positions(self) -> Tensor:
         """bool [B, T]: the positions that hold an episode's token (not padding)."""
         return torch.arange(self.targets.shape[1], device=self.targets.device) < self.lengths[:, None]
-
-
-def _place(values: Tensor, select: Tensor) -> Tensor:
-    """values [select.sum()] at the True positions of select, 0 elsewhere (differentiable)."""
-    return values.new_zeros(select.shape).masked_scatter(select, values)
 
 
 def validate_episode(episode: Episode, index: int, vocab_size: int | None = None) -> None:

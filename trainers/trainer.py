@@ -11,6 +11,10 @@ summed gradient over micro-batches and ranks is the gradient of the whole batch'
     metrics = trainer.train_step(episodes)      # RL step
     metrics = trainer.sft_step(episodes)        # cross-entropy on loss_mask tokens
 
+Per micro-batch the Trainer runs the model's forward (trainers/forward.py: whole logits, or the
+fused head's scores of the trained positions, under its precision) and the configured loss
+(trainers/losses/); a MicroBatch only holds the data.
+
 The optimizer holds the parameters that require grad (all of them, or LoRA's adapters over a frozen
 base: agents/model/lora.py); clipping is over their gradients.
 
@@ -44,6 +48,7 @@ from .distributed import (
     shard_model,
     training_precision,
 )
+from .forward import batch_logits, batch_scores
 from .logprobs import TokenScores, entropy_from_logits, logits_token_scores, token_logprobs
 from .losses import LossNormaliser, combine_metrics, finish_metrics, policy_loss
 
@@ -215,8 +220,9 @@ class Trainer:
         return out
 
     def _logits(self, mb: MicroBatch, model: nn.Module) -> Tensor:
+        """`model`'s whole logits of mb's episode rows [B, T, V] (trainers/forward.py)."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
-            return mb.logits(model)
+            return batch_logits(model, mb)
 
     def _scores(
         self,
@@ -233,8 +239,8 @@ class Trainer:
         whole logits."""
         if self._fused_head:
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
-                return mb.scores(
-                    model, temperature, select=select, with_entropy=with_entropy, with_argmax=with_argmax
+                return batch_scores(
+                    model, mb, temperature, select=select, with_entropy=with_entropy, with_argmax=with_argmax
                 )
         logits = self._logits(mb, model)
         return TokenScores(*logits_token_scores(logits, mb.targets, temperature, with_entropy, with_argmax))

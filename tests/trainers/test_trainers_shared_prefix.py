@@ -14,6 +14,7 @@ from toolgym.agents.model.transformer import build_model
 from toolgym.rollouts.types import Episode
 from toolgym.trainers.batching import make_micro_batches
 from toolgym.trainers.config import TrainerConfig
+from toolgym.trainers.forward import batch_logits
 from toolgym.trainers.losses import LossConfig
 from toolgym.trainers.shared_prefix import shared_prefix_length
 from toolgym.trainers.trainer import Trainer
@@ -88,7 +89,7 @@ def test_shared_prefix_logits_match_full_rows(model_name):
     (plain,) = make_micro_batches(episodes, 10_000)
     assert mb.prefix_rows > 0
     with torch.no_grad():
-        shared, full = mb.logits(model), plain.logits(model)
+        shared, full = batch_logits(model, mb), batch_logits(model, plain)
     for row in range(len(episodes)):
         n = int(mb.lengths[row])
         torch.testing.assert_close(

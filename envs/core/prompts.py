@@ -44,10 +44,17 @@ def error_lines(format: ToolCallFormat, tools: Sequence[Tool], finish: str) -> d
     return {
         "empty_action": f"ERROR: empty action. {finish}",
         "no_call_no_answer": f"ERROR: {nothing}. {finish}",
-        "malformed_call": f"ERROR: malformed tool call. Write it like {format.call_example(first)}.",
+        "malformed_call": malformed_call(format, first),
         "mixed_call_and_answer": "ERROR: tool calls and an answer in one turn. Call the tools, "
         "wait for their results, then answer.",
     }
+
+
+def malformed_call(format: ToolCallFormat, tool: Tool | None, reason: str = "") -> str:
+    """The error for a malformed call; `reason` (what was wrong, where the format can tell) in
+    parentheses. Without one it is the seed experiment's line, word for word."""
+    why = f" ({reason})" if reason else ""
+    return f"ERROR: malformed tool call{why}. Write it like {format.call_example(tool)}."
 
 
 def malformed_answer(unreadable: Exception, finish: str = "") -> str:

@@ -475,7 +475,11 @@ class ToolEnv(TextEnv):
         error = _ACTION_ERRORS.get(kind)
         if error is not None:
             self._count_error(error, turn)
-            turn.parts.append(self._error_lines[error])
+            if parsed.reason:  # a malformed call the format can say more about
+                first = self._tool_list[0] if self._tool_list else None
+                turn.parts.append(prompts.malformed_call(self.format, first, parsed.reason))
+            else:
+                turn.parts.append(self._error_lines[error])
         return None
 
     def _run_calls(self, calls: Sequence[ParsedCall], turn: _Turn) -> _Answer | None:

@@ -19,6 +19,10 @@ FINAL_KEYS = INFO_KEYS | {"failure_mode", "end_reason", "error_counts"}
 NO_CALL = "ERROR: no tool call and no answer. Call a tool or finish with [ANSWER] <number>."
 EMPTY = "ERROR: empty action. Call a tool or finish with [ANSWER] <number>."
 BAD_CALL = "ERROR: malformed tool call. Write it like LOOKUP[word]."
+UNBALANCED = (
+    "ERROR: malformed tool call (unbalanced '[' at column 7: brackets inside an argument must pair up; "
+    "fence any other text: LOOKUP[```...```]). Write it like LOOKUP[word]."
+)
 BAD_ANSWER = "ERROR: malformed answer (expected a number, got '{}'). Finish with [ANSWER] <number>."
 
 
@@ -35,11 +39,11 @@ def zorplex(**kwargs):
         (" \n\t ", EMPTY, "empty_action"),
         ("I am not sure what to do.", NO_CALL, "no_call_no_answer"),
         ("\x00\x01\ufffd\U0001f600 binary junk", NO_CALL, "no_call_no_answer"),
-        ("LOOKUP[", BAD_CALL, "malformed_call"),
-        ("LOOKUP[apple", BAD_CALL, "malformed_call"),
+        ("LOOKUP[", UNBALANCED, "malformed_call"),
+        ("LOOKUP[apple", UNBALANCED, "malformed_call"),
         ("LOOKUP [apple]", BAD_CALL, "malformed_call"),
         ("lookup(apple)", BAD_CALL, "malformed_call"),
-        ("LOOKUP[[apple]]", BAD_CALL, "malformed_call"),
+        ("LOOKUP[[apple", UNBALANCED, "malformed_call"),
         ("[ANSWER]", BAD_ANSWER.format(""), "malformed_answer"),
         ("[ANSWER] -", BAD_ANSWER.format("-"), "malformed_answer"),
         ("[answer] forty-two", BAD_ANSWER.format("forty-two"), "malformed_answer"),
@@ -65,6 +69,14 @@ def test_a_call_with_the_argument_answer_is_a_call():
     assert obs == "LOOKUP[answer] = UNKNOWN"
     assert info["step_errors"] == [] and info["tool_calls"] == 1 and reward == 0.0
     assert not terminated and not truncated
+
+
+def test_balanced_brackets_inside_an_argument_are_part_of_it():
+    """The bracket grammar's rule (DESIGN): `LOOKUP[[apple]]` looks up `[apple]`, not a malformed call."""
+    env = zorplex()
+    obs, reward, *_, info = env.step("LOOKUP[[apple]]")
+    assert obs == "LOOKUP[[apple]] = UNKNOWN" and info["step_errors"] == [] and info["tool_calls"] == 1
+    assert reward == 0.0
 
 
 def test_unknown_tool_costs_a_call_and_an_error():
@@ -222,7 +234,7 @@ def test_huge_and_odd_actions_never_raise():
     obs, *_, _info = env.step("x" * 1_000_000 + f"[ANSWER] {env.answer}")  # tag beyond the parse cap
     assert obs == NO_CALL
     obs, *_ = env.step("LOOKUP[" + "a" * 5000 + "]")  # never closed within the cap
-    assert obs == BAD_CALL
+    assert obs == UNBALANCED
     obs, *_ = env.step("LOOKUP[" + "a" * 100 + "]")  # echoed arguments are shortened
     assert obs == "LOOKUP[" + "a" * 37 + "...] = UNKNOWN"
     obs, *_ = env.step(b"\xff\xfeLOOKUP[apple]")  # bytes are decoded, invalid bytes replaced

@@ -115,3 +115,17 @@ def test_without_the_tool_the_same_tasks_are_answered_at_once_and_a_call_is_unkn
     assert "UNKNOWN_TOOL" in observation and not terminated
     observation, reward, terminated, _, _ = env.step(f"[ANSWER] {info['answer']}")
     assert (observation, terminated) == ("CORRECT", True) and reward > 0
+
+
+def test_code_with_brackets_runs_and_a_fence_passes_any_code():
+    """`PYTHON[print([1, 2])]` used to be a malformed call and `d["a"]` a call of an unknown tool `d`."""
+    env = make_env(ENV_ID, max_turns=10).unwrapped
+    env.reset(seed=0)
+    assert env.step("PYTHON[print([1, 2])]")[0] == "PYTHON[print([1, 2])] = [1, 2]"
+    assert env.step('PYTHON[d = {"a": 1}; print(d["a"])]')[4]["tool_results"] == ["1"]
+    fenced = "PYTHON[```\nfor c in '[[':\n    print(c + ']')\nprint('a' + 'b')\n```]"
+    observation, _, _, _, info = env.step(fenced)
+    assert info["tool_results"] == ["[]\n[]\nab"] and info["step_errors"] == []
+    assert observation.startswith("PYTHON[```for c in '[[':\\n    print(c + ']')\\np...```] = ")
+    observation, _, _, _, info = env.step("PYTHON[print([1, 2)]")
+    assert info["step_errors"] == ["malformed_call"] and "(unbalanced '[' at column 7:" in observation

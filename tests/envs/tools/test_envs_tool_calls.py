@@ -61,3 +61,51 @@ def test_clean_argument(raw, clean):
 def test_no_tools_means_no_near_misses():
     assert near_miss_pattern([]) is None
     assert parse_action("LOOKUP[", None).kind == "other"
+
+
+# ---- brackets and any text inside an argument ------------------------------------------------
+
+PYTHON_NEAR_MISS = near_miss_pattern(["PYTHON", "LOOKUP"])
+
+
+@pytest.mark.parametrize(
+    ("text", "calls"),
+    [
+        # balanced brackets inside an argument are part of it (DESIGN: the bracket grammar)
+        ("PYTHON[print([1, 2])]", [("PYTHON", "print([1, 2])")]),
+        ('PYTHON[d = {"a": 1}; print(d["a"])]', [("PYTHON", 'd = {"a": 1}; print(d["a"])')]),
+        ("PYTHON[x = [[1], [2, [3]]]] LOOKUP[cat]", [("PYTHON", "x = [[1], [2, [3]]]"), ("LOOKUP", "cat")]),
+        ("PYTHON[print('[ANSWER] 5')]", [("PYTHON", "print('[ANSWER] 5')")]),  # a tag inside a call is text
+        # a fence takes any text, unbalanced brackets and newlines too
+        ("PYTHON[```print('[')```]", [("PYTHON", "print('[')")]),
+        (
+            "PYTHON[```\nfor x in [1, 2]:\n    print(x, ']')\n```]",
+            [("PYTHON", "\nfor x in [1, 2]:\n    print(x, ']')\n")],
+        ),
+        ("PYTHON[````print('```]')````]", [("PYTHON", "print('```]')")]),  # a longer fence holds ```]
+        # a bracket that never closes opens nothing: the calls after it are read as before
+        ("LOOKUP[LOOKUP[cat]", [("LOOKUP", "cat")]),
+    ],
+)
+def test_balanced_brackets_and_fences_parse(text, calls):
+    assert parse_action(text, PYTHON_NEAR_MISS) == ("calls", None, calls, "")
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("PYTHON[print([1, 2)]", "unbalanced '[' at column 7"),
+        ("x = 1\nPYTHON[print([0]", "unbalanced '[' at line 2, column 7"),
+        ("PYTHON[for x in [1]:\n print(x)]", "the '[' at column 7 closes on a later line"),
+        ("PYTHON[```print(1)]", "the fence ``` at column 8 is never closed"),
+    ],
+)
+def test_a_malformed_bracket_call_says_what_is_wrong(text, reason):
+    parsed = BRACKETS.parse(text, PYTHON_NEAR_MISS)
+    assert parsed.kind == "bad_call" and parsed.reason.startswith(reason), parsed.reason
+
+
+def test_the_shape_faults_of_the_seed_grammar_keep_no_reason():
+    # `LOOKUP(cat)` is the scripted demonstrator's fumble: its error line stays the seed's, word for word
+    for text in ("LOOKUP(cat)", "LOOKUP [cat]", '<tool_call>{"name": "LOOKUP"}</tool_call>'):
+        assert BRACKETS.parse(text, PYTHON_NEAR_MISS)[::3] == ("bad_call", "")

@@ -542,3 +542,27 @@ def test_bracket_arguments_by_name_and_an_empty_required_argument():
     assert shuffled.split(" = ")[1] == by_name.split(" = ")[1]
     empty, *_, info = env.step("CONVERT[]")
     assert "ERROR: CONVERT needs value" in empty and info["step_errors"] == ["bad_arguments"]
+
+
+def test_a_fenced_argument_is_taken_verbatim_and_the_oracle_fences_what_needs_it():
+    """Outside a fence one pair of quotes around the argument is stripped (`LOOKUP['apple']`);
+    inside, the text is the argument as written (less the whitespace around it)."""
+
+    def echo(text: str) -> str:
+        """Echo the text."""
+        return text
+
+    class Env(ToolEnv):
+        def __init__(self):
+            super().__init__(tools=[echo], instructions="x", max_turns=10)
+
+        def new_task(self):
+            return Task("q", 1, [Call("echo", {"text": "'a' + ']'\nb"})])
+
+    env = Env()
+    env.reset(seed=0)
+    assert env.step("ECHO['a' + 'b']")[4]["tool_results"] == ["a' + 'b"]
+    assert env.step("ECHO[```'a' + 'b'```]")[4]["tool_results"] == ["'a' + 'b'"]
+    (call, _) = env.oracle_actions()
+    assert call == "ECHO[```'a' + ']'\nb```]"
+    assert env.step(call)[4]["tool_results"] == ["'a' + ']'\nb"]

@@ -5,7 +5,7 @@ The trainer never computes rewards or advantages; rollouts/ puts them in the Epi
 
 from .checkpoint import CheckpointManager, export_hf
 from .config import CheckpointConfig, OptimizerConfig, TrainerConfig
-from .losses import LossConfig, LossNormaliser, combine_metrics, finish_metrics, policy_loss
+from .losses import LossConfig, LossNormaliser, combine_metrics, finish_metrics, policy_loss, register_loss
 from .trainer import Trainer
 from .weight_sync import gather_weights, push_weights
 
@@ -23,4 +23,5 @@ __all__ = [
     "gather_weights",
     "policy_loss",
     "push_weights",
+    "register_loss",
 ]

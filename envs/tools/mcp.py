@@ -54,7 +54,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from .typed import Tool, ToolCallError, ToolError
+from .typed import Tool, ToolCallError, ToolError, ToolServiceError
 
 if TYPE_CHECKING:
     from mcp import Client
@@ -69,7 +69,7 @@ _TAIL_LINES: Final = 20
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_]")
 
 
-class MCPServerError(RuntimeError):
+class MCPServerError(ToolServiceError):
     """The MCP server failed (could not start, exited, hung, sent an unreadable result): not the
     policy's mistake. The message names the server and ends with the tail of its stderr."""
 

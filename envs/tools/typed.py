@@ -19,8 +19,14 @@ msgspec Structs (anything msgspec converts). Before the call, the arguments are 
 converted by msgspec: a wrong, missing or extra argument raises `ToolCallError` naming the
 parameter, and the function is never called. A result may be any JSON value (str is shown as it
 is, everything else JSON-encoded), or a `ToolResult` that also awards named reward components.
-Raising `ToolError` (or ValueError) rejects the call with a message. An async tool is awaited on
-a background event loop and cut off after `timeout_s`; a sync tool runs in the caller's thread.
+A value JSON cannot show as it is (a set, shown as a list; bytes, shown as base64; a NaN or an
+infinity, shown as null) is shown all the same, with a one-time RuntimeWarning naming the tool
+and the type (`Tool.__call__` says why a warning and not an error).
+Raising `ToolError` (or ValueError) rejects the call with a message. Any other exception is a
+bug in the tool: it is raised as `ToolCrashError`, whose message names the tool, the exception
+and the call and carries the traceback (so the episode's env error, Trajectory.error, has it),
+and one line is logged per tool and raising place. An async tool is awaited on a background
+event loop and cut off after `timeout_s`; a sync tool runs in the caller's thread.
 
 `Tool(name, description, fn, arg=...)` is the plain form: `fn` takes the one string argument.
 `Tool.from_schema(name, description, parameters, fn)` is a tool whose JSON Schema comes from
@@ -32,10 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import re
 import threading
+import traceback
 import typing
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -45,6 +54,12 @@ import msgspec
 _NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MARK: Final = "__toolgym_tool__"
 DEFAULT_TIMEOUT_S: Final = 30.0
+_SHOWN_VALUE_CHARS: Final = 80  # each argument's repr in a ToolCrashError's first line
+_TRACEBACK_CHARS: Final = 8000  # a longer traceback keeps its first line and its end
+
+log = logging.getLogger(__name__)
+_LOGGED_CRASHES: set[tuple[str, str, str]] = set()  # (tool, exception type, file:line): logged once
+_WARNED_RESULTS: set[tuple[str, str]] = set()  # (tool, type): warned once
 
 
 class ToolError(Exception):
@@ -66,6 +81,71 @@ class ToolCallError(Exception):
         super().__init__(message)
         self.kind = kind
         self.metrics = dict(metrics or {})
+
+
+class ToolServiceError(RuntimeError):
+    """A tool's outside service failed (an MCP server that exited or hung): neither the policy's
+    mistake nor a bug in the tool's code. `Tool.__call__` lets it through as it is, so the
+    episode's env error is named by its own type (`env_error:MCPServerError`) and message."""
+
+
+class ToolCrashError(RuntimeError):
+    """A tool's function raised something other than ToolError, ValueError, ToolCallError or
+    ToolServiceError: a bug in the env's code. str() is one line naming the tool, the exception
+    and the call, `tool count raised KeyError: 'cnts' on the call count(word='apple')`, then the
+    traceback: the rollout runner records `ToolCrashError: <str>` as the episode's env error
+    (Trajectory.error and the step's info `error`), so the traceback travels with the episode.
+    `tool` and `call` are the tool's name and the call as text; `__cause__` is the exception."""
+
+    def __init__(self, tool: str, call: str, summary: str, trace: str):
+        super().__init__(f"{summary}\n{trace}" if trace else summary)
+        self.tool, self.call, self.summary = tool, call, summary
+
+
+def _crash(tool: str, kwargs: Mapping[str, Any], exc: Exception) -> ToolCrashError:
+    """`exc` from `tool`'s function as a ToolCrashError, logged in one line the first time this
+    tool raises this type at this place."""
+    shown = ", ".join(f"{k}={_cut(repr(v), _SHOWN_VALUE_CHARS)}" for k, v in kwargs.items())
+    call = f"{tool}({shown})"
+    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    summary = f"tool {tool} raised {what} on the call {call}".replace("\n", "\\n")
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    if len(trace) > _TRACEBACK_CHARS:
+        head, _, rest = trace.partition("\n")
+        trace = f"{head}\n  ...\n{rest[-_TRACEBACK_CHARS:]}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    place = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    if (tool, type(exc).__name__, place) not in _LOGGED_CRASHES:
+        _LOGGED_CRASHES.add((tool, type(exc).__name__, place))
+        log.warning(
+            "%s (%s); the episode ends as an env error whose text has the traceback "
+            "(logged once per tool and place)",
+            summary,
+            place,
+        )
+    return ToolCrashError(tool, call, summary, trace)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _unfaithful(value: Any, depth: int = 0) -> tuple[str, str, str] | None:
+    """(what, how it is shown, what to return instead) for the first part of a result that JSON
+    cannot show as it is, or None. Looks inside lists, tuples and dicts (not Structs)."""
+    if isinstance(value, set | frozenset):
+        order = "an arbitrary order (for str items one that changes with PYTHONHASHSEED)"
+        return f"a {type(value).__name__}", f"a JSON list in {order}", "a sorted list"
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "bytes", "base64 text", "text (decode the bytes)"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "a non-finite float", "null", "a finite number, or a string such as 'inf'"
+    if depth < 32 and isinstance(value, list | tuple | dict):
+        for item in value.values() if isinstance(value, dict) else value:
+            found = _unfaithful(item, depth + 1)
+            if found is not None:
+                return found
+    return None
 
 
 class ToolResult(msgspec.Struct, frozen=True):
@@ -359,8 +439,17 @@ class Tool:
     def __call__(self, arguments: Mapping[str, Any], *, strict: bool = True) -> ToolResult:
         """Validate `arguments`, run the function (awaiting an async one, within `timeout_s`),
         and return its result as a ToolResult. Raises ToolCallError for bad arguments, a
-        rejected call (ToolError/ValueError) or a timeout; anything else the function raises
-        propagates (a bug in the env, not the policy's mistake)."""
+        rejected call (ToolError/ValueError) or a timeout (and lets one the function raises
+        through); ToolServiceError passes as it is; anything else the function raises is a bug
+        in the env, not the policy's mistake: ToolCrashError, naming this tool and the call,
+        with the traceback (logged in one line the first time per tool and place).
+
+        A result JSON cannot show faithfully (a set, bytes, a NaN or an infinity, also inside
+        lists and dicts) warns once per tool and type (RuntimeWarning) and is shown all the
+        same. A warning, not an error observation: the policy did nothing wrong, so it must not
+        pay an error penalty or see its episode changed for the env's choice of type; results
+        that were shown before are shown exactly as before; and the env's author, who can fix
+        it (return a sorted list), is told which tool and type once, not once per call."""
         kwargs = self.validate(arguments, strict=strict)
         if self.params is None and not kwargs[self.arg].strip():
             raise ToolCallError("empty_argument", "EMPTY_ARGUMENT")
@@ -380,14 +469,34 @@ class Tool:
                     ) from None
         except (ToolError, ValueError) as rejected:
             raise ToolCallError("tool_error", str(rejected) or "ERROR") from None
+        except (ToolCallError, ToolServiceError, ToolCrashError):
+            raise
+        except Exception as exc:
+            raise _crash(self.name, kwargs, exc) from exc
         if not isinstance(result, ToolResult):
             result = ToolResult(result)
+        if not isinstance(result.content, str):
+            self._check_shown(result.content)
         for key, value in result.rewards.items():
             if not isinstance(key, str) or not _NAME_RE.fullmatch(key):
                 raise ValueError(f"tool {self.name}: reward names are identifiers, got {key!r}")
             if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
                 raise ValueError(f"tool {self.name}: reward {key!r} must be a finite number, got {value!r}")
         return result
+
+    def _check_shown(self, content: Any) -> None:
+        """Warn once per tool and type when `content` has a part JSON cannot show as it is."""
+        found = _unfaithful(content)
+        if found is None or (self.name, found[0]) in _WARNED_RESULTS:
+            return
+        _WARNED_RESULTS.add((self.name, found[0]))
+        what, how, instead = found
+        warnings.warn(
+            f"tool {self.name} returned {what}: the observation shows it as {how}; return "
+            f"{instead} (warned once per tool and type)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _given_schema(name: str, schema: Any) -> dict[str, Any]:

@@ -5,10 +5,13 @@ import asyncio
 import enum
 import json
 import time
+import warnings
 from typing import Literal
 
+import gymnasium
 import msgspec
 import pytest
+from recording_testlib import play
 
 from toolgym.envs import (
     Call,
@@ -24,6 +27,8 @@ from toolgym.envs import (
     text,
     tool,
 )
+from toolgym.envs.tools import typed
+from toolgym.envs.tools.typed import ToolCrashError
 
 
 def json_call(name, **arguments):
@@ -516,8 +521,9 @@ def test_a_tool_error_is_an_observation_and_other_exceptions_are_env_errors():
     env = Env()
     env.reset(seed=0)
     assert env.step("PICKY[12]")[0] == "PICKY[12] = too big"
-    with pytest.raises(KeyError):
+    with pytest.raises(ToolCrashError) as crashed:
         env.step("PICKY[-1]")
+    assert isinstance(crashed.value.__cause__, KeyError)
 
 
 def test_a_solution_that_holds_the_answer_is_refused_with_a_hint():
@@ -566,3 +572,90 @@ def test_a_fenced_argument_is_taken_verbatim_and_the_oracle_fences_what_needs_it
     (call, _) = env.oracle_actions()
     assert call == "ECHO[```'a' + ']'\nb```]"
     assert env.step(call)[4]["tool_results"] == ["'a' + ']'\nb"]
+
+
+class Counter(ToolEnv):
+    """A tool with a bug: `count` reads a key its state does not have (KeyError: 'cnts')."""
+
+    def __init__(self, **knobs):
+        super().__init__(instructions="Count.", **knobs)
+        self.counts = {"counts": {}}
+
+    @tool
+    def count(self, word: str) -> int:
+        """Count a word."""
+        return self.counts["cnts"].get(word, 0)
+
+    def new_task(self):
+        return Task("How often?", 0, [Call("count", {"word": "apple"})])
+
+
+def test_a_tool_that_raises_names_the_tool_and_the_call_with_its_traceback_and_logs_one_line(
+    caplog, monkeypatch
+):
+    """It used to end the episode as "KeyError: 'cnts'": no tool, no call, no traceback."""
+    monkeypatch.setattr(typed, "_LOGGED_CRASHES", set())
+    env = Counter()
+    env.reset(seed=0)
+    with caplog.at_level("WARNING"), pytest.raises(ToolCrashError) as crashed:
+        env.step("COUNT[apple]")
+    text = str(crashed.value)
+    first, *rest = text.splitlines()
+    assert first == "tool count raised KeyError: 'cnts' on the call count(word='apple')"
+    assert rest[0] == "Traceback (most recent call last):" and 'return self.counts["cnts"]' in text
+    assert rest[-1] == "KeyError: 'cnts'"
+    (record,) = caplog.records
+    assert "\n" not in record.getMessage() and record.getMessage().startswith(first)
+    again = Counter()
+    again.reset(seed=1)
+    with caplog.at_level("WARNING"), pytest.raises(ToolCrashError):
+        again.step("COUNT[pear]")
+    assert len(caplog.records) == 1  # the same bug again: logged once
+
+
+def test_a_tool_crash_reaches_the_trajectory_with_its_traceback():
+    if "crashy/Counter-v0" not in gymnasium.registry:
+        gymnasium.register(id="crashy/Counter-v0", entry_point=Counter)
+    (trajectory,) = play("crashy/Counter-v0", seeds=[0], group_size=1)
+    assert trajectory.stop_reason.value == "env_error"
+    error = trajectory.error or ""
+    assert error.startswith("ToolCrashError: tool count raised KeyError: 'cnts' on the call count(word='apple')\n")
+    assert "Traceback (most recent call last):" in error and error.endswith("KeyError: 'cnts'")
+    assert trajectory.transitions[-1].info["error"] == error
+
+
+@pytest.mark.parametrize(
+    ("value", "shown", "said"),
+    [
+        ({"b", "a"}, None, "returned a set"),
+        ({"tags": frozenset({1})}, '{"tags":[1]}', "returned a frozenset"),
+        (b"\x00\x01", '"AAE="', "returned bytes"),
+        ([1.0, float("nan")], "[1.0,null]", "returned a non-finite float"),
+    ],
+)
+def test_a_result_the_observation_cannot_show_faithfully_warns_once_naming_the_tool(
+    value, shown, said, monkeypatch
+):
+    monkeypatch.setattr(typed, "_WARNED_RESULTS", set())
+
+    def odd(x: str):
+        """Return an odd value."""
+        return value
+
+    class Env(ToolEnv):
+        def __init__(self):
+            super().__init__(tools=[odd], instructions="x", max_turns=10)
+
+        def new_task(self):
+            return Task("q", 1)
+
+    env = Env()
+    env.reset(seed=0)
+    with pytest.warns(RuntimeWarning, match=f"tool odd {said}") as warned:
+        observation = env.step("ODD[a]")[0]
+    assert len(warned) == 1 and "observation shows it as" in str(warned[0].message)
+    if shown is not None:
+        assert observation == f"ODD[a] = {shown}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env.step("ODD[b]")  # once per tool and type

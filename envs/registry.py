@@ -1,7 +1,8 @@
 """The toolgym envs' Gymnasium registration, and the checks on env ids and env modules.
 
 `register_envs()` registers `toolgym/*` (the shipped tasks, and the adapters whose library is
-installed); `list_envs()` lists them with their default keyword arguments. `import_env_modules`
+installed); `list_envs()` lists them with the keyword arguments they take and the value each has
+when not given (read from the source, nothing is made). `import_env_modules`
 imports the modules a user names (which register their own envs) and `check_env_id` refuses an
 id whose `module:` gymnasium would import: config loading, replay and serving use both.
 """
@@ -64,9 +65,44 @@ def _fixed_in_super_call(init: Any) -> set[str]:
     return fixed
 
 
+def _set_by_default(init: Any, kwargs_name: str) -> dict[str, Any]:
+    """The knobs an `__init__` gives a value of its own when the caller did not: each statement
+    `<kwargs_name>.setdefault("knob", <literal>)` in the function's body itself (not under an
+    `if` or a loop, so it always runs). A value that is not a literal (code, `numeric()`) is not
+    read. Empty when the source cannot be read."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    function = tree.body[0] if tree.body else None
+    if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+        return {}
+    values: dict[str, Any] = {}
+    for statement in function.body:
+        call = statement.value if isinstance(statement, ast.Expr) else None
+        if not (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "setdefault"
+            and isinstance(call.func.value, ast.Name)
+            and call.func.value.id == kwargs_name
+            and len(call.args) == 2
+            and isinstance(call.args[0], ast.Constant)
+            and isinstance(call.args[0].value, str)
+        ):
+            continue
+        try:
+            values[call.args[0].value] = ast.literal_eval(call.args[1])
+        except (ValueError, TypeError, SyntaxError, RecursionError):
+            continue
+    return values
+
+
 def _constructor_defaults(cls: type) -> dict[str, Any]:
-    """Keyword defaults of `cls.__init__` and of the base initialisers its **kwargs reach, less
-    those a subclass fixes in its call to the base (`_fixed_in_super_call`)."""
+    """Keyword defaults of `cls.__init__` and of the base initialisers its **kwargs reach, as the
+    env takes them: a subclass's `kwargs.setdefault("knob", value)` replaces the base's default
+    (`_set_by_default`), and the knobs a subclass fixes in its call to the base are left out
+    (`_fixed_in_super_call`)."""
     defaults: dict[str, Any] = {}
     for klass in reversed(cls.__mro__):
         init = klass.__dict__.get("__init__")
@@ -79,6 +115,11 @@ def _constructor_defaults(cls: type) -> dict[str, Any]:
         if klass not in (TextEnv, ToolEnv):  # a subclass's own super() call
             for name in _fixed_in_super_call(init) - set(own):
                 defaults.pop(name, None)
+            kwargs = next((p.name for p in own.values() if p.kind is p.VAR_KEYWORD), None)
+            if kwargs is not None:
+                for name, value in _set_by_default(init, kwargs).items():
+                    if name not in own:
+                        defaults[name] = value
     for code_only in ("instructions", "example", "grader"):  # set from code, not from a config
         defaults.pop(code_only, None)
     return defaults
@@ -86,8 +127,9 @@ def _constructor_defaults(cls: type) -> dict[str, Any]:
 
 def list_envs(include: set[str] | frozenset[str] = frozenset()) -> dict[str, dict[str, Any]]:
     """Registered `toolgym/` env ids, and the registered ids in `include` (a user's, any
-    namespace), -> their default keyword arguments (registration kwargs win). An included id
-    whose entry point cannot be resolved lists only its registration kwargs."""
+    namespace), -> their default keyword arguments as the env takes them
+    (`_constructor_defaults`; registration kwargs win). An included id whose entry point cannot
+    be resolved lists only its registration kwargs."""
     envs: dict[str, dict[str, Any]] = {}
     for env_id, spec in sorted(gymnasium.registry.items()):
         if spec.namespace != NAMESPACE and env_id not in include:

@@ -61,3 +61,34 @@ def test_knobs_a_subclass_fixes_are_not_listed(tmp_path, monkeypatch):
     assert "tool_format" not in knobs and "instructions" not in knobs
     assert knobs["max_turns"] == 6 and "correct_reward" in knobs  # its own, and ToolEnv's others
     assert "tool_format" in list_envs()["toolgym/Zorplex-v0"]  # a knob where the env takes it
+
+
+def test_a_knob_an_init_sets_with_setdefault_is_listed_with_the_value_it_takes(tmp_path, monkeypatch):
+    """`toolgym envs` used to list ToolEnv's max_turns 5 for an env whose __init__ does
+    `knobs.setdefault("max_turns", 6)`: the value the env uses is 6."""
+    (tmp_path / "setdefault_knobs_env.py").write_text(
+        "import gymnasium\n"
+        "from toolgym.envs import ToolEnv\n\n\n"
+        "class Quiz(ToolEnv):\n"
+        "    def __init__(self, level=1, **knobs):\n"
+        '        knobs.setdefault("max_turns", 6)\n'
+        '        knobs.setdefault("tool_format", "json")\n'
+        "        if level > 1:\n"
+        '            knobs.setdefault("error_penalty", 0.5)  # only sometimes: the default stays\n'
+        '        knobs.setdefault("grader", None)  # code, not a config value: not listed\n'
+        '        super().__init__(instructions="quiz", **knobs)\n\n\n'
+        "class HardQuiz(Quiz):\n"
+        "    def __init__(self, max_turns=9, **knobs):\n"
+        "        super().__init__(max_turns=max_turns, level=2, **knobs)\n\n\n"
+        'gymnasium.register(id="knobs/Quiz-v0", entry_point=Quiz)\n'
+        'gymnasium.register(id="knobs/HardQuiz-v0", entry_point=HardQuiz)\n'
+        'gymnasium.register(id="knobs/ShortQuiz-v0", entry_point=Quiz, kwargs={"max_turns": 2})\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("setdefault_knobs_env")
+    envs = list_envs({"knobs/Quiz-v0", "knobs/HardQuiz-v0", "knobs/ShortQuiz-v0"})
+    quiz = envs["knobs/Quiz-v0"]
+    assert quiz["max_turns"] == 6 and quiz["tool_format"] == "json" and quiz["level"] == 1
+    assert quiz["error_penalty"] == 0.1 and "grader" not in quiz
+    assert envs["knobs/HardQuiz-v0"]["max_turns"] == 9 and "level" not in envs["knobs/HardQuiz-v0"]
+    assert envs["knobs/ShortQuiz-v0"]["max_turns"] == 2  # registration kwargs win

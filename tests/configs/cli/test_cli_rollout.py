@@ -30,6 +30,24 @@ def test_envs(capsys):
     assert "toolgym/Zorplex-v0" in out and "toolgym/SumDigits-v0" in out
 
 
+def test_envs_lists_the_max_turns_an_env_sets_itself(tmp_path, monkeypatch, capsys):
+    """It listed ToolEnv's max_turns 5 for an env whose __init__ sets 6 with setdefault."""
+    (tmp_path / "cli_setdefault_env.py").write_text(
+        "import gymnasium\n"
+        "from toolgym.envs import ToolEnv\n\n\n"
+        "class Quiz(ToolEnv):\n"
+        "    def __init__(self, **knobs):\n"
+        '        knobs.setdefault("max_turns", 6)\n'
+        '        super().__init__(instructions="quiz", **knobs)\n\n\n'
+        'gymnasium.register(id="cli_knobs/Quiz-v0", entry_point=Quiz)\n'
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "1000")  # one table row per line
+    assert main(["envs", "--env-module", "cli_setdefault_env"]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "cli_knobs/Quiz-v0" in line]
+    assert '"max_turns": 6' in row
+
+
 def test_record_replay_verify(tokenizer_file, tmp_path, capsys):
     out = tmp_path / "oracle.jsonl"
     assert main(record_args(tokenizer_file, out)) == 0

@@ -59,7 +59,7 @@ class _Request(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     n: int = 1
     seed: int | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: bool | None = False  # null is false, as OpenAI reads it
     user: str | None = None
     conversation_id: str | None = None
     presence_penalty: float | None = None  # accepted only as 0 (the sampler has no penalties)
@@ -72,7 +72,7 @@ class ChatCompletionRequest(_Request, kw_only=True, forbid_unknown_fields=True):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     max_completion_tokens: int | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False  # null is false
     top_logprobs: int | None = None
     stream_options: dict[str, Any] | None = None
 
@@ -80,7 +80,7 @@ class ChatCompletionRequest(_Request, kw_only=True, forbid_unknown_fields=True):
 class CompletionRequest(_Request, kw_only=True, forbid_unknown_fields=True):
     prompt: str | list[int]
     logprobs: int | None = None
-    echo: bool = False
+    echo: bool | None = False  # null is false
 
 
 def decode_request(body: bytes, kind: type[_Request]) -> Any:

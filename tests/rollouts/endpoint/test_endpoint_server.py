@@ -266,6 +266,27 @@ def test_malformed_requests_get_openai_style_errors_that_say_what_is_wrong(chat,
     assert says in error["message"] and error["type"] == "invalid_request_error"
 
 
+def test_null_stream_logprobs_and_echo_mean_false_as_in_openai(chat):
+    """`"stream": null` was a 400 (`Expected bool, got null`); OpenAI reads null as false."""
+    policy = ScriptedPolicy(chat, ["Hello.", "Again."])
+    message = [{"role": "user", "content": "x"}]
+
+    async def main():
+        async with PolicyServer(policy, chat) as server, httpx.AsyncClient() as http:
+            chat_body = {"messages": message, "stream": None, "logprobs": None}
+            chat_answer = await http.post(server.base_url + "/chat/completions", json=chat_body)
+            text_body = {"prompt": "x", "stream": None, "echo": None}
+            text_answer = await http.post(server.base_url + "/completions", json=text_body)
+            return chat_answer, text_answer
+
+    chat_answer, text_answer = asyncio.run(main())
+    assert chat_answer.status_code == 200, chat_answer.text
+    (choice,) = chat_answer.json()["choices"]
+    assert choice["message"]["content"] == "Hello." and choice["logprobs"] is None
+    assert text_answer.status_code == 200, text_answer.text
+    assert text_answer.json()["choices"][0]["text"] == "Again."
+
+
 def test_a_missing_field_names_its_param(chat):
     async def main():
         async with PolicyServer(ScriptedPolicy(chat, []), chat) as server, httpx.AsyncClient() as http:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import gymnasium
 from rich.console import Console
@@ -36,6 +37,37 @@ from ...rollouts.recording.replay import (
 from ..load import shipped_tokenizer_hint
 from .summary import error_text, print_summary
 
+# RecordingHeader.extra key: the recording process's PYTHONHASHSEED (None: unset, so string
+# hashing was random). `record` writes it; replay names it when episodes differ.
+PYTHON_HASH_SEED = "python_hash_seed"
+
+
+def hash_seed_extra() -> dict[str, str | None]:
+    """This process's PYTHONHASHSEED as a recording header's extra entry."""
+    return {PYTHON_HASH_SEED: os.environ.get("PYTHONHASHSEED")}
+
+
+def hash_seed_hint(extra: Mapping[str, Any]) -> str:
+    """For a replay whose episodes differ: the PYTHONHASHSEED the recording was made with, when
+    it is not this process's (or was unset: random), and what to do; "" when the header does not
+    say (recordings made before the entry) or the values match."""
+    if PYTHON_HASH_SEED not in extra:
+        return ""
+    recorded, current = extra[PYTHON_HASH_SEED], os.environ.get("PYTHONHASHSEED")
+    if recorded is not None and recorded == current:
+        return ""
+
+    def shown(value: object) -> str:
+        return f"PYTHONHASHSEED={value}" if value is not None else "PYTHONHASHSEED unset (random)"
+
+    cause = "envs whose tasks iterate sets of strings make other tasks"
+    fix = (
+        f"replay with PYTHONHASHSEED={recorded}"
+        if recorded is not None
+        else "such an env's recording cannot replay: record it with PYTHONHASHSEED set"
+    )
+    return f"recorded with {shown(recorded)} and replayed with {shown(current)}: {cause}; {fix}"
+
 
 def replay_command(
     console: Console,
@@ -56,6 +88,9 @@ def replay_command(
     module is imported already, toolgym's or one of `env_modules` (imported first, as the user
     named them); a header env id that needs any other module raises EnvModuleNotAllowed (one line)
     before any episode is replayed.
+
+    When episodes differ and the recording was made under another PYTHONHASHSEED (its header's
+    `python_hash_seed`), a line names the value it was made with (`hash_seed_hint`).
 
     Transcripts and `verify` use the renderer the recording was made with
     (`replay.recorded_renderer`: the chat template its header records, run in the sandbox; plain
@@ -129,6 +164,8 @@ def replay_command(
             + ("" if not errors else f", {errors} errored (env_error or no steps)")
             + ("" if not damaged else f"; {damaged} damaged lines not checked")
         )
+        if mismatches and (hint := hash_seed_hint(head.extra)):
+            console.print(hint, markup=False, highlight=False, soft_wrap=True)
     return 1 if mismatches or errors or damaged else 0
 
 

@@ -33,6 +33,7 @@ from ...rollouts.recording.replay import errored, summarize
 from ...rollouts.runner import EnvRolloutConfig, RolloutRunner
 from ...rollouts.scripted import OracleConfig
 from ..assembly.parts import ORACLE, chat_template_extra, load_policy, policy_renderer
+from .recordings import hash_seed_extra
 from .summary import error_text, print_summary
 
 
@@ -99,6 +100,7 @@ def record_command(
         extra={
             "rollout_config": msgspec.to_builtins(rollout),
             "task_stream": stream,
+            **hash_seed_extra(),
             **chat_template_extra(chat_template),
         },
     )

@@ -139,3 +139,51 @@ def test_record_says_when_the_oracle_fell_short(tokenizer_file, tmp_path, capsys
     assert "warning: the oracle succeeded on 0.00 of its episodes" in capsys.readouterr().out
     assert record("fine.jsonl") == 0
     assert "warning" not in capsys.readouterr().out
+
+
+HASHED_ENV = '''import gymnasium
+from toolgym.envs import Task, ToolEnv
+
+WORDS = ["apple", "pear", "fig", "kiwi", "plum", "lime", "date", "yuzu"]
+
+
+class Words(ToolEnv):
+    """Its tasks iterate a set of strings: they change with PYTHONHASHSEED."""
+
+    def __init__(self, **knobs):
+        super().__init__(instructions="Name the first word.", **knobs)
+
+    def new_task(self):
+        shuffled = list(set(WORDS))
+        k = int(self.np_random.integers(2, len(WORDS)))
+        return Task("Which word is first: " + ", ".join(shuffled[:k]) + "?", shuffled[0])
+
+
+gymnasium.register(id="hashed/Words-v0", entry_point=Words)
+'''
+
+
+def test_replay_under_another_hash_seed_names_the_one_it_was_recorded_with(tokenizer_file, tmp_path):
+    """It said only "0/8 episodes replay exactly, 8 differ"."""
+    (tmp_path / "hashed_words_env.py").write_text(HASHED_ENV)
+
+    def cli(hash_seed, *args):
+        env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONHASHSEED"}
+        env.update(PYTHONHASHSEED=hash_seed, COLUMNS="1000")
+        command = [sys.executable, "-m", "toolgym.configs.cli", *args, "--env-module", "hashed_words_env"]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+    out = str(tmp_path / "words.jsonl")
+    recorded = cli("0", "record", "--env", "hashed/Words-v0", "--policy", "oracle", "--tasks", "8",
+                   "--group-size", "1", "--out", out, "--tokenizer", tokenizer_file, "--no-progress")  # fmt: skip
+    assert recorded.returncode == 0, recorded.stderr
+    replay = ["replay", out, "--verify", "--limit", "0", "--tokenizer", tokenizer_file]
+    same = cli("0", *replay)
+    assert same.returncode == 0 and "verify: 8/8 episodes replay exactly" in same.stdout, same.stdout + same.stderr
+    assert "PYTHONHASHSEED" not in same.stdout
+    other = cli("1", *replay)
+    assert other.returncode == 1 and "differ" in other.stdout, other.stdout + other.stderr
+    assert (
+        "recorded with PYTHONHASHSEED=0 and replayed with PYTHONHASHSEED=1: envs whose tasks iterate "
+        "sets of strings make other tasks; replay with PYTHONHASHSEED=0" in other.stdout
+    ), other.stdout

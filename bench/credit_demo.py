@@ -38,8 +38,8 @@ from pathlib import Path
 from _common import format_table
 from rl_arms import ArmsBench, main  # bench/ is sys.path[0] when run as a script
 
-from toolgym.rollouts.credit import past_reward_share, turn_rewards
 from toolgym.rollouts.recording.format import read_recording
+from toolgym.rollouts.scoring.credit import past_reward_share, turn_rewards
 
 CHAIN = ArmsBench(
     preset="zorplex_chain_credit_tiny",

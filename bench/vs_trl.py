@@ -188,7 +188,7 @@ def toolgym_worker(args: argparse.Namespace, workdir: Path) -> dict:
     from toolgym.agents.engine.replicas import EngineReplicas
     from toolgym.agents.model.checkpoint import load_hf_checkpoint
     from toolgym.agents.types import SamplingParams
-    from toolgym.rollouts.advantages import AdvantageConfig, batch_advantages
+    from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator, batch_advantages
     from toolgym.rollouts.types import Episode
     from toolgym.trainers.config import OptimizerConfig, TrainerConfig
     from toolgym.trainers.losses import LossConfig
@@ -220,7 +220,7 @@ def toolgym_worker(args: argparse.Namespace, workdir: Path) -> dict:
         device="cpu",
     )
     params = SamplingParams(max_tokens=length, temperature=1.0, n=g, stop_token_ids=())
-    advantage_config = AdvantageConfig()
+    advantage_config = AdvantageConfig(estimator=AdvantageEstimator.GRPO, eps=1e-6)  # GRPO, as TRL's
     steps = []
     for step in range(args.warmup + args.steps):
         prompts = prompt_ids[step * p : (step + 1) * p]

@@ -10,14 +10,16 @@ stays cheap for the trainers):
 - env_io: the runner's checked env calls (reset, step, abandon).
 - scripted: OraclePolicy / OracleConfig (the env's oracle with imperfection knobs).
 - episodes: Trajectory -> loss-masked Episode, the sequence-limit rule.
-- advantages: GRPO / Dr. GRPO group advantages, DAPO overlong shaping, the credit choice.
-- credit: per-turn rewards and returns-to-go, turn-level advantages (leave-one-out per turn
-  index), their bias and variance, the `credit/` metrics.
 - batches: collecting a training batch: TaskSeedStream / eval_seeds (the seed scheme),
-  BatchConfig, collect_batch (DAPO dynamic sampling), GroupRunner / score_group.
+  BatchConfig, BatchAssembler (scored groups -> the kept Episodes and metrics, fed by
+  collect_batch with DAPO dynamic sampling and by the async taker), roll_group / ScoredGroup,
+  GroupRunner.
 - evaluation: held-out greedy evaluation.
 - metrics: per-episode and per-batch metrics.
 Sub-packages:
+- scoring/: the one scorer of advantages: GRPO / Dr. GRPO, DAPO overlong shaping, turn-level
+  credit (per-turn returns, leave-one-out baselines, their bias and variance, the `credit/`
+  metrics), a group's advantages, signal and fate (`score_group`, the over-stale rule).
 - recording/: the JSONL recording format, replay (transcripts, verification, Episodes from a
   file), its JSON Schema, chat-messages JSONL export and import.
 - endpoint/: the OpenAI-compatible endpoint, its token capture, and agent programs' rollouts.

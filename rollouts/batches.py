@@ -1,4 +1,4 @@
-"""Collecting one training batch: task seeds -> groups of episodes -> advantages -> Episodes.
+"""Collecting one training batch: task seeds -> groups of episodes -> scored groups -> Episodes.
 
 Seed scheme (task seeds are what `env.reset(seed=...)` gets):
 - Eval seeds are [EVAL_SEED_BASE, EVAL_SEED_BASE + EVAL_SEED_COUNT) = [0, 2**20): the fixed
@@ -9,6 +9,15 @@ Seed scheme (task seeds are what `env.reset(seed=...)` gets):
   i = k * W + r: disjoint streams, and together the same tasks as one process would draw.
 The group id of a training task is its index i: unique across ranks and steps.
 `TaskSeedStream.position` is the data position to checkpoint for resume.
+
+Every group is scored by the scorer (rollouts/scoring/scorer.py `score_group`: its advantages, a
+float per episode or one per turn under turn-level credit, and whether it carries signal) and
+offered to ONE assembler, `BatchAssembler`, which both ways of filling a batch feed: the sync
+collector (`collect_batch`, below) and the async taker (trainers/loop/staleness.py `take_batch`,
+from groups a producer rolled out and scored with `roll_group`). The assembler decides each
+group's fate (`group_fate`: no trainable episode, no signal under dynamic sampling, over-stale),
+keeps the first `groups_per_batch`, scales an over-stale group's advantages when the over-stale
+rule says so, and builds the kept groups' Episodes and the batch metrics.
 
 DAPO dynamic sampling (`BatchConfig.dynamic_sampling`): a group whose (shaped) rewards are all
 equal has zero advantage everywhere and is dropped; more task seeds are rolled out until
@@ -22,9 +31,6 @@ Episodes that ended with env_error or timeout are infrastructure failures: they 
 their group's advantage statistics and of the Episodes (counted), unless
 `train_on_infra_failures`.
 
-Credit (`AdvantageConfig.credit`, rollouts/credit.py): "outcome" gives each episode one advantage
-(a float), "turn_loo" and "turn_state" one per turn (a list); `score_group` returns whichever, and a group is
-informative when its rewards differ (outcome) or when some turn's advantage is not 0 (turn-level).
 The batch metrics add `credit/`: the kept, trained episodes' mean return-to-go per turn index.
 """
 
@@ -38,11 +44,12 @@ from typing import Protocol
 
 import msgspec
 
-from .advantages import AdvantageConfig, Credit, group_advantages, is_zero_variance, shaped_rewards
-from .credit import credit_metrics, group_turn_advantages, is_informative, mean_abs_advantage, turn_rewards
-from .episodes import INFRA_STOP_REASONS, Advantage, OverlongEpisodeRule, build_episodes, sampled_length
+from .episodes import Advantage, OverlongEpisodeRule, build_episodes
 from .metrics import batch_metrics
 from .runner import RolloutRunner
+from .scoring.advantages import AdvantageConfig
+from .scoring.credit import credit_metrics, turn_rewards
+from .scoring.scorer import Fate, OverStale, group_fate, mean_abs_advantage, score_group, trainable
 from .types import Episode, Trajectory
 
 EVAL_SEED_BASE = 0
@@ -123,22 +130,135 @@ class RolloutBatch(msgspec.Struct):
     metrics: dict[str, float]
 
 
-def _trainable(trajectory: Trajectory, config: BatchConfig) -> bool:
-    return config.train_on_infra_failures or trajectory.stop_reason not in INFRA_STOP_REASONS
+class ScoredGroup(msgspec.Struct):
+    """One finished group: its G trajectories, their advantages (each a float, or one per turn
+    under turn-level credit), whether it carries signal (rewards not all equal; under turn-level
+    credit, some turn's advantage not 0), and the oldest policy version among its sampled tokens."""
+
+    group_id: int
+    trajectories: list[Trajectory]
+    advantages: list[Advantage]
+    informative: bool
+    oldest_version: int
+    finished_at: float  # time.perf_counter() when it was scored
 
 
-def build_kept_batch(
+def oldest_version(trajectories: Sequence[Trajectory]) -> int:
+    """The oldest policy version that sampled a token of these trajectories."""
+    versions = [t.action.policy_version for tr in trajectories for t in tr.transitions]
+    return min(versions, default=min((tr.policy_version for tr in trajectories), default=0))
+
+
+class BatchAssembler:
+    """One batch from scored groups, offered in the order they are considered (the sync
+    collector's rounds, the async taker's buffer). Each group's fate is the scorer's
+    (`group_fate`); of the groups to keep, the first `groups_per_batch` are kept (an over-stale one
+    with its advantages scaled by `over_stale`'s weight) and the rest counted as surplus.
+    `result` builds the kept groups' Episodes and the batch metrics; every group offered is in
+    it, kept or not, so the caller records each exactly once."""
+
+    def __init__(self, config: BatchConfig, over_stale: OverStale | None = None) -> None:
+        """over_stale: the async rule for groups too far behind the trainer (None: sync, the
+        groups were sampled by the current weights)."""
+        self.config, self.over_stale = config, over_stale
+        self._kept: list[tuple[Sequence[Trajectory], list[Advantage]]] = []
+        self._other: list[tuple[Sequence[Trajectory], list[Advantage]]] = []
+        self._staleness: list[int] = []  # of each kept group
+        self.no_trainable = self.zero_variance = self.dropped = self.surplus = 0
+        self.stale_dropped = self.stale_downweighted = 0
+
+    @property
+    def kept(self) -> int:
+        """Groups kept so far."""
+        return len(self._kept)
+
+    def offer(
+        self,
+        group: Sequence[Trajectory],
+        advantages: Sequence[Advantage],
+        informative: bool,
+        staleness: int = 0,
+    ) -> None:
+        """One scored group (`score_group`'s advantages and signal); `staleness`: the trainer's
+        policy version minus the group's oldest (0 when sampled by the current weights)."""
+        config = self.config
+        fate = group_fate(
+            group,
+            informative,
+            train_on_infra_failures=config.train_on_infra_failures,
+            dynamic_sampling=config.dynamic_sampling,
+            staleness=staleness,
+            over_stale=self.over_stale,
+        )
+        if fate == Fate.NO_TRAINABLE:
+            self.no_trainable += 1
+        elif fate == Fate.NO_SIGNAL:
+            self.zero_variance += 1
+            self.dropped += 1
+        elif fate == Fate.OVER_STALE:
+            self.stale_dropped += 1
+        elif self.kept >= config.groups_per_batch:
+            self.surplus += 1
+        else:
+            if self.over_stale is not None and self.over_stale.applies(staleness):
+                self.stale_downweighted += 1
+                advantages = self.over_stale.scale(advantages)
+            self.zero_variance += not informative
+            self._kept.append((group, list(advantages)))
+            self._staleness.append(staleness)
+            return
+        self._other.append((group, list(advantages)))
+
+    def result(self, rolled: int, *, started: float | None = None, rounds: int | None = None) -> RolloutBatch:
+        """The batch: the kept groups' Episodes, every group's trajectories and advantages (kept
+        first), and the metrics: `batch_metrics` over every episode (with the rates when
+        `started`, the perf_counter() at which rolling out began, is given), the kept batch's
+        (`_kept_episodes`), the dynamic-sampling fractions over the `rolled` groups, the groups
+        without a trainable episode; with `rounds` (the sync collector's rounds of rollouts), the
+        rounds and the surplus groups; with the over-stale rule, the kept groups' staleness (mean,
+        max) and the over-stale groups dropped and down-weighted."""
+        config = self.config
+        kept_trajectories = [t for group, _ in self._kept for t in group]
+        kept_advantages = [a for _, advs in self._kept for a in advs]
+        episodes, kept_metrics = _kept_episodes(kept_trajectories, kept_advantages, self.kept, config)
+        everything = self._kept + self._other
+        trajectories = [t for group, _ in everything for t in group]
+        elapsed = None if started is None else time.perf_counter() - started
+        metrics = batch_metrics(trajectories, elapsed)
+        metrics.update(kept_metrics)
+        if rounds is not None:
+            metrics["dynamic_sampling/rounds"] = float(rounds)
+        metrics["dynamic_sampling/groups_rolled_out"] = float(rolled)
+        metrics["dynamic_sampling/dropped_frac"] = self.dropped / max(rolled, 1)
+        metrics["dynamic_sampling/zero_variance_frac"] = self.zero_variance / max(rolled, 1)
+        if rounds is not None:
+            metrics["dynamic_sampling/surplus_groups"] = float(self.surplus)
+        metrics["batch/groups_without_trainable"] = float(self.no_trainable)
+        if self.over_stale is not None:
+            staleness = self._staleness
+            metrics["async/staleness_mean"] = sum(staleness) / len(staleness) if staleness else 0.0
+            metrics["async/staleness_max"] = float(max(staleness, default=0))
+            metrics["async/over_stale_dropped"] = float(self.stale_dropped)
+            metrics["async/over_stale_downweighted"] = float(self.stale_downweighted)
+        return RolloutBatch(
+            episodes=episodes,
+            trajectories=trajectories,
+            advantages=[a for _, advs in everything for a in advs],
+            kept=[i < len(kept_trajectories) for i in range(len(trajectories))],
+            metrics=metrics,
+        )
+
+
+def _kept_episodes(
     kept_trajectories: Sequence[Trajectory],
     kept_advantages: Sequence[Advantage],
     groups: int,
-    needed: int,
     config: BatchConfig,
 ) -> tuple[list[Episode], dict[str, float]]:
-    """The kept groups' training Episodes and the batch metrics every way of filling a batch
-    reports: the episode builder's counts, the groups kept, the fill against `needed`, the
-    episodes' tokens and sampled tokens, the mean |advantage| of the kept trajectories that
-    are trained on (a per-turn advantage counts as its mean over the turns), and their per-turn
-    returns and reward shares (`credit_metrics`)."""
+    """The kept groups' training Episodes and their metrics: the episode builder's counts, the
+    groups kept, the fill against `groups_per_batch`, the episodes' tokens and sampled tokens, the
+    mean |advantage| of the kept trajectories that are trained on (a per-turn advantage counts as
+    its mean over the turns), and their per-turn returns and reward shares (`credit_metrics`)."""
     episodes, stats = build_episodes(
         kept_trajectories,
         kept_advantages,
@@ -146,49 +266,19 @@ def build_kept_batch(
         config.overlong_rule,
         skip_infra_failures=not config.train_on_infra_failures,
     )
-    pairs = [(t, a) for t, a in zip(kept_trajectories, kept_advantages, strict=True) if _trainable(t, config)]
+    infra = config.train_on_infra_failures
+    pairs = [(t, a) for t, a in zip(kept_trajectories, kept_advantages, strict=True) if trainable(t, infra)]
     trained = [a for _, a in pairs]
     rewards = [turn_rewards(t, config.advantage.overlong) for t, _ in pairs]
     return episodes, {
         **stats.as_metrics(),
         "batch/groups": float(groups),
-        "batch/fill": groups / needed,
+        "batch/fill": groups / config.groups_per_batch,
         "batch/tokens": float(sum(len(e.tokens) for e in episodes)),
         "batch/sampled_tokens": float(sum(sum(e.loss_mask) for e in episodes)),
         "advantage/mean_abs": sum(mean_abs_advantage(a) for a in trained) / len(trained) if trained else 0.0,
         **credit_metrics(rewards, config.advantage.gamma),
     }
-
-
-def score_group(group: Sequence[Trajectory], config: BatchConfig) -> tuple[list[Advantage], bool]:
-    """Advantages for one group (0.0 for untrainable members; with turn-level credit a list per
-    member, one per turn) and whether it carries signal."""
-    members = [i for i, t in enumerate(group) if _trainable(t, config)]
-    if config.advantage.credit != Credit.OUTCOME:
-        return _score_turns(group, members, config)
-    rewards = shaped_rewards(
-        [group[i].total_reward for i in members],
-        [sampled_length(group[i]) for i in members],
-        config.advantage,
-    )
-    advantages: list[Advantage] = [0.0] * len(group)
-    for i, a in zip(
-        members, group_advantages(rewards, config.advantage.estimator, config.advantage.eps), strict=True
-    ):
-        advantages[i] = a
-    return advantages, bool(members) and not is_zero_variance(rewards)
-
-
-def _score_turns(
-    group: Sequence[Trajectory], members: list[int], config: BatchConfig
-) -> tuple[list[Advantage], bool]:
-    """Turn-level credit ("turn_loo", "turn_state"): the members' per-turn returns, leave-one-out
-    baselines."""
-    advantages: list[Advantage] = [0.0] * len(group)
-    scored = group_turn_advantages([group[i] for i in members], config.advantage)
-    for i, a in zip(members, scored, strict=True):
-        advantages[i] = a
-    return advantages, is_informative(advantages)
 
 
 def _split_groups(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
@@ -210,69 +300,52 @@ class GroupRunner(Protocol):
     ) -> list[Trajectory]: ...
 
 
+def _score(group: Sequence[Trajectory], config: BatchConfig) -> tuple[list[Advantage], bool]:
+    return score_group(group, config.advantage, train_on_infra_failures=config.train_on_infra_failures)
+
+
+async def roll_group(
+    runner: RolloutRunner | GroupRunner, seed: int, index: int, config: BatchConfig
+) -> ScoredGroup:
+    """Task `index`'s group (task seed `seed`) rolled out and scored: what a group producer
+    buffers for the async taker."""
+    trajectories = await runner.run_groups([seed], [index])
+    advantages, informative = _score(trajectories, config)
+    return ScoredGroup(
+        group_id=index,
+        trajectories=trajectories,
+        advantages=advantages,
+        informative=informative,
+        oldest_version=oldest_version(trajectories),
+        finished_at=time.perf_counter(),
+    )
+
+
 async def collect_batch(
     runner: RolloutRunner | GroupRunner, seeds: TaskSeedStream, config: BatchConfig
 ) -> RolloutBatch:
-    """Roll out, grade, compute advantages and build Episodes for one training step."""
+    """Roll out, score and assemble one training step's batch (module doc: dynamic sampling)."""
     started = time.perf_counter()
     needed = config.groups_per_batch
     max_per_round = config.max_groups_per_round or 4 * needed
-    kept_groups: list[tuple[list[Trajectory], list[Advantage]]] = []
-    other_groups: list[tuple[list[Trajectory], list[Advantage]]] = []
-    rolled = zero_variance = dropped = no_trainable = surplus = rounds = 0
+    assembler = BatchAssembler(config)
+    rolled = rounds = 0
     while True:
         rounds += 1
-        missing = needed - len(kept_groups)
+        missing = needed - assembler.kept
         if rounds == 1:
             ask = needed
         else:  # ask for what is missing at the keep rate seen so far, so one more round usually does
-            keep_rate = max(len(kept_groups) / rolled, 0.1)
+            keep_rate = max(assembler.kept / rolled, 0.1)
             ask = min(max_per_round, math.ceil(missing / keep_rate))
         task_seeds, group_ids = seeds.take(ask)
         trajectories = await runner.run_groups(task_seeds, group_ids)
         rolled += ask
         for group in _split_groups(trajectories):
-            advantages, informative = score_group(group, config)
-            if not any(_trainable(t, config) for t in group):
-                no_trainable += 1
-            elif not informative and config.dynamic_sampling:
-                zero_variance += 1
-                dropped += 1
-            elif len(kept_groups) >= needed:
-                surplus += 1
-            else:
-                zero_variance += not informative
-                kept_groups.append((group, advantages))
-                continue
-            other_groups.append((group, advantages))
-        if not config.dynamic_sampling or len(kept_groups) >= needed or rounds > config.max_extra_rounds:
+            assembler.offer(group, *_score(group, config))
+        if not config.dynamic_sampling or assembler.kept >= needed or rounds > config.max_extra_rounds:
             break
-
-    kept_trajectories = [t for group, _ in kept_groups for t in group]
-    kept_advantages = [a for _, advs in kept_groups for a in advs]
-    episodes, kept_metrics = build_kept_batch(kept_trajectories, kept_advantages, len(kept_groups), needed, config)
-    everything = kept_groups + other_groups
-    all_trajectories = [t for group, _ in everything for t in group]
-    elapsed = time.perf_counter() - started
-    metrics = batch_metrics(all_trajectories, elapsed)
-    metrics.update(kept_metrics)
-    metrics.update(
-        {
-            "dynamic_sampling/rounds": float(rounds),
-            "dynamic_sampling/groups_rolled_out": float(rolled),
-            "dynamic_sampling/dropped_frac": dropped / rolled,
-            "dynamic_sampling/zero_variance_frac": zero_variance / rolled,
-            "dynamic_sampling/surplus_groups": float(surplus),
-            "batch/groups_without_trainable": float(no_trainable),
-        }
-    )
-    return RolloutBatch(
-        episodes=episodes,
-        trajectories=all_trajectories,
-        advantages=[a for _, advs in everything for a in advs],
-        kept=[i < len(kept_trajectories) for i in range(len(all_trajectories))],
-        metrics=metrics,
-    )
+    return assembler.result(rolled, started=started, rounds=rounds)
 
 
 def collect_batch_sync(runner: RolloutRunner, seeds: TaskSeedStream, config: BatchConfig) -> RolloutBatch:

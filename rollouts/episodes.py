@@ -32,7 +32,7 @@ sequence (each from its own first observation, with its turns' advantages; the r
 applies to each); `build_episodes` uses it. The runner counts restarts (`sequence_restarts`).
 
 An episode's advantage (`Advantage`) is one number, put on every sampled token (outcome credit),
-or one number per turn (turn-level credit, rollouts/credit.py): turn t's on exactly turn t's
+or one number per turn (turn-level credit, rollouts/scoring/credit.py): turn t's on exactly turn t's
 sampled tokens. Across several sequences each takes the advantages of the turns it holds, and
 TRUNCATE_TURNS keeps those of the turns it keeps; observation tokens get 0 either way.
 `turn_spans` says where each turn's sampled tokens landed (which Episode, which token span).

@@ -170,3 +170,64 @@ def test_library_code_names_no_machine_and_states_no_timing():
         if pattern.search(line)
     ]
     assert not offenders, "\n".join(offenders)
+
+
+# What turns rewards into advantages (rollouts/scoring/: the estimators, turn-level credit, the
+# over-stale scaling). The scorer's entry points (`score_group`, `score_recorded`) call them.
+ADVANTAGE_MAKERS = frozenset(
+    {
+        "group_advantages",
+        "batch_advantages",
+        "shaped_rewards",
+        "turn_loo_advantages",
+        "group_turn_advantages",
+        "scale_advantage",
+    }
+)
+
+
+def _names(path: Path) -> set[str]:
+    """Every name a module uses, reads an attribute of, or imports."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.ImportFrom):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def test_advantages_are_made_only_by_the_scorer():
+    """ONE scorer (shared/DESIGN.md): no library module outside rollouts/scoring/ names an
+    estimator, a turn-level credit function or the over-stale scaling; trainers/ receives finished
+    advantages, so it names no scorer either."""
+    scoring = ROOT / "rollouts" / "scoring"
+    offenders = []
+    for path in _library_files():
+        if scoring in path.parents:
+            continue
+        forbidden = ADVANTAGE_MAKERS
+        if path.parts[len(ROOT.parts)] == "trainers":
+            forbidden = forbidden | {"score_group", "score_recorded"}
+        offenders += [f"{path.relative_to(ROOT)} names {name}" for name in sorted(_names(path) & forbidden)]
+    assert not offenders, "advantages are made in rollouts/scoring/ only:\n" + "\n".join(offenders)
+
+
+def test_no_default_advantage_config_outside_config_loading():
+    """`AdvantageConfig()` is the config schema's default; anywhere else it would score with a
+    config the run may not have used (replay and the viewer read the run's from its recording)."""
+    allowed = {ROOT / "configs" / "schema.py", ROOT / "configs" / "load.py"}
+    offenders = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in [*_library_files(), *sorted((ROOT / "bench").glob("*.py"))]
+        if path not in allowed
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and not node.args
+        and not node.keywords
+        and (node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", None))
+        == "AdvantageConfig"
+    ]
+    assert not offenders, "AdvantageConfig() outside config loading:\n" + "\n".join(offenders)

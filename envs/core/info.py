@@ -19,8 +19,9 @@ step info:
 
     credit_state    str (or any JSON scalar): a summary of where the episode stands after this
                     step, determined by the history so far, e.g. Zorplex's chain links followed
-                    and strayed. Turn-level credit `credit = "turn_state"` (rollouts/credit.py)
-                    takes the next turn's baseline from the group's episodes in the same state.
+                    and strayed. Turn-level credit `credit = "turn_state"`
+                    (rollouts/scoring/credit.py) takes the next turn's baseline from the group's
+                    episodes in the same state.
 
     note            str: the note the action wrote (a ToolEnv with notes=True): the `notes` context
                     policy (rollouts/context.py) then cuts the conversation to the system prompt,

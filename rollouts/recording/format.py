@@ -21,6 +21,13 @@ through a model's own chat template keeps the template's text, the tokenizer con
 tokens and the template variables, so `replay` rebuilds that renderer (rollouts/recording/replay.py
 `recorded_renderer`); no such key means plain ChatML (every recording made before templates).
 
+The scoring (header `extra["scoring"]`, `scoring_entry`): a training run's recordings keep how the
+run turned rewards into advantages (its `AdvantageConfig` and whether infrastructure failures were
+trained on, which is all the scorer reads) and, for the record, the loss settings that shape a
+token's weight, so replay's offline policy gradient and the viewer score the episodes as the run
+did (`recorded_scoring`); no such key (recordings made before it, `toolgym record`, imports,
+endpoint captures) means the advantages the run used are unknown.
+
 Appending to an existing file checks its header first (same tokenizer, env and chat template;
 its schema version is kept) and cuts a torn last line off before writing, so the file stays one header +
 whole lines. A last line that lacks only its newline (it decodes, so the reader keeps it) is
@@ -40,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ..scoring.advantages import AdvantageConfig
 from ..types import Trajectory
 
 if TYPE_CHECKING:
@@ -128,6 +136,48 @@ def chat_template_entry(
         "special_tokens": dict(template.special_tokens),
         "template_kwargs": dict(template_kwargs or {}),
     }
+
+
+SCORING = "scoring"  # RecordingHeader.extra key: how the run scored its episodes (`scoring_entry`)
+
+
+class ScoringEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """`RecordingHeader.extra[SCORING]`: what the scorer (rollouts/scoring/scorer.py) read in the
+    run that made the recording, `advantage` and `train_on_infra_failures`, and the trainer's loss
+    settings (`loss`: trainer.loss as plain values, e.g. name, clip bounds, aggregation, tis_cap,
+    seq_mask), which weight each token's advantage in the loss."""
+
+    advantage: AdvantageConfig
+    train_on_infra_failures: bool
+    loss: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+def scoring_entry(
+    advantage: AdvantageConfig, loss: Mapping[str, Any], *, train_on_infra_failures: bool
+) -> dict[str, Any]:
+    """`RecordingHeader.extra[SCORING]` for a run that scores with `advantage` (and trains on
+    infrastructure failures or not) under the loss settings `loss` (plain values: the trainer's
+    loss config as builtins)."""
+    entry = ScoringEntry(
+        advantage=advantage, train_on_infra_failures=train_on_infra_failures, loss=dict(loss)
+    )
+    return msgspec.to_builtins(entry)
+
+
+def recorded_scoring(header: RecordingHeader, path: str | os.PathLike = "") -> ScoringEntry | None:
+    """The scoring a recording's run used (its `.advantage` is the AdvantageConfig to score with),
+    or None when the header does not record it (`path` names the file in errors). Raises
+    RecordingError for an entry that is not a scoring entry."""
+    entry = header.extra.get(SCORING)
+    if entry is None:
+        return None
+    try:
+        return msgspec.convert(entry, ScoringEntry)
+    except (msgspec.ValidationError, ValueError) as exc:
+        where = f"{path}: " if path else ""
+        raise RecordingError(
+            f"{where}the header's extra[{SCORING!r}] is not a scoring entry: {exc}"
+        ) from None
 
 
 def rendering_of(extra: Mapping[str, Any]) -> tuple[str, Any]:

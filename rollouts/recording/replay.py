@@ -39,20 +39,13 @@ from ...agents.chat import ChatRenderer, Renderer
 from ...agents.types import Role
 from ...envs.core.info import METRICS, SUCCESS_METRIC
 from ...envs.registry import EnvModuleNotAllowed, check_env_id
-from ..advantages import AdvantageConfig, Credit, batch_advantages
 from ..context import context_policy
-from ..credit import group_turn_advantages
 from ..env_io import abandon_env, env_stop_reason, reset_env, settles, step_env
-from ..episodes import (
-    INFRA_STOP_REASONS,
-    Advantage,
-    EpisodeStats,
-    OverlongEpisodeRule,
-    build_episodes,
-    sampled_length,
-)
+from ..episodes import Advantage, EpisodeStats, OverlongEpisodeRule, build_episodes
 from ..metrics import batch_metrics
 from ..runner import EpisodeContext, env_replies, first_messages
+from ..scoring.advantages import AdvantageConfig
+from ..scoring.scorer import score_recorded
 from ..types import CONTEXT_REWRITE, SEQUENCE_START, Episode, StopReason, Trajectory
 from .format import CHAT_TEMPLATE, RecordingError, RecordingHeader
 
@@ -413,7 +406,7 @@ def _succeeded(trajectory: Trajectory) -> bool:
 
 class OfflineMode(enum.StrEnum):
     SFT = "sft"  # advantage 1.0 on every sampled token: the policy-gradient loss becomes NLL
-    PG = "pg"  # group advantages from the recorded rewards (offline policy gradient)
+    PG = "pg"  # the scorer's advantages of the recorded rewards (offline policy gradient)
 
 
 def episodes_from_trajectories(
@@ -427,40 +420,20 @@ def episodes_from_trajectories(
     """Training Episodes from recorded trajectories.
 
     SFT (warm start): every kept trajectory gets advantage 1.0; `only_successful` keeps those
-    whose env reported the `success` metric as > 0 (envs/core/info.py). PG: GRPO/Dr. GRPO advantages over the recorded groups
-    (group ids as recorded), per turn under `advantage.credit = "turn_loo"` (rollouts/credit.py).
+    whose env reported the `success` metric as > 0 (envs/core/info.py). PG: the scorer's
+    advantages (rollouts/scoring/scorer.py `score_recorded`) within the recorded groups (group ids
+    as recorded) under `advantage`, which PG requires: the run's own, as its recording's header
+    records it (rollouts/recording/format.py `recorded_scoring`); ValueError without one.
     env_error / timeout episodes are left out either way.
     """
     if only_successful:
         trajectories = [t for t in trajectories if _succeeded(t)]
-    advantages = [1.0] * len(trajectories)
-    config = advantage or AdvantageConfig()
-    if mode == OfflineMode.PG and config.credit != Credit.OUTCOME:
-        return build_episodes(trajectories, _turn_advantages(trajectories, config), max_seq_len, rule)
-    if mode == OfflineMode.PG:  # failed episodes stay out of the group statistics
-        members = [i for i, t in enumerate(trajectories) if t.stop_reason not in INFRA_STOP_REASONS]
-        group_advs = batch_advantages(
-            [trajectories[i].total_reward for i in members],
-            [trajectories[i].group_id for i in members],
-            config,
-            [sampled_length(trajectories[i]) for i in members],
-        )
-        advantages = [0.0] * len(trajectories)
-        for i, a in zip(members, group_advs, strict=True):
-            advantages[i] = a
+    advantages: list[Advantage] = [1.0] * len(trajectories)
+    if mode == OfflineMode.PG:
+        if advantage is None:
+            raise ValueError(
+                "offline policy gradient needs the advantage config to score with: the run's own "
+                "(recorded_scoring(header).advantage), or one given explicitly"
+            )
+        advantages = score_recorded(trajectories, advantage, train_on_infra_failures=False)
     return build_episodes(trajectories, advantages, max_seq_len, rule)
-
-
-def _turn_advantages(trajectories: Sequence[Trajectory], config: AdvantageConfig) -> list[Advantage]:
-    """Turn-level advantages over the recorded groups; env_error / timeout episodes get 0 and
-    stay out of their group's baselines."""
-    groups: dict[int, list[int]] = {}
-    for i, t in enumerate(trajectories):
-        if t.stop_reason not in INFRA_STOP_REASONS:
-            groups.setdefault(t.group_id, []).append(i)
-    advantages: list[Advantage] = [0.0] * len(trajectories)
-    for members in groups.values():
-        group = [trajectories[i] for i in members]
-        for i, a in zip(members, group_turn_advantages(group, config), strict=True):
-            advantages[i] = a
-    return advantages

@@ -3,8 +3,9 @@
 `trace_schema()` is the schema of recording schema version `SCHEMA_VERSION` (rollouts/recording/format.py):
 line 1 is a `RecordingHeader`, every other line a `RecordLine` (a `Trajectory` object with its
 last key `crc32`). It is msgspec's schema of the Structs with what the writer adds on top: the
-per-line checksums, and the text "nan" / "inf" / "-inf" that stands for a non-finite float in
-the reward and logprob fields (JSON has no NaN). The Structs' docstrings are left out (the spec's
+per-line checksums, the text "nan" / "inf" / "-inf" that stands for a non-finite float in the
+reward and logprob fields (JSON has no NaN), and the shape of the header's `extra["scoring"]`
+(a `ScoringEntry`: how the run scored its episodes). The Structs' docstrings are left out (the spec's
 prose is docs/trace-format.md), so the schema changes only when a field does.
 
 The checked-in copy is docs/trace-format.v<version>.schema.json; a test keeps it equal to this.
@@ -21,7 +22,7 @@ from typing import Any
 import msgspec
 
 from ..types import Trajectory
-from .format import FORMAT_NAME, READABLE_VERSIONS, SCHEMA_VERSION, RecordingHeader
+from .format import FORMAT_NAME, READABLE_VERSIONS, SCHEMA_VERSION, SCORING, RecordingHeader, ScoringEntry
 
 _NON_FINITE = {"enum": ["nan", "inf", "-inf"]}
 _CRC = {"type": "string", "pattern": "^[0-9a-f]{8}$"}
@@ -41,7 +42,9 @@ def _number_or_text(schema: dict[str, Any]) -> dict[str, Any]:
 
 def trace_schema() -> dict[str, Any]:
     """The schema (a dict, JSON Schema draft 2020-12); see the module doc."""
-    _, defs = msgspec.json.schema_components([RecordingHeader, Trajectory], ref_template="#/$defs/{name}")
+    _, defs = msgspec.json.schema_components(
+        [RecordingHeader, Trajectory, ScoringEntry], ref_template="#/$defs/{name}"
+    )
     for definition in defs.values():
         definition.pop("description", None)
     trajectory = defs["Trajectory"]["properties"]
@@ -52,6 +55,7 @@ def trace_schema() -> dict[str, Any]:
     defs["Completion"]["properties"]["logprobs"]["items"] = _number_or_text({})
     header = defs["RecordingHeader"]["properties"]
     header["format"] = {"const": FORMAT_NAME}
+    header["extra"]["properties"] = {SCORING: {"$ref": "#/$defs/ScoringEntry"}}
     header["schema_version"] = {"enum": list(READABLE_VERSIONS)}
     header["checksum"] = {
         "anyOf": [_CRC, {"const": ""}],

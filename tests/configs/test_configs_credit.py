@@ -11,7 +11,7 @@ from toolgym.configs.checks import check_environment
 from toolgym.configs.cli.main import main
 from toolgym.configs.cli.train import train
 from toolgym.configs.load import ConfigError, config_from_dict, load_config
-from toolgym.rollouts.advantages import Credit
+from toolgym.rollouts.scoring.advantages import Credit
 from toolgym.trainers.metrics_log import read_metrics
 
 

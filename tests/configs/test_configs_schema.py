@@ -23,8 +23,8 @@ from toolgym.configs.load import (
     resolve_config_path,
 )
 from toolgym.configs.schema import Config
-from toolgym.rollouts.advantages import AdvantageEstimator
 from toolgym.rollouts.context import KeepAll, Notes, SlidingWindow
+from toolgym.rollouts.scoring.advantages import AdvantageEstimator
 
 PRESETS = [
     "zorplex_tiny",

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from toolgym.rollouts.advantages import (
+from toolgym.rollouts.scoring.advantages import (
     AdvantageConfig,
     AdvantageEstimator,
     OverlongShaping,

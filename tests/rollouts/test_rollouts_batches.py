@@ -5,7 +5,6 @@ from collections import Counter
 import pytest
 from rollouts_fakes import TOY_ENV_ID, TextPolicy
 
-from toolgym.rollouts.advantages import AdvantageConfig, AdvantageEstimator
 from toolgym.rollouts.batches import (
     EVAL_SEED_COUNT,
     TRAIN_SEED_BASE,
@@ -15,6 +14,7 @@ from toolgym.rollouts.batches import (
     eval_seeds,
 )
 from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
+from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import StopReason
 

@@ -9,22 +9,20 @@ import pytest
 
 from toolgym.agents.types import Completion
 from toolgym.envs.core.info import CREDIT_STATE
-from toolgym.rollouts.advantages import AdvantageConfig, AdvantageEstimator, Credit, OverlongShaping
-from toolgym.rollouts.batches import BatchConfig, build_kept_batch, score_group
-from toolgym.rollouts.credit import (
+from toolgym.rollouts.batches import BatchAssembler, BatchConfig
+from toolgym.rollouts.episodes import OverlongEpisodeRule, build_episodes, trajectory_to_episodes, turn_spans
+from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator, Credit, OverlongShaping
+from toolgym.rollouts.scoring.credit import (
     CREDIT_METRIC_TURNS,
     credit_metrics,
-    is_informative,
-    mean_abs_advantage,
     past_reward_share,
     returns_to_go,
-    scale_advantage,
     turn_loo_advantages,
     turn_returns,
     turn_rewards,
     turn_states,
 )
-from toolgym.rollouts.episodes import OverlongEpisodeRule, build_episodes, trajectory_to_episodes, turn_spans
+from toolgym.rollouts.scoring.scorer import is_informative, mean_abs_advantage, scale_advantage, score_group
 from toolgym.rollouts.types import SEQUENCE_START, StopReason, Trajectory, Transition
 
 DR = AdvantageEstimator.DR_GRPO
@@ -53,8 +51,12 @@ def trajectory(
     )  # fmt: skip
 
 
-def turn_config(credit: Credit = Credit.TURN_LOO, **kw) -> BatchConfig:
-    return BatchConfig(advantage=AdvantageConfig(credit=credit, estimator=DR, **kw))
+def turn_config(credit: Credit = Credit.TURN_LOO, **kw) -> AdvantageConfig:
+    return AdvantageConfig(credit=credit, estimator=DR, **kw)
+
+
+def score(group: list[Trajectory], config: AdvantageConfig) -> tuple[list, bool]:
+    return score_group(group, config, train_on_infra_failures=False)
 
 
 def test_returns_to_go():
@@ -114,25 +116,25 @@ def test_score_group_turn_loo_leaves_infra_failures_out():
         trajectory([0.5, 0.0]),
         trajectory([9.0, 9.0], stop=StopReason.ENV_ERROR),
     ]
-    advantages, informative = score_group(group, turn_config())
+    advantages, informative = score(group, turn_config())
     assert advantages == [[1.0 - 0.5, 1.0 - 0.0], [0.5 - 1.0, 0.0 - 1.0], 0.0]
     assert informative
     # the same rewards under outcome credit: one number each, as before
-    outcome, _ = score_group(group, BatchConfig(advantage=AdvantageConfig(estimator=DR)))
+    outcome, _ = score(group, AdvantageConfig(estimator=DR))
     assert outcome == [0.25, -0.25, 0.0]  # totals 1.0 and 0.5
 
 
 def test_dense_rewards_with_equal_totals_still_carry_turn_signal():
     group = [trajectory([1.0, 0.0]), trajectory([0.0, 1.0])]
-    advantages, informative = score_group(group, turn_config())
+    advantages, informative = score(group, turn_config())
     assert informative and advantages == [[0.0, -1.0], [0.0, 1.0]]
-    _, outcome_informative = score_group(group, BatchConfig(advantage=AdvantageConfig(estimator=DR)))
+    _, outcome_informative = score(group, AdvantageConfig(estimator=DR))
     assert not outcome_informative
 
 
 def test_gamma_discounts_the_returns_before_the_baseline():
     group = [trajectory([0.0, 0.0, 1.0]), trajectory([0.0, 0.0, 0.0])]
-    advantages, _ = score_group(group, turn_config(gamma=0.5))
+    advantages, _ = score(group, turn_config(gamma=0.5))
     assert advantages == [[0.25, 0.5, 1.0], [-0.25, -0.5, -1.0]]
 
 
@@ -205,9 +207,11 @@ def test_past_reward_share_is_the_variance_turn_level_credit_can_remove():
 
 def test_kept_batch_reports_turn_returns_and_per_turn_mean_abs():
     group = [trajectory([0.0, 1.0]), trajectory([0.5, 0.0]), trajectory([9.0], stop=StopReason.TIMEOUT)]
-    config = turn_config()
-    advantages, _ = score_group(group, config)
-    episodes, metrics = build_kept_batch(group, advantages, 1, 1, config)
+    config = BatchConfig(groups_per_batch=1, advantage=turn_config())
+    assembler = BatchAssembler(config)
+    assembler.offer(group, *score(group, config.advantage))
+    batch = assembler.result(1)
+    episodes, metrics = batch.episodes, batch.metrics
     assert len(episodes) == 2  # the timed-out episode is not trained on, nor counted below
     assert metrics["credit/return_turn0_mean"] == pytest.approx(0.75)
     assert metrics["credit/return_turn1_mean"] == pytest.approx(0.5)
@@ -281,8 +285,8 @@ def test_turn_state_baselines_a_turn_by_the_other_episodes_in_the_same_state():
 
     group = [episode(["1", "2", "end"], 1.0), episode(["1", "2", "end"], 1.0)]
     group += [episode(["off", "off", "end"], 0.0), episode(["off", "off", "end"], 0.0)]
-    by_state, _ = score_group(group, turn_config(credit=Credit.TURN_STATE))
-    by_index, _ = score_group(group, turn_config())
+    by_state, _ = score(group, turn_config(credit=Credit.TURN_STATE))
+    by_index, _ = score(group, turn_config())
     assert by_state[2] == [pytest.approx(-2 / 3), 0.0, 0.0]  # turn 0: one state for all (the task)
     assert by_index[2] == [pytest.approx(-2 / 3), pytest.approx(-2 / 3), pytest.approx(-2 / 3)]
     assert by_state[0] == [pytest.approx(2 / 3), 0.0, 0.0]  # later: the other follower succeeded too

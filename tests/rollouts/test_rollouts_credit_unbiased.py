@@ -24,10 +24,10 @@ import torch
 
 from toolgym.agents.types import Completion
 from toolgym.envs.core.info import CREDIT_STATE
-from toolgym.rollouts.advantages import AdvantageConfig, AdvantageEstimator, Credit
-from toolgym.rollouts.batches import BatchConfig, score_group
-from toolgym.rollouts.credit import turn_returns
 from toolgym.rollouts.episodes import Advantage, trajectory_to_episodes
+from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator, Credit
+from toolgym.rollouts.scoring.credit import turn_returns
+from toolgym.rollouts.scoring.scorer import score_group
 from toolgym.rollouts.types import SEQUENCE_START, StopReason, Trajectory, Transition
 
 # States: 0 = start, 1 = A, 2 = B, 3 = C, 4 = D. Two actions everywhere. END = -1.
@@ -165,8 +165,8 @@ Estimator = Callable[[Sequence[Trajectory]], list[Advantage]]
 def library(
     credit: Credit, gamma: float = 1.0, estimator: AdvantageEstimator = AdvantageEstimator.DR_GRPO
 ) -> Estimator:
-    config = BatchConfig(advantage=AdvantageConfig(estimator=estimator, credit=credit, gamma=gamma))
-    return lambda group: score_group(group, config)[0]
+    config = AdvantageConfig(estimator=estimator, credit=credit, gamma=gamma)
+    return lambda group: score_group(group, config, train_on_infra_failures=False)[0]
 
 
 def own_included_baseline(group: Sequence[Trajectory]) -> list[Advantage]:
@@ -317,9 +317,9 @@ def test_std_normalisation_is_biased_beyond_a_scale(setup):
 
 
 def test_state_baseline_variance_on_this_mdp_is_that_of_the_turn_index_mean(setup):
-    """What rollouts/credit.py says of "turn_state"'s variance: a state's baseline averages fewer
-    episodes than its turn index's (groups of 4 here), which can cost what the states' differing
-    values save; on this MDP the two are within 10% of each other, in total."""
+    """What rollouts/scoring/credit.py says of "turn_state"'s variance: a state's baseline averages
+    fewer episodes than its turn index's (groups of 4 here), which can cost what the states'
+    differing values save; on this MDP the two are within 10% of each other, in total."""
     _, loo = setup.estimate("turn_loo")
     _, state = setup.estimate("turn_state")
     assert 0.9 < (state**2).sum() / (loo**2).sum() < 1.1

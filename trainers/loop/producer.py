@@ -1,8 +1,9 @@
 """GroupProducer: groups rolled out on a background thread, continuously, into a bounded buffer.
 
 The thread runs its own asyncio loop over the runner and keeps `concurrent_groups` groups in
-flight: as one finishes it is scored (its advantages, `rollouts/batches.py`'s `score_group`) and
-put in the buffer, and the next task index is drawn. The policy's compute is elsewhere (the
+flight: each is rolled out and scored by rollouts (`rollouts/batches.py`'s `roll_group`: a
+`ScoredGroup` with its advantages, made by the scorer) and put in the buffer as it finishes, and
+the next task index is drawn. The policy's compute is elsewhere (the
 engine's worker thread, or vLLM's engine), so this thread only drives envs and requests. It runs
 in a generator process or rank (generators.py) beside that generator's engine, or, with the "thread"
 placement and vLLM, in the trainer's process. New weights reach the policy between decode steps or
@@ -28,32 +29,9 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
-import msgspec
-
-from ...rollouts.batches import BatchConfig, GroupRunner, TaskSeedStream, score_group
-from ...rollouts.episodes import Advantage
-from ...rollouts.types import Trajectory
+from ...rollouts.batches import BatchConfig, GroupRunner, ScoredGroup, TaskSeedStream, roll_group
 
 _POLL_S = 0.02
-
-
-class ScoredGroup(msgspec.Struct):
-    """One finished group: its G trajectories, their advantages (each a float, or one per turn
-    under turn-level credit), whether it carries signal (rewards not all equal; under turn-level
-    credit, some turn's advantage not 0), and the oldest policy version among its sampled tokens."""
-
-    group_id: int
-    trajectories: list[Trajectory]
-    advantages: list[Advantage]
-    informative: bool
-    oldest_version: int
-    finished_at: float  # time.perf_counter() when it was scored
-
-
-def oldest_version(trajectories: Sequence[Trajectory]) -> int:
-    """The oldest policy version that sampled a token of these trajectories."""
-    versions = [t.action.policy_version for tr in trajectories for t in tr.transitions]
-    return min(versions, default=min((tr.policy_version for tr in trajectories), default=0))
 
 
 class GroupSource(Protocol):
@@ -183,16 +161,7 @@ class GroupProducer:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _one_group(self, seed: int, index: int) -> None:
-        trajectories = await self.runner.run_groups([seed], [index])
-        advantages, informative = score_group(trajectories, self.config)
-        group = ScoredGroup(
-            group_id=index,
-            trajectories=trajectories,
-            advantages=advantages,
-            informative=informative,
-            oldest_version=oldest_version(trajectories),
-            finished_at=time.perf_counter(),
-        )
+        group = await roll_group(self.runner, seed, index, self.config)
         while self._buffer.qsize() >= self.capacity and not self._stop.is_set():
             await asyncio.sleep(_POLL_S)
         if not self._stop.is_set():

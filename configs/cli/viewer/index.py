@@ -2,7 +2,7 @@
 
 `RecordingIndex(path)` reads the file line by line and keeps, per intact record, a small row
 (env, task seed, group, stop reason, failure mode, reward and its components, policy version,
-turns, sampled tokens, env metrics, GRPO advantage) and the byte span of its line, never the
+turns, sampled tokens, env metrics, advantage) and the byte span of its line, never the
 Trajectory itself, so a 10,000-episode file costs a few MB and any episode is one seek away.
 Filters, sorting and pages run over the rows (`query`); `episode` decodes one line again and
 returns its per-token view (`stream`): token ids, their text, loss mask, sampler logprob,
@@ -15,11 +15,17 @@ reported and every line is still tried as a record (checksummed, then plain); a 
 and every damaged line are skipped and listed in `problems` (the first `MAX_PROBLEMS`, then a
 count). A file that cannot be opened gives no rows and one problem.
 
-Advantages are the GRPO advantages (`AdvantageConfig()`) of the recorded rewards within their
-recorded groups, env_error / timeout episodes left out (as offline PG computes them): an eval
-recording (one sample per task) has advantage 0 everywhere. Beside them, each turn's turn-level
-advantage (`turn_adv`: returns-to-go minus the leave-one-out baseline per turn index, credit
-"turn_loo" with dr_grpo and gamma 1, rollouts/credit.py), which the page can shade instead.
+Advantages are the run's own: the recording's header records how its run scored episodes
+(`extra["scoring"]`, rollouts/recording/format.py `recorded_scoring`), and each group (its
+intact records, by recorded group id) is scored with that config by the trainer's scorer
+(rollouts/scoring/scorer.py `score_group`), one group's trajectories held at a time while the
+file is read (a run writes each group whole; a group whose records are apart is scored again
+from the file). A row's `adv` is the episode's advantage, or under turn-level credit the mean of
+its turns'; `turn_adv` is each turn's (the episode's on every turn under outcome credit), and the
+per-token stream's `adv` is what the trainer puts on each token, before any over-stale
+down-weighting of an async run. A header without the entry (recordings made before it, `toolgym
+record`, imports) leaves every advantage None and `scoring_note` says why: the viewer never shows
+another config's numbers.
 """
 
 from __future__ import annotations
@@ -35,18 +41,20 @@ import msgspec
 from ....agents.chat import ChatRenderer
 from ....agents.tokenizer import tokenizer_fingerprint
 from ....envs.core.info import FAILURE_MODE, METRICS, REWARD_COMPONENTS
-from ....rollouts.advantages import AdvantageConfig, batch_advantages
-from ....rollouts.credit import returns_to_go, turn_loo_advantages
-from ....rollouts.episodes import INFRA_STOP_REASONS, sampled_length, trajectory_to_episodes
+from ....rollouts.episodes import Advantage, sampled_length, trajectory_to_episodes
 from ....rollouts.recording.format import (
     POLICY_MODEL,
     RecordingError,
     RecordingHeader,
+    ScoringEntry,
     _decode_header,
     _decode_record,
     _record_decoder,
     describe_policy_model,
+    recorded_scoring,
 )
+from ....rollouts.scoring.advantages import Credit
+from ....rollouts.scoring.scorer import score_group, trainable
 from ....rollouts.types import CONTEXT_REWRITE, SEQUENCE_START, Trajectory
 
 MAX_PROBLEMS = 100
@@ -69,23 +77,30 @@ def _numbers(d: Any) -> dict[str, float | None]:
 
 class RecordingIndex:
     """One recording, indexed (see the module doc). `rows[i]` is episode i (in file order of the
-    intact records); `header` is None when the header did not read; `problems` says what was
-    skipped and why; `skipped` counts the skipped lines."""
+    intact records); `header` is None when the header did not read; `scoring` is the run's
+    recorded scoring (None: unknown, `scoring_note` says why); `problems` says what was skipped
+    and why; `skipped` counts the skipped lines."""
 
     def __init__(self, path: str | Path, label: str | None = None) -> None:
         self.path = Path(path)
         self.label = label or self.path.name
         self.header: RecordingHeader | None = None
         self.version: int | None = None  # None: guessed per line (no readable header)
+        self.scoring: ScoringEntry | None = None
+        self.scoring_note = "advantages unknown: the recording's header did not read"
         self.problems: list[str] = []
         self.skipped = 0
         self.rows: list[dict[str, Any]] = []
         self._spans: list[tuple[int, int]] = []
+        self._advantages: list[Advantage | None] = []  # per row, as the trainer would have it
+        self._group: list[tuple[int, Trajectory]] = []  # the group being read: (row, trajectory)
+        self._scored_groups: set[int] = set()
+        self._apart: set[int] = set()  # groups whose records are not contiguous
         try:
             self._read()
         except OSError as exc:
             self._problem(f"cannot read {self.path}: {exc.strerror or exc}")
-        self._advantages()
+        self._finish_scoring()
 
     # ---- reading ------------------------------------------------------------------------------
 
@@ -115,6 +130,7 @@ class RecordingIndex:
             try:
                 self.header = _decode_header(first, self.path)
                 self.version = self.header.schema_version
+                self._read_scoring(self.header)
             except RecordingError as exc:
                 if is_chat_jsonl(first):
                     self._problem(
@@ -150,6 +166,8 @@ class RecordingIndex:
                     continue
                 self._spans.append((start, start + len(body)))
                 self.rows.append(self._row(len(self.rows), lineno, trajectory))
+                self._advantages.append(None)
+                self._collect(len(self.rows) - 1, trajectory)
 
     @staticmethod
     def _row(i: int, lineno: int, t: Trajectory) -> dict[str, Any]:
@@ -171,30 +189,90 @@ class RecordingIndex:
             "tokens": sampled_length(t),
             "metrics": _numbers(env),
             "error": t.error,
-            "adv": 0.0,
-            "turn_rewards": [_finite(tr.reward) for tr in t.transitions],
-            "turn_adv": [0.0] * len(t.transitions),
+            "adv": None,  # None: unknown (no recorded scoring, or its group could not be scored)
+            "turn_adv": None,
         }
 
-    def _advantages(self) -> None:
-        members = [
-            r for r in self.rows if r["stop"] not in INFRA_STOP_REASONS and r["reward"] is not None
-        ]
-        if not members:
+    # ---- advantages, as the run scored them ----------------------------------------------------
+
+    def _read_scoring(self, header: RecordingHeader) -> None:
+        """The header's recorded scoring (module doc); a damaged entry is a problem, not a failure."""
+        try:
+            self.scoring = recorded_scoring(header, self.path)
+        except RecordingError as exc:
+            self.scoring_note = f"advantages unknown: {exc}"
+            self._problem(str(exc))
             return
-        advantages = batch_advantages(
-            [r["reward"] for r in members], [r["group"] for r in members], AdvantageConfig()
+        if self.scoring is None:
+            self.scoring_note = (
+                "advantages unknown: this recording's header does not record how its run scored "
+                "episodes (extra.scoring: written by training runs; not by `toolgym record`, imports, "
+                "or runs made before it), so no advantage is shown"
+            )
+            return
+        a = self.scoring.advantage
+        overlong = f", overlong {a.overlong.max_length}/{a.overlong.cache_length}" if a.overlong else ""
+        infra = ", infra failures trained on" if self.scoring.train_on_infra_failures else ""
+        self.scoring_note = (
+            f"advantages as the run scored them: {a.estimator.value} (eps {a.eps:g}), credit "
+            f"{a.credit.value}, gamma {a.gamma:g}{overlong}{infra}"
         )
-        for row, a in zip(members, advantages, strict=True):
-            row["adv"] = _finite(a) or 0.0
-        groups: dict[int, list[dict[str, Any]]] = {}
-        for r in members:
-            if all(x is not None for x in r["turn_rewards"]):
-                groups.setdefault(r["group"], []).append(r)
-        for group in groups.values():  # turn-level credit: `turn_loo`, dr_grpo, gamma 1 (rollouts/credit.py)
-            per_turn = turn_loo_advantages([returns_to_go(r["turn_rewards"]) for r in group])
-            for row, advs in zip(group, per_turn, strict=True):
-                row["turn_adv"] = [_finite(a) or 0.0 for a in advs]
+
+    def _collect(self, i: int, trajectory: Trajectory) -> None:
+        """Row i's trajectory, as it is read: the group before it is scored when a record of
+        another group follows."""
+        if self.scoring is None:
+            return
+        group_id = trajectory.group_id
+        if self._group and self._group[0][1].group_id != group_id:
+            self._score_group([row for row, _ in self._group], [t for _, t in self._group])
+            self._group = []
+        if group_id in self._scored_groups:
+            self._apart.add(group_id)
+        self._group.append((i, trajectory))
+
+    def _finish_scoring(self) -> None:
+        """Score the last group, then each group whose records were apart, whole, from the file."""
+        if self._group:
+            self._score_group([row for row, _ in self._group], [t for _, t in self._group])
+            self._group = []
+        for group_id in sorted(self._apart):
+            rows = [r["i"] for r in self.rows if r["group"] == group_id]
+            self._score_group(rows, [self.trajectory(i) for i in rows])
+
+    def _score_group(self, rows: list[int], group: list[Trajectory]) -> None:
+        scoring = self.scoring
+        if scoring is None:
+            return
+        self._scored_groups.add(group[0].group_id)
+        try:
+            advantages, _ = score_group(
+                group, scoring.advantage, train_on_infra_failures=scoring.train_on_infra_failures
+            )
+        except ValueError as exc:  # a reward that is not a finite number: training never scores one
+            self._problem(f"group {group[0].group_id}: advantages unknown ({exc})")
+            return
+        for i, advantage in zip(rows, advantages, strict=True):
+            row = self.rows[i]
+            self._advantages[i] = advantage
+            if isinstance(advantage, list):
+                row["turn_adv"] = [_finite(a) for a in advantage]
+                row["adv"] = _finite(math.fsum(advantage) / len(advantage)) if advantage else 0.0
+            else:
+                row["adv"] = _finite(advantage)
+                row["turn_adv"] = [row["adv"]] * row["turns"]
+
+    def scoring_summary(self) -> dict[str, Any]:
+        """What the page says of the advantages: known or not, the note, the credit (a row's
+        `adv` is a mean over turns under turn-level credit), the recorded entry."""
+        scoring = self.scoring
+        return {
+            "known": scoring is not None,
+            "note": self.scoring_note,
+            "credit": None if scoring is None else scoring.advantage.credit.value,
+            "turn_level": scoring is not None and scoring.advantage.credit != Credit.OUTCOME,
+            "entry": None if scoring is None else msgspec.to_builtins(scoring),
+        }
 
     # ---- the list -----------------------------------------------------------------------------
 
@@ -221,6 +299,7 @@ class RecordingIndex:
             "problems": self.problems,
             "header": None if h is None else msgspec.to_builtins(h),
             "model": "" if h is None else describe_policy_model(h),
+            "scoring": self.scoring_summary(),
             "facets": self.facets(),
         }
 
@@ -277,13 +356,15 @@ class RecordingIndex:
         return f"{'adapter' if lora else 'policy'} v{version}"
 
     def episode(self, i: int, renderer: ChatRenderer | None) -> dict[str, Any]:
-        """Episode i in full: its row, texts, per-turn rewards and infos, and `stream` (parallel
-        lists: id, text, mask, logprob, adv, turn, pv; text is None when no renderer of the
-        recording's tokenizer is given, and `notice` says why)."""
+        """Episode i in full: its row, texts, per-turn rewards, advantages and infos, and `stream`
+        (parallel lists: id, text, mask, logprob, adv, turn, pv; text is None when no renderer of
+        the recording's tokenizer is given, and `notice` says why; adv is None when the advantages
+        are unknown, and `scoring` says why)."""
         t = self.trajectory(i)
         row = self.rows[i]
-        built = trajectory_to_episodes(t, row["adv"])  # one per training sequence, in turn order
-        by_turn = trajectory_to_episodes(t, row["turn_adv"])
+        advantage = self._advantages[i]
+        # one per training sequence, in turn order; the advantages are the trainer's (None: unknown)
+        built = trajectory_to_episodes(t, 0.0 if advantage is None else advantage)
         ids = [x for e in built for x in e.tokens]
         turn_of: list[int] = []
         version_of: list[int | None] = []
@@ -305,7 +386,7 @@ class RecordingIndex:
                     "error": info.get("error"),
                     "sequence_start": k > 0 and info.get(SEQUENCE_START) is True,
                     "context_rewrite": k > 0 and info.get(CONTEXT_REWRITE) is True,
-                    "turn_adv": row["turn_adv"][k],
+                    "turn_adv": None if row["turn_adv"] is None else row["turn_adv"][k],
                     "obs_tokens": len(tr.observation_tokens),
                     "act_tokens": len(tr.action.tokens),
                 }
@@ -330,17 +411,17 @@ class RecordingIndex:
             "label": self.label,
             "system_prompt": t.system_prompt,
             "final_observation": t.final_observation,
-            "trained": t.stop_reason not in INFRA_STOP_REASONS,
+            "trained": trainable(t, self.scoring is not None and self.scoring.train_on_infra_failures),
             "sampled_by": self._sampled_by(t.policy_version),
             "turn_list": turns,
             "notice": notice,
+            "scoring": {"known": advantage is not None, "note": self.scoring_note},
             "stream": {
                 "id": ids,
                 "text": texts,
                 "mask": [x for e in built for x in e.loss_mask],
                 "logprob": [_finite(x) for e in built for x in e.sampler_logprobs],
-                "adv": [x for e in built for x in e.advantages],
-                "turn_adv": [x for e in by_turn for x in e.advantages],
+                "adv": None if advantage is None else [x for e in built for x in e.advantages],
                 "turn": turn_of,
                 "pv": version_of,
             },

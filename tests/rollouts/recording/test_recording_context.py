@@ -13,14 +13,14 @@ from recording_testlib import shipped_renderer, write
 
 from toolgym.configs.cli.main import main
 from toolgym.configs.cli.viewer.index import RecordingIndex
-from toolgym.rollouts.advantages import AdvantageConfig, AdvantageEstimator, Credit
 from toolgym.rollouts.context import ElideToolResults, SlidingWindow
-from toolgym.rollouts.credit import group_turn_advantages
 from toolgym.rollouts.episodes import build_episodes, sequences, trajectory_to_episodes, turn_spans
 from toolgym.rollouts.recording.chat_jsonl import export_chat_jsonl
 from toolgym.rollouts.recording.format import read_recording
 from toolgym.rollouts.recording.replay import format_transcript, replay_problems
 from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
+from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator, Credit
+from toolgym.rollouts.scoring.credit import group_turn_advantages
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import CONTEXT_REWRITE, SEQUENCE_START, StopReason
 from toolgym.trainers.batching import make_micro_batches

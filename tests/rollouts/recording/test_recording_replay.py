@@ -7,7 +7,15 @@ import pytest
 from rollouts_fakes import TOY_ENV_ID, TextPolicy
 
 from toolgym.rollouts.evaluation import EvalConfig, evaluate_sync, pick_examples
-from toolgym.rollouts.recording.format import RecordingHeader, RecordingWriter, read_recording
+from toolgym.rollouts.recording.format import (
+    SCORING,
+    RecordingError,
+    RecordingHeader,
+    RecordingWriter,
+    read_recording,
+    recorded_scoring,
+    scoring_entry,
+)
 from toolgym.rollouts.recording.replay import (
     OfflineMode,
     format_transcript,
@@ -17,6 +25,7 @@ from toolgym.rollouts.recording.replay import (
     verify_trajectory,
 )
 from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
+from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator, Credit
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import StopReason
 
@@ -24,16 +33,22 @@ KNOBS = OracleConfig(p_omit_tag=0.3, p_skip_lookup=0.2, p_malformed_call=0.3)
 
 
 def record(
-    renderer, tmp_path, env_id="toolgym/Zorplex-v0", env_kwargs=None, policy=None, seeds=range(6), **kw
+    renderer,
+    tmp_path,
+    env_id="toolgym/Zorplex-v0",
+    env_kwargs=None,
+    policy=None,
+    seeds=range(6),
+    extra=None,
+    **kw,
 ):
     env_kwargs = {"tier": "compositional"} if env_kwargs is None else env_kwargs
     config = EnvRolloutConfig(env_id=env_id, env_kwargs=env_kwargs, group_size=2, **{"max_turns": 8, **kw})
     policy = policy or OraclePolicy(renderer, KNOBS)
     trajectories = RolloutRunner(policy, renderer, config).run(list(seeds))
     path = tmp_path / f"rec{len(list(tmp_path.iterdir()))}.jsonl"
-    with RecordingWriter(
-        path, RecordingHeader(tokenizer_fingerprint="fp", env_id=env_id, env_kwargs=env_kwargs)
-    ) as w:
+    header = RecordingHeader(tokenizer_fingerprint="fp", env_id=env_id, env_kwargs=env_kwargs, extra=extra or {})
+    with RecordingWriter(path, header) as w:
         w.write_all(trajectories)
     return path, trajectories
 
@@ -193,13 +208,20 @@ def test_summary(renderer, tmp_path):
 def test_episodes_from_recording(renderer, tmp_path):
     from toolgym.rollouts.recording.replay import episodes_from_trajectories
 
-    path, _ = record(renderer, tmp_path, policy=OraclePolicy(renderer, OracleConfig(p_skip_lookup=0.5)))
-    _, trajectories = read_recording(path, "fp")
+    run_config = AdvantageConfig(estimator=AdvantageEstimator.DR_GRPO)
+    extra = {SCORING: scoring_entry(run_config, {"name": "grpo"}, train_on_infra_failures=False)}
+    policy = OraclePolicy(renderer, OracleConfig(p_skip_lookup=0.5))
+    path, _ = record(renderer, tmp_path, policy=policy, extra=extra)
+    header, trajectories = read_recording(path, "fp")
     sft, stats = episodes_from_trajectories(trajectories, OfflineMode.SFT, only_successful=True)
     successes = [t for t in trajectories if t.metrics["failure_mode"] == "success"]
     assert 0 < len(sft) == len(successes) == stats.built < len(trajectories)
     assert all(a == 1.0 for e in sft for a, m in zip(e.advantages, e.loss_mask, strict=True) if m)
-    pg, _ = episodes_from_trajectories(trajectories, OfflineMode.PG)
+    with pytest.raises(ValueError, match="needs the advantage config"):  # no silent default
+        episodes_from_trajectories(trajectories, OfflineMode.PG)
+    scoring = recorded_scoring(header)
+    assert scoring is not None and scoring.advantage == run_config and scoring.loss == {"name": "grpo"}
+    pg, _ = episodes_from_trajectories(trajectories, OfflineMode.PG, scoring.advantage)
     assert len(pg) == len(trajectories)
     by_group = {}
     for e in pg:
@@ -259,3 +281,17 @@ def test_verify_with_a_renderer_checks_tokens_against_text(renderer, tmp_path):
         f"turn {last}: action tokens decode to '', not the recorded {t.transitions[last].action.text!r}"
     ]
     assert [i for i, _, _ in verify_trajectories([t, trained, shown], renderer)] == [1, 2]
+
+
+def test_the_header_records_the_run_scoring_and_an_old_one_says_nothing(renderer, tmp_path):
+    config = AdvantageConfig(estimator=AdvantageEstimator.DR_GRPO, credit=Credit.TURN_STATE)
+    entry = scoring_entry(config, {"name": "cispo", "tis_cap": 2.0}, train_on_infra_failures=True)
+    path, _ = record(renderer, tmp_path, seeds=[0], extra={SCORING: entry})
+    scoring = recorded_scoring(read_recording(path, "fp")[0])  # through the JSON file and back
+    assert scoring is not None and scoring.advantage == config and scoring.train_on_infra_failures
+    assert scoring.loss == {"name": "cispo", "tis_cap": 2.0}
+    old, _ = record(renderer, tmp_path, seeds=[0])
+    assert recorded_scoring(read_recording(old, "fp")[0]) is None
+    bad = RecordingHeader("fp", "toolgym/Zorplex-v0", extra={SCORING: {"advantage": {"gamma": 2.0}}})
+    with pytest.raises(RecordingError, match="not a scoring entry"):
+        recorded_scoring(bad, "x.jsonl")

@@ -1,15 +1,16 @@
 """Turn-level credit in the async path: per-turn advantages cross the generators' msgpack channel
-unchanged, and an over-stale group's are down-weighted turn by turn (take_batch)."""
+unchanged, and an over-stale group's are down-weighted turn by turn (take_batch, through the
+batch assembler)."""
 
 from __future__ import annotations
 
 import msgspec
 
 from toolgym.agents.types import Completion
-from toolgym.rollouts.advantages import AdvantageConfig, AdvantageEstimator, Credit
-from toolgym.rollouts.batches import BatchConfig, score_group
+from toolgym.rollouts.batches import BatchConfig, ScoredGroup, oldest_version
+from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator, Credit
+from toolgym.rollouts.scoring.scorer import score_group
 from toolgym.rollouts.types import StopReason, Trajectory, Transition
-from toolgym.trainers.loop.producer import ScoredGroup, oldest_version
 from toolgym.trainers.loop.staleness import take_batch
 
 
@@ -43,7 +44,7 @@ CONFIG = BatchConfig(
 
 
 def scored(trajectories: list[Trajectory]) -> ScoredGroup:
-    advantages, informative = score_group(trajectories, CONFIG)
+    advantages, informative = score_group(trajectories, CONFIG.advantage, train_on_infra_failures=False)
     return ScoredGroup(0, trajectories, advantages, informative, oldest_version(trajectories), 0.0)
 
 

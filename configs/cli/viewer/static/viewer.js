@@ -134,6 +134,9 @@ function showSummary(s) {
   const h = s.header;
   const head = h ? `${h.env_id} ${JSON.stringify(h.env_kwargs)} · policy ${h.policy_id || "?"}${s.model ? ` · ${s.model}` : ""} · created ${h.created || "?"} · schema v${h.schema_version}` : "no readable header";
   $("status").textContent = `${s.label}: ${s.episodes} episodes · ${head}` + (s.skipped ? ` · ${s.skipped} ${s.skipped === 1 ? "line" : "lines"} skipped` : "");
+  // the advantages are the run's own (its recorded scoring), or unknown: never another config's
+  $("scoring").textContent = s.scoring.note + (s.scoring.turn_level ? " (the adv column: the mean of an episode's turns')" : "");
+  $("scoring").className = s.scoring.known ? "hint" : "worse";
   const box = $("problems");
   box.hidden = !s.problems.length;
   box.replaceChildren(
@@ -317,11 +320,12 @@ async function showEpisode(rid, i, target) {
   meta.append(
     el("div", {}, el("b", { text: `episode ${ep.i}` }), ` (line ${ep.line}) · ${ep.env} ${ep.kwargs} · task seed ${ep.seed} · group ${ep.group} · sample ${ep.sample} · ${ep.sampled_by}`),
     el("div", {}, `stop ${ep.stop} · failure mode ${ep.failure || "–"} · reward `, el("b", { text: signed(ep.reward) }),
-      ` (${objText(ep.components)}) · advantage ${signed(ep.adv, 3)}${ep.trained ? "" : " (not trained on)"} · ${ep.turns} turns · ${ep.tokens} sampled tokens`),
+      ` (${objText(ep.components)}) · advantage ${ep.scoring.known ? signed(ep.adv, 3) : "unknown"}${ep.trained ? "" : " (not trained on)"} · ${ep.turns} turns · ${ep.tokens} sampled tokens`),
     el("div", {}, `env metrics: ${objText(ep.metrics, false)}`),
   );
   if (ep.error) meta.append(el("div", { class: "worse", text: `error: ${ep.error}` }));
   if (ep.notice) meta.append(el("div", { class: "hint", text: ep.notice }));
+  if (!ep.scoring.known) meta.append(el("div", { class: "hint advantages-unknown", text: ep.scoring.note }));
   const transcript = el("div", { class: "transcript", "data-episode": ep.i });
   episodes.set(transcript, ep);
   drawTranscript(transcript, ep);
@@ -334,7 +338,7 @@ let shadeGroups = 0;
 function shadeSwitch() {
   const box = el("div", { class: "shade" }, "shade by:");
   const group = `shade-${(shadeGroups += 1)}`; // one radio group per transcript
-  for (const [mode, label] of [["mask", "loss mask"], ["logprob", "sampler logprob"], ["adv", "advantage"], ["turn", "turn advantage"]]) {
+  for (const [mode, label] of [["mask", "loss mask"], ["logprob", "sampler logprob"], ["adv", "advantage"]]) {
     const input = el("input", { type: "radio", name: group, value: mode, class: `shade-${mode}` });
     input.checked = state.shade === mode;
     input.addEventListener("change", () => {
@@ -353,8 +357,7 @@ function legend() {
   const span = (text, color) => { const s = el("span", { text }); s.style.background = color; return s; };
   if (state.shade === "mask") box.append(span("sampled: trained on (mask 1)", maskColor(1)), span("prompt / env: not trained (mask 0)", "#f1f1f1"));
   if (state.shade === "logprob") box.append(span("p = 0.05", probColor(0.05)), span("p = 0.5", probColor(0.5)), span("p = 1", probColor(1)), " (sampled tokens; prompt unshaded)");
-  if (state.shade === "adv" || state.shade === "turn") box.append(span("advantage < 0", advColor(-1, 1)), span("= 0", advColor(0, 1)), span("> 0", advColor(1, 1)));
-  if (state.shade === "turn") box.append(" (per turn: return-to-go minus the other samples' at that turn, credit turn_loo)");
+  if (state.shade === "adv") box.append(span("advantage < 0", advColor(-1, 1)), span("= 0", advColor(0, 1)), span("> 0", advColor(1, 1)), " (as the run scored it: per turn under turn-level credit; unknown: unshaded)");
   return box;
 }
 
@@ -376,7 +379,7 @@ function drawTranscript(box, ep) {
   };
   const note = (k) => {
     const turn = ep.turn_list[k];
-    const parts = [`turn ${k}: reward ${signed(turn.reward)} · turn advantage ${signed(turn.turn_adv)}`];
+    const parts = [`turn ${k}: reward ${signed(turn.reward)} · advantage ${signed(turn.turn_adv)}`];
     if (Object.keys(turn.components).length) parts.push(`components ${objText(turn.components)}`);
     if (Object.keys(turn.metrics).length) parts.push(`metrics ${objText(turn.metrics, false)}`);
     if (turn.error) parts.push(`env raised: ${turn.error}`);
@@ -408,18 +411,15 @@ function drawTranscript(box, ep) {
 
 function applyShade(box, ep) {
   const t = ep.stream;
-  const scale = Math.max(1e-9, ...t.adv.map(Math.abs));
-  const turnScale = Math.max(1e-9, ...t.turn_adv.map(Math.abs));
+  const scale = t.adv ? Math.max(1e-9, ...t.adv.map(Math.abs)) : 1; // t.adv null: unknown
   for (const span of box.querySelectorAll(".tok")) {
     const k = span.dataset.k === undefined ? null : Number(span.dataset.k);
     const sampled = span.classList.contains("m1");
     let color = "";
     if (state.shade === "mask") color = maskColor(sampled ? 1 : 0);
     else if (sampled && k !== null && state.shade === "logprob" && t.logprob[k] !== null) color = probColor(Math.exp(t.logprob[k]));
-    else if (sampled && k !== null && state.shade === "adv") color = advColor(t.adv[k], scale);
-    else if (sampled && k === null && state.shade === "adv") color = advColor(ep.adv, Math.abs(ep.adv) || 1);
-    else if (sampled && k !== null && state.shade === "turn") color = advColor(t.turn_adv[k], turnScale);
-    else if (sampled && k === null && state.shade === "turn") {
+    else if (sampled && k !== null && state.shade === "adv" && t.adv) color = advColor(t.adv[k], scale);
+    else if (sampled && k === null && state.shade === "adv" && ep.scoring.known) { // no token text: each turn's
       const a = ep.turn_list[Number(span.dataset.turnAction)].turn_adv;
       color = advColor(a, Math.max(1e-9, ...ep.turn_list.map((x) => Math.abs(x.turn_adv))));
     }
@@ -440,7 +440,7 @@ function wireTooltip() {
     tip.textContent = [
       `token ${k}: id ${t.id[k]} ${JSON.stringify(t.text ? t.text[k] : "")}`,
       `loss mask ${t.mask[k]} · turn ${t.turn[k]}` + (t.pv[k] === null ? "" : ` · policy v${t.pv[k]}`),
-      t.mask[k] ? `sampler logprob ${fmt(lp, 4)} (p ${lp === null ? "–" : fmt(Math.exp(lp), 3)}) · advantage ${signed(t.adv[k], 4)} · turn advantage ${signed(t.turn_adv[k], 4)}` : "prompt / env token: not trained on",
+      t.mask[k] ? `sampler logprob ${fmt(lp, 4)} (p ${lp === null ? "–" : fmt(Math.exp(lp), 3)}) · advantage ${t.adv ? signed(t.adv[k], 4) : "unknown"}` : "prompt / env token: not trained on",
     ].join("\n");
     tip.hidden = false;
   });

@@ -15,11 +15,19 @@ import msgspec
 import pytest
 from recording_testlib import play, shipped_renderer, write
 
+from toolgym.agents.tokenizer import tokenizer_fingerprint
 from toolgym.configs.cli.viewer.index import RecordingIndex
 from toolgym.configs.cli.viewer.server import ViewerData, ViewerServer
 from toolgym.rollouts.episodes import trajectory_to_episodes
 from toolgym.rollouts.recording.chat_jsonl import export_chat_jsonl
-from toolgym.rollouts.recording.format import read_recording
+from toolgym.rollouts.recording.format import (
+    SCORING,
+    RecordingHeader,
+    RecordingWriter,
+    read_recording,
+    scoring_entry,
+)
+from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator, Credit
 from toolgym.rollouts.scripted import OracleConfig
 from toolgym.rollouts.types import StopReason
 
@@ -67,7 +75,20 @@ def recordings(tmp_path_factory):
     chat = folder / "chat.jsonl"
     with chat.open("w") as out:
         export_chat_jsonl(a, out)
-    return a, b, damaged, long_stops, other_env, chat
+    # a run's recording: its header records how the run scored (turn-level credit)
+    run = folder / "train_rank0.jsonl"
+    config = AdvantageConfig(estimator=AdvantageEstimator.DR_GRPO, credit=Credit.TURN_STATE)
+    header = RecordingHeader(
+        tokenizer_fingerprint=tokenizer_fingerprint(shipped_renderer().tokenizer),
+        env_id=ZORPLEX,
+        env_kwargs={"tier": "recursive"},
+        extra={SCORING: scoring_entry(config, {"name": "grpo"}, train_on_infra_failures=False)},
+    )
+    with RecordingWriter(run, header) as writer:
+        oracle = OracleConfig(p_omit_tag=0.5, p_malformed_call=0.3)  # turns that differ in value
+        episodes = play(ZORPLEX, list(range(4)), group_size=3, env_kwargs={"tier": "recursive"}, oracle=oracle)
+        writer.write_all(episodes)
+    return a, b, damaged, long_stops, other_env, chat, run
 
 
 @pytest.fixture(scope="module")
@@ -171,9 +192,8 @@ def test_a_late_answer_for_an_older_filter_does_not_replace_the_newer_list(page)
 
 def test_token_shading_matches_the_recording_masks(page, recordings):
     _, trajectories = read_recording(recordings[0])
-    index = RecordingIndex(recordings[0])
     i = 3
-    (episode,) = trajectory_to_episodes(trajectories[i], index.rows[i]["adv"])
+    (episode,) = trajectory_to_episodes(trajectories[i], 0.0)
     page.click(f"#episode-table tbody tr[data-i='{i}']")
     page.wait_for_selector("#episode-detail .transcript .tok")
     spans = page.eval_on_selector_all(
@@ -194,16 +214,42 @@ def test_token_shading_matches_the_recording_masks(page, recordings):
     assert all(shaded[k] == "" for k, m in enumerate(episode.loss_mask) if not m)
     assert len({shaded[k] for k in sampled}) > 1  # colours follow the (varied) sampler logprobs
 
-    page.check("#episode-detail .shade-turn")  # turn-level credit: each turn's own advantage
-    page.wait_for_selector("#episode-detail .transcript[data-shade=turn]")
+    # an oracle recording records no scoring: the page says so and shades no advantage
+    assert "advantages unknown" in page.text_content("#scoring")
+    assert "advantages unknown" in page.text_content("#episode-detail .advantages-unknown")
+    page.check("#episode-detail .shade-adv")
+    page.wait_for_selector("#episode-detail .transcript[data-shade=adv]")
     shaded = page.eval_on_selector_all("#episode-detail .tok[data-k]", "s => s.map(e => e.style.background)")
-    assert all(shaded[k] == "" for k, m in enumerate(episode.loss_mask) if not m)
-    assert all(shaded[k] for k in sampled)
+    assert all(shade == "" for shade in shaded)
 
     first = sampled[0]
     page.hover(f"#episode-detail .tok[data-k='{first}']")
     tip = page.text_content("#tooltip")
     assert "loss mask 1" in tip and f"{episode.sampler_logprobs[first]:.4f}" in tip
+    assert "advantage unknown" in tip
+
+
+def test_a_run_recording_shades_the_advantages_the_run_used(open_page, recordings):
+    index = RecordingIndex(recordings[6])
+    i = next(k for k, r in enumerate(index.rows) if r["turns"] > 1 and len(set(r["turn_adv"])) > 1)
+    page = open_page(f"#r=6&ep={i}")
+    page.wait_for_selector("#episode-detail .transcript .tok")
+    assert "credit turn_state" in page.text_content("#scoring")
+    assert page.query_selector("#episode-detail .advantages-unknown") is None
+    page.check("#episode-detail .shade-adv")
+    page.wait_for_selector("#episode-detail .transcript[data-shade=adv]")
+    shaded = page.eval_on_selector_all("#episode-detail .tok[data-k]", "s => s.map(e => e.style.background)")
+    stream = index.episode(i, shipped_renderer())["stream"]
+    sampled = [k for k, m in enumerate(stream["mask"]) if m]
+    assert all(shaded[k] == "" for k, m in enumerate(stream["mask"]) if not m)
+    # each turn's own advantage: tokens of turns with different advantages get different colours
+    by_value = {}
+    for k in sampled:
+        by_value.setdefault(stream["adv"][k], set()).add(shaded[k])
+    assert len(by_value) > 1 and all(len(colours) == 1 for colours in by_value.values())
+    assert len({c for colours in by_value.values() for c in colours}) == len(by_value)
+    notes = page.eval_on_selector_all("#episode-detail .turn-note", "n => n.map(e => e.textContent)")
+    assert f"advantage {index.rows[i]['turn_adv'][0]:+.3f}" in notes[0]
 
 
 def test_comparison_aligns_episodes_by_task_seed(page, recordings):

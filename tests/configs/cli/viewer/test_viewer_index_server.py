@@ -1,9 +1,10 @@
 """The viewer without a browser: the index (rows, filters, sorting, pages, damaged and foreign
-files, the per-token view), the comparison by task seed, the JSON API, and `toolgym view`'s
-sources and errors."""
+files, the per-token view, advantages as the recorded run scored them or said to be unknown), the
+comparison by task seed, the JSON API, and `toolgym view`'s sources and errors."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import urllib.request
@@ -13,12 +14,22 @@ import msgspec
 import pytest
 from recording_testlib import play, shipped_renderer, write
 
+from toolgym.agents.tokenizer import tokenizer_fingerprint
 from toolgym.configs.cli.main import main
 from toolgym.configs.cli.viewer.index import RecordingIndex, compare, token_texts
 from toolgym.configs.cli.viewer.server import ViewerData, ViewerServer
+from toolgym.rollouts.batches import BatchConfig, RolloutBatch, TaskSeedStream, collect_batch
 from toolgym.rollouts.episodes import trajectory_to_episodes
-from toolgym.rollouts.recording.format import read_recording
+from toolgym.rollouts.recording.format import (
+    SCORING,
+    RecordingHeader,
+    RecordingWriter,
+    read_recording,
+    scoring_entry,
+)
+from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator, Credit, OverlongShaping
 from toolgym.rollouts.scripted import OracleConfig
+from toolgym.rollouts.types import StopReason, Trajectory
 
 ZORPLEX = "toolgym/Zorplex-v0"
 
@@ -47,9 +58,10 @@ def test_index_rows_match_the_recording(zorplex):
         assert row["reward"] == pytest.approx(t.total_reward)
         assert row["tokens"] == sum(len(tr.action.tokens) for tr in t.transitions)
         assert row["failure"] == t.metrics["failure_mode"]
-    # GRPO advantages within each group: they sum to zero per group
-    for group in {r["group"] for r in index.rows}:
-        assert sum(r["adv"] for r in index.rows if r["group"] == group) == pytest.approx(0.0, abs=1e-6)
+    # no scoring in the header (an oracle recording): the advantages are unknown, and said to be
+    assert all(r["adv"] is None and r["turn_adv"] is None for r in index.rows)
+    scoring = index.summary()["scoring"]
+    assert not scoring["known"] and scoring["note"].startswith("advantages unknown")
 
 
 def test_filters_sorting_and_pages(zorplex):
@@ -77,9 +89,11 @@ def test_episode_stream_is_what_training_reads(zorplex):
     renderer = shipped_renderer()
     for i in (0, 5):
         ep = index.episode(i, renderer)
-        (built,) = trajectory_to_episodes(trajectories[i], index.rows[i]["adv"])
+        (built,) = trajectory_to_episodes(trajectories[i], 0.0)
         s = ep["stream"]
-        assert s["id"] == built.tokens and s["mask"] == built.loss_mask and s["adv"] == built.advantages
+        assert s["id"] == built.tokens and s["mask"] == built.loss_mask
+        assert s["adv"] is None and not ep["scoring"]["known"]  # unknown, not another config's numbers
+        assert "advantages unknown" in ep["scoring"]["note"]
         assert s["logprob"] == pytest.approx(built.sampler_logprobs)
         assert "".join(s["text"]) == renderer.decode(built.tokens)
         assert len(s["turn"]) == len(s["pv"]) == len(s["id"])
@@ -272,28 +286,91 @@ def test_a_port_in_use_is_refused_before_anything_is_read(zorplex, capsys):
     assert "episodes" not in captured.out  # refused before the recording was indexed
 
 
-def test_turn_advantages_are_what_turn_level_credit_trains_on(tmp_path):
-    from toolgym.rollouts.advantages import AdvantageConfig, AdvantageEstimator, Credit
-    from toolgym.rollouts.credit import group_turn_advantages
+# ---- advantages: the recorded run's own ---------------------------------------------------------
 
-    # multi-turn episodes whose groups differ turn by turn (the oracle sometimes omits the tag)
-    path = write(tmp_path / "recursive.jsonl", play(ZORPLEX, list(range(4)), group_size=3, env_kwargs={"tier": "recursive"}), ZORPLEX)
+
+class Replaying:
+    """A GroupRunner that hands back recorded groups: the trainer's batch of these episodes."""
+
+    def __init__(self, groups: dict[int, list[Trajectory]]) -> None:
+        self.groups = groups
+
+    async def run_groups(self, task_seeds, group_ids=None, on_episode=None) -> list[Trajectory]:
+        return [t for g in group_ids or [] for t in self.groups[g]]
+
+
+def run_recording(
+    path: Path, trajectories: list[Trajectory], config: AdvantageConfig, order: list[int] | None = None
+) -> tuple[Path, RolloutBatch]:
+    """Record `trajectories` (in `order`, default as given) as a run that scores with `config`
+    would (its header's scoring entry), and the batch the trainer gets from the same groups
+    (collect_batch: the scorer and the assembler)."""
+    groups: dict[int, list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault(t.group_id, []).append(t)
+    header = RecordingHeader(
+        tokenizer_fingerprint=tokenizer_fingerprint(shipped_renderer().tokenizer),
+        env_id=ZORPLEX,
+        env_kwargs=dict(trajectories[0].env_kwargs),
+        policy_id="a run",
+        extra={SCORING: scoring_entry(config, {"name": "grpo"}, train_on_infra_failures=False)},
+    )
+    with RecordingWriter(path, header) as writer:
+        writer.write_all([trajectories[i] for i in order] if order else trajectories)
+    assert sorted(groups) == list(range(len(groups)))  # the stream's first group ids
+    batch_config = BatchConfig(groups_per_batch=len(groups), advantage=config)
+    return path, asyncio.run(collect_batch(Replaying(groups), TaskSeedStream(), batch_config))
+
+
+def _by_episode(batch: RolloutBatch) -> dict[tuple[int, int], object]:
+    return {(t.group_id, t.sample_index): a for t, a in zip(batch.trajectories, batch.advantages, strict=True)}
+
+
+def test_turn_state_advantages_are_the_trainer_batch_s(tmp_path):
+    # multi-turn episodes whose groups differ turn by turn; one infra failure, left out by both
+    oracle = OracleConfig(p_omit_tag=0.5, p_malformed_call=0.3)  # turns of different values
+    played = play(ZORPLEX, list(range(4)), group_size=3, env_kwargs={"tier": "recursive"}, oracle=oracle)
+    played[4] = msgspec.structs.replace(played[4], stop_reason=StopReason.ENV_ERROR, error="env_error: boom")
+    config = AdvantageConfig(estimator=AdvantageEstimator.DR_GRPO, credit=Credit.TURN_STATE)
+    # written with one group's records apart (group 1 around group 2): still scored whole
+    order = [0, 1, 2, 3, 4, 6, 7, 8, 5, 9, 10, 11]
+    path, batch = run_recording(tmp_path / "run.jsonl", played, config, order)
+    expected = _by_episode(batch)
     index = RecordingIndex(path)
-    _, trajectories = read_recording(path)
-    config = AdvantageConfig(estimator=AdvantageEstimator.DR_GRPO, credit=Credit.TURN_LOO)
+    summary = index.summary()["scoring"]
+    assert summary["known"] and summary["turn_level"] and "credit turn_state" in summary["note"]
     nonzero = 0
-    for group in {r["group"] for r in index.rows}:
-        members = [i for i, r in enumerate(index.rows) if r["group"] == group]
-        expected = group_turn_advantages([trajectories[i] for i in members], config)
-        for i, advs in zip(members, expected, strict=True):
-            assert index.rows[i]["turn_adv"] == pytest.approx(advs)
-            nonzero += any(abs(a) > 1e-9 for a in advs)
-    assert nonzero > 0
-    i = next(i for i, r in enumerate(index.rows) if any(r["turn_adv"]) and r["turns"] > 1)
-    ep = index.episode(i, shipped_renderer())
-    (built,) = trajectory_to_episodes(trajectories[i], index.rows[i]["turn_adv"])
-    s = ep["stream"]
-    assert s["turn_adv"] == built.advantages  # on each turn's sampled tokens, 0 elsewhere
-    sampled = [k for k, m in enumerate(s["mask"]) if m]
-    assert all(s["turn_adv"][k] == pytest.approx(index.rows[i]["turn_adv"][s["turn"][k]]) for k in sampled)
-    assert [t["turn_adv"] for t in ep["turn_list"]] == index.rows[i]["turn_adv"]
+    for row in index.rows:
+        advantage = expected[(row["group"], row["sample"])]
+        if row["stop"] == StopReason.ENV_ERROR:
+            assert advantage == 0.0 and row["adv"] == 0.0 and row["turn_adv"] == [0.0] * row["turns"]
+            continue
+        assert isinstance(advantage, list) and row["turn_adv"] == advantage  # exactly, per turn
+        nonzero += len(set(advantage)) > 1
+    assert nonzero > 0  # some episodes' turns got different advantages
+    # the per-token stream is the trainer's Episode for that episode (one each: no restarts here)
+    trained_on = [t for t, k in zip(batch.trajectories, batch.kept, strict=True) if k and not t.error]
+    episodes = {(t.group_id, t.sample_index): e for t, e in zip(trained_on, batch.episodes, strict=True)}
+    renderer = shipped_renderer()
+    for i, row in enumerate(index.rows):
+        if row["stop"] == StopReason.ENV_ERROR or row["turns"] < 2:
+            continue
+        ep = index.episode(i, renderer)
+        trained = episodes[(row["group"], row["sample"])]
+        assert ep["stream"]["adv"] == trained.advantages and ep["stream"]["id"] == trained.tokens
+        assert [t["turn_adv"] for t in ep["turn_list"]] == row["turn_adv"] and ep["scoring"]["known"]
+
+
+def test_outcome_advantages_with_overlong_shaping_are_the_trainer_batch_s(tmp_path):
+    played = play(ZORPLEX, list(range(4)), group_size=3, env_kwargs={"tier": "compositional"})
+    config = AdvantageConfig(eps=0.1, overlong=OverlongShaping(max_length=22, cache_length=6))
+    path, batch = run_recording(tmp_path / "outcome.jsonl", played, config)
+    expected = _by_episode(batch)
+    index = RecordingIndex(path)
+    assert not index.summary()["scoring"]["turn_level"]
+    assert any(r["adv"] for r in index.rows)
+    for row in index.rows:
+        assert row["adv"] == expected[(row["group"], row["sample"])]  # exactly
+        assert row["turn_adv"] == [row["adv"]] * row["turns"]
+    (trained, *_) = batch.episodes
+    assert index.episode(0, shipped_renderer())["stream"]["adv"] == trained.advantages

@@ -1,6 +1,7 @@
 """Group-relative advantages (GRPO, Dr. GRPO) and DAPO overlong reward shaping.
 
-Pure functions of plain numbers; the only place in toolgym that turns rewards into advantages.
+Pure functions of plain numbers, called by the scorer (scorer.py, `score_group`), the only caller
+in the library that turns rewards into advantages.
 
 GRPO (DeepSeekMath): A_i = (r_i - mean(r)) / (std(r) + eps) over the G samples of one task.
 Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training"): A_i = r_i - mean(r); it drops
@@ -25,7 +26,7 @@ what it samples).
 (the default) gives every turn the episode's group advantage computed here; "turn_loo" gives each
 turn its own, from the turn's return-to-go and a leave-one-out baseline per turn index, and
 "turn_state" the same with the baseline taken from the other episodes in the same state
-(rollouts/credit.py, which also documents each estimator's bias and variance).
+(credit.py, which also documents each estimator's bias and variance).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class AdvantageEstimator(enum.StrEnum):
 
 
 class Credit(enum.StrEnum):
-    """How an episode's reward becomes advantages on its turns (rollouts/credit.py)."""
+    """How an episode's reward becomes advantages on its turns (credit.py)."""
 
     OUTCOME = "outcome"  # the episode's group advantage on every turn
     TURN_LOO = "turn_loo"  # per turn: return-to-go minus the other episodes' mean at that turn

@@ -1,8 +1,8 @@
 """Credit over turns: per-turn rewards, discounted returns-to-go, and turn-level advantages.
 
-Pure functions of plain numbers (and of a Trajectory's rewards); `score_group`
-(rollouts/batches.py) calls them for `AdvantageConfig.credit = "turn_loo"`, and the Episodes
-builder (rollouts/episodes.py) puts each turn's advantage on that turn's sampled tokens.
+Pure functions of plain numbers (and of a Trajectory's rewards); the scorer (scorer.py,
+`score_group`) calls them for `AdvantageConfig.credit = "turn_loo"` or "turn_state", and the
+Episodes builder (rollouts/episodes.py) puts each turn's advantage on that turn's sampled tokens.
 
 Per-turn rewards and returns. Turn t of an episode (t = 0 .. T-1) is its t-th transition: the
 observation, the action the policy sampled, and the env's reward for that step. That reward
@@ -68,9 +68,9 @@ Policy versions (async training, weights loaded in flight): the group's episodes
 different policy versions, each token recording its own (Episode.token_versions). The baseline is
 still a function of the other episodes only, so the argument above holds for the sampling
 distribution; correcting for the sampler being older than the trainer is the loss's job (token
-TIS, sequence IS masking: trainers/losses.py), which multiplies each token's advantage, turn-level
-or not, the same way. An over-stale group's advantages are scaled, every turn alike
-(`scale_advantage`).
+TIS, sequence IS masking: the trainer's loss), which multiplies each token's advantage, turn-level
+or not, the same way. An over-stale group's advantages are scaled, every turn alike (scorer.py,
+`OverStale`, applied by the batch assembler).
 
 The unbiasedness claims are checked against an exactly enumerated policy gradient on a small
 tabular multi-turn MDP, through `score_group` and the Episodes builder
@@ -83,10 +83,10 @@ import json
 import math
 from collections.abc import Hashable, Sequence
 
-from ..envs.core.info import CREDIT_STATE
+from ...envs.core.info import CREDIT_STATE
+from ..episodes import sampled_length
+from ..types import Trajectory
 from .advantages import AdvantageConfig, AdvantageEstimator, Credit, OverlongShaping, overlong_penalty
-from .episodes import Advantage, sampled_length
-from .types import Trajectory
 
 # Turn indices reported in the `credit/` metrics (`credit_metrics`): 0 .. CREDIT_METRIC_TURNS-1.
 CREDIT_METRIC_TURNS = 6
@@ -257,26 +257,3 @@ def credit_metrics(
         m[f"{prefix}reached_turn{t}"] = len(values) / n if n else 0.0
         m[f"{prefix}past_share_turn{t}"] = past_reward_share(rewards, t)
     return m
-
-
-def scale_advantage(advantage: Advantage, weight: float) -> Advantage:
-    """An episode's advantage (one number, or one per turn) times `weight`."""
-    if isinstance(advantage, list):
-        return [a * weight for a in advantage]
-    return advantage * weight
-
-
-def mean_abs_advantage(advantage: Advantage) -> float:
-    """|advantage| (one number), or its mean over the turns (0 for an episode without a turn)."""
-    if isinstance(advantage, list):
-        return math.fsum(abs(a) for a in advantage) / len(advantage) if advantage else 0.0
-    return abs(advantage)
-
-
-def is_informative(advantages: Sequence[Advantage], tol: float = 1e-9) -> bool:
-    """Whether any turn of any episode has a non-zero advantage (the group carries signal)."""
-    for advantage in advantages:
-        values = advantage if isinstance(advantage, list) else [advantage]
-        if any(abs(a) > tol for a in values):
-            return True
-    return False

@@ -23,7 +23,7 @@ Sections (all optional; every key has a default):
     [batch]      BatchConfig: groups_per_batch (per step, over ALL ranks), dynamic_sampling,
                  max_extra_rounds, max_groups_per_round, overlong_rule, train_on_infra_failures,
                  [batch.advantage] estimator (grpo | dr_grpo), eps, overlong = {max_length, cache_length},
-                 credit (outcome | turn_loo | turn_state: turn-level credit, rollouts/credit.py), gamma
+                 credit (outcome | turn_loo | turn_state: turn-level credit, rollouts/scoring/credit.py), gamma
     [trainer]    TrainerConfig: micro_batch_tokens, precision, compute_entropy, [trainer.loss] (LossConfig),
                  [trainer.optimizer] (OptimizerConfig; total_steps defaults to run.steps)
     [sft]        enabled, source (oracle | recording), recording, num_tasks, env_kwargs,

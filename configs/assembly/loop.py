@@ -21,7 +21,14 @@ from ...agents.policy import Policy
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...rollouts.batches import BatchConfig, TaskSeedStream
 from ...rollouts.evaluation import EvalReport, evaluate
-from ...rollouts.recording.format import POLICY_MODEL, RecordingHeader, RecordingWriter, policy_model_entry
+from ...rollouts.recording.format import (
+    POLICY_MODEL,
+    SCORING,
+    RecordingHeader,
+    RecordingWriter,
+    policy_model_entry,
+    scoring_entry,
+)
 from ...rollouts.runner import RolloutRunner
 from ...trainers.checkpoint import CheckpointManager
 from ...trainers.distributed import DistInfo
@@ -75,7 +82,7 @@ def build_runner(config: Config, policy: Policy, renderer: Renderer) -> RolloutR
 
 def recording_header(config: Config, run: RunDir, renderer: Renderer) -> Callable[[str], RecordingHeader]:
     """`header(what)`: a run recording's header (the env, the tokenizer, the chat template, the
-    base model and its LoRA adapter's shape)."""
+    base model and its LoRA adapter's shape; for "train", the run's scoring config)."""
     rollout = config.rollout_config()
     fingerprint = tokenizer_fingerprint(renderer.tokenizer)
     lora = config.policy.lora
@@ -85,13 +92,23 @@ def recording_header(config: Config, run: RunDir, renderer: Renderer) -> Callabl
         POLICY_MODEL: policy_model_entry(base, adapter if lora.enabled else None)
     }
 
+    # How the run scores what it trains on: replay's policy gradient and the viewer score a
+    # training recording with it (rollouts/recording/format.py); evals are not trained on.
+    scoring = {
+        SCORING: scoring_entry(
+            config.batch.advantage,
+            msgspec.to_builtins(config.trainer.loss),
+            train_on_infra_failures=config.batch.train_on_infra_failures,
+        )
+    }
+
     def header(what: str) -> RecordingHeader:
         return RecordingHeader(
             tokenizer_fingerprint=fingerprint,
             env_id=rollout.env_id,
             env_kwargs=dict(rollout.env_kwargs),
             policy_id=f"{run.root.name} {what}",
-            extra=dict(extra),
+            extra=dict(extra) | (scoring if what == "train" else {}),
         )
 
     return header

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 import torch
+from tokenizers import Tokenizer
 
 from ...agents.chat import ChatRenderer, Renderer
 from ...agents.chat_template import ChatTemplateError, TemplateRenderer, load_chat_template
@@ -67,14 +68,16 @@ def setup_distributed(device: str, threads: int, generator_ranks: int = 0) -> Di
 
 
 def make_renderer(
-    tokenizer_path: str | os.PathLike[str],
+    tokenizer: Tokenizer | str | os.PathLike[str],
     chat_template: str | os.PathLike[str] = "",
     template_kwargs: Mapping[str, Any] | None = None,
 ) -> Renderer:
-    """Plain ChatML over the tokenizer, or the chat template in `chat_template` (a
-    tokenizer_config.json or .jinja file) with `template_kwargs` as its variables; a template that
-    cannot be used raises ChatTemplateError (a ValueError naming the file)."""
-    tokenizer = load_tokenizer(tokenizer_path)
+    """Plain ChatML over the tokenizer (loaded, or its file), or the chat template in
+    `chat_template` (a tokenizer_config.json or .jinja file) with `template_kwargs` as its
+    variables; a template that cannot be used raises ChatTemplateError (a ValueError naming the
+    file)."""
+    if not isinstance(tokenizer, Tokenizer):
+        tokenizer = load_tokenizer(tokenizer)
     if not chat_template:
         return ChatRenderer(tokenizer)
     return TemplateRenderer(tokenizer, load_chat_template(chat_template), dict(template_kwargs or {}))
@@ -85,7 +88,11 @@ def build_renderer(config: Config) -> tuple[Renderer, Path]:
     is a ConfigError naming its file) and the tokenizer file it reads."""
     path = tokenizer_path(config)
     try:
-        return make_renderer(path, run_chat_template(config), config.policy.chat_template_kwargs), path
+        tokenizer = load_tokenizer(path)
+    except (OSError, ValueError) as exc:  # missing, or not a tokenizer.json (not JSON, another format)
+        raise ConfigError("tokenizer.path", str(exc)) from None
+    try:
+        return make_renderer(tokenizer, run_chat_template(config), config.policy.chat_template_kwargs), path
     except ChatTemplateError as exc:
         raise ConfigError("policy.chat_template", str(exc)) from None
 

@@ -59,6 +59,14 @@ def test_a_lora_rank_above_the_hidden_size_is_refused_before_anything_starts(tmp
     check_model(refused_nothing, model_config(refused_nothing), build_renderer(refused_nothing)[0])
 
 
+@pytest.mark.parametrize("text", ["not json", '{"version": "1.0"}'])
+def test_a_tokenizer_file_that_is_not_a_tokenizer_is_a_config_error(tmp_path, capsys, text):
+    bad = tmp_path / "tokenizer.json"
+    bad.write_text(text)
+    err = refused(tmp_path, capsys, f'tokenizer.path="{bad}"')
+    assert err.startswith(f"config error: tokenizer.path: could not load tokenizer from {bad}"), err
+
+
 def test_an_oversized_history_pool_names_its_own_field(tmp_path, capsys):
     err = refused(tmp_path, capsys, "sft.enabled=false", "policy.history_capacity=100000000000000")
     assert err.startswith("config error: policy.history_capacity: must keep the KV cache within "), err

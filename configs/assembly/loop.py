@@ -30,12 +30,13 @@ from ...rollouts.recording.format import (
     scoring_entry,
 )
 from ...rollouts.runner import RolloutRunner
+from ...rollouts.scoring.scorer import OverStale
 from ...trainers.checkpoint import CheckpointManager
 from ...trainers.distributed import DistInfo
 from ...trainers.loop.generators import RankGroups, serve_generator
 from ...trainers.loop.producer import GroupProducer
 from ...trainers.loop.rl import Evaluator, LoopSettings, RLLoop
-from ...trainers.loop.sources import BatchSource, GeneratorSource, ProducerSource, StalenessBound, SyncSource
+from ...trainers.loop.sources import BatchSource, GeneratorSource, ProducerSource, SyncSource
 from ...trainers.metrics_log import MetricsLog
 from ...trainers.trainer import Trainer
 from ...trainers.weight_sync import load_and_check
@@ -65,9 +66,10 @@ def loop_settings(config: Config) -> LoopSettings:
     )
 
 
-def staleness_bound(config: Config) -> StalenessBound:
+def over_stale(config: Config) -> OverStale:
+    """Async training's rule for over-stale groups ([loop] max_staleness, over_stale, stale_weight)."""
     loop = config.loop
-    return StalenessBound(loop.max_staleness, loop.over_stale, loop.stale_weight)
+    return OverStale(loop.max_staleness, loop.over_stale, loop.stale_weight)
 
 
 def build_runner(config: Config, policy: Policy, renderer: Renderer) -> RolloutRunner | AgentRunner:
@@ -155,11 +157,11 @@ def build_source(
     if plan.mode == "sync":
         return SyncSource(runner, stream, batch_config, policy)
     if not dist.generators:
-        return ProducerSource(runner, stream, batch_config, policy, buffer_capacity(config), staleness_bound(config))
+        return ProducerSource(runner, stream, batch_config, policy, buffer_capacity(config), over_stale(config))
     groups = None
     if dist.is_main:  # trainer rank 0 speaks to the generators; processes on this machine share memory
         groups = RankGroups(dist.channel, dist.generators, shared_weights=plan.placement == "process")
-    return GeneratorSource(groups, stream.stream, batch_config, policy, staleness_bound(config))
+    return GeneratorSource(groups, stream.stream, batch_config, policy, over_stale(config))
 
 
 def build_loop(

@@ -24,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import msgspec
 
 from ...agents.policy import Policy
 from ...rollouts.batches import BatchConfig, GroupRunner, RolloutBatch, TaskSeedStream, collect_batch
+from ...rollouts.scoring.scorer import OverStale
 from ...rollouts.types import Episode, Trajectory
 from ..distributed import all_gather_objects, all_reduce, broadcast_object
 from ..trainer import Trainer
@@ -114,14 +115,6 @@ def combine_rank_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, floa
     return out
 
 
-class StalenessBound(msgspec.Struct, frozen=True):
-    """The async sources' bound (loop.max_staleness, over_stale, stale_weight; staleness.py)."""
-
-    max_staleness: int = 1
-    over_stale: Literal["drop", "downweight"] = "drop"
-    stale_weight: float = 0.5
-
-
 class SyncSource:
     """Sync mode: each rank rolls out its share of the batch from its own (rank-disjoint) task
     stream, then trains on its own episodes; every rank's policy takes the new weights."""
@@ -166,10 +159,10 @@ class ProducerSource:
         config: BatchConfig,
         policy: Policy,
         capacity: int,
-        bound: StalenessBound,
+        over_stale: OverStale,
     ) -> None:
         self.runner, self.stream, self.config, self.policy = runner, stream, config, policy
-        self.capacity, self.bound = capacity, bound
+        self.capacity, self.over_stale = capacity, over_stale
         self.producer: GroupProducer | None = None
         self.pending: list[int] = []
 
@@ -186,15 +179,7 @@ class ProducerSource:
                 capacity=self.capacity,
                 replay=self.pending,
             )
-        bound = self.bound
-        batch = take_batch(
-            self.producer,
-            self.config,
-            trainer_version,
-            bound.max_staleness,
-            bound.over_stale,
-            bound.stale_weight,
-        )
+        batch = take_batch(self.producer, self.config, trainer_version, self.over_stale)
         return StepBatch(batch.episodes, batch.trajectories, batch.metrics, float(len(batch.episodes)))
 
     def publish(self, trainer: Trainer) -> float:
@@ -226,10 +211,10 @@ class GeneratorSource:
         stream_id: int,
         config: BatchConfig,
         policy: Policy,
-        bound: StalenessBound,
+        over_stale: OverStale,
     ) -> None:
         self.groups, self.stream_id, self.config, self.policy = groups, stream_id, config, policy
-        self.bound = bound
+        self.over_stale = over_stale
         self.started = False
         self.resume_positions: list[int] = []
         self.pending: list[int] = []
@@ -249,15 +234,7 @@ class GeneratorSource:
     def next_batch(self, runner: asyncio.Runner, trainer_version: int) -> StepBatch:
         batch: RolloutBatch | None = None
         if self.groups is not None:
-            bound = self.bound
-            batch = take_batch(
-                self.groups,
-                self.config,
-                trainer_version,
-                bound.max_staleness,
-                bound.over_stale,
-                bound.stale_weight,
-            )
+            batch = take_batch(self.groups, self.config, trainer_version, self.over_stale)
         episodes, metrics = broadcast_object((batch.episodes, batch.metrics) if batch is not None else None)
         trajectories = batch.trajectories if batch is not None else []
         return StepBatch(episodes, trajectories, metrics, float(len(episodes)))

@@ -20,7 +20,6 @@ over-stale counts (the assembler's), the turns whose tokens more than one policy
 from __future__ import annotations
 
 import time
-from typing import Literal
 
 from ...rollouts.batches import BatchAssembler, BatchConfig, RolloutBatch
 from ...rollouts.scoring.scorer import OverStale
@@ -31,9 +30,7 @@ def take_batch(
     producer: GroupSource,
     config: BatchConfig,
     trainer_version: int,
-    max_staleness: int,
-    over_stale: Literal["drop", "downweight"],
-    stale_weight: float,
+    over_stale: OverStale,
 ) -> RolloutBatch:
     """Take groups until the batch is full (module doc); the assembler builds its Episodes and metrics."""
     started = time.perf_counter()
@@ -42,7 +39,7 @@ def take_batch(
     limit = needed + config.max_extra_rounds * (config.max_groups_per_round or 4 * needed)
     if not config.dynamic_sampling:
         limit = needed
-    assembler = BatchAssembler(config, OverStale(max_staleness, over_stale, stale_weight))
+    assembler = BatchAssembler(config, over_stale)
     taken = 0
     while assembler.kept < needed and taken - assembler.stale_dropped < limit:  # wait out stale groups
         group = producer.take()

@@ -9,7 +9,7 @@ import msgspec
 from toolgym.agents.types import Completion
 from toolgym.rollouts.batches import BatchConfig, ScoredGroup, oldest_version
 from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator, Credit
-from toolgym.rollouts.scoring.scorer import score_group
+from toolgym.rollouts.scoring.scorer import OverStale, score_group
 from toolgym.rollouts.types import StopReason, Trajectory, Transition
 from toolgym.trainers.loop.staleness import take_batch
 
@@ -62,7 +62,7 @@ def test_over_stale_group_is_downweighted_on_every_turn():
     # turns sampled by versions 3 and 4: the group's staleness is by its oldest token (3)
     group = scored([trajectory([0.0, 1.0], [3, 4]), trajectory([0.5], [4])])
     batch = take_batch(
-        Buffer([group]), CONFIG, trainer_version=5, max_staleness=1, over_stale="downweight", stale_weight=0.5
+        Buffer([group]), CONFIG, trainer_version=5, over_stale=OverStale(1, "downweight", 0.5)
     )
     assert batch.metrics["async/over_stale_downweighted"] == 1.0
     assert batch.advantages == [[0.25, 0.25], [-0.25]]

@@ -21,11 +21,13 @@ and tools are written back. A `ToolEnv` takes one by name (`tool_format=`).
    action's calls are then ignored. A bracket right after a tool NAME is a call's:
    `LOOKUP[answer]` is a call.
 3. No call and no tag, but a known tool name followed by `[` or `(`, or a JSON `<tool_call>`
-   block (the other format): a malformed call. A `[` after a known tool name that did not
-   close says why (`ParsedAction.reason`, shown in the error): an unbalanced `[` and its column,
-   an argument that runs past its line, a fence that never closes. The seed grammar's shape
-   faults (`LOOKUP(cat)`, `LOOKUP [cat]`, a JSON block) keep its line, `Write it like
-   LOOKUP[word].`, word for word: scripted demonstrations fumble calls that way.
+   block (the other format): a malformed call. A fault of what an argument may hold says what
+   was wrong and where (`ParsedAction.reason`, shown in the error): brackets inside that do not
+   pair up (`unbalanced '[' at column 7`), an argument that runs past its line, a fence that
+   never closes. The seed grammar's own faults, a shape (`LOOKUP(cat)`, `LOOKUP [cat]`, a JSON
+   block) or a `[` with no bracket after it on its line (`LOOKUP[`, `LOOKUP[apple`), keep its
+   line, `Write it like LOOKUP[word].`, word for word: scripted demonstrations fumble calls that
+   way and the shipped tokenizer is built from these texts.
 4. Otherwise the action has no call and no tag (empty when it is only whitespace).
 `render_call` fences a one-parameter tool's value that the plain form would not read back as it
 is (a newline, unbalanced brackets, a pair of quotes around it, a leading fence).
@@ -283,7 +285,11 @@ def _scan_brackets(text: str) -> _BracketScan:
 
 
 def _fault_reason(text: str, fault: _Fault) -> str:
-    """What was wrong with a `NAME[` that did not close, and where (the error's parenthesis)."""
+    """What was wrong with a `NAME[` that did not close, and where (the error's parenthesis):
+    an unclosed fence, a `]` on a later line, brackets inside that do not pair up. "" for the
+    seed grammar's own fault, a `[` with no bracket after it on its line (`LOOKUP[apple`): its
+    error line stays word for word (the shipped tokenizer's corpus and scripted demonstrations
+    hold it)."""
     if fault.fence:
         where = _where(text, fault.bracket + 1)
         return f"the fence {fault.fence} at {where} is never closed: end the argument with {fault.fence}]"
@@ -293,6 +299,10 @@ def _fault_reason(text: str, fault: _Fault) -> str:
             f"the '[' at {_where(text, fault.bracket)} closes on a later line: an argument is one "
             f"line; fence text with newlines: {fenced}"
         )
+    line_end = text.find("\n", fault.bracket)
+    rest = text[fault.bracket + 1 : line_end if line_end >= 0 else len(text)]
+    if "[" not in rest and "]" not in rest:
+        return ""
     return (
         f"unbalanced '[' at {_where(text, fault.bracket)}: brackets inside an argument must pair "
         f"up; fence any other text: {fenced}"
@@ -371,7 +381,7 @@ class BracketFormat(ToolCallFormat):
                 known = near_miss.match(text, fault.start)
                 if known is not None and known.end() == fault.bracket + 1:
                     return ParsedAction(BAD_CALL, reason=_fault_reason(text, fault))
-            return ParsedAction(BAD_CALL)
+            return ParsedAction(BAD_CALL)  # a shape fault (`LOOKUP(cat)`): the seed's line
         if "<tool_call>" in text:
             return ParsedAction(BAD_CALL)
         return ParsedAction(EMPTY if not text.strip() else OTHER)

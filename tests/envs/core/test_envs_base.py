@@ -5,6 +5,7 @@ import json
 import pytest
 
 from toolgym.envs import Call, Task, Tool, ToolEnv, ToolError, ZorplexEnv
+from toolgym.envs.tools.typed import ToolCrashError
 
 INFO_KEYS = {
     "reward_components",
@@ -39,8 +40,8 @@ def zorplex(**kwargs):
         (" \n\t ", EMPTY, "empty_action"),
         ("I am not sure what to do.", NO_CALL, "no_call_no_answer"),
         ("\x00\x01\ufffd\U0001f600 binary junk", NO_CALL, "no_call_no_answer"),
-        ("LOOKUP[", UNBALANCED, "malformed_call"),
-        ("LOOKUP[apple", UNBALANCED, "malformed_call"),
+        ("LOOKUP[", BAD_CALL, "malformed_call"),
+        ("LOOKUP[apple", BAD_CALL, "malformed_call"),
         ("LOOKUP [apple]", BAD_CALL, "malformed_call"),
         ("lookup(apple)", BAD_CALL, "malformed_call"),
         ("LOOKUP[[apple", UNBALANCED, "malformed_call"),
@@ -234,7 +235,7 @@ def test_huge_and_odd_actions_never_raise():
     obs, *_, _info = env.step("x" * 1_000_000 + f"[ANSWER] {env.answer}")  # tag beyond the parse cap
     assert obs == NO_CALL
     obs, *_ = env.step("LOOKUP[" + "a" * 5000 + "]")  # never closed within the cap
-    assert obs == UNBALANCED
+    assert obs == BAD_CALL
     obs, *_ = env.step("LOOKUP[" + "a" * 100 + "]")  # echoed arguments are shortened
     assert obs == "LOOKUP[" + "a" * 37 + "...] = UNKNOWN"
     obs, *_ = env.step(b"\xff\xfeLOOKUP[apple]")  # bytes are decoded, invalid bytes replaced
@@ -314,8 +315,9 @@ def test_tool_errors_become_error_observations():
     assert obs.splitlines()[1:] == ["STRICT[no] = NOT_OK", "STRICT[ok] = fine"]
     assert obs.splitlines()[0].startswith("NUM[x] = invalid literal for int()")
     assert info["step_errors"] == ["tool_error", "tool_error"] and info["consecutive_errors"] == 0
-    with pytest.raises(ZeroDivisionError):  # a bug in a tool is not the policy's fault: it propagates
-        env.step("BROKEN[x]")
+    with pytest.raises(ToolCrashError, match="tool BROKEN raised ZeroDivisionError") as crashed:
+        env.step("BROKEN[x]")  # a bug in a tool is not the policy's fault: an env error naming it
+    assert isinstance(crashed.value.__cause__, ZeroDivisionError)
 
 
 def test_tool_and_task_validation():

@@ -105,7 +105,9 @@ def test_a_malformed_bracket_call_says_what_is_wrong(text, reason):
     assert parsed.kind == "bad_call" and parsed.reason.startswith(reason), parsed.reason
 
 
-def test_the_shape_faults_of_the_seed_grammar_keep_no_reason():
-    # `LOOKUP(cat)` is the scripted demonstrator's fumble: its error line stays the seed's, word for word
-    for text in ("LOOKUP(cat)", "LOOKUP [cat]", '<tool_call>{"name": "LOOKUP"}</tool_call>'):
+def test_the_faults_of_the_seed_grammar_keep_no_reason():
+    # `LOOKUP(cat)` is the scripted demonstrator's fumble and `LOOKUP[` a mistake in the shipped
+    # tokenizer's corpus: their error line stays the seed's, word for word
+    texts = ("LOOKUP(cat)", "LOOKUP [cat]", '<tool_call>{"name": "LOOKUP"}</tool_call>', "LOOKUP[", "LOOKUP[cat")
+    for text in texts:
         assert BRACKETS.parse(text, PYTHON_NEAR_MISS)[::3] == ("bad_call", "")

@@ -73,7 +73,7 @@ LIST = ArmsBench(
 )
 
 
-def past_reward_shares(per_turn_rewards: list[list[float]]) -> list[float]:
+def past_reward_shares(per_turn_rewards: list[list[float]]) -> list[float | None]:
     """`past_reward_share` at each turn index t that at least half of the episodes reach."""
     n = len(per_turn_rewards)
     turns = max(map(len, per_turn_rewards), default=0)
@@ -90,7 +90,7 @@ def report_past_reward_shares(bench: ArmsBench, out: Path, seeds: list[int]) -> 
         if evals:
             _, episodes = read_recording(evals[0])
             shares = past_reward_shares([turn_rewards(e) for e in episodes])
-            rows.append([seed, len(episodes), *(f"{v:.3f}" for v in shares)])
+            rows.append([seed, len(episodes), *("-" if v is None else f"{v:.3f}" for v in shares)])
     if rows:
         width = max(map(len, rows)) - 2
         rows = [row + ["-"] * (width + 2 - len(row)) for row in rows]

@@ -220,18 +220,25 @@ def group_turn_advantages(group: Sequence[Trajectory], config: AdvantageConfig) 
     return turn_loo_advantages(returns, config.estimator, config.eps, states)
 
 
-def past_reward_share(rewards: Sequence[Sequence[float]], t: int) -> float:
-    """Over the episodes that reached turn t: Var(sum of the rewards before t) / Var(episode
-    reward), 0 where fewer than two reached it or the reward does not vary. What turn-level credit
-    can change at t: returns-to-go drop only the rewards before t, so this is the most of turn t's
-    return variance they can remove (docs/credit.md, "The bound").
+def past_reward_share(rewards: Sequence[Sequence[float]], t: int) -> float | None:
+    """Over the episodes that reached turn t, with P the sum of an episode's rewards before t and
+    F the sum from t on: Var(P) / (Var(P) + Var(F)), the rewards before t's share of the variance
+    of the two parts, in [0, 1] by construction. What turn-level credit can change at t:
+    returns-to-go drop only the rewards before t (docs/credit.md, "The bound"). When P and F are
+    uncorrelated it is Var(P) / Var(episode reward); when they are correlated that ratio is no
+    share (Var(episode reward) = Var(P) + Var(F) + 2 Cov(P, F): negative covariance can make it
+    exceed 1) and this one is still in [0, 1].
+
+    None (undefined) where fewer than two episodes reached t or no reward varies (Var(P) =
+    Var(F) = 0).
 
     rewards: per episode, its per-turn rewards (`turn_rewards`)."""
     reached = [r for r in rewards if len(r) > t]
     if len(reached) < 2:
-        return 0.0
-    total = _variance([math.fsum(r) for r in reached])
-    return _variance([math.fsum(r[:t]) for r in reached]) / total if total > 0 else 0.0
+        return None
+    past = _variance([math.fsum(r[:t]) for r in reached])
+    later = _variance([math.fsum(r[t:]) for r in reached])
+    return past / (past + later) if past + later > 0 else None
 
 
 def _variance(values: Sequence[float]) -> float:
@@ -244,8 +251,9 @@ def credit_metrics(
 ) -> dict[str, float]:
     """Per turn index t < CREDIT_METRIC_TURNS: `return_turn{t}_mean`, the mean return-to-go
     (discounted by gamma) of the episodes that reached turn t (0 when none did), `reached_turn{t}`,
-    the fraction of episodes that did, and `past_share_turn{t}`, `past_reward_share` at t. The
-    same keys every step, whatever the episodes' lengths.
+    the fraction of episodes that did, both every step whatever the episodes' lengths; and
+    `past_share_turn{t}`, `past_reward_share` at t, only where it is defined (absent where fewer
+    than two episodes reached t or no reward varies).
 
     rewards: per episode, its per-turn rewards (`turn_rewards`)."""
     returns = [returns_to_go(r, gamma) for r in rewards]
@@ -255,5 +263,7 @@ def credit_metrics(
         values = [r[t] for r in returns if len(r) > t]
         m[f"{prefix}return_turn{t}_mean"] = math.fsum(values) / len(values) if values else 0.0
         m[f"{prefix}reached_turn{t}"] = len(values) / n if n else 0.0
-        m[f"{prefix}past_share_turn{t}"] = past_reward_share(rewards, t)
+        share = past_reward_share(rewards, t)
+        if share is not None:
+            m[f"{prefix}past_share_turn{t}"] = share
     return m

@@ -4,6 +4,8 @@ advantages reach exactly each turn's sampled tokens (several sequences, truncati
 
 from __future__ import annotations
 
+import random
+
 import msgspec
 import pytest
 
@@ -180,29 +182,63 @@ def test_scaling_and_mean_abs_take_either_form():
 
 def test_credit_metrics_have_fixed_keys():
     m = credit_metrics([[1.0, 1.0, 1.0], [0.0, 1.0]])  # returns-to-go [3, 2, 1] and [1, 1]
-    assert len(m) == 3 * CREDIT_METRIC_TURNS
+    fixed = [f"credit/{k}_turn{t}{s}" for t in range(CREDIT_METRIC_TURNS) for k, s in (("return", "_mean"), ("reached", ""))]
+    assert set(fixed) <= set(m)
     assert m["credit/return_turn0_mean"] == 2.0 and m["credit/reached_turn0"] == 1.0
     assert m["credit/return_turn2_mean"] == 1.0 and m["credit/reached_turn2"] == 0.5
     assert m["credit/return_turn5_mean"] == 0.0 and m["credit/reached_turn5"] == 0.0
+    # the share is there only where two episodes reached the turn
+    assert [k for k in m if "past_share" in k] == ["credit/past_share_turn0", "credit/past_share_turn1"]
     assert credit_metrics([])["credit/reached_turn0"] == 0.0
     assert credit_metrics([[1.0, 1.0]], gamma=0.5)["credit/return_turn0_mean"] == 1.5
+
+
+def _var(values):
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / len(values)
 
 
 def test_past_reward_share_is_the_variance_turn_level_credit_can_remove():
     # Two independent rewarded steps, then the grade: rewards before t are what turn t's
     # return-to-go leaves out.
     rewards = [[a, b, float(a and b)] for a in (0.0, 1.0) for b in (0.0, 1.0)]
-    totals = [sum(r) for r in rewards]  # 0, 1, 1, 3
-    var = sum((x - 1.25) ** 2 for x in totals) / 4
     assert past_reward_share(rewards, 0) == 0.0  # nothing comes before the first turn
-    assert past_reward_share(rewards, 1) == pytest.approx(0.25 / var)  # Var(a) = 1/4
-    assert past_reward_share(rewards, 2) == pytest.approx(0.5 / var)  # Var(a + b) = 1/2
+    later1 = _var([b + a * b for a in (0.0, 1.0) for b in (0.0, 1.0)])  # 11/16
+    assert past_reward_share(rewards, 1) == pytest.approx(0.25 / (0.25 + later1))  # Var(a) = 1/4
+    assert past_reward_share(rewards, 2) == pytest.approx(0.5 / (0.5 + 3 / 16))  # Var(a + b) = 1/2, Var(ab)
     m = credit_metrics(rewards)
-    assert m["credit/past_share_turn2"] == pytest.approx(0.5 / var) and m["credit/past_share_turn3"] == 0.0
-    # only the grade varies: nothing to remove; fewer than two episodes at t: 0
+    assert m["credit/past_share_turn2"] == pytest.approx(0.5 / (0.5 + 3 / 16))
+    # uncorrelated before and after t: Var(rewards before t) / Var(episode reward)
+    independent = [[a, b] for a in (0.0, 1.0) for b in (0.0, 2.0)]
+    assert past_reward_share(independent, 1) == pytest.approx(0.25 / _var([sum(r) for r in independent]))
+    # only the grade varies: nothing to remove
     assert past_reward_share([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]], 2) == 0.0
-    assert past_reward_share([[1.0, 0.0], [0.0]], 1) == 0.0
-    assert past_reward_share([[1.0, 1.0], [1.0, 1.0]], 1) == 0.0  # equal totals: no variance
+
+
+def test_past_reward_share_is_a_share_even_when_later_rewards_cancel_earlier_ones():
+    # Three episodes at turn 1 whose later rewards undo half the earlier ones: Var(before) = 2/3,
+    # Var(total) = 1/6, so Var(before) / Var(total) would be 4.0.
+    rewards = [[0.0, 0.0], [1.0, -0.5], [2.0, -1.0]]
+    assert _var([r[0] for r in rewards]) / _var([sum(r) for r in rewards]) == pytest.approx(4.0)
+    assert past_reward_share(rewards, 1) == pytest.approx((2 / 3) / (2 / 3 + 1 / 6))
+    assert credit_metrics(rewards)["credit/past_share_turn1"] == pytest.approx(0.8)
+    rng = random.Random(0)
+    for _ in range(300):
+        group = [[rng.choice((-1.0, 0.0, 0.5, 2.0)) for _ in range(rng.randint(1, 5))] for _ in range(rng.randint(2, 6))]
+        for t in range(5):
+            share = past_reward_share(group, t)
+            assert share is None or 0.0 <= share <= 1.0, (group, t, share)
+
+
+def test_past_reward_share_is_absent_where_undefined():
+    # fewer than two episodes at t, or no reward varies: undefined, and not in the metrics
+    assert past_reward_share([[1.0, 0.0], [0.0]], 1) is None
+    assert past_reward_share([[1.0, 1.0], [1.0, 1.0]], 1) is None
+    assert past_reward_share([], 0) is None
+    m = credit_metrics([[1.0, 1.0], [1.0, 1.0]])
+    assert not [k for k in m if "past_share" in k]
+    assert m["credit/return_turn1_mean"] == 1.0 and m["credit/reached_turn1"] == 1.0
+    assert "credit/past_share_turn1" not in credit_metrics([[1.0, 0.0], [0.0]])
 
 
 def test_kept_batch_reports_turn_returns_and_per_turn_mean_abs():

@@ -71,7 +71,21 @@ class TokenizerMismatch(RecordingError):
 
 
 class TornLineWarning(UserWarning):
-    """The last line of a recording was cut off (a crash mid-write); it was skipped."""
+    """The last line of a recording was cut off (a crash mid-write); it was skipped. Shown as one
+    line, `warning: <path>: line <n> is torn ...` (`_format_torn_line`), never with the source
+    line of the code that warned."""
+
+
+def _format_torn_line(message, category, filename, lineno, line=None, *, _default=warnings.formatwarning):
+    """`warnings.formatwarning` that writes a `TornLineWarning` as one line of its own text (the
+    path and line are in it; where the reader was called from is not the user's business) and
+    any other warning as before."""
+    if isinstance(category, type) and issubclass(category, TornLineWarning):
+        return f"warning: {message}\n"
+    return _default(message, category, filename, lineno, line)
+
+
+warnings.formatwarning = _format_torn_line
 
 
 class DamagedLine(msgspec.Struct, frozen=True):

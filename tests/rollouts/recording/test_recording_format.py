@@ -1,9 +1,12 @@
 """Recording files: round trip, torn last line, header refusals, appending."""
 
 import json
+import subprocess
+import sys
 
 import msgspec
 import pytest
+from recording_testlib import play, write
 
 from toolgym.agents.types import Completion
 from toolgym.rollouts.recording.format import (
@@ -127,3 +130,18 @@ def test_lines_are_flushed_as_written(tmp_path):
     writer.write(trajectory(0))
     assert read_recording(path)[1] == [trajectory(0)]  # visible before close
     writer.close()
+
+
+def test_a_command_reading_a_torn_recording_prints_one_clean_warning_line(tmp_path):
+    """`toolgym replay` on a file whose last line is torn: stderr has the warning as one line of
+    its own text (path, line, what was done), not the warnings module's `file:line: Category:`
+    prefix and the source line of the code that warned."""
+    path = write(tmp_path / "r.jsonl", play("toolgym/Zorplex-v0", [0, 1], group_size=1), "toolgym/Zorplex-v0")
+    data = path.read_bytes()
+    path.write_bytes(data[: data.rfind(b"\n", 0, -1) + 40])  # a crash 40 bytes into line 3
+    result = subprocess.run(
+        [sys.executable, "-m", "toolgym.configs.cli", "replay", str(path), "--summary-only"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [f"warning: {path}: line 3 is torn (a crash mid-write?); skipped it"]

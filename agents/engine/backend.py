@@ -252,6 +252,14 @@ def select_backend(
             )
         pack_weights, fused_layers, kernels = False, False, "torch"
         reasons["packed"] = reasons["kernels"] = "LoRA adapters unmerged"
+    if not model_config.rope_in_every_layer:  # packed/fused layers rotate q/k in every layer
+        if pack_weights or fused_layers:
+            raise ValueError(
+                f"{model_config.model_type} has layers without RoPE (no_rope_layers), which only the "
+                "model's own layers run: no pack_weights or fused_layers"
+            )
+        pack_weights, fused_layers = False, False
+        reasons["packed"] = "layers without RoPE: the model's own"
     # The layer form.
     fused = device.type == "cuda" if fused_layers is None else fused_layers
     if fused and pack_weights:

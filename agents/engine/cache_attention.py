@@ -141,7 +141,7 @@ class Forwards:
         device = cache.k.device
         positions = torch.arange(cache.max_seq_len, device=device)
         self.rope_cos, self.rope_sin = rope_cos_sin(
-            positions, cache.head_dim, config.rope_theta, cache.k.dtype
+            positions, cache.head_dim, config.rope_theta, cache.k.dtype, config.rope_scaling
         )
         self.rope_table = backend.rope_table(self.rope_cos, self.rope_sin)
         self.rotary = None if self.rope_table is None else backend.rotary(cache.head_dim, self.rope_table)

@@ -1,21 +1,43 @@
-"""The shape of a Qwen2 / Qwen3 decoder (agents/model/transformer.py) and the named shapes tests, benchmarks
-and the CPU demo use. Field names are Hugging Face's config.json names, so a config reads from and
-writes to a checkpoint directory (agents/model/checkpoint.py) as it is."""
+"""The shape of a decoder of one of the native families (agents/model/families/: Qwen2, Qwen3, ...)
+and the named shapes tests, benchmarks and the CPU demo use. Field names are Hugging Face's
+config.json names, so a config reads from and writes to a checkpoint directory
+(agents/model/checkpoint.py) as it is; what differs between families is declared by the family
+(`ModelConfig.family`), never branched on here."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import msgspec
 import torch
 
-ModelType = Literal["qwen2", "qwen3"]
+from .families import FAMILIES, Family, family
+
+ModelType = Literal["qwen2", "qwen3", "llama", "mistral", "smollm3"]
+
+
+class RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
+    """Llama 3.1's `llama3` RoPE frequency scaling (HF's rope_type "llama3"): wavelengths longer
+    than original_max_position_embeddings / low_freq_factor are divided by `factor`, those shorter
+    than original_max_position_embeddings / high_freq_factor kept, those between interpolated."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        return {"rope_type": "llama3", **msgspec.structs.asdict(self)}
 
 
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Shape of a Qwen2/Qwen3 decoder; field names are Hugging Face's config.json names.
+    """Shape of a decoder of a native family; field names are Hugging Face's config.json names.
 
-    `attention_bias` is Qwen3's flag (bias on q/k/v/o); Qwen2 always has a q/k/v bias and no o bias.
+    `attention_bias` is the flag of the families whose `bias` rule is "flag" (Qwen3, Llama,
+    SmolLM3: a bias on q/k/v/o); Qwen2 always has a q/k/v bias and no o bias, Mistral none.
+    `rope_scaling`: Llama 3.1's (llama only). `sliding_window`: Mistral's window; toolgym attends
+    over the full context, so a forward longer than it raises (`check_span`). `no_rope_layers`:
+    SmolLM3's, per layer 1 = RoPE, 0 = none (None: every layer rotates).
     Token ids are only carried so that a saved config.json is complete; the model ignores them.
     """
 
@@ -34,6 +56,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     attention_bias: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    rope_scaling: RopeScaling | None = None
+    sliding_window: int | None = None
+    no_rope_layers: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -49,8 +74,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
-        if self.model_type not in ("qwen2", "qwen3"):
-            raise ValueError(f"ModelConfig.model_type must be 'qwen2' or 'qwen3', got {self.model_type!r}")
+        fam = family(self.model_type)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -62,23 +86,64 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(
                 f"rope_theta and rms_norm_eps must be > 0, got {self.rope_theta}, {self.rms_norm_eps}"
             )
-        if self.model_type == "qwen2" and self.attention_bias:
+        if self.attention_bias and fam.bias != "flag":
             raise ValueError(
-                "attention_bias is a qwen3 field; qwen2 always has a q/k/v bias and no o_proj bias"
+                f"attention_bias is not a {self.model_type} field: "
+                + ("qwen2 always has a q/k/v bias and no o_proj bias" if fam.bias == "qkv" else "it has no biases")
             )
+        if self.rope_scaling is not None and "llama3" not in fam.rope_types:
+            raise ValueError(f"rope_scaling (llama3) is not a {self.model_type} field")
+        if self.sliding_window is not None and not (fam.sliding_window and self.sliding_window >= 1):
+            raise ValueError(
+                f"sliding_window={self.sliding_window!r}: a positive window is a field of "
+                f"{[t for t, f in FAMILIES.items() if f.sliding_window]} only"
+            )
+        if self.no_rope_layers is not None:
+            if not fam.no_rope_layers:
+                raise ValueError(f"no_rope_layers is not a {self.model_type} field")
+            if len(self.no_rope_layers) != self.num_hidden_layers or set(self.no_rope_layers) - {0, 1}:
+                raise ValueError(
+                    f"no_rope_layers must be one 0 or 1 per layer ({self.num_hidden_layers}), "
+                    f"got {list(self.no_rope_layers)}"
+                )
 
-    # Which optional pieces this family has.
+    # What this family has, as its module declares (agents/model/families/).
+    @property
+    def family(self) -> Family:
+        return family(self.model_type)
+
     @property
     def qkv_bias(self) -> bool:
-        return self.model_type == "qwen2" or self.attention_bias
+        bias = self.family.bias
+        return bias == "qkv" or (bias == "flag" and self.attention_bias)
 
     @property
     def o_bias(self) -> bool:
-        return self.model_type == "qwen3" and self.attention_bias
+        return self.family.bias == "flag" and self.attention_bias
 
     @property
     def qk_norm(self) -> bool:
-        return self.model_type == "qwen3"
+        return self.family.qk_norm
+
+    def layer_rope(self, layer: int) -> bool:
+        """Whether decoder layer `layer` rotates q/k (SmolLM3's no_rope_layers say; else all do)."""
+        return self.no_rope_layers is None or bool(self.no_rope_layers[layer])
+
+    @property
+    def rope_in_every_layer(self) -> bool:
+        return self.no_rope_layers is None or all(self.no_rope_layers)
+
+    def check_span(self, positions: int, what: str) -> None:
+        """Raise if `positions` positions (one sequence, or the engine's max_seq_len) could pass
+        the sliding window: toolgym attends over the full context, which equals a sliding window's
+        attention only while every sequence fits in the window."""
+        window = self.sliding_window
+        if window is not None and positions > window:
+            raise ValueError(
+                f"{self.model_type} sliding_window={window}: {what} spans {positions} positions, and "
+                f"toolgym's attention cannot honour a sliding window (it attends over the full "
+                f"context); keep sequences within {window} tokens (e.g. max_seq_len <= {window})"
+            )
 
     def num_params(self, include_embedding: bool = True) -> int:
         """Parameter count (tied embeddings counted once)."""
@@ -93,26 +158,45 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         return body + (embed if include_embedding else 0)
 
     # ---- Hugging Face config.json ----
-    _ARCHITECTURES: ClassVar[dict[str, str]] = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Build from a Hugging Face config.json dict; unsupported features raise a clear error."""
         model_type = d.get("model_type")
-        if model_type not in cls._ARCHITECTURES:
-            raise ValueError(f"config.json model_type must be 'qwen2' or 'qwen3', got {model_type!r}")
+        fam = family(model_type)
         required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")  # fmt: skip
         missing = [k for k in required if k not in d]
         if missing:
             raise ValueError(f"config.json is missing required fields: {missing}")
         if d.get("hidden_act", "silu") != "silu":
             raise ValueError(f"only hidden_act='silu' is supported, got {d['hidden_act']!r}")
+        if d.get("mlp_bias"):
+            raise ValueError("mlp_bias=true (a bias on the MLP's linears) is not supported")
         if d.get("use_sliding_window"):
-            raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
+            raise ValueError(
+                f"sliding-window attention (use_sliding_window=true) is not supported for {model_type}"
+            )
         rope = d.get("rope_parameters") or d.get("rope_scaling") or {}
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(f"only the default RoPE is supported, got rope_type={rope_type!r}")
+        if rope_type not in fam.rope_types:
+            raise ValueError(
+                f"{model_type}: RoPE rope_type={rope_type!r} is not supported (supported: {list(fam.rope_types)})"
+            )
+        scaling = None
+        if rope_type == "llama3":
+            scaling = RopeScaling(
+                factor=float(rope["factor"]),
+                low_freq_factor=float(rope["low_freq_factor"]),
+                high_freq_factor=float(rope["high_freq_factor"]),
+                original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+            )
+        num_layers = d["num_hidden_layers"]
+        no_rope = None
+        if fam.no_rope_layers:
+            no_rope = d.get("no_rope_layers")
+            if no_rope is None:  # HF's default: every `no_rope_layer_interval`-th layer without
+                interval = d.get("no_rope_layer_interval", 4)
+                no_rope = [int((i + 1) % interval != 0) for i in range(num_layers)]
+            no_rope = tuple(int(x) for x in no_rope)
         heads = d["num_attention_heads"]
         eos = d.get("eos_token_id")
         if isinstance(eos, list):  # HF allows a list; the first is the canonical one
@@ -121,7 +205,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             vocab_size=d["vocab_size"],
             hidden_size=d["hidden_size"],
             intermediate_size=d["intermediate_size"],
-            num_hidden_layers=d["num_hidden_layers"],
+            num_hidden_layers=num_layers,
             num_attention_heads=heads,
             num_key_value_heads=d.get("num_key_value_heads") or heads,
             head_dim=d.get("head_dim") or d["hidden_size"] // heads,
@@ -130,15 +214,20 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             max_position_embeddings=d.get("max_position_embeddings", 32768),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             model_type=model_type,
-            attention_bias=bool(d.get("attention_bias", False)) if model_type == "qwen3" else False,
+            attention_bias=bool(d.get("attention_bias", False)) if fam.bias == "flag" else False,
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=eos,
+            rope_scaling=scaling,
+            sliding_window=d.get("sliding_window") if fam.sliding_window else None,
+            no_rope_layers=no_rope,
         )
 
     def to_hf_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
-        """A config.json dict that transformers and vLLM load as Qwen2ForCausalLM/Qwen3ForCausalLM."""
+        """A config.json dict that transformers and vLLM load as the family's architecture
+        (Qwen2ForCausalLM, Qwen3ForCausalLM, ...)."""
+        fam = self.family
         d: dict[str, Any] = {
-            "architectures": [self._ARCHITECTURES[self.model_type]],
+            "architectures": [fam.architecture],
             "model_type": self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -151,11 +240,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_scaling": None,
+            "rope_scaling": None if self.rope_scaling is None else self.rope_scaling.to_hf_dict(),
             "tie_word_embeddings": self.tie_word_embeddings,
-            "use_sliding_window": False,
-            "sliding_window": None,
-            "max_window_layers": self.num_hidden_layers,
+            **fam.hf_fields(self),
             "attention_dropout": 0.0,
             "initializer_range": 0.02,
             "use_cache": True,
@@ -163,8 +250,6 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             "eos_token_id": self.eos_token_id,
             "torch_dtype": str(dtype).removeprefix("torch."),
         }
-        if self.model_type == "qwen3":
-            d["attention_bias"] = self.attention_bias
         return d
 
     # ---- named configs ----

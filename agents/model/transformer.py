@@ -1,10 +1,11 @@
-"""A Qwen2 / Qwen3 decoder in plain torch, read top to bottom (gpt-fast style).
+"""The decoder of every native family (Qwen2, Qwen3, Llama, Mistral, SmolLM3) in plain torch,
+read top to bottom (gpt-fast style).
 
-Both families: GQA attention with RoPE, RMSNorm (pre-norm), SwiGLU MLP, tied or untied
-embeddings. Qwen2 has a bias on q/k/v; Qwen3 has no bias (unless `attention_bias`) and an
-RMSNorm over each head of q and k before RoPE.
-
-The shape is a `ModelConfig` (agents/model/config.py, with the named shapes).
+GQA attention with RoPE, RMSNorm (pre-norm), SwiGLU MLP, tied or untied embeddings. What a family
+adds is declared by its module (agents/model/families/) and read through the `ModelConfig`
+(agents/model/config.py, with the named shapes): biases (Qwen2: q/k/v; Qwen3, Llama, SmolLM3: q/k/v/o
+with `attention_bias`), an RMSNorm over each head of q and k before RoPE (Qwen3), Llama 3.1's
+RoPE scaling, layers without RoPE (SmolLM3).
 
 Module names and `state_dict()` keys are exactly Hugging Face's (`model.embed_tokens.weight`,
 `model.layers.{i}.self_attn.q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`), so HF
@@ -24,6 +25,7 @@ Two ways in:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -33,7 +35,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .attention import scaled_dot_product_attention
-from .config import ModelConfig
+from .config import ModelConfig, RopeScaling
 
 # ---------------------------------------------------------------------------------------------
 # Building blocks
@@ -58,14 +60,38 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.variance_epsilon)
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+def llama3_inv_freq(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
+    """Llama 3.1's frequency scaling of RoPE's inverse frequencies (HF's `_compute_llama3_parameters`,
+    the same operations): long wavelengths divided by `factor`, short ones kept, those between
+    interpolated."""
+    factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
+    old_context_len = scaling.original_max_position_embeddings
+    low_freq_wavelen, high_freq_wavelen = old_context_len / low, old_context_len / high
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth_factor) * scaled / factor + smooth_factor * scaled
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed, scaled)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    dtype: torch.dtype,
+    scaling: RopeScaling | None = None,
+):
     """cos and sign-folded sin for `positions` (any shape) -> each [*positions.shape, head_dim].
+    scaling: Llama 3.1's (`ModelConfig.rope_scaling`), applied to the inverse frequencies.
 
     HF rotates with rotate_half(x) = cat(-x2, x1); we use roll(x, D/2) * sign instead, and fold
     the sign into sin, so `apply_rope` is 4 ops and bit-identical to HF's.
     """
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
     inv_freq = 1.0 / (theta**exponent)
+    if scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, scaling)
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     sin = emb.sin()
@@ -110,6 +136,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_bias)
+        self.rope = cfg.layer_rope(layer_idx)  # SmolLM3's no_rope_layers: some layers do not rotate
         if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -130,7 +157,8 @@ class Attention(nn.Module):
             q_sin = sin.expand(B, -1, -1, -1)[rows, keep][:, None]
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin)
+        if self.rope:
+            q, k = apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is None:
             out = scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -207,7 +235,7 @@ def compiled_block():
 
 
 class DecoderStack(nn.Module):
-    """HF's `Qwen2Model`: embeddings, the decoder layers, the final norm (the `model.` prefix)."""
+    """HF's `Qwen2Model` / `LlamaModel`: embeddings, the decoder layers, the final norm (the `model.` prefix)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -236,9 +264,13 @@ class DecoderStack(nn.Module):
         at that position alone (its k/v, which the cache keeps, at every position)."""
         x = self.embed_tokens(input_ids)
         if rope is None:
+            cfg = self.config
+            if cfg.sliding_window is not None:  # the engine checks its max_seq_len once instead
+                span = input_ids.shape[1] if positions is None else int(positions.max()) + 1
+                cfg.check_span(span, "this forward")
             if positions is None:
                 positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-            cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
+            cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, x.dtype, cfg.rope_scaling)
             if cos.dim() == 2:  # [T, D] -> [1, T, 1, D]
                 cos, sin = cos[None], sin[None]
             cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
@@ -260,7 +292,7 @@ class DecoderStack(nn.Module):
 
 
 class Transformer(nn.Module):
-    """HF's `Qwen2ForCausalLM` / `Qwen3ForCausalLM`: `model` (DecoderStack) + `lm_head`."""
+    """HF's `<Family>ForCausalLM` (`ModelConfig.family.architecture`): `model` (DecoderStack) + `lm_head`."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

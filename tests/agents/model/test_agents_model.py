@@ -163,7 +163,7 @@ def test_config_validation() -> None:
         ModelConfig(**(base | {"hidden_size": 0}))
     with pytest.raises(ValueError, match="even"):
         ModelConfig(**(base | {"head_dim": 33}))
-    with pytest.raises(ValueError, match="qwen3 field"):
+    with pytest.raises(ValueError, match="not a qwen2 field"):
         ModelConfig(**(base | {"attention_bias": True}))
     d = ModelConfig.named("test").to_hf_dict()
     del d["vocab_size"]

@@ -1,0 +1,24 @@
+"""The native model families, one module each, keyed by Hugging Face's `model_type`
+(`FAMILIES`). `family(model_type)` is the one lookup; an unknown model_type is one line naming it
+and the native families. A new family is a new module here plus one entry below."""
+
+from __future__ import annotations
+
+from .base import Family
+from .qwen2 import QWEN2
+from .qwen3 import QWEN3
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN2, QWEN3)}
+
+
+def family(model_type: object) -> Family:
+    """The native family of `model_type`; ValueError naming it and the native families if none."""
+    found = FAMILIES.get(model_type) if isinstance(model_type, str) else None
+    if found is None:
+        raise ValueError(
+            f"model_type {model_type!r} has no native family; native families: {', '.join(FAMILIES)}"
+        )
+    return found
+
+
+__all__ = ["FAMILIES", "Family", "family"]

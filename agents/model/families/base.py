@@ -1,0 +1,66 @@
+"""What a model family declares (`Family`): the pieces of a Llama-style decoder it has, its RoPE,
+and the config.json fields that are its own. agents/model/config.py reads and writes config.json
+through it and agents/model/transformer.py builds the decoder from it; neither branches on a
+model_type.
+
+Every native family shares the decoder's blocks and Hugging Face's weight names (RMSNorm pre-norm,
+GQA attention, SwiGLU MLP; `model.layers.{i}.self_attn.q_proj.weight`, ...), so a family only says
+which optional tensors exist: biases (`bias`), a per-head q/k RMSNorm (`qk_norm`: `q_norm`,
+`k_norm`), and which layers rotate q/k (`no_rope_layers`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+# Where the attention projections have a bias:
+# "qkv": always on q/k/v, never on o (Qwen2); "flag": on q/k/v/o when config.json's
+# attention_bias is true (Qwen3, Llama, SmolLM3); "none": never (Mistral).
+BiasRule = Literal["qkv", "flag", "none"]
+
+
+class Shape(Protocol):
+    """The part of a ModelConfig a family's config.json writer reads."""
+
+    @property
+    def num_hidden_layers(self) -> int: ...
+
+    @property
+    def attention_bias(self) -> bool: ...
+
+    @property
+    def sliding_window(self) -> int | None: ...
+
+    @property
+    def no_rope_layers(self) -> tuple[int, ...] | None: ...
+
+
+def _no_fields(config: Shape) -> dict[str, Any]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One native family. model_type / architecture: HF's names (config.json's `model_type`, the
+    `architectures` entry transformers and vLLM load). bias: `BiasRule`. qk_norm: an RMSNorm over
+    each head's q and k before RoPE. rope_types: the RoPE variants config.json may ask for
+    ("default", "llama3"). sliding_window: config.json's `sliding_window` is a window over every
+    layer (a ModelConfig field; toolgym attends over the full context, so sequences must fit in
+    it); otherwise `use_sliding_window: true` is refused. no_rope_layers: config.json's
+    `no_rope_layers` (1 = the layer rotates, 0 = it does not) is read, default one layer in
+    `no_rope_layer_interval` (4) without. hf_fields: the family's own config.json entries, written
+    after the shared ones."""
+
+    model_type: str
+    architecture: str
+    bias: BiasRule
+    qk_norm: bool = False
+    rope_types: tuple[str, ...] = ("default",)
+    sliding_window: bool = False
+    no_rope_layers: bool = False
+    hf_fields: Callable[[Shape], dict[str, Any]] = _no_fields
+
+
+__all__ = ["BiasRule", "Family", "Shape"]

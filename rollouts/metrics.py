@@ -13,7 +13,10 @@ Batch metrics (`batch_metrics`, under a prefix: `rollout/`, `eval/`): the runner
 name any episode's env reported, its mean over the batch's episodes (0 for an episode that
 reported none); and for every reward component name (`Trajectory.reward_components`), its mean
 over the batch's episodes as `reward/<name>` (0 for an episode that reported none, or whose
-value is not a finite number, as a recording read back may hold).
+value is not a finite number, as a recording read back may hold). A component no episode of the
+batch reported is absent from it; over a run, `RewardComponentSeries` (used by the run's metrics
+log, trainers/metrics_log.py, once per kind of record) adds it back as 0.0 once the run has seen
+it, so every step's record has every component.
 """
 
 from __future__ import annotations
@@ -212,6 +215,39 @@ class BatchMetrics:
             m["episodes_per_s"] = n / elapsed_s if elapsed_s > 0 else 0.0
             m["tokens_per_s"] = self.tokens / elapsed_s if elapsed_s > 0 else 0.0
         return {prefix + k: v for k, v in m.items()}
+
+
+class RewardComponentSeries:
+    """The reward components one metrics source (a run's training steps, or its evals) has
+    reported so far, so that each of its records has every one of them: a component no episode
+    of a batch earned is absent from that batch's `batch_metrics` (the mean is over the names the
+    episodes reported), and `fill` puts it back at 0.0, the mean it has when every episode counts
+    it as 0. A series of records then has no gaps (plots and TensorBoard draw each key as a line).
+    A record without means under a prefix (no `<prefix>reward_mean`: a batch without episodes)
+    gets none of that prefix's components. Keys are `<prefix>reward/<name>` (`reward/` after a
+    one-word prefix); nothing else in a record changes."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, None] = {}  # in the order first seen
+
+    def fill(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
+        """`metrics` with 0.0 for every component key seen in this series before and missing
+        here; the keys it holds are remembered for the next records."""
+        self._keys.update(dict.fromkeys(k for k in metrics if _component_prefix(k) is not None))
+        out = dict(metrics)
+        for key in self._keys:
+            prefix = _component_prefix(key)
+            if key not in out and f"{prefix}reward_mean" in out:
+                out[key] = 0.0
+        return out
+
+
+def _component_prefix(key: str) -> str | None:
+    """`rollout/` for `rollout/reward/correct`; None for a key that is not a reward component's."""
+    parts = key.split("/")
+    if len(parts) == 3 and parts[0] and parts[1] + "/" == REWARD_COMPONENT_PREFIX and parts[2]:
+        return parts[0] + "/"
+    return None
 
 
 def batch_metrics(

@@ -21,6 +21,8 @@ import msgspec
 import torch
 from tqdm import tqdm
 
+from ..rollouts.metrics import RewardComponentSeries
+
 METRICS_FILE = "metrics.jsonl"  # in a run directory
 
 
@@ -108,15 +110,27 @@ class MetricsLog:
         self.config = config
         self.enabled = enabled
         self._file = metrics_file.open("a") if enabled and config.jsonl else None
+        # per kind of record: its reward components so far, each record gets them all (a resumed
+        # run's from the records it keeps)
+        self._components: dict[str, RewardComponentSeries] = {}
+        if enabled and metrics_file.is_file():
+            for record in read_metrics(metrics_file):
+                self._series(str(record.get("kind"))).fill(record)
         self._tensorboard = None
         if enabled and config.tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # checked at startup (load.py)
 
             self._tensorboard = SummaryWriter(str(tensorboard_dir))
 
+    def _series(self, kind: str) -> RewardComponentSeries:
+        return self._components.setdefault(kind, RewardComponentSeries())
+
     def log(self, kind: str, step: int, metrics: Mapping[str, Any]) -> None:
+        """One record; a reward component an earlier record of this kind had is 0.0 here when
+        the batch lacks it (`RewardComponentSeries`)."""
         if not self.enabled:
             return
+        metrics = self._series(kind).fill(metrics)
         if self._file is not None:
             record = {"kind": kind, "step": step, "time": time.time(), **metrics}
             self._file.write(json.dumps({k: _finite(v) for k, v in record.items()}) + "\n")

@@ -5,9 +5,10 @@ from rollouts_fakes import TOY_ENV_ID, TextPolicy
 
 from toolgym.agents.types import Completion
 from toolgym.rollouts.env_io import EnvOutputError, step_env
-from toolgym.rollouts.metrics import batch_metrics, env_metric_names, episode_metrics
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.runner import RolloutRunner
+from toolgym.rollouts.metrics import RewardComponentSeries, batch_metrics, env_metric_names, episode_metrics
 from toolgym.rollouts.recording.replay import summarize
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.types import StopReason, Trajectory, Transition
 
 
@@ -93,3 +94,31 @@ def test_unusable_env_metrics_are_an_env_error(reported, message):
 
     with pytest.raises(EnvOutputError, match=message):
         step_env(Env(), "x")  # type: ignore[arg-type]
+
+
+def _scored(total: float, components: dict[str, float]) -> Trajectory:
+    return Trajectory(
+        env_id="toolgym/Zorplex-v0", env_kwargs={}, task_seed=0, group_id=0, transitions=[],
+        stop_reason=StopReason.ANSWERED, total_reward=total, reward_components=components,
+        metrics={"turns": 1, "sampled_tokens": 3, "env": {}},
+    )  # fmt: skip
+
+
+def test_a_component_no_episode_earned_is_zero_in_every_later_record_of_its_series():
+    earned = [_scored(1.1, {"correct": 1.0, "chain": 0.1}), _scored(0.0, {"correct": 0.0})]
+    unearned = [_scored(1.0, {"correct": 1.0}), _scored(0.0, {"correct": 0.0})]
+    train, evals = RewardComponentSeries(), RewardComponentSeries()
+    first = train.fill(batch_metrics(earned))
+    assert first["rollout/reward/chain"] == 0.05
+    alone = batch_metrics(unearned)
+    assert "rollout/reward/chain" not in alone  # what a batch's own metrics hold
+    second = train.fill(alone)
+    # 0.0: the mean when every episode counts it as 0; nothing else in the record changes
+    assert second == {**alone, "rollout/reward/chain": 0.0}
+    with_zero = batch_metrics([_scored(1.0, {"correct": 1.0, "chain": 0.0}), unearned[1]])
+    assert second["rollout/reward/chain"] == with_zero["rollout/reward/chain"]
+    assert train.fill(batch_metrics(earned)) == first
+    # another source has its own series; a batch without episodes has no means to fill
+    assert "eval/reward/chain" not in evals.fill(batch_metrics(unearned, prefix="eval/"))
+    assert train.fill(batch_metrics([])) == batch_metrics([])
+    assert train.fill({"train/loss": 1.0}) == {"train/loss": 1.0}

@@ -6,7 +6,7 @@ config.json names, so a config reads from and writes to a checkpoint directory
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import msgspec
 import torch
@@ -89,7 +89,11 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.attention_bias and fam.bias != "flag":
             raise ValueError(
                 f"attention_bias is not a {self.model_type} field: "
-                + ("qwen2 always has a q/k/v bias and no o_proj bias" if fam.bias == "qkv" else "it has no biases")
+                + (
+                    "qwen2 always has a q/k/v bias and no o_proj bias"
+                    if fam.bias == "qkv"
+                    else "it has no biases"
+                )
             )
         if self.rope_scaling is not None and "llama3" not in fam.rope_types:
             raise ValueError(f"rope_scaling (llama3) is not a {self.model_type} field")
@@ -213,7 +217,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=d.get("max_position_embeddings", 32768),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            model_type=model_type,
+            model_type=cast(ModelType, fam.model_type),
             attention_bias=bool(d.get("attention_bias", False)) if fam.bias == "flag" else False,
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=eos,

@@ -5,10 +5,13 @@ and the native families. A new family is a new module here plus one entry below.
 from __future__ import annotations
 
 from .base import Family
+from .llama import LLAMA
+from .mistral import MISTRAL
 from .qwen2 import QWEN2
 from .qwen3 import QWEN3
+from .smollm3 import SMOLLM3
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN2, QWEN3)}
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN2, QWEN3, LLAMA, MISTRAL, SMOLLM3)}
 
 
 def family(model_type: object) -> Family:

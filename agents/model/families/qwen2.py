@@ -8,7 +8,11 @@ from .base import Family, Shape
 
 
 def _hf_fields(config: Shape) -> dict[str, Any]:
-    return {"use_sliding_window": False, "sliding_window": None, "max_window_layers": config.num_hidden_layers}
+    return {
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": config.num_hidden_layers,
+    }
 
 
 QWEN2 = Family(model_type="qwen2", architecture="Qwen2ForCausalLM", bias="qkv", hf_fields=_hf_fields)

@@ -144,7 +144,7 @@ def test_from_hf_dict_reads_real_qwen_fields() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"model_type": "llama"}, "model_type"),
+        ({"model_type": "gpt2"}, "model_type"),
         ({"hidden_act": "gelu"}, "silu"),
         ({"use_sliding_window": True}, "sliding"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "RoPE"),

@@ -1,0 +1,23 @@
+"""Mistral: no biases, no q/k norm, default RoPE; `sliding_window` (null in v0.2+) is a window
+over every layer, honoured only where sequences fit in it (agents/model/config.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Family, Shape
+
+
+def _hf_fields(config: Shape) -> dict[str, Any]:
+    return {"sliding_window": config.sliding_window}
+
+
+MISTRAL = Family(
+    model_type="mistral",
+    architecture="MistralForCausalLM",
+    bias="none",
+    sliding_window=True,
+    hf_fields=_hf_fields,
+)
+
+__all__ = ["MISTRAL"]

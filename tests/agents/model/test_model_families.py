@@ -1,0 +1,224 @@
+"""The non-Qwen native families (Llama 3.x, Mistral, SmolLM3) against transformers, built from its
+own config classes with random weights at tiny shapes (no download): logits on a ragged batch
+within 1e-4 in float32, TorchEngine's greedy generation token-identical to transformers' greedy,
+checkpoint directories both ways, one training step's loss and gradient norm; and what is refused
+(a sliding window that could bind, packed layers without RoPE, an unknown model_type)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from toolgym.agents.engine.backend import select_backend
+from toolgym.agents.engine.engine import TorchEngine
+from toolgym.agents.model.checkpoint import load_config, load_hf_checkpoint, save_hf_checkpoint
+from toolgym.agents.model.config import ModelConfig, RopeScaling
+from toolgym.agents.model.families import FAMILIES
+from toolgym.agents.model.transformer import Transformer, causal_lm_logprobs, rope_cos_sin
+from toolgym.agents.types import SamplingParams
+
+transformers = pytest.importorskip("transformers")
+
+SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+             head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-5)  # fmt: skip
+LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500_000.0, factor=8.0, low_freq_factor=1.0,
+                   high_freq_factor=4.0, original_max_position_embeddings=64)  # fmt: skip
+
+
+def hf_config(case: str):
+    """transformers' own config of each tested variant (tiny)."""
+    if case == "llama3-tied":
+        return transformers.LlamaConfig(**SHAPE, num_hidden_layers=2, tie_word_embeddings=True,
+                                        rope_parameters=LLAMA3_ROPE)  # fmt: skip
+    if case == "llama-untied-bias":
+        return transformers.LlamaConfig(**SHAPE, num_hidden_layers=2, tie_word_embeddings=False,
+                                        attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 1e4})  # fmt: skip
+    if case == "llama-headdim":  # head_dim from config, not hidden_size // heads
+        return transformers.LlamaConfig(
+            **(SHAPE | {"head_dim": 48}), num_hidden_layers=2, tie_word_embeddings=False
+        )
+    if case == "mistral":
+        return transformers.MistralConfig(**SHAPE, num_hidden_layers=2, sliding_window=None)
+    if case == "mistral-window":  # a window no sequence here reaches: the same attention as none
+        return transformers.MistralConfig(**SHAPE, num_hidden_layers=2, sliding_window=200)
+    if case == "smollm3":
+        return transformers.SmolLM3Config(**SHAPE, num_hidden_layers=4, tie_word_embeddings=True,
+                                          bos_token_id=1, eos_token_id=2, pad_token_id=None,
+                                          rope_parameters={"rope_type": "default", "rope_theta": 2e6})  # fmt: skip
+    raise KeyError(case)
+
+
+CASES = ["llama3-tied", "llama-untied-bias", "llama-headdim", "mistral", "mistral-window", "smollm3"]
+
+
+def hf_model(case: str, seed: int = 0):
+    """A transformers model of `case` with non-trivial random weights (random norms and biases too)."""
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config(case), dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.15 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def ours_from(hf, tmp_path) -> Transformer:
+    hf.save_pretrained(tmp_path / "hf")
+    return load_hf_checkpoint(tmp_path / "hf").eval()
+
+
+def ragged_batch(vocab: int, lengths=(41, 30, 17), seed: int = 0):
+    tokens = torch.randint(
+        0, vocab, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(seed)
+    )
+    mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()
+    return tokens * mask, mask
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_logits_match_transformers_on_a_ragged_batch(tmp_path, case: str) -> None:
+    hf = hf_model(case)
+    ours = ours_from(hf, tmp_path)
+    assert ours.config.model_type == hf.config.model_type
+    tokens, mask = ragged_batch(ours.config.vocab_size)
+    with torch.no_grad():
+        theirs = hf(tokens, attention_mask=mask).logits
+        mine = ours(tokens)  # causal: right padding is harmless
+    valid = mask.bool()
+    assert mine[valid].abs().max() > 1.0
+    assert (mine[valid] - theirs[valid]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3"])
+def test_engine_greedy_matches_transformers_greedy(tmp_path, case: str) -> None:
+    hf = hf_model(case, seed=1)
+    ours = ours_from(hf, tmp_path)
+    prompts = [[3, 17, 90, 4, 55], [101, 7, 7, 64, 2, 33, 12, 80, 9]]
+    engine = TorchEngine(ours, max_batch_size=2, max_seq_len=96, device="cpu", dtype=torch.float32)
+    completions = engine.generate_sync(prompts, SamplingParams(max_tokens=48, temperature=0.0))
+    for prompt, completion in zip(prompts, completions, strict=True):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                              do_sample=False, max_new_tokens=48, min_new_tokens=48, eos_token_id=None,
+                              pad_token_id=0)  # fmt: skip
+        assert list(completion.tokens) == out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3"])
+def test_save_load_round_trip_and_transformers_reads_ours(tmp_path, case: str) -> None:
+    hf = hf_model(case, seed=2)
+    ours = ours_from(hf, tmp_path)
+    save_hf_checkpoint(ours, ours.config, tmp_path / "ours")
+    back = load_hf_checkpoint(tmp_path / "ours")
+    assert back.config == ours.config
+    assert list(back.state_dict()) == list(ours.state_dict()) == list(hf.state_dict())
+    assert all(
+        torch.equal(a, b) for a, b in zip(back.state_dict().values(), ours.state_dict().values(), strict=True)
+    )
+    if ours.config.tie_word_embeddings:
+        assert back.lm_head.weight is back.model.embed_tokens.weight
+    written = json.loads((tmp_path / "ours" / "config.json").read_text())
+    assert written["architectures"] == [FAMILIES[ours.config.model_type].architecture]
+    reread = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours", dtype=torch.float32).eval()
+    assert type(reread) is type(hf)
+    tokens, _ = ragged_batch(ours.config.vocab_size, (23,))
+    with torch.no_grad():
+        assert (reread(tokens).logits - hf(tokens).logits).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("case", ["llama3-tied", "mistral", "smollm3"])
+def test_training_step_loss_and_grad_norm_match_transformers(tmp_path, case: str) -> None:
+    """The same masked token-mean NLL on the same ragged batch: loss and global gradient norm."""
+    hf = hf_model(case, seed=3)
+    ours = ours_from(hf, tmp_path)
+    hf.train()
+    ours.train()
+    tokens, mask = ragged_batch(ours.config.vocab_size, seed=3)
+    target_mask = mask[:, 1:].float()
+
+    def loss_of(logprobs: torch.Tensor) -> torch.Tensor:
+        return -(logprobs * target_mask).sum() / target_mask.sum()
+
+    loss_ours = loss_of(causal_lm_logprobs(ours, tokens))
+    logits = hf(tokens, attention_mask=mask).logits[:, :-1].float()
+    loss_hf = loss_of(torch.log_softmax(logits, -1).gather(-1, tokens[:, 1:, None]).squeeze(-1))
+    loss_ours.backward()
+    loss_hf.backward()
+    assert abs(loss_ours.item() - loss_hf.item()) <= 1e-4
+    norm_ours = torch.nn.utils.get_total_norm([p.grad for p in ours.parameters()])
+    norm_hf = torch.nn.utils.get_total_norm([p.grad for p in hf.parameters()])
+    assert abs(norm_ours.item() - norm_hf.item()) <= 1e-4 * max(1.0, norm_hf.item())
+    grads_hf = dict(hf.named_parameters())
+    for name, p in ours.named_parameters():
+        assert torch.allclose(p.grad, grads_hf[name].grad, atol=1e-4, rtol=1e-3), name
+
+
+def test_llama3_rope_frequencies_are_transformers(tmp_path) -> None:
+    hf = hf_model("llama3-tied")
+    config = ours_from(hf, tmp_path).config
+    assert config.rope_scaling == RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                              original_max_position_embeddings=64)  # fmt: skip
+    positions = torch.arange(200)
+    cos, sin = rope_cos_sin(positions, config.head_dim, config.rope_theta, torch.float32, config.rope_scaling)
+    hf_cos, hf_sin = hf.model.rotary_emb(torch.zeros(1), positions[None])
+    assert (cos - hf_cos[0]).abs().max() <= 1e-5
+    half = config.head_dim // 2
+    assert (sin[:, half:] - hf_sin[0, :, half:]).abs().max() <= 1e-5  # ours folds rotate_half's sign into sin
+    plain, _ = rope_cos_sin(positions, config.head_dim, config.rope_theta, torch.float32)
+    assert not torch.allclose(cos, plain)  # the scaling changes the long wavelengths
+
+
+def test_mistral_sliding_window_that_could_bind_is_refused(tmp_path) -> None:
+    hf = hf_model("mistral-window")
+    ours = ours_from(hf, tmp_path)
+    assert ours.config.sliding_window == 200
+    with pytest.raises(ValueError, match=r"sliding_window=200.*cannot honour"):
+        ours(torch.zeros(1, 201, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"sliding_window=200.*max_seq_len"):
+        TorchEngine(ours, max_batch_size=1, max_seq_len=256, device="cpu")
+    TorchEngine(ours, max_batch_size=1, max_seq_len=200, device="cpu")  # a window it cannot reach: fine
+    with pytest.raises(ValueError, match="sliding_window"):
+        ModelConfig(**(SHAPE | {"num_hidden_layers": 1, "model_type": "llama", "sliding_window": 8}))
+
+
+def test_layers_without_rope_run_on_the_models_own_layers() -> None:
+    config = ModelConfig(**SHAPE, num_hidden_layers=4, model_type="smollm3", no_rope_layers=(1, 1, 1, 0))
+    assert [config.layer_rope(i) for i in range(4)] == [True, True, True, False]
+    backend = select_backend(config, "cpu", torch.float32)
+    assert not backend.packed and not backend.fused
+    with pytest.raises(ValueError, match="without RoPE"):
+        select_backend(config, "cpu", torch.float32, pack_weights=True)
+    # HF's default when config.json has none: every 4th layer without RoPE.
+    d = config.to_hf_dict()
+    del d["no_rope_layers"]
+    assert ModelConfig.from_hf_dict(d).no_rope_layers == (1, 1, 1, 0)
+
+
+def test_unknown_model_type_names_the_native_families(tmp_path) -> None:
+    d = ModelConfig.named("test").to_hf_dict() | {"model_type": "gpt2"}
+    (tmp_path / "config.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError) as error:
+        load_config(tmp_path)
+    message = str(error.value)
+    assert "\n" not in message and "'gpt2'" in message
+    assert all(name in message for name in ("qwen2", "qwen3", "llama", "mistral", "smollm3"))
+
+
+@pytest.mark.parametrize(
+    ("model_type", "change", "message"),
+    [
+        ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
+        ("llama", {"mlp_bias": True}, "mlp_bias"),
+        ("smollm3", {"use_sliding_window": True, "sliding_window": 16}, "use_sliding_window"),
+        ("mistral", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_type='llama3'"),
+    ],
+)
+def test_unsupported_family_features_are_refused(model_type: str, change: dict, message: str) -> None:
+    d = ModelConfig(**SHAPE, num_hidden_layers=1, model_type=model_type).to_hf_dict() | change  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_hf_dict(d)

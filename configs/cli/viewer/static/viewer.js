@@ -6,7 +6,7 @@
 const state = {
   rec: 0, offset: 0, limit: 100, total: 0, sort: "i", desc: false, filters: {},
   shade: "mask", selected: null, cmpOffset: 0, cmpTotal: 0, pair: null, recordings: [], charts: null,
-  picked: [], listRequest: 0,
+  picked: [], listRequest: 0, compareRequest: 0,
 };
 const FILTERS = ["env", "stop", "failure", "version", "seed", "rmin", "rmax"];
 const $ = (id) => document.getElementById(id);
@@ -453,8 +453,18 @@ function wireTooltip() {
 // ---- comparison ---------------------------------------------------------------------------
 
 async function loadCompare() {
+  // The newest request wins, as in loadPage: opening the tab and changing a select put two
+  // comparisons in flight; an older one's late answer is dropped, not drawn over the newer one.
+  const request = ++state.compareRequest;
   const a = $("compare-a").value, b = $("compare-b").value;
-  const page = await api("compare", { a, b, changed: $("compare-changed").checked ? 1 : 0, offset: state.cmpOffset, limit: 100 });
+  document.body.dataset.comparePending = String(Number(document.body.dataset.comparePending || 0) + 1);
+  let page;
+  try {
+    page = await api("compare", { a, b, changed: $("compare-changed").checked ? 1 : 0, offset: state.cmpOffset, limit: 100 });
+  } finally {
+    document.body.dataset.comparePending = String(Number(document.body.dataset.comparePending) - 1);
+  }
+  if (request !== state.compareRequest) return;
   state.cmpTotal = page.total;
   $("compare-warning").hidden = !page.warning;
   $("compare-warning").textContent = page.warning || "";

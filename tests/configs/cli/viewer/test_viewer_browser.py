@@ -279,6 +279,24 @@ def test_comparison_aligns_episodes_by_task_seed(page, recordings):
     assert "policy v4" in page.text_content("#compare-detail .side-b .meta")
 
 
+def test_a_late_answer_for_an_older_comparison_does_not_replace_the_newer_one(page):
+    """Opening the tab asks for A 0 vs B 3 (the default B, the last eval); picking B 1 asks again.
+    The first answer held until the second is drawn, then let through: it is dropped, so the
+    table shows what the selects now say (the two in flight made the alignment test time out
+    under load, waiting for a summary that an older answer had overwritten)."""
+    held = []
+    page.route(lambda url: "/api/compare" in url and "b=3" in url, lambda route: held.append(route))
+    page.click("#tab-compare")
+    page.select_option("#compare-b", "1")
+    page.wait_for_function("document.querySelector('#compare-summary').textContent.includes('eval_b')")
+    assert held
+    for route in held:
+        route.continue_()
+    page.wait_for_function("document.body.dataset.comparePending === '0'")
+    assert "eval_a.jsonl vs eval_b.jsonl" in page.text_content("#compare-summary")
+    assert "context_overflow" not in page.text_content("#compare-table tbody")
+
+
 def test_a_damaged_file_shows_what_it_read_and_what_it_skipped(page):
     version = page.get_attribute("body", "data-list-version")
     page.select_option("#recording-select", "2")

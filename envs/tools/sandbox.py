@@ -76,6 +76,7 @@ _HEADER: Final = struct.Struct(">I")
 _ZYGOTE_SOURCE: Final = Path(__file__).with_name("sandbox_zygote.py")
 _SANDBOX_TMP: Final = "/tmp"
 _START_TIMEOUT_S: Final = 30.0
+_RUN_HEADROOM_MB: Final = 16  # beyond the interpreter's address space at start, for a call to run
 _HOST_GRACE_S: Final = 10.0  # beyond the call's own timeout, before the host gives up on a zygote
 _SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ROOT_CAPS: Final = ("CAP_SETUID", "CAP_SETGID", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL")
@@ -105,7 +106,7 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     isolation: "bubblewrap" (refuses to start without it) or "rlimits" (no isolation; warns).
     timeout_s: wall clock per call; cpu_s: CPU seconds per process; memory_mb: address space per
-    process; file_size_mb: largest file a call may write; tmpfs_mb: the sandbox's /tmp (all the
+    process (at least the interpreter's at start plus 16 MB, checked when the sandbox starts); file_size_mb: largest file a call may write; tmpfs_mb: the sandbox's /tmp (all the
     calls' working directories); open_files; processes (per uid, shared by concurrent calls);
     max_output_chars: shown per stream; pool_size: zygotes (each serves calls concurrently);
     python: the interpreter inside ("" = this interpreter's base one); ro_binds: more host paths
@@ -209,6 +210,7 @@ class _Reply(msgspec.Struct):
 
 class _Ready(msgspec.Struct):
     ready: bool
+    vm_bytes: int = 0  # the zygote's address space: what every call's process starts with
 
 
 def _shown(data: bytes, total: int, cap: int) -> tuple[str, bool]:
@@ -368,10 +370,20 @@ class _Zygote:
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         ready, _, _ = select.select([self.stdout], [], [], _START_TIMEOUT_S)
         frame = self._read_frame() if ready else None
-        if frame is None or not msgspec.json.decode(frame, type=_Ready).ready:
+        started = msgspec.json.decode(frame, type=_Ready) if frame is not None else None
+        if started is None or not started.ready:
             message = self._start_error(bubblewrap)
             self.kill()
             raise SandboxUnavailable(message)
+        at_start_mb = -(-started.vm_bytes // 2**20)
+        self.min_memory_mb = at_start_mb + _RUN_HEADROOM_MB
+        if config.memory_mb < self.min_memory_mb:
+            self.kill()
+            raise ValueError(
+                f"sandbox memory_mb={config.memory_mb} is too small: under the address-space limit a "
+                f"call's interpreter needs at least {self.min_memory_mb} MB ({at_start_mb} MB it starts "
+                f"with, {_RUN_HEADROOM_MB} MB to run code); set memory_mb >= {self.min_memory_mb}"
+            )
         self.reader = threading.Thread(target=self._read_replies, name="toolgym-sandbox-reader", daemon=True)
         self.reader.start()
 
@@ -469,8 +481,10 @@ class _Zygote:
 class Sandbox:
     """A pool of `pool_size` warm zygotes under one SandboxConfig; thread-safe; calls concurrent.
 
-    Starting raises SandboxUnavailable (bubblewrap isolation that cannot start); rlimits-only
-    isolation warns. A zygote that dies (or stops answering) fails its calls with a
+    Starting raises SandboxUnavailable (bubblewrap isolation that cannot start), and ValueError
+    naming `memory_mb` when it is below what a call's interpreter needs under the address-space
+    limit (`min_memory_mb`: the zygote's address space, measured at start, plus 16 MB to run
+    code); rlimits-only isolation warns. A zygote that dies (or stops answering) fails its calls with a
     `sandbox_failure` result and is replaced on the next call. `close()` ends every process."""
 
     def __init__(self, config: SandboxConfig | None = None):
@@ -485,7 +499,14 @@ class Sandbox:
         self._lock = threading.Lock()
         self._closed = False
         self._session_ids = itertools.count()
-        self._zygotes = [_Zygote(self.config) for _ in range(self.config.pool_size)]
+        self._zygotes: list[_Zygote] = []
+        try:
+            for _ in range(self.config.pool_size):
+                self._zygotes.append(_Zygote(self.config))
+        except BaseException:
+            for zygote in self._zygotes:
+                zygote.kill()
+            raise
 
     def submit(self, code: str) -> concurrent.futures.Future[SandboxResult]:
         """Start a call; the future's result is its SandboxResult (never an exception)."""
@@ -505,7 +526,7 @@ class Sandbox:
                     zygote.kill()
                     try:
                         self._zygotes[i] = _Zygote(self.config)
-                    except SandboxUnavailable as exc:
+                    except (SandboxUnavailable, ValueError) as exc:
                         return _failure(f"the sandbox cannot restart: {exc}")
             if prefer is not None and prefer in self._zygotes:
                 return prefer
@@ -543,6 +564,11 @@ class Sandbox:
             return await asyncio.wait_for(asyncio.wrap_future(future), self.config.timeout_s + _HOST_GRACE_S)
         except TimeoutError:
             return self._gave_up(future)
+
+    @property
+    def min_memory_mb(self) -> int:
+        """The least `memory_mb` a call can run under (measured when the pool started)."""
+        return max(z.min_memory_mb for z in self._zygotes)
 
     @property
     def pids(self) -> list[int]:

@@ -9,7 +9,8 @@ Protocol on stdin/stdout, each message a 4-byte big-endian length then a JSON ob
     out: {"id": int, "exit_code": int | null, "signal": int | null, "timed_out": bool,
           "stdout": base64, "stderr": base64, "stdout_bytes": int, "stderr_bytes": int,
           "wall_s": float, "started": bool, "lost": bool}
-    first out: {"ready": true} once the zygote is up (the host waits for it before any call).
+    first out: {"ready": true, "vm_bytes": int} once the zygote is up (the host waits for it
+    before any call); vm_bytes: its address space, which every call's process starts with.
 The zygote serves calls concurrently (one selector loop, no threads, so forking is safe). A
 child: its own process group; drops to `uid + offset` when a uid is set (the zygote runs as
 root; the offset is the next of `uids` not in use); rlimits (CPU seconds, address space, file
@@ -121,6 +122,18 @@ def _child(call_id, uid_offset, code, settings, out_w, err_w):
     except BaseException:
         os._exit(125)
     os._exit(_execute(code, {"__name__": "__main__", "__builtins__": __builtins__}))
+
+
+def _vm_bytes():
+    """This process's address space (VmSize), which a forked call starts with; 0 if unknown."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _read_exactly(fd, size):
@@ -547,7 +560,7 @@ class Zygote:
         return True
 
     def run(self):
-        self.send({"ready": True})
+        self.send({"ready": True, "vm_bytes": _vm_bytes()})
         while True:
             now = time.monotonic()
             deadlines = [c.deadline for c in self.calls.values() if not c.timed_out]

@@ -9,6 +9,7 @@ import asyncio
 import concurrent.futures
 import hashlib
 import os
+import re
 import signal
 import socket
 import time
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from sandbox_testlib import start_sandbox
+from sandbox_testlib import sandbox_missing, start_sandbox
 
 import toolgym.envs.tools.sandbox as sandbox_module
 from toolgym.envs import Sandbox, SandboxConfig, SandboxUnavailable, python_tool
@@ -265,3 +266,24 @@ def test_the_config_is_checked():
         SandboxConfig(pool_size=0)
     with pytest.raises(ValueError, match="absolute"):
         SandboxConfig(ro_binds=("site-packages",))
+
+
+def test_a_memory_limit_below_what_the_interpreter_needs_is_refused_when_the_sandbox_starts():
+    try:
+        Sandbox(SandboxConfig(memory_mb=8, timeout_s=5.0))
+    except SandboxUnavailable as exc:
+        sandbox_missing(str(exc))
+    except ValueError as exc:
+        found = re.search(r"memory_mb=8 is too small: .* at least (\d+) MB", str(exc))
+        assert found, str(exc)
+        minimum = int(found[1])
+    else:
+        pytest.fail("memory_mb=8 was accepted")
+    assert minimum > 16
+    # The interpreter's address space can differ by a page between starts (the rounding to MB).
+    with pytest.raises(ValueError, match=f"memory_mb={minimum - 2} is too small"):
+        Sandbox(SandboxConfig(memory_mb=minimum - 2, timeout_s=5.0))
+    with Sandbox(SandboxConfig(memory_mb=minimum + 1, timeout_s=5.0)) as box:  # the minimum runs code
+        assert box.min_memory_mb <= minimum + 1
+        result = box.run("data = bytearray(8 * 2**20)\nprint(len(data))")
+        assert (result.kind, result.stdout) == (None, f"{8 * 2**20}\n"), result

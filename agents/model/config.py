@@ -260,8 +260,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     @classmethod
     def named(cls, name: str) -> ModelConfig:
         """A named config: 'tiny' (CPU default), 'bench-3m', 'small-25m', 'test', 'test-qwen3',
-        'qwen2.5-0.5b', 'qwen3-0.6b', 'qwen3-1.7b', 'qwen3-4b', 'qwen3-8b' (the real shapes, random
-        weights)."""
+        'qwen2.5-0.5b', 'qwen3-0.6b', 'qwen3-1.7b', 'qwen3-4b', 'qwen3-8b', 'llama-3.2-1b',
+        'mistral-7b-v0.3', 'smollm3-3b' (the real shapes, random weights)."""
         if name not in NAMED_CONFIGS:
             raise KeyError(f"unknown model config {name!r}; known: {sorted(NAMED_CONFIGS)}")
         return cls(**NAMED_CONFIGS[name])
@@ -306,4 +306,19 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
                      num_attention_heads=32),
     "qwen3-8b": dict(_QWEN3, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                      num_attention_heads=32, tie_word_embeddings=False),
+    # The other native families' published shapes (random weights unless loaded).
+    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=64, rope_theta=500_000.0,
+                         rms_norm_eps=1e-5, max_position_embeddings=131072, tie_word_embeddings=True,
+                         model_type="llama", bos_token_id=128000, eos_token_id=128001,
+                         rope_scaling=RopeScaling(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                                  original_max_position_embeddings=8192)),
+    "mistral-7b-v0.3": dict(vocab_size=32768, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1_000_000.0,
+                            rms_norm_eps=1e-5, max_position_embeddings=32768, tie_word_embeddings=False,
+                            model_type="mistral", bos_token_id=1, eos_token_id=2),
+    "smollm3-3b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                       num_attention_heads=16, num_key_value_heads=4, head_dim=128, rope_theta=5_000_000.0,
+                       max_position_embeddings=65536, tie_word_embeddings=True, model_type="smollm3",
+                       no_rope_layers=tuple(int((i + 1) % 4 != 0) for i in range(36))),
 }  # fmt: skip

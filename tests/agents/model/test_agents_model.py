@@ -118,6 +118,8 @@ def test_config_round_trip_and_named() -> None:
         assert build_model(config) if config.num_params() < 50_000_000 else True
     assert ModelConfig.named("qwen2.5-0.5b").num_params() == 494_032_768  # the published count
     assert ModelConfig.named("qwen3-4b").num_params() == 4_022_468_096  # Qwen3-4B's safetensors
+    assert ModelConfig.named("llama-3.2-1b").num_params() == 1_235_814_400  # Llama-3.2-1B's published count
+    assert ModelConfig.named("mistral-7b-v0.3").num_params() == 7_248_023_552  # Mistral-7B-v0.3's
     assert 2_500_000 < ModelConfig.named("bench-3m").num_params() < 3_500_000
     assert 20_000_000 < ModelConfig.named("small-25m").num_params() < 30_000_000
     assert sum(p.numel() for p in build_model("tiny").parameters()) == ModelConfig.named("tiny").num_params()

@@ -33,6 +33,10 @@ from toolgym.rollouts.types import StopReason
 
 ZORPLEX = "toolgym/Zorplex-v0"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# How long a wait (an element, a page function, a navigation) may take before it fails: every
+# wait is for the condition the test needs, and this bound only ends a test whose condition never
+# comes. Playwright's 30 s default is a budget two busy cores can exhaust; this one they cannot.
+PATIENCE_MS = 300_000
 
 
 def _missing(what: str) -> None:
@@ -50,7 +54,9 @@ def browser(recordings):  # recordings first: Playwright's sync API holds an eve
     if CHROMIUM is None:
         _missing("no chromium executable on PATH")
     with sync_playwright() as p:
-        launched = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        launched = p.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"], timeout=PATIENCE_MS
+        )
         yield launched
         launched.close()
 
@@ -105,6 +111,7 @@ def open_page(server, browser):
 
     def open_at(hash: str = "", width: int = 1280):
         context = browser.new_context(viewport={"width": width, "height": 900})
+        context.set_default_timeout(PATIENCE_MS)  # every wait and action: for its condition, not 30 s
         tab = context.new_page()
         errors: list[str] = []
         tab.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -365,17 +372,27 @@ def test_the_url_holds_the_view(open_page, recordings):
 
 def test_a_late_answer_for_an_earlier_episode_does_not_replace_the_later_one(open_page):
     page = open_page("#limit=5")
-    # the answer for episode 0 arrives 800 ms late, after the one for episode 1
+    # the answer for episode 0 is asked for only once episode 1 is shown, so it arrives after
+    # the one for episode 1; window.lateAnswerHandled is set once the page has taken it in
     page.evaluate(
-        """() => { const plain = window.fetch; window.fetch = (url, options) =>
-             /episode\\?.*i=0(&|$)/.test(String(url))
-               ? new Promise((done) => setTimeout(done, 800)).then(() => plain(url, options))
-               : plain(url, options); }"""
+        """() => {
+             const plain = window.fetch;
+             const shown = () => document.querySelector('#episode-detail .meta')?.textContent.includes('episode 1 ');
+             const afterShown = () => new Promise((done) => { const poll = () => (shown() ? done() : setTimeout(poll, 10)); poll(); });
+             window.lateAnswerHandled = false;
+             window.fetch = (url, options) => /episode\\?.*i=0(&|$)/.test(String(url))
+               ? afterShown().then(() => plain(url, options)).then((response) => {
+                   const json = response.json.bind(response);
+                   // after the body's readers have run: a timer comes after their microtasks
+                   response.json = () => json().then((body) => { setTimeout(() => { window.lateAnswerHandled = true; }); return body; });
+                   return response;
+                 })
+               : plain(url, options);
+           }"""
     )
     page.keyboard.press("j")
     page.keyboard.press("j")
-    page.wait_for_function("document.querySelector('#episode-detail .meta')?.textContent.includes('episode 1 ')")
-    page.wait_for_timeout(1200)  # episode 0's answer has come by now
+    page.wait_for_function("window.lateAnswerHandled === true")
     assert "episode 1 " in page.text_content("#episode-detail .meta")
     assert page.locator("#episode-detail .meta").count() == 1
 

@@ -24,6 +24,8 @@ EMPTY: Final = "empty"
 ANSWER_TAG_RE: Final = re.compile(r"\[\s*answer\s*\]", re.IGNORECASE)
 _AFTER_TAG_RE: Final = re.compile(r"[ \t]*[:=]?[ \t]*([^\n]*)")
 SHOWN_NAME_CHARS: Final = 24
+# Call markers of the family formats: one in an action of another format is a malformed call.
+_FOREIGN_MARKERS: Final = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<function=", "<|python_tag|>")
 
 
 class ParsedCall(NamedTuple):
@@ -132,3 +134,8 @@ def near_miss_pattern(tool_names: Iterable[str], opening: str = r"\s*[\[(]") -> 
     return re.compile(
         r"(?<![A-Za-z0-9_])(?:" + "|".join(map(re.escape, names)) + ")" + opening, re.IGNORECASE
     )
+
+
+def foreign_call(text: str) -> bool:
+    """Whether `text` holds a family format's call marker (`<tool_call>`, `[TOOL_CALLS]`, ...)."""
+    return any(marker in text for marker in _FOREIGN_MARKERS)

@@ -18,6 +18,9 @@ from toolgym.agents.model.config import ModelConfig, RopeScaling
 from toolgym.agents.model.families import FAMILIES
 from toolgym.agents.model.transformer import Transformer, causal_lm_logprobs, rope_cos_sin
 from toolgym.agents.types import SamplingParams
+from toolgym.rollouts.types import Episode
+from toolgym.trainers.config import TrainerConfig
+from toolgym.trainers.trainer import Trainer
 
 transformers = pytest.importorskip("transformers")
 
@@ -156,6 +159,34 @@ def test_training_step_loss_and_grad_norm_match_transformers(tmp_path, case: str
     grads_hf = dict(hf.named_parameters())
     for name, p in ours.named_parameters():
         assert torch.allclose(p.grad, grads_hf[name].grad, atol=1e-4, rtol=1e-3), name
+
+
+@pytest.mark.parametrize("case", ["llama3-tied", "mistral", "smollm3"])
+def test_trainer_sft_step_matches_transformers(tmp_path, case: str) -> None:
+    """The Trainer's SFT step (masked token-mean cross-entropy) on a family's model: its loss and
+    gradient norm (before clipping) are transformers' on the same batch."""
+    hf = hf_model(case, seed=4)
+    ours = ours_from(hf, tmp_path)
+    tokens, mask = ragged_batch(ours.config.vocab_size, seed=4)
+    lengths, prompts = mask.sum(1).tolist(), [3, 8, 5]
+    episodes = [
+        Episode(tokens=tokens[i, :n].tolist(), loss_mask=[0] * p + [1] * (n - p), sampler_logprobs=[0.0] * n,
+                advantages=[0.0] * n)
+        for i, (n, p) in enumerate(zip(lengths, prompts, strict=True))
+    ]  # fmt: skip
+    metrics = Trainer(ours, TrainerConfig(), device="cpu").sft_step(episodes)
+    trained = torch.zeros_like(mask)
+    for i, (n, p) in enumerate(zip(lengths, prompts, strict=True)):
+        trained[i, p:n] = 1  # token t is trained, predicted at position t - 1
+    hf.train()
+    logprobs = torch.log_softmax(hf(tokens, attention_mask=mask).logits[:, :-1].float(), -1)
+    picked = logprobs.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    target = trained[:, 1:].float()
+    loss = -(picked * target).sum() / target.sum()
+    loss.backward()
+    grad_norm = torch.nn.utils.get_total_norm([p.grad for p in hf.parameters()]).item()
+    assert abs(metrics["loss"] - loss.item()) <= 1e-4
+    assert abs(metrics["grad_norm"] - grad_norm) <= 1e-4 * max(1.0, grad_norm)
 
 
 def test_llama3_rope_frequencies_are_transformers(tmp_path) -> None:

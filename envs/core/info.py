@@ -27,9 +27,9 @@ step info:
                     policy (rollouts/context.py) then cuts the conversation to the system prompt,
                     the task and the note turns.
 
-An env may also declare a context policy as an attribute of its unwrapped env, as it declares
-`step_waits`: `context_policy`, a spec dict such as {"policy": "notes"} or {"policy": "window",
-"turns": 4} (rollouts/context.py), which the runner applies unless the run config sets
+An env may also declare a context policy through its `context_policy` hook (envs/core/text_env.py,
+beside `step_waits` and `abandon()`): a spec dict such as {"policy": "notes"} or {"policy":
+"window", "turns": 4} (rollouts/context.py), which the runner applies unless the run config sets
 `rollout.context`.
 
 step info, read by the runner (and the info of the optional `abandon()`, envs/core/tool_env.py):
@@ -62,10 +62,11 @@ Written by `TextEnv` itself (envs/core/text_env.py), recorded, not read by the r
                     observation (or the reset observation), present only when > 0: text that
                     UTF-8 cannot encode never crosses the env boundary.
 
-The runner writes `error` (the step raised or returned an unusable output), `abandon_error` and
-`sequence_start` (a chat template re-rendered the history, or a context policy rewrote it: a new
-training sequence starts here) and `context_rewrite` (it was the context policy) into a
-transition's info itself; an env should not use those keys.
+The runner writes `error` (ERROR: the step raised or returned an unusable output),
+`abandon_error` (ABANDON_ERROR: the env's `abandon()` did), `sequence_start` (a chat template
+re-rendered the history, or a context policy rewrote it: a new training sequence starts here)
+and `context_rewrite` (it was the context policy) into a transition's info itself; an env should
+not use those keys.
 
 The scripted oracle (rollouts/scripted.py) plays an env through `TextEnv`'s oracle methods
 (`oracle_actions`, `malformed_action`, `answer_action`), so it knows no env's action grammar.
@@ -105,12 +106,19 @@ END_REASON = "end_reason"
 FAILURE_MODE = "failure_mode"
 SUCCESS_METRIC = "success"
 REPLACED_CHARS = "replaced_chars"
+# Written by the runner into a transition's info (see above), never by an env.
+ERROR = "error"
+ABANDON_ERROR = "abandon_error"
 
 __all__ = [
+    "ABANDON_ERROR",
+    "CREDIT_STATE",
     "END_REASON",
+    "ERROR",
     "FAILURE_MODE",
     "INSTRUCTIONS",
     "METRICS",
+    "NOTE",
     "REPLACED_CHARS",
     "REWARD_COMPONENTS",
     "SUCCESS_METRIC",

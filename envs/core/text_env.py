@@ -1,14 +1,30 @@
-"""`TextEnv`: the Gymnasium interface of every toolgym env (Unicode text in, text out), the oracle
-methods scripted policies and corpora use, and the wrapping that keeps un-encodable text (lone
+"""`TextEnv`: the Gymnasium interface of every toolgym env (Unicode text in, text out), the
+optional hooks the rollout runner calls (declared here with their defaults), the oracle methods
+scripted policies and corpora use, and the wrapping that keeps un-encodable text (lone
 surrogates) from ever crossing the env boundary.
+
+The hooks, each with the default an env that does not override it gets:
+- `step_waits` (False): `step` may wait on something outside the process (a sandbox, a server),
+  so the runner steps the env in a worker thread.
+- `context_policy` (None): the context policy the env declares, a spec dict such as
+  {"policy": "notes"} (rollouts/context.py), applied unless the run config sets one.
+- `abandon()` (None: nothing to settle): the runner stopped the episode before the env ended it;
+  returns (reward to add to the last step, info to merge into it), settled as the env's own
+  limits would (envs/core/tool_env.py).
+- the oracle: `oracle_actions()`, `malformed_action()`, `answer_action()`,
+  `wrong_note_actions()`, `wrong_lookup_actions()` and `answer` (rollouts/scripted.py).
+
+An env registered with Gymnasium need not be a TextEnv: `env_hooks(env)` is the one place that
+reads these hooks off any env, a TextEnv's as declared, a plain `gymnasium.Env`'s by name (its own
+method or attribute where it has one, else the default above).
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 import gymnasium
 
@@ -117,7 +133,119 @@ class TextEnv(gymnasium.Env[str, str]):
         numpy Generator to draw where and how. None (the default) when the env takes no notes."""
         return None
 
+    def wrong_lookup_actions(self, rng: Any, p: float) -> list[str] | None:
+        """A demonstrator whose every lookup independently goes wrong with probability `p` (an env
+        whose lookups are independent sub-tasks), answering what it looked up; `rng` a numpy
+        Generator. None (the default) when the env has no such script, or no lookup went wrong."""
+        return None
+
     def mistaken_actions(self) -> tuple[str, ...]:
         """Actions with one typical mistake each (malformed, empty, unknown tool, no answer), so
         that corpora and tests can show the env's error observations."""
         return ()
+
+    # ---- the rollout runner's hooks (module doc) ------------------------------------------------
+
+    @property
+    def step_waits(self) -> bool:
+        """Whether `step` may wait on something outside the process: the runner then steps this
+        env in a worker thread. False unless a subclass says otherwise."""
+        return False
+
+    @property
+    def context_policy(self) -> Mapping[str, Any] | None:
+        """The context policy this env declares (a spec dict, rollouts/context.py), or None: the
+        runner keeps the whole conversation unless the run config sets one."""
+        return None
+
+    def abandon(self) -> tuple[float, dict[str, Any]] | None:
+        """Settle an episode the runner stopped before the env ended it: (reward to add to the last
+        step, info to merge into it), or None (the default) when there is nothing to settle."""
+        return None
+
+
+class EnvHooks(Protocol):
+    """The hooks the rollout layer calls on an env (module doc); `TextEnv` declares them."""
+
+    @property
+    def step_waits(self) -> bool: ...
+
+    @property
+    def context_policy(self) -> Mapping[str, Any] | None: ...
+
+    def abandon(self) -> tuple[float, dict[str, Any]] | None: ...
+
+    @property
+    def answer(self) -> Any: ...
+
+    def oracle_actions(self) -> list[str]: ...
+
+    def malformed_action(self, action: str) -> str | None: ...
+
+    def answer_action(self, answer: Any, tagged: bool = True) -> str: ...
+
+    def wrong_note_actions(self, rng: Any) -> list[str] | None: ...
+
+    def wrong_lookup_actions(self, rng: Any, p: float) -> list[str] | None: ...
+
+
+def env_hooks(env: gymnasium.Env) -> EnvHooks:
+    """The hooks of `env` (wrapped or not): its unwrapped TextEnv itself, or, for a plain
+    `gymnasium.Env`, `PlainEnvHooks` over it."""
+    unwrapped = env.unwrapped
+    return unwrapped if isinstance(unwrapped, TextEnv) else PlainEnvHooks(unwrapped)
+
+
+class PlainEnvHooks:
+    """A plain `gymnasium.Env`'s hooks, read by name: its own method or attribute of the hook's
+    name where it has one, else TextEnv's default. The oracle's required methods (and `answer`)
+    raise TypeError naming what the env lacks."""
+
+    def __init__(self, env: gymnasium.Env) -> None:
+        self.env = env
+
+    def _own(self, name: str) -> Any:
+        return getattr(self.env, name, None)
+
+    def _call(self, name: str, *args: Any) -> Any:
+        """The env's own method `name` called with `args`; None (the default) when it has none."""
+        own = self._own(name)
+        return own(*args) if callable(own) else None
+
+    def _required(self, name: str) -> Any:
+        member = self._own(name)
+        if member is None:
+            raise TypeError(
+                f"{type(self.env).__name__} has no {name}; the oracle needs it (envs/core/text_env.py)"
+            )
+        return member
+
+    @property
+    def step_waits(self) -> bool:
+        return bool(self._own("step_waits"))
+
+    @property
+    def context_policy(self) -> Mapping[str, Any] | None:
+        return self._own("context_policy")
+
+    def abandon(self) -> tuple[float, dict[str, Any]] | None:
+        return self._call("abandon")
+
+    @property
+    def answer(self) -> Any:
+        return self._required("answer")
+
+    def oracle_actions(self) -> list[str]:
+        return self._required("oracle_actions")()
+
+    def malformed_action(self, action: str) -> str | None:
+        return self._call("malformed_action", action)
+
+    def answer_action(self, answer: Any, tagged: bool = True) -> str:
+        return self._required("answer_action")(answer, tagged=tagged)
+
+    def wrong_note_actions(self, rng: Any) -> list[str] | None:
+        return self._call("wrong_note_actions", rng)
+
+    def wrong_lookup_actions(self, rng: Any, p: float) -> list[str] | None:
+        return self._call("wrong_lookup_actions", rng, p)

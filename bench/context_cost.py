@@ -37,8 +37,9 @@ from toolgym.agents.model.transformer import Transformer
 from toolgym.agents.tokenizer import load_tokenizer
 from toolgym.configs.cli.main import DEFAULT_TOKENIZER
 from toolgym.rollouts.context import KeepAll, Notes, SlidingWindow
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.episodes import build_episodes
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OraclePolicy
 from toolgym.rollouts.types import SEQUENCE_START, Trajectory
 from toolgym.trainers.batching import make_micro_batches

@@ -51,8 +51,8 @@ def child(episodes: int, policy: str, keep: bool) -> None:
     if keep:  # every trajectory kept until the summary: how eval behaved before streaming
         from toolgym.configs.assembly.parts import load_policy, policy_renderer
         from toolgym.configs.cli.main import DEFAULT_TOKENIZER
+        from toolgym.rollouts.episode.config import EnvRolloutConfig
         from toolgym.rollouts.evaluation import EvalConfig, evaluate_sync
-        from toolgym.rollouts.runner import EnvRolloutConfig
         from toolgym.rollouts.scripted import OracleConfig
 
         renderer = policy_renderer(policy, DEFAULT_TOKENIZER)

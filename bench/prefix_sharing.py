@@ -35,7 +35,7 @@ from toolgym.agents.engine.engine import TorchEngine
 from toolgym.configs.assembly.parts import build_renderer, initial_model, load_model
 from toolgym.configs.load import load_config
 from toolgym.rollouts.batches import TaskSeedStream
-from toolgym.rollouts.runner import RolloutRunner
+from toolgym.rollouts.episode.runner import RolloutRunner
 
 ENGINES = {  # row name -> TorchEngine options
     "prefix + history": {},

@@ -41,7 +41,8 @@ from toolgym.agents.model.transformer import Transformer
 from toolgym.agents.tokenizer import load_tokenizer
 from toolgym.agents.types import SamplingParams
 from toolgym.configs.cli.main import DEFAULT_TOKENIZER
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner, sampling_seed
+from toolgym.rollouts.episode.config import EnvRolloutConfig, sampling_seed
+from toolgym.rollouts.episode.runner import RolloutRunner
 
 TARGET_OVERHEAD = 0.10
 

@@ -158,7 +158,7 @@ def make_workload(args: argparse.Namespace, count: int) -> dict[str, Any]:
     import toolgym.envs  # noqa: F401  (registers toolgym/*)
     from toolgym.configs.assembly.parts import build_renderer
     from toolgym.rollouts.batches import TaskSeedStream
-    from toolgym.rollouts.runner import first_messages
+    from toolgym.rollouts.episode.rendering import first_messages
 
     renderer, _ = build_renderer(toolgym_config(args))
     seeds, _ = TaskSeedStream(stream=0).take(count)
@@ -199,7 +199,7 @@ def toolgym_worker(args: argparse.Namespace, workdir: Path) -> dict:
     from toolgym.agents.model.checkpoint import load_hf_checkpoint
     from toolgym.configs.assembly.parts import build_policy, build_renderer
     from toolgym.rollouts.batches import BatchConfig, TaskSeedStream, collect_batch
-    from toolgym.rollouts.runner import RolloutRunner
+    from toolgym.rollouts.episode.runner import RolloutRunner
     from toolgym.trainers.config import OptimizerConfig, TrainerConfig
     from toolgym.trainers.losses import LossConfig
     from toolgym.trainers.trainer import Trainer

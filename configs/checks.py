@@ -24,8 +24,9 @@ from ..envs.registry import import_env_modules
 from ..rollouts.batches import TaskSeedStream
 from ..rollouts.endpoint.program import load_program
 from ..rollouts.env_io import reset_env
+from ..rollouts.episode.rendering import first_messages
+from ..rollouts.episode.runner import RolloutRunner
 from ..rollouts.recording.format import RecordingError, RecordingReader, check_recording
-from ..rollouts.runner import RolloutRunner, first_messages
 from ..rollouts.scripted import OraclePolicy
 from ..rollouts.types import StopReason
 from .assembly.demos import check_demo_rendering, rl_stream, sft_stream

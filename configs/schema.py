@@ -59,8 +59,8 @@ from ..agents.model.lora import LoraConfig
 from ..agents.vllm.engine import VLLM_LORA_RANKS, VLLMConfig
 from ..rollouts.batches import EVAL_SEED_COUNT, BatchConfig
 from ..rollouts.endpoint.program import AgentProgram
+from ..rollouts.episode.config import EnvRolloutConfig
 from ..rollouts.evaluation import EvalConfig
-from ..rollouts.runner import EnvRolloutConfig
 from ..rollouts.scripted import OracleConfig
 from ..rollouts.types import PolicySampling, RolloutSettings
 from ..trainers.config import CheckpointConfig, OptimizerConfig, TrainerConfig

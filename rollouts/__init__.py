@@ -5,8 +5,7 @@ stays cheap for the trainers):
 - types: StopReason, Transition, Trajectory, Episode; PolicySampling (the policy's configured
   temperature/top_p/top_k, read by the runner and the trainer) and RolloutSettings (the
   env-independent `[rollout]` settings: group size, limits).
-- runner: EnvRolloutConfig (RolloutSettings bound to one env, the sampling and a seed),
-  RolloutRunner (concurrent multi-turn episodes, limits, fault isolation).
+- context: the context policies (what of the conversation the model sees at its next turn).
 - env_io: the runner's checked env calls (reset, step, abandon).
 - scripted: OraclePolicy / OracleConfig (the env's oracle with imperfection knobs).
 - episodes: Trajectory -> loss-masked Episode, the sequence-limit rule.
@@ -17,6 +16,9 @@ stays cheap for the trainers):
 - evaluation: held-out greedy evaluation.
 - metrics: per-episode and per-batch metrics.
 Sub-packages:
+- episode/: one episode, run: the episode loop (turns, settling, stop reasons, fault isolation)
+  that the runner (RolloutRunner, its policy as the actor; EnvRolloutConfig) and replay (the
+  recorded actions as the actor) both drive, the rendering of env replies, EpisodeContext.
 - scoring/: the one scorer of advantages: GRPO / Dr. GRPO, DAPO overlong shaping, turn-level
   credit (per-turn returns, leave-one-out baselines, their bias and variance, the `credit/`
   metrics), a group's advantages, signal and fate (`score_group`, the over-stale rule).

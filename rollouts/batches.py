@@ -44,9 +44,9 @@ from typing import Protocol
 
 import msgspec
 
+from .episode.runner import RolloutRunner
 from .episodes import Advantage, OverlongEpisodeRule, build_episodes
 from .metrics import batch_metrics
-from .runner import RolloutRunner
 from .scoring.advantages import AdvantageConfig
 from .scoring.credit import credit_metrics, turn_rewards
 from .scoring.scorer import Fate, OverStale, group_fate, mean_abs_advantage, score_group, trainable

@@ -3,7 +3,7 @@
 A long agent episode does not fit one growing context. A context policy looks at the
 conversation after every env step and either leaves it alone (the history grows append-only, as
 it always did) or rewrites it: returns the messages the model sees from now on. The runner
-(rollouts/runner.py) then renders the rewritten conversation in full through the episode's
+(rollouts/episode/: its `EpisodeContext`) then renders the rewritten conversation in full through the episode's
 renderer (token-exact: the same canonical rendering as any first prompt) and the next turn
 starts a new training sequence (`Transition.info[SEQUENCE_START]`, plus `CONTEXT_REWRITE`). A
 rewrite is exactly the sequence restart a chat template that is not append-only already causes,
@@ -15,15 +15,17 @@ earlier assistant turns canonically from their text, as an SFT demo would.
 The conversation (`Conversation`) is the `head` (the system message and the task: what the
 first prompt rendered) and the `turns` the model currently sees, each the assistant's message
 (its sampled text) with the env's replies (`env_replies`: one `tool` message per tool result for
-a renderer that writes tools, else the observation) and the step's info. Policies:
+a renderer that writes tools, else the observation), the step's info, and the note the action
+wrote, if any (`Turn.note`: the step info's `note`, envs/core/info.py, which the runner reads
+into it, so this module reads no info key and stays cheap to import). Policies:
 
 - `KeepAll` (the default): never rewrites. The runner keeps its append-only path.
 - `SlidingWindow(turns=K)`: head + the last K turns, once there are more than K + slack.
 - `ElideToolResults(keep_last=K, marker=...)`: the env's replies older than the last K are
   replaced by `marker`, once more than K + slack are shown in full.
-- `Notes()`: when a step's info says the action wrote a note (`info["note"]`, envs/core/info.py;
-  a ToolEnv with `notes=True` has a NOTE tool in its own call format), the conversation becomes
-  head + the note turns so far (the last `keep_last`, if set): the model's notes are all it keeps.
+- `Notes()`: when the action wrote a note (`Turn.note`; a ToolEnv with `notes=True` has a NOTE
+  tool in its own call format), the conversation becomes head + the note turns so far (the last
+  `keep_last`, if set): the model's notes are all it keeps.
 
 `slack` trades context for cost: each rewrite starts a segment that renders the kept
 conversation again, so rewriting at every turn re-encodes the window once per turn; with
@@ -54,16 +56,17 @@ import msgspec
 
 from ..agents.types import Message
 
-NOTE = "note"  # step info: the note text the action wrote (envs/core/info.py)
 DEFAULT_MARKER = "[elided]"
 
 
 class Turn(NamedTuple):
-    """One turn as the model sees it: the assistant's message, then the env's replies; and the
-    step's info (what the env said about the action, e.g. `info["note"]`)."""
+    """One turn as the model sees it: the assistant's message, then the env's replies; the step's
+    info (what the env said about the action); and the note the action wrote (the info's `note`,
+    envs/core/info.py), or None."""
 
     messages: Sequence[Message]
     info: Mapping[str, Any] = {}
+    note: str | None = None
 
 
 class Conversation(NamedTuple):
@@ -134,9 +137,11 @@ class ElideToolResults(msgspec.Struct, tag="elide", **_STRUCT):
             return None
         elide = set(shown[: len(shown) - self.keep_last])
         turns = [
-            Turn(
-                [Message(m.role, self.marker) if (t, k) in elide else m for k, m in enumerate(turn.messages)],
-                turn.info,
+            turn._replace(
+                messages=[
+                    Message(m.role, self.marker) if (t, k) in elide else m
+                    for k, m in enumerate(turn.messages)
+                ]
             )
             for t, turn in enumerate(conversation.turns)
         ]
@@ -144,7 +149,7 @@ class ElideToolResults(msgspec.Struct, tag="elide", **_STRUCT):
 
 
 class Notes(msgspec.Struct, tag="notes", **_STRUCT):
-    """When the latest action wrote a note (`info["note"]`), the conversation becomes head + the
+    """When the latest action wrote a note (`Turn.note`), the conversation becomes head + the
     note turns so far (each the note action and the env's acknowledgement; only the last
     `keep_last` when set). Other turns append as usual."""
 
@@ -164,9 +169,8 @@ class Notes(msgspec.Struct, tag="notes", **_STRUCT):
 
 
 def is_note(turn: Turn) -> bool:
-    """Whether the turn's action wrote a note (its step info has a non-empty `note`)."""
-    note = turn.info.get(NOTE)
-    return isinstance(note, str) and bool(note)
+    """Whether the turn's action wrote a note (a non-empty `Turn.note`)."""
+    return isinstance(turn.note, str) and bool(turn.note)
 
 
 def _check(name: str, **values: tuple[int, int]) -> None:

@@ -14,8 +14,9 @@ as strings, NaN as None); an info that still cannot be written (one that holds i
 EnvOutputError.
 
 Settling (`abandon_env`, `settles`): when a limit of the runner's (a token or context budget, its
-own turn limit) ends an episode the env has not ended, the env's optional `abandon()` settles it
-as unanswered (envs/core/tool_env.py), so it scores as the env's own limits would have.
+own turn limit) ends an episode the env has not ended, the env's `abandon()` hook (declared on
+TextEnv, envs/core/text_env.py; a ToolEnv settles it as unanswered, envs/core/tool_env.py) gives
+what it scores, as the env's own limits would have.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import gymnasium
 import msgspec
 import numpy as np
 
-from ..envs.core.info import METRICS
+from ..envs.core.info import END_REASON, METRICS, REWARD_COMPONENTS, SYSTEM_PROMPT
+from ..envs.core.text_env import env_hooks
 from .metrics import component_name_problem, metric_name_problem
 from .types import StopReason, Transition
 
@@ -99,8 +101,8 @@ def _check_info(what: str, info: Any) -> dict[str, Any]:
     if not isinstance(info, Mapping):
         raise EnvOutputError(f"{what} must be a dict, got {type(info).__name__} {info!r:.80}")
     info = dict(info)
-    if "reward_components" in info:
-        components = info["reward_components"]
+    if REWARD_COMPONENTS in info:
+        components = info[REWARD_COMPONENTS]
         if not isinstance(components, Mapping) or not all(isinstance(k, str) for k in components):
             raise EnvOutputError(
                 f"info['reward_components'] must map names to numbers, got {components!r:.80}"
@@ -108,7 +110,7 @@ def _check_info(what: str, info: Any) -> dict[str, Any]:
         for name in components:
             if (problem := component_name_problem(name)) is not None:
                 raise EnvOutputError(f"info['reward_components']: {problem}")
-        info["reward_components"] = {
+        info[REWARD_COMPONENTS] = {
             name: _check_reward(f"info['reward_components'][{name!r}]", v) for name, v in components.items()
         }
     if METRICS in info:
@@ -133,7 +135,7 @@ def reset_env(env: gymnasium.Env, seed: int) -> tuple[str, dict[str, Any], str]:
     Raises what the env raises, or EnvOutputError naming the output the runner cannot use."""
     observation, raw_info = env.reset(seed=seed)
     info = _check_info("reset info", raw_info)
-    system_prompt = raw_info.get("system_prompt")  # as the env gave it (JSON would take bytes)
+    system_prompt = raw_info.get(SYSTEM_PROMPT)  # as the env gave it (JSON would take bytes)
     system_prompt = "" if system_prompt is None else _check_text("info['system_prompt']", system_prompt)
     return _check_text("reset observation", observation), info, system_prompt
 
@@ -152,12 +154,11 @@ def step_env(env: gymnasium.Env, action: str) -> tuple[str, float, bool, bool, d
 
 
 def abandon_env(env: gymnasium.Env) -> tuple[float, dict[str, Any]] | None:
-    """The env's optional `abandon()` (see the module doc), its outputs checked; None when the env
-    has no such method. Raises what it raises, or EnvOutputError naming the unusable output."""
-    abandon = getattr(env.unwrapped, "abandon", None)
-    if not callable(abandon):
+    """The env's `abandon()` hook (see the module doc), its outputs checked; None when the env has
+    nothing to settle. Raises what it raises, or EnvOutputError naming the unusable output."""
+    settled: Any = env_hooks(env).abandon()
+    if settled is None:
         return None
-    settled: Any = abandon()
     reward, info = settled
     return _check_reward("abandon() reward", reward), _check_info("abandon() info", info)
 
@@ -173,7 +174,7 @@ def settles(stop_reason: StopReason | None, transitions: Sequence[Transition]) -
 def env_stop_reason(info: dict[str, Any], terminated: bool) -> StopReason:
     """The StopReason of an episode the env ended: its info's end_reason, else by the flag."""
     try:
-        return StopReason(info.get("end_reason"))
+        return StopReason(info.get(END_REASON))
     except ValueError:
         return StopReason.ANSWERED if terminated else StopReason.MAX_TURNS
 

@@ -24,9 +24,10 @@ import msgspec
 from ..agents.chat import Renderer
 from ..agents.policy import Policy
 from .batches import eval_seeds
+from .episode.config import EnvRolloutConfig
+from .episode.runner import RolloutRunner
 from .metrics import BatchMetrics
 from .recording.replay import format_transcript
-from .runner import EnvRolloutConfig, RolloutRunner
 from .types import Trajectory
 
 # Episodes in flight at once when the rollout config sets no max_concurrent_episodes: enough to

@@ -6,14 +6,16 @@ It takes the same path as a model: the runner renders the prompt, the policy ret
 warm-start data (`toolgym record --policy oracle`) exercise the real rollout path.
 
 How it knows the task: tokens alone do not say which seed an episode has (two episodes can show
-the same question over different hidden state), so the oracle is a privileged expert. `OraclePolicy` implements `EpisodePolicyFactory`: right after `env.reset` the runner
-calls `for_episode(env, seed)`, which reads `env.unwrapped.oracle_actions()` once, plans the
+the same question over different hidden state), so the oracle is a privileged expert.
+`OraclePolicy` implements `EpisodePolicyFactory`: right after `env.reset` the runner calls
+`for_episode(env, seed)`, which reads the env's `oracle_actions()` once, plans the
 episode's script with an RNG seeded by the episode's sampling seed (so the G samples of a group
 draw their knobs independently, and reruns repeat), and returns a per-episode `Policy` that
 emits the script one action per `generate` call. Nothing else in the runner knows it is scripted.
 
-The script comes from the env's oracle methods (envs/core/text_env.py `TextEnv`), so this module knows
-no env's action grammar: `oracle_actions()` (the ideal actions, the last one the final answer),
+The script comes from the env's oracle methods, declared on `TextEnv` (envs/core/text_env.py; a
+plain gymnasium.Env's are read by name through `env_hooks`), so this module knows no env's action
+grammar: `oracle_actions()` (the ideal actions, the last one the final answer),
 `malformed_action(action)` (a fumbled version of an action) and `answer_action(answer, tagged)`.
 
 Knobs (each drawn once per episode):
@@ -54,6 +56,7 @@ import torch
 
 from ..agents.chat import Renderer
 from ..agents.types import Completion, SamplingParams
+from ..envs.core.text_env import env_hooks
 
 
 class OracleConfig(msgspec.Struct, frozen=True):
@@ -73,10 +76,12 @@ class OracleConfig(msgspec.Struct, frozen=True):
                 )
 
 
-def plan_actions(env: Any, config: OracleConfig, rng: np.random.Generator) -> list[str]:
-    """The episode's script: the oracle's actions of `env` (unwrapped, just reset) with the knobs
-    applied. Raises TypeError when a knob needs an oracle method the env lacks."""
-    oracle = list(env.oracle_actions())
+def plan_actions(env: gymnasium.Env, config: OracleConfig, rng: np.random.Generator) -> list[str]:
+    """The episode's script: the oracle's actions of `env` (just reset) with the knobs applied.
+    Raises what the env's oracle raises (NotImplementedError: it has none), or TypeError for a
+    plain gymnasium.Env without the oracle methods."""
+    hooks = env_hooks(env)
+    oracle = list(hooks.oracle_actions())
     if not oracle:
         raise ValueError("the env's oracle returned no actions")
     calls = oracle[:-1]
@@ -87,29 +92,29 @@ def plan_actions(env: Any, config: OracleConfig, rng: np.random.Generator) -> li
     malformed_flags = rng.random(len(calls)) < config.p_malformed_call
     stop_early = rng.random() < config.p_stop_early  # drawn after the older knobs: they keep their draws
     if config.p_wrong_note and rng.random() < config.p_wrong_note:
-        wrong_note = _oracle_method(env, "wrong_note_actions")(rng)
+        wrong_note = hooks.wrong_note_actions(rng)
         if wrong_note:
             return list(wrong_note)
     if config.p_wrong_lookup:
-        wrong_lookups = _oracle_method(env, "wrong_lookup_actions")(rng, config.p_wrong_lookup)
+        wrong_lookups = hooks.wrong_lookup_actions(rng, config.p_wrong_lookup)
         if wrong_lookups:
             return list(wrong_lookups)
     script: list[str] = []
-    answer_action = _oracle_method(env, "answer_action")
-    guessed = wrong_answer(env.answer, offset, config.guess)
+    answer_action = hooks.answer_action
+    guessed = wrong_answer(hooks.answer, offset, config.guess)
     if skip and calls:
         final = answer_action(guessed, tagged=not omit_tag)
     else:
         short = stop_early and len(calls) >= 2
         for call, bad in zip(calls[:-1] if short else calls, malformed_flags, strict=False):
-            broken = _oracle_method(env, "malformed_action")(call) if bad else None
+            broken = hooks.malformed_action(call) if bad else None
             if broken is not None and broken != call:
                 script.append(broken)
             script.append(call)
         if short:
             final = answer_action(guessed, tagged=not omit_tag)
         else:
-            final = answer_action(env.answer, tagged=False) if omit_tag else oracle[-1]
+            final = answer_action(hooks.answer, tagged=False) if omit_tag else oracle[-1]
     script.append(final)
     return script
 
@@ -124,15 +129,10 @@ def wrong_answer(answer: Any, offset: int, guess: int | None = None) -> Any:
     return f"not {answer}"
 
 
-def _oracle_method(env: Any, name: str) -> Any:
-    method = getattr(env, name, None)
-    if not callable(method):
-        raise TypeError(f"{type(env).__name__} has no {name}(); the oracle's knobs need it (envs/core/text_env.py)")
-    return method
-
-
 class ScriptedEpisodePolicy:
     """Plays a fixed script, one action per `generate` call, as tokens. One per episode."""
+
+    max_seq_len = None  # no bound of its own (agents/policy.py)
 
     def __init__(self, renderer: Renderer, script: Sequence[str], policy_version: int = 0):
         if not script:
@@ -170,6 +170,8 @@ class ScriptedEpisodePolicy:
 class OraclePolicy:
     """The env's oracle as a policy (an `EpisodePolicyFactory` for the rollout runner)."""
 
+    max_seq_len = None  # no bound of its own (agents/policy.py)
+
     def __init__(self, renderer: Renderer, config: OracleConfig | None = None, policy_version: int = 0):
         self.renderer = renderer
         self.config = config or OracleConfig()
@@ -188,12 +190,7 @@ class OraclePolicy:
         )
 
     def for_episode(self, env: gymnasium.Env, seed: int) -> ScriptedEpisodePolicy:
-        oracle = getattr(env.unwrapped, "oracle_actions", None)
-        if oracle is None:
-            raise TypeError(
-                f"{type(env.unwrapped).__name__} has no oracle_actions(); the oracle cannot play it"
-            )
-        script = plan_actions(env.unwrapped, self.config, np.random.default_rng(seed))
+        script = plan_actions(env, self.config, np.random.default_rng(seed))
         return ScriptedEpisodePolicy(self.renderer, script, self.policy_version)
 
     async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:

@@ -46,7 +46,7 @@ class PolicySampling(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The rollout settings that hold for any env (group size, limits, observation role,
     concurrency), declared once: a config's `[rollout]` section is this Struct, and the CLI's
-    record/eval flags map onto its fields. `EnvRolloutConfig` (rollouts/runner.py) binds them to
+    record/eval flags map onto its fields. `EnvRolloutConfig` (rollouts/episode/config.py) binds them to
     one env, the policy's sampling and a seed. Token limits count tokens of the policy's
     tokenizer."""
 

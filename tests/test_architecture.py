@@ -123,7 +123,7 @@ def test_the_pages_stay_short(page, limit):
         ("agents", ("toolgym.envs", "toolgym.rollouts", "toolgym.trainers", "toolgym.configs")),
         ("agents/kernels", ("toolgym.agents.engine", "toolgym.agents.vllm")),
         ("agents/model", ("toolgym.agents.engine", "toolgym.agents.kernels", "toolgym.agents.vllm")),
-        ("trainers", ("toolgym.rollouts.runner", "toolgym.configs", "toolgym.envs", "toolgym.agents.engine")),
+        ("trainers", ("toolgym.rollouts.episode", "toolgym.configs", "toolgym.envs", "toolgym.agents.engine")),
         ("rollouts", ("toolgym.trainers", "toolgym.configs")),
     ],
 )
@@ -135,6 +135,36 @@ def test_imports_go_one_way(folder, forbidden):
         if module.startswith(forbidden)
     ]
     assert not offenders, "\n".join(offenders)
+
+
+# The optional env and policy hooks, declared with their defaults on TextEnv (envs/core/text_env.py,
+# read off a plain gymnasium.Env by `env_hooks` there) and on the Policy protocol (agents/policy.py).
+DECLARED_HOOKS = {
+    "step_waits",
+    "context_policy",
+    "abandon",
+    "oracle_actions",
+    "malformed_action",
+    "answer_action",
+    "wrong_note_actions",
+    "wrong_lookup_actions",
+    "max_seq_len",
+}
+
+
+def test_rollouts_call_the_declared_hooks_and_never_look_them_up():
+    offenders = [
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.func.id}(..., {node.args[1].value!r})"
+        for path in sorted((ROOT / "rollouts").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("getattr", "hasattr")
+        and len(node.args) >= 2
+        and isinstance(node.args[1], ast.Constant)
+        and node.args[1].value in DECLARED_HOOKS
+    ]
+    assert not offenders, "call the declared hook (or envs' env_hooks for a plain env):\n" + "\n".join(offenders)
 
 
 def test_engine_reaches_kernels_only_through_the_backend_selector():

@@ -14,9 +14,9 @@ import msgspec
 from ...agents.chat import Renderer
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...rollouts.batches import TaskSeedStream
+from ...rollouts.episode.runner import RolloutRunner
 from ...rollouts.recording.format import RecordingHeader, RecordingWriter, read_recording, rendering_of
 from ...rollouts.recording.replay import OfflineMode, episodes_from_trajectories, summarize
-from ...rollouts.runner import RolloutRunner
 from ...rollouts.scripted import OraclePolicy
 from ...rollouts.types import Episode, Trajectory
 from ...trainers.config import TrainerConfig

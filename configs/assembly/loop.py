@@ -20,6 +20,7 @@ from ...agents.chat import Renderer
 from ...agents.policy import Policy
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...rollouts.batches import BatchConfig, TaskSeedStream
+from ...rollouts.episode.runner import RolloutRunner
 from ...rollouts.evaluation import EvalReport, evaluate
 from ...rollouts.recording.format import (
     POLICY_MODEL,
@@ -29,7 +30,6 @@ from ...rollouts.recording.format import (
     policy_model_entry,
     scoring_entry,
 )
-from ...rollouts.runner import RolloutRunner
 from ...rollouts.scoring.scorer import OverStale
 from ...trainers.checkpoint import CheckpointManager
 from ...trainers.distributed import DistInfo

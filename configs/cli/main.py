@@ -148,7 +148,7 @@ def _flag_type(annotation: Any) -> tuple[Any, list[Any] | None]:
 
 
 def _rollout_config(args: argparse.Namespace, group_size: int) -> Any:
-    from ...rollouts.runner import EnvRolloutConfig  # lazy: see the module doc
+    from ...rollouts.episode.config import EnvRolloutConfig  # lazy: see the module doc
 
     given = vars(args)
 

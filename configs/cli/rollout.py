@@ -23,6 +23,8 @@ from ...envs import list_envs
 from ...envs.core.info import SUCCESS_METRIC
 from ...envs.registry import import_env_modules
 from ...rollouts.batches import TaskSeedStream
+from ...rollouts.episode.config import EnvRolloutConfig
+from ...rollouts.episode.runner import RolloutRunner
 from ...rollouts.evaluation import EvalConfig, evaluate_sync
 from ...rollouts.recording.format import (
     RecordingHeader,
@@ -30,7 +32,6 @@ from ...rollouts.recording.format import (
     RecordingWriter,
 )
 from ...rollouts.recording.replay import errored, summarize
-from ...rollouts.runner import EnvRolloutConfig, RolloutRunner
 from ...rollouts.scripted import OracleConfig
 from ..assembly.parts import ORACLE, chat_template_extra, load_policy, policy_renderer
 from .recordings import hash_seed_extra

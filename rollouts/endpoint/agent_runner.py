@@ -34,10 +34,11 @@ import msgspec
 from ...agents.chat import Renderer
 from ...agents.policy import Policy
 from ..batches import eval_seeds
+from ..episode.config import EnvRolloutConfig, sampling_seed
+from ..episode.loop import run_grouped
 from ..evaluation import EvalConfig, EvalReport
 from ..metrics import BatchMetrics
 from ..recording.replay import format_transcript
-from ..runner import EnvRolloutConfig, run_grouped, sampling_seed
 from ..types import StopReason, Trajectory
 from .capture import CaptureInfo
 from .program import AgentProgram, AgentResult, as_result, load_program

@@ -53,8 +53,8 @@ from ...agents.errors import ContextOverflowError
 from ...agents.policy import Policy
 from ...agents.tokenizer import RELEASE_GIL_CHARS
 from ...agents.types import Completion, SamplingParams
+from ..episode.config import sampling_seed
 from ..recording.format import RecordingWriter
-from ..runner import sampling_seed
 from ..types import PolicySampling, StopReason
 from .capture import CaptureInfo, CaptureStore, Choice, Conversation
 from .hosts import host_allowed
@@ -167,11 +167,7 @@ class PolicyServer:
         self.config = config or EndpointConfig()
         self.captures = CaptureStore(writer)
         self.stats = EndpointStats()
-        known = [
-            self.config.context_length,
-            getattr(policy, "max_seq_len", None),
-            getattr(policy, "context_length", None),
-        ]
+        known = [self.config.context_length, policy.max_seq_len]
         limits = [int(n) for n in known if isinstance(n, int)]
         self.context_length = min(limits) if limits else None
         self.app = self._build_app()

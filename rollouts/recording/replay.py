@@ -6,14 +6,14 @@ in colour on a terminal (rich), and between `⟦` and `⟧` in plain text. A lin
 gives the step's reward and the env's metrics so far; the header gives the stop reason, reward
 and its components, and the episode's env metrics.
 
-Verification re-runs each episode's actions in a fresh env made from the recorded id and
-kwargs, reset with the recorded task seed, and reports every observation, reward or end flag
-that differs, and every trajectory-level field training reads (total_reward, reward_components,
-stop_reason) that disagrees with the steps or the re-run. Actions the runner never gave the env
-(a turn cut by a token limit, or one the env raised on or answered with an output the runner
-could not use) are handled as the runner handled them: the env is stepped through the runner's
-own checks (`step_env`), and an episode the runner cut is settled as the runner settled it
-(`abandon_env`, its reward on the last turn). Given the recording's tokenizer, verification also
+Verification re-runs each episode through the runner's own episode loop (rollouts/episode/:
+`replay_episode`, a fresh env made from the recorded id and kwargs, reset with the recorded task
+seed, fed the recorded actions), so it steps, ends and settles the episode by the runner's rules
+(a turn cut by a token limit is never given to the env; a step is checked by `step_env`; an
+episode a runner limit ended is settled, its reward on the last turn), and reports every
+observation, reward or end flag that differs, and every trajectory-level field training reads
+(total_reward, reward_components, stop_reason) that disagrees with the steps or the re-run.
+Given the recording's tokenizer, verification also
 checks the tokens training reads against that text (`verify_tokens`), through the renderer the
 recording was made with (`recorded_renderer`: the chat template its header records, or plain
 ChatML).
@@ -30,20 +30,20 @@ import math
 import os
 from collections.abc import Iterable, Sequence
 
-import gymnasium
 from rich.text import Text
 from tokenizers import Tokenizer
 
 from ... import envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
 from ...agents.chat import ChatRenderer, Renderer
 from ...agents.types import Role
-from ...envs.core.info import METRICS, SUCCESS_METRIC
+from ...envs.core.info import ABANDON_ERROR, ERROR, METRICS, REWARD_COMPONENTS, SUCCESS_METRIC
 from ...envs.registry import EnvModuleNotAllowed, check_env_id
 from ..context import context_policy
-from ..env_io import abandon_env, env_stop_reason, reset_env, settles, step_env
+from ..episode.context import EpisodeContext
+from ..episode.recorded import replay_episode
+from ..episode.rendering import env_replies, first_messages
 from ..episodes import Advantage, EpisodeStats, OverlongEpisodeRule, build_episodes
 from ..metrics import batch_metrics
-from ..runner import EpisodeContext, env_replies, first_messages
 from ..scoring.advantages import AdvantageConfig
 from ..scoring.scorer import score_recorded
 from ..types import CONTEXT_REWRITE, SEQUENCE_START, Episode, StopReason, Trajectory
@@ -141,7 +141,7 @@ def _raised_when_recorded(trajectory: Trajectory, index: int) -> bool:
     return (
         last
         and trajectory.stop_reason == StopReason.ENV_ERROR
-        and "error" in trajectory.transitions[index].info
+        and ERROR in trajectory.transitions[index].info
     )
 
 
@@ -160,8 +160,8 @@ def verify_trajectory(trajectory: Trajectory) -> list[str]:
     against the sum of the recorded step rewards and the re-run's, reward_components against the
     re-run's last reported ones, and stop_reason against how the re-run ended (the runner's
     mapping when the env ended it; otherwise a reason of the runner's, consistent with a cut last
-    turn's finish reason). An env id that would import a module is reported, not made
-    (`check_env_id`)."""
+    turn's finish reason). The re-run is the episode loop's (`replay_episode`). An env id that
+    would import a module is reported, not made (`check_env_id`)."""
     t, problems = trajectory, []
     steps_sum = math.fsum(tr.reward for tr in t.transitions)
     if not _close(t.total_reward, steps_sum):
@@ -170,75 +170,66 @@ def verify_trajectory(trajectory: Trajectory) -> list[str]:
         check_env_id(t.env_id)
     except EnvModuleNotAllowed as exc:
         return [*problems, str(exc)]
-    try:
-        env = gymnasium.make(t.env_id, **t.env_kwargs)
-        observation, _, system_prompt = reset_env(env, t.task_seed)
-    except Exception as exc:
+    rerun, actor = replay_episode(t)
+    if actor.reset is None:
         if t.stop_reason == StopReason.ENV_ERROR and not t.transitions:
             return problems  # it failed at reset when recorded, and still does
-        return [*problems, f"env make/reset raised {type(exc).__name__}: {exc}"]
-    try:
-        if t.transitions and observation != t.transitions[0].observation:
-            problems.append(f"reset observation differs: {observation!r} != {t.transitions[0].observation!r}")
-        if system_prompt != t.system_prompt:
-            problems.append("system prompt differs")
-        rerun: dict[int, float] = {}  # turn -> the reward the re-run gives it
-        components: dict[str, float] | None = None  # the re-run's last reported reward_components
-        ending: StopReason | None = None  # how the env ended the re-run, if it did
-        complete = True  # the re-run went as recorded (no unexpected raise)
-        for i, transition in enumerate(t.transitions):
-            if not _was_stepped(t, i):
-                break
-            recorded_error = _raised_when_recorded(t, i)
-            try:
-                observation, reward, terminated, truncated, info = step_env(env, transition.action.text)
-            except Exception as exc:
-                if not recorded_error:
-                    problems.append(f"turn {i}: step raised {type(exc).__name__}: {exc}")
-                    complete = False
-                break
-            if recorded_error:
-                problems.append(f"turn {i}: the env raised when recorded, not now")
+        return [*problems, f"env make/reset raised {rerun.error}"]
+    observation, system_prompt = actor.reset
+    if t.transitions and observation != t.transitions[0].observation:
+        problems.append(f"reset observation differs: {observation!r} != {t.transitions[0].observation!r}")
+    if system_prompt != t.system_prompt:
+        problems.append("system prompt differs")
+    again = rerun.transitions  # the re-run's turns: the recorded actions, until the loop ended it
+    rewards: dict[int, float] = {}  # turn -> the reward the re-run gives it
+    complete = True  # the re-run went as recorded (no unexpected raise)
+    for i, transition in enumerate(t.transitions):
+        if i >= len(again):
+            break
+        flags = (again[i].terminated, again[i].truncated)
+        recorded_flags = (transition.terminated, transition.truncated)
+        if not _was_stepped(t, i):  # a cut turn: the env never saw it, so it never ended there
+            if flags != recorded_flags:
+                problems.append(f"turn {i}: (terminated, truncated) differs: {flags} != {recorded_flags}")
+            break
+        recorded_error = _raised_when_recorded(t, i)
+        if i == len(again) - 1 and rerun.stop_reason == StopReason.ENV_ERROR and ERROR in again[i].info:
+            if not recorded_error:
+                problems.append(f"turn {i}: step raised {again[i].info[ERROR]}")
                 complete = False
-                break
-            rerun[i] = reward
-            components = info.get("reward_components", components)
-            if terminated or truncated:
-                ending = env_stop_reason(info, terminated)
-            expected = t.transitions[i + 1].observation if i + 1 < len(t.transitions) else t.final_observation
-            if (i + 1 < len(t.transitions) or t.final_observation) and observation != expected:
-                problems.append(f"turn {i}: observation differs: {observation!r} != {expected!r}")
-            if (terminated, truncated) != (transition.terminated, transition.truncated):
-                problems.append(
-                    f"turn {i}: (terminated, truncated) differs: {(terminated, truncated)} != "
-                    f"{(transition.terminated, transition.truncated)}"
-                )
-        # The runner's settlement of an episode it cut (env_io.abandon_env) lands on the last turn.
-        last = len(t.transitions) - 1
-        abandon_failed = (
-            t.stop_reason == StopReason.ENV_ERROR
-            and last >= 0
-            and "abandon_error" in t.transitions[last].info
-        )
-        if complete and ending is None and (settles(t.stop_reason, t.transitions) or abandon_failed):
-            try:
-                settled = abandon_env(env)
-            except Exception as exc:
-                if not abandon_failed:
-                    problems.append(f"abandon() raised {type(exc).__name__}: {exc}")
-            else:
-                if abandon_failed:
-                    problems.append("abandon() raised when recorded, not now")
-                elif settled is not None:
-                    rerun[last] = rerun.get(last, 0.0) + settled[0]
-                    components = settled[1].get("reward_components", components)
-        for i, reward in sorted(rerun.items()):
-            if reward != t.transitions[i].reward:
-                problems.append(f"turn {i}: reward differs: {reward!r} != {t.transitions[i].reward!r}")
-        if complete:
-            problems += _episode_problems(t, math.fsum(rerun.values()), components, ending)
-    finally:
-        env.close()
+            break
+        if recorded_error:
+            problems.append(f"turn {i}: the env raised when recorded, not now")
+            complete = False
+            break
+        rewards[i] = again[i].reward
+        expected = t.transitions[i + 1].observation if i + 1 < len(t.transitions) else t.final_observation
+        shown = again[i + 1].observation if i + 1 < len(again) else rerun.final_observation
+        if (i + 1 < len(t.transitions) or t.final_observation) and shown != expected:
+            problems.append(f"turn {i}: observation differs: {shown!r} != {expected!r}")
+        if flags != recorded_flags:
+            problems.append(f"turn {i}: (terminated, truncated) differs: {flags} != {recorded_flags}")
+    # The loop's settlement of an episode a runner limit ended (env_io.abandon_env) lands on the last turn.
+    last = len(t.transitions) - 1
+    abandon_failed = (
+        t.stop_reason == StopReason.ENV_ERROR and last >= 0 and ABANDON_ERROR in t.transitions[last].info
+    )
+    if complete and rerun.abandoned:
+        if ABANDON_ERROR in again[-1].info:
+            if not abandon_failed:
+                problems.append(f"abandon() raised {again[-1].info[ABANDON_ERROR]}")
+        elif abandon_failed:
+            problems.append("abandon() raised when recorded, not now")
+        elif rerun.settled:
+            rewards[len(again) - 1] = again[-1].reward
+    for i, reward in sorted(rewards.items()):
+        if reward != t.transitions[i].reward:
+            problems.append(f"turn {i}: reward differs: {reward!r} != {t.transitions[i].reward!r}")
+    if complete:
+        reported = any(REWARD_COMPONENTS in tr.info for tr in again)  # by a step, or by the settlement
+        ending = rerun.stop_reason if again and (again[-1].terminated or again[-1].truncated) else None
+        components = rerun.reward_components if reported else None
+        problems += _episode_problems(t, math.fsum(rewards.values()), components, ending)
     return problems
 
 
@@ -309,9 +300,9 @@ def verify_tokens(trajectory: Trajectory, renderer: Renderer) -> list[str]:
     training reads (tokens) against what the env graded (text), through `renderer` (the one the
     recording was made with: `recorded_renderer`). Each action's tokens must decode to its text
     (skip_special_tokens, as every backend and the runner decode). The episode is rendered again
-    as the runner rendered it (runner.first_messages, runner.env_replies): the first prompt from
-    the system prompt (or, with the tools the renderer was given, `reset_info`'s instructions)
-    and the first observation; then after each action its recorded tokens, verbatim, and the
+    as the runner rendered it (rollouts/episode/rendering.py: first_messages, env_replies): the
+    first prompt from the system prompt (or, with the tools the renderer was given, `reset_info`'s
+    instructions) and the first observation; then after each action its recorded tokens, verbatim, and the
     env's reply (a tool message per recorded `tool_results` entry where the renderer writes
     tools, else the observation), in one chat role for the whole episode ("tool" or "user":
     rollout.observation_role, which the recording does not keep). Every turn's observation

@@ -456,7 +456,7 @@ def test_deprecated_trainer_temperature_still_loads_with_a_warning():
 def test_rollout_settings_are_declared_once():
     import msgspec
 
-    from toolgym.rollouts.runner import EnvRolloutConfig
+    from toolgym.rollouts.episode.config import EnvRolloutConfig
     from toolgym.rollouts.types import PolicySampling, RolloutSettings
 
     config = config_from_dict({"rollout": {"max_turns": 3}, "policy": {"top_p": 0.5}})

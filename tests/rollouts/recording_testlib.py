@@ -13,8 +13,9 @@ import numpy as np
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from toolgym.configs.cli.main import DEFAULT_TOKENIZER
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.recording.format import RecordingHeader, RecordingWriter
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import RolloutSettings, Trajectory
 

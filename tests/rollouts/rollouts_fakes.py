@@ -143,6 +143,8 @@ if SETTLING_ENV_ID not in gymnasium.registry:
 class TextPolicy:
     """Says the same text every turn (as tokens + <|im_end|>); records every request's params."""
 
+    max_seq_len = None
+
     def __init__(self, renderer, text="LOOKUP[magic]", finish_on_limit=True, delay=0.0, fail=False):
         self.renderer, self.text, self.delay, self.fail = renderer, text, delay, fail
         self.policy_version = 3
@@ -175,6 +177,8 @@ class TextPolicy:
 
 class PerSeedPolicy:
     """An EpisodePolicyFactory that gives seeds in `special` their own policy, the rest `default`."""
+
+    max_seq_len = None
 
     def __init__(self, default, special):
         self.default, self.special, self.policy_version = default, special, 0

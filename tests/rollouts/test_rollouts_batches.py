@@ -13,7 +13,8 @@ from toolgym.rollouts.batches import (
     collect_batch_sync,
     eval_seeds,
 )
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import StopReason
@@ -23,6 +24,8 @@ class MixedPolicy:
     """Task index i % 3 == 2: the group's 2nd episode answers wrong (reward 0.2 vs 1.2);
     other tasks: every episode is the oracle (zero variance). `fail_second` makes the 2nd
     episode of every task a generation error instead."""
+
+    max_seq_len = None
 
     def __init__(self, renderer, fail_second=False):
         self.oracle = OraclePolicy(renderer)

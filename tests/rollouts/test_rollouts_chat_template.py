@@ -18,9 +18,10 @@ from chat_templates_testlib import (
 from tokenizers import Tokenizer
 
 from toolgym.agents.chat_template import TemplateRenderer
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.episodes import build_episodes, sequences, trajectory_to_episode
 from toolgym.rollouts.metrics import batch_metrics
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy, ScriptedEpisodePolicy, plan_actions
 from toolgym.rollouts.types import SEQUENCE_START, StopReason
 

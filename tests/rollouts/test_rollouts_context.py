@@ -28,9 +28,11 @@ from toolgym.rollouts.context import (
     policy_spec,
     register_context_policy,
 )
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.context import turn_of
+from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.episodes import sequences
 from toolgym.rollouts.metrics import batch_metrics
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy, plan_actions
 from toolgym.rollouts.types import CONTEXT_REWRITE, SEQUENCE_START, RolloutSettings, StopReason
 
@@ -40,7 +42,8 @@ HEAD = [Message("system", "sys"), Message("user", "task")]
 
 
 def turn(action, reply, **info):
-    return Turn([Message("assistant", action), Message("tool", reply)], info)
+    """The turn as the runner builds it from the step's info (its `note` read into Turn.note)."""
+    return turn_of(action, [Message("tool", reply)], info)
 
 
 def conversation(*turns):
@@ -85,6 +88,8 @@ def test_notes_keep_the_head_and_the_note_turns_after_a_note():
         turn("x", "y"),
         turn("NOTE[c]", "noted", note="c"),
     )
+    assert n1 == Turn(n1.messages, {"note": "b"}, "b") and t0.note is None
+    assert turn("NOTE[]", "noted", note=3).note is None  # a note is text
     notes = Notes()
     assert notes.rewrite(conversation(t0)) is None  # not a note: keep appending
     assert list(notes.rewrite(conversation(t0, n1)).turns) == [n1]

@@ -8,8 +8,9 @@ from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.errors import ContextOverflowError
 from toolgym.agents.model.config import NAMED_CONFIGS, ModelConfig
 from toolgym.agents.model.transformer import Transformer
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.episodes import trajectory_to_episode
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.types import StopReason
 
 

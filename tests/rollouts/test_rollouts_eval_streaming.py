@@ -4,9 +4,9 @@ of episodes is in flight, and the example transcripts are the ones the whole lis
 import gc
 import random
 
+from toolgym.rollouts.episode.config import EnvRolloutConfig
 from toolgym.rollouts.evaluation import EvalConfig, ExampleCandidates, evaluate_sync, pick_examples
 from toolgym.rollouts.metrics import BatchMetrics, batch_metrics
-from toolgym.rollouts.runner import EnvRolloutConfig
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import StopReason, Trajectory
 

@@ -3,8 +3,9 @@
 import gymnasium
 import pytest
 
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.metrics import batch_metrics
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy, wrong_answer
 from toolgym.rollouts.types import StopReason
 

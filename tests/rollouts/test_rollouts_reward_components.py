@@ -9,9 +9,10 @@ import pytest
 
 from toolgym.envs import Task, Tool, ToolEnv
 from toolgym.rollouts.env_io import EnvOutputError, step_env
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.evaluation import EvalConfig, evaluate_sync
 from toolgym.rollouts.metrics import BatchMetrics, batch_metrics, env_metric_names, reward_component_names
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OraclePolicy
 from toolgym.rollouts.types import StopReason, Trajectory
 

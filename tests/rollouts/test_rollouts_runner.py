@@ -11,9 +11,10 @@ from rollouts_fakes import SETTLING_ENV_ID, TOY_ENV_ID, PerSeedPolicy, TextPolic
 
 from toolgym.agents.types import Message
 from toolgym.envs import Task, Tool, ToolEnv
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.metrics import batch_metrics
 from toolgym.rollouts.recording.replay import verify_trajectories
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import StopReason
 
@@ -359,7 +360,7 @@ def test_context_limits(renderer):
 
 def test_context_length_from_policy(renderer):
     policy = TextPolicy(renderer)
-    policy.context_length = 5
+    policy.max_seq_len = 5
     (t,) = run(policy, renderer, [1])
     assert t.stop_reason == StopReason.CONTEXT_OVERFLOW
 

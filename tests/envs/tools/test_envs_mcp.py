@@ -23,8 +23,9 @@ from tokenizers import Tokenizer
 from toolgym.agents.chat import ChatRenderer
 from toolgym.envs import Call, MCPServer, MCPServerError, Task, Tool, ToolEnv
 from toolgym.envs.tools.typed import ToolCallError, check_arguments
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.metrics import batch_metrics
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OraclePolicy
 from toolgym.rollouts.types import StopReason
 

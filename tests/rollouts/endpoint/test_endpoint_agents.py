@@ -15,7 +15,7 @@ from endpoint_testlib import ROOT, engine, renderer
 
 from toolgym.rollouts.batches import BatchConfig, TaskSeedStream, collect_batch
 from toolgym.rollouts.endpoint import AgentProgram, AgentRunner, evaluate_agent
-from toolgym.rollouts.runner import EnvRolloutConfig
+from toolgym.rollouts.episode.config import EnvRolloutConfig
 from toolgym.rollouts.types import StopReason
 
 SHOP = AgentProgram(module="toolgym.examples.shop_agent", function="run_agent", task="task")
@@ -187,7 +187,7 @@ def test_through_the_endpoint_the_agent_sees_the_tokens_the_env_runner_would_sho
 
     from toolgym.agents.chat_template import TemplateRenderer, load_chat_template
     from toolgym.configs.load import chat_template_path
-    from toolgym.rollouts.runner import RolloutRunner
+    from toolgym.rollouts.episode.runner import RolloutRunner
 
     chat = renderer()
     template = TemplateRenderer(chat.tokenizer, load_chat_template(chat_template_path("qwen2.5-style")))

@@ -20,7 +20,7 @@ from endpoint_testlib import TOKENIZER, renderer, tiny_model
 
 from toolgym.agents.model.checkpoint import save_hf_checkpoint
 from toolgym.rollouts.endpoint import AgentProgram, AgentRunner, EndpointConfig, PolicyServer
-from toolgym.rollouts.runner import EnvRolloutConfig
+from toolgym.rollouts.episode.config import EnvRolloutConfig
 from toolgym.rollouts.types import StopReason
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -14,11 +14,12 @@ from recording_testlib import shipped_renderer, write
 from toolgym.configs.cli.main import main
 from toolgym.configs.cli.viewer.index import RecordingIndex
 from toolgym.rollouts.context import ElideToolResults, SlidingWindow
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.episodes import build_episodes, sequences, trajectory_to_episodes, turn_spans
 from toolgym.rollouts.recording.chat_jsonl import export_chat_jsonl
 from toolgym.rollouts.recording.format import read_recording
 from toolgym.rollouts.recording.replay import format_transcript, replay_problems
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator, Credit
 from toolgym.rollouts.scoring.credit import group_turn_advantages
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy

@@ -6,6 +6,9 @@ import msgspec
 import pytest
 from rollouts_fakes import TOY_ENV_ID, TextPolicy
 
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.recorded import replay_episode
+from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.evaluation import EvalConfig, evaluate_sync, pick_examples
 from toolgym.rollouts.recording.format import (
     SCORING,
@@ -24,7 +27,6 @@ from toolgym.rollouts.recording.replay import (
     verify_trajectories,
     verify_trajectory,
 )
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator, Credit
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import StopReason
@@ -112,6 +114,10 @@ def test_verify_checks_the_stop_reason_of_episodes_the_runner_ended(renderer, tm
     assert "stop_reason answered, but the env did not end the re-run" in answered
     timeout = verify_trajectory(replace_field(cut, stop_reason=StopReason.TIMEOUT))
     assert "stop_reason timeout, but the last turn was cut (length)" in timeout
+    ended = replace_field(cut)  # a cut turn never reached the env, so the env never ended there
+    ended.transitions[-1].terminated = True
+    flags = "turn 0: (terminated, truncated) differs: (False, False) != (True, False)"
+    assert flags in verify_trajectory(ended)
     unsettled = replace_field(cut, total_reward=0.0, reward_components={})  # as recorded before abandon()
     unsettled.transitions[-1].reward = 0.0
     problems = verify_trajectory(unsettled)
@@ -140,6 +146,31 @@ ENDINGS = [
 def test_verify_accepts_every_way_the_runner_ends_an_episode(renderer, tmp_path, env_id, env_kwargs, limits):
     _, trajectories = record(renderer, tmp_path, env_id, env_kwargs, seeds=range(4), **limits)
     assert verify_trajectories(trajectories, renderer) == []
+
+
+@pytest.mark.parametrize("limits", [{}, {"max_tokens_per_turn": 6}, {"max_turns": 2}])
+def test_replay_runs_the_recorded_actions_through_the_runners_episode_loop(renderer, tmp_path, limits):
+    """The re-run is the episode loop's own: the same steps, rewards (a settlement included), end
+    flags, infos, stop reason and final observation as the recording."""
+    env_kwargs = {"tier": "compositional", "incorrect_reward": -1.0}
+    _, trajectories = record(renderer, tmp_path, "toolgym/Zorplex-v0", env_kwargs, seeds=range(3), **limits)
+    settled = []
+    for t in trajectories:
+        rerun, actor = replay_episode(t)
+        assert actor.reset == (t.transitions[0].observation, t.system_prompt)
+        turns = [
+            (tr.observation, tr.action, tr.reward, tr.terminated, tr.truncated, tr.info)
+            for tr in t.transitions
+        ]
+        again = [
+            (tr.observation, tr.action, tr.reward, tr.terminated, tr.truncated, tr.info)
+            for tr in rerun.transitions
+        ]
+        assert again == turns
+        assert (rerun.stop_reason, rerun.final_observation) == (t.stop_reason, t.final_observation)
+        assert rerun.reward_components == t.reward_components
+        settled.append(rerun.settled)
+    assert any(settled) == bool(limits)  # the runner's limits cut some episodes, which the env settled
 
 
 class Stalls(TextPolicy):

@@ -15,6 +15,8 @@ from toolgym.agents.chat_template import ChatTemplate, TemplateRenderer
 from toolgym.agents.tokenizer import tokenizer_fingerprint
 from toolgym.configs.cli.main import main
 from toolgym.configs.load import SHIPPED_CHAT_TEMPLATES, ConfigError, load_config
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.recording.format import (
     CHAT_TEMPLATE,
     RecordingError,
@@ -25,7 +27,6 @@ from toolgym.rollouts.recording.format import (
     read_recording,
 )
 from toolgym.rollouts.recording.replay import recorded_renderer, verify_tokens, verify_trajectories
-from toolgym.rollouts.runner import EnvRolloutConfig, RolloutRunner
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy, ScriptedEpisodePolicy, plan_actions
 from toolgym.rollouts.types import SEQUENCE_START, StopReason
 

@@ -290,7 +290,8 @@ def _split_groups(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
 
 class GroupRunner(Protocol):
     """What `collect_batch` needs of a runner: G episodes per task seed, group-major. The env
-    runner (runner.py) and the agent programs' (rollouts/endpoint/agent_runner.py) are ones."""
+    runner (rollouts/episode/runner.py) and the agent programs'
+    (rollouts/endpoint/agent_runner.py) are ones."""
 
     async def run_groups(
         self,

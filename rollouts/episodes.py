@@ -13,7 +13,7 @@ trajectory's final_observation) is not part of the Episode: nothing follows it t
 A truncated last turn (the action hit a token limit, finish_reason "length"): its sampled tokens
 are kept verbatim and trained on (mask 1), and nothing is added after them; no synthetic
 end-of-turn token is invented, since the policy did not sample one. A turn cut mid-episode cannot
-happen (the runner ends the episode at a truncated turn; see runner.py).
+happen (the episode loop ends the episode at a truncated turn: rollouts/episode/loop.py).
 
 Episodes longer than the trainer's sequence limit (rule `OverlongEpisodeRule`):
   - TRUNCATE_TURNS (default): keep the longest prefix of WHOLE turns (obs_i + act_i) that fits

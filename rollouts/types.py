@@ -54,7 +54,7 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     max_turns: int = 8
     max_tokens_per_turn: int = 128  # SamplingParams.max_tokens of each turn
     max_tokens_per_episode: int = 1024  # sampled tokens over the whole episode
-    context_length: int | None = None  # None: the policy's (`max_seq_len` / `context_length`)
+    context_length: int | None = None  # None: the policy's (`max_seq_len`)
     episode_timeout_s: float | None = 300.0
     observation_role: Literal["tool", "user"] = "tool"  # the chat role of env replies after the first
     max_concurrent_episodes: int | None = None  # None: all at once

@@ -75,6 +75,12 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
         fam = family(self.model_type)
+        # From a TOML/JSON override: a table and a list, as the struct and tuple they stand for.
+        if isinstance(self.rope_scaling, dict):
+            scaling = {k: v for k, v in self.rope_scaling.items() if k not in ("rope_type", "type")}
+            msgspec.structs.force_setattr(self, "rope_scaling", RopeScaling(**scaling))
+        if isinstance(self.no_rope_layers, list):
+            msgspec.structs.force_setattr(self, "no_rope_layers", tuple(self.no_rope_layers))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "

@@ -230,6 +230,16 @@ def test_layers_without_rope_run_on_the_models_own_layers() -> None:
     assert ModelConfig.from_hf_dict(d).no_rope_layers == (1, 1, 1, 0)
 
 
+def test_overrides_as_plain_tables_and_lists() -> None:
+    """A config override from TOML gives rope_scaling as a table and no_rope_layers as a list."""
+    base = SHAPE | {"num_hidden_layers": 2}
+    scaling = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
+    llama = ModelConfig(**base, model_type="llama", rope_scaling={"rope_type": "llama3", **scaling})  # type: ignore[arg-type]
+    assert llama.rope_scaling == RopeScaling(**scaling)
+    smol = ModelConfig(**base, model_type="smollm3", no_rope_layers=[1, 0])  # type: ignore[arg-type]
+    assert smol.no_rope_layers == (1, 0) and hash(smol)
+
+
 def test_unknown_model_type_names_the_native_families(tmp_path) -> None:
     d = ModelConfig.named("test").to_hf_dict() | {"model_type": "gpt2"}
     (tmp_path / "config.json").write_text(json.dumps(d))

@@ -147,7 +147,8 @@ class ToolEnv(TextEnv):
     `new_task() -> Task`, drawing from `self.np_random` only. Methods marked `@tool` are tools
     too (bound to the env). Optional hooks: `final_reward(grade)` and `success(grade, tagged)`.
 
-    Knobs: tool_format ("brackets" or "json"), grader (a callable `(response, task, state) ->
+    Knobs: tool_format (a name in tools/call_formats.py: "brackets", "json", "llama3_json",
+    "mistral", "pythonic", "qwen3_coder"), grader (a callable `(response, task, state) ->
     bool | float | Grade`; default: by the answer's type, grading.default_grader), answer_tool
     (a tool name: answers come as `answer_tool(answer=...)` calls instead of the `[ANSWER]` tag),
     max_turns, max_tool_calls, max_consecutive_errors (None: never), correct_reward,

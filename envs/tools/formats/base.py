@@ -29,10 +29,11 @@ _FOREIGN_MARKERS: Final = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<func
 
 
 class ParsedCall(NamedTuple):
-    """One call as written: `name` as written, `arguments` (a raw str from brackets, a JSON object
-    from json), `shown` (how an observation echoes it); `error` is set for a call that could not
-    be read at all (kind malformed_call, with `message`); `fenced`: a bracket argument written in
-    a fence (taken as written, no quotes stripped)."""
+    """One call as written: `name` as written, `arguments` (a raw str from brackets, a JSON value
+    from the JSON dialects and pythonic, {name: text} from qwen3_coder; the format's `arguments`
+    makes them a JSON object), `shown` (how an observation echoes it); `error` is set for a call
+    that could not be read at all (kind malformed_call, with `message`); `fenced`: a bracket
+    argument written in a fence (taken as written, no quotes stripped)."""
 
     name: str
     arguments: Any

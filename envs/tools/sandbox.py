@@ -29,7 +29,18 @@ Elsewhere bubblewrap's `--unshare-all` applies and calls keep the caller's uid (
 
 Limits, set in each call's process: CPU seconds, address space, file size, open files, processes
 (RLIMIT_NPROC counts per uid: per call as root, else shared), no core files; a wall-clock
-timeout that kills the call's whole process group. Output: at most `max_output_chars` of stdout
+timeout that kills the call's whole process group.
+
+Calls do not starve each other. Where cgroup v1 pids, cpu and memory hierarchies are writable (as
+root), each zygote gets a cgroup directory per controller under this process's own, and each call
+a slot in them that its process joins before its code runs: whatever it forks is capped together
+(pids.max = `processes`), scheduled as one (a fork bomb gets one call's share of the CPU, not one
+per process) and charged together (memory.limit_in_bytes = `memory_mb`), and is killed with the
+call even when it left the process group. Elsewhere (a one-time RuntimeWarning says so) the zygote
+counts each call's processes many times a second and kills a call, all its processes at once, when they
+reach the cap (as root: each call's uid, killed by kill(-1) from that uid; otherwise by process
+group, at half the cap the calls share), and as root it runs at nice -10 so that a fork bomb's
+processes cannot starve it; such a call is a `sandbox_crash` saying so. Output: at most `max_output_chars` of stdout
 and of stderr each, with a visible truncation marker; invalid UTF-8 is replaced, NUL shown as
 `\\x00`.
 
@@ -62,6 +73,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -79,7 +91,12 @@ _START_TIMEOUT_S: Final = 30.0
 _RUN_HEADROOM_MB: Final = 16  # beyond the interpreter's address space at start, for a call to run
 _HOST_GRACE_S: Final = 10.0  # beyond the call's own timeout, before the host gives up on a zygote
 _SYSTEM_DIRS: Final = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-_ROOT_CAPS: Final = ("CAP_SETUID", "CAP_SETGID", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL")
+_ROOT_CAPS: Final = ("CAP_SETUID", "CAP_SETGID", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SYS_NICE")
+_ZYGOTE_NICE: Final = -10  # without cgroups, as root: the zygote outranks a fork bomb's processes
+_CGROUP_ROOT: Final = "/sys/fs/cgroup"
+_CGROUP_CONTROLLERS: Final = ("pids", "cpu", "memory")
+_CGROUP_INSIDE: Final = "/.cgroup"  # where the zygote's cgroup directories are bound in bubblewrap
+_CGROUP_NOTED: list[str] = []  # the one-time note that cgroups are not used, once given
 _PRELOAD: Final = (
     "math", "cmath", "decimal", "fractions", "statistics", "random", "itertools", "functools",
     "collections", "operator", "string", "re", "json", "datetime", "heapq", "bisect", "typing",
@@ -104,15 +121,16 @@ class SandboxUnavailable(RuntimeError):
 class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """How calls are isolated and bounded (see the module doc).
 
-    isolation: "bubblewrap" (refuses to start without it) or "rlimits" (no isolation; warns).
-    timeout_s: wall clock per call; cpu_s: CPU seconds per process; memory_mb: address space per
-    process (at least the interpreter's at start plus 16 MB, checked when the sandbox starts); file_size_mb: largest file a call may write; tmpfs_mb: the sandbox's /tmp (all the
-    calls' working directories); open_files; processes (per uid, shared by concurrent calls);
-    max_output_chars: shown per stream; pool_size: zygotes (each serves calls concurrently);
-    python: the interpreter inside ("" = this interpreter's base one); ro_binds: more host paths
-    bound read-only at the same place (e.g. a site-packages); sandbox_uid, sandbox_uids: when the
-    host process is root, each call runs as a uid `sandbox_uid + n`, n < sandbox_uids (a range no host
-    user should own; a session's interpreter holds one for its life)."""
+        isolation: "bubblewrap" (refuses to start without it) or "rlimits" (no isolation; warns).
+        timeout_s: wall clock per call; cpu_s: CPU seconds per process; memory_mb: address space per
+        process (at least the interpreter's at start plus 16 MB, checked when the sandbox starts); file_size_mb: largest file a call may write; tmpfs_mb: the sandbox's /tmp (all the
+        calls' working directories); open_files; processes (per call: its cgroup's pids.max and its
+    uid's RLIMIT_NPROC as root; without cgroups a call is killed when its processes reach it);
+        max_output_chars: shown per stream; pool_size: zygotes (each serves calls concurrently);
+        python: the interpreter inside ("" = this interpreter's base one); ro_binds: more host paths
+        bound read-only at the same place (e.g. a site-packages); sandbox_uid, sandbox_uids: when the
+        host process is root, each call runs as a uid `sandbox_uid + n`, n < sandbox_uids (a range no host
+        user should own; a session's interpreter holds one for its life)."""
 
     isolation: Literal["bubblewrap", "rlimits"] = "bubblewrap"
     timeout_s: float = 10.0
@@ -121,7 +139,7 @@ class SandboxConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     file_size_mb: int = 16
     tmpfs_mb: int = 64
     open_files: int = 64
-    processes: int = 256
+    processes: int = 64
     max_output_chars: int = 4000
     pool_size: int = 1
     python: str = ""
@@ -206,6 +224,7 @@ class _Reply(msgspec.Struct):
     wall_s: float
     started: bool = False  # the session's interpreter started with this call
     lost: bool = False  # the session's interpreter ended with this call (crash, timeout, ...)
+    capped: bool = False  # killed, all its processes, for reaching the process cap (no cgroups)
 
 
 class _Ready(msgspec.Struct):
@@ -234,6 +253,8 @@ def _result(reply: _Reply, config: SandboxConfig) -> SandboxResult:
     last_line = stderr.rstrip().rpartition("\n")[2]
     if reply.timed_out:
         kind, message = TIMEOUT, f"killed: timed out after {config.timeout_s:g} s"
+    elif reply.capped:
+        kind, message = CRASH, f"killed: its processes reached the limit of {config.processes}"
     elif reply.signal == signal.SIGXCPU:
         kind, message = TIMEOUT, f"killed: CPU time limit of {config.cpu_s} s"
     elif last_line.startswith("MemoryError"):
@@ -314,6 +335,88 @@ def bwrap_argv(config: SandboxConfig, python: str | None = None) -> list[str]:
     return argv
 
 
+def _own_cgroups() -> dict[str, str]:
+    """This process's cgroup path in each cgroup v1 hierarchy, by controller."""
+    paths: dict[str, str] = {}
+    with contextlib.suppress(OSError), open("/proc/self/cgroup") as lines:
+        for line in lines:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            for controller in controllers.split(","):
+                if controller:
+                    paths[controller] = path
+    return paths
+
+
+def _make_cgroups() -> dict[str, str]:
+    """A fresh cgroup directory per controller (pids, cpu, memory, v1) under this process's own,
+    for one zygote's calls; {} where they cannot be made (not root, no cgroup v1, read-only),
+    with a one-time note (RuntimeWarning) saying so and what the calls lose."""
+    own, made = _own_cgroups(), {}
+    name = f"toolgym-sandbox-{os.getpid()}-{next(_CGROUP_IDS)}"
+    try:
+        if os.geteuid() != 0:
+            raise OSError("not root")
+        for controller in _CGROUP_CONTROLLERS:
+            mount = Path(_CGROUP_ROOT, controller)
+            if controller not in own or not (mount / "cgroup.procs").exists():
+                raise OSError(f"no cgroup v1 {controller} hierarchy at {mount}")
+            parent = mount / own[controller].lstrip("/")
+            _remove_stale_cgroups(parent)
+            path = parent / name
+            path.mkdir()
+            made[controller] = str(path)
+    except OSError as exc:
+        _remove_cgroups(made)
+        if not _CGROUP_NOTED:
+            _CGROUP_NOTED.append(str(exc))
+            warnings.warn(
+                f"the code sandbox runs without per-call cgroups ({exc}): a call's processes are "
+                "bounded by rlimits and its process cap only, and share the CPU with every other "
+                "call's; as root with cgroup v1 pids, cpu and memory hierarchies writable under "
+                f"{_CGROUP_ROOT}, each call gets its own",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return {}
+    return made
+
+
+def _remove_stale_cgroups(parent: Path) -> None:
+    """Remove the empty cgroup directories left by sandboxes of processes that are gone (killed
+    before they could close)."""
+    with contextlib.suppress(OSError):
+        for path in parent.glob("toolgym-sandbox-*-*"):
+            owner = path.name.split("-")[2]
+            if owner.isdigit() and not Path("/proc", owner).exists():
+                with contextlib.suppress(OSError):
+                    for slot in path.glob("call-*"):
+                        slot.rmdir()
+                    path.rmdir()
+
+
+def _remove_cgroups(made: Mapping[str, str]) -> None:
+    """Remove a zygote's cgroup directories (its slots first), killing what is left in them."""
+    for path in made.values():
+        root = Path(path)
+        slots = [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+        for directory in [*slots, root]:
+            for _ in range(200):  # processes killed with their PID namespace take a moment to go
+                with contextlib.suppress(OSError):
+                    for pid in (directory / "cgroup.procs").read_text().split():
+                        with contextlib.suppress(OSError):
+                            os.kill(int(pid), signal.SIGKILL)
+                try:
+                    directory.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+
+
+_CGROUP_IDS = itertools.count()
+
+
 class _Zygote:
     """One zygote process, its pending calls, and the thread that reads its replies."""
 
@@ -326,12 +429,19 @@ class _Zygote:
         self.workdir: str | None = None
         python = _interpreter(config)
         bubblewrap = config.isolation == "bubblewrap"
+        self.cgroups: dict[str, str] = {}
         if bubblewrap:
             prefix, workdir = bwrap_argv(config, python), f"{_SANDBOX_TMP}/calls"
+            self.cgroups = _make_cgroups()
             uid = config.sandbox_uid if os.geteuid() == 0 else None
+            cgroups = {c: f"{_CGROUP_INSIDE}/{c}" for c in self.cgroups}
+            for controller, path in self.cgroups.items():
+                prefix += ["--bind", path, cgroups[controller]]
         else:
             prefix, workdir, uid = [], tempfile.mkdtemp(prefix="toolgym-sandbox-"), None
             self.workdir = workdir
+            self.cgroups = _make_cgroups()
+            cgroups = dict(self.cgroups)
         settings = {
             "timeout_s": config.timeout_s,
             "cpu_s": config.cpu_s,
@@ -344,6 +454,12 @@ class _Zygote:
             "uids": config.sandbox_uids,
             "workdir": workdir,
             "preload": _PRELOAD,
+            "cgroups": cgroups,
+            "zygote_nice": _ZYGOTE_NICE if not cgroups and os.geteuid() == 0 else 0,
+            "cgroup_limits": [
+                ("pids", "pids.max", config.processes),
+                ("memory", "memory.limit_in_bytes", config.memory_mb * 2**20),
+            ],
         }
         argv = [
             *prefix,
@@ -365,6 +481,7 @@ class _Zygote:
                 start_new_session=True,
             )
         except OSError as exc:
+            _remove_cgroups(self.cgroups)
             raise SandboxUnavailable(f"cannot start the sandbox: {exc}") from None
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
@@ -473,6 +590,7 @@ class _Zygote:
             reader.join(timeout=_HOST_GRACE_S)  # it reads to the end of the dead zygote's output
         self.stdout.close()
         self.errors.close()
+        _remove_cgroups(self.cgroups)
         self._died("the sandbox was closed")
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -569,6 +687,12 @@ class Sandbox:
     def min_memory_mb(self) -> int:
         """The least `memory_mb` a call can run under (measured when the pool started)."""
         return max(z.min_memory_mb for z in self._zygotes)
+
+    @property
+    def cgroups(self) -> list[dict[str, str]]:
+        """Per zygote, its calls' cgroup directories on the host by controller (pids, cpu,
+        memory; each call a `call-<n>` slot in them); {} where cgroups are not used."""
+        return [dict(z.cgroups) for z in self._zygotes if not z.dead]
 
     @property
     def pids(self) -> list[int]:

@@ -12,14 +12,17 @@ Protocol on stdin/stdout, each message a 4-byte big-endian length then a JSON ob
     first out: {"ready": true, "vm_bytes": int} once the zygote is up (the host waits for it
     before any call); vm_bytes: its address space, which every call's process starts with.
 The zygote serves calls concurrently (one selector loop, no threads, so forking is safe). A
-child: its own process group; drops to `uid + offset` when a uid is set (the zygote runs as
+child: its own process group and, when the host gave it cgroup directories, a cgroup slot of
+its own (pids, cpu, memory: `_Cgroups`); drops to `uid + offset` when a uid is set (the zygote runs as
 root; the offset is the next of `uids` not in use); rlimits (CPU seconds, address space, file
 size, open files, processes, no core files); a fresh working directory; stdout/stderr to pipes
 the zygote reads (at most `output_bytes` kept per stream, the rest counted and discarded); the
 code run as `__main__`. The zygote kills the child's process group at the wall-clock deadline and
 once the child has exited (its leftovers), and, as PID 1 of its own PID namespace (bubblewrap),
-sweeps every other process but the sessions' kernels when no call is running. It exits when
-stdin closes, killing what is left.
+sweeps every other process but the sessions' kernels when no call is running. Without cgroups
+it counts each call's processes every `_POLICE_S` and kills a call whose processes reach the cap
+(`Zygote.police`; as root it runs at `zygote_nice`, calls at 0). It exits when stdin closes,
+killing what is left.
 
 A call with a `session` runs in that session's kernel: a child forked and isolated as a call's
 (its own uid and working directory), started by the session's first call (`started`), that runs
@@ -46,6 +49,7 @@ import traceback
 
 _HEADER = struct.Struct(">I")
 _CHUNK = 65536
+_POLICE_S = 0.05  # without cgroups: how often the calls' processes are counted (Zygote.police)
 _STREAMS = []  # stdin, stdout, stderr over fds 0-2, made once by the zygote (see main)
 
 
@@ -58,12 +62,20 @@ def _streams():
     ]
 
 
-def _isolate(settings, uid_offset, name, out_w, err_w, keep=()):
-    """In a forked child: its own process group, stdin from /dev/null, stdout/stderr to the given
+def _isolate(settings, uid_offset, name, out_w, err_w, keep=(), cgroup=None):
+    """In a forked child: its own process group, its cgroup slot `cgroup` (when the zygote has
+    cgroups; every process it forks stays in it), stdin from /dev/null, stdout/stderr to the given
     pipes, the fds in `keep` moved to 3, 4, ... and every other fd closed, the call's uid (as
     root), a fresh working directory `name`, and the rlimits (CPU seconds left out: the caller
     sets them). Raises on failure (the caller exits 125)."""
     os.setpgid(0, 0)
+    if cgroup is not None:
+        for root in settings["cgroups"].values():
+            fd = os.open(f"{root}/{cgroup}/cgroup.procs", os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
     moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1024) for fd in keep]
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -72,6 +84,8 @@ def _isolate(settings, uid_offset, name, out_w, err_w, keep=()):
     for i, fd in enumerate(moved):
         os.dup2(fd, 3 + i)
     os.closerange(3 + len(keep), 65536)
+    if settings["zygote_nice"]:
+        os.setpriority(os.PRIO_PROCESS, 0, 0)
     if settings["uid"] is not None:  # as root: a uid of the call's own among `uids` (no groups: main)
         uid = settings["uid"] + uid_offset
         os.setgid(uid)
@@ -112,10 +126,10 @@ def _execute(code, namespace):
     return status
 
 
-def _child(call_id, uid_offset, code, settings, out_w, err_w):
+def _child(call_id, uid_offset, cgroup, code, settings, out_w, err_w):
     """In the forked child: isolate, limit, run `code`, exit. Never returns."""
     try:
-        _isolate(settings, uid_offset, f"call-{call_id}", out_w, err_w)
+        _isolate(settings, uid_offset, f"call-{call_id}", out_w, err_w, cgroup=cgroup)
         # SIGXCPU at the soft limit (reported as a timeout); SIGKILL a second later for code that
         # ignores it. Equal limits would make the kernel send SIGKILL alone, read as a crash.
         resource.setrlimit(resource.RLIMIT_CPU, (settings["cpu_s"], settings["cpu_s"] + 1))
@@ -146,13 +160,13 @@ def _read_exactly(fd, size):
     return bytes(data)
 
 
-def _kernel(name, uid_offset, settings, ctl_r, status_w, out_w, err_w):
+def _kernel(name, uid_offset, cgroup, settings, ctl_r, status_w, out_w, err_w):
     """A session's interpreter, in the forked child: isolated as a call is, then runs each code it
     is sent (fd 3: a 4-byte length and the code) in one namespace, and writes each call's exit
     status as a line on fd 4. CPU seconds: a soft limit moved on by `cpu_s` before each call (the
     wall clock bounds a call that ignores SIGXCPU). Exits when fd 3 closes. Never returns."""
     try:
-        _isolate(settings, uid_offset, name, out_w, err_w, keep=(ctl_r, status_w))
+        _isolate(settings, uid_offset, name, out_w, err_w, keep=(ctl_r, status_w), cgroup=cgroup)
         hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
         limit, usage, read, write = resource.setrlimit, resource.getrusage, _read_exactly, os.write
         cpu, self_ = resource.RLIMIT_CPU, resource.RUSAGE_SELF
@@ -177,34 +191,96 @@ def _kernel(name, uid_offset, settings, ctl_r, status_w, out_w, err_w):
         write(4, b"%d\n" % status)
 
 
+class _Cgroups:
+    """Per-call cgroups (v1): a slot is a directory `call-<n>` under each controller's directory
+    the host made for this zygote (`settings["cgroups"]`: controller -> directory), with the
+    per-call limits (`settings["cgroup_limits"]`: controller, file, value) written when it is
+    made. A call's process joins its slot before its code runs, so everything it forks is counted
+    (pids.max), scheduled (cpu: each call one share, however many processes it runs) and charged
+    (memory) as one, and is found by `kill` even when it left the call's process group. A slot is
+    reused only once empty; one with processes left is killed again each round (`drain`)."""
+
+    def __init__(self, roots, limits):
+        self.roots = roots
+        self.limits = limits
+        self.procs = next(iter(roots.values()))  # any hierarchy lists the slot's processes
+        self.free = []
+        self.draining = []
+        self.made = 0
+
+    def take(self):
+        if self.free:
+            return self.free.pop()
+        name = f"call-{self.made}"
+        self.made += 1
+        for controller, root in self.roots.items():
+            os.mkdir(f"{root}/{name}")
+            for which, filename, value in self.limits:
+                if which == controller:
+                    with open(f"{root}/{name}/{filename}", "w") as limit:
+                        limit.write(str(value))
+        return name
+
+    def kill(self, name):
+        """SIGKILL every process in slot `name`; True if it was empty."""
+        try:
+            with open(f"{self.procs}/{name}/cgroup.procs", "rb") as procs:
+                pids = procs.read().split()
+        except OSError:
+            return True
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
+        return not pids
+
+    def release(self, name):
+        """The slot's call ended: kill what is left in it; free it once empty."""
+        if name is None:
+            return
+        if self.kill(name):
+            self.free.append(name)
+        else:
+            self.draining.append(name)
+
+    def drain(self):
+        for name in list(self.draining):
+            if self.kill(name):
+                self.draining.remove(name)
+                self.free.append(name)
+
+
 class _Call:
     __slots__ = (
-        "deadline", "id", "open", "out", "pid", "pidfd", "session", "sizes", "started", "status",
-        "timed_out", "uid_offset",
+        "capped", "cgroup", "deadline", "id", "open", "out", "pid", "pidfd", "session", "sizes",
+        "started", "status", "timed_out", "uid_offset",
     )  # fmt: skip
 
     def __init__(self, call_id, pid, pidfd, deadline, session=None):
         self.id, self.pid, self.pidfd, self.deadline = call_id, pid, pidfd, deadline
         self.session = session
         self.uid_offset = None
+        self.cgroup: str | None = None
         self.started = time.monotonic()
         self.out = {1: bytearray(), 2: bytearray()}
         self.sizes = {1: 0, 2: 0}
         self.open = 2
         self.status: int | None = None  # a wait status
         self.timed_out = False
+        self.capped = False  # killed for reaching the process cap (no cgroups: Zygote.police)
 
 
 class _Session:
     """A persistent interpreter (a kernel): its process, its pipes, and the call it is running."""
 
     __slots__ = (
-        "call", "ctl", "fresh", "id", "pending", "pid", "pidfd", "status_buffer", "uid_offset", "workdir",
+        "call", "cgroup", "ctl", "fresh", "id", "pending", "pid", "pidfd", "status_buffer", "uid_offset",
+        "workdir",
     )  # fmt: skip
 
-    def __init__(self, session_id, pid, pidfd, ctl, uid_offset, workdir):
+    def __init__(self, session_id, pid, pidfd, ctl, uid_offset, workdir, cgroup=None):
         self.id, self.pid, self.pidfd, self.ctl, self.uid_offset = session_id, pid, pidfd, ctl, uid_offset
         self.workdir = workdir
+        self.cgroup = cgroup
         self.call: _Call | None = None
         self.fresh = True  # no call has run in it yet
         self.pending = bytearray()  # code not yet written to its control pipe
@@ -232,6 +308,10 @@ class Zygote:
         self.next_uid = 0
         self.kernels_started = 0
         self.pid1 = os.getpid() == 1
+        self.cgroups = (
+            _Cgroups(settings["cgroups"], settings["cgroup_limits"]) if settings["cgroups"] else None
+        )
+        self.policed = 0.0  # when police() last looked
         os.makedirs(settings["workdir"], exist_ok=True)
         os.chmod(settings["workdir"], 0o1777)
 
@@ -256,13 +336,15 @@ class Zygote:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         uid_offset = self.take_uid()
+        cgroup = self.cgroups.take() if self.cgroups else None
         pid = os.fork()
         if pid == 0:
-            _child(call_id, uid_offset, code, self.settings, out_w, err_w)
+            _child(call_id, uid_offset, cgroup, code, self.settings, out_w, err_w)
         os.close(out_w)
         os.close(err_w)
         call = _Call(call_id, pid, os.pidfd_open(pid), time.monotonic() + self.settings["timeout_s"])
         call.uid_offset = uid_offset
+        call.cgroup = cgroup
         self.calls[pid] = call
         self.watch_output(out_r, err_r, call)
         self.selector.register(call.pidfd, selectors.EVENT_READ, ("exit", call))
@@ -283,14 +365,15 @@ class Zygote:
         # Named per kernel: a session's next kernel may start before this one is gone.
         workdir = f"kernel-{self.kernels_started}"
         self.kernels_started += 1
+        cgroup = self.cgroups.take() if self.cgroups else None
         pid = os.fork()
         if pid == 0:
-            _kernel(workdir, uid_offset, self.settings, ctl_r, status_w, out_w, err_w)
+            _kernel(workdir, uid_offset, cgroup, self.settings, ctl_r, status_w, out_w, err_w)
         for fd in (ctl_r, status_w, out_w, err_w):
             os.close(fd)
         os.set_blocking(ctl_w, False)
         os.set_blocking(status_r, False)
-        session = _Session(session_id, pid, os.pidfd_open(pid), ctl_w, uid_offset, workdir)
+        session = _Session(session_id, pid, os.pidfd_open(pid), ctl_w, uid_offset, workdir, cgroup)
         self.sessions[session_id] = self.kernels[pid] = session
         self.watch_output(out_r, err_r, session)
         self.selector.register(status_r, selectors.EVENT_READ, ("status", session))
@@ -423,6 +506,8 @@ class Zygote:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
         self.uids_in_use.discard(session.uid_offset)
+        if self.cgroups:
+            self.cgroups.release(session.cgroup)
         shutil.rmtree(os.path.join(self.settings["workdir"], session.workdir), ignore_errors=True)
         if call is not None:
             session.call = None
@@ -464,6 +549,9 @@ class Zygote:
         ):
             with contextlib.suppress(OSError):
                 target()
+        cgroup = call.cgroup if call.session is None else call.session.cgroup
+        if self.cgroups and cgroup is not None:
+            self.cgroups.kill(cgroup)  # what left the group (setsid) is still in the cgroup
 
     def reap(self):
         """Collect every exited child (orphans too, as PID 1), keeping our calls' and kernels'
@@ -499,6 +587,8 @@ class Zygote:
         # PID 1 with no call running, every leftover.
         shutil.rmtree(os.path.join(self.settings["workdir"], f"call-{call.id}"), ignore_errors=True)
         self.uids_in_use.discard(call.uid_offset)
+        if self.cgroups:
+            self.cgroups.release(call.cgroup)
         if not self.calls and self.pid1:
             self.sweep()
 
@@ -511,6 +601,7 @@ class Zygote:
                 "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
                 "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
                 "timed_out": call.timed_out,
+                "capped": call.capped,
                 "stdout": base64.b64encode(bytes(call.out[1])).decode(),
                 "stderr": base64.b64encode(bytes(call.out[2])).decode(),
                 "stdout_bytes": call.sizes[1],
@@ -520,6 +611,54 @@ class Zygote:
                 "lost": lost,
             }
         )
+
+    def police(self):
+        """Without cgroups: a call whose processes reach the process cap is killed at once, all of
+        them (so a fork bomb neither takes the CPU from the other calls until its timeout nor
+        keeps the cap's worth of processes spinning). Its processes are counted by uid as root
+        (each call has its own: a helper of that uid kills them all with kill(-1), which no fork
+        can outrun), killed at the cap less one; otherwise by process group, killed at half the
+        cap (the calls share the uid and its cap). Looks only when the namespace holds that many."""
+        base = self.settings["uid"]
+        cap = self.settings["processes"] - 1 if base is not None else max(2, self.settings["processes"] // 2)
+        names = [name for name in os.listdir("/proc") if name.isdigit()]
+        if len(names) < cap:
+            return
+        owners = {}
+        for call in self.calls.values():
+            if not (call.timed_out or call.capped):
+                holder = call if call.session is None else call.session
+                owners[call.pid if base is None else base + holder.uid_offset] = call
+        counts = {}
+        for name in names:
+            try:
+                if base is not None:
+                    key = os.stat(f"/proc/{name}").st_uid
+                else:
+                    with open(f"/proc/{name}/stat", "rb") as stat:
+                        key = int(stat.read().rpartition(b")")[2].split()[2])
+            except (OSError, ValueError, IndexError):
+                continue
+            if key in owners:
+                counts[key] = counts.get(key, 0) + 1
+        for key, count in counts.items():
+            if count >= cap:
+                call = owners[key]
+                call.capped = True
+                if base is not None:
+                    self.kill_uid(key)
+                self.kill_group(call)
+
+    def kill_uid(self, uid):
+        """Every process of `uid`, killed at once: by a helper of that uid, with kill(-1)."""
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setgid(uid)
+                os.setuid(uid)
+                os.kill(-1, signal.SIGKILL)
+            finally:
+                os._exit(0)
 
     def sweep(self):
         """As PID 1 with no call running: kill every other process in the namespace but the
@@ -565,8 +704,17 @@ class Zygote:
             now = time.monotonic()
             deadlines = [c.deadline for c in self.calls.values() if not c.timed_out]
             wait = max(0.0, min(deadlines) - now) if deadlines else None
-            events = self.selector.select(wait if wait is None else min(wait, 1.0))
+            timeout = wait if wait is None else min(wait, 1.0)
+            draining = self.cgroups is not None and self.cgroups.draining
+            if draining:  # slots with processes left: killed again every _POLICE_S
+                timeout = _POLICE_S if timeout is None else min(timeout, _POLICE_S)
+            if self.cgroups is None and self.calls:  # the process cap, looked at every _POLICE_S
+                next_look = self.policed + _POLICE_S - now
+                timeout = max(0.0, min(_POLICE_S if timeout is None else timeout, next_look))
+            events = self.selector.select(timeout)
             self.reap()
+            if draining and self.cgroups is not None:
+                self.cgroups.drain()
             for key, _ in events:
                 kind, payload = key.data
                 if self.selector.get_map().get(key.fd) is not key:
@@ -585,6 +733,9 @@ class Zygote:
                 elif kind == "kexit" and self.kernels.get(payload.pid) is payload:
                     self.kernel_exited(payload)
             now = time.monotonic()
+            if self.cgroups is None and self.calls and now >= self.policed + _POLICE_S:
+                self.policed = now
+                self.police()
             for call in list(self.calls.values()):
                 if not call.timed_out and now >= call.deadline:
                     call.timed_out = True
@@ -616,6 +767,9 @@ def main():
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     if settings["uid"] is not None:
         os.setgroups([])
+    if settings["zygote_nice"]:  # a call's process goes back to 0 (_isolate)
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, settings["zygote_nice"])
     zygote = Zygote(settings)
     _STREAMS[:] = _streams()  # never written here: a call's are these, over its own pipes
     try:

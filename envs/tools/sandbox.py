@@ -47,8 +47,9 @@ and of stderr each, with a visible truncation marker; invalid UTF-8 is replaced,
 Results: a clean exit is the tool's result (stdout, and stderr when there is any); anything else
 is an error observation (`ToolCallError`, counted in the env's `error_counts` under its kind and
 as an env metric of that name): `sandbox_error` (nonzero exit status, e.g. a traceback),
-`sandbox_timeout` (wall clock or CPU time), `sandbox_oom` (MemoryError or the address-space
-limit), `sandbox_crash` (killed by a signal), `sandbox_failure` (the sandbox itself failed; it is
+`sandbox_timeout` (wall clock or CPU time), `sandbox_oom` (MemoryError, the address-space
+limit, or the call's cgroup memory limit), `sandbox_crash` (killed by a signal, or at the process
+cap without cgroups), `sandbox_failure` (the sandbox itself failed; it is
 restarted). `sandbox_output_truncated` counts calls whose output was cut. Never an exception in
 the env.
 
@@ -225,6 +226,7 @@ class _Reply(msgspec.Struct):
     started: bool = False  # the session's interpreter started with this call
     lost: bool = False  # the session's interpreter ended with this call (crash, timeout, ...)
     capped: bool = False  # killed, all its processes, for reaching the process cap (no cgroups)
+    oom: bool = False  # a process of it killed by the kernel for its cgroup's memory limit
 
 
 class _Ready(msgspec.Struct):
@@ -253,6 +255,8 @@ def _result(reply: _Reply, config: SandboxConfig) -> SandboxResult:
     last_line = stderr.rstrip().rpartition("\n")[2]
     if reply.timed_out:
         kind, message = TIMEOUT, f"killed: timed out after {config.timeout_s:g} s"
+    elif reply.oom and reply.exit_code != 0:  # a clean exit is a result, whatever its children met
+        kind, message = OOM, f"out of memory (limit {config.memory_mb} MB for the call's processes together)"
     elif reply.capped:
         kind, message = CRASH, f"killed: its processes reached the limit of {config.processes}"
     elif reply.signal == signal.SIGXCPU:

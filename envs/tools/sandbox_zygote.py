@@ -207,19 +207,43 @@ class _Cgroups:
         self.free = []
         self.draining = []
         self.made = 0
+        self.ooms = {}  # slot -> its oom_kill count when taken
 
     def take(self):
+        """A free slot (made when none is); None if one cannot be made (the call runs without)."""
         if self.free:
-            return self.free.pop()
-        name = f"call-{self.made}"
-        self.made += 1
-        for controller, root in self.roots.items():
-            os.mkdir(f"{root}/{name}")
-            for which, filename, value in self.limits:
-                if which == controller:
-                    with open(f"{root}/{name}/{filename}", "w") as limit:
-                        limit.write(str(value))
+            name = self.free.pop()
+        else:
+            name = f"call-{self.made}"
+            self.made += 1
+            try:
+                for controller, root in self.roots.items():
+                    os.makedirs(f"{root}/{name}", exist_ok=True)
+                    for which, filename, value in self.limits:
+                        if which == controller:
+                            with open(f"{root}/{name}/{filename}", "w") as limit:
+                                limit.write(str(value))
+            except OSError:
+                return None
+        self.ooms[name] = self.oom_kills(name)
         return name
+
+    def oom_kills(self, name):
+        """How many processes the kernel has killed in slot `name` for its memory limit."""
+        if name is None or "memory" not in self.roots:
+            return 0
+        try:
+            with open(f"{self.roots['memory']}/{name}/memory.oom_control", "rb") as control:
+                for line in control:
+                    if line.startswith(b"oom_kill "):
+                        return int(line.split()[1])
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def out_of_memory(self, name):
+        """Whether the kernel killed a process of slot `name` for its memory limit since it was taken."""
+        return name is not None and self.oom_kills(name) > self.ooms.get(name, 0)
 
     def kill(self, name):
         """SIGKILL every process in slot `name`; True if it was empty."""
@@ -251,8 +275,8 @@ class _Cgroups:
 
 class _Call:
     __slots__ = (
-        "capped", "cgroup", "deadline", "id", "open", "out", "pid", "pidfd", "session", "sizes",
-        "started", "status", "timed_out", "uid_offset",
+        "capped", "cgroup", "deadline", "id", "oom", "open", "out", "pid", "pidfd", "session",
+        "sizes", "started", "status", "timed_out", "uid_offset",
     )  # fmt: skip
 
     def __init__(self, call_id, pid, pidfd, deadline, session=None):
@@ -267,6 +291,7 @@ class _Call:
         self.status: int | None = None  # a wait status
         self.timed_out = False
         self.capped = False  # killed for reaching the process cap (no cgroups: Zygote.police)
+        self.oom = False  # a process of it killed for the memory limit of its cgroup slot
 
 
 class _Session:
@@ -489,6 +514,8 @@ class Zygote:
         status = self.statuses.pop(session.pid, 0)
         self.end_session(session)  # what it left behind in its group
         call = session.call
+        if call is not None and self.cgroups is not None:
+            call.oom = self.cgroups.out_of_memory(session.cgroup)
         for key in list(self.selector.get_map().values()):
             kind, payload = key.data
             mine = (kind == "pipe" and payload[0] is session) or (
@@ -573,6 +600,7 @@ class Zygote:
             _, self.statuses[call.pid] = os.waitpid(call.pid, 0)
         call.status = self.statuses.pop(call.pid)
         self.kill_group(call)  # what it left behind in its group
+        call.oom = self.cgroups is not None and self.cgroups.out_of_memory(call.cgroup)
         # Drain what is already in the pipes; a writer left behind (escaped its group) is not waited for.
         for key in list(self.selector.get_map().values()):
             kind, payload = key.data
@@ -602,6 +630,7 @@ class Zygote:
                 "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
                 "timed_out": call.timed_out,
                 "capped": call.capped,
+                "oom": call.oom,
                 "stdout": base64.b64encode(bytes(call.out[1])).decode(),
                 "stderr": base64.b64encode(bytes(call.out[2])).decode(),
                 "stdout_bytes": call.sizes[1],

@@ -81,3 +81,24 @@ def test_fork_bombs_without_cgroups_are_killed_at_the_cap_and_every_harmless_cal
         assert box.run(HARMLESS).stdout == "42\n"
     finally:
         box.close()
+
+
+def test_a_calls_processes_together_past_memory_mb_are_out_of_memory_with_cgroups():
+    box = start_sandbox(SandboxConfig(timeout_s=300.0, memory_mb=200))
+    try:
+        if box.cgroups == [{}]:
+            pytest.skip("per-call cgroups are not available here (not root, or no writable cgroup v1)")
+        code = (  # each child within the address-space limit; the four together past memory_mb
+            "import os, sys\nkids = []\nfor _ in range(4):\n    pid = os.fork()\n    if pid == 0:\n"
+            "        data = bytearray(150 * 2**20)\n        for i in range(0, len(data), 4096):\n"
+            "            data[i] = 1\n        os.read(os.open('/dev/zero', os.O_RDONLY), 1)\n"
+            "        os.kill(os.getpid(), 19)\n        os._exit(0)\n    kids.append(pid)\n"
+            "statuses = [os.waitpid(pid, os.WUNTRACED)[1] for pid in kids]\n"
+            "sys.exit(1 if any(os.WIFSIGNALED(s) for s in statuses) else 0)"
+        )
+        result = box.run(code)
+        assert result.kind == "sandbox_oom", result
+        assert result.message == "out of memory (limit 200 MB for the call's processes together)"
+        assert box.run(HARMLESS).stdout == "42\n"
+    finally:
+        box.close()

@@ -56,9 +56,12 @@ from .base import (
 )
 from .json_calls import BARE_CALL_RE
 
-_BLOCK_RE: Final = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_OPEN: Final = "<tool_call>"
+_CLOSE: Final = "</tool_call>"
+_PARAMETER: Final = "<parameter="
+_PARAMETER_END: Final = "</parameter>"
+_PARAMETER_NAME_RE: Final = re.compile(r"([^>\n]*)>")
 _FUNCTION_RE: Final = re.compile(r"\s*<function=([^>\n]*)>(.*)</function>\s*", re.DOTALL)
-_PARAMETER_RE: Final = re.compile(r"<parameter=([^>\n]*)>(.*?)</parameter>", re.DOTALL)
 _SHAPE: Final = "a tool call is <function=NAME> holding <parameter=NAME>value</parameter> for each argument"
 _SHOWN_CHARS: Final = 40
 
@@ -78,6 +81,23 @@ def _value_text(raw: str) -> str:
     return raw[:-1] if raw.endswith("\n") else raw
 
 
+def _blocks(text: str) -> tuple[list[str], str, bool]:
+    """The `<tool_call>` blocks' bodies in order, the text outside them (each block a newline),
+    and whether a `<tool_call>` never closes. Scanned with `find`, so linear in the text."""
+    bodies: list[str] = []
+    outside: list[str] = []
+    done = 0
+    while True:
+        start = text.find(_OPEN, done)
+        end = text.find(_CLOSE, start + len(_OPEN)) if start >= 0 else -1
+        if end < 0:
+            outside.append(text[done:])
+            return bodies, "\n".join(outside), start >= 0
+        outside.append(text[done:start])
+        bodies.append(text[start + len(_OPEN) : end])
+        done = end + len(_CLOSE)
+
+
 def _decode_block(body: str) -> ParsedCall:
     function = _FUNCTION_RE.fullmatch(body)
     if function is None:
@@ -91,20 +111,22 @@ def _decode_block(body: str) -> ParsedCall:
     name, inner = function.group(1).strip(), function.group(2)
     arguments: dict[str, str] = {}
     done = 0
-    for parameter in _PARAMETER_RE.finditer(inner):
-        between = inner[done : parameter.start()]
-        if between.strip():
-            return _bad(f"{name}: text between the parameters ({_shown(between)}); {_SHAPE}", name)
-        key = parameter.group(1).strip()
+    while (start := inner.find(_PARAMETER, done)) >= 0:  # each tag found once: linear
+        if inner[done:start].strip():
+            return _bad(f"{name}: text between the parameters ({_shown(inner[done:start])}); {_SHAPE}", name)
+        named = _PARAMETER_NAME_RE.match(inner, start + len(_PARAMETER))
+        if named is None:
+            return _bad(f"{name}: a <parameter= tag without its closing >", name)
+        end = inner.find(_PARAMETER_END, named.end())
+        if end < 0:
+            return _bad(f"{name}: <parameter=...> without </parameter>", name)
+        key = named.group(1).strip()
         if key in arguments:
             return _bad(f"{name}: parameter {key!r} given twice", name)
-        arguments[key] = _value_text(parameter.group(2))
-        done = parameter.end()
-    after = inner[done:]
-    if "<parameter=" in after:
-        return _bad(f"{name}: <parameter=...> without </parameter>", name)
-    if after.strip():
-        return _bad(f"{name}: text between the parameters ({_shown(after)}); {_SHAPE}", name)
+        arguments[key] = _value_text(inner[named.end() : end])
+        done = end + len(_PARAMETER_END)
+    if inner[done:].strip():
+        return _bad(f"{name}: text between the parameters ({_shown(inner[done:])}); {_SHAPE}", name)
     return ParsedCall(name, arguments, name[:SHOWN_NAME_CHARS])
 
 
@@ -161,12 +183,11 @@ class QwenXmlFormat(ToolCallFormat):
             if near_miss is not None and near_miss.search(text):
                 return ParsedAction(BAD_CALL)
             return ParsedAction(EMPTY if not text.strip() else OTHER)
-        blocks = list(_BLOCK_RE.finditer(text))
-        rest = _BLOCK_RE.sub("\n", text)
+        bodies, rest, unclosed = _blocks(text)
         if ANSWER_TAG_RE.search(rest):
             return ParsedAction(MIXED)
-        calls = [_decode_block(b.group(1)) for b in blocks]
-        if "<tool_call>" in rest:
+        calls = [_decode_block(body) for body in bodies]
+        if unclosed:
             calls.append(_bad("<tool_call> without </tool_call>"))
         return ParsedAction(CALLS, calls=calls)
 
@@ -208,10 +229,11 @@ class QwenXmlFormat(ToolCallFormat):
 
     def malformed(self, action: str) -> str | None:
         """The first block without its `</function>`."""
-        block = _BLOCK_RE.search(action)
-        if block is None:
+        start = action.find(_OPEN)
+        end = action.find(_CLOSE, start) if start >= 0 else -1
+        if end < 0:
             return None
-        cut = action.find("</function>", block.start(1), block.end(1))
+        cut = action.find("</function>", start, end)
         if cut < 0:
             return None
         return action[:cut] + action[cut + len("</function>") :]

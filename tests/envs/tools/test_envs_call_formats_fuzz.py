@@ -140,11 +140,19 @@ def test_parsing_never_raises_on_any_text(fmt, data):
     check_parse(fmt, text.replace(MEGA_MARK, "m"))
 
 
+HUGE = (
+    MEGA, "[" * 100_000, "{" * 100_000, "[f(x=" + "[" * 100_000, "[f(x=1)]" + " " * (1 << 20) + "x",
+    "[f(x=1)," * 100_000, "[a" * 500_000, "[TOOL_CALLS]" * 50_000, "[TOOL_CALLS]a" * 50_000,
+    "a[ARGS]" * 100_000, '{"name": "a"}; ' * 20_000, '{"name":' * 100_000, "<tool_call>" * 100_000,
+    "<tool_call><function=a>" * 50_000, "<tool_call><function=a>" + "<parameter=x>" * 50_000 + "</function></tool_call>",
+)  # fmt: skip
+
+
 @pytest.mark.parametrize("fmt", FAMILY)
-def test_a_huge_or_deeply_nested_action_parses_in_bounded_time(fmt):
-    for text in (MEGA, "[" * 100_000, "{" * 100_000, "[f(x=" + "[" * 100_000, "[f(x=1)]" + " " * (1 << 20) + "x",
-                 "[TOOL_CALLS]" * 50_000, "<tool_call><function=a>" + "<parameter=x>" * 50_000,
-                 '{"name": "a"}; ' * 20_000):  # fmt: skip
+def test_a_huge_or_deeply_nested_action_parses_in_linear_time(fmt):
+    # each text is 0.5 to 2 MiB: a parser that rescans the rest of the text per marker would take
+    # minutes on one of them (a regex `<tool_call>(.*?)</tool_call>` over unclosed tags does)
+    for text in HUGE:
         check_parse(fmt, text)
 
 

@@ -2,6 +2,8 @@
 
     toolgym/ReasoningGym-v0   reasoning-gym's procedural datasets (`pip install toolgym[reasoning-gym]`)
     toolgym/TextArena-v0      TextArena's text games (`pip install toolgym[textarena]`)
+    toolgym/BFCL-v0           BFCL's multi-turn tool use (`pip install --no-deps bfcl-eval mpmath`:
+                              an extra cannot install it, its dependencies pull CUDA torch)
 
 `available_envs()` lists the ids whose library is installed (found without importing it, so
 importing toolgym.envs stays fast); toolgym.envs registers exactly those. The adapter modules
@@ -16,6 +18,7 @@ import importlib.util
 ADAPTERS: dict[str, tuple[str, str]] = {
     "ReasoningGym-v0": ("reasoning_gym", "toolgym.envs.adapters.reasoning_gym:ReasoningGymEnv"),
     "TextArena-v0": ("textarena", "toolgym.envs.adapters.textarena:TextArenaEnv"),
+    "BFCL-v0": ("bfcl_eval", "toolgym.envs.adapters.bfcl:BFCLEnv"),
 }
 
 

@@ -54,6 +54,13 @@ the counters, failure_mode and `error_counts`, and no end_reason (the caller kno
 stopped); the episode is over (step() raises). Envs without the method (plain Gymnasium envs)
 are simply not settled. Not meant for infrastructure failures: those episodes are not trained on.
 
+Conversations (the `user_turn(kind, action)` hook, default None): an env whose user speaks
+several times (envs/adapters/bfcl.py) returns a `UserTurn` for an action without a call: the
+policy ended its turn, the env's reply is the user's next message (its named rewards land at
+that step; no error, the error streak broken), or, with a grade, the graded end of the
+conversation. Tools that depend on the task: `set_tools(tools, instructions)` from `new_task()`
+rebuilds the tools and the system prompt (without instructions, only the tools).
+
 Metrics (info `metrics`, every step; the generic contract is envs/core/info.py): `accuracy` (the
 grade's score once an answer is graded), `tag_rate` (1.0 once the graded answer came in the
 env's answer format), `success` (the env's `success()`, decided when the episode ends; by
@@ -130,6 +137,19 @@ class _Turn:
     notes: list[str] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class UserTurn:
+    """The env's reply as the user when the policy ends its turn (`ToolEnv.user_turn`): with no
+    `grade`, `message` is the user's next message and the conversation goes on; with a `grade`,
+    the conversation is over and graded as an answer in the format (`message` is the last
+    observation). `rewards` are named components landing at this step, `info` extra step info."""
+
+    message: str
+    grade: Grade | None = None
+    rewards: Mapping[str, float] = field(default_factory=dict)
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+
 def _check_count(name: str, value: Any, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -196,24 +216,8 @@ class ToolEnv(TextEnv):
         if grader is not None and not callable(grader):
             raise TypeError(f"grader must be a callable (response, task, state) -> score, got {grader!r}")
         self.format = get_format(tool_format)
-        self.tools: dict[str, Tool] = {}
-        for value in [*tools, *marked_methods(self)]:
-            t = as_tool(value)
-            if t.per_env is not None:  # state within an episode: this env's own copy
-                t = t.per_env()
-            if t.name.upper() in self.tools:
-                raise ValueError(f"two tools are named {t.name}")
-            self.tools[t.name.upper()] = t
         self.notes = bool(notes)
-        if self.notes:
-            if NOTE_TOOL in self.tools:
-                raise ValueError(f"notes=True adds a {NOTE_TOOL} tool, which clashes with one of that name")
-            self.tools[NOTE_TOOL] = Tool(NOTE_TOOL, NOTE_DESCRIPTION, _noted, arg="text")
-        if answer_tool is not None:
-            if answer_tool.upper() in self.tools:
-                raise ValueError(f"answer_tool {answer_tool!r} clashes with a tool of that name")
-            submit = Tool.from_function(_submit, name=answer_tool, description="Submit the final answer.")
-            self.tools[submit.name.upper()] = submit
+        self._answer_tool_name = answer_tool
         self.answer_tool = answer_tool.upper() if answer_tool is not None else None
         self.grader = grader
         self.max_turns = max_turns
@@ -227,17 +231,51 @@ class ToolEnv(TextEnv):
         self.accept_untagged_answer = bool(accept_untagged_answer)
         self._max_action_chars = max_action_chars
         self._max_observation_chars = max_observation_chars
-        self._near_miss = self.format.near_miss(self.tools)
-        self._tool_list = [t for key, t in self.tools.items() if key != self.answer_tool]
-        answering = self.tools[self.answer_tool] if self.answer_tool is not None else None
-        self._finish = prompts.finish_line(answering, grader)
-        self._system_prompt = self.build_system_prompt(instructions, example)
-        # For a chat template that writes the tools block itself (reset info `instructions`).
-        shown_example = self.render_example(example) if isinstance(example, Example) else example
-        self._instructions = prompts.instructions_text(instructions, self._finish, shown_example)
-        self._error_lines = prompts.error_lines(self.format, self._tool_list, self._finish)
+        self.set_tools(tools, instructions, example)
         self._task: Task | None = None
         self._done = True
+
+    def set_tools(
+        self,
+        tools: Sequence[Tool | Callable[..., Any]],
+        instructions: str | None = None,
+        example: str | Example = "",
+        finish: str | None = None,
+    ) -> None:
+        """Build the env's tools (`tools`, the methods marked `@tool`, NOTE, the answer tool) and,
+        given `instructions`, the system prompt over them (`finish`: the line saying how to end,
+        by default the answer format's). `__init__` calls it; an env whose tools depend on the
+        task calls it from `new_task()`, and without `instructions` mid-episode (tools added at
+        a later user turn: the prompt already shown stays as it is)."""
+        built: dict[str, Tool] = {}
+        for value in [*tools, *marked_methods(self)]:
+            t = as_tool(value)
+            if t.per_env is not None:  # state within an episode: this env's own copy
+                t = t.per_env()
+            if t.name.upper() in built:
+                raise ValueError(f"two tools are named {t.name}")
+            built[t.name.upper()] = t
+        if self.notes:
+            if NOTE_TOOL in built:
+                raise ValueError(f"notes=True adds a {NOTE_TOOL} tool, which clashes with one of that name")
+            built[NOTE_TOOL] = Tool(NOTE_TOOL, NOTE_DESCRIPTION, _noted, arg="text")
+        answer_tool = self._answer_tool_name
+        if answer_tool is not None:
+            if answer_tool.upper() in built:
+                raise ValueError(f"answer_tool {answer_tool!r} clashes with a tool of that name")
+            submit = Tool.from_function(_submit, name=answer_tool, description="Submit the final answer.")
+            built[submit.name.upper()] = submit
+        self.tools: dict[str, Tool] = built
+        self._near_miss = self.format.near_miss(self.tools)
+        self._tool_list = [t for key, t in self.tools.items() if key != self.answer_tool]
+        if instructions is not None:
+            answering = self.tools[self.answer_tool] if self.answer_tool is not None else None
+            self._finish = finish if finish is not None else prompts.finish_line(answering, self.grader)
+            self._system_prompt = self.build_system_prompt(instructions, example)
+            # For a chat template that writes the tools block itself (reset info `instructions`).
+            shown_example = self.render_example(example) if isinstance(example, Example) else example
+            self._instructions = prompts.instructions_text(instructions, self._finish, shown_example)
+        self._error_lines = prompts.error_lines(self.format, self._tool_list, self._finish)
 
     # ---- what subclasses provide -------------------------------------------------------------
 
@@ -254,6 +292,13 @@ class ToolEnv(TextEnv):
         """Whether the episode reached its goal (metric `success`, failure_mode `success`), decided
         when it ends. Default: a fully right answer in the env's answer format."""
         return grade is not None and grade.correct and tagged
+
+    def user_turn(self, kind: str, action: str) -> UserTurn | None:
+        """A conversation's hook: the action made no tool call (`kind`, the format's parse
+        outcome: other, empty, answer, bad_call, mixed). None (the default): ToolEnv handles it
+        (an answer, an error). A `UserTurn`: the policy ended its turn and the env speaks as the
+        user (see `UserTurn`); the step is no error and breaks any error streak."""
+        return None
 
     def build_system_prompt(self, instructions: str, example: str | Example) -> str:
         lines = [instructions.strip(), *self.format.describe(self._tool_list, self._finish)]
@@ -414,6 +459,9 @@ class ToolEnv(TextEnv):
         if parsed.kind == CALLS:
             answer = self._run_calls(parsed.calls or [], turn)
         else:
+            spoken = self.user_turn(parsed.kind, action)
+            if spoken is not None:
+                return self._user_spoke(spoken, action)
             answer = self._stated_answer(parsed, action, turn)
         if answer is not None:
             return self._graded(answer)
@@ -542,6 +590,33 @@ class ToolEnv(TextEnv):
             self._ledger.extra_tool_call()
         return True
 
+    def _user_spoke(self, spoken: UserTurn, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """The policy ended its turn: the user's awards land, then the conversation goes on with the
+        user's next message (the turn limit still applies) or, graded, ends as an answer."""
+        self._consecutive_errors = 0
+        self._consecutive_no_call = 0
+        self._ledger.award(spoken.rewards, f"{type(self).__name__}.user_turn")
+        if spoken.grade is not None:
+            observation, reward, terminated, truncated, info = self._graded(
+                _Answer(action, True, spoken.grade), spoken.message
+            )
+            return observation, reward, terminated, truncated, {**info, **spoken.info}
+        ending = limit_reached(
+            out_of_calls=False,
+            consecutive_errors=0,
+            consecutive_no_call=0,
+            max_consecutive_errors=self.max_consecutive_errors,
+            turn=self._turn,
+            max_turns=self.max_turns,
+            no_call=False,
+            errored=False,
+        )
+        observation = prompts.with_stop(spoken.message, ending.stop if ending is not None else None)
+        info = {**self._info([]), **spoken.info}
+        if ending is None:
+            return self._clip(observation), self._ledger.take_step(), False, False, info
+        return self._ended(self._clip(observation), ending, _Turn(), info)
+
     def _end_turn(self, kind: str, turn: _Turn) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """A step without an answer: the error streaks, then a limit may end the episode."""
         if turn.ran_a_tool:
@@ -584,8 +659,11 @@ class ToolEnv(TextEnv):
         single_turn = self.max_turns == 1
         return observation, self._ledger.take_step(), single_turn, not single_turn, info
 
-    def _graded(self, answer: _Answer) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """Grade the answer; the episode terminates."""
+    def _graded(
+        self, answer: _Answer, observation: str | None = None
+    ) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Grade the answer; the episode terminates (the last observation: `observation`, by
+        default the verdict)."""
         response, tagged, grade = answer
         self._ledger.answered(grade, tagged)
         self._grade, self._tagged = grade, tagged
@@ -603,7 +681,8 @@ class ToolEnv(TextEnv):
         shown = response[:_SHOWN_ANSWER_CHARS] if isinstance(response, str) else response
         if not (isinstance(shown, float) and not math.isfinite(shown)):
             info["graded_answer"] = shown
-        observation = prompts.verdict(grade, answer_text(self._current_task().answer))
+        if observation is None:
+            observation = prompts.verdict(grade, answer_text(self._current_task().answer))
         return self._clip(observation), self._ledger.take_step(), True, False, info
 
     # ---- helpers -------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ def check(category: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description="Check toolgym/BFCL-v0 on BFCL's multi-turn tasks.")
     parser.add_argument("--category", choices=CATEGORIES, action="append")
     args = parser.parse_args(argv)
     problems = [line for category in args.category or CATEGORIES for line in check(category)]

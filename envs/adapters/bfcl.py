@@ -405,6 +405,11 @@ class BFCLEnv(ToolEnv):
     ):
         if "tools" in knobs or "instructions" in knobs:
             raise ValueError("BFCLEnv's tools and instructions come from the task")
+        if tool_format == "brackets":
+            raise ValueError(
+                "BFCLEnv's tools take lists, objects and free text, which the brackets format cannot "
+                "write; use json, pythonic, llama3_json, mistral or qwen3_coder"
+            )
         if not isinstance(turn_reward, int | float) or isinstance(turn_reward, bool) or turn_reward < 0:
             raise ValueError(f"turn_reward must be a float >= 0, got {turn_reward!r}")
         self.category = category

@@ -35,9 +35,20 @@ def test_registered_with_its_knobs():
     envs = list_envs()
     assert envs[ENV_ID]["category"] == "base"
     env = gymnasium.make(ENV_ID, category="miss_param").unwrapped
-    assert isinstance(env, BFCLEnv) and env.category == "miss_param" and len(env.tasks) == 200
+    assert isinstance(env, BFCLEnv)
+    assert env.category == "miss_param" and len(env.tasks) == 200
     with pytest.raises(ValueError, match="category must be one of"):
         BFCLEnv("nope")
+    with pytest.raises(ValueError, match="brackets format cannot write"):
+        BFCLEnv(tool_format="brackets")
+
+
+@pytest.mark.parametrize("tool_format", ["pythonic", "qwen3_coder", "llama3_json", "mistral"])
+def test_the_oracle_in_every_family_format(tool_format):
+    env = BFCLEnv("miss_func", tool_format=tool_format)
+    for seed in range(0, 200, 5):
+        env.reset(seed=seed)
+        assert play(env, env.oracle_actions()), (tool_format, seed)
 
 
 @pytest.mark.parametrize("category", CATEGORIES)

@@ -15,7 +15,10 @@ policy calls tools, and ends its turn by replying without a call (plain text, em
 [ANSWER] tag): the env then speaks as the user again with the next message (step info
 `observation_role: "user"`; run with `rollout.observation_role: user` so that chat templates
 show it as a user message). `miss_func`: the held-out function is added at the turn the data
-says, its spec in that turn's user message (as BFCL's prompting mode writes it).
+says, its spec in that turn's user message (as BFCL's prompting mode writes it); it is callable
+before, undescribed, as BFCL's executor runs any method of the task's classes (miss_func_49's
+ground truth calls `tail` a turn before the data adds it). JSON calls by default; the brackets
+format is refused (it cannot write lists and objects).
 
 Grading is BFCL's multi-turn checker, at the end of each user turn whose ground truth has calls:
 the ground-truth calls of that turn run on ground-truth instances (state carried from turn to
@@ -32,8 +35,15 @@ date, pinned here to TradingBot's CURRENT_TIME (2024-09-01 10:30) through a priv
 module, so BFCL's own module is left as it is. A task naming a class this adapter does not run
 raises `BFCLTaskError` (one line) at reset; the env takes the next reset.
 
+Where this differs from BFCL: a call whose arguments do not fit the doc is refused before it
+runs (BFCL runs it; a task whose own ground truth does that, base_173's `close_ticket(ticket_id=
+'ticket_001')`, gets that parameter widened to the type it passes, in that task only); a failed
+turn does not end the conversation (later turns still earn their criteria; the task is failed);
+BFCL's 20 steps per user turn are not enforced (ToolEnv's `max_turns` and `max_tool_calls` are).
+
 The oracle (`oracle_actions()`) plays each turn's ground-truth calls in one action, then ends the
-turn with `TURN_END`.
+turn with `TURN_END`; `tools/bfcl_check.py` checks it on every task, and that leaving out any one
+call fails the task (`ACCEPTED_WITHOUT`: the one call BFCL's own checker does not need).
 """
 
 from __future__ import annotations

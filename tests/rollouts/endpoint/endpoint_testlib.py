@@ -4,7 +4,9 @@ policies that script or slow down what is sampled (the server and the openai cli
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import subprocess
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import msgspec
@@ -31,6 +33,24 @@ PRICE_TOOL = {
         },
     },
 }
+
+
+# How long a wait for a condition (a process's request arriving, a disconnect noticed) may take
+# before the test fails: the tests wait for what they need, and this bound only ends one whose
+# condition never comes; two busy cores cannot exhaust it.
+PATIENCE_S = 300.0
+
+
+async def until(condition: Callable[[], object], what: str, process: subprocess.Popen | None = None) -> None:
+    """Poll `condition` every 10 ms until it holds; fail (naming `what`) if `process`, which it
+    depends on, exits first, or after PATIENCE_S."""
+    deadline = time.monotonic() + PATIENCE_S
+    while not condition():
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"waiting for {what}: the process exited first (code {process.returncode})")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waiting for {what}: not there after {PATIENCE_S:.0f} s")
+        await asyncio.sleep(0.01)
 
 
 def renderer() -> ChatRenderer:

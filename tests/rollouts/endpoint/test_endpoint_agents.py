@@ -82,11 +82,13 @@ FAULTY = textwrap.dedent(
     import asyncio, math
 
     async def run_agent(client, task):
+        if task == 5:  # no request: done at once, whatever the machine's load
+            return {"correct": 1.0}
         reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
         if task == 1:
             raise RuntimeError("the agent's own bug")
         if task == 2:
-            await asyncio.sleep(60)
+            await asyncio.Event().wait()  # never set: only the wall-clock limit ends it
         if task == 3:
             return math.nan
         if task == 4:
@@ -97,14 +99,22 @@ FAULTY = textwrap.dedent(
 
 
 def test_exceptions_timeouts_and_bad_rewards_end_only_their_own_episode(shop_engine, tmp_path, monkeypatch):
+    """Two runs: the agents that fail or finish under the default wall-clock limit (300 s, which
+    load cannot exhaust), and the one that never finishes under a 3 s limit beside one that needs
+    no request (the limit ends only the hung episode, and nothing else there can run out of it)."""
     (tmp_path / "faulty_agent.py").write_text(FAULTY)
     monkeypatch.syspath_prepend(str(tmp_path))
     program = AgentProgram(module="faulty_agent")
-    runner = AgentRunner(shop_engine, renderer(), program, rollout(group_size=2, episode_timeout_s=3.0))
-    trajectories = asyncio.run(runner.run_groups([0, 1, 2, 3, 4]))
+    runner = AgentRunner(shop_engine, renderer(), program, rollout(group_size=2))
+    trajectories = asyncio.run(runner.run_groups([0, 1, 3, 4]))
+    assert not runner.last_server.captures.open  # type: ignore[union-attr]
+    hung = AgentRunner(shop_engine, renderer(), program, rollout(group_size=2, episode_timeout_s=3.0))
+    trajectories += asyncio.run(hung.run_groups([2, 5]))
+    assert not hung.last_server.captures.open  # type: ignore[union-attr]
     by_task = {}
     for t in trajectories:
         by_task.setdefault(t.task_seed, []).append(t)
+    assert sorted(by_task) == [0, 1, 2, 3, 4, 5] and all(len(g) == 2 for g in by_task.values())
     for t in by_task[0]:
         assert t.stop_reason == StopReason.ANSWERED and t.total_reward == 1.5
         assert t.reward_components == {"correct": 1.0, "style": 0.5}
@@ -116,7 +126,8 @@ def test_exceptions_timeouts_and_bad_rewards_end_only_their_own_episode(shop_eng
         assert t.stop_reason == StopReason.ENV_ERROR and "finite" in (t.error or "")
     for t in by_task[4]:  # the endpoint refused the over-long prompt: a limit, reward 0, trained on
         assert t.stop_reason == StopReason.CONTEXT_OVERFLOW and t.total_reward == 0.0
-    assert not runner.last_server.captures.open  # type: ignore[union-attr]
+    for t in by_task[5]:
+        assert t.stop_reason == StopReason.ANSWERED and t.total_reward == 1.0
 
 
 def test_the_held_out_eval_runs_the_agent_greedily(shop_engine):

@@ -9,16 +9,18 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 
 import httpx
 import openai
 import pytest
-from endpoint_testlib import PRICE_TOOL, NoStop, ScriptedPolicy, engine, renderer
+from endpoint_testlib import PATIENCE_S, PRICE_TOOL, NoStop, ScriptedPolicy, engine, renderer, until
 
 from toolgym.agents.chat import ChatRenderer
+from toolgym.agents.tokenizer import RELEASE_GIL_CHARS
 from toolgym.agents.types import Message
 from toolgym.rollouts.endpoint import EndpointConfig, PolicyServer
-from toolgym.rollouts.endpoint.capture import HISTORY_REWRITES, INCOMPLETE
+from toolgym.rollouts.endpoint.capture import HISTORY_REWRITES, INCOMPLETE, Conversation
 from toolgym.rollouts.episodes import build_episodes, trajectory_to_episodes
 from toolgym.rollouts.recording.format import RecordingHeader, RecordingWriter, read_recording
 from toolgym.rollouts.types import SEQUENCE_START, StopReason
@@ -38,7 +40,8 @@ def torch_engine():
 
 
 def client(server: PolicyServer, key: str = "conv") -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.base_url, api_key=key, max_retries=0, timeout=60)
+    # no timeout: a request waits for its answer (pytest's own timeout ends a hung test)
+    return openai.AsyncOpenAI(base_url=server.base_url, api_key=key, max_retries=0, timeout=None)
 
 
 def test_models_lists_the_policy_and_a_tool_call_comes_back_as_tool_calls(chat):
@@ -256,7 +259,7 @@ def test_completions_endpoint_extends_a_raw_text_history(chat):
 )
 def test_malformed_requests_get_openai_style_errors_that_say_what_is_wrong(chat, body, status, says):
     async def main():
-        async with PolicyServer(ScriptedPolicy(chat, []), chat) as server, httpx.AsyncClient() as http:
+        async with PolicyServer(ScriptedPolicy(chat, []), chat) as server, httpx.AsyncClient(timeout=None) as http:
             url = server.base_url + "/chat/completions"
             return await http.post(url, content=body, headers={"content-type": "application/json"})
 
@@ -272,7 +275,7 @@ def test_null_stream_logprobs_and_echo_mean_false_as_in_openai(chat):
     message = [{"role": "user", "content": "x"}]
 
     async def main():
-        async with PolicyServer(policy, chat) as server, httpx.AsyncClient() as http:
+        async with PolicyServer(policy, chat) as server, httpx.AsyncClient(timeout=None) as http:
             chat_body = {"messages": message, "stream": None, "logprobs": None}
             chat_answer = await http.post(server.base_url + "/chat/completions", json=chat_body)
             text_body = {"prompt": "x", "stream": None, "echo": None}
@@ -289,7 +292,7 @@ def test_null_stream_logprobs_and_echo_mean_false_as_in_openai(chat):
 
 def test_a_missing_field_names_its_param(chat):
     async def main():
-        async with PolicyServer(ScriptedPolicy(chat, []), chat) as server, httpx.AsyncClient() as http:
+        async with PolicyServer(ScriptedPolicy(chat, []), chat) as server, httpx.AsyncClient(timeout=None) as http:
             return await http.post(server.base_url + "/chat/completions", json={"model": "x"})
 
     response = asyncio.run(main())
@@ -300,7 +303,7 @@ def test_only_its_own_host_names_are_answered(chat):
     """DNS rebinding: a page elsewhere can reach 127.0.0.1 under a name it controls."""
 
     async def main():
-        async with PolicyServer(ScriptedPolicy(chat, []), chat) as server, httpx.AsyncClient() as http:
+        async with PolicyServer(ScriptedPolicy(chat, []), chat) as server, httpx.AsyncClient(timeout=None) as http:
             url = server.base_url + "/models"
             return [
                 (await http.get(url, headers={"host": host})).status_code
@@ -317,7 +320,7 @@ def test_ending_an_unknown_conversation_is_404_and_records_nothing(chat, tmp_pat
     async def main():
         async with (
             PolicyServer(ScriptedPolicy(chat, []), chat, writer=writer) as server,
-            httpx.AsyncClient() as http,
+            httpx.AsyncClient(timeout=None) as http,
         ):
             url = server.base_url.removesuffix("/v1") + "/toolgym/conversations/nobody/end"
             return await http.post(url, json={"reward": 1.0})
@@ -330,28 +333,38 @@ def test_ending_an_unknown_conversation_is_404_and_records_nothing(chat, tmp_pat
     assert read_recording(path)[1] == []
 
 
-def test_a_huge_message_does_not_stall_other_requests(chat):
-    """Rendering and tokenizing a multi-megabyte message (seconds of work) runs off the event
-    loop, so a small request sent meanwhile is answered at once. The server shares this test's
-    event loop: a stalled loop would hold the client's sleep and request too."""
-    import time
+def test_a_huge_message_does_not_stall_other_requests(chat, monkeypatch):
+    """Rendering and tokenizing a long message (seconds of work for a multi-megabyte one) runs off
+    the event loop, so a small request sent meanwhile is answered while it renders. The big
+    message's render is held until the small request is answered: off the loop, that is at once;
+    on the loop, which the server shares with this test's client, nothing could be answered until
+    the hold gave up (after PATIENCE_S), and the test fails."""
+    rendering, answered, released = threading.Event(), threading.Event(), []
+    render = Conversation.chat_prompt
+
+    def held_render(self, renderer, messages, tools):
+        if sum(len(str(m.get("content") or "")) for m in messages) > RELEASE_GIL_CHARS:
+            rendering.set()
+            released.append(answered.wait(PATIENCE_S))
+        return render(self, renderer, messages, tools)
+
+    monkeypatch.setattr(Conversation, "chat_prompt", held_render)
 
     async def main():
         async with (
             PolicyServer(ScriptedPolicy(chat, ["ok"] * 4), chat) as server,
-            httpx.AsyncClient(timeout=120) as http,
+            httpx.AsyncClient(timeout=None) as http,
         ):
-            huge = {"messages": [{"role": "user", "content": "word " * 1_000_000}], "max_tokens": 1}
+            huge = {"messages": [{"role": "user", "content": "word " * (RELEASE_GIL_CHARS // 4)}], "max_tokens": 1}
             big = asyncio.ensure_future(http.post(server.base_url + "/chat/completions", json=huge))
-            started = time.perf_counter()
-            await asyncio.sleep(0.5)  # the big request is in, and being rendered
+            await until(rendering.is_set, "the big message's render")
             small = await http.get(server.base_url + "/models")
-            answered = time.perf_counter() - started
-            return small.status_code, answered, (await big).status_code
+            answered.set()
+            return small.status_code, (await big).status_code
 
-    status, answered, big_status = asyncio.run(main())
+    status, big_status = asyncio.run(main())
     assert status == 200 and big_status == 400  # answered: longer than the context
-    assert answered < 3.0, f"/models was answered {answered:.1f} s after it was sent behind the big message"
+    assert released == [True], "/models was answered only after the big message's render gave up waiting"
 
 
 def test_the_openai_client_raises_the_errors_with_their_message(chat):
@@ -394,16 +407,14 @@ def test_a_client_killed_mid_generation_frees_its_slot_and_breaks_only_its_captu
         async with PolicyServer(policy, chat, config) as server:  # type: ignore[arg-type]
             proc = subprocess.Popen([sys.executable, "-c", CLIENT, server.base_url])
             try:
-                await asyncio.wait_for(policy.started.wait(), 60)
-                while not scheduler.slots.running:  # admitted: it is decoding now
-                    await asyncio.sleep(0.001)
+                await until(policy.started.is_set, "the client's request", proc)
+                await until(lambda: scheduler.slots.running, "its slot to decode", proc)  # admitted
                 proc.kill()
             finally:
                 proc.wait()
-            for _ in range(500):
-                if server.stats.disconnects and not scheduler.slots.running:
-                    break
-                await asyncio.sleep(0.01)
+            await until(
+                lambda: server.stats.disconnects and not scheduler.slots.running, "the disconnect to free the slot"
+            )
             assert server.stats.disconnects == 1
             assert not scheduler.slots.running  # the slot is free again, 8000 tokens early
             broken = server.captures.finish("killed", 1.0)
@@ -471,12 +482,12 @@ def test_toolgym_serve_serves_a_checkpoint_until_interrupted_and_records_the_cap
         while line and not line.startswith("serving "):
             line = proc.stdout.readline()
         url = line.split(" at ", 1)[1].split()[0]
-        c = openai.OpenAI(base_url=url, api_key="cli-conv", max_retries=0, timeout=60)
+        c = openai.OpenAI(base_url=url, api_key="cli-conv", max_retries=0, timeout=None)
         r = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
         assert r.usage.completion_tokens == 3
         c.close()
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=PATIENCE_S)
     finally:
         proc.kill()
     assert proc.returncode == 0, out

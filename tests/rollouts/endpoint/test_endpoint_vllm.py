@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from agents_testlib import require_vllm
-from endpoint_testlib import TOKENIZER, renderer, tiny_model
+from endpoint_testlib import TOKENIZER, renderer, tiny_model, until
 
 from toolgym.agents.model.checkpoint import save_hf_checkpoint
 from toolgym.rollouts.endpoint import AgentProgram, AgentRunner, EndpointConfig, PolicyServer
@@ -127,15 +127,14 @@ def test_a_client_killed_mid_generation_aborts_the_vllm_request(vllm_policy):
         async with PolicyServer(NoStop(), chat, config) as server:  # type: ignore[arg-type]
             proc = subprocess.Popen([sys.executable, "-c", KILLED, server.base_url])
             try:
-                await asyncio.wait_for(started.wait(), 120)
-                await asyncio.sleep(0.5)
+                await until(started.is_set, "the client's request", proc)
+                await until(lambda: vllm_policy._running, "the request to run in vLLM", proc)
                 proc.kill()
             finally:
                 proc.wait()
-            for _ in range(1000):
-                if server.stats.disconnects and not vllm_policy._running:  # aborted in vLLM
-                    break
-                await asyncio.sleep(0.01)
+            await until(
+                lambda: server.stats.disconnects and not vllm_policy._running, "the request to be aborted in vLLM"
+            )
             assert not vllm_policy._running
             broken = server.captures.finish("killed", 1.0)
             c = openai.AsyncOpenAI(base_url=server.base_url, api_key="alive", max_retries=0)

@@ -182,7 +182,11 @@ def test_scaling_and_mean_abs_take_either_form():
 
 def test_credit_metrics_have_fixed_keys():
     m = credit_metrics([[1.0, 1.0, 1.0], [0.0, 1.0]])  # returns-to-go [3, 2, 1] and [1, 1]
-    fixed = [f"credit/{k}_turn{t}{s}" for t in range(CREDIT_METRIC_TURNS) for k, s in (("return", "_mean"), ("reached", ""))]
+    fixed = [
+        f"credit/{k}_turn{t}{s}"
+        for t in range(CREDIT_METRIC_TURNS)
+        for k, s in (("return", "_mean"), ("reached", ""))
+    ]
     assert set(fixed) <= set(m)
     assert m["credit/return_turn0_mean"] == 2.0 and m["credit/reached_turn0"] == 1.0
     assert m["credit/return_turn2_mean"] == 1.0 and m["credit/reached_turn2"] == 0.5
@@ -224,7 +228,10 @@ def test_past_reward_share_is_a_share_even_when_later_rewards_cancel_earlier_one
     assert credit_metrics(rewards)["credit/past_share_turn1"] == pytest.approx(0.8)
     rng = random.Random(0)
     for _ in range(300):
-        group = [[rng.choice((-1.0, 0.0, 0.5, 2.0)) for _ in range(rng.randint(1, 5))] for _ in range(rng.randint(2, 6))]
+        group = [
+            [rng.choice((-1.0, 0.0, 0.5, 2.0)) for _ in range(rng.randint(1, 5))]
+            for _ in range(rng.randint(2, 6))
+        ]
         for t in range(5):
             share = past_reward_share(group, t)
             assert share is None or 0.0 <= share <= 1.0, (group, t, share)

@@ -14,7 +14,9 @@ def _log(tmp_path) -> MetricsLog:
 def test_every_record_has_every_reward_component_its_kind_reported(tmp_path):
     log = _log(tmp_path)
     log.log("train", 1, {"rollout/reward_mean": 0.5, "rollout/reward/correct": 0.5})
-    log.log("train", 2, {"rollout/reward_mean": 0.6, "rollout/reward/correct": 0.5, "rollout/reward/chain": 0.1})
+    log.log(
+        "train", 2, {"rollout/reward_mean": 0.6, "rollout/reward/correct": 0.5, "rollout/reward/chain": 0.1}
+    )
     log.log("eval", 2, {"eval/reward_mean": 0.4, "eval/reward/correct": 0.4})
     log.log("train", 3, {"rollout/reward_mean": 0.5, "rollout/reward/correct": 0.5, "train/loss": 0.25})
     log.log("eval", 4, {"eval/reward_mean": 0.2})

@@ -259,7 +259,10 @@ def test_completions_endpoint_extends_a_raw_text_history(chat):
 )
 def test_malformed_requests_get_openai_style_errors_that_say_what_is_wrong(chat, body, status, says):
     async def main():
-        async with PolicyServer(ScriptedPolicy(chat, []), chat) as server, httpx.AsyncClient(timeout=None) as http:
+        async with (
+            PolicyServer(ScriptedPolicy(chat, []), chat) as server,
+            httpx.AsyncClient(timeout=None) as http,
+        ):
             url = server.base_url + "/chat/completions"
             return await http.post(url, content=body, headers={"content-type": "application/json"})
 
@@ -292,7 +295,10 @@ def test_null_stream_logprobs_and_echo_mean_false_as_in_openai(chat):
 
 def test_a_missing_field_names_its_param(chat):
     async def main():
-        async with PolicyServer(ScriptedPolicy(chat, []), chat) as server, httpx.AsyncClient(timeout=None) as http:
+        async with (
+            PolicyServer(ScriptedPolicy(chat, []), chat) as server,
+            httpx.AsyncClient(timeout=None) as http,
+        ):
             return await http.post(server.base_url + "/chat/completions", json={"model": "x"})
 
     response = asyncio.run(main())
@@ -303,7 +309,10 @@ def test_only_its_own_host_names_are_answered(chat):
     """DNS rebinding: a page elsewhere can reach 127.0.0.1 under a name it controls."""
 
     async def main():
-        async with PolicyServer(ScriptedPolicy(chat, []), chat) as server, httpx.AsyncClient(timeout=None) as http:
+        async with (
+            PolicyServer(ScriptedPolicy(chat, []), chat) as server,
+            httpx.AsyncClient(timeout=None) as http,
+        ):
             url = server.base_url + "/models"
             return [
                 (await http.get(url, headers={"host": host})).status_code
@@ -355,7 +364,10 @@ def test_a_huge_message_does_not_stall_other_requests(chat, monkeypatch):
             PolicyServer(ScriptedPolicy(chat, ["ok"] * 4), chat) as server,
             httpx.AsyncClient(timeout=None) as http,
         ):
-            huge = {"messages": [{"role": "user", "content": "word " * (RELEASE_GIL_CHARS // 4)}], "max_tokens": 1}
+            huge = {
+                "messages": [{"role": "user", "content": "word " * (RELEASE_GIL_CHARS // 4)}],
+                "max_tokens": 1,
+            }
             big = asyncio.ensure_future(http.post(server.base_url + "/chat/completions", json=huge))
             await until(rendering.is_set, "the big message's render")
             small = await http.get(server.base_url + "/models")
@@ -413,7 +425,8 @@ def test_a_client_killed_mid_generation_frees_its_slot_and_breaks_only_its_captu
             finally:
                 proc.wait()
             await until(
-                lambda: server.stats.disconnects and not scheduler.slots.running, "the disconnect to free the slot"
+                lambda: server.stats.disconnects and not scheduler.slots.running,
+                "the disconnect to free the slot",
             )
             assert server.stats.disconnects == 1
             assert not scheduler.slots.running  # the slot is free again, 8000 tokens early

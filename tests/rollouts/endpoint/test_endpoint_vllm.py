@@ -133,7 +133,8 @@ def test_a_client_killed_mid_generation_aborts_the_vllm_request(vllm_policy):
             finally:
                 proc.wait()
             await until(
-                lambda: server.stats.disconnects and not vllm_policy._running, "the request to be aborted in vLLM"
+                lambda: server.stats.disconnects and not vllm_policy._running,
+                "the request to be aborted in vLLM",
             )
             assert not vllm_policy._running
             broken = server.captures.finish("killed", 1.0)

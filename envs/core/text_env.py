@@ -152,11 +152,10 @@ class TextEnv(gymnasium.Env[str, str]):
         env in a worker thread. False unless a subclass says otherwise."""
         return False
 
-    @property
-    def context_policy(self) -> Mapping[str, Any] | None:
-        """The context policy this env declares (a spec dict, rollouts/context.py), or None: the
-        runner keeps the whole conversation unless the run config sets one."""
-        return None
+    # The context policy this env declares (a spec dict, rollouts/context.py), or None: the runner
+    # keeps the whole conversation unless the run config sets one. A plain attribute, so an env
+    # sets it as a class attribute, in `__init__` (e.g. from its knobs), or as a property.
+    context_policy: Mapping[str, Any] | None = None
 
     def abandon(self) -> tuple[float, dict[str, Any]] | None:
         """Settle an episode the runner stopped before the env ended it: (reward to add to the last

@@ -115,6 +115,8 @@ _ACTION_ERRORS = {
     MIXED: "mixed_call_and_answer",
 }
 
+_UNDECLARED = object()  # ToolEnv.context_policy: no policy set on the instance
+
 
 class _Answer(NamedTuple):
     """A graded response, and whether it came in the env's answer format."""
@@ -362,10 +364,19 @@ class ToolEnv(TextEnv):
         return any(t.waits_outside for t in self.tools.values())
 
     @property
-    def context_policy(self) -> dict[str, Any] | None:
-        """The context policy this env declares (rollouts/context.py): the notes policy when it
-        has the NOTE tool, else none (the runner keeps everything unless a config says otherwise)."""
+    def context_policy(self) -> Mapping[str, Any] | None:
+        """The context policy this env declares (rollouts/context.py): what a subclass set
+        (`self.context_policy = {...}` in `__init__`, e.g. from its knobs, or a class attribute),
+        else the notes policy when it has the NOTE tool, else none (the runner keeps everything
+        unless a config says otherwise)."""
+        declared = self.__dict__.get("_declared_context_policy", _UNDECLARED)
+        if declared is not _UNDECLARED:
+            return declared
         return {"policy": "notes"} if self.notes else None
+
+    @context_policy.setter
+    def context_policy(self, value: Mapping[str, Any] | None) -> None:
+        self._declared_context_policy = value
 
     @property
     def tool_specs(self) -> list[dict[str, Any]]:

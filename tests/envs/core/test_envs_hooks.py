@@ -75,3 +75,31 @@ def test_a_plain_env_has_its_own_hooks_by_name_else_the_defaults():
         bare.oracle_actions()
     with pytest.raises(TypeError, match="has no answer"):
         _ = bare.answer
+
+
+class WindowedZorplex(ZorplexEnv):
+    """docs/context.md's way: the env sets its policy in __init__, from its own knob."""
+
+    def __init__(self, window: int = 2, **knobs):
+        super().__init__(**knobs)
+        self.context_policy = {"policy": "window", "turns": window}
+
+
+class PlainWindowed(Bare):
+    def __init__(self, turns: int = 3):
+        super().__init__()
+        self.context_policy = {"policy": "window", "turns": turns}
+
+
+def test_an_env_sets_its_context_policy_in_init_from_its_knobs():
+    # it raised "property 'context_policy' of ... object has no setter"
+    assert WindowedZorplex(window=3, tier="recursive").context_policy == {"policy": "window", "turns": 3}
+    assert WindowedZorplex(window=2, tier="recursive", notes=True, max_turns=10).context_policy == {"policy": "window", "turns": 2}
+    assert PlainWindowed(4).context_policy == {"policy": "window", "turns": 4}
+    assert env_hooks(WindowedZorplex(window=5, tier="simple")).context_policy["turns"] == 5
+    assert ZorplexEnv(tier="recursive", notes=True, max_turns=10).context_policy == {"policy": "notes"}  # the derived one stays
+
+    class Declared(ZorplexEnv):
+        context_policy = {"policy": "window", "turns": 1}  # a class attribute still works
+
+    assert Declared(tier="simple").context_policy == {"policy": "window", "turns": 1}

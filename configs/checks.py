@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,11 @@ from ..agents.chat import Renderer
 from ..agents.model.config import NAMED_CONFIGS, ModelConfig
 from ..agents.tokenizer import tokenizer_fingerprint
 from ..agents.vllm.engine import INSTALL_HINT
+from ..envs.core.text_env import env_hooks
+from ..envs.core.tool_env import NOTE_TOOL, ToolEnv
 from ..envs.registry import import_env_modules
 from ..rollouts.batches import TaskSeedStream
+from ..rollouts.context import context_policy
 from ..rollouts.endpoint.program import load_program
 from ..rollouts.env_io import reset_env
 from ..rollouts.episode.rendering import first_messages
@@ -61,9 +65,14 @@ def check_environment(config: Config, world_size: int = 1) -> None:
         if kwargs is None:
             continue
         try:
-            gymnasium.make(config.env.id, **kwargs).close()
+            env = gymnasium.make(config.env.id, **kwargs)
         except Exception as exc:
             raise ConfigError(where, f"cannot make env {config.env.id!r} with {kwargs}: {exc}") from None
+        try:
+            if where == "env":
+                _check_env_context(config, env)
+        finally:
+            env.close()
     if config.model.path:
         if not (Path(config.model.path) / "config.json").is_file():
             raise ConfigError(
@@ -93,6 +102,33 @@ def check_environment(config: Config, world_size: int = 1) -> None:
         raise ConfigError(
             "batch.groups_per_batch",
             f"{config.batch.groups_per_batch} groups do not split evenly over {world_size} processes",
+        )
+
+
+def _check_env_context(config: Config, env: gymnasium.Env) -> None:
+    """The context policy the run will use: the env's own declaration (when the config sets none)
+    must build, as rollout.context is checked at load time, and a notes policy needs an env with
+    the NOTE tool (otherwise it never rewrites anything)."""
+    declared = env_hooks(env).context_policy
+    field, spec = "rollout.context", config.rollout.context
+    if spec is None and declared is not None:
+        field, spec = "env", declared
+        try:
+            context_policy(declared)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(
+                "env", f"{config.env.id!r} declares context_policy {declared!r}, which is refused: {exc}"
+            ) from None
+    if isinstance(spec, Mapping):
+        name = spec.get("policy")
+    else:  # a config's tagged policy Struct
+        name = spec.__struct_config__.tag if isinstance(spec, msgspec.Struct) else None
+    tools = env.unwrapped.tools if isinstance(env.unwrapped, ToolEnv) else None
+    if name == "notes" and tools is not None and NOTE_TOOL not in {t.upper() for t in tools}:
+        raise ConfigError(
+            field,
+            f"the notes policy keeps the turns that wrote a note, but {config.env.id!r} has no "
+            f"{NOTE_TOOL} tool (with env.kwargs {config.env.kwargs}): it would never rewrite the context",
         )
 
 

@@ -190,6 +190,15 @@ def _choices(t: inspect.Type | None) -> list[Any]:
     return []
 
 
+def _tags(t: Any) -> list[str]:
+    """The tags of a tagged union of Structs (or of one Struct), in declaration order."""
+    if isinstance(t, inspect.UnionType):
+        return [tag for sub in t.types for tag in _tags(sub)]
+    if isinstance(t, inspect.StructType) and isinstance(t.tag, str):
+        return [t.tag]
+    return []
+
+
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 
 
@@ -206,6 +215,10 @@ def validation_error(exc: msgspec.ValidationError) -> ConfigError:
         message = "invalid value" + message.removeprefix("Invalid enum value")
         if choices:
             message += f" (expected one of {', '.join(repr(c) for c in choices)})"
+    elif message.startswith("Invalid value") and parts and _tags(_type_at(parts[:-1])):
+        # the tag of a tagged union (rollout.context.policy): name the tags it takes
+        message = "invalid value" + message.removeprefix("Invalid value")
+        message += f" (expected one of {', '.join(repr(t) for t in _tags(_type_at(parts[:-1])))})"
     else:
         path, message = _name_the_field(path, parts, message)
     return ConfigError(path, message)

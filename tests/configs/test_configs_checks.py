@@ -7,14 +7,28 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import gymnasium
 import pytest
 import torch
 from sandbox_testlib import make_env
 
-from toolgym.configs.assembly.parts import build_policy, build_renderer, check_model, initial_model, model_config
-from toolgym.configs.checks import check_against_machine, check_context, first_prompt_length, kv_cache_bytes
+from toolgym.configs.assembly.parts import (
+    build_policy,
+    build_renderer,
+    check_model,
+    initial_model,
+    model_config,
+)
+from toolgym.configs.checks import (
+    check_against_machine,
+    check_context,
+    check_environment,
+    first_prompt_length,
+    kv_cache_bytes,
+)
 from toolgym.configs.cli.main import main
 from toolgym.configs.load import ConfigError, config_from_dict, load_config
+from toolgym.envs import ZorplexEnv
 from toolgym.trainers.loop.rl import NoLearningError, RLLoop, no_learning_cause
 from toolgym.trainers.metrics_log import read_metrics
 
@@ -303,3 +317,39 @@ def test_the_pycalc_preset_passes_the_checks_against_the_machine():
     make_env(config.env.id, **config.env.kwargs)  # skipped where its code sandbox cannot start
     renderer, _ = build_renderer(config)
     check_against_machine(config, model_config(config), renderer, torch.device("cpu"))
+
+
+class ZeroWindowZorplex(ZorplexEnv):
+    """An env declaring a window of 0 turns (it used to fail every episode, and the run went on)."""
+
+    def __init__(self, **knobs):
+        super().__init__(**knobs)
+        self.context_policy = {"policy": "window", "turns": 0}
+
+
+gymnasium.register("test/ZeroWindowZorplex-v0", entry_point=ZeroWindowZorplex)
+
+
+def test_an_env_declared_context_policy_that_cannot_build_stops_the_run_before_it_starts(tmp_path, capsys):
+    err = refused(tmp_path, capsys, 'env.id="test/ZeroWindowZorplex-v0"', "env.kwargs={tier='simple'}")
+    assert err.startswith("config error: env: 'test/ZeroWindowZorplex-v0' declares context_policy"), err
+    assert "turns" in err and not (tmp_path / "run").exists()
+    # the config's own policy wins over the env's: nothing to refuse then
+    config, _ = load_config(None, ['env.id="test/ZeroWindowZorplex-v0"', 'rollout.context={policy="keep_all"}'])
+    check_environment(config)
+
+
+def test_a_notes_policy_on_an_env_without_the_note_tool_is_refused(tmp_path, capsys):
+    err = refused(tmp_path, capsys, 'rollout.context={policy="notes"}')
+    assert err.startswith("config error: rollout.context: the notes policy keeps the turns that wrote a note, but "), err
+    assert "no NOTE tool" in err
+    config, _ = load_config("zorplex_notes_tiny", [])  # the notes preset has the tool
+    check_environment(config)
+
+
+def test_an_unknown_context_policy_names_the_known_ones(tmp_path, capsys):
+    err = refused(tmp_path, capsys, 'rollout.context={policy="lru"}')
+    assert err == (
+        "config error: rollout.context.policy: invalid value 'lru' "
+        "(expected one of 'keep_all', 'window', 'elide', 'notes')"
+    ), err

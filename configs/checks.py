@@ -272,6 +272,18 @@ def check_demo_limits(config: Config, model: ModelConfig, renderer: Renderer, sa
     short = [f"{key} >= {need} (it is {have})" for key, (have, need) in needs.items() if need > have]
     field = short[0].split(" ")[0] if short else "rollout"
     reasons = sorted({str(t.stop_reason) for t in cut})
+    spec = config.rollout.context
+    if spec is not None and reasons == [str(StopReason.CONTEXT_OVERFLOW)]:
+        # the run's own context policy was to keep the context within bounds: it is the cause
+        name = spec.__struct_config__.tag
+        whole_tokens = needs["rollout.context_length" if context < seq else "policy.max_seq_len"][1]
+        raise ConfigError(
+            "rollout.context",
+            f"every sampled SFT demonstration of {config.env.id} overflows the context (context_overflow) "
+            f"under the {name!r} policy: it does not keep them within {context} tokens (a whole "
+            f"demonstration is {whole_tokens}); choose a policy that bounds the context (window, notes) "
+            f"or give them more room ({', '.join(short) or 'longer limits'})",
+        )
     raise ConfigError(
         field,
         f"every sampled SFT demonstration of {config.env.id} is cut short ({', '.join(reasons)}); "

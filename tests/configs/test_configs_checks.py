@@ -353,3 +353,12 @@ def test_an_unknown_context_policy_names_the_known_ones(tmp_path, capsys):
         "config error: rollout.context.policy: invalid value 'lru' "
         "(expected one of 'keep_all', 'window', 'elide', 'notes')"
     ), err
+
+
+def test_an_elide_policy_that_cannot_bound_the_notes_chain_is_named_as_the_cause(tmp_path, capsys):
+    # it blamed policy.max_seq_len alone
+    args = ["train", "zorplex_notes_tiny", "--no-progress", "--set", f"run.run_dir={tmp_path / 'run'}"]
+    assert main([*args, "--set", 'rollout.context={policy="elide"}']) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("config error: rollout.context: every sampled SFT demonstration"), err
+    assert "under the 'elide' policy" in err and "window, notes" in err and "policy.max_seq_len >=" in err

@@ -17,6 +17,7 @@ from rich.console import Console
 from ...agents.chat import ChatRenderer
 from ...agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from ...envs.registry import check_env_id, import_env_modules
+from ...rollouts.endpoint.capture import ENDPOINT_ENV_ID
 from ...rollouts.metrics import BatchMetrics
 from ...rollouts.recording.chat_jsonl import export_chat_jsonl, import_chat_jsonl, import_header
 from ...rollouts.recording.format import (
@@ -103,6 +104,15 @@ def replay_command(
         hint = shipped_tokenizer_hint(exc.recorded) if exc.recorded else ""
         raise RecordingError(f"{exc} {hint}".rstrip()) from None
     head = reader.header
+    captures = verify and head.env_id == ENDPOINT_ENV_ID
+    if captures:  # token-exact captures of an endpoint's requests: no env produced them
+        console.print(
+            f"{path} holds `toolgym serve` captures: there is no env to replay them in, so --verify "
+            "checks that every record reads whole (its checksum) and shows them; it replays none",
+            markup=False,
+            soft_wrap=True,
+        )
+        verify = False
     if verify:
         check_env_id(head.env_id)
         try:  # once here, not once per episode with gymnasium's bare "Namespace ... not found"
@@ -166,6 +176,8 @@ def replay_command(
         )
         if mismatches and (hint := hash_seed_hint(head.extra)):
             console.print(hint, markup=False, highlight=False, soft_wrap=True)
+    if captures:
+        console.print(f"verify: {count}/{count} captures read whole" + (f"; {damaged} damaged" if damaged else ""))
     return 1 if mismatches or errors or damaged else 0
 
 

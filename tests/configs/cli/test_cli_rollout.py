@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import msgspec
 import pytest
 
 from toolgym.configs.cli.main import build_parser, main
@@ -187,3 +188,22 @@ def test_replay_under_another_hash_seed_names_the_one_it_was_recorded_with(token
         "recorded with PYTHONHASHSEED=0 and replayed with PYTHONHASHSEED=1: envs whose tasks iterate "
         "sets of strings make other tasks; replay with PYTHONHASHSEED=0" in other.stdout
     ), other.stdout
+
+
+def test_verify_of_endpoint_captures_says_what_it_checks(tokenizer_file, tmp_path, capsys):
+    # it said "pass --env-module", but no module registers the endpoint's captures
+    from toolgym.rollouts.endpoint.capture import ENDPOINT_ENV_ID
+    from toolgym.rollouts.recording.format import RecordingReader, RecordingWriter
+
+    recorded = tmp_path / "oracle.jsonl"
+    assert main(record_args(tokenizer_file, recorded)) == 0
+    reader = RecordingReader(recorded)
+    header = msgspec.structs.replace(reader.header, env_id=ENDPOINT_ENV_ID, checksum="")
+    captures = tmp_path / "captures.jsonl"
+    with RecordingWriter(captures, header) as writer:
+        writer.write_all(list(reader))
+    capsys.readouterr()
+    assert main(["replay", str(captures), "--verify", "--limit", "0", "--tokenizer", tokenizer_file]) == 0
+    text = capsys.readouterr().out
+    assert "holds `toolgym serve` captures: there is no env to replay them in" in text
+    assert "verify: 6/6 captures read whole" in text and "--env-module" not in text

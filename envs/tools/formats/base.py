@@ -7,6 +7,7 @@ parsing never raises on any str.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
@@ -140,3 +141,9 @@ def near_miss_pattern(tool_names: Iterable[str], opening: str = r"\s*[\[(]") -> 
 def foreign_call(text: str) -> bool:
     """Whether `text` holds a family format's call marker (`<tool_call>`, `[TOOL_CALLS]`, ...)."""
     return any(marker in text for marker in _FOREIGN_MARKERS)
+
+
+def schema_lines(tools: Sequence[Tool]) -> list[str]:
+    """The heading and each tool's JSON Schema on a line, as every JSON-schema format's
+    `describe` lists them (between the format's own tags, where it has them)."""
+    return ["Tools (JSON Schema of each function):", *(json.dumps(t.spec, ensure_ascii=False) for t in tools)]

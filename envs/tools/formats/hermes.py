@@ -35,6 +35,7 @@ from .base import (
     ToolCallFormat,
     after_tag,
     near_miss_pattern,
+    schema_lines,
 )
 
 _BLOCK_RE: Final = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -123,8 +124,8 @@ class JsonFormat(ToolCallFormat):
     def describe(self, tools: Sequence[Tool], finish: str) -> list[str]:
         if not tools:
             return [finish]
-        lines = ["Tools (JSON Schema of each function):", "<tools>"]
-        lines += [json.dumps(t.spec, ensure_ascii=False) for t in tools]
+        heading, *schemas = schema_lines(tools)
+        lines = [heading, "<tools>", *schemas]
         lines += [
             "</tools>",
             "Call a tool by writing its name and arguments as JSON in a <tool_call> block:",

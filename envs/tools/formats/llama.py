@@ -39,6 +39,7 @@ from .base import (
     after_tag,
     foreign_call,
     near_miss_pattern,
+    schema_lines,
 )
 from .json_calls import BARE_CALL_RE, JsonSyntaxError, call_from_object, decode_at, malformed, skip_space
 
@@ -112,8 +113,7 @@ class Llama3JsonFormat(ToolCallFormat):
     def describe(self, tools: Sequence[Tool], finish: str) -> list[str]:
         if not tools:
             return [finish]
-        lines = ["Tools (JSON Schema of each function):"]
-        lines += [json.dumps(t.spec, ensure_ascii=False) for t in tools]
+        lines = schema_lines(tools)
         lines += [
             "To call a tool, respond with only a JSON object, nothing else:",
             '{"name": <tool name>, "parameters": <JSON object>}',

@@ -41,6 +41,7 @@ from .base import (
     after_tag,
     foreign_call,
     near_miss_pattern,
+    schema_lines,
 )
 from .json_calls import BARE_CALL_RE, JsonSyntaxError, call_from_object, decode_at, malformed, skip_space
 
@@ -128,8 +129,8 @@ class MistralFormat(ToolCallFormat):
     def describe(self, tools: Sequence[Tool], finish: str) -> list[str]:
         if not tools:
             return [finish]
-        lines = ["Tools (JSON Schema of each function):", "[AVAILABLE_TOOLS]"]
-        lines += [json.dumps(t.spec, ensure_ascii=False) for t in tools]
+        heading, *schemas = schema_lines(tools)
+        lines = [heading, "[AVAILABLE_TOOLS]", *schemas]
         lines += [
             "[/AVAILABLE_TOOLS]",
             "Call tools by writing [TOOL_CALLS] and a JSON list of calls:",

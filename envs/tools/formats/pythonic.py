@@ -22,7 +22,6 @@ list, or `<|python_start|>` ... `<|python_end|>` around it, are skipped. The lis
 from __future__ import annotations
 
 import ast
-import json
 import math
 import re
 import warnings
@@ -45,6 +44,7 @@ from .base import (
     after_tag,
     foreign_call,
     near_miss_pattern,
+    schema_lines,
 )
 
 _START_RE: Final = re.compile(r"\s*(?:<\|python_tag\|>|<\|python_start\|>)?\s*")
@@ -191,8 +191,7 @@ class PythonicFormat(ToolCallFormat):
     def describe(self, tools: Sequence[Tool], finish: str) -> list[str]:
         if not tools:
             return [finish]
-        lines = ["Tools (JSON Schema of each function):"]
-        lines += [json.dumps(t.spec, ensure_ascii=False) for t in tools]
+        lines = schema_lines(tools)
         lines += [
             "To call tools, respond with only a Python list of calls, arguments by name, values as literals:",
             "[func_name1(param1=value1, param2=value2), func_name2(param=value)]",

@@ -53,6 +53,7 @@ from .base import (
     after_tag,
     foreign_call,
     near_miss_pattern,
+    schema_lines,
 )
 from .json_calls import BARE_CALL_RE
 
@@ -211,8 +212,8 @@ class QwenXmlFormat(ToolCallFormat):
     def describe(self, tools: Sequence[Tool], finish: str) -> list[str]:
         if not tools:
             return [finish]
-        lines = ["Tools (JSON Schema of each function):", "<tools>"]
-        lines += [json.dumps(t.spec, ensure_ascii=False) for t in tools]
+        heading, *schemas = schema_lines(tools)
+        lines = [heading, "<tools>", *schemas]
         lines += [
             "</tools>",
             "Call a tool by writing its name and each argument in a <tool_call> block:",

@@ -14,6 +14,8 @@ import torch
 from .families import FAMILIES, Family, family
 
 ModelType = Literal["qwen2", "qwen3", "llama", "mistral", "smollm3"]
+# HF's config.json `layer_types` entries this decoder runs.
+LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
 class RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,8 +37,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     `attention_bias` is the flag of the families whose `bias` rule is "flag" (Qwen3, Llama,
     SmolLM3: a bias on q/k/v/o); Qwen2 always has a q/k/v bias and no o bias, Mistral none.
-    `rope_scaling`: Llama 3.1's (llama only). `sliding_window`: Mistral's window; toolgym attends
-    over the full context, so a forward longer than it raises (`check_span`). `no_rope_layers`:
+    `rope_scaling`: Llama 3.1's (llama only). `sliding_window`: the window of the windowed layers
+    (`layer_window`); `layer_types`: HF's per-layer "sliding_attention" / "full_attention" (None
+    with a sliding_window: every layer windowed, Mistral's). `no_rope_layers`:
     SmolLM3's, per layer 1 = RoPE, 0 = none (None: every layer rotates).
     Token ids are only carried so that a saved config.json is complete; the model ignores them.
     """
@@ -59,6 +62,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     rope_scaling: RopeScaling | None = None
     sliding_window: int | None = None
     no_rope_layers: tuple[int, ...] | None = None
+    layer_types: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -81,6 +85,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             msgspec.structs.force_setattr(self, "rope_scaling", RopeScaling(**scaling))
         if isinstance(self.no_rope_layers, list):
             msgspec.structs.force_setattr(self, "no_rope_layers", tuple(self.no_rope_layers))
+        if isinstance(self.layer_types, list):
+            msgspec.structs.force_setattr(self, "layer_types", tuple(self.layer_types))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -108,6 +114,16 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
                 f"sliding_window={self.sliding_window!r}: a positive window is a field of "
                 f"{[t for t, f in FAMILIES.items() if f.sliding_window]} only"
             )
+        if self.layer_types is not None:
+            if not fam.layer_types:
+                raise ValueError(f"layer_types is not a {self.model_type} field")
+            if len(self.layer_types) != self.num_hidden_layers or set(self.layer_types) - set(LAYER_TYPES):
+                raise ValueError(
+                    f"layer_types must be one of {list(LAYER_TYPES)} per layer ({self.num_hidden_layers}), "
+                    f"got {list(self.layer_types)}"
+                )
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
         if self.no_rope_layers is not None:
             if not fam.no_rope_layers:
                 raise ValueError(f"no_rope_layers is not a {self.model_type} field")
@@ -138,6 +154,21 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     def layer_rope(self, layer: int) -> bool:
         """Whether decoder layer `layer` rotates q/k (SmolLM3's no_rope_layers say; else all do)."""
         return self.no_rope_layers is None or bool(self.no_rope_layers[layer])
+
+    def layer_window(self, layer: int) -> int | None:
+        """The sliding window of decoder layer `layer` (None: it attends over the full context).
+        A query at position p sees the keys at positions p - window + 1 .. p (transformers'
+        `kv_idx > q_idx - sliding_window`). `sliding_window` with no `layer_types` windows every
+        layer (Mistral); with them, only the "sliding_attention" layers."""
+        window = self.sliding_window
+        if window is None or (self.layer_types is not None and self.layer_types[layer] != "sliding_attention"):
+            return None
+        return window
+
+    @property
+    def windowed(self) -> bool:
+        """Whether any layer attends over a sliding window."""
+        return any(self.layer_window(i) is not None for i in range(self.num_hidden_layers))
 
     @property
     def rope_in_every_layer(self) -> bool:
@@ -230,6 +261,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             rope_scaling=scaling,
             sliding_window=d.get("sliding_window") if fam.sliding_window else None,
             no_rope_layers=no_rope,
+            layer_types=tuple(d["layer_types"]) if fam.layer_types and d.get("layer_types") else None,
         )
 
     def to_hf_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, Any]:

@@ -36,6 +36,9 @@ class Shape(Protocol):
     @property
     def no_rope_layers(self) -> tuple[int, ...] | None: ...
 
+    @property
+    def layer_types(self) -> tuple[str, ...] | None: ...
+
 
 def _no_fields(config: Shape) -> dict[str, Any]:
     return {}
@@ -50,7 +53,9 @@ class Family:
     layer (a ModelConfig field; toolgym attends over the full context, so sequences must fit in
     it); otherwise `use_sliding_window: true` is refused. no_rope_layers: config.json's
     `no_rope_layers` (1 = the layer rotates, 0 = it does not) is read, default one layer in
-    `no_rope_layer_interval` (4) without. hf_fields: the family's own config.json entries, written
+    `no_rope_layer_interval` (4) without. layer_types: config.json's `layer_types` (which layers
+    use the sliding window, "sliding_attention", and which attend over the full context) is read;
+    without it a sliding_window windows every layer. hf_fields: the family's own config.json entries, written
     after the shared ones."""
 
     model_type: str
@@ -60,6 +65,7 @@ class Family:
     rope_types: tuple[str, ...] = ("default",)
     sliding_window: bool = False
     no_rope_layers: bool = False
+    layer_types: bool = False
     hf_fields: Callable[[Shape], dict[str, Any]] = _no_fields
 
 

@@ -252,14 +252,22 @@ def select_backend(
             )
         pack_weights, fused_layers, kernels = False, False, "torch"
         reasons["packed"] = reasons["kernels"] = "LoRA adapters unmerged"
-    if not model_config.rope_in_every_layer:  # packed/fused layers rotate q/k in every layer
+    own_layers = model_config.own_layers
+    if own_layers is not None:  # packed/fused layers are the Llama-style block, RoPE in every layer
         if pack_weights or fused_layers:
             raise ValueError(
-                f"{model_config.model_type} has layers without RoPE (no_rope_layers), which only the "
-                "model's own layers run: no pack_weights or fused_layers"
+                f"{model_config.model_type} has {own_layers}, which only the model's own layers "
+                "run: no pack_weights or fused_layers"
             )
         pack_weights, fused_layers = False, False
-        reasons["packed"] = "layers without RoPE: the model's own"
+        reasons["packed"] = f"{own_layers}: the model's own"
+    if model_config.windowed:  # vLLM's kernels here attend over the whole context
+        if kernels == "vllm":
+            raise ValueError(
+                f"{model_config.model_type} has sliding-window layers (sliding_window="
+                f"{model_config.sliding_window}), which vLLM's kernels here do not window: kernels='torch'"
+            )
+        kernels, reasons["kernels"] = "torch", "sliding-window layers: torch's attention"
     # The layer form.
     fused = device.type == "cuda" if fused_layers is None else fused_layers
     if fused and pack_weights:

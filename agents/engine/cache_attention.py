@@ -13,6 +13,9 @@ the model receives as its `cache=` and hands, layer by layer, to the backend's `
   each slot's own history and attending to it and causally to themselves;
 - decode: one new token per running slot is written at that slot's position, then it attends
   over positions 0..pos of its own slot (an additive mask hides the rest of the span).
+A model with sliding-window layers (`ModelConfig.layer_window`) gets each forward's masks twice,
+built once per forward: the full ones, and in `ForwardBatch.windowed` the same banded to the
+window (a query at p sees keys p - window + 1 .. p); a windowed layer attends with the latter.
 
 `TorchCacheAttention` is torch's attention: agents/model/attention.py's
 `scaled_dot_product_attention` for new tokens (explicit matmuls where the backend says
@@ -22,10 +25,12 @@ step. vLLM's kernels implement the same protocol in agents/kernels/ (the backend
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 
-from ..model.attention import scaled_dot_product_attention
+from ..model.attention import scaled_dot_product_attention, sliding_causal_mask
 from ..model.config import ModelConfig
 from ..model.forward import CacheAttention, ForwardBatch, write_new_tokens
 from ..model.prefix_attention import attend_after_prefix, prefix_mask
@@ -53,16 +58,20 @@ class TorchCacheAttention:
         self.kv_heads, self.head_dim = cache.kv_heads, cache.head_dim
         self.groups = config.num_attention_heads // cache.kv_heads
         self.scale = cache.head_dim**-0.5
+        self.windows = [config.layer_window(i) for i in range(config.num_hidden_layers)]
 
-    def plan_decode(self, positions: torch.Tensor, span: int) -> TorchDecodePlan:
+    def plan_decode(self, positions: torch.Tensor, span: int, window: int | None = None) -> TorchDecodePlan:
         cache = self.cache
         n = positions.shape[0]
         rows = (cache.row_base[:n] + positions[:, None]).view(-1)
         k_index = rows if cache.key_layout == "sd" else (cache.dim_base[:n] + positions[:, None]).view(-1)
-        # Additive mask: positions after the slot's own are -inf. [n, 1, 1, span] for SDPA ("sd"),
-        # [n*Hkv, 1, span] for the batched matmuls ("ds").
+        # Additive mask: positions after the slot's own are -inf (and, with a sliding window, those
+        # `window` or more before it). [n, 1, 1, span] for SDPA ("sd"), [n*Hkv, 1, span] for the
+        # batched matmuls ("ds").
         cols = torch.arange(span, device=positions.device)
         future = cols[None, :] > positions[:, None]
+        if window is not None:
+            future = future | (cols[None, :] <= positions[:, None] - window)
         if cache.key_layout == "ds":
             future = future.repeat_interleave(self.kv_heads, dim=0)[:, None]
         else:
@@ -75,6 +84,9 @@ class TorchCacheAttention:
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward: ForwardBatch
     ) -> torch.Tensor:
+        if self.windows[layer] is not None:
+            assert forward.windowed is not None, "a windowed layer's forward carries its banded masks"
+            forward = forward.windowed
         if forward.kind == "decode":
             return self._decode(layer, q, k, v, forward.plan)  # type: ignore[arg-type]
         write_new_tokens(self.cache.k, self.cache.v, layer, k, v, forward)
@@ -89,6 +101,10 @@ class TorchCacheAttention:
         if not start:
             if kept_queries:
                 return scaled_dot_product_attention(q, k, v, matmul=self.matmul, attn_mask=forward.keep_mask)
+            if forward.prefix_mask is not None:  # a windowed layer's band
+                return scaled_dot_product_attention(
+                    q, k, v, matmul=self.matmul, attn_mask=forward.prefix_mask
+                )
             return scaled_dot_product_attention(q, k, v, matmul=self.matmul, is_causal=True)
         # The prefix, as the shared-prefix prefill wrote it into every slot: read the first one.
         cache_k, cache_v = self.cache.k, self.cache.v
@@ -146,6 +162,13 @@ class Forwards:
         self.rope_table = backend.rope_table(self.rope_cos, self.rope_sin)
         self.rotary = None if self.rope_table is None else backend.rotary(cache.head_dim, self.rope_table)
         self._arange = positions
+        # The window of the sliding-window layers (they share config.sliding_window), or None.
+        self.window = config.sliding_window if config.windowed else None
+        self.rope_local = None
+        if config.rope_local_base_freq is not None:  # the layers whose RoPE has its own base
+            self.rope_local = rope_cos_sin(
+                positions, cache.head_dim, config.rope_local_base_freq, cache.k.dtype
+            )
         kernel = backend.cache_attention(cache.k, cache.v, config.num_attention_heads)
         # vLLM's kernels over this cache (for a decode step that calls them itself), or None.
         self.kernel_attention = kernel
@@ -189,7 +212,7 @@ class Forwards:
                 row_ids if source_rows is None else torch.searchsorted(source_rows, row_ids)
             )
             prefix_lens = torch.full_like(row_ids, prefix_len)
-        return ForwardBatch(
+        forward = ForwardBatch(
             kind="prefill",
             attention=self.attention,
             rope=(self.rope_cos[None, prefix_len:end, None], self.rope_sin[None, prefix_len:end, None]),
@@ -204,7 +227,23 @@ class Forwards:
             prefix_lens=prefix_lens,
             kept_lens=None if keep is None else prefix_len + keep + 1,
             rotary=self.rotary,
+            rope_local=self._rope_local(lambda table: table[None, prefix_len:end, None]),
         )
+        if self.window is None:
+            return forward
+        window = self.window
+        windowed_keep = None
+        if keep is not None and keep_mask is not None:
+            columns = torch.arange(end, device=device)
+            windowed_keep = (
+                keep_mask & (columns[None, :] > prefix_len + keep[:, None] - window)[:, None, None]
+            )
+        band = sliding_causal_mask(length, end, window, device, offset=prefix_len)
+        return replace(forward, windowed=replace(forward, prefix_mask=band, keep_mask=windowed_keep))
+
+    def _rope_local(self, pick) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`pick` (a function of a [positions, D] table) of the local RoPE's cos and sin, or None."""
+        return None if self.rope_local is None else (pick(self.rope_local[0]), pick(self.rope_local[1]))
 
     def continue_(self, first_slot: int, history: list[int], own: list[int]) -> ForwardBatch:
         """Rows that continue their own slot's history (slots first_slot.. already hold
@@ -229,7 +268,9 @@ class Forwards:
         if cache.key_layout == "ds":
             k_index = cache.dim_base[slot_of_valid] + valid_positions
         clamped = positions.clamp(max=cache.max_seq_len - 1)  # padding past the end: never written
-        return ForwardBatch(
+        mask = (columns <= positions[..., None])[:, None]  # [rows, 1, width, end]
+        keep_mask = (columns[None, :] <= last[:, None])[:, None, None]  # [rows, 1, 1, end]
+        forward = ForwardBatch(
             kind="continue",
             attention=self.attention,
             rope=(self.rope_cos[clamped][:, :, None], self.rope_sin[clamped][:, :, None]),
@@ -237,8 +278,8 @@ class Forwards:
             key_layout=cache.key_layout,
             first_slot=first_slot,
             end=end,
-            mask=(columns <= positions[..., None])[:, None],  # [rows, 1, width, end]
-            keep_mask=(columns[None, :] <= last[:, None])[:, None, None],  # [rows, 1, 1, end]
+            mask=mask,
+            keep_mask=keep_mask,
             valid=valid,
             k_index=k_index,
             v_index=v_index,
@@ -247,12 +288,23 @@ class Forwards:
             kept_lens=last + 1,
             new_lens=torch.tensor(own, device=device),
             rotary=self.rotary,
+            rope_local=self._rope_local(lambda table: table[clamped][:, :, None]),
         )
+        if self.window is None:
+            return forward
+        # A padding query past `end` keeps the window's last keys to look at (its output is unused).
+        low = positions.clamp(max=end - 1) - self.window
+        windowed = replace(
+            forward,
+            mask=mask & (columns > low[..., None])[:, None],
+            keep_mask=keep_mask & (columns[None, :] > last[:, None] - self.window)[:, None, None],
+        )
+        return replace(forward, windowed=windowed)
 
     def decode(self, positions: torch.Tensor, span: int) -> ForwardBatch:
         """One token per slot 0..n-1 at `positions` [n] (int64); span = max(positions) + 1."""
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        return ForwardBatch(
+        forward = ForwardBatch(
             kind="decode",
             attention=self.attention,
             rope=(cos[:, None, None], sin[:, None, None]),
@@ -260,6 +312,14 @@ class Forwards:
             key_layout=self.cache.key_layout,
             plan=self.attention.plan_decode(positions, span),
             rotary=self.rotary,
+            rope_local=self._rope_local(lambda table: table[positions][:, None, None]),
+        )
+        if self.window is None:
+            return forward
+        attention = self.attention
+        assert isinstance(attention, TorchCacheAttention), "the backend refuses kernels for windowed models"
+        return replace(
+            forward, windowed=replace(forward, plan=attention.plan_decode(positions, span, self.window))
         )
 
 

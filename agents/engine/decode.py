@@ -184,7 +184,9 @@ class DecodeGraphs:
         if self._packed_step is not None and batch <= self._packed_step.max_rows:
             return self._packed_step(self.tokens[:batch], self.positions[:batch])
         forward = self.forwards.decode(self.positions[:batch], span)
-        hidden = self.model.model(self.tokens[:batch, None], cache=forward, rope=forward.rope)
+        hidden = self.model.model(
+            self.tokens[:batch, None], cache=forward, rope=forward.rope, rope_local=forward.rope_local
+        )
         return self.model.lm_head(hidden[:, 0])
 
     def _capture(self, run: Callable[[], object]) -> torch.cuda.CUDAGraph:

@@ -179,7 +179,6 @@ class TorchEngine:
             raise ValueError(
                 f"max_seq_len must be in [2, {cfg.max_position_embeddings}], got {self.max_seq_len}"
             )
-        cfg.check_span(self.max_seq_len, "TorchEngine's max_seq_len")  # a sliding window must not bind
         if max_batch_size < 1 or max_prefill_tokens < 1:
             raise ValueError("max_batch_size and max_prefill_tokens must be >= 1")
         if history_capacity is None:

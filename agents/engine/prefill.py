@@ -79,7 +79,11 @@ class Prefiller:
         last = torch.tensor([n - 1 for n in own], device=self.device)
         forward = self.forwards.continue_(first_slot, lengths, own)
         hidden = self.model.model(
-            torch.from_numpy(ids).to(self.device), cache=forward, rope=forward.rope, keep=last
+            torch.from_numpy(ids).to(self.device),
+            cache=forward,
+            rope=forward.rope,
+            rope_local=forward.rope_local,
+            keep=last,
         )
         return self.model.lm_head(hidden), sum(lengths)
 
@@ -105,6 +109,7 @@ class Prefiller:
                 torch.from_numpy(ids[:1, :prefix]).to(self.device),
                 cache=forward,
                 rope=forward.rope,
+                rope_local=forward.rope_local,
                 keep=keep,
             )
             self.cache.store_prefix(first_slot, prefix)
@@ -115,7 +120,11 @@ class Prefiller:
         last = torch.tensor([n - 1 - prefix for n in lengths], device=self.device)
         forward = self.forwards.prefill(width - prefix, first_slot, source_rows, prefix_len=prefix, keep=last)
         hidden = self.model.model(
-            torch.from_numpy(ids[:, prefix:]).to(self.device), cache=forward, rope=forward.rope, keep=last
+            torch.from_numpy(ids[:, prefix:]).to(self.device),
+            cache=forward,
+            rope=forward.rope,
+            rope_local=forward.rope_local,
+            keep=last,
         )  # [rows, hidden]: each row's last prompt position
         logits = self.model.lm_head(hidden)
         return (logits if source_rows is None else logits[source_rows]), saved

@@ -139,7 +139,7 @@ class FusedDecoderLayer(nn.Module):
             (attention.q_norm.weight, attention.k_norm.weight) if self.head_norms else (None, None)
         )
         q, k, v = fused.split_qkv(qkv, cos, sin, self.num_heads, self.num_kv_heads, q_norm, k_norm, self.eps)
-        attended, x = attend_rows(q, k, v, x, self.layer_idx, cache, keep)
+        attended, x = attend_rows(q, k, v, x, self.layer_idx, cache, keep, self.self_attn.window)
         o_proj = attention.o_proj
         x, normed = fused.add_rms_norm(
             x, F.linear(attended, o_proj.weight, o_proj.bias), self.post_attention_layernorm.weight, self.eps

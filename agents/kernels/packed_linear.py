@@ -299,7 +299,7 @@ class PackedDecoderLayer(nn.Module):
         else:
             qk = apply_rope(qk, cos, sin)
         q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, qk_columns:]
-        attended, x = attend_rows(q, k, v, x, self.layer_idx, cache, keep)
+        attended, x = attend_rows(q, k, v, x, self.layer_idx, cache, keep, self.self_attn.window)
         if self.small_batch is not None and attended.shape[0] * attended.shape[1] <= SMALL_BATCH_ROWS:
             return self.small_batch.rest(attended, x, self.eps, self.kernels)
         x = linear.binary(attended, x, self.o_proj, self.self_attn.o_proj.bias, "add")

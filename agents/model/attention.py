@@ -63,6 +63,30 @@ def scaled_dot_product_attention(
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
 
 
+def sliding_causal_mask(
+    queries: int, keys: int, window: int, device: torch.device | str, offset: int | None = None
+) -> torch.Tensor:
+    """bool [queries, keys], True where a query may look: query t, at key position offset + t
+    (default keys - queries: the queries are the last keys), sees key j when j <= offset + t and
+    j > offset + t - window, i.e. its own position and the window - 1 before it (transformers'
+    sliding mask, `kv_idx > q_idx - sliding_window`)."""
+    offset = keys - queries if offset is None else offset
+    position = offset + torch.arange(queries, device=device)[:, None]
+    key = torch.arange(keys, device=device)[None, :]
+    return (key <= position) & (key > position - window)
+
+
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None
+) -> torch.Tensor:
+    """Causal self-attention of q [B, H, T, D] over k/v [B, Hkv, T, D] (a training forward), each
+    query seeing only the last `window` positions up to its own where `window` is set."""
+    T = q.shape[2]
+    if window is None or window >= T:
+        return scaled_dot_product_attention(q, k, v, is_causal=True)
+    return scaled_dot_product_attention(q, k, v, attn_mask=sliding_causal_mask(T, T, window, q.device))
+
+
 def matmul_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -127,8 +151,10 @@ def matmul_attention_in_pieces(
 __all__ = [
     "MATMUL_ATTENTION_MAX_SCORES",
     "MATMUL_INFERENCE_CHUNK_SCORES",
+    "causal_attention",
     "cpu_has_amx",
     "matmul_attention",
     "matmul_attention_in_pieces",
     "scaled_dot_product_attention",
+    "sliding_causal_mask",
 ]

@@ -13,7 +13,7 @@ import torch
 
 from .families import FAMILIES, Family, family
 
-ModelType = Literal["qwen2", "qwen3", "llama", "mistral", "smollm3"]
+ModelType = Literal["qwen2", "qwen3", "llama", "mistral", "smollm3", "gemma3_text"]
 # HF's config.json `layer_types` entries this decoder runs.
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -63,6 +63,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     sliding_window: int | None = None
     no_rope_layers: tuple[int, ...] | None = None
     layer_types: tuple[str, ...] | None = None
+    rope_local_base_freq: float | None = None
+    query_pre_attn_scalar: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -124,6 +126,19 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
                 )
             if "sliding_attention" in self.layer_types and self.sliding_window is None:
                 raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+        if (self.rope_local_base_freq is not None) != fam.local_rope:
+            raise ValueError(
+                f"rope_local_base_freq is {'required for' if fam.local_rope else 'not a field of'} {self.model_type}"
+            )
+        if self.rope_local_base_freq is not None and not self.rope_local_base_freq > 0:
+            raise ValueError(f"rope_local_base_freq must be > 0, got {self.rope_local_base_freq}")
+        if self.query_pre_attn_scalar is not None and not (
+            fam.query_pre_attn_scalar and self.query_pre_attn_scalar > 0
+        ):
+            raise ValueError(
+                f"query_pre_attn_scalar={self.query_pre_attn_scalar!r}: a positive value is a field of "
+                f"{[t for t, f in FAMILIES.items() if f.query_pre_attn_scalar]} only"
+            )
         if self.no_rope_layers is not None:
             if not fam.no_rope_layers:
                 raise ValueError(f"no_rope_layers is not a {self.model_type} field")
@@ -161,7 +176,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         `kv_idx > q_idx - sliding_window`). `sliding_window` with no `layer_types` windows every
         layer (Mistral); with them, only the "sliding_attention" layers."""
         window = self.sliding_window
-        if window is None or (self.layer_types is not None and self.layer_types[layer] != "sliding_attention"):
+        if window is None or (
+            self.layer_types is not None and self.layer_types[layer] != "sliding_attention"
+        ):
             return None
         return window
 
@@ -170,21 +187,37 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         """Whether any layer attends over a sliding window."""
         return any(self.layer_window(i) is not None for i in range(self.num_hidden_layers))
 
+    def layer_rope_local(self, layer: int) -> bool:
+        """Whether layer `layer` rotates with the local RoPE base (`rope_local_base_freq`: Gemma 3's
+        sliding-window layers) rather than `rope_theta`."""
+        types = self.layer_types
+        return (
+            self.rope_local_base_freq is not None
+            and types is not None
+            and types[layer] == "sliding_attention"
+        )
+
     @property
     def rope_in_every_layer(self) -> bool:
         return self.no_rope_layers is None or all(self.no_rope_layers)
 
-    def check_span(self, positions: int, what: str) -> None:
-        """Raise if `positions` positions (one sequence, or the engine's max_seq_len) could pass
-        the sliding window: toolgym attends over the full context, which equals a sliding window's
-        attention only while every sequence fits in the window."""
-        window = self.sliding_window
-        if window is not None and positions > window:
-            raise ValueError(
-                f"{self.model_type} sliding_window={window}: {what} spans {positions} positions, and "
-                f"toolgym's attention cannot honour a sliding window (it attends over the full "
-                f"context); keep sequences within {window} tokens (e.g. max_seq_len <= {window})"
-            )
+    @property
+    def query_scale(self) -> float:
+        """What q is multiplied by before attention's 1/sqrt(head_dim), so that scores are scaled
+        by query_pre_attn_scalar**-0.5 (Gemma) instead: 1.0 without one."""
+        if self.query_pre_attn_scalar is None:
+            return 1.0
+        return (self.head_dim / self.query_pre_attn_scalar) ** 0.5
+
+    @property
+    def own_layers(self) -> str | None:
+        """Why only the model's own decoder layers can run this model (the engine's packed and
+        fused layers are the Llama-style block, RoPE in every layer), or None where they can."""
+        if self.family.own_layers is not None:
+            return self.family.own_layers
+        if not self.rope_in_every_layer:
+            return "layers without RoPE (no_rope_layers)"
+        return None
 
     def num_params(self, include_embedding: bool = True) -> int:
         """Parameter count (tied embeddings counted once)."""
@@ -193,7 +226,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         attn = (
             h * (q + 2 * kv) + q * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias + 2 * d * self.qk_norm
         )
-        per_layer = attn + 3 * h * self.intermediate_size + 2 * h
+        per_layer = attn + 3 * h * self.intermediate_size + (4 if self.family.sandwich_norms else 2) * h
         body = self.num_hidden_layers * per_layer + h
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return body + (embed if include_embedding else 0)
@@ -208,8 +241,11 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         missing = [k for k in required if k not in d]
         if missing:
             raise ValueError(f"config.json is missing required fields: {missing}")
-        if d.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"only hidden_act='silu' is supported, got {d['hidden_act']!r}")
+        d = fam.hf_in(d)
+        if d.get("hidden_act", "silu") != fam.hidden_act:
+            raise ValueError(
+                f"{model_type}: only hidden_act={fam.hidden_act!r} is supported, got {d['hidden_act']!r}"
+            )
         if d.get("mlp_bias"):
             raise ValueError("mlp_bias=true (a bias on the MLP's linears) is not supported")
         if d.get("use_sliding_window"):
@@ -262,6 +298,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             sliding_window=d.get("sliding_window") if fam.sliding_window else None,
             no_rope_layers=no_rope,
             layer_types=tuple(d["layer_types"]) if fam.layer_types and d.get("layer_types") else None,
+            rope_local_base_freq=float(d["rope_local_base_freq"]) if fam.local_rope else None,
+            query_pre_attn_scalar=d.get("query_pre_attn_scalar") if fam.query_pre_attn_scalar else None,
         )
 
     def to_hf_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
@@ -299,7 +337,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     def named(cls, name: str) -> ModelConfig:
         """A named config: 'tiny' (CPU default), 'bench-3m', 'small-25m', 'test', 'test-qwen3',
         'qwen2.5-0.5b', 'qwen3-0.6b', 'qwen3-1.7b', 'qwen3-4b', 'qwen3-8b', 'llama-3.2-1b',
-        'mistral-7b-v0.3', 'smollm3-3b' (the real shapes, random weights)."""
+        'mistral-7b-v0.3', 'smollm3-3b', 'gemma-3-1b' (the real shapes, random weights)."""
         if name not in NAMED_CONFIGS:
             raise KeyError(f"unknown model config {name!r}; known: {sorted(NAMED_CONFIGS)}")
         return cls(**NAMED_CONFIGS[name])
@@ -359,4 +397,11 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
                        num_attention_heads=16, num_key_value_heads=4, head_dim=128, rope_theta=5_000_000.0,
                        max_position_embeddings=65536, tie_word_embeddings=True, model_type="smollm3",
                        no_rope_layers=tuple(int((i + 1) % 4 != 0) for i in range(36))),
+    # Gemma 3 1B (text): five sliding-window layers (512, RoPE base 1e4) to one global (1e6).
+    "gemma-3-1b": dict(vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+                       num_attention_heads=4, num_key_value_heads=1, head_dim=256, rope_theta=1_000_000.0,
+                       rope_local_base_freq=10_000.0, query_pre_attn_scalar=256, sliding_window=512,
+                       layer_types=tuple("sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(26)),
+                       max_position_embeddings=32768, tie_word_embeddings=True, model_type="gemma3_text",
+                       bos_token_id=2, eos_token_id=1),
 }  # fmt: skip

@@ -52,7 +52,12 @@ class ForwardBatch:
     (not padding) tokens; k_index / v_index their flat write offsets. row_slots, prefix_lens,
     kept_lens, new_lens [rows]: each row's slot, the positions before its new tokens, how far its
     kept query reads, its new tokens (vLLM's kernels). plan: the attention's `plan_decode`.
-    rotary: RoPE in place (positions, q rows, k rows), where a kernel rotates."""
+    rotary: RoPE in place (positions, q rows, k rows), where a kernel rotates.
+    windowed: this forward as the model's sliding-window layers see it (`ModelConfig.layer_window`),
+    built once per forward: the same batch with each mask (and the decode plan) banded to the
+    window, a prefill's prefix_mask set even without a prefix; None where no layer is windowed.
+    rope_local: (cos, sin) of the layers whose RoPE has its own base (`ModelConfig.layer_rope_theta`),
+    None where every layer shares `rope`."""
 
     kind: ForwardKind
     attention: CacheAttention
@@ -75,6 +80,8 @@ class ForwardBatch:
     new_lens: torch.Tensor | None = None
     plan: object = None
     rotary: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None
+    windowed: ForwardBatch | None = None
+    rope_local: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The model's call (agents/model/transformer.py `AttentionCache`): this forward's attention."""

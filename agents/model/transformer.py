@@ -1,11 +1,13 @@
-"""The decoder of every native family (Qwen2, Qwen3, Llama, Mistral, SmolLM3) in plain torch,
-read top to bottom (gpt-fast style).
+"""The decoder of every native family (Qwen2, Qwen3, Llama, Mistral, SmolLM3, Gemma 3 text) in
+plain torch, read top to bottom (gpt-fast style).
 
 GQA attention with RoPE, RMSNorm (pre-norm), SwiGLU MLP, tied or untied embeddings. What a family
 adds is declared by its module (agents/model/families/) and read through the `ModelConfig`
 (agents/model/config.py, with the named shapes): biases (Qwen2: q/k/v; Qwen3, Llama, SmolLM3: q/k/v/o
 with `attention_bias`), an RMSNorm over each head of q and k before RoPE (Qwen3), Llama 3.1's
-RoPE scaling, layers without RoPE (SmolLM3).
+RoPE scaling, layers without RoPE (SmolLM3), sliding-window layers (`ModelConfig.layer_window`:
+Mistral's on every layer, Gemma 3's per `layer_types`), Gemma 3's blocks (its RMSNorm, four norms
+per block, scaled embeddings and queries, GELU-tanh MLP, a second RoPE base for its sliding layers).
 
 Module names and `state_dict()` keys are exactly Hugging Face's (`model.embed_tokens.weight`,
 `model.layers.{i}.self_attn.q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`), so HF
@@ -34,8 +36,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from .attention import scaled_dot_product_attention
+from .attention import causal_attention
 from .config import ModelConfig, RopeScaling
+from .families.base import NormScale
 
 # ---------------------------------------------------------------------------------------------
 # Building blocks
@@ -48,15 +51,25 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-class RMSNorm(nn.Module):
-    """`rms_norm` with its weight as a Parameter."""
+def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF's Gemma3RMSNorm: normalise and scale by (1 + weight) all in float32, then cast back."""
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (normed * (1.0 + weight.float())).type_as(x)
 
-    def __init__(self, dim: int, eps: float) -> None:
+
+class RMSNorm(nn.Module):
+    """`rms_norm` (or, scale "one_plus_weight", `gemma_rms_norm`) with its weight as a Parameter."""
+
+    def __init__(self, dim: int, eps: float, scale: NormScale = "weight") -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.variance_epsilon = eps
+        self.scale = scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.scale == "one_plus_weight":
+            return gemma_rms_norm(x, self.weight, self.variance_epsilon)
         return rms_norm(x, self.weight, self.variance_epsilon)
 
 
@@ -137,9 +150,11 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_bias)
         self.rope = cfg.layer_rope(layer_idx)  # SmolLM3's no_rope_layers: some layers do not rotate
-        if cfg.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before RoPE
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.window = cfg.layer_window(layer_idx)  # a sliding window (the cache knows its own)
+        self.query_scale = cfg.query_scale  # Gemma: scores scaled by query_pre_attn_scalar**-0.5
+        if cfg.qk_norm:  # Qwen3, Gemma 3: RMSNorm over each head's q and k, before RoPE
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.family.norm_scale)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.family.norm_scale)
 
     def forward(
         self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None, keep: torch.Tensor | None = None
@@ -159,15 +174,26 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             q, k = apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin)
+        if self.query_scale != 1.0:
+            q = q * self.query_scale
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is None:
-            out = scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = causal_attention(q, k, v, self.window)
         else:
             out = cache.attend(self.layer_idx, q, k, v)
         return self.o_proj(out.transpose(1, 2).reshape(B, q.shape[2], -1))
 
 
-def attend_rows(q, k, v, x, layer_idx: int, cache: AttentionCache | None, keep: torch.Tensor | None):
+def attend_rows(
+    q,
+    k,
+    v,
+    x,
+    layer_idx: int,
+    cache: AttentionCache | None,
+    keep: torch.Tensor | None,
+    window: int | None = None,
+):
     """The attention of a layer that computes q/k/v [B, T, heads, D] (RoPE applied) its own way
     (agents/kernels/packed_linear.py, agents/kernels/fused_layer.py): with `keep`, only position keep[b] of each
     row's query and residual `x` go on (k/v: every position). -> (attended [B, T or 1, heads*D], x)."""
@@ -177,34 +203,45 @@ def attend_rows(q, k, v, x, layer_idx: int, cache: AttentionCache | None, keep: 
         q, x = q[rows, keep][:, None], x[rows, keep][:, None]
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     if cache is None:
-        attended = scaled_dot_product_attention(q, k, v, is_causal=True)
+        attended = causal_attention(q, k, v, window)
     else:
         attended = cache.attend(layer_idx, q, k, v)
     return attended.transpose(1, 2).reshape(B, q.shape[2], -1), x
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """Gated MLP: down(act(gate(x)) * up(x)), act SiLU (SwiGLU) or, as the family declares,
+    GELU with the tanh approximation (Gemma's GeGLU)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gelu = cfg.family.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = self.gate_proj(x)
+        gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(gate * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)). The FSDP2 wrap unit."""
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)). The FSDP2 wrap unit.
+    With the family's sandwich_norms (Gemma 3): x + post_attention_layernorm(attn(input_layernorm(x))),
+    then x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
+        scale = cfg.family.norm_scale
         self.self_attn = Attention(cfg, layer_idx)
         self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale)
+        self.sandwich = cfg.family.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale)
 
     def forward(
         self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None, keep: torch.Tensor | None = None
@@ -213,6 +250,10 @@ class DecoderLayer(nn.Module):
         attended = self.self_attn(cast_once_for_autocast(self.input_layernorm(x)), cos, sin, cache, keep)
         if keep is not None:
             x = x[torch.arange(x.shape[0], device=x.device), keep][:, None]
+        if self.sandwich:
+            x = x + self.post_attention_layernorm(attended)
+            mlp = self.mlp(cast_once_for_autocast(self.pre_feedforward_layernorm(x)))
+            return x + self.post_feedforward_layernorm(mlp)
         x = x + attended
         return x + self.mlp(cast_once_for_autocast(self.post_attention_layernorm(x)))
 
@@ -242,7 +283,11 @@ class DecoderStack(nn.Module):
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.family.norm_scale)
+        # Gemma: embeddings times sqrt(hidden_size), that factor in the embedding's dtype.
+        self.embed_scale = cfg.hidden_size**0.5 if cfg.family.embed_scale else None
+        # The layers that rotate with the local RoPE base (Gemma 3's sliding-window layers).
+        self.local_rope = [cfg.layer_rope_local(i) for i in range(cfg.num_hidden_layers)]
         # The trainer's `activation_checkpointing`: a training forward keeps only each block's
         # input and recomputes the block in backward. Its `compile`: a training forward runs
         # each block through `compiled_block`. Inference forwards (no grad) do neither.
@@ -256,6 +301,7 @@ class DecoderStack(nn.Module):
         cache: AttentionCache | None = None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
         keep: torch.Tensor | None = None,
+        rope_local: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """input_ids [B, T] -> hidden [B, T, hidden]. positions [B, T] or [T] (default arange(T));
         `rope` (cos, sin) [B or 1, T, 1, D] may be passed precomputed instead of positions.
@@ -263,31 +309,39 @@ class DecoderStack(nn.Module):
         is wanted -> [B, hidden]; the last layer then computes its query, attention output and MLP
         at that position alone (its k/v, which the cache keeps, at every position)."""
         x = self.embed_tokens(input_ids)
+        if self.embed_scale is not None:
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        cfg = self.config
         if rope is None:
-            cfg = self.config
-            if cfg.sliding_window is not None:  # the engine checks its max_seq_len once instead
-                span = input_ids.shape[1] if positions is None else int(positions.max()) + 1
-                cfg.check_span(span, "this forward")
             if positions is None:
                 positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-            cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, x.dtype, cfg.rope_scaling)
-            if cos.dim() == 2:  # [T, D] -> [1, T, 1, D]
-                cos, sin = cos[None], sin[None]
-            cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)
+
+            def table(theta: float, scaling: RopeScaling | None) -> tuple[torch.Tensor, torch.Tensor]:
+                cos, sin = rope_cos_sin(positions, cfg.head_dim, theta, x.dtype, scaling)
+                if cos.dim() == 2:  # [T, D] -> [1, T, 1, D]
+                    cos, sin = cos[None], sin[None]
+                return cos.unsqueeze(2), sin.unsqueeze(2)
+
+            cos, sin = table(cfg.rope_theta, cfg.rope_scaling)
+            if cfg.rope_local_base_freq is not None:
+                rope_local = table(cfg.rope_local_base_freq, None)
         else:
             cos, sin = rope
+            if cfg.rope_local_base_freq is not None and rope_local is None:
+                raise ValueError(f"{cfg.model_type}: a precomputed rope= needs rope_local= too")
         if keep is not None and cache is None:
             raise ValueError("keep= needs a cache (the cache masks the kept queries' attention)")
         last = len(self.layers) - 1
         training = keep is None and torch.is_grad_enabled()
         block = compiled_block() if self.compile_layers else run_block
         for i, layer in enumerate(self.layers):
+            c, s = rope_local if self.local_rope[i] and rope_local is not None else (cos, sin)
             if not training:
-                x = layer(x, cos, sin, cache, keep if i == last else None)
+                x = layer(x, c, s, cache, keep if i == last else None)
             elif self.checkpoint_layers:
-                x = checkpoint(block, layer, x, cos, sin, cache, use_reentrant=False)
+                x = checkpoint(block, layer, x, c, s, cache, use_reentrant=False)
             else:
-                x = block(layer, x, cos, sin, cache)
+                x = block(layer, x, c, s, cache)
         return self.norm(x if keep is None else x[:, 0])
 
 
@@ -313,8 +367,8 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if p.is_meta:
                 continue
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
+            if name.endswith("norm.weight"):  # 1, or 0 where the norm scales by 1 + weight (Gemma)
+                p.fill_(0.0 if self.config.family.norm_scale == "one_plus_weight" else 1.0)
             elif name.endswith(".bias"):
                 p.zero_()
             else:

@@ -5,13 +5,14 @@ and the native families. A new family is a new module here plus one entry below.
 from __future__ import annotations
 
 from .base import Family
+from .gemma3 import GEMMA3_TEXT
 from .llama import LLAMA
 from .mistral import MISTRAL
 from .qwen2 import QWEN2
 from .qwen3 import QWEN3
 from .smollm3 import SMOLLM3
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN2, QWEN3, LLAMA, MISTRAL, SMOLLM3)}
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN2, QWEN3, LLAMA, MISTRAL, SMOLLM3, GEMMA3_TEXT)}
 
 
 def family(model_type: object) -> Family:

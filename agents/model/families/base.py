@@ -15,6 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+# Each RMSNorm's scale: "weight" (x * w, Llama's) or "one_plus_weight" (x * (1 + w), all in float32:
+# Gemma's, whose weights start at 0).
+NormScale = Literal["weight", "one_plus_weight"]
+# The MLP's gate activation (HF's hidden_act / hidden_activation names).
+Activation = Literal["silu", "gelu_pytorch_tanh"]
+
 # Where the attention projections have a bias:
 # "qkv": always on q/k/v, never on o (Qwen2); "flag": on q/k/v/o when config.json's
 # attention_bias is true (Qwen3, Llama, SmolLM3); "none": never (Mistral).
@@ -39,9 +45,19 @@ class Shape(Protocol):
     @property
     def layer_types(self) -> tuple[str, ...] | None: ...
 
+    @property
+    def rope_local_base_freq(self) -> float | None: ...
+
+    @property
+    def query_pre_attn_scalar(self) -> float | None: ...
+
 
 def _no_fields(config: Shape) -> dict[str, Any]:
     return {}
+
+
+def _as_is(d: dict[str, Any]) -> dict[str, Any]:
+    return d
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,14 @@ class Family:
     no_rope_layers: bool = False
     layer_types: bool = False
     hf_fields: Callable[[Shape], dict[str, Any]] = _no_fields
+    hf_in: Callable[[dict[str, Any]], dict[str, Any]] = _as_is
+    norm_scale: NormScale = "weight"
+    sandwich_norms: bool = False
+    embed_scale: bool = False
+    hidden_act: Activation = "silu"
+    local_rope: bool = False
+    query_pre_attn_scalar: bool = False
+    own_layers: str | None = None
 
 
-__all__ = ["BiasRule", "Family", "Shape"]
+__all__ = ["Activation", "BiasRule", "Family", "NormScale", "Shape"]

@@ -1,18 +1,22 @@
-"""The non-Qwen native families (Llama 3.x, Mistral, SmolLM3) against transformers, built from its
-own config classes with random weights at tiny shapes (no download): logits on a ragged batch
-within 1e-4 in float32, TorchEngine's greedy generation token-identical to transformers' greedy,
-checkpoint directories both ways, one training step's loss and gradient norm; and what is refused
-(a sliding window that could bind, packed layers without RoPE, an unknown model_type)."""
+"""The non-Qwen native families (Llama 3.x, Mistral, SmolLM3, Gemma 3 text) against transformers,
+built from its own config classes with random weights at tiny shapes (no download): logits on a
+ragged batch within 1e-4 in float32, TorchEngine's greedy generation token-identical to
+transformers' greedy, checkpoint directories both ways, one training step's loss and gradient
+norm, with sliding windows (Mistral's on every layer, Gemma 3's per layer) far shorter than the
+sequences; and what is refused (vLLM's kernels for a windowed model, packed layers without RoPE or
+for Gemma's blocks, an unknown model_type)."""
 
 from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
 import torch
 
 from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.engine import TorchEngine
+from toolgym.agents.model.attention import sliding_causal_mask
 from toolgym.agents.model.checkpoint import load_config, load_hf_checkpoint, save_hf_checkpoint
 from toolgym.agents.model.config import ModelConfig, RopeScaling
 from toolgym.agents.model.families import FAMILIES
@@ -44,8 +48,16 @@ def hf_config(case: str):
         )
     if case == "mistral":
         return transformers.MistralConfig(**SHAPE, num_hidden_layers=2, sliding_window=None)
-    if case == "mistral-window":  # a window no sequence here reaches: the same attention as none
-        return transformers.MistralConfig(**SHAPE, num_hidden_layers=2, sliding_window=200)
+    if case == "mistral-window":  # a window every sequence here passes
+        return transformers.MistralConfig(**SHAPE, num_hidden_layers=2, sliding_window=6)
+    if case == "gemma3":  # sliding layers of window 5 (RoPE base 1e4) around a global one (1e6)
+        return transformers.Gemma3TextConfig(
+            **SHAPE, num_hidden_layers=4, sliding_window=5, query_pre_attn_scalar=24, bos_token_id=2,
+            eos_token_id=1, pad_token_id=0, tie_word_embeddings=True,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+        )  # fmt: skip
     if case == "smollm3":
         return transformers.SmolLM3Config(**SHAPE, num_hidden_layers=4, tie_word_embeddings=True,
                                           bos_token_id=1, eos_token_id=2, pad_token_id=None,
@@ -53,7 +65,17 @@ def hf_config(case: str):
     raise KeyError(case)
 
 
-CASES = ["llama3-tied", "llama-untied-bias", "llama-headdim", "mistral", "mistral-window", "smollm3"]
+CASES = [
+    "llama3-tied",
+    "llama-untied-bias",
+    "llama-headdim",
+    "mistral",
+    "mistral-window",
+    "smollm3",
+    "gemma3",
+]
+# The models whose sliding windows the test sequences pass.
+WINDOWED = ["mistral-window", "gemma3"]
 
 
 def hf_model(case: str, seed: int = 0):
@@ -63,8 +85,9 @@ def hf_model(case: str, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
+            if name.endswith("norm.weight"):  # Gemma's norms scale by 1 + weight
+                center = 0.0 if case == "gemma3" else 1.0
+                p.copy_(center + 0.3 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(0.15 * torch.randn(p.shape, generator=g))
     return model
@@ -76,8 +99,10 @@ def ours_from(hf, tmp_path) -> Transformer:
 
 
 def ragged_batch(vocab: int, lengths=(41, 30, 17), seed: int = 0):
+    """Right-padded rows (padding 0), real tokens from 1: 0 is Gemma's pad_token_id, whose
+    embedding row transformers' nn.Embedding(padding_idx=0) keeps out of the gradient."""
     tokens = torch.randint(
-        0, vocab, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(seed)
+        1, vocab, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(seed)
     )
     mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()
     return tokens * mask, mask
@@ -97,22 +122,28 @@ def test_logits_match_transformers_on_a_ragged_batch(tmp_path, case: str) -> Non
     assert (mine[valid] - theirs[valid]).abs().max().item() <= 1e-4
 
 
-@pytest.mark.parametrize("case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3"])
+def hf_greedy(hf, prompt: list[int], tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                          do_sample=False, max_new_tokens=tokens, min_new_tokens=tokens, eos_token_id=None,
+                          pad_token_id=0)  # fmt: skip
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3", *WINDOWED])
 def test_engine_greedy_matches_transformers_greedy(tmp_path, case: str) -> None:
+    """Prompts longer than the windowed models' windows (a prefill's band), then 64 decode steps
+    past them."""
     hf = hf_model(case, seed=1)
     ours = ours_from(hf, tmp_path)
-    prompts = [[3, 17, 90, 4, 55], [101, 7, 7, 64, 2, 33, 12, 80, 9]]
+    prompts = [[3, 17, 90, 4, 55], [101, 7, 7, 64, 2, 33, 12, 80, 9, 5, 44, 6, 1]]
     engine = TorchEngine(ours, max_batch_size=2, max_seq_len=96, device="cpu", dtype=torch.float32)
-    completions = engine.generate_sync(prompts, SamplingParams(max_tokens=48, temperature=0.0))
+    completions = engine.generate_sync(prompts, SamplingParams(max_tokens=64, temperature=0.0))
     for prompt, completion in zip(prompts, completions, strict=True):
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                              do_sample=False, max_new_tokens=48, min_new_tokens=48, eos_token_id=None,
-                              pad_token_id=0)  # fmt: skip
-        assert list(completion.tokens) == out[0, len(prompt) :].tolist()
+        assert list(completion.tokens) == hf_greedy(hf, prompt, 64)
 
 
-@pytest.mark.parametrize("case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3"])
+@pytest.mark.parametrize("case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3", *WINDOWED])
 def test_save_load_round_trip_and_transformers_reads_ours(tmp_path, case: str) -> None:
     hf = hf_model(case, seed=2)
     ours = ours_from(hf, tmp_path)
@@ -134,7 +165,7 @@ def test_save_load_round_trip_and_transformers_reads_ours(tmp_path, case: str) -
         assert (reread(tokens).logits - hf(tokens).logits).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("case", ["llama3-tied", "mistral", "smollm3"])
+@pytest.mark.parametrize("case", ["llama3-tied", "mistral", "smollm3", *WINDOWED])
 def test_training_step_loss_and_grad_norm_match_transformers(tmp_path, case: str) -> None:
     """The same masked token-mean NLL on the same ragged batch: loss and global gradient norm."""
     hf = hf_model(case, seed=3)
@@ -161,7 +192,7 @@ def test_training_step_loss_and_grad_norm_match_transformers(tmp_path, case: str
         assert torch.allclose(p.grad, grads_hf[name].grad, atol=1e-4, rtol=1e-3), name
 
 
-@pytest.mark.parametrize("case", ["llama3-tied", "mistral", "smollm3"])
+@pytest.mark.parametrize("case", ["llama3-tied", "mistral", "smollm3", *WINDOWED])
 def test_trainer_sft_step_matches_transformers(tmp_path, case: str) -> None:
     """The Trainer's SFT step (masked token-mean cross-entropy) on a family's model: its loss and
     gradient norm (before clipping) are transformers' on the same batch."""
@@ -204,17 +235,80 @@ def test_llama3_rope_frequencies_are_transformers(tmp_path) -> None:
     assert not torch.allclose(cos, plain)  # the scaling changes the long wavelengths
 
 
-def test_mistral_sliding_window_that_could_bind_is_refused(tmp_path) -> None:
-    hf = hf_model("mistral-window")
+@pytest.mark.parametrize("case", WINDOWED)
+def test_the_window_binds_and_is_transformers_band(tmp_path, case: str) -> None:
+    """The windowed models' logits differ from the same weights attending over everything (the
+    windows bind), and the band is transformers': a query at p sees p - window + 1 .. p."""
+    hf = hf_model(case)
     ours = ours_from(hf, tmp_path)
-    assert ours.config.sliding_window == 200
-    with pytest.raises(ValueError, match=r"sliding_window=200.*cannot honour"):
-        ours(torch.zeros(1, 201, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"sliding_window=200.*max_seq_len"):
-        TorchEngine(ours, max_batch_size=1, max_seq_len=256, device="cpu")
-    TorchEngine(ours, max_batch_size=1, max_seq_len=200, device="cpu")  # a window it cannot reach: fine
+    config = ours.config
+    windows = [config.layer_window(i) for i in range(config.num_hidden_layers)]
+    if case == "gemma3":
+        assert windows == [5, None, 5, 5] and config.rope_local_base_freq == 1e4
+    else:
+        assert windows == [6, 6]
+    full = Transformer(msgspec.structs.replace(config, sliding_window=1000)).eval()  # a window never reached
+    full.load_state_dict(ours.state_dict())
+    tokens, _ = ragged_batch(config.vocab_size, (30,))
+    window = config.sliding_window
+    assert window is not None
+    with torch.no_grad():
+        windowed, unwindowed = ours(tokens), full(tokens)
+    # No query reaches past the window yet.
+    assert torch.allclose(windowed[:, :window], unwindowed[:, :window], atol=1e-6, rtol=0)
+    assert (windowed[:, window:] - unwindowed[:, window:]).abs().amax(-1).min() > 1e-3
+    mask = sliding_causal_mask(4, 6, 3, "cpu")  # queries at 2..5 over keys 0..5
+    assert mask.long().tolist() == [
+        [1, 1, 1, 0, 0, 0],
+        [0, 1, 1, 1, 0, 0],
+        [0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 1, 1, 1],
+    ]
+
+
+@pytest.mark.parametrize("case", WINDOWED)
+def test_engine_windowed_prefix_and_continue_match_transformers(tmp_path, case: str) -> None:
+    """The engine's other forwards with bands: prompts sharing a prefix longer than the window
+    (prefilled once), a later prefill reusing the stored prefix, and a conversation's next turn
+    continuing its kept k/v: each greedy completion is transformers'."""
+    hf = hf_model(case, seed=5)
+    ours = ours_from(hf, tmp_path)
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(1, 128, (20,), generator=g).tolist()
+    prompts = [prefix + torch.randint(1, 128, (n,), generator=g).tolist() for n in (3, 9, 5)]
+    engine = TorchEngine(ours, max_batch_size=3, max_seq_len=128, device="cpu", dtype=torch.float32)
+    params = SamplingParams(max_tokens=24, temperature=0.0)
+    first = engine.generate_sync(prompts, params)
+    assert engine.stats.shared_prefix_tokens > 0
+    for prompt, completion in zip(prompts, first, strict=True):
+        assert list(completion.tokens) == hf_greedy(hf, prompt, 24)
+    shared = engine.stats.shared_prefix_tokens
+    (again,) = engine.generate_sync([[*prefix, 7, 8, 9, 10]], params)  # the stored prefix
+    assert engine.stats.shared_prefix_tokens > shared
+    assert list(again.tokens) == hf_greedy(hf, [*prefix, 7, 8, 9, 10], 24)
+    follow_up = [*prompts[1], *first[1].tokens, 11, 12, 13]
+    (turn,) = engine.generate_sync([follow_up], params)
+    assert engine.stats.history_tokens > 0
+    assert list(turn.tokens) == hf_greedy(hf, follow_up, 24)
+
+
+def test_windowed_models_refuse_what_cannot_window_them() -> None:
+    base = SHAPE | {"num_hidden_layers": 2}
+    mistral = ModelConfig(**base, model_type="mistral", sliding_window=8)
+    assert mistral.windowed and [mistral.layer_window(i) for i in range(2)] == [8, 8]
+    backend = select_backend(mistral, "cpu", torch.float32)
+    assert backend.kernels == "torch" and backend.attention == "torch"
+    with pytest.raises(ValueError, match=r"sliding-window layers.*vLLM"):
+        select_backend(mistral, "cpu", torch.float32, kernels="vllm")
+    gemma = ModelConfig.from_hf_dict(hf_config("gemma3").to_dict())
+    backend = select_backend(gemma, "cpu", torch.float32)
+    assert not backend.packed and not backend.fused and backend.kernels == "torch"
+    with pytest.raises(ValueError, match="Gemma 3's blocks"):
+        select_backend(gemma, "cpu", torch.float32, pack_weights=True)
     with pytest.raises(ValueError, match="sliding_window"):
-        ModelConfig(**(SHAPE | {"num_hidden_layers": 1, "model_type": "llama", "sliding_window": 8}))
+        ModelConfig(**base, model_type="llama", sliding_window=8)
+    with pytest.raises(ValueError, match="layer_types is not a mistral field"):
+        ModelConfig(**base, model_type="mistral", sliding_window=8, layer_types=("full_attention",) * 2)
 
 
 def test_layers_without_rope_run_on_the_models_own_layers() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from ..agents.model.config import ModelConfig
 from .batching import MicroBatch
 from .logprobs import TokenScores, head_token_scores
 from .shared_prefix import SharedPrefixAttention
@@ -23,8 +24,14 @@ def run_model(model: Callable[..., Any], mb: MicroBatch, **kwargs: Any) -> Any:
     """`model` on mb.input_ids, attending across the shared prefix rows when there are any."""
     if not mb.prefix_rows:
         return model(mb.input_ids, **kwargs)
+    config = getattr(model, "config", None)  # a native model's: its layers' sliding windows
+    windows = (
+        [config.layer_window(i) for i in range(config.num_hidden_layers)]
+        if isinstance(config, ModelConfig)
+        else []
+    )
     attention = SharedPrefixAttention(
-        mb.prefix_rows, mb.prefix_len, mb.input_ids.shape[1], mb.input_ids.device
+        mb.prefix_rows, mb.prefix_len, mb.input_ids.shape[1], mb.input_ids.device, windows
     )
     return model(mb.input_ids, mb.positions, cache=attention, **kwargs)
 

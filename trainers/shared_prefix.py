@@ -16,17 +16,22 @@ causally to itself and every remainder row attend to the whole prefix and causal
 The model's linears see one [n + B, W] batch, so nothing else in the forward changes, and the
 gradient of the prefix is the sum over the rows that read it, exactly as with full rows.
 
+A model's sliding-window layers (`ModelConfig.layer_window`) get the same layout with banded masks,
+built once per micro-batch: a query at position p sees keys p - window + 1 .. p, prefix or own.
+
 Only positions that nothing trains may be shared: the shared input positions [0, P) predict
 tokens 1..P, which must be identical in every row and outside every loss mask.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..agents.model.attention import scaled_dot_product_attention
+from ..agents.model.attention import scaled_dot_product_attention, sliding_causal_mask
 from ..agents.model.prefix_attention import attend_after_prefix, common_prefix_length, prefix_mask
 
 
@@ -49,11 +54,28 @@ def shared_prefix_length(rows: list[list[int]], masks: list[list[int]]) -> int:
 
 class SharedPrefixAttention:
     """The attention of a shared-prefix micro-batch (see the module doc); the model calls
-    `attend(layer, q, k, v)` with q [n + B, H, W, D] and k/v [n + B, Hkv, W, D], RoPE applied."""
+    `attend(layer, q, k, v)` with q [n + B, H, W, D] and k/v [n + B, Hkv, W, D], RoPE applied.
+    windows: each layer's sliding window (None: full context; default every layer full)."""
 
-    def __init__(self, prefix_rows: int, prefix_len: int, width: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        prefix_rows: int,
+        prefix_len: int,
+        width: int,
+        device: torch.device,
+        windows: Sequence[int | None] = (),
+    ) -> None:
         self.prefix_rows, self.prefix_len = prefix_rows, prefix_len
         self.mask = prefix_mask(prefix_len, width, device)
+        self.windows = list(windows)
+        # Per window: (the prefix's band [P, P], the rows' band [W, P + W]).
+        self.bands = {
+            w: (
+                sliding_causal_mask(prefix_len, prefix_len, w, device),
+                sliding_causal_mask(width, prefix_len + width, w, device, offset=prefix_len),
+            )
+            for w in {w for w in self.windows if w is not None}
+        }
 
     def _unfold(self, x: Tensor) -> Tensor:
         """[n, heads, W, D] prefix rows -> [1, heads, P, D] as one sequence."""
@@ -64,9 +86,15 @@ class SharedPrefixAttention:
         n = self.prefix_rows
         width = q.shape[2]
         q_prefix, k_prefix, v_prefix = self._unfold(q[:n]), self._unfold(k[:n]), self._unfold(v[:n])
-        out_prefix = scaled_dot_product_attention(q_prefix, k_prefix, v_prefix, is_causal=True)
+        window = self.windows[layer] if layer < len(self.windows) else None
+        mask = self.mask
+        if window is None:
+            out_prefix = scaled_dot_product_attention(q_prefix, k_prefix, v_prefix, is_causal=True)
+        else:
+            prefix_band, mask = self.bands[window]
+            out_prefix = scaled_dot_product_attention(q_prefix, k_prefix, v_prefix, attn_mask=prefix_band)
         out_prefix = F.pad(out_prefix, (0, 0, 0, n * width - self.prefix_len))
         out_prefix = out_prefix.reshape(q.shape[1], n, width, q.shape[3]).transpose(0, 1)
 
-        out_rows = attend_after_prefix(q[n:], k[n:], v[n:], k_prefix, v_prefix, self.mask)
+        out_rows = attend_after_prefix(q[n:], k[n:], v[n:], k_prefix, v_prefix, mask)
         return torch.cat([out_prefix, out_rows], dim=0)

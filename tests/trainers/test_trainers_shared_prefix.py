@@ -4,12 +4,14 @@ import random
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from trainers_testlib import full_grads
 
+from toolgym.agents.model.config import ModelConfig
 from toolgym.agents.model.transformer import build_model
 from toolgym.rollouts.types import Episode
 from toolgym.trainers.batching import make_micro_batches
@@ -90,6 +92,39 @@ def test_shared_prefix_logits_match_full_rows(model_name):
     assert mb.prefix_rows > 0
     with torch.no_grad():
         shared, full = batch_logits(model, mb), batch_logits(model, plain)
+    for row in range(len(episodes)):
+        n = int(mb.lengths[row])
+        torch.testing.assert_close(
+            shared[row, :n], full[row, mb.prefix_len : mb.prefix_len + n], atol=1e-5, rtol=1e-5
+        )
+
+
+_TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=16, max_position_embeddings=256)  # fmt: skip
+WINDOWED = {
+    "mistral": ModelConfig(**_TINY, model_type="mistral", sliding_window=6),
+    "gemma3_text": ModelConfig(
+        **_TINY, model_type="gemma3_text", sliding_window=5, rope_local_base_freq=1e4, query_pre_attn_scalar=16,
+        layer_types=("sliding_attention", "full_attention", "sliding_attention"),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(WINDOWED))
+def test_shared_prefix_logits_match_full_rows_with_sliding_windows(name):
+    """Windows shorter than the prefix: the prefix's and the rows' attention are banded as in full
+    rows (and the window binds: the full-context model's logits differ)."""
+    config = WINDOWED[name]
+    model = build_model(config, seed=0)
+    episodes = _prefixed_episodes(5, prefix_len=25, seed=1)
+    (mb,) = make_micro_batches(episodes, 10_000, share_prefix=True)
+    (plain,) = make_micro_batches(episodes, 10_000)
+    assert mb.prefix_rows > 0 and mb.prefix_len > 2 * (config.sliding_window or 0)
+    unwindowed = build_model(msgspec.structs.replace(config, sliding_window=1000), seed=0)
+    with torch.no_grad():
+        shared, full = batch_logits(model, mb), batch_logits(model, plain)
+        everything = batch_logits(unwindowed, plain)
+    assert (full - everything).abs().max() > 1e-3
     for row in range(len(episodes)):
         n = int(mb.lengths[row])
         torch.testing.assert_close(

@@ -335,7 +335,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     # ---- named configs ----
     @classmethod
     def named(cls, name: str) -> ModelConfig:
-        """A named config: 'tiny' (CPU default), 'bench-3m', 'small-25m', 'test', 'test-qwen3',
+        """A named config: 'tiny' (CPU default), 'bench-3m', 'small-25m', 'test', 'test-qwen3', 'test-gemma3',
         'qwen2.5-0.5b', 'qwen3-0.6b', 'qwen3-1.7b', 'qwen3-4b', 'qwen3-8b', 'llama-3.2-1b',
         'mistral-7b-v0.3', 'smollm3-3b', 'gemma-3-1b' (the real shapes, random weights)."""
         if name not in NAMED_CONFIGS:
@@ -368,6 +368,12 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
     "test-qwen3": dict(_SMALL, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
                        model_type="qwen3", tie_word_embeddings=False),
+    # Gemma 3's blocks with a window of 4 on two of its three layers.
+    "test-gemma3": dict(_SMALL, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                        model_type="gemma3_text", rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+                        query_pre_attn_scalar=32, sliding_window=4,
+                        layer_types=("sliding_attention", "full_attention", "sliding_attention")),
     # Real shapes (random weights unless loaded), for GPU benchmarks.
     "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, head_dim=64, rope_theta=1_000_000.0,

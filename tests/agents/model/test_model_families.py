@@ -266,17 +266,21 @@ def test_the_window_binds_and_is_transformers_band(tmp_path, case: str) -> None:
     ]
 
 
-@pytest.mark.parametrize("case", WINDOWED)
-def test_engine_windowed_prefix_and_continue_match_transformers(tmp_path, case: str) -> None:
-    """The engine's other forwards with bands: prompts sharing a prefix longer than the window
-    (prefilled once), a later prefill reusing the stored prefix, and a conversation's next turn
-    continuing its kept k/v: each greedy completion is transformers'."""
+@pytest.mark.parametrize(("case", "key_layout"), [(c, k) for c in WINDOWED for k in ("sd", "ds")])
+def test_engine_windowed_prefix_and_continue_match_transformers(tmp_path, case: str, key_layout) -> None:
+    """The engine's other forwards with bands, over either key layout (SDPA or batched-matmul
+    decode): prompts sharing a prefix longer than the window (prefilled once), a later prefill
+    reusing the stored prefix, and a conversation's next turn continuing its kept k/v: each
+    greedy completion is transformers'."""
     hf = hf_model(case, seed=5)
     ours = ours_from(hf, tmp_path)
     g = torch.Generator().manual_seed(5)
     prefix = torch.randint(1, 128, (20,), generator=g).tolist()
     prompts = [prefix + torch.randint(1, 128, (n,), generator=g).tolist() for n in (3, 9, 5)]
-    engine = TorchEngine(ours, max_batch_size=3, max_seq_len=128, device="cpu", dtype=torch.float32)
+    backend = select_backend(ours.config, "cpu", torch.float32, key_layout=key_layout)
+    engine = TorchEngine(
+        ours, max_batch_size=3, max_seq_len=128, device="cpu", dtype=torch.float32, backend=backend
+    )
     params = SamplingParams(max_tokens=24, temperature=0.0)
     first = engine.generate_sync(prompts, params)
     assert engine.stats.shared_prefix_tokens > 0

@@ -139,7 +139,7 @@ def test_adapter_save_and_load_round_trip(tmp_path) -> None:
     assert torch.equal(logits(fresh, TOKENS), logits(model, TOKENS))
 
 
-@pytest.mark.parametrize("name", ["test", "test-qwen3"])
+@pytest.mark.parametrize("name", ["test", "test-qwen3", "test-gemma3"])
 def test_peft_loads_our_adapter_onto_transformers(tmp_path, name: str) -> None:
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")

@@ -41,7 +41,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     (`layer_window`); `layer_types`: HF's per-layer "sliding_attention" / "full_attention" (None
     with a sliding_window: every layer windowed, Mistral's). `no_rope_layers`:
     SmolLM3's, per layer 1 = RoPE, 0 = none (None: every layer rotates).
-    Token ids are only carried so that a saved config.json is complete; the model ignores them.
+    Token ids are only carried so that a saved config.json is complete, except `pad_token_id`: as
+    in transformers, the embedding's padding_idx (its row gets no gradient from lookups).
     """
 
     vocab_size: int
@@ -59,6 +60,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     attention_bias: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    pad_token_id: int | None = None
     rope_scaling: RopeScaling | None = None
     sliding_window: int | None = None
     no_rope_layers: tuple[int, ...] | None = None
@@ -89,6 +91,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             msgspec.structs.force_setattr(self, "no_rope_layers", tuple(self.no_rope_layers))
         if isinstance(self.layer_types, list):
             msgspec.structs.force_setattr(self, "layer_types", tuple(self.layer_types))
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(
+                f"pad_token_id={self.pad_token_id} is not a token of vocab_size={self.vocab_size}"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -294,6 +300,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             attention_bias=bool(d.get("attention_bias", False)) if fam.bias == "flag" else False,
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=eos,
+            pad_token_id=d.get("pad_token_id"),
             rope_scaling=scaling,
             sliding_window=d.get("sliding_window") if fam.sliding_window else None,
             no_rope_layers=no_rope,
@@ -328,6 +335,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             "use_cache": True,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id,
+            "pad_token_id": self.pad_token_id,
             "torch_dtype": str(dtype).removeprefix("torch."),
         }
         return d

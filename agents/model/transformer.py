@@ -281,7 +281,8 @@ class DecoderStack(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # padding_idx: transformers' (pad_token_id), whose row lookups never train.
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.family.norm_scale)
         # Gemma: embeddings times sqrt(hidden_size), that factor in the embedding's dtype.

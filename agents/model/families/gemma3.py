@@ -44,6 +44,7 @@ def _hf_in(d: dict[str, Any]) -> dict[str, Any]:
     out.setdefault("query_pre_attn_scalar", 256)
     out.setdefault("sliding_window", 4096)
     out.setdefault("tie_word_embeddings", True)
+    out.setdefault("pad_token_id", 0)
     if not d.get("layer_types"):
         pattern = d.get("sliding_window_pattern", _PATTERN)
         out["layer_types"] = [
@@ -65,7 +66,6 @@ def _hf_fields(config: Shape) -> dict[str, Any]:
         "attn_logit_softcapping": None,
         "final_logit_softcapping": None,
         "use_bidirectional_attention": False,
-        "pad_token_id": 0,
     }
 
 

@@ -17,7 +17,6 @@ def _hf_fields(config: Shape) -> dict[str, Any]:
         "sliding_window": None,
         "no_rope_layers": list(config.no_rope_layers or [1] * layers),
         "layer_types": ["full_attention"] * layers,
-        "pad_token_id": None,  # SmolLM3Config's default (128004) would not fit a smaller vocabulary
     }
 
 

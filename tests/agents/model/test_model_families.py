@@ -99,10 +99,10 @@ def ours_from(hf, tmp_path) -> Transformer:
 
 
 def ragged_batch(vocab: int, lengths=(41, 30, 17), seed: int = 0):
-    """Right-padded rows (padding 0), real tokens from 1: 0 is Gemma's pad_token_id, whose
-    embedding row transformers' nn.Embedding(padding_idx=0) keeps out of the gradient."""
+    """Right-padded rows (padding 0); 0 is also a real token (Gemma's pad_token_id, whose
+    embedding row gets no gradient from lookups, in transformers and here)."""
     tokens = torch.randint(
-        1, vocab, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(seed)
+        0, vocab, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(seed)
     )
     mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()
     return tokens * mask, mask

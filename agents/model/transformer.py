@@ -27,6 +27,7 @@ Two ways in:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -56,6 +57,12 @@ def gemma_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     x32 = x.float()
     normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return (normed * (1.0 + weight.float())).type_as(x)
+
+
+@functools.cache
+def _in_dtype(value: float, dtype: torch.dtype) -> float:
+    """`value` rounded to `dtype` (as transformers casts Gemma's embedding scale)."""
+    return float(torch.tensor(value, dtype=dtype))
 
 
 class RMSNorm(nn.Module):
@@ -310,8 +317,8 @@ class DecoderStack(nn.Module):
         is wanted -> [B, hidden]; the last layer then computes its query, attention output and MLP
         at that position alone (its k/v, which the cache keeps, at every position)."""
         x = self.embed_tokens(input_ids)
-        if self.embed_scale is not None:
-            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        if self.embed_scale is not None:  # a Python number: no host tensor in a captured step
+            x = x * _in_dtype(self.embed_scale, x.dtype)
         cfg = self.config
         if rope is None:
             if positions is None:

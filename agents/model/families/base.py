@@ -6,7 +6,9 @@ model_type.
 Every native family shares the decoder's blocks and Hugging Face's weight names (RMSNorm pre-norm,
 GQA attention, SwiGLU MLP; `model.layers.{i}.self_attn.q_proj.weight`, ...), so a family only says
 which optional tensors exist: biases (`bias`), a per-head q/k RMSNorm (`qk_norm`: `q_norm`,
-`k_norm`), and which layers rotate q/k (`no_rope_layers`).
+`k_norm`), which layers rotate q/k (`no_rope_layers`), which attend over a sliding window
+(`sliding_window`, `layer_types`), and Gemma-style blocks (norm scale, sandwich norms, scaled
+embeddings, GELU MLP, a second RoPE base, `pre_feedforward_layernorm` / `post_feedforward_layernorm`).
 """
 
 from __future__ import annotations
@@ -65,14 +67,14 @@ class Family:
     """One native family. model_type / architecture: HF's names (config.json's `model_type`, the
     `architectures` entry transformers and vLLM load). bias: `BiasRule`. qk_norm: an RMSNorm over
     each head's q and k before RoPE. rope_types: the RoPE variants config.json may ask for
-    ("default", "llama3"). sliding_window: config.json's `sliding_window` is a window over every
-    layer (a ModelConfig field; toolgym attends over the full context, so sequences must fit in
-    it); otherwise `use_sliding_window: true` is refused. no_rope_layers: config.json's
+    ("default", "llama3"). sliding_window: config.json's `sliding_window` is read, the window of
+    the windowed layers (`ModelConfig.layer_window`); otherwise `use_sliding_window: true` is
+    refused. no_rope_layers: config.json's
     `no_rope_layers` (1 = the layer rotates, 0 = it does not) is read, default one layer in
     `no_rope_layer_interval` (4) without. layer_types: config.json's `layer_types` (which layers
     use the sliding window, "sliding_attention", and which attend over the full context) is read;
-    without it a sliding_window windows every layer. hf_fields: the family's own config.json entries, written
-    after the shared ones."""
+    without it a sliding_window windows every layer. hf_fields: the family's own config.json
+    entries, written after the shared ones."""
 
     model_type: str
     architecture: str

@@ -1,5 +1,5 @@
 """Mistral: no biases, no q/k norm, default RoPE; `sliding_window` (null in v0.2+) is a window
-over every layer, honoured only where sequences fit in it (agents/model/config.py)."""
+over every layer (`ModelConfig.layer_window`)."""
 
 from __future__ import annotations
 

@@ -361,3 +361,36 @@ def test_unsupported_family_features_are_refused(model_type: str, change: dict, 
     d = ModelConfig(**SHAPE, num_hidden_layers=1, model_type=model_type).to_hf_dict() | change  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_hf_dict(d)
+
+
+def test_gemma3_config_json_forms_and_refusals() -> None:
+    """transformers 5's per-layer-type rope_parameters and the older flat fields (rope_theta,
+    rope_local_base_freq, sliding_window_pattern without layer_types) read the same; soft-capping,
+    bidirectional attention and linear RoPE scaling are refused in one line."""
+    theirs = hf_config("gemma3").to_dict()
+    config = ModelConfig.from_hf_dict(theirs)
+    assert (config.rope_theta, config.rope_local_base_freq, config.query_pre_attn_scalar) == (1e6, 1e4, 24)
+    assert config.pad_token_id == 0 and config.tie_word_embeddings
+    flat = config.to_hf_dict()
+    assert flat["hidden_activation"] == "gelu_pytorch_tanh" and "rope_parameters" not in flat
+    assert ModelConfig.from_hf_dict(flat) == config
+    del flat["layer_types"]
+    pattern = ModelConfig.from_hf_dict(flat | {"sliding_window_pattern": 2})
+    assert pattern.layer_types == ("sliding_attention", "full_attention") * 2
+    assert ModelConfig.named("gemma-3-1b").num_params() == 999_885_952  # the published count
+    refused = [
+        ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+        ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping"),
+        ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 8.0}}, "rope_type='linear'"),
+        ({"hidden_activation": "silu"}, "hidden_act"),
+    ]
+    for change, message in refused:
+        with pytest.raises(ValueError, match=message) as error:
+            ModelConfig.from_hf_dict(flat | change)
+        assert "\n" not in str(error.value)
+    linear = transformers.Gemma3TextConfig(
+        **SHAPE, num_hidden_layers=2, rope_scaling={"rope_type": "linear", "factor": 8.0}
+    )
+    with pytest.raises(ValueError, match="rope_type='linear'"):
+        ModelConfig.from_hf_dict(linear.to_dict())

@@ -164,6 +164,13 @@ class TorchEngine:
             raise ValueError(
                 "unmerged LoRA adapters run on plain layers: select_backend(..., lora='unmerged')"
             )
+        # A backend chosen for another model: what this one's layers or windows cannot run on.
+        if cfg.own_layers is not None and (backend.packed or backend.fused):
+            raise ValueError(
+                f"{cfg.model_type} has {cfg.own_layers}: a backend without packed or fused layers"
+            )
+        if cfg.windowed and backend.attention != "torch":
+            raise ValueError(f"{cfg.model_type} has sliding-window layers: a backend with torch's attention")
         self.backend = backend
         backend.prepare_process()
         # The engine samples from its own copy: weights change only through load_weights.

@@ -309,6 +309,10 @@ def test_windowed_models_refuse_what_cannot_window_them() -> None:
     assert not backend.packed and not backend.fused and backend.kernels == "torch"
     with pytest.raises(ValueError, match="Gemma 3's blocks"):
         select_backend(gemma, "cpu", torch.float32, pack_weights=True)
+    plain = Transformer(ModelConfig(**base, model_type="mistral", sliding_window=None))
+    packed = select_backend(plain.config, "cpu", torch.float32, pack_weights=True)
+    with pytest.raises(ValueError, match="Gemma 3's blocks"):  # a backend chosen for another model
+        TorchEngine(Transformer(gemma), max_batch_size=1, max_seq_len=32, backend=packed)
     with pytest.raises(ValueError, match="sliding_window"):
         ModelConfig(**base, model_type="llama", sliding_window=8)
     with pytest.raises(ValueError, match="layer_types is not a mistral field"):

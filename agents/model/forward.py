@@ -56,7 +56,7 @@ class ForwardBatch:
     windowed: this forward as the model's sliding-window layers see it (`ModelConfig.layer_window`),
     built once per forward: the same batch with each mask (and the decode plan) banded to the
     window, a prefill's prefix_mask set even without a prefix; None where no layer is windowed.
-    rope_local: (cos, sin) of the layers whose RoPE has its own base (`ModelConfig.layer_rope_theta`),
+    rope_local: (cos, sin) of the layers whose RoPE has its own base (`ModelConfig.layer_rope_local`),
     None where every layer shares `rope`."""
 
     kind: ForwardKind

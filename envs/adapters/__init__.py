@@ -2,6 +2,7 @@
 
     toolgym/ReasoningGym-v0   reasoning-gym's procedural datasets (`pip install toolgym[reasoning-gym]`)
     toolgym/TextArena-v0      TextArena's text games (`pip install toolgym[textarena]`)
+    toolgym/TextWorld-v0      TextWorld's generated text adventures (`pip install toolgym[textworld]`)
     toolgym/BFCL-v0           BFCL's multi-turn tool use (`pip install --no-deps bfcl-eval mpmath`:
                               an extra cannot install it, its dependencies pull CUDA torch)
 
@@ -19,6 +20,7 @@ ADAPTERS: dict[str, tuple[str, str]] = {
     "ReasoningGym-v0": ("reasoning_gym", "toolgym.envs.adapters.reasoning_gym:ReasoningGymEnv"),
     "TextArena-v0": ("textarena", "toolgym.envs.adapters.textarena:TextArenaEnv"),
     "BFCL-v0": ("bfcl_eval", "toolgym.envs.adapters.bfcl:BFCLEnv"),
+    "TextWorld-v0": ("textworld", "toolgym.envs.adapters.textworld:TextWorldEnv"),
 }
 
 

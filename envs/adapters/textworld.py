@@ -1,0 +1,362 @@
+"""TextWorld's generated text adventures as a toolgym env: `toolgym/TextWorld-v0`.
+
+    gymnasium.make("toolgym/TextWorld-v0", nb_rooms=5, nb_objects=10, quest_length=4, quests=3)
+
+Each episode plays one game that TextWorld's own generator makes from the task seed, as
+`tw-make custom --seed S` does (`textworld.generator.make_game`, then `compile_game`: Inform 7,
+shipped inside the `textworld` wheel, compiles it to a Z-machine file that Jericho runs in this
+process). The seed is the game: `reset(seed=s)` plays game `s` (a reset without a seed draws
+one from the env's RNG). The defaults (5 rooms, 10 objects, 3 quests of 4 actions) make games
+whose walkthrough is about 10 moves (9-13 on seeds 0-3), each quest worth one point.
+
+Games are compiled once per seed and spec and kept in `game_dir` (default
+`runs/textworld-games`, the runs folder's shared cache beside the run directories: an env does
+not know its run's directory, and a game compiled for one run serves the next; never the home
+directory). A game is built in a private temporary folder inside `game_dir` and renamed into
+place in one `os.rename`, so two processes building the same seed both end with one whole game
+(the loser drops its copy). A game that cannot be generated or compiled raises
+`TextWorldGameError` from `reset` with one line saying why; its temporary folder is removed and
+Inform 7's compiler processes have exited (`compile_game` waits for them), so the runner ends
+that one episode as an env error and the run goes on.
+
+Why plain text actions, not a `command` tool: a text adventure's action *is* a free-text
+command, and the game itself answers every command, a senseless one included ("That's not a
+verb I recognise."). A tool call would only wrap the same string in a format (more tokens, a
+format error the game cannot have), and `ToolEnv` ends an episode only on an answer, while a game
+ends when it is won or lost. So, as `toolgym/TextArena-v0`, this is a `TextEnv`: one action is
+one command (its first non-empty line, ASCII only; at most 200 characters).
+
+Observations are the game's feedback cleaned of the interpreter's padding: the title banner
+(ASCII art) at the start, the `>` prompt with the status line after it (`-= Kitchen =-2/5`), the
+end-of-game "Would you like to RESTART ..." line, and runs of blank lines. With
+`admissible_commands=True` each observation ends with the commands the game accepts there
+(`Commands you can use: ...`, sorted), TextWorld's list.
+
+Rewards: each point the game's score goes up is the `score` component at that step (the sum of
+the step rewards is the final score); a command not among the game's admissible commands in the
+state it was typed in is an invalid command: answered by the game as usual, counted (info and
+metric `invalid_commands`) and charged `invalid_command_penalty` (component `invalid_command`).
+A win or a loss terminates the episode (end_reason `answered`; failure_mode success / lost);
+`max_turns` commands without an end truncate it (`no_answer`). Metrics: `success` (won),
+`score`, `normalized_score` (score / max score), `invalid_commands`, `moves`.
+
+The oracle plays the game's walkthrough (TextWorld's winning commands; its last command wins
+the game and is `answer`), so `toolgym record --policy oracle` and `sft.source = "oracle"` make
+demonstrations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Final
+
+import textworld
+from textworld import EnvInfos, GameOptions
+from textworld.generator import compile_game, make_game
+
+from ..core.text_env import TextEnv
+
+DEFAULT_GAME_DIR: Final = Path("runs") / "textworld-games"
+INSTRUCTIONS: Final = (
+    "You are playing a text adventure game. Each of your replies is one command to the game, "
+    "such as: go north, open chest, take key from chest, unlock door with key, put apple on "
+    "table, look, inventory. Reply with the command only. The game tells you what happens; "
+    "reach the goal it sets to win."
+)
+ADMISSIBLE_HEADING: Final = "Commands you can use:"
+MAX_COMMAND_CHARS: Final = 200
+_BANNER_LINE: Final = re.compile(r"^[\s_|\\$/<>()\-=+*#.,'`~^]*$")
+_RESTART: Final = re.compile(r"^\s*Would you like to RESTART.*$", re.MULTILINE)
+_BLANKS: Final = re.compile(r"\n{3,}")
+_NOT_ASCII: Final = re.compile(r"[^\x20-\x7e]")
+_PROMPT: Final = re.compile(r"\n>[^\n]*$")
+
+
+class TextWorldGameError(RuntimeError):
+    """A game that could not be generated or compiled (str: one line saying why)."""
+
+
+def clean_feedback(text: str, *, first: bool = False) -> str:
+    """The game's text without the interpreter's padding: the `>` prompt and the status line the
+    interpreter pads after it, the end-of-game RESTART question, runs of blank lines; `first`
+    (the opening text) also drops the title banner, whose lines hold no letters or digits."""
+    text = text.replace("\r", "")
+    text = _PROMPT.sub("", text.rstrip())
+    if text.startswith(">"):
+        text = ""
+    text = _RESTART.sub("", text)
+    if first:
+        lines = text.split("\n")
+        start = 0
+        while start < len(lines) and _BANNER_LINE.match(lines[start]):
+            start += 1
+        text = "\n".join(lines[start:])
+    text = "\n".join(line.rstrip() for line in text.split("\n"))
+    return _BLANKS.sub("\n\n", text).strip()
+
+
+def normalize_command(action: str) -> str:
+    """One command from an action: its first non-empty line, ASCII only, spaces collapsed,
+    lowercased, at most MAX_COMMAND_CHARS."""
+    line = next((part for part in action.splitlines() if part.strip()), "")
+    line = _NOT_ASCII.sub("", line)
+    return " ".join(line.split()).lower()[:MAX_COMMAND_CHARS]
+
+
+class TextWorldEnv(TextEnv):
+    """`gymnasium.make("toolgym/TextWorld-v0", **knobs)`; see the module doc.
+
+    Knobs: nb_rooms, nb_objects, quest_length (actions per quest), quests (parallel quests, one
+    point each), game_dir (the compiled games' cache), admissible_commands (list them in each
+    observation), invalid_command_penalty (a magnitude per invalid command), max_turns."""
+
+    def __init__(
+        self,
+        *,
+        nb_rooms: int = 5,
+        nb_objects: int = 10,
+        quest_length: int = 4,
+        quests: int = 3,
+        game_dir: str | None = None,
+        admissible_commands: bool = False,
+        invalid_command_penalty: float = 0.0,
+        max_turns: int = 50,
+        max_action_chars: int = 4096,
+        max_observation_chars: int = 16384,
+        render_mode: str | None = None,
+    ):
+        super().__init__(max_action_chars=max_action_chars, max_observation_chars=max_observation_chars)
+        if render_mode is not None:
+            raise ValueError(f"TextWorldEnv has no render modes, got render_mode={render_mode!r}")
+        for name, value, minimum in (
+            ("nb_rooms", nb_rooms, 1),
+            ("nb_objects", nb_objects, 0),
+            ("quest_length", quest_length, 1),
+            ("quests", quests, 1),
+            ("max_turns", max_turns, 1),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+        if (
+            not isinstance(invalid_command_penalty, int | float)
+            or isinstance(invalid_command_penalty, bool)
+            or invalid_command_penalty < 0
+        ):
+            raise ValueError(
+                f"invalid_command_penalty is a magnitude: a float >= 0, got {invalid_command_penalty!r}"
+            )
+        self.nb_rooms, self.nb_objects = nb_rooms, nb_objects
+        self.quest_length, self.quests = quest_length, quests
+        self.game_dir = Path(game_dir) if game_dir is not None else DEFAULT_GAME_DIR
+        self.list_admissible = bool(admissible_commands)
+        self.invalid_command_penalty = float(invalid_command_penalty)
+        self.max_turns = max_turns
+        self._max_action_chars, self._max_observation_chars = max_action_chars, max_observation_chars
+        self._game: Any = None
+        self._state: Any = None
+        self._done = True
+        self._question = ""
+        self._walkthrough: list[str] = []
+        self.builds = 0  # games this env compiled (the rest came from the cache)
+
+    # ---- the games -----------------------------------------------------------------------------
+
+    @property
+    def spec_name(self) -> str:
+        return f"r{self.nb_rooms}-o{self.nb_objects}-l{self.quest_length}-q{self.quests}"
+
+    def game_path(self, seed: int) -> Path:
+        """The compiled game of `seed` in the cache (its folder also holds TextWorld's .json)."""
+        return self.game_dir / f"tw-{self.spec_name}-s{seed}" / "game.z8"
+
+    def build(self, seed: int) -> Path:
+        """Game `seed`, compiled now unless the cache has it (see the module doc)."""
+        path = self.game_path(seed)
+        if path.is_file():
+            return path
+        self.game_dir.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".build-", dir=self.game_dir))
+        try:
+            scratch.chmod(0o755)  # the cache is shared: readable as any other folder
+            options = GameOptions()
+            options.seeds = seed
+            options.nb_rooms, options.nb_objects = self.nb_rooms, self.nb_objects
+            options.quest_length, options.nb_parallel_quests = self.quest_length, self.quests
+            options.path = str(scratch / "game.z8")
+            options.file_ext = ".z8"
+            options.force_recompile = True
+            try:
+                game = make_game(options)
+                compile_game(game, options)
+            except Exception as exc:  # the generator or Inform 7 refusing: this game only
+                cause = " ".join(str(exc).split()) or type(exc).__name__
+                raise TextWorldGameError(
+                    f"TextWorld game {seed} ({self.spec_name}) cannot be built: "
+                    f"{type(exc).__name__}: {cause[:300]}"
+                ) from None
+            for leftover in scratch.iterdir():  # keep the game and its metadata only
+                if leftover.name not in ("game.z8", "game.json"):
+                    shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+            try:
+                os.rename(scratch, path.parent)
+            except OSError:
+                if not path.is_file():  # not another process's finished copy: a real failure
+                    raise
+            self.builds += 1
+            return path
+        finally:
+            if scratch.exists():
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    def _close_game(self) -> None:
+        if self._game is not None:
+            with contextlib.suppress(Exception):
+                self._game.close()
+            self._game = None
+
+    # ---- TextEnv -----------------------------------------------------------------------------
+
+    @property
+    def system_prompt(self) -> str:
+        return INSTRUCTIONS
+
+    @property
+    def question(self) -> str:
+        return self._question
+
+    @property
+    def answer(self) -> Any:
+        """The walkthrough's last command (the one that wins the game)."""
+        if self._state is None:
+            raise RuntimeError("TextWorldEnv: call reset() first")
+        return self._walkthrough[-1] if self._walkthrough else None
+
+    def oracle_actions(self) -> list[str]:
+        if self._state is None:
+            raise RuntimeError("TextWorldEnv: call reset() first")
+        return list(self._walkthrough)
+
+    def answer_action(self, answer: Any, tagged: bool = True) -> str:
+        """A game has no answer tag: the command itself."""
+        return str(answer)
+
+    def mistaken_actions(self) -> tuple[str, ...]:
+        return ("", "xyzzy", "take the moon")
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        if options:
+            raise ValueError(f"TextWorldEnv.reset takes no options, got {sorted(options)}")
+        self._close_game()
+        self._state = None
+        self._done = True
+        game_seed = seed if seed is not None else int(self.np_random.integers(2**31))
+        path = self.build(game_seed)
+        infos = EnvInfos(
+            admissible_commands=True,
+            won=True,
+            lost=True,
+            score=True,
+            max_score=True,
+            moves=True,
+            extras=["walkthrough"],
+        )
+        self._game = textworld.start(str(path), infos)
+        state = self._game.reset()
+        self._state = state
+        self._walkthrough = [str(c) for c in (state.get("extra.walkthrough") or [])]
+        self._score = int(state.get("score") or 0)
+        self._max_score = int(state.get("max_score") or 0)
+        self._turn = 0
+        self._invalid = 0
+        self._components = {"score": 0.0, "invalid_command": 0.0}
+        self._question = self._observation(clean_feedback(str(state.get("feedback") or ""), first=True))
+        self._done = False
+        info = {
+            "system_prompt": INSTRUCTIONS,
+            "question": self._question,
+            "answer": self.answer,
+            "game_seed": game_seed,
+            "game": self.spec_name,
+            "max_score": self._max_score,
+            "walkthrough_moves": len(self._walkthrough),
+            "max_turns": self.max_turns,
+        }
+        return self._question, info
+
+    def _observation(self, text: str) -> str:
+        if self.list_admissible and self._state is not None and not self._state.get("done"):
+            commands = sorted(str(c) for c in self._state.get("admissible_commands") or [])
+            text = f"{text}\n\n{ADMISSIBLE_HEADING} {', '.join(commands)}".strip()
+        return text[: self._max_observation_chars]
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self._done:
+            raise RuntimeError(
+                "TextWorldEnv: step() after the episode ended (or before reset()); call reset()"
+            )
+        if not isinstance(action, str):
+            raise TypeError(f"action must be a str, got {type(action).__name__}")
+        command = normalize_command(action[: self._max_action_chars])
+        admissible = {normalize_command(c) for c in self._state.get("admissible_commands") or []}
+        invalid = command not in admissible
+        self._turn += 1
+        reward = 0.0
+        if invalid:
+            self._invalid += 1
+            self._components["invalid_command"] -= self.invalid_command_penalty
+            reward -= self.invalid_command_penalty
+        state, score, done = self._game.step(command)
+        self._state = state
+        gained = int(score) - self._score
+        self._score = int(score)
+        self._components["score"] += gained
+        reward += gained
+        won, lost = bool(state.get("won")), bool(state.get("lost"))
+        over = bool(done) or won or lost
+        observation = clean_feedback(str(state.get("feedback") or "")) or "Nothing happens."
+        info: dict[str, Any] = {"command": command, "invalid_command": invalid, "turn": self._turn}
+        if over:
+            info["end_reason"] = "answered"
+            info["failure_mode"] = "success" if won else "lost"
+        elif self._turn >= self.max_turns:
+            observation = f"{observation}\n\nSTOP: turn limit reached."
+            info["end_reason"] = "max_turns"
+            info["failure_mode"] = "no_answer"
+        self._done = over or self._turn >= self.max_turns
+        info.update(self._settled_info(won))
+        if self._done:
+            self._close_game()
+        return self._observation(observation), reward, over, self._done and not over, info
+
+    def _settled_info(self, won: bool) -> dict[str, Any]:
+        return {
+            "invalid_commands": self._invalid,
+            "reward_components": dict(self._components),
+            "metrics": {
+                "success": float(won),
+                "score": float(self._score),
+                "normalized_score": self._score / self._max_score if self._max_score else 0.0,
+                "invalid_commands": float(self._invalid),
+                "moves": float(self._turn),
+            },
+        }
+
+    def abandon(self) -> tuple[float, dict[str, Any]]:
+        """The runner stopped the episode: unfinished, nothing more to add."""
+        if self._done:
+            raise RuntimeError("TextWorldEnv: abandon() after the episode ended (or before reset())")
+        self._done = True
+        self._close_game()
+        return 0.0, {**self._settled_info(False), "failure_mode": "no_answer"}
+
+    def close(self) -> None:
+        self._close_game()
+        super().close()

@@ -19,7 +19,7 @@ import torch
 from .. import envs  # noqa: F401 (registers toolgym/*)
 from ..agents.chat import Renderer
 from ..agents.model.config import NAMED_CONFIGS, ModelConfig
-from ..agents.tokenizer import tokenizer_fingerprint
+from ..agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from ..agents.vllm.engine import INSTALL_HINT
 from ..envs.core.text_env import env_hooks
 from ..envs.core.tool_env import NOTE_TOOL, ToolEnv
@@ -31,6 +31,7 @@ from ..rollouts.env_io import reset_env
 from ..rollouts.episode.rendering import first_messages
 from ..rollouts.episode.runner import RolloutRunner
 from ..rollouts.recording.format import RecordingError, RecordingReader, check_recording
+from ..rollouts.scoring.teacher import TeacherError, teacher_fingerprint
 from ..rollouts.scripted import OraclePolicy
 from ..rollouts.types import StopReason
 from .assembly.demos import check_demo_rendering, rl_stream, sft_stream
@@ -98,10 +99,30 @@ def check_environment(config: Config, world_size: int = 1) -> None:
         )
     if config.policy.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError("policy.backend", f"'vllm' needs vllm: {INSTALL_HINT}")
+    if config.distill.enabled:
+        _check_teacher(config)
     if config.batch.groups_per_batch % world_size:
         raise ConfigError(
             "batch.groups_per_batch",
             f"{config.batch.groups_per_batch} groups do not split evenly over {world_size} processes",
+        )
+
+
+def _check_teacher(config: Config) -> None:
+    """distill.teacher is a HF directory whose tokenizer is the student's (the same fingerprint)."""
+    teacher = Path(config.distill.teacher)
+    if not (teacher / "config.json").is_file():
+        raise ConfigError("distill.teacher", f"{teacher} is not a Hugging Face directory (no config.json)")
+    try:
+        theirs = teacher_fingerprint(teacher)
+    except (TeacherError, OSError, ValueError) as exc:
+        raise ConfigError("distill.teacher", str(exc)) from None
+    ours = tokenizer_fingerprint(load_tokenizer(tokenizer_path(config)))
+    if theirs != ours:
+        raise ConfigError(
+            "distill.teacher",
+            f"its tokenizer {theirs[:16]} ({teacher / 'tokenizer.json'}) is not the student's {ours[:16]} "
+            f"({tokenizer_path(config)})",
         )
 
 

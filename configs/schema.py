@@ -37,6 +37,9 @@ Sections (all optional; every key has a default):
     [loop]       mode (sync | async), max_staleness, over_stale (drop | downweight), stale_weight,
                  buffer_groups, generator (auto | process | thread), generator_processes,
                  generator_threads, generator_ranks: asynchronous RL (trainers/loop/)
+    [distill]    DistillConfig: teacher (a HF directory with the student's tokenizer; "" = off), weight,
+                 reward_weight, max_consecutive_failures: on-policy distillation
+                 (rollouts/scoring/distill.py, teacher.py)
     [agent_program] module, function, task, request_timeout_s: train an agent program written
                  against the `openai` client through the endpoint instead of rolling out [env]
                  (rollouts/endpoint/agent_runner.py); empty module = env rollouts
@@ -61,6 +64,7 @@ from ..rollouts.batches import EVAL_SEED_COUNT, BatchConfig
 from ..rollouts.endpoint.program import AgentProgram
 from ..rollouts.episode.config import EnvRolloutConfig
 from ..rollouts.evaluation import EvalConfig
+from ..rollouts.scoring.distill import DistillConfig
 from ..rollouts.scripted import OracleConfig
 from ..rollouts.types import PolicySampling, RolloutSettings
 from ..trainers.config import CheckpointConfig, OptimizerConfig, TrainerConfig
@@ -365,6 +369,7 @@ class Config(msgspec.Struct, **_STRICT):
     parallel: ParallelSection = msgspec.field(default_factory=ParallelSection)
     loop: LoopSection = msgspec.field(default_factory=LoopSection)
     agent_program: AgentProgram = msgspec.field(default_factory=AgentProgram)
+    distill: DistillConfig = msgspec.field(default_factory=DistillConfig)
 
     @property
     def agent(self) -> PolicySection:

@@ -32,6 +32,13 @@ their group's advantage statistics and of the Episodes (counted), unless
 `train_on_infra_failures`.
 
 The batch metrics add `credit/`: the kept, trained episodes' mean return-to-go per turn index.
+
+On-policy distillation (a `teacher`, rollouts/scoring/teacher.py): each group is scored by the
+teacher before the scorer turns its log-ratios into per-token advantages (rollouts/scoring/
+distill.py); a group whose teacher scoring raised is dropped as an infrastructure failure
+(`batch/groups_scoring_failed`), never trained with a zero log-ratio. The metrics add
+`distill/`: the kept, trained episodes' reverse KL per token (mean and per turn index) and the
+teacher's scoring time (`distill/teacher_s`, summed over the groups offered).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from .episodes import Advantage, OverlongEpisodeRule, build_episodes
 from .metrics import batch_metrics
 from .scoring.advantages import AdvantageConfig
 from .scoring.credit import credit_metrics, turn_rewards
+from .scoring.distill import TeacherScorer, reverse_kl_metrics
 from .scoring.scorer import Fate, OverStale, group_fate, mean_abs_advantage, score_group, trainable
 from .types import Episode, Trajectory
 
@@ -141,6 +149,8 @@ class ScoredGroup(msgspec.Struct):
     informative: bool
     oldest_version: int
     finished_at: float  # time.perf_counter() when it was scored
+    failure: str = ""  # why its scoring failed (the teacher raised): dropped as an infra failure
+    teacher_s: float = 0.0  # the teacher's scoring time for this group
 
 
 def oldest_version(trajectories: Sequence[Trajectory]) -> int:
@@ -157,10 +167,14 @@ class BatchAssembler:
     `result` builds the kept groups' Episodes and the batch metrics; every group offered is in
     it, kept or not, so the caller records each exactly once."""
 
-    def __init__(self, config: BatchConfig, over_stale: OverStale | None = None) -> None:
+    def __init__(
+        self, config: BatchConfig, over_stale: OverStale | None = None, distill: bool = False
+    ) -> None:
         """over_stale: the async rule for groups too far behind the trainer (None: sync, the
-        groups were sampled by the current weights)."""
-        self.config, self.over_stale = config, over_stale
+        groups were sampled by the current weights); distill: a teacher scores the groups (the
+        `distill/` metrics)."""
+        self.config, self.over_stale, self.distill = config, over_stale, distill
+        self.scoring_failed, self.teacher_s = 0, 0.0
         self._kept: list[tuple[Sequence[Trajectory], list[Advantage]]] = []
         self._other: list[tuple[Sequence[Trajectory], list[Advantage]]] = []
         self._staleness: list[int] = []  # of each kept group
@@ -178,10 +192,15 @@ class BatchAssembler:
         advantages: Sequence[Advantage],
         informative: bool,
         staleness: int = 0,
+        *,
+        failure: str = "",
+        teacher_s: float = 0.0,
     ) -> None:
         """One scored group (`score_group`'s advantages and signal); `staleness`: the trainer's
-        policy version minus the group's oldest (0 when sampled by the current weights)."""
+        policy version minus the group's oldest (0 when sampled by the current weights);
+        `failure`: why its scoring failed ("" when it did not); `teacher_s`: its teacher time."""
         config = self.config
+        self.teacher_s += teacher_s
         fate = group_fate(
             group,
             informative,
@@ -189,8 +208,11 @@ class BatchAssembler:
             dynamic_sampling=config.dynamic_sampling,
             staleness=staleness,
             over_stale=self.over_stale,
+            scoring_failed=bool(failure),
         )
-        if fate == Fate.NO_TRAINABLE:
+        if fate == Fate.SCORING_FAILED:
+            self.scoring_failed += 1
+        elif fate == Fate.NO_TRAINABLE:
             self.no_trainable += 1
         elif fate == Fate.NO_SIGNAL:
             self.zero_variance += 1
@@ -234,6 +256,11 @@ class BatchAssembler:
         if rounds is not None:
             metrics["dynamic_sampling/surplus_groups"] = float(self.surplus)
         metrics["batch/groups_without_trainable"] = float(self.no_trainable)
+        if self.distill:
+            infra = config.train_on_infra_failures
+            metrics.update(reverse_kl_metrics([t for t in kept_trajectories if trainable(t, infra)]))
+            metrics["distill/teacher_s"] = self.teacher_s
+            metrics["batch/groups_scoring_failed"] = float(self.scoring_failed)
         if self.over_stale is not None:
             staleness = self._staleness
             metrics["async/staleness_mean"] = sum(staleness) / len(staleness) if staleness else 0.0
@@ -301,35 +328,67 @@ class GroupRunner(Protocol):
     ) -> list[Trajectory]: ...
 
 
-def _score(group: Sequence[Trajectory], config: BatchConfig) -> tuple[list[Advantage], bool]:
-    return score_group(group, config.advantage, train_on_infra_failures=config.train_on_infra_failures)
+class _Scored(msgspec.Struct):
+    advantages: list[Advantage]
+    informative: bool
+    failure: str = ""
+    teacher_s: float = 0.0
+
+
+def _score(group: Sequence[Trajectory], config: BatchConfig, teacher: TeacherScorer | None = None) -> _Scored:
+    """The group scored: by the teacher first (its logprobs written into the trajectories; a
+    failure gives no advantages and the cause), then by the scorer."""
+    teacher_s = 0.0
+    if teacher is not None:
+        started = time.perf_counter()
+        failure = teacher.annotate(group)
+        teacher_s = time.perf_counter() - started
+        if failure is not None:
+            return _Scored([0.0] * len(group), False, failure, teacher_s)
+    advantages, informative = score_group(
+        group,
+        config.advantage,
+        train_on_infra_failures=config.train_on_infra_failures,
+        distill=teacher.config if teacher is not None else None,
+    )
+    return _Scored(advantages, informative, "", teacher_s)
 
 
 async def roll_group(
-    runner: RolloutRunner | GroupRunner, seed: int, index: int, config: BatchConfig
+    runner: RolloutRunner | GroupRunner,
+    seed: int,
+    index: int,
+    config: BatchConfig,
+    teacher: TeacherScorer | None = None,
 ) -> ScoredGroup:
-    """Task `index`'s group (task seed `seed`) rolled out and scored: what a group producer
-    buffers for the async taker."""
+    """Task `index`'s group (task seed `seed`) rolled out and scored (by `teacher` too, when
+    given): what a group producer buffers for the async taker."""
     trajectories = await runner.run_groups([seed], [index])
-    advantages, informative = _score(trajectories, config)
+    scored = _score(trajectories, config, teacher)
     return ScoredGroup(
         group_id=index,
         trajectories=trajectories,
-        advantages=advantages,
-        informative=informative,
+        advantages=scored.advantages,
+        informative=scored.informative,
         oldest_version=oldest_version(trajectories),
         finished_at=time.perf_counter(),
+        failure=scored.failure,
+        teacher_s=scored.teacher_s,
     )
 
 
 async def collect_batch(
-    runner: RolloutRunner | GroupRunner, seeds: TaskSeedStream, config: BatchConfig
+    runner: RolloutRunner | GroupRunner,
+    seeds: TaskSeedStream,
+    config: BatchConfig,
+    teacher: TeacherScorer | None = None,
 ) -> RolloutBatch:
-    """Roll out, score and assemble one training step's batch (module doc: dynamic sampling)."""
+    """Roll out, score and assemble one training step's batch (module doc: dynamic sampling, the
+    teacher)."""
     started = time.perf_counter()
     needed = config.groups_per_batch
     max_per_round = config.max_groups_per_round or 4 * needed
-    assembler = BatchAssembler(config)
+    assembler = BatchAssembler(config, distill=teacher is not None)
     rolled = rounds = 0
     while True:
         rounds += 1
@@ -343,7 +402,10 @@ async def collect_batch(
         trajectories = await runner.run_groups(task_seeds, group_ids)
         rolled += ask
         for group in _split_groups(trajectories):
-            assembler.offer(group, *_score(group, config))
+            scored = _score(group, config, teacher)
+            assembler.offer(
+                group, scored.advantages, scored.informative, failure=scored.failure, teacher_s=scored.teacher_s
+            )
         if not config.dynamic_sampling or assembler.kept >= needed or rounds > config.max_extra_rounds:
             break
     return assembler.result(rolled, started=started, rounds=rounds)

@@ -36,6 +36,8 @@ or one number per turn (turn-level credit, rollouts/scoring/credit.py): turn t's
 sampled tokens. Across several sequences each takes the advantages of the turns it holds, and
 TRUNCATE_TURNS keeps those of the turns it keeps; observation tokens get 0 either way.
 `turn_spans` says where each turn's sampled tokens landed (which Episode, which token span).
+A third form is per token (on-policy distillation's teacher log-ratio, rollouts/scoring/distill.py):
+per turn, a list with one number per sampled token of that turn, put on exactly those tokens.
 """
 
 from __future__ import annotations
@@ -52,17 +54,21 @@ from .types import SEQUENCE_START, Episode, StopReason, Trajectory, Transition
 INFRA_STOP_REASONS = frozenset({StopReason.ENV_ERROR, StopReason.TIMEOUT})
 
 
-# One episode's advantage: a number for every turn alike, or a list with one per turn.
-Advantage = float | list[float]
+# One turn's advantage: a number for each of its sampled tokens alike, or one per sampled token.
+TurnAdvantage = float | list[float]
+# One episode's advantage: a number for every turn alike, or a list with one per turn (each a
+# number, or a list with one per sampled token of that turn).
+Advantage = float | list[TurnAdvantage]
 
 
-def per_turn_advantages(advantage: Advantage | Sequence[float], turns: int) -> list[float]:
-    """The advantage of each of `turns` turns (a list must have exactly one per turn)."""
+def per_turn_advantages(advantage: Advantage | Sequence[TurnAdvantage], turns: int) -> list[TurnAdvantage]:
+    """The advantage of each of `turns` turns (a list must have exactly one per turn; a turn's
+    entry is a number, or a list with one per sampled token)."""
     if isinstance(advantage, int | float):
         return [float(advantage)] * turns
     if len(advantage) != turns:
         raise ValueError(f"{len(advantage)} per-turn advantages for an episode of {turns} turns")
-    return [float(a) for a in advantage]
+    return [[float(x) for x in a] if isinstance(a, list) else float(a) for a in advantage]
 
 
 class OverlongEpisodeRule(enum.StrEnum):
@@ -110,7 +116,7 @@ def sequences(trajectory: Trajectory) -> list[list[Transition]]:
 
 def trajectory_to_episodes(
     trajectory: Trajectory,
-    advantage: Advantage | Sequence[float],
+    advantage: Advantage | Sequence[TurnAdvantage],
     max_seq_len: int | None = None,
     rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
     stats: EpisodeStats | None = None,
@@ -131,7 +137,7 @@ def trajectory_to_episodes(
 
 def trajectory_to_episode(
     trajectory: Trajectory,
-    advantage: Advantage | Sequence[float],
+    advantage: Advantage | Sequence[TurnAdvantage],
     max_seq_len: int | None = None,
     rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
     stats: EpisodeStats | None = None,
@@ -196,7 +202,7 @@ def turn_spans(
 def _episode(
     trajectory: Trajectory,
     segments: list[tuple[list[int], list[int], list[float]]],
-    turn_advantages: list[float],
+    turn_advantages: list[TurnAdvantage],
     max_seq_len: int | None,
     rule: OverlongEpisodeRule,
     stats: EpisodeStats,
@@ -232,7 +238,12 @@ def _episode(
         tokens += act
         loss_mask += [1] * len(act)
         logprobs += [float(x) for x in lps]
-        advantages += [advantage] * len(act)
+        if isinstance(advantage, list):  # per token
+            if len(advantage) != len(act):
+                raise ValueError(f"{len(advantage)} per-token advantages for a turn of {len(act)} sampled tokens")
+            advantages += advantage
+        else:
+            advantages += [advantage] * len(act)
     stats.built += 1
     return Episode(
         tokens=tokens,
@@ -249,7 +260,7 @@ def _episode(
 
 def build_episodes(
     trajectories: Sequence[Trajectory],
-    advantages: Sequence[Advantage] | Sequence[float],
+    advantages: Sequence[Advantage],
     max_seq_len: int | None = None,
     rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
     skip_infra_failures: bool = True,

@@ -56,6 +56,12 @@ def check_async(config: Config, world_size: int, placement: str | None) -> None:
     torchrun's ranks; one process, or ranks split by loop.generator_ranks; env rollouts;
     `placement`: the run plan's, plan.py); nothing for sync mode."""
     generators = config.loop.generator_ranks
+    if config.distill.enabled and placement in ("process", "ranks"):
+        raise ConfigError(
+            "distill.teacher",
+            f"the teacher scores groups in the trainer's process, and this run's generator runs in "
+            f"{placement} of its own: use loop.mode = \"sync\" or loop.generator = \"thread\"",
+        )
     if config.loop.mode != "async":
         if generators:
             raise ConfigError("loop.generator_ranks", 'splits the ranks in loop.mode = "async" only')

@@ -1,0 +1,174 @@
+"""The teacher of on-policy distillation: a checkpoint that scores the student's sampled tokens.
+
+It lives with the scorer because a teacher's log-ratio is a per-token signal that becomes an
+advantage (distill.py), and rollouts/ is the one place where advantages are made; it loads the
+checkpoint with agents/ (the model code and its HF checkpoint I/O), as the rollouts drive the
+policy through agents/.
+
+`Teacher(directory, ...)` loads a Hugging Face directory with toolgym's own model code
+(agents/model/checkpoint.py `load_hf_checkpoint`) on the run's device, and refuses, in one line
+naming both fingerprints, a tokenizer other than the student's (agents/tokenizer.py
+`tokenizer_fingerprint`, the one recordings and checkpoints carry): its logprobs would be of other
+tokens. `annotate(group)` runs one no-grad forward over each of the group's training sequences
+(the Episodes builder's: rollouts/episodes.py `sequences`, so a context policy's rewrite or a
+template that is not append-only gives a sequence of its own, scored in its own context), batched
+over the group (right-padded: the model is causal, so padding after a sequence changes none of
+its logits), and writes into each transition `info[TEACHER_LOGPROBS]`: log_softmax(logits / T) of
+each sampled token, T the policy's sampling temperature, as the sampler's logprobs are.
+
+Failures: an exception while scoring a group (out of memory, a token outside the teacher's
+vocabulary, ...) makes `annotate` return its cause, and the group is dropped as an infrastructure
+failure (rollouts/batches.py); `max_consecutive_failures` failures in a row raise TeacherError
+with the cause, which stops the run. The forward runs on the caller's thread (the sync
+collector's, or the group producer's), blocking its asyncio loop for its duration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from ...agents.model.checkpoint import load_hf_checkpoint
+from ...agents.model.transformer import causal_lm_logprobs
+from ...agents.tokenizer import load_tokenizer, tokenizer_fingerprint
+from ..episodes import sequences
+from ..types import Trajectory
+from .distill import TEACHER_LOGPROBS, DistillConfig
+
+# Rows x padded length per forward: a group is split into forwards of at most this many tokens.
+MAX_BATCH_TOKENS = 65536
+
+
+class TeacherError(RuntimeError):
+    """The teacher cannot be used (its directory, its tokenizer), or its scoring failed
+    `max_consecutive_failures` groups in a row; `str()` names the cause."""
+
+
+def teacher_fingerprint(directory: str | Path) -> str:
+    """The tokenizer fingerprint of a teacher directory's tokenizer.json (TeacherError if none)."""
+    path = Path(directory) / "tokenizer.json"
+    if not path.is_file():
+        raise TeacherError(
+            f"distill.teacher {directory}: no tokenizer.json (needed to check it is the student's)"
+        )
+    return tokenizer_fingerprint(load_tokenizer(path))
+
+
+class Teacher:
+    """A checkpoint teacher (module doc). `config`: the run's [distill] section (its teacher is the
+    directory); `student_fingerprint`: the student tokenizer's; `temperature`: the policy's
+    sampling temperature."""
+
+    def __init__(
+        self,
+        config: DistillConfig,
+        *,
+        student_fingerprint: str,
+        temperature: float = 1.0,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if not config.teacher:
+            raise TeacherError("distill.teacher is empty: no teacher to load")
+        self._config, self.directory = config, Path(config.teacher)
+        if not (self.directory / "config.json").is_file():
+            raise TeacherError(
+                f"distill.teacher {self.directory} is not a Hugging Face directory (no config.json)"
+            )
+        self.fingerprint = teacher_fingerprint(self.directory)
+        if self.fingerprint != student_fingerprint:
+            raise TeacherError(
+                f"distill.teacher's tokenizer {self.fingerprint[:16]} ({self.directory / 'tokenizer.json'}) "
+                f"is not the student's {student_fingerprint[:16]}: the teacher must share the student's tokenizer"
+            )
+        self.temperature, self.device = temperature, torch.device(device)
+        self.model = load_hf_checkpoint(self.directory, dtype=dtype, device=self.device).eval()
+        self.model.requires_grad_(False)
+        self.vocab_size = self.model.config.vocab_size
+        self.consecutive_failures = 0
+        self.failures = 0  # groups whose scoring failed, over the run
+
+    @property
+    def config(self) -> DistillConfig:
+        return self._config
+
+    def describe(self) -> str:
+        """One line for the run's log."""
+        return f"distill: teacher {self.directory} (tokenizer {self.fingerprint[:16]}, the student's)"
+
+    @torch.no_grad()
+    def logprobs(self, token_lists: Sequence[Sequence[int]]) -> list[list[float]]:
+        """Per sequence of n tokens, the n - 1 teacher logprobs of tokens 1..n-1 given the ones
+        before, at the temperature (log_softmax(logits / T)); forwards of at most MAX_BATCH_TOKENS
+        (rows x padded length)."""
+        out: list[list[float]] = [[] for _ in token_lists]
+        order = sorted(range(len(token_lists)), key=lambda i: -len(token_lists[i]))
+        start = 0
+        while start < len(order):
+            longest = max(len(token_lists[order[start]]), 1)
+            rows = max(1, min(len(order) - start, MAX_BATCH_TOKENS // longest))
+            chunk = order[start : start + rows]
+            start += rows
+            if longest < 2:
+                continue
+            batch = torch.zeros(len(chunk), longest, dtype=torch.long)
+            for row, i in enumerate(chunk):
+                tokens = token_lists[i]
+                bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+                if bad:
+                    raise ValueError(
+                        f"token id {bad[0]} is outside the teacher's vocabulary of {self.vocab_size}"
+                    )
+                batch[row, : len(tokens)] = torch.tensor(list(tokens), dtype=torch.long)
+            lp = causal_lm_logprobs(self.model, batch.to(self.device), self.temperature).cpu()
+            for row, i in enumerate(chunk):
+                out[i] = lp[row, : max(len(token_lists[i]) - 1, 0)].tolist()
+        return out
+
+    def score(self, group: Sequence[Trajectory]) -> None:
+        """Write the teacher's logprobs of every sampled token into the group's transitions
+        (`info[TEACHER_LOGPROBS]`); raises what the forward raises."""
+        parts = [part for trajectory in group for part in sequences(trajectory)] if group else []
+        token_lists: list[list[int]] = []
+        for part in parts:
+            tokens: list[int] = []
+            for transition in part:
+                if not tokens and not transition.observation_tokens and transition.action.tokens:
+                    raise ValueError(
+                        "a training sequence starts with a sampled token: nothing to condition it on"
+                    )
+                tokens += transition.observation_tokens + transition.action.tokens
+            token_lists.append(tokens)
+        scored = self.logprobs(token_lists)
+        for part, lp in zip(parts, scored, strict=True):
+            position = 0
+            for transition in part:
+                start = position + len(transition.observation_tokens)
+                end = start + len(transition.action.tokens)
+                transition.info[TEACHER_LOGPROBS] = lp[start - 1 : end - 1] if end > start else []
+                position = end
+
+    def annotate(self, group: Sequence[Trajectory]) -> str | None:
+        """`score`, with failures counted (module doc): None when the group was scored, else the
+        cause in one line (the caller drops the group); TeacherError on the
+        `max_consecutive_failures`-th failure in a row."""
+        try:
+            self.score(group)
+        except Exception as exc:  # any failure of the teacher is an infrastructure failure
+            for trajectory in group:  # no partial annotation survives into a recording
+                for transition in trajectory.transitions:
+                    transition.info.pop(TEACHER_LOGPROBS, None)
+            self.consecutive_failures += 1
+            self.failures += 1
+            cause = f"{type(exc).__name__}: {exc}"
+            limit = self._config.max_consecutive_failures
+            if self.consecutive_failures >= limit:
+                raise TeacherError(
+                    f"the teacher ({self.directory}) failed {self.consecutive_failures} groups in a row "
+                    f"(distill.max_consecutive_failures = {limit}); last cause: {cause}"
+                ) from exc
+            return cause
+        self.consecutive_failures = 0
+        return None

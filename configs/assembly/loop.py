@@ -25,12 +25,16 @@ from ...rollouts.evaluation import EvalReport, evaluate
 from ...rollouts.recording.format import (
     POLICY_MODEL,
     SCORING,
+    TEACHER,
     RecordingHeader,
     RecordingWriter,
     policy_model_entry,
     scoring_entry,
+    teacher_entry,
 )
+from ...rollouts.scoring.distill import TeacherScorer
 from ...rollouts.scoring.scorer import OverStale
+from ...rollouts.scoring.teacher import Teacher
 from ...trainers.checkpoint import CheckpointManager
 from ...trainers.distributed import DistInfo
 from ...trainers.loop.generators import RankGroups, serve_generator
@@ -93,6 +97,8 @@ def recording_header(config: Config, run: RunDir, renderer: Renderer) -> Callabl
     extra = run_chat_template_extra(config) | {
         POLICY_MODEL: policy_model_entry(base, adapter if lora.enabled else None)
     }
+    if config.distill.enabled:  # the teacher whose logprobs the transitions carry
+        extra[TEACHER] = teacher_entry(config.distill.teacher, fingerprint)
 
     # How the run scores what it trains on: replay's policy gradient and the viewer score a
     # training recording with it (rollouts/recording/format.py); evals are not trained on.
@@ -101,6 +107,7 @@ def recording_header(config: Config, run: RunDir, renderer: Renderer) -> Callabl
             config.batch.advantage,
             msgspec.to_builtins(config.trainer.loss),
             train_on_infra_failures=config.batch.train_on_infra_failures,
+            distill=config.distill if config.distill.enabled else None,
         )
     }
 
@@ -151,13 +158,17 @@ def build_source(
     policy: Policy,
     stream: TaskSeedStream,
     batch_config: BatchConfig,
+    teacher: TeacherScorer | None = None,
 ) -> BatchSource:
     """The loop's batch source (module doc). `dist.generators`: generator processes or ranks
-    joined over `dist.channel` (0: none)."""
+    joined over `dist.channel` (0: none); `teacher`: on-policy distillation's (sync and
+    in-process async only: configs/assembly/placement.py refuses the others)."""
     if plan.mode == "sync":
-        return SyncSource(runner, stream, batch_config, policy)
+        return SyncSource(runner, stream, batch_config, policy, teacher)
     if not dist.generators:
-        return ProducerSource(runner, stream, batch_config, policy, buffer_capacity(config), over_stale(config))
+        return ProducerSource(
+            runner, stream, batch_config, policy, buffer_capacity(config), over_stale(config), teacher
+        )
     groups = None
     if dist.is_main:  # trainer rank 0 speaks to the generators; processes on this machine share memory
         groups = RankGroups(dist.channel, dist.generators, shared_weights=plan.placement == "process")
@@ -185,7 +196,8 @@ def build_loop(
         config.batch, groups_per_batch=groups, max_seq_len=config.batch.max_seq_len or max_seq_len
     )
     runner = build_runner(config, policy, renderer)
-    source = build_source(config, plan, dist, runner, policy, stream, batch_config)
+    teacher = build_teacher(config, renderer, dist.device, log)
+    source = build_source(config, plan, dist, runner, policy, stream, batch_config, teacher)
     header = recording_header(config, run, renderer)  # the tokenizer's fingerprint, the template: once
     writer = None
     if config.logging.record_training and (dist.is_main or not split):  # split: rank 0 has the groups
@@ -202,6 +214,23 @@ def build_loop(
         start_step,
         writer,
     )
+
+
+def build_teacher(
+    config: Config, renderer: Renderer, device: torch.device | str, log: MetricsLog
+) -> Teacher | None:
+    """[distill]'s teacher on the run's device (None when distill.teacher is ""); its tokenizer
+    must be the student's (rollouts/scoring/teacher.py)."""
+    if not config.distill.enabled:
+        return None
+    teacher = Teacher(
+        config.distill,
+        student_fingerprint=tokenizer_fingerprint(renderer.tokenizer),
+        temperature=config.policy.temperature,
+        device=device,
+    )
+    log.print(teacher.describe())
+    return teacher
 
 
 def run_generator(config: Config, plan: RunPlan, dist_info: DistInfo, renderer: Renderer, threads: int = 0) -> int:

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ..scoring.advantages import AdvantageConfig
+from ..scoring.distill import DistillConfig
 from ..types import Trajectory
 
 if TYPE_CHECKING:
@@ -153,6 +154,15 @@ def chat_template_entry(
 
 
 SCORING = "scoring"  # RecordingHeader.extra key: how the run scored its episodes (`scoring_entry`)
+# RecordingHeader.extra key: on-policy distillation's teacher (`teacher_entry`), whose logprobs the
+# transitions carry (info["teacher_logprobs"], rollouts/scoring/distill.py)
+TEACHER = "teacher"
+
+
+def teacher_entry(path: str, fingerprint: str) -> dict[str, Any]:
+    """`RecordingHeader.extra[TEACHER]`: the teacher's directory and its tokenizer's fingerprint
+    (the student's: the run refuses any other)."""
+    return {"path": path, "tokenizer_fingerprint": fingerprint}
 
 
 class ScoringEntry(msgspec.Struct, frozen=True, kw_only=True):
@@ -164,16 +174,21 @@ class ScoringEntry(msgspec.Struct, frozen=True, kw_only=True):
     advantage: AdvantageConfig
     train_on_infra_failures: bool
     loss: dict[str, Any] = msgspec.field(default_factory=dict)
+    distill: DistillConfig | None = None  # on-policy distillation's weights (None: off)
 
 
 def scoring_entry(
-    advantage: AdvantageConfig, loss: Mapping[str, Any], *, train_on_infra_failures: bool
+    advantage: AdvantageConfig,
+    loss: Mapping[str, Any],
+    *,
+    train_on_infra_failures: bool,
+    distill: DistillConfig | None = None,
 ) -> dict[str, Any]:
     """`RecordingHeader.extra[SCORING]` for a run that scores with `advantage` (and trains on
     infrastructure failures or not) under the loss settings `loss` (plain values: the trainer's
     loss config as builtins)."""
     entry = ScoringEntry(
-        advantage=advantage, train_on_infra_failures=train_on_infra_failures, loss=dict(loss)
+        advantage=advantage, train_on_infra_failures=train_on_infra_failures, loss=dict(loss), distill=distill
     )
     return msgspec.to_builtins(entry)
 

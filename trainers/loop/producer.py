@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ...rollouts.batches import BatchConfig, GroupRunner, ScoredGroup, TaskSeedStream, roll_group
+from ...rollouts.scoring.distill import TeacherScorer
 
 _POLL_S = 0.02
 
@@ -61,7 +62,10 @@ class GroupProducer:
         concurrent_groups: int,
         capacity: int,
         replay: Sequence[int] = (),
+        teacher: TeacherScorer | None = None,
     ) -> None:
+        """teacher: scores each finished group on this thread (on-policy distillation)."""
+        self.teacher = teacher
         if concurrent_groups < 1 or capacity < 1:
             raise ValueError(
                 f"concurrent_groups and capacity must be >= 1, got {concurrent_groups}, {capacity}"
@@ -161,7 +165,7 @@ class GroupProducer:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _one_group(self, seed: int, index: int) -> None:
-        group = await roll_group(self.runner, seed, index, self.config)
+        group = await roll_group(self.runner, seed, index, self.config, self.teacher)
         while self._buffer.qsize() >= self.capacity and not self._stop.is_set():
             await asyncio.sleep(_POLL_S)
         if not self._stop.is_set():

@@ -34,6 +34,7 @@ from tqdm import tqdm
 from ...agents.policy import Policy
 from ...rollouts.evaluation import EvalReport
 from ...rollouts.recording.format import RecordingHeader, RecordingWriter
+from ...rollouts.scoring.teacher import TeacherError
 from ..checkpoint import CheckpointManager
 from ..config import CheckpointConfig
 from ..distributed import DistInfo
@@ -65,7 +66,8 @@ class LoopSettings(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class NoLearningError(RuntimeError):
-    """The run cannot learn: run.max_steps_without_learning steps in a row changed nothing
+    """The run cannot learn: run.max_steps_without_learning steps in a row changed nothing, or
+    on-policy distillation's teacher failed distill.max_consecutive_failures groups in a row
     (`str()` names the cause and the setting). `train` ends the run with exit code 1."""
 
 
@@ -77,6 +79,8 @@ def no_learning_cause(metrics: Mapping[str, float], updated_before: bool = False
     learn from, not a failure) and does not count."""
     if metrics.get("train/episodes", 0.0) == 0:
         rolled = metrics.get("dynamic_sampling/groups_rolled_out", 0.0)
+        if rolled and metrics.get("batch/groups_scoring_failed", 0.0) >= rolled:
+            return "the teacher's scoring failed for every group (distill.teacher)"
         if rolled and metrics.get("batch/groups_without_trainable", 0.0) >= rolled:
             return "0 trainable tokens (no sampled token in any episode)"
         if updated_before:
@@ -176,7 +180,10 @@ class RLLoop:
         """Take a batch, train, publish the weights. Collective. Returns the step's metrics (all
         ranks combined)."""
         started = time.perf_counter()
-        batch = self.source.next_batch(runner, self.trainer.step)
+        try:
+            batch = self.source.next_batch(runner, self.trainer.step)
+        except TeacherError as exc:  # the sync collector raises it; every rank's teacher counts alike
+            raise NoLearningError(str(exc)) from exc
         rolled = time.perf_counter()
         train: dict[str, float] = {}
         sync_s = 0.0

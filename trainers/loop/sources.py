@@ -30,6 +30,7 @@ import msgspec
 
 from ...agents.policy import Policy
 from ...rollouts.batches import BatchConfig, GroupRunner, RolloutBatch, TaskSeedStream, collect_batch
+from ...rollouts.scoring.distill import TeacherScorer
 from ...rollouts.scoring.scorer import OverStale
 from ...rollouts.types import Episode, Trajectory
 from ..distributed import all_gather_objects, all_reduce, broadcast_object
@@ -89,10 +90,12 @@ _SUMMED = (
     "batch/tokens",
     "batch/sampled_tokens",
     "batch/groups_without_trainable",
+    "batch/groups_scoring_failed",
+    "distill/scored_tokens",
     "dynamic_sampling/groups_rolled_out",
     "dynamic_sampling/surplus_groups",
 )
-_MAXED = ("rollout/time_s", "dynamic_sampling/rounds")
+_MAXED = ("rollout/time_s", "dynamic_sampling/rounds", "distill/teacher_s")
 
 
 def combine_rank_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
@@ -122,15 +125,22 @@ class SyncSource:
     sharded = True
 
     def __init__(
-        self, runner: GroupRunner, stream: TaskSeedStream, config: BatchConfig, policy: Policy
+        self,
+        runner: GroupRunner,
+        stream: TaskSeedStream,
+        config: BatchConfig,
+        policy: Policy,
+        teacher: TeacherScorer | None = None,
     ) -> None:
+        """teacher: scores each group before the scorer (on-policy distillation)."""
         self.runner, self.stream, self.config, self.policy = runner, stream, config, policy
+        self.teacher = teacher
 
     def start(self, trainer: Trainer, positions: Sequence[int], pending: Sequence[int]) -> None:
         pass  # the stream's position is set where the stream is built, the policy's weights too
 
     def next_batch(self, runner: asyncio.Runner, trainer_version: int) -> StepBatch:
-        batch = runner.run(collect_batch(self.runner, self.stream, self.config))
+        batch = runner.run(collect_batch(self.runner, self.stream, self.config, self.teacher))
         (total,) = all_reduce([float(len(batch.episodes))])
         metrics = combine_rank_metrics(all_gather_objects(batch.metrics))
         return StepBatch(batch.episodes, batch.trajectories, metrics, total)
@@ -160,9 +170,11 @@ class ProducerSource:
         policy: Policy,
         capacity: int,
         over_stale: OverStale,
+        teacher: TeacherScorer | None = None,
     ) -> None:
+        """teacher: scores each group on the producer's thread (on-policy distillation)."""
         self.runner, self.stream, self.config, self.policy = runner, stream, config, policy
-        self.capacity, self.over_stale = capacity, over_stale
+        self.capacity, self.over_stale, self.teacher = capacity, over_stale, teacher
         self.producer: GroupProducer | None = None
         self.pending: list[int] = []
 
@@ -178,8 +190,11 @@ class ProducerSource:
                 concurrent_groups=self.config.groups_per_batch,
                 capacity=self.capacity,
                 replay=self.pending,
+                teacher=self.teacher,
             )
-        batch = take_batch(self.producer, self.config, trainer_version, self.over_stale)
+        batch = take_batch(
+            self.producer, self.config, trainer_version, self.over_stale, distill=self.teacher is not None
+        )
         return StepBatch(batch.episodes, batch.trajectories, batch.metrics, float(len(batch.episodes)))
 
     def publish(self, trainer: Trainer) -> float:

@@ -31,21 +31,32 @@ def take_batch(
     config: BatchConfig,
     trainer_version: int,
     over_stale: OverStale,
+    distill: bool = False,
 ) -> RolloutBatch:
-    """Take groups until the batch is full (module doc); the assembler builds its Episodes and metrics."""
+    """Take groups until the batch is full (module doc); the assembler builds its Episodes and
+    metrics. A group whose teacher scoring failed is dropped and waited out like a stale one;
+    `distill`: a teacher scored the groups (the assembler's `distill/` metrics)."""
     started = time.perf_counter()
     buffered = producer.buffered
     needed = config.groups_per_batch
     limit = needed + config.max_extra_rounds * (config.max_groups_per_round or 4 * needed)
     if not config.dynamic_sampling:
         limit = needed
-    assembler = BatchAssembler(config, over_stale)
+    assembler = BatchAssembler(config, over_stale, distill=distill)
     taken = 0
-    while assembler.kept < needed and taken - assembler.stale_dropped < limit:  # wait out stale groups
+    # wait out stale groups and groups whose teacher failed
+    while assembler.kept < needed and taken - assembler.stale_dropped - assembler.scoring_failed < limit:
         group = producer.take()
         taken += 1
         staleness = trainer_version - group.oldest_version
-        assembler.offer(group.trajectories, group.advantages, group.informative, staleness)
+        assembler.offer(
+            group.trajectories,
+            group.advantages,
+            group.informative,
+            staleness,
+            failure=group.failure,
+            teacher_s=group.teacher_s,
+        )
     waited = time.perf_counter() - started
 
     batch = assembler.result(taken)

@@ -247,7 +247,10 @@ class RecordingIndex:
         self._scored_groups.add(group[0].group_id)
         try:
             advantages, _ = score_group(
-                group, scoring.advantage, train_on_infra_failures=scoring.train_on_infra_failures
+                group,
+                scoring.advantage,
+                train_on_infra_failures=scoring.train_on_infra_failures,
+                distill=scoring.distill,
             )
         except ValueError as exc:  # a reward that is not a finite number: training never scores one
             self._problem(f"group {group[0].group_id}: advantages unknown ({exc})")
@@ -255,9 +258,10 @@ class RecordingIndex:
         for i, advantage in zip(rows, advantages, strict=True):
             row = self.rows[i]
             self._advantages[i] = advantage
-            if isinstance(advantage, list):
-                row["turn_adv"] = [_finite(a) for a in advantage]
-                row["adv"] = _finite(math.fsum(advantage) / len(advantage)) if advantage else 0.0
+            if isinstance(advantage, list):  # per turn; a per-token turn (distillation) shows its mean
+                per_turn = [(math.fsum(a) / len(a) if a else 0.0) if isinstance(a, list) else a for a in advantage]
+                row["turn_adv"] = [_finite(a) for a in per_turn]
+                row["adv"] = _finite(math.fsum(per_turn) / len(per_turn)) if per_turn else 0.0
             else:
                 row["adv"] = _finite(advantage)
                 row["turn_adv"] = [row["adv"]] * row["turns"]

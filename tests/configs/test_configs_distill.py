@@ -1,0 +1,113 @@
+"""On-policy distillation from a config: [distill] loads and is checked in one-line errors (its
+numbers, the teacher's directory, its tokenizer), and a short `toolgym train` run with a teacher
+checkpoint logs a finite reverse KL (about 0 on the first step, the teacher being the student's
+own initial weights) and records the teacher."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import msgspec
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from toolgym.agents.model.checkpoint import save_hf_checkpoint
+from toolgym.agents.tokenizer import load_tokenizer, tokenizer_fingerprint
+from toolgym.configs.assembly.parts import initial_model
+from toolgym.configs.checks import check_environment
+from toolgym.configs.cli.train import train
+from toolgym.configs.load import ConfigError, config_from_dict, load_config, tokenizer_path
+from toolgym.rollouts.recording.format import TEACHER, RecordingReader, recorded_scoring
+from toolgym.rollouts.scoring.distill import TEACHER_LOGPROBS
+from toolgym.trainers.metrics_log import read_metrics
+
+
+def raw_config(run_dir: Path, teacher: str = "") -> dict:
+    return {
+        "run": {"steps": 2, "run_dir": str(run_dir), "plot": False, "export_hf": False},
+        "env": {"kwargs": {"tier": "recursive", "difficulty": "easy", "max_turns": 3}},
+        "model": {"name": "test", "overrides": {"vocab_size": 1024}},
+        "policy": {"max_batch_size": 16, "max_seq_len": 256},
+        "rollout": {"group_size": 2, "max_turns": 3, "max_tokens_per_turn": 8, "max_tokens_per_episode": 24},
+        "batch": {"groups_per_batch": 2},
+        "eval": {"every_steps": 0, "at_start": False, "at_end": False, "num_tasks": 2, "record": False},
+        "checkpoint": {"every_steps": 0, "at_end": False},
+        "logging": {"progress_bar": False, "record_training": True},
+        "distill": {"teacher": teacher, "weight": 1.0, "reward_weight": 0.5},
+    }
+
+
+def error_of(raw: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(raw)
+    return str(info.value)
+
+
+def test_distill_numbers_are_checked_at_load_time(tmp_path):
+    raw = raw_config(tmp_path / "run", "somewhere")
+    raw["distill"]["weight"] = -1.0
+    assert error_of(raw) == "config error: distill.weight: must be a finite number >= 0, got -1.0"
+    raw["distill"].update(weight=0.0, reward_weight=0.0)
+    assert error_of(raw).startswith(
+        "config error: distill: distill.weight and distill.reward_weight are both 0"
+    )
+
+
+def test_the_teacher_directory_and_tokenizer_are_checked_before_the_run(tmp_path):
+    config = config_from_dict(raw_config(tmp_path / "run", str(tmp_path / "missing")))
+    with pytest.raises(ConfigError, match=r"distill\.teacher: .*missing is not a Hugging Face directory"):
+        check_environment(config)
+    other = Tokenizer(models.BPE())
+    other.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    other.train_from_iterator(
+        ["another vocabulary"] * 5,
+        trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"], show_progress=False),
+    )
+    other.save(str(tmp_path / "other.json"))
+    teacher = save_hf_checkpoint(
+        initial_model(config), initial_model(config).config, tmp_path / "t", tmp_path / "other.json"
+    )
+    config = config_from_dict(raw_config(tmp_path / "run", str(teacher)))
+    with pytest.raises(ConfigError) as info:
+        check_environment(config)
+    ours = tokenizer_fingerprint(load_tokenizer(tokenizer_path(config)))
+    message = str(info.value)
+    assert message.startswith("config error: distill.teacher: its tokenizer ") and "\n" not in message
+    assert ours[:16] in message and tokenizer_fingerprint(other)[:16] in message
+
+
+def test_the_distill_preset_loads_with_a_teacher_given_by_set(tmp_path):
+    config, _ = load_config("zorplex_recursive_distill_tiny", [f"distill.teacher={tmp_path}"])
+    assert config.distill.teacher == str(tmp_path) and config.distill.reward_weight == 0.0
+    default, _ = load_config("zorplex_recursive_distill_tiny")
+    assert default.distill.teacher == ""
+
+
+@pytest.mark.slow
+def test_a_distill_run_logs_a_finite_reverse_kl_and_records_the_teacher(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    student = config_from_dict(raw_config(run_dir))
+    model = initial_model(student)  # the teacher: the student's own initial weights
+    teacher = save_hf_checkpoint(model, model.config, tmp_path / "teacher", tokenizer_path(student))
+    config = config_from_dict(raw_config(run_dir, str(teacher)))
+    check_environment(config)
+    assert train(config) == 0
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert math.isfinite(r["distill/reverse_kl_mean"]) and math.isfinite(r["distill/reverse_kl_turn0"])
+        assert r["distill/scored_tokens"] > 0 and r["distill/teacher_s"] > 0
+        assert r["batch/groups_scoring_failed"] == 0
+    # step 1 sampled with the teacher's own weights: the sampler's logprobs are the teacher's
+    assert abs(steps[0]["distill/reverse_kl_mean"]) < 1e-3
+    reader = RecordingReader(run_dir / "trajectories" / "train_rank0.jsonl")
+    header, trajectories = reader.header, list(reader)
+    entry = header.extra[TEACHER]
+    assert entry == {"path": str(teacher), "tokenizer_fingerprint": header.tokenizer_fingerprint}
+    scoring = recorded_scoring(header)
+    assert scoring is not None and scoring.distill == config.distill
+    assert trajectories and all(
+        len(t.info[TEACHER_LOGPROBS]) == len(t.action.tokens) for tr in trajectories for t in tr.transitions
+    )
+    assert msgspec.to_builtins(config.distill)["teacher"] == str(teacher)

@@ -2,7 +2,7 @@
 
 Every record is one JSON object: {"kind": "sft" | "train" | "eval", "step": n, "time": unix
 seconds, <metric name>: value, ...}. Train metrics keep the components' names (`rollout/...`,
-`batch/...`, `dynamic_sampling/...`, `episodes/...` from the rollouts, `train/...` from the
+`batch/...`, `dynamic_sampling/...`, `episodes/...`, `credit/...`, `distill/...` from the rollouts, `train/...` from the
 trainer, `time/...` and `memory/...` from the loop); eval metrics are `eval/...`; SFT metrics `sft/...`. Console
 lines go through `tqdm.write` so they do not fight the progress bar.
 """

@@ -24,7 +24,7 @@ command, and the game itself answers every command, a senseless one included ("T
 verb I recognise."). A tool call would only wrap the same string in a format (more tokens, a
 format error the game cannot have), and `ToolEnv` ends an episode only on an answer, while a game
 ends when it is won or lost. So, as `toolgym/TextArena-v0`, this is a `TextEnv`: one action is
-one command (its first non-empty line, ASCII only; at most 200 characters).
+one command (its first non-empty line, ASCII only; at most 190 characters, as the interpreter reads no more).
 
 Observations are the game's feedback cleaned of the interpreter's padding: the title banner
 (ASCII art) at the start, the `>` prompt with the status line after it (`-= Kitchen =-2/5`), the
@@ -52,6 +52,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Final
 
@@ -69,7 +70,7 @@ INSTRUCTIONS: Final = (
     "reach the goal it sets to win."
 )
 ADMISSIBLE_HEADING: Final = "Commands you can use:"
-MAX_COMMAND_CHARS: Final = 200
+MAX_COMMAND_CHARS: Final = 190  # Jericho reads at most 198 bytes of a command
 _BANNER_LINE: Final = re.compile(r"^[\s_|\\$/<>()\-=+*#.,'`~^]*$")
 _RESTART: Final = re.compile(r"^\s*Would you like to RESTART.*$", re.MULTILINE)
 _BLANKS: Final = re.compile(r"\n{3,}")
@@ -112,7 +113,8 @@ class TextWorldEnv(TextEnv):
     """`gymnasium.make("toolgym/TextWorld-v0", **knobs)`; see the module doc.
 
     Knobs: nb_rooms, nb_objects, quest_length (actions per quest), quests (parallel quests, one
-    point each), game_dir (the compiled games' cache), admissible_commands (list them in each
+    point each), quest_breadth (tw-make's --quest-breadth: branches
+    of a quest; a branch's end is a point of its own), game_dir (the compiled games' cache), admissible_commands (list them in each
     observation), invalid_command_penalty (a magnitude per invalid command), max_turns."""
 
     def __init__(
@@ -122,6 +124,7 @@ class TextWorldEnv(TextEnv):
         nb_objects: int = 10,
         quest_length: int = 4,
         quests: int = 3,
+        quest_breadth: int = 1,
         game_dir: str | None = None,
         admissible_commands: bool = False,
         invalid_command_penalty: float = 0.0,
@@ -138,6 +141,7 @@ class TextWorldEnv(TextEnv):
             ("nb_objects", nb_objects, 0),
             ("quest_length", quest_length, 1),
             ("quests", quests, 1),
+            ("quest_breadth", quest_breadth, 1),
             ("max_turns", max_turns, 1),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
@@ -151,7 +155,7 @@ class TextWorldEnv(TextEnv):
                 f"invalid_command_penalty is a magnitude: a float >= 0, got {invalid_command_penalty!r}"
             )
         self.nb_rooms, self.nb_objects = nb_rooms, nb_objects
-        self.quest_length, self.quests = quest_length, quests
+        self.quest_length, self.quests, self.quest_breadth = quest_length, quests, quest_breadth
         self.game_dir = Path(game_dir) if game_dir is not None else DEFAULT_GAME_DIR
         self.list_admissible = bool(admissible_commands)
         self.invalid_command_penalty = float(invalid_command_penalty)
@@ -168,7 +172,8 @@ class TextWorldEnv(TextEnv):
 
     @property
     def spec_name(self) -> str:
-        return f"r{self.nb_rooms}-o{self.nb_objects}-l{self.quest_length}-q{self.quests}"
+        breadth = f"-b{self.quest_breadth}" if self.quest_breadth != 1 else ""
+        return f"r{self.nb_rooms}-o{self.nb_objects}-l{self.quest_length}-q{self.quests}{breadth}"
 
     def game_path(self, seed: int) -> Path:
         """The compiled game of `seed` in the cache (its folder also holds TextWorld's .json)."""
@@ -187,6 +192,7 @@ class TextWorldEnv(TextEnv):
             options.seeds = seed
             options.nb_rooms, options.nb_objects = self.nb_rooms, self.nb_objects
             options.quest_length, options.nb_parallel_quests = self.quest_length, self.quests
+            options.quest_breadth = self.quest_breadth
             options.path = str(scratch / "game.z8")
             options.file_ext = ".z8"
             options.force_recompile = True
@@ -268,8 +274,11 @@ class TextWorldEnv(TextEnv):
             moves=True,
             extras=["walkthrough"],
         )
-        self._game = textworld.start(str(path), infos)
-        state = self._game.reset()
+        with warnings.catch_warnings():
+            # Jericho knows only its own catalogue of games; TextWorld reads the score itself.
+            warnings.filterwarnings("ignore", message=".*is not fully supported")
+            self._game = textworld.start(str(path), infos)
+            state = self._game.reset()
         self._state = state
         self._walkthrough = [str(c) for c in (state.get("extra.walkthrough") or [])]
         self._score = int(state.get("score") or 0)

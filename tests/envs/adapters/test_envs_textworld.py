@@ -1,0 +1,207 @@
+"""toolgym/TextWorld-v0: games generated and compiled from the seed (TextWorld's own generator
+and Inform 7), the walkthrough oracle winning them, the score's per-turn rewards, invalid
+commands answered and counted, cleaned observations, the compiled-game cache (reused, built
+once by two processes at once), a game that cannot be built failing only its reset, and
+check_env. Compiling a game takes a second or two of CPU: the games are built once per module."""
+
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import gymnasium
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+pytest.importorskip("textworld")
+
+from toolgym.envs import list_envs
+from toolgym.envs.adapters.textworld import (
+    ADMISSIBLE_HEADING,
+    TextWorldEnv,
+    TextWorldGameError,
+    clean_feedback,
+)
+
+ENV_ID = "toolgym/TextWorld-v0"
+SEEDS = (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def game_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("textworld-games")
+
+
+def make(game_dir: Path, **kwargs) -> TextWorldEnv:
+    env = gymnasium.make(ENV_ID, game_dir=str(game_dir), **kwargs).unwrapped
+    assert isinstance(env, TextWorldEnv)
+    return env
+
+
+def play(env, actions):
+    """Step `actions` until the episode ends: (rewards, observations, last info, terminated)."""
+    rewards, observations, info, terminated = [], [], {}, False
+    for action in actions:
+        observation, reward, terminated, truncated, info = env.step(action)
+        rewards.append(reward)
+        observations.append(observation)
+        if terminated or truncated:
+            break
+    return rewards, observations, info, terminated
+
+
+def test_registered_and_listed_with_its_knobs():
+    knobs = list_envs()[ENV_ID]
+    assert knobs["nb_rooms"] == 5 and knobs["quests"] == 3 and knobs["quest_length"] == 4
+    assert knobs["admissible_commands"] is False and knobs["game_dir"] is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SEEDS)
+def test_oracle_wins_and_the_score_rewards_sum_to_the_final_score(game_dir, seed):
+    env = make(game_dir)
+    _, info = env.reset(seed=seed)
+    walkthrough = env.oracle_actions()
+    assert len(walkthrough) >= 9 and env.answer == walkthrough[-1]
+    assert info["max_score"] == 3
+    rewards, _, last, terminated = play(env, walkthrough)
+    assert terminated and len(rewards) == len(walkthrough)
+    assert last["end_reason"] == "answered" and last["failure_mode"] == "success"
+    metrics = last["metrics"]
+    assert metrics["success"] == 1.0 and metrics["normalized_score"] == 1.0
+    assert sum(rewards) == metrics["score"] == info["max_score"] == sum(last["reward_components"].values())
+    assert sum(1 for r in rewards if r > 0) == 3  # one point per quest, at the step it is reached
+    assert metrics["invalid_commands"] == 0.0
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        env.step("look")
+    env.close()
+
+
+@pytest.mark.slow
+def test_same_seed_same_transcript_and_seeds_differ(game_dir):
+    env = make(game_dir)
+    first, _ = env.reset(seed=0)
+    transcript = play(env, ["look", *env.oracle_actions()])[1]
+    again, _ = env.reset(seed=0)
+    assert again == first and play(env, ["look", *env.oracle_actions()])[1] == transcript
+    other, _ = env.reset(seed=1)
+    assert other != first
+    env.close()
+
+
+@pytest.mark.slow
+def test_invalid_command_answered_counted_and_penalised(game_dir):
+    env = make(game_dir, invalid_command_penalty=0.25)
+    env.reset(seed=0)
+    observation, reward, terminated, truncated, info = env.step("xyzzy")
+    assert observation == "That's not a verb I recognise." and not (terminated or truncated)
+    assert info["invalid_command"] and info["invalid_commands"] == 1 and reward == -0.25
+    observation, reward, *_, info = env.step("take the moon\nand more")
+    assert "moon" not in observation and observation  # the game answered the first line
+    assert info["command"] == "take the moon" and info["metrics"]["invalid_commands"] == 2.0
+    assert info["reward_components"]["invalid_command"] == -0.5
+    _, reward, *_, info = env.step("  LOOK ")  # admissible: case and spaces do not matter
+    assert not info["invalid_command"] and reward == 0.0 and info["invalid_commands"] == 2
+    env.close()
+
+
+@pytest.mark.slow
+def test_observations_are_cleaned_and_admissible_commands_listed(game_dir):
+    env = make(game_dir, admissible_commands=True)
+    question, _ = env.reset(seed=0)
+    raw = env._game.reset()["feedback"]  # what the interpreter itself prints
+    assert "$$" in raw and re.search(r"-= \w+ =-\d+/\d+", raw)
+    assert question.startswith("Welcome") or question[0].isalpha()
+    assert "$$" not in question and "\n>" not in question and not re.search(r"=-\d+/\d+", question)
+    assert ADMISSIBLE_HEADING in question and "go north" in question.split(ADMISSIBLE_HEADING)[1]
+    _, observations, _, _ = play(env, env.oracle_actions())
+    for observation in observations:
+        assert "\n>" not in observation and not re.search(r"=-\d+/\d+", observation)
+        assert "\n\n\n" not in observation and observation == observation.strip()
+    assert "RESTART" not in observations[-1] and "The End" in observations[-1]
+    assert ADMISSIBLE_HEADING in observations[0] and ADMISSIBLE_HEADING not in observations[-1]
+    env.close()
+
+
+def test_clean_feedback_drops_banner_prompt_status_and_restart():
+    raw = (
+        "\n\n   ____  __\n  |    \\|  \\\n   \\$$$$$ $$\n\nWelcome! Your task.\n\n-= Hall =-\nA hall.\n\n\n\n"
+        ">                                -= Hall =-0/3"
+    )
+    assert clean_feedback(raw, first=True) == "Welcome! Your task.\n\n-= Hall =-\nA hall."
+    end = "\nYou win.\n\n   *** The End ***\n\nWould you like to RESTART, RESTORE a saved game, QUIT or UNDO?\n>   -= Hall =-3/9"
+    assert clean_feedback(end) == "You win.\n\n   *** The End ***"
+
+
+@pytest.mark.slow
+def test_a_second_env_reuses_the_compiled_game(game_dir):
+    first = make(game_dir)
+    first.reset(seed=0)
+    path = first.game_path(0)
+    stamp = path.stat().st_mtime_ns
+    second = make(game_dir)
+    second.reset(seed=0)
+    assert second.builds == 0 and path.stat().st_mtime_ns == stamp
+    assert not [p for p in game_dir.iterdir() if p.name.startswith(".build-")]
+    first.close()
+    second.close()
+
+
+_BUILD = """
+import sys, gymnasium, toolgym.envs
+env = gymnasium.make("toolgym/TextWorld-v0", game_dir=sys.argv[1]).unwrapped
+env.reset(seed=5)
+print(len(env.oracle_actions()))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_building_one_seed_both_get_the_whole_game(tmp_path):
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _BUILD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert outputs[0] == outputs[1] and int(outputs[0]) > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tw-r5-o10-l4-q3-s5"]
+    assert sorted(p.name for p in (tmp_path / "tw-r5-o10-l4-q3-s5").iterdir()) == ["game.json", "game.z8"]
+
+
+def _children() -> set[int]:
+    me = str(os.getpid())
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == me:
+                    found.add(int(entry.name))
+            except (OSError, IndexError):
+                continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_game_that_cannot_be_built_fails_its_reset_in_one_line_leaving_nothing(tmp_path):
+    before = _children()
+    env = make(tmp_path, quest_length=5, quest_breadth=3)  # no such quest can be generated
+    with pytest.raises(TextWorldGameError) as raised:
+        env.reset(seed=0)
+    message = str(raised.value)
+    assert "\n" not in message and "game 0" in message and "QuestGenerationError" in message
+    assert list(tmp_path.iterdir()) == []
+    assert _children() <= before
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step("look")
+    env.close()
+
+
+@pytest.mark.slow
+def test_check_env(game_dir):
+    env = make(game_dir)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_env(env)
+    env.close()

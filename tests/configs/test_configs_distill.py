@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from toolgym.agents.model.checkpoint import save_hf_checkpoint
 from toolgym.agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from toolgym.configs.assembly.parts import initial_model
+from toolgym.configs.assembly.placement import check_async
 from toolgym.configs.checks import check_environment
 from toolgym.configs.cli.train import train
 from toolgym.configs.load import ConfigError, config_from_dict, load_config, tokenizer_path
@@ -84,13 +85,23 @@ def test_the_distill_preset_loads_with_a_teacher_given_by_set(tmp_path):
     assert default.distill.teacher == ""
 
 
+def test_generator_processes_are_refused_with_a_teacher(tmp_path):
+    raw = raw_config(tmp_path / "run", str(tmp_path))
+    raw["loop"] = {"mode": "async", "generator": "process"}
+    with pytest.raises(
+        ConfigError, match=r"distill\.teacher: the teacher scores groups in the trainer's process"
+    ):
+        check_async(config_from_dict(raw), 1, "process")
+
+
 @pytest.mark.slow
-def test_a_distill_run_logs_a_finite_reverse_kl_and_records_the_teacher(tmp_path: Path):
+@pytest.mark.parametrize("loop", [{}, {"mode": "async", "generator": "thread"}], ids=["sync", "async-thread"])
+def test_a_distill_run_logs_a_finite_reverse_kl_and_records_the_teacher(tmp_path: Path, loop: dict):
     run_dir = tmp_path / "run"
     student = config_from_dict(raw_config(run_dir))
     model = initial_model(student)  # the teacher: the student's own initial weights
     teacher = save_hf_checkpoint(model, model.config, tmp_path / "teacher", tokenizer_path(student))
-    config = config_from_dict(raw_config(run_dir, str(teacher)))
+    config = config_from_dict({**raw_config(run_dir, str(teacher)), "loop": loop})
     check_environment(config)
     assert train(config) == 0
     steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]

@@ -18,6 +18,7 @@ from toolgym.configs.assembly.parts import initial_model
 from toolgym.configs.assembly.placement import check_async
 from toolgym.configs.checks import check_environment
 from toolgym.configs.cli.train import train
+from toolgym.configs.cli.viewer.index import RecordingIndex
 from toolgym.configs.load import ConfigError, config_from_dict, load_config, tokenizer_path
 from toolgym.rollouts.recording.format import TEACHER, RecordingReader, recorded_scoring
 from toolgym.rollouts.scoring.distill import TEACHER_LOGPROBS
@@ -122,3 +123,16 @@ def test_a_distill_run_logs_a_finite_reverse_kl_and_records_the_teacher(tmp_path
         len(t.info[TEACHER_LOGPROBS]) == len(t.action.tokens) for tr in trajectories for t in tr.transitions
     )
     assert msgspec.to_builtins(config.distill)["teacher"] == str(teacher)
+    # the viewer re-scores the per-token advantages and shades by the teacher's log-ratio
+    index = RecordingIndex(run_dir / "trajectories" / "train_rank0.jsonl")
+    assert index.problems == [] and index.summary()["scoring"]["known"]
+    stream = index.episode(0, None)["stream"]
+    t = trajectories[0]
+    ratios = [
+        x - s
+        for tr in t.transitions
+        for x, s in zip(tr.info[TEACHER_LOGPROBS], tr.action.logprobs, strict=True)
+    ]
+    assert [x for x in stream["teacher"] if x is not None] == pytest.approx(ratios)
+    sampled = [a for a, m in zip(stream["adv"], stream["mask"], strict=True) if m]
+    assert len(sampled) == len(ratios) and all(math.isfinite(a) for a in sampled)

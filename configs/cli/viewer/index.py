@@ -54,6 +54,7 @@ from ....rollouts.recording.format import (
     recorded_scoring,
 )
 from ....rollouts.scoring.advantages import Credit
+from ....rollouts.scoring.distill import TEACHER_LOGPROBS
 from ....rollouts.scoring.scorer import score_group, trainable
 from ....rollouts.types import CONTEXT_REWRITE, SEQUENCE_START, Trajectory
 
@@ -259,7 +260,9 @@ class RecordingIndex:
             row = self.rows[i]
             self._advantages[i] = advantage
             if isinstance(advantage, list):  # per turn; a per-token turn (distillation) shows its mean
-                per_turn = [(math.fsum(a) / len(a) if a else 0.0) if isinstance(a, list) else a for a in advantage]
+                per_turn = [
+                    (math.fsum(a) / len(a) if a else 0.0) if isinstance(a, list) else a for a in advantage
+                ]
                 row["turn_adv"] = [_finite(a) for a in per_turn]
                 row["adv"] = _finite(math.fsum(per_turn) / len(per_turn)) if per_turn else 0.0
             else:
@@ -361,9 +364,10 @@ class RecordingIndex:
 
     def episode(self, i: int, renderer: ChatRenderer | None) -> dict[str, Any]:
         """Episode i in full: its row, texts, per-turn rewards, advantages and infos, and `stream`
-        (parallel lists: id, text, mask, logprob, adv, turn, pv; text is None when no renderer of
+        (parallel lists: id, text, mask, logprob, adv, turn, pv, teacher; text is None when no renderer of
         the recording's tokenizer is given, and `notice` says why; adv is None when the advantages
-        are unknown, and `scoring` says why)."""
+        are unknown, and `scoring` says why; teacher, on-policy distillation's log p_teacher -
+        log p_sampler per sampled token, is None when no teacher scored the episode)."""
         t = self.trajectory(i)
         row = self.rows[i]
         advantage = self._advantages[i]
@@ -372,9 +376,17 @@ class RecordingIndex:
         ids = [x for e in built for x in e.tokens]
         turn_of: list[int] = []
         version_of: list[int | None] = []
+        teacher_of: list[float | None] = []
         turns = []
         for k, tr in enumerate(t.transitions):
             turn_of += [k] * (len(tr.observation_tokens) + len(tr.action.tokens))
+            scored = tr.info.get(TEACHER_LOGPROBS)
+            ratios = (
+                [_finite(float(x) - float(s)) for x, s in zip(scored, tr.action.logprobs, strict=True)]
+                if isinstance(scored, list) and len(scored) == len(tr.action.logprobs)
+                else [None] * len(tr.action.tokens)
+            )
+            teacher_of += [None] * len(tr.observation_tokens) + ratios
             version_of += [None] * len(tr.observation_tokens) + [tr.action.policy_version] * len(tr.action.tokens)
             info = tr.info
             turns.append(
@@ -428,6 +440,7 @@ class RecordingIndex:
                 "adv": None if advantage is None else [x for e in built for x in e.advantages],
                 "turn": turn_of,
                 "pv": version_of,
+                "teacher": teacher_of if any(x is not None for x in teacher_of) else None,
             },
         }
 

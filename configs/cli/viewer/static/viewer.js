@@ -329,6 +329,8 @@ async function showEpisode(rid, i, target) {
   const transcript = el("div", { class: "transcript", "data-episode": ep.i });
   episodes.set(transcript, ep);
   drawTranscript(transcript, ep);
+  state.teacher = Boolean(ep.stream.teacher); // a teacher scored it: its log-ratio is a shade
+  if (!state.teacher && state.shade === "teacher") state.shade = "adv";
   target.replaceChildren(meta, shadeSwitch(), legend(), transcript);
   applyShade(transcript, ep);
   return true;
@@ -338,7 +340,9 @@ let shadeGroups = 0;
 function shadeSwitch() {
   const box = el("div", { class: "shade" }, "shade by:");
   const group = `shade-${(shadeGroups += 1)}`; // one radio group per transcript
-  for (const [mode, label] of [["mask", "loss mask"], ["logprob", "sampler logprob"], ["adv", "advantage"]]) {
+  const modes = [["mask", "loss mask"], ["logprob", "sampler logprob"], ["adv", "advantage"]];
+  if (state.teacher) modes.push(["teacher", "teacher log-ratio"]); // on-policy distillation's
+  for (const [mode, label] of modes) {
     const input = el("input", { type: "radio", name: group, value: mode, class: `shade-${mode}` });
     input.checked = state.shade === mode;
     input.addEventListener("change", () => {
@@ -357,6 +361,7 @@ function legend() {
   const span = (text, color) => { const s = el("span", { text }); s.style.background = color; return s; };
   if (state.shade === "mask") box.append(span("sampled: trained on (mask 1)", maskColor(1)), span("prompt / env: not trained (mask 0)", "#f1f1f1"));
   if (state.shade === "logprob") box.append(span("p = 0.05", probColor(0.05)), span("p = 0.5", probColor(0.5)), span("p = 1", probColor(1)), " (sampled tokens; prompt unshaded)");
+  if (state.shade === "teacher") box.append(span("teacher less likely", advColor(-1, 1)), span("agrees", advColor(0, 1)), span("teacher more likely", advColor(1, 1)), " (log p_teacher - log p_sampler, sampled tokens)");
   if (state.shade === "adv") box.append(span("advantage < 0", advColor(-1, 1)), span("= 0", advColor(0, 1)), span("> 0", advColor(1, 1)), " (as the run scored it: per turn under turn-level credit; unknown: unshaded)");
   return box;
 }
@@ -412,6 +417,7 @@ function drawTranscript(box, ep) {
 function applyShade(box, ep) {
   const t = ep.stream;
   const scale = t.adv ? Math.max(1e-9, ...t.adv.map(Math.abs)) : 1; // t.adv null: unknown
+  const teacherScale = t.teacher ? Math.max(1e-9, ...t.teacher.filter((x) => x !== null).map(Math.abs)) : 1;
   for (const span of box.querySelectorAll(".tok")) {
     const k = span.dataset.k === undefined ? null : Number(span.dataset.k);
     const sampled = span.classList.contains("m1");
@@ -419,6 +425,7 @@ function applyShade(box, ep) {
     if (state.shade === "mask") color = maskColor(sampled ? 1 : 0);
     else if (sampled && k !== null && state.shade === "logprob" && t.logprob[k] !== null) color = probColor(Math.exp(t.logprob[k]));
     else if (sampled && k !== null && state.shade === "adv" && t.adv) color = advColor(t.adv[k], scale);
+    else if (sampled && k !== null && state.shade === "teacher" && t.teacher && t.teacher[k] !== null) color = advColor(t.teacher[k], teacherScale);
     else if (sampled && k === null && state.shade === "adv" && ep.scoring.known) { // no token text: each turn's
       const a = ep.turn_list[Number(span.dataset.turnAction)].turn_adv;
       color = advColor(a, Math.max(1e-9, ...ep.turn_list.map((x) => Math.abs(x.turn_adv))));

@@ -45,6 +45,7 @@ from ..episode.rendering import env_replies, first_messages
 from ..episodes import Advantage, EpisodeStats, OverlongEpisodeRule, build_episodes
 from ..metrics import batch_metrics
 from ..scoring.advantages import AdvantageConfig
+from ..scoring.distill import DistillConfig
 from ..scoring.scorer import score_recorded
 from ..types import CONTEXT_REWRITE, SEQUENCE_START, Episode, StopReason, Trajectory
 from .format import CHAT_TEMPLATE, RecordingError, RecordingHeader
@@ -407,6 +408,7 @@ def episodes_from_trajectories(
     only_successful: bool = False,
     max_seq_len: int | None = None,
     rule: OverlongEpisodeRule = OverlongEpisodeRule.TRUNCATE_TURNS,
+    distill: DistillConfig | None = None,
 ) -> tuple[list[Episode], EpisodeStats]:
     """Training Episodes from recorded trajectories.
 
@@ -414,7 +416,9 @@ def episodes_from_trajectories(
     whose env reported the `success` metric as > 0 (envs/core/info.py). PG: the scorer's
     advantages (rollouts/scoring/scorer.py `score_recorded`) within the recorded groups (group ids
     as recorded) under `advantage`, which PG requires: the run's own, as its recording's header
-    records it (rollouts/recording/format.py `recorded_scoring`); ValueError without one.
+    records it (rollouts/recording/format.py `recorded_scoring`); ValueError without one. With
+    `distill` (the header's `recorded_scoring(header).distill`), the per-token advantages of
+    on-policy distillation from the teacher logprobs the transitions carry.
     env_error / timeout episodes are left out either way.
     """
     if only_successful:
@@ -426,5 +430,5 @@ def episodes_from_trajectories(
                 "offline policy gradient needs the advantage config to score with: the run's own "
                 "(recorded_scoring(header).advantage), or one given explicitly"
             )
-        advantages = score_recorded(trajectories, advantage, train_on_infra_failures=False)
+        advantages = score_recorded(trajectories, advantage, train_on_infra_failures=False, distill=distill)
     return build_episodes(trajectories, advantages, max_seq_len, rule)

@@ -21,6 +21,7 @@ from toolgym.configs.cli.train import train
 from toolgym.configs.cli.viewer.index import RecordingIndex
 from toolgym.configs.load import ConfigError, config_from_dict, load_config, tokenizer_path
 from toolgym.rollouts.recording.format import TEACHER, RecordingReader, recorded_scoring
+from toolgym.rollouts.recording.replay import OfflineMode, episodes_from_trajectories
 from toolgym.rollouts.scoring.distill import TEACHER_LOGPROBS
 from toolgym.trainers.metrics_log import read_metrics
 
@@ -136,3 +137,8 @@ def test_a_distill_run_logs_a_finite_reverse_kl_and_records_the_teacher(tmp_path
     assert [x for x in stream["teacher"] if x is not None] == pytest.approx(ratios)
     sampled = [a for a, m in zip(stream["adv"], stream["mask"], strict=True) if m]
     assert len(sampled) == len(ratios) and all(math.isfinite(a) for a in sampled)
+    # replay's offline policy gradient scores them alike
+    episodes, _ = episodes_from_trajectories(
+        trajectories, OfflineMode.PG, scoring.advantage, distill=scoring.distill
+    )
+    assert episodes[0].advantages == pytest.approx(stream["adv"][: len(episodes[0].advantages)])

@@ -25,13 +25,12 @@ collector's, or the group producer's), blocking its asyncio loop for its duratio
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 from ...agents.model.checkpoint import load_hf_checkpoint
-from ...agents.model.transformer import causal_lm_logprobs
 from ...agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from ..episodes import sequences
 from ..types import Trajectory
@@ -39,6 +38,8 @@ from .distill import TEACHER_LOGPROBS, DistillConfig
 
 # Rows x padded length per forward: a group is split into forwards of at most this many tokens.
 MAX_BATCH_TOKENS = 65536
+# Scored positions per output-layer call: bounds the logits held at once to this many x vocab.
+MAX_HEAD_ROWS = 2048
 
 
 class TeacherError(RuntimeError):
@@ -99,10 +100,13 @@ class Teacher:
         return f"distill: teacher {self.directory} (tokenizer {self.fingerprint[:16]}, the student's)"
 
     @torch.no_grad()
-    def logprobs(self, token_lists: Sequence[Sequence[int]]) -> list[list[float]]:
-        """Per sequence of n tokens, the n - 1 teacher logprobs of tokens 1..n-1 given the ones
-        before, at the temperature (log_softmax(logits / T)); forwards of at most MAX_BATCH_TOKENS
-        (rows x padded length)."""
+    def logprobs(
+        self, token_lists: Sequence[Sequence[int]], positions: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """Per sequence, the teacher's logprob of the token at each of its `positions` (each >= 1)
+        given the tokens before it, at the temperature (log_softmax(logits / T)). Forwards of at
+        most MAX_BATCH_TOKENS (rows x padded length); the output layer runs only on the hidden
+        states that predict those tokens, MAX_HEAD_ROWS at a time, so no [B, T, V] logits exist."""
         out: list[list[float]] = [[] for _ in token_lists]
         order = sorted(range(len(token_lists)), key=lambda i: -len(token_lists[i]))
         start = 0
@@ -111,9 +115,9 @@ class Teacher:
             rows = max(1, min(len(order) - start, MAX_BATCH_TOKENS // longest))
             chunk = order[start : start + rows]
             start += rows
-            if longest < 2:
-                continue
             batch = torch.zeros(len(chunk), longest, dtype=torch.long)
+            select = torch.zeros(len(chunk), longest, dtype=torch.bool)  # hidden states that predict
+            targets = torch.zeros(len(chunk), longest, dtype=torch.long)
             for row, i in enumerate(chunk):
                 tokens = token_lists[i]
                 bad = [t for t in tokens if not 0 <= t < self.vocab_size]
@@ -121,34 +125,72 @@ class Teacher:
                     raise ValueError(
                         f"token id {bad[0]} is outside the teacher's vocabulary of {self.vocab_size}"
                     )
+                if any(not 1 <= p < len(tokens) for p in positions[i]):
+                    raise ValueError(f"a position to score is outside 1..{len(tokens) - 1}")
                 batch[row, : len(tokens)] = torch.tensor(list(tokens), dtype=torch.long)
-            lp = causal_lm_logprobs(self.model, batch.to(self.device), self.temperature).cpu()
+                at = torch.tensor(list(positions[i]), dtype=torch.long) - 1
+                select[row, at] = True
+                targets[row, at] = batch[row, at + 1]
+            if not select.any():
+                continue
+            head = self._head(select.to(self.device), targets[select].to(self.device))
+            scored = self.model(batch.to(self.device), head=head).cpu()
+            # select is row-major: each row's positions in increasing order
+            offset = 0
             for row, i in enumerate(chunk):
-                out[i] = lp[row, : max(len(token_lists[i]) - 1, 0)].tolist()
+                n = int(select[row].sum())
+                by_position = dict(
+                    zip(sorted(p for p in positions[i]), scored[offset : offset + n].tolist(), strict=True)
+                )
+                out[i] = [by_position[p] for p in positions[i]]
+                offset += n
         return out
+
+    def _head(
+        self, select: torch.Tensor, targets: torch.Tensor
+    ) -> Callable[[torch.Tensor, torch.nn.Module], torch.Tensor]:
+        """The model's `head=`: the logprob of `targets` from the `select`ed hidden states only."""
+        temperature = self.temperature
+
+        def head(hidden: torch.Tensor, lm_head: torch.nn.Module) -> torch.Tensor:
+            picked = hidden[select]
+            parts = []
+            for k in range(0, picked.shape[0], MAX_HEAD_ROWS):
+                logits = lm_head(picked[k : k + MAX_HEAD_ROWS]).float()
+                if temperature != 1.0:
+                    logits = logits / temperature
+                lp = torch.log_softmax(logits, dim=-1)
+                parts.append(lp.gather(-1, targets[k : k + MAX_HEAD_ROWS, None]).squeeze(-1))
+            return torch.cat(parts)
+
+        return head
 
     def score(self, group: Sequence[Trajectory]) -> None:
         """Write the teacher's logprobs of every sampled token into the group's transitions
         (`info[TEACHER_LOGPROBS]`); raises what the forward raises."""
-        parts = [part for trajectory in group for part in sequences(trajectory)] if group else []
+        parts = [part for trajectory in group for part in sequences(trajectory)]
         token_lists: list[list[int]] = []
+        positions: list[list[int]] = []
         for part in parts:
             tokens: list[int] = []
+            at: list[int] = []
             for transition in part:
-                if not tokens and not transition.observation_tokens and transition.action.tokens:
+                tokens += transition.observation_tokens
+                if not tokens and transition.action.tokens:
                     raise ValueError(
                         "a training sequence starts with a sampled token: nothing to condition it on"
                     )
-                tokens += transition.observation_tokens + transition.action.tokens
+                at += range(len(tokens), len(tokens) + len(transition.action.tokens))
+                tokens += transition.action.tokens
             token_lists.append(tokens)
-        scored = self.logprobs(token_lists)
+            positions.append(at)
+        scored = self.logprobs(token_lists, positions)
         for part, lp in zip(parts, scored, strict=True):
-            position = 0
+            k = 0
             for transition in part:
-                start = position + len(transition.observation_tokens)
-                end = start + len(transition.action.tokens)
-                transition.info[TEACHER_LOGPROBS] = lp[start - 1 : end - 1] if end > start else []
-                position = end
+                n = len(transition.action.tokens)
+                transition.info[TEACHER_LOGPROBS] = lp[k : k + n]
+                k += n
 
     def annotate(self, group: Sequence[Trajectory]) -> str | None:
         """`score`, with failures counted (module doc): None when the group was scored, else the

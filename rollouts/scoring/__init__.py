@@ -8,6 +8,9 @@ Modules (import them directly):
 - scorer: `score_group` (a group's advantages and whether it carries signal), the group's members
   (`trainable`) and fate in a batch (`group_fate`, the over-stale rule `OverStale`), and
   `score_recorded` (recorded groups, for replay and the viewer).
+- distill: on-policy distillation's `DistillConfig` ([distill]) and per-token advantage (the
+  teacher's log-ratio on each sampled token), the `distill/` metrics.
+- teacher: the checkpoint teacher that scores a group's sampled tokens (`Teacher`).
 The sync collector and the async taker feed scored groups to one assembler (rollouts/batches.py
 `BatchAssembler`); trainers receive finished advantages.
 """

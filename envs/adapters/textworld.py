@@ -1,13 +1,16 @@
 """TextWorld's generated text adventures as a toolgym env: `toolgym/TextWorld-v0`.
 
-    gymnasium.make("toolgym/TextWorld-v0", nb_rooms=5, nb_objects=10, quest_length=4, quests=3)
+    gymnasium.make("toolgym/TextWorld-v0", nb_rooms=5, nb_objects=10, quest_length=5, quests=3)
 
 Each episode plays one game that TextWorld's own generator makes from the task seed, as
 `tw-make custom --seed S` does (`textworld.generator.make_game`, then `compile_game`: Inform 7,
 shipped inside the `textworld` wheel, compiles it to a Z-machine file that Jericho runs in this
 process). The seed is the game: `reset(seed=s)` plays game `s` (a reset without a seed draws
-one from the env's RNG). The defaults (5 rooms, 10 objects, 3 quests of 4 actions) make games
-whose walkthrough is about 10 moves (9-13 on seeds 0-3), each quest worth one point.
+one from the env's RNG). The defaults (5 rooms, 10 objects, 3 quests of 5 actions) make games
+whose walkthrough is 9-15 moves (12 on average over seeds 0-7), each quest worth one point.
+A game is kept only if its walkthrough wins it: TextWorld's names can make a walkthrough command
+ambiguous ("safe" beside a "Canadian style safe"), and such a game is made again with the next
+text (grammar) seed, up to 5 times, the map, objects and quests unchanged.
 
 Games are compiled once per seed and spec and kept in `game_dir` (default
 `runs/textworld-games`, the runs folder's shared cache beside the run directories: an env does
@@ -70,6 +73,7 @@ INSTRUCTIONS: Final = (
     "reach the goal it sets to win."
 )
 ADMISSIBLE_HEADING: Final = "Commands you can use:"
+ATTEMPTS: Final = 5  # text seeds tried per game before it is refused
 MAX_COMMAND_CHARS: Final = 190  # Jericho reads at most 198 bytes of a command
 _BANNER_LINE: Final = re.compile(r"^[\s_|\\$/<>()\-=+*#.,'`~^]*$")
 _RESTART: Final = re.compile(r"^\s*Would you like to RESTART.*$", re.MULTILINE)
@@ -109,6 +113,37 @@ def normalize_command(action: str) -> str:
     return " ".join(line.split()).lower()[:MAX_COMMAND_CHARS]
 
 
+def _start(path: Path) -> tuple[Any, Any]:
+    """The game at `path` started: (TextWorld's env, its first state)."""
+    infos = EnvInfos(
+        admissible_commands=True,
+        won=True,
+        lost=True,
+        score=True,
+        max_score=True,
+        moves=True,
+        extras=["walkthrough"],
+    )
+    with warnings.catch_warnings():
+        # Jericho knows only its own catalogue of games; TextWorld reads the score itself.
+        warnings.filterwarnings("ignore", message=".*is not fully supported")
+        game = textworld.start(str(path), infos)
+        return game, game.reset()
+
+
+def _walkthrough_wins(path: Path) -> bool:
+    """Whether the game's walkthrough, sent as the env sends commands, wins it."""
+    game, state = _start(path)
+    try:
+        for command in state.get("extra.walkthrough") or []:
+            state, _, done = game.step(normalize_command(str(command)))
+            if done:
+                break
+        return bool(state.get("won"))
+    finally:
+        game.close()
+
+
 class TextWorldEnv(TextEnv):
     """`gymnasium.make("toolgym/TextWorld-v0", **knobs)`; see the module doc.
 
@@ -122,7 +157,7 @@ class TextWorldEnv(TextEnv):
         *,
         nb_rooms: int = 5,
         nb_objects: int = 10,
-        quest_length: int = 4,
+        quest_length: int = 5,
         quests: int = 3,
         quest_breadth: int = 1,
         game_dir: str | None = None,
@@ -188,23 +223,31 @@ class TextWorldEnv(TextEnv):
         scratch = Path(tempfile.mkdtemp(prefix=".build-", dir=self.game_dir))
         try:
             scratch.chmod(0o755)  # the cache is shared: readable as any other folder
-            options = GameOptions()
-            options.seeds = seed
-            options.nb_rooms, options.nb_objects = self.nb_rooms, self.nb_objects
-            options.quest_length, options.nb_parallel_quests = self.quest_length, self.quests
-            options.quest_breadth = self.quest_breadth
-            options.path = str(scratch / "game.z8")
-            options.file_ext = ".z8"
-            options.force_recompile = True
-            try:
-                game = make_game(options)
-                compile_game(game, options)
-            except Exception as exc:  # the generator or Inform 7 refusing: this game only
-                cause = " ".join(str(exc).split()) or type(exc).__name__
-                raise TextWorldGameError(
-                    f"TextWorld game {seed} ({self.spec_name}) cannot be built: "
-                    f"{type(exc).__name__}: {cause[:300]}"
-                ) from None
+            seeds: int | dict[str, int] = seed % 2**32  # tw-make's --seed (NumPy takes 32 bits)
+            for attempt in range(ATTEMPTS):
+                options = self._options(seeds, scratch)
+                try:
+                    game = make_game(options)
+                    compile_game(game, options)
+                except Exception as exc:  # the generator or Inform 7 refusing: this game only
+                    cause = " ".join(str(exc).split()) or type(exc).__name__
+                    raise TextWorldGameError(
+                        f"TextWorld game {seed} ({self.spec_name}) cannot be built: "
+                        f"{type(exc).__name__}: {cause[:300]}"
+                    ) from None
+                if _walkthrough_wins(scratch / "game.z8"):
+                    break
+                # A name the walkthrough cannot use ("safe" beside a "Canadian style safe" asks
+                # "Which do you mean"): the same game with the next text seed.
+                used = {key: int(value) for key, value in (options.seeds or {}).items()}
+                seeds = {**used, "grammar": (used["grammar"] + 1) % 65535}
+                for leftover in scratch.iterdir():
+                    shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
+                if attempt == ATTEMPTS - 1:
+                    raise TextWorldGameError(
+                        f"TextWorld game {seed} ({self.spec_name}): TextWorld's walkthrough does not win "
+                        f"it with any of {ATTEMPTS} text seeds"
+                    )
             for leftover in scratch.iterdir():  # keep the game and its metadata only
                 if leftover.name not in ("game.z8", "game.json"):
                     shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink()
@@ -218,6 +261,17 @@ class TextWorldEnv(TextEnv):
         finally:
             if scratch.exists():
                 shutil.rmtree(scratch, ignore_errors=True)
+
+    def _options(self, seeds: int | dict[str, int], scratch: Path) -> GameOptions:
+        options = GameOptions()
+        options.seeds = seeds
+        options.nb_rooms, options.nb_objects = self.nb_rooms, self.nb_objects
+        options.quest_length, options.nb_parallel_quests = self.quest_length, self.quests
+        options.quest_breadth = self.quest_breadth
+        options.path = str(scratch / "game.z8")
+        options.file_ext = ".z8"
+        options.force_recompile = True
+        return options
 
     def _close_game(self) -> None:
         if self._game is not None:
@@ -265,20 +319,7 @@ class TextWorldEnv(TextEnv):
         self._done = True
         game_seed = seed if seed is not None else int(self.np_random.integers(2**31))
         path = self.build(game_seed)
-        infos = EnvInfos(
-            admissible_commands=True,
-            won=True,
-            lost=True,
-            score=True,
-            max_score=True,
-            moves=True,
-            extras=["walkthrough"],
-        )
-        with warnings.catch_warnings():
-            # Jericho knows only its own catalogue of games; TextWorld reads the score itself.
-            warnings.filterwarnings("ignore", message=".*is not fully supported")
-            self._game = textworld.start(str(path), infos)
-            state = self._game.reset()
+        self._game, state = _start(path)
         self._state = state
         self._walkthrough = [str(c) for c in (state.get("extra.walkthrough") or [])]
         self._score = int(state.get("score") or 0)

@@ -13,10 +13,15 @@ from pathlib import Path
 
 import gymnasium
 import pytest
+import torch
 from gymnasium.utils.env_checker import check_env
 
 pytest.importorskip("textworld")
 
+from toolgym.configs.assembly.parts import build_renderer, model_config
+from toolgym.configs.checks import check_against_machine, check_environment
+from toolgym.configs.cli.main import main as cli_main
+from toolgym.configs.load import load_config
 from toolgym.envs import list_envs
 from toolgym.envs.adapters.textworld import (
     ADMISSIBLE_HEADING,
@@ -24,6 +29,7 @@ from toolgym.envs.adapters.textworld import (
     TextWorldGameError,
     clean_feedback,
 )
+from toolgym.trainers.metrics_log import read_metrics
 
 ENV_ID = "toolgym/TextWorld-v0"
 SEEDS = (0, 1, 2)
@@ -216,3 +222,56 @@ def test_check_env(game_dir):
         warnings.simplefilter("error")
         check_env(env)
     env.close()
+
+
+# ---- recordings and the CPU demo preset (configs/textworld_tiny.toml) --------------------------
+
+
+@pytest.mark.slow
+def test_oracle_recorded_and_replayed_exactly_through_the_cli(tmp_path):
+    out = tmp_path / "tw.jsonl"
+    kwargs = f'{{"game_dir": "{tmp_path / "games"}", "nb_rooms": 2, "nb_objects": 4, "quest_length": 2, "quests": 2}}'
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "toolgym.configs.cli", *args], capture_output=True, text=True, timeout=300
+        )
+
+    record = cli(
+        "record", "--env", ENV_ID, "--env-kwargs", kwargs, "--policy", "oracle", "--tasks", "3",
+        "--out", str(out), "--no-progress",
+    )  # fmt: skip
+    assert record.returncode == 0, record.stdout + record.stderr
+    assert "recorded 3 episodes" in record.stdout
+    assert re.search(r"failure_mode/success\s*│\s*1\.000", record.stdout), record.stdout
+    replay = cli("replay", str(out), "--verify", "--summary-only")
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert "verify: 3/3 episodes replay exactly" in replay.stdout, replay.stdout
+
+
+DEMO = "textworld_tiny"
+
+
+def test_the_demo_preset_parses_and_passes_the_checks():
+    config, _ = load_config(DEMO)
+    assert config.env.id == ENV_ID and config.sft.enabled and config.sft.source == "oracle"
+    assert config.rollout.observation_role == "user"
+    check_environment(config)
+    renderer, _ = build_renderer(config)
+    check_against_machine(config, model_config(config), renderer, torch.device("cpu"))
+
+
+@pytest.mark.slow
+def test_the_demo_preset_trains_end_to_end_when_shortened(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [
+        f"run.run_dir={run_dir}", f'env.kwargs.game_dir="{tmp_path / "games"}"', "run.steps=1",
+        "sft.steps=2", "sft.num_tasks=4", "sft.batch_episodes=4", "sft.optimizer.warmup_steps=1",
+        "batch.groups_per_batch=1", "rollout.group_size=2", "batch.dynamic_sampling=false",
+        "eval.num_tasks=2", "eval.samples_per_task=1", "run.export_hf=false", "run.plot=false",
+    ]  # fmt: skip
+    assert cli_main(["train", DEMO, "--no-progress", *(a for o in overrides for a in ("--set", o))]) == 0
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 1]
+    assert any(r["kind"] == "sft" for r in records) and any(r["kind"] == "train" for r in records)
+    assert (tmp_path / "games").is_dir()

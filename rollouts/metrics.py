@@ -11,7 +11,9 @@ env) is taken the same way. Nothing here knows any particular env.
 Batch metrics (`batch_metrics`, under a prefix: `rollout/`, `eval/`): the runner's own
 (`RUNNER_METRICS` and the `failure_mode/`, `stop_reason/`, `errors/` breakdowns); for every
 name any episode's env reported, its mean over the batch's episodes (0 for an episode that
-reported none); and for every reward component name (`Trajectory.reward_components`), its mean
+reported none); for every metric group an episode reported (info `metric_group`), each env
+metric's mean over that group's episodes as `by_group/<group>/<name>`, and their count
+(`by_group/<group>/episodes`); and for every reward component name (`Trajectory.reward_components`), its mean
 over the batch's episodes as `reward/<name>` (0 for an episode that reported none, or whose
 value is not a finite number, as a recording read back may hold). A component no episode of the
 batch reported is absent from it; over a run, `RewardComponentSeries` (used by the run's metrics
@@ -27,7 +29,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..envs.core.info import FAILURE_MODE, METRICS
+from ..envs.core.info import FAILURE_MODE, METRIC_GROUP, METRICS
 from .types import StopReason, Trajectory
 
 # The names batch_metrics writes itself; an env's metric may not take one of them.
@@ -58,6 +60,9 @@ CONTEXT_REWRITES = "context_rewrites"
 _BREAKDOWNS = ("failure_mode/", "stop_reason/", "errors/")
 # Reward components' means: `reward/<component name>`.
 REWARD_COMPONENT_PREFIX = "reward/"
+# Env metrics' means over the episodes of one metric group (info `metric_group`, envs/core/info.py):
+# `by_group/<group>/<name>`, and the group's episode count `by_group/<group>/episodes`.
+GROUP_PREFIX = "by_group/"
 
 
 def metric_name_problem(name: Any) -> str | None:
@@ -130,8 +135,10 @@ def episode_metrics(
     trajectory: Trajectory, wall_s: float, generate_s: float, env_s: float = 0.0
 ) -> dict[str, Any]:
     """What goes into Trajectory.metrics (JSON-serialisable): the runner's measurements,
-    `failure_mode` and the env's metrics under "env"."""
+    `failure_mode`, the env's metric group where it reports one, and the env's metrics under "env"."""
+    group = _last_label(trajectory, METRIC_GROUP)
     return {
+        **({METRIC_GROUP: group} if group is not None else {}),  # only an env that groups its episodes
         "turns": len(trajectory.transitions),
         "failure_mode": _last_label(trajectory, FAILURE_MODE),
         "sampled_tokens": sum(len(t.action.tokens) for t in trajectory.transitions),
@@ -163,6 +170,7 @@ class BatchMetrics:
         self.errors: Counter[str] = Counter()
         self.restarts: int | None = None  # None: no episode came from a renderer that restarts
         self.rewrites: int | None = None  # None: no episode had a context policy that rewrites
+        self.groups: dict[str, list[Any]] = {}  # metric group -> [episodes, {name: sum}]
 
     def add(self, trajectory: Trajectory) -> None:
         x = trajectory.metrics
@@ -171,6 +179,12 @@ class BatchMetrics:
         env = x["env"] if isinstance(x.get("env"), Mapping) else {}
         for name in _names_in_order([env]):
             self.env_sums[name] = self.env_sums.get(name, 0.0) + (_number(env.get(name)) or 0.0)
+        group = x.get(METRIC_GROUP)
+        if isinstance(group, str) and group and "/" not in group and group.isprintable():
+            count_sums = self.groups.setdefault(group, [0, {}])
+            count_sums[0] += 1
+            for name in _names_in_order([env]):
+                count_sums[1][name] = count_sums[1].get(name, 0.0) + (_number(env.get(name)) or 0.0)
         components = trajectory.reward_components
         for name, value in components.items() if isinstance(components, Mapping) else ():
             if component_name_problem(name) is None:
@@ -206,6 +220,10 @@ class BatchMetrics:
         m["errors"] = float(self.errors.total())
         for kind, count in self.errors.items():
             m[f"errors/{kind}"] = float(count)
+        for group, (count, sums) in self.groups.items():
+            m[f"{GROUP_PREFIX}{group}/episodes"] = float(count)
+            for name in self.env_sums:  # a name the group's episodes never reported is 0 there
+                m[f"{GROUP_PREFIX}{group}/{name}"] = sums.get(name, 0.0) / count
         if self.restarts is not None:
             m[SEQUENCE_RESTARTS] = float(self.restarts)
         if self.rewrites is not None:

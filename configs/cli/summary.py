@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from ...rollouts.metrics import env_metric_names
+from ...rollouts.metrics import GROUP_PREFIX, env_metric_names
 from ...rollouts.types import Trajectory
 
 
@@ -26,5 +26,7 @@ def print_summary(console: Console, metrics: dict[str, float], title: str) -> No
             table.add_row(key, f"{value:.3f}")
         elif key.startswith("errors"):
             table.add_row(key, f"{value:g}")
+        elif key.startswith(GROUP_PREFIX):  # the env's metric groups (BFCL's categories)
+            table.add_row(key, f"{value:.4g}")
     console.print(table)
 

@@ -69,12 +69,14 @@ from bfcl_eval.constants.executable_backend_config import (
 )
 
 from ..core.grading import Grade
+from ..core.info import METRIC_GROUP
 from ..core.task import Task
 from ..core.tool_env import ToolEnv, UserTurn
 from ..tools.call_formats import ANSWER, EMPTY, OTHER
 from ..tools.typed import Call, Tool, ToolCallError, ToolError, check_arguments
 
 CATEGORIES: Final = ("base", "miss_func", "miss_param", "long_context")
+ALL: Final = "all"  # every category, interleaved: seed s plays category s % 4, task (s // 4) % 200
 # The classes of the multi-turn categories (the library's others need the network or models).
 CLASSES: Final = (
     "GorillaFileSystem",
@@ -396,7 +398,8 @@ class Conversation:
 class BFCLEnv(ToolEnv):
     """`gymnasium.make("toolgym/BFCL-v0", category="base", **toolenv_knobs)`; see the module doc.
 
-    Knobs: category (base, miss_func, miss_param, long_context), turn_reward (the per-turn
+    Knobs: category (base, miss_func, miss_param, long_context, or all: seed s plays category
+    s % 4, task s // 4; each step's info names the category as its `metric_group`), turn_reward (the per-turn
     criteria's total over the conversation), and ToolEnv's (tool_format defaults to json)."""
 
     def __init__(
@@ -423,7 +426,12 @@ class BFCLEnv(ToolEnv):
         if not isinstance(turn_reward, int | float) or isinstance(turn_reward, bool) or turn_reward < 0:
             raise ValueError(f"turn_reward must be a float >= 0, got {turn_reward!r}")
         self.category = category
-        self.tasks = tasks(category)
+        if category == ALL:
+            per_category = [tasks(c) for c in CATEGORIES]
+            self.tasks = [found[k] for k in range(min(map(len, per_category))) for found in per_category]
+        else:
+            self.tasks = tasks(category)
+        self._task_category = category if category != ALL else CATEGORIES[0]
         self.turn_reward = float(turn_reward)
         self._tool_cache: dict[str, Tool] = {}
         self._hidden: set[str] = set()  # held-out functions not yet described (miss_func)
@@ -486,6 +494,7 @@ class BFCLEnv(ToolEnv):
         else:
             index = int(self.np_random.integers(len(self.tasks)))
         entry, truth = self.tasks[index]
+        self._task_category = CATEGORIES[index % len(CATEGORIES)] if self.category == ALL else self.category
         self._conversation = None
         conversation = self._conversation_of(entry, truth)
         named = [[self._named_call(conversation, c) for c in calls] for calls in conversation.ground_truth]
@@ -567,6 +576,17 @@ class BFCLEnv(ToolEnv):
         return [t.spec for t in self.tools.values() if t.name not in self._hidden]
 
     # ---- the conversation --------------------------------------------------------------------
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """ToolEnv's step; its info names the task's category as the metric group (envs/core/info.py),
+        so that a summary over several categories reports each one's accuracy."""
+        observation, reward, terminated, truncated, info = super().step(action)
+        info[METRIC_GROUP] = self._task_category
+        return observation, reward, terminated, truncated, info
+
+    def abandon(self) -> tuple[float, dict[str, Any]]:
+        reward, info = super().abandon()
+        return reward, {**info, METRIC_GROUP: self._task_category}
 
     def user_turn(self, kind: str, action: str) -> UserTurn | None:
         """A reply without a call ends the policy's turn: grade it, then the next user message."""

@@ -53,6 +53,12 @@ step info, read by the runner (and the info of the optional `abandon()`, envs/co
     end_reason      str: why the env ended the episode, one of answered, no_tool_call, max_turns,
                     parse_error (the StopReason values the env may give); other values map to
                     answered (terminated) or max_turns (truncated).
+    metric_group    str: the group the episode belongs to for reporting (BFCL's category): the
+                    last one reported is the episode's (`Trajectory.metrics["metric_group"]`), and
+                    the summaries also report each env metric's mean over the episodes of each
+                    group as `<prefix>by_group/<group>/<name>`, with the group's episode count as
+                    `<prefix>by_group/<group>/episodes` (a mean over the group, not over the
+                    batch). Groups are non-empty printable strings without '/'.
     failure_mode    str: a short label of how the episode ended (ToolEnv: success, wrong_format,
                     wrong_answer, goal_not_met, tool_spam, no_answer). Summaries count each label
                     (`failure_mode/<label>`) and evals pick example transcripts of distinct labels.
@@ -92,6 +98,7 @@ class StepInfo(TypedDict, total=False):
     metrics: dict[str, float]
     end_reason: str
     failure_mode: str
+    metric_group: str
 
 
 SYSTEM_PROMPT = "system_prompt"
@@ -104,6 +111,7 @@ REWARD_COMPONENTS = "reward_components"
 METRICS = "metrics"
 END_REASON = "end_reason"
 FAILURE_MODE = "failure_mode"
+METRIC_GROUP = "metric_group"
 SUCCESS_METRIC = "success"
 REPLACED_CHARS = "replaced_chars"
 # Written by the runner into a transition's info (see above), never by an env.
@@ -118,6 +126,7 @@ __all__ = [
     "FAILURE_MODE",
     "INSTRUCTIONS",
     "METRICS",
+    "METRIC_GROUP",
     "NOTE",
     "REPLACED_CHARS",
     "REWARD_COMPONENTS",

@@ -7,6 +7,8 @@ import datetime
 import importlib
 import inspect
 import json
+import subprocess
+import sys
 
 import gymnasium
 import pytest
@@ -27,6 +29,8 @@ from toolgym.envs.adapters.bfcl import (
     play,
 )
 from toolgym.envs.tools.typed import Call
+from toolgym.rollouts.metrics import batch_metrics
+from toolgym.rollouts.recording.format import RecordingReader
 
 ENV_ID = "toolgym/BFCL-v0"
 
@@ -194,3 +198,63 @@ def test_the_check_script_passes_a_category(capsys):
 
     assert main(["--category", "miss_param"]) == 0
     assert "miss_param: 200 tasks, 1140 calls left out one at a time, 0 problems" in capsys.readouterr().out
+
+
+# ---- accuracy per category (category="all", info metric_group) -----------------------------
+
+
+def test_all_interleaves_the_categories_and_names_each_as_the_metric_group():
+    env = gymnasium.make(ENV_ID, category="all").unwrapped
+    assert isinstance(env, BFCLEnv) and len(env.tasks) == 800
+    for seed in (0, 1, 2, 3, 5, 799):
+        env.reset(seed=seed)
+        category = CATEGORIES[seed % 4]
+        assert env.state.task_id == f"multi_turn_{category}_{seed // 4}"
+        *_, info = env.step(env.oracle_actions()[0])
+        assert info["metric_group"] == category
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "toolgym.configs.cli", *args], capture_output=True, text=True, timeout=600
+    )
+
+
+_LIMITS = ("--max-turns", "100", "--max-tokens-per-turn", "4096", "--max-tokens-per-episode", "100000")
+
+
+@pytest.mark.slow
+def test_eval_reports_the_oracle_accuracy_per_category(tmp_path):
+    out = tmp_path / "eval.json"
+    result = _cli(
+        "eval", "--env", ENV_ID, "--env-kwargs", '{"category": "all"}', "--policy", "oracle",
+        "--tasks", "8", "--examples", "0", "--out", str(out), *_LIMITS,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    metrics = json.loads(out.read_text())["metrics"]
+    for category in CATEGORIES:
+        assert metrics[f"eval/by_group/{category}/episodes"] == 2.0
+        assert metrics[f"eval/by_group/{category}/success"] == 1.0
+        assert f"by_group/{category}/success" in result.stdout  # the console summary lists them
+
+
+@pytest.mark.slow
+def test_recorded_episodes_summarised_per_category(tmp_path):
+    # an oracle that skips its calls half the time fails those tasks: the categories differ
+    out = tmp_path / "bfcl.jsonl"
+    result = _cli(
+        "record", "--env", ENV_ID, "--env-kwargs", '{"category": "all"}', "--policy", "oracle",
+        "--p-skip-lookup", "0.5", "--tasks", "16", "--out", str(out), "--no-progress", *_LIMITS,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    trajectories = list(RecordingReader(out))
+    assert len(trajectories) == 16
+    wins: dict[str, list[float]] = {c: [] for c in CATEGORIES}
+    for t in trajectories:
+        last = next(tr.info["metrics"] for tr in reversed(t.transitions) if "metrics" in tr.info)
+        wins[CATEGORIES[t.task_seed % 4]].append(last["success"])
+    assert 0 < sum(map(sum, wins.values())) < 16
+    m = batch_metrics(trajectories, prefix="")
+    for category, found in wins.items():
+        assert m[f"by_group/{category}/episodes"] == len(found) > 0
+        assert m[f"by_group/{category}/success"] == pytest.approx(sum(found) / len(found))

@@ -1,10 +1,13 @@
 """BFCL's stateful multi-turn tool use as a toolgym env: `toolgym/BFCL-v0`.
 
-    gymnasium.make("toolgym/BFCL-v0", category="base")   # or miss_func, miss_param, long_context
+    gymnasium.make("toolgym/BFCL-v0", category="base")   # or miss_func, miss_param, long_context, all
 
 The Berkeley Function Calling Leaderboard's multi-turn categories (`bfcl-eval`, installed with
 `pip install --no-deps bfcl-eval mpmath`: its own dependencies pull CUDA torch), 200 tasks each.
-A seed picks one task (`seed % 200`; reset without a seed draws one). The task's tools are the
+A seed picks one task (`seed % 200`; reset without a seed draws one). `category="all"` interleaves
+the four: seed s plays category `s % 4`, task `(s // 4) % 200`; every step's info names the
+task's category as its `metric_group` (envs/core/info.py), so summaries report each category's
+accuracy (`by_group/<category>/success`). The task's tools are the
 function docs of its classes (GorillaFileSystem, MathAPI, MessageAPI, TwitterAPI, TicketAPI,
 TradingBot, TravelAPI, VehicleControlAPI), as JSON-schema tools whose arguments are checked
 before the call (a wrong type is `bad_arguments`, that call only), bound to this episode's

@@ -252,8 +252,10 @@ def test_oracle_recorded_and_replayed_exactly_through_the_cli(tmp_path):
 DEMO = "textworld_tiny"
 
 
-def test_the_demo_preset_parses_and_passes_the_checks():
+def test_the_demo_preset_parses_and_passes_the_checks(tmp_path):
     config, _ = load_config(DEMO)
+    assert config.env.kwargs["game_dir"] == "runs/textworld-games"
+    config.env.kwargs["game_dir"] = str(tmp_path)  # the checks make the env: its games go here
     assert config.env.id == ENV_ID and config.sft.enabled and config.sft.source == "oracle"
     assert config.rollout.observation_role == "user"
     check_environment(config)

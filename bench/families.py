@@ -1,7 +1,7 @@
 """Every native model family against transformers, same weights, same run: decode and a train step.
 
-    python bench/families.py                                  # every family, 2 layers, both dtypes
-    python bench/families.py --families llama,qwen3 --layers 4 --reps 5
+    python bench/families.py                                  # every family, 1 layer, both dtypes
+    python bench/families.py --families llama,qwen3 --layers 2 --reps 5
     python bench/families.py --layers 1 --hidden-cap 256 --reps 1   # the smoke size (seconds)
 
 Families: every model_type in agents/model/families (FAMILIES) plus the ones being added (olmo3),
@@ -12,16 +12,18 @@ with no named shape, or whose model_type this transformers does not know, is ski
 Scaling rule (the full shapes do not fit 2 CPU cores in minutes): keep the published width and
 every family feature -- vocabulary, hidden and MLP size, heads, KV heads (so the GQA ratio),
 head_dim, RoPE (theta, llama3 scaling), norms, biases, tied embeddings, sliding window -- and cut
-depth to `--layers` N (default 2). Where the published stack mixes layer kinds (SmolLM3's NoPE
+depth to `--layers` N (default 1, for the 10-minute budget). Where the published stack mixes layer kinds (SmolLM3's NoPE
 layers, Gemma 3's sliding/global layers) the scaled stack keeps the first N-1 layers' kinds and
-ends with the rarer kind, so every kind runs. This gives ~0.17B (qwen2.5) to ~0.7B (mistral)
-parameters, most of it the vocabulary. `--hidden-cap W` also caps hidden and MLP width at W and
+ends with the rarer kind, so every kind runs (with N = 1: the first layer's kind only). One layer
+gives ~0.15B (qwen2.5) to ~0.49B (mistral) parameters, two ~0.17B to ~0.7B; most of it is the
+vocabulary (embedding and output layer), which both sides run alike. `--hidden-cap W` also caps hidden and MLP width at W and
 4W (heads = W / head_dim, the GQA ratio kept where it divides): only for smoke runs.
 
 (a) decode: toolgym's TorchEngine (agents/engine, `generate_sync`, the API bench/generate.py
 times) vs transformers' `generate`, both loading one HF directory written by `save_hf_checkpoint`
 (random weights, seed 0) in the same dtype: `--batch` random prompts of `--prompt-len` tokens,
-greedy, exactly `--new-tokens` new tokens (HF: min_new_tokens; the engine: no stop ids), KV cache
+greedy, exactly `--new-tokens` new tokens (bf16: `--bf16-batch` prompts, `--bf16-new-tokens`;
+this AVX2 CPU computes bf16 matmuls ~10x slower than fp32) (HF: min_new_tokens; the engine: no stop ids), KV cache
 on. Figure: new tokens / s of one whole batched call (prefill included), after a warm-up call.
 (bench/generate.py's runners sample at temperature 1 and reload per call, so the runners here are
 greedy and keep their model across repetitions; its dtype table is reused.)
@@ -237,17 +239,18 @@ def transformers_knows(model_type: str) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--families", default=",".join([*FAMILIES, *EXPECTED_FAMILIES]))
-    ap.add_argument("--layers", type=int, default=2, help="layers of each scaled shape (the width is kept)")
+    ap.add_argument("--layers", type=int, default=1, help="layers of each scaled shape (the width is kept)")
     ap.add_argument("--hidden-cap", type=int, default=None, help="also cap the width (smoke runs only)")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="decode dtypes")
     ap.add_argument("--train-precisions", default="fp32", help="train step: fp32 and/or bf16 (autocast)")
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=8)
+    ap.add_argument("--bf16-batch", type=int, default=2, help="decode batch in bf16")
     ap.add_argument("--bf16-new-tokens", type=int, default=4,
                     help="new tokens in bf16 (this AVX2 CPU's bf16 matmuls are ~10x slower)")  # fmt: skip
     ap.add_argument("--train-rows", type=int, default=2)
-    ap.add_argument("--train-len", type=int, default=64)
+    ap.add_argument("--train-len", type=int, default=32)
     ap.add_argument("--reps", type=int, default=3, help="A/B pairs per measurement")
     ap.add_argument("--skip", default="", help="parts to leave out: decode,train")
     ap.add_argument("--fallback", default="qwen2", help="(c): family for native vs transformers fallback ('' = off)")
@@ -263,7 +266,7 @@ def main() -> None:
     print(f"scaling: published width and features, {args.layers} layers"
           + (f", width capped at {args.hidden_cap}" if args.hidden_cap else "")
           + f"; decode batch {args.batch}, prompt {args.prompt_len}, greedy, {args.new_tokens} new tokens "
-          f"({args.bf16_new_tokens} in bf16); train {args.train_rows} x {args.train_len} tokens; "
+          f"(bf16: batch {args.bf16_batch}, {args.bf16_new_tokens} new); train {args.train_rows} x {args.train_len} tokens; "
           f"{args.reps} A/B pairs, median ratio", flush=True)  # fmt: skip
 
     decode_rows, train_rows, verdicts = [], [], []
@@ -283,12 +286,13 @@ def main() -> None:
             prompts = torch.randint(0, config.vocab_size, (args.batch, args.prompt_len),
                                     generator=torch.Generator().manual_seed(1)).tolist()  # fmt: skip
             for dtype_name in [] if "decode" in skip else args.dtypes.split(","):
-                new = args.new_tokens if dtype_name == "float32" else args.bf16_new_tokens
+                fp32 = dtype_name == "float32"
+                new, batch = (args.new_tokens, args.batch) if fp32 else (args.bf16_new_tokens, args.bf16_batch)
                 print(f"[{time.perf_counter() - started:4.0f}s] {label}: decode {dtype_name}", flush=True)
-                engine = EngineDecode(directory, DTYPES[dtype_name], prompts, new)
-                peer = TransformersDecode(directory, DTYPES[dtype_name], prompts, new)
+                engine = EngineDecode(directory, DTYPES[dtype_name], prompts[:batch], new)
+                peer = TransformersDecode(directory, DTYPES[dtype_name], prompts[:batch], new)
                 try:
-                    r = alternate(engine, peer, args.reps, args.batch * new)
+                    r = alternate(engine, peer, args.reps, batch * new)
                 finally:
                     engine.close()
                     peer.close()
@@ -296,7 +300,7 @@ def main() -> None:
                 agree = sum(x == y for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
                 decode_rows.append([label, dtype_name, f"{r['native']:,.1f}", f"{r['peer']:,.1f}",
                                     f"{r['ratio']:.2f}x", " ".join(f"{x:.2f}" for x in r["ratios"]),
-                                    f"{agree / (args.batch * new):.0%}"])  # fmt: skip
+                                    f"{agree / (batch * new):.0%}"])  # fmt: skip
                 verdicts.append((model_type, dtype_name, r["ratio"]))
             for precision in [] if "train" in skip else args.train_precisions.split(","):
                 print(f"[{time.perf_counter() - started:4.0f}s] {label}: train {precision}", flush=True)

@@ -120,7 +120,7 @@ def transformers_fallback() -> Callable[[str | Path, torch.dtype], torch.nn.Modu
         module = importlib.import_module(f"toolgym.agents.model.{path.stem}")
         loader = getattr(module, "load_transformers_policy", None)
         if callable(loader):
-            return loader
+            return loader  # pyright: ignore[reportReturnType]
     return None
 
 
@@ -156,7 +156,7 @@ class TransformersDecode:
 
     def __call__(self) -> list[list[int]]:
         with torch.inference_mode():
-            out = self.model.generate(self.input_ids, **self.kwargs)
+            out = self.model.generate(self.input_ids, **self.kwargs)  # pyright: ignore[reportAttributeAccessIssue]
         return out[:, self.input_ids.shape[1] :].tolist()
 
     def close(self) -> None:
@@ -183,7 +183,7 @@ class NativeTrain:
         self.trainer, self.episodes = Trainer(model, config, device="cpu"), episodes
 
     def __call__(self) -> float:
-        metrics = self.trainer._forward_backward(self.episodes, self.trainer.sft_loss, sharded=False)  # noqa: SLF001
+        metrics = self.trainer._forward_backward(self.episodes, self.trainer.sft_loss, sharded=False)
         self.trainer.optimizer.zero_grad(set_to_none=True)
         return metrics["loss"]
 

@@ -1,0 +1,74 @@
+"""Any decoder transformers can load, for a model_type without a native family
+(`policy.implementation = "transformers"`, the optional `transformers` extra).
+
+`HFCausalLM` wraps `AutoModelForCausalLM.from_pretrained(path, torch_dtype=float32)` with the
+native `Transformer`'s training interface: `forward(input_ids, positions, cache=None, head=None)`,
+`model.layers` (FSDP2 / activation checkpointing wrap each layer), and a state_dict under HF's own
+names (`model.layers.{i}...`, `lm_head.weight`) so the vLLM backend's weight sync and HF saves read
+it as they read the native model's. Shared-prefix attention (`cache`), per-block torch.compile and
+LoRA are refused at config time (configs/assembly/parts.py); `cache` is refused here too.
+
+This is the only library module that imports transformers (tests/test_architecture.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class HFCausalLM(nn.Module):
+    """A transformers `<Family>ForCausalLM`'s `model` (decoder stack) and `lm_head`, as attributes of
+    the same names so parameter names match HF's checkpoint names."""
+
+    def __init__(self, hf_model: Any) -> None:
+        super().__init__()
+        self.config: Any = hf_model.config
+        self.model: Any = hf_model.model
+        self.lm_head: Any = hf_model.get_output_embeddings()
+        # Families whose logits are scaled after lm_head (Granite's logits_scaling)
+        self.logits_scaling = float(getattr(self.config, "logits_scaling", 1.0) or 1.0)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: object | None = None,
+        head: Callable[[torch.Tensor, nn.Module], Any] | None = None,
+    ) -> Any:
+        """input_ids [B, T] -> logits [B, T, V] (causal), or `head(hidden, lm_head)` when given."""
+        if cache is not None:
+            raise ValueError(
+                "policy.implementation = 'transformers' has no shared-prefix attention; "
+                "set trainer.share_prefix = false"
+            )
+        hidden = self.model(input_ids=input_ids, position_ids=positions, use_cache=False).last_hidden_state
+        if self.logits_scaling != 1.0:
+            hidden = hidden / self.logits_scaling  # lm_head is linear: same as scaling the logits
+        return self.lm_head(hidden) if head is None else head(hidden, self.lm_head)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+
+def load_transformers_model(path: str | Path, dtype: torch.dtype = torch.float32) -> HFCausalLM:
+    """The HF directory at `path` through transformers' AutoModelForCausalLM (float32 master copy)."""
+    try:
+        from transformers import AutoModelForCausalLM
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError(
+            "policy.implementation = 'transformers' needs the transformers extra: pip install 'toolgym[transformers]'"
+        ) from e
+    hf_model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=dtype)
+    return HFCausalLM(hf_model)
+
+
+__all__ = ["HFCausalLM", "load_transformers_model"]

@@ -1,0 +1,87 @@
+"""policy.implementation = "transformers": a family toolgym has no native code for (Granite),
+run through transformers with the native model's training interface."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from toolgym.agents.model.hf_fallback import load_transformers_model  # noqa: E402
+from toolgym.trainers.logprobs import token_logprobs  # noqa: E402
+
+
+def _granite_dir(tmp_path):
+    config = transformers.GraniteConfig(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        logits_scaling=2.0,
+        residual_multiplier=0.5,
+        embedding_multiplier=3.0,
+        attention_multiplier=0.3,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_adapter_logits_equal_transformers(tmp_path):
+    directory = _granite_dir(tmp_path)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32)
+    model = load_transformers_model(directory)
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(9).expand(2, 9)
+    with torch.no_grad():
+        expected = reference(input_ids=ids).logits
+        got = model(ids, positions)
+        via_head = model(ids, positions, head=lambda h, lm_head: lm_head(h))
+    assert not torch.allclose(expected, torch.zeros_like(expected))
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(via_head, got)
+    names = set(model.state_dict())
+    assert names == set(reference.state_dict())
+    assert len(model.model.layers) == 2
+
+
+def test_adapter_refuses_shared_prefix_cache(tmp_path):
+    model = load_transformers_model(_granite_dir(tmp_path))
+    with pytest.raises(ValueError, match="share_prefix"):
+        model(torch.zeros(1, 3, dtype=torch.long), None, cache=object())
+
+
+def test_gradient_step_changes_weights(tmp_path):
+    model = load_transformers_model(_granite_dir(tmp_path))
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(2))
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    logits = model(ids, torch.arange(9).expand(2, 9))
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 97), ids[:, 1:].reshape(-1))
+    assert torch.isfinite(loss)
+    loss.backward()
+    torch.optim.AdamW(model.parameters(), lr=1e-2).step()
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    assert "lm_head.weight" in changed and any(k.startswith("model.layers.1.") for k in changed)
+
+
+def test_trainer_logprobs_through_adapter_equal_direct(tmp_path):
+    directory = _granite_dir(tmp_path)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(directory, torch_dtype=torch.float32)
+    model = load_transformers_model(directory)
+    ids = torch.randint(0, 97, (1, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got = model(
+            ids,
+            torch.arange(7)[None],
+            head=lambda h, lm_head: token_logprobs(lm_head(h)[:, :-1], ids[:, 1:], 0.7),
+        )
+        direct = torch.log_softmax(reference(input_ids=ids).logits[:, :-1] / 0.7, -1).gather(
+            -1, ids[:, 1:, None]
+        )[..., 0]
+    torch.testing.assert_close(got, direct)

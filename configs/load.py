@@ -377,6 +377,8 @@ def check_fields_together(config: Config) -> None:
             f"must be >= 2 with batch.advantage.credit = '{config.batch.advantage.credit}' (its "
             f"baseline is the group's other episodes; a group of 1 has none), got {config.rollout.group_size}",
         )
+    if config.policy.implementation == "transformers":
+        _check_transformers_implementation(config)
     if config.rollout.group_size < 2:
         estimator = config.batch.advantage.estimator
         dynamic = config.batch.dynamic_sampling
@@ -385,6 +387,31 @@ def check_fields_together(config: Config) -> None:
             "rollout.group_size",
             f"must be >= 2 with batch.advantage.estimator = '{estimator}' (group-relative: a group of "
             f"1 has advantage 0{dropped}, so nothing is learned), got {config.rollout.group_size}",
+        )
+
+
+def _check_transformers_implementation(config: Config) -> None:
+    """policy.implementation = "transformers" (agents/model/hf_fallback.py) loads an HF directory,
+    samples through vLLM and has no LoRA or per-block torch.compile."""
+    if not config.model.path:
+        raise ConfigError(
+            "model.path", "must name a Hugging Face directory with policy.implementation = 'transformers'"
+        )
+    if config.policy.backend != "vllm":
+        raise ConfigError(
+            "policy.backend",
+            f"must be 'vllm' with policy.implementation = 'transformers', got '{config.policy.backend}'",
+        )
+    if config.policy.lora.enabled:
+        raise ConfigError(
+            "policy.lora.rank", "must be 0 with policy.implementation = 'transformers' (no LoRA)"
+        )
+    if config.trainer.compile:
+        raise ConfigError("trainer.compile", "must be false with policy.implementation = 'transformers'")
+    if config.trainer.share_prefix:
+        raise ConfigError(
+            "trainer.share_prefix",
+            "must be false with policy.implementation = 'transformers' (no shared-prefix attention)",
         )
 
 

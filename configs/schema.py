@@ -159,6 +159,10 @@ class PolicySection(PolicySampling, frozen=True, **_STRICT):
     once in rollouts/types.py, read by the runner and the trainer) and the backend's settings."""
 
     backend: Literal["torch", "vllm"] = "torch"
+    # Trainer's model: "native" (agents/model/, the families in agents/model/families/) or
+    # "transformers" (agents/model/hf_fallback.py: any AutoModelForCausalLM at model.path; needs
+    # backend "vllm" and the `transformers` extra; no LoRA, no trainer.compile).
+    implementation: Literal["native", "transformers"] = "native"
     max_batch_size: int = 256  # torch engine: KV-cache slots (episodes decoded together)
     max_seq_len: int = 0  # prompt + completion tokens per episode; 0 = min(model max, 4096)
     cuda_graphs: bool = True  # torch engine on a GPU: replay decode steps from CUDA graphs (CPU: ignored)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 import torch
@@ -192,7 +192,12 @@ def check_model(config: Config, model: ModelConfig, renderer: Renderer) -> None:
 
 def initial_model(config: Config) -> Transformer:
     """The run's starting weights (float32 master copy): the HF directory, or a named config
-    initialised from model.init_seed (the same on every rank)."""
+    initialised from model.init_seed (the same on every rank). With policy.implementation =
+    "transformers", the directory through transformers (agents/model/hf_fallback.py)."""
+    if config.policy.implementation == "transformers":
+        from ...agents.model.hf_fallback import load_transformers_model
+
+        return cast(Transformer, load_transformers_model(config.model.path, dtype=torch.float32))
     if config.model.path:
         return load_hf_checkpoint(config.model.path, dtype=torch.float32)
     return build_model(model_config(config), seed=config.model.init_seed, dtype=torch.float32)
@@ -241,10 +246,14 @@ def select_policy_backend(config: Config, model: ModelConfig, device: torch.devi
     )
 
 
-def describe_policy(policy: Policy) -> str:
+def describe_policy(policy: Policy, implementation: str = "native") -> str:
     """One line on the policy that samples: for the torch engine its slots and KV-cache memory
     (the kept histories double it by default, so a user sizing a GPU run should see it). The
-    backend's hardware decisions have their own line (`Backend.describe`), printed at start."""
+    backend's hardware decisions have their own line (`Backend.describe`), printed at start.
+    With policy.implementation = "transformers" the line says the trainer runs the model
+    through transformers."""
+    if implementation == "transformers":
+        return describe_policy(policy) + "; trainer: the model through transformers (policy.implementation)"
     replicas = getattr(policy, "replicas", None)
     if replicas is not None:
         return (

@@ -171,7 +171,7 @@ def build_rl(
         )
         dist = dataclasses.replace(dist, channel=generators.channel, generators=plan.generator_processes)
     policy = build_policy(config, model, hf_dir, renderer, dist.device, backend, plan.placement)
-    log.print(describe_policy(policy))
+    log.print(describe_policy(policy, config.policy.implementation))
     if plan.mode == "async":
         where = plan.describe_placement()
         if plan.placement == "ranks":

@@ -20,7 +20,8 @@ def family(model_type: object) -> Family:
     found = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if found is None:
         raise ValueError(
-            f"model_type {model_type!r} has no native family; native families: {', '.join(FAMILIES)}"
+            f"model_type {model_type!r} has no native family (native: {', '.join(FAMILIES)}); "
+            'run it through transformers with policy.implementation = "transformers"'
         )
     return found
 

@@ -261,3 +261,17 @@ def test_no_default_advantage_config_outside_config_loading():
         == "AdvantageConfig"
     ]
     assert not offenders, "AdvantageConfig() outside config loading:\n" + "\n".join(offenders)
+
+
+def test_only_the_fallback_module_imports_transformers():
+    """transformers is an optional extra: the library reaches it through agents/model/hf_fallback.py
+    (policy.implementation = "transformers") only."""
+    allowed = ROOT / "agents" / "model" / "hf_fallback.py"
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in _library_files()
+        if path != allowed
+        for module in sorted(_imported_modules(path))
+        if module == "transformers" or module.startswith("transformers.")
+    ]
+    assert not offenders, "\n".join(offenders)

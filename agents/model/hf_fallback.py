@@ -12,12 +12,15 @@ This is the only library module that imports transformers (tests/test_architectu
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from .config import ModelConfig
 
 
 class HFCausalLM(nn.Module):
@@ -59,6 +62,14 @@ class HFCausalLM(nn.Module):
         return next(self.parameters()).dtype
 
 
+def shape_config(path: str | Path) -> ModelConfig:
+    """The sizes of the HF directory at `path` (vocab, hidden size, layers, heads, max positions) as
+    a llama-shaped ModelConfig, for the start-time checks and the backend's memory sizing; it never
+    builds weights (the model itself is `load_transformers_model`'s)."""
+    raw = json.loads((Path(path) / "config.json").read_text())
+    return ModelConfig.from_hf_dict({**raw, "model_type": "llama"})
+
+
 def load_transformers_model(path: str | Path, dtype: torch.dtype = torch.float32) -> HFCausalLM:
     """The HF directory at `path` through transformers' AutoModelForCausalLM (float32 master copy)."""
     try:
@@ -71,4 +82,4 @@ def load_transformers_model(path: str | Path, dtype: torch.dtype = torch.float32
     return HFCausalLM(hf_model)
 
 
-__all__ = ["HFCausalLM", "load_transformers_model"]
+__all__ = ["HFCausalLM", "load_transformers_model", "shape_config"]

@@ -156,6 +156,10 @@ def chat_template_text(config: Config) -> str | None:
 
 
 def model_config(config: Config) -> ModelConfig:
+    if config.policy.implementation == "transformers":  # its sizes only (agents/model/hf_fallback.py)
+        from ...agents.model.hf_fallback import shape_config
+
+        return shape_config(config.model.path)
     if config.model.path:
         from ...agents.model.checkpoint import load_config
 

@@ -85,3 +85,15 @@ def test_trainer_logprobs_through_adapter_equal_direct(tmp_path):
             -1, ids[:, 1:, None]
         )[..., 0]
     torch.testing.assert_close(got, direct)
+
+
+def test_shape_config_reads_the_sizes(tmp_path):
+    from toolgym.agents.model.hf_fallback import shape_config
+
+    shape = shape_config(_granite_dir(tmp_path))
+    assert (shape.vocab_size, shape.hidden_size, shape.num_hidden_layers, shape.max_position_embeddings) == (
+        97,
+        32,
+        2,
+        128,
+    )

@@ -1,7 +1,7 @@
 """Any decoder transformers can load, for a model_type without a native family
 (`policy.implementation = "transformers"`, the optional `transformers` extra).
 
-`HFCausalLM` wraps `AutoModelForCausalLM.from_pretrained(path, torch_dtype=float32)` with the
+`HFCausalLM` wraps `AutoModelForCausalLM.from_pretrained(path, dtype=float32)` with the
 native `Transformer`'s training interface: `forward(input_ids, positions, cache=None, head=None)`,
 `model.layers` (FSDP2 / activation checkpointing wrap each layer), and a state_dict under HF's own
 names (`model.layers.{i}...`, `lm_head.weight`) so the vLLM backend's weight sync and HF saves read
@@ -23,13 +23,30 @@ from torch import nn
 from .config import ModelConfig
 
 
+class HFConfigView:
+    """The transformers config with what the checkpoint writer reads of a ModelConfig:
+    `to_hf_dict(dtype)` (config.json's content) and every HF field (tie_word_embeddings, ...)."""
+
+    def __init__(self, hf_config: Any) -> None:
+        self.hf_config = hf_config
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.hf_config, name)
+
+    def to_hf_dict(self, dtype: torch.dtype | None = None) -> dict[str, Any]:
+        out = self.hf_config.to_dict()
+        if dtype is not None:
+            out["dtype"] = str(dtype).removeprefix("torch.")
+        return out
+
+
 class HFCausalLM(nn.Module):
     """A transformers `<Family>ForCausalLM`'s `model` (decoder stack) and `lm_head`, as attributes of
     the same names so parameter names match HF's checkpoint names."""
 
     def __init__(self, hf_model: Any) -> None:
         super().__init__()
-        self.config: Any = hf_model.config
+        self.config: Any = HFConfigView(hf_model.config)
         self.model: Any = hf_model.model
         self.lm_head: Any = hf_model.get_output_embeddings()
         # Families whose logits are scaled after lm_head (Granite's logits_scaling)
@@ -70,6 +87,21 @@ def shape_config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_hf_dict({**raw, "model_type": "llama"})
 
 
+def directory_parameter_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """Every weight's HF name -> shape in the directory's safetensors files (the names a weight
+    sync may send), with lm_head.weight added where the embeddings are tied."""
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    if "lm_head.weight" not in shapes and "model.embed_tokens.weight" in shapes:
+        shapes["lm_head.weight"] = shapes["model.embed_tokens.weight"]
+    return shapes
+
+
 def load_transformers_model(path: str | Path, dtype: torch.dtype = torch.float32) -> HFCausalLM:
     """The HF directory at `path` through transformers' AutoModelForCausalLM (float32 master copy)."""
     try:
@@ -78,8 +110,8 @@ def load_transformers_model(path: str | Path, dtype: torch.dtype = torch.float32
         raise ImportError(
             "policy.implementation = 'transformers' needs the transformers extra: pip install 'toolgym[transformers]'"
         ) from e
-    hf_model = AutoModelForCausalLM.from_pretrained(str(path), torch_dtype=dtype)
+    hf_model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     return HFCausalLM(hf_model)
 
 
-__all__ = ["HFCausalLM", "load_transformers_model", "shape_config"]
+__all__ = ["HFCausalLM", "directory_parameter_shapes", "load_transformers_model", "shape_config"]

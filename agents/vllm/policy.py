@@ -101,7 +101,14 @@ class VLLMPolicy:
         vllm_engine.import_vllm()  # the install hint, before anything else
         self.directory = Path(directory)
         self.config = config = config or VLLMConfig()
-        self.model_config = load_config(self.directory)
+        try:
+            self.model_config = load_config(self.directory)
+            param_shapes = _hf_parameter_shapes(self.model_config)
+        except ValueError:  # no native family: a model trained through transformers (hf_fallback.py)
+            from ..model.hf_fallback import directory_parameter_shapes, shape_config
+
+            self.model_config = shape_config(self.directory)
+            param_shapes = directory_parameter_shapes(self.directory)
         self.max_seq_len = config.max_model_len or min(self.model_config.max_position_embeddings, 4096)
         if self.max_seq_len > self.model_config.max_position_embeddings:
             raise ValueError(
@@ -109,7 +116,7 @@ class VLLMPolicy:
                 f"{self.model_config.max_position_embeddings}"
             )
         self.policy_version = policy_version
-        self._param_shapes = _hf_parameter_shapes(self.model_config)
+        self._param_shapes = param_shapes
         self.lora = lora if lora is not None and lora.enabled else None
         self._lora_kwargs = vllm_engine.lora_engine_kwargs(self.lora.rank) if self.lora else {}
         self._adapter_shapes = _adapter_shapes(self._param_shapes, self.lora) if self.lora else {}

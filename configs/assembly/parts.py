@@ -207,7 +207,11 @@ def initial_model(config: Config) -> Transformer:
     return build_model(model_config(config), seed=config.model.init_seed, dtype=torch.float32)
 
 
-def load_model(directory: Path) -> Transformer:
+def load_model(directory: Path, implementation: str = "native") -> Transformer:
+    if implementation == "transformers":
+        from ...agents.model.hf_fallback import load_transformers_model
+
+        return cast(Transformer, load_transformers_model(directory, dtype=torch.float32))
     return load_hf_checkpoint(directory, dtype=torch.float32)
 
 

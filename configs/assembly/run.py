@@ -157,7 +157,7 @@ def build_rl(
     trainer (restored from the checkpoint), the task stream, and the loop over them."""
     base_dir = rl_base_dir(config, plan, run)
     base_dir = base_dir if base_dir != run.initial_model else None
-    model = load_model(base_dir) if base_dir is not None else initial_model(config)
+    model = load_model(base_dir, config.policy.implementation) if base_dir is not None else initial_model(config)
     hf_dir = base_dir
     # vLLM loads its model from disk; LoRA adapters are exported over a base that must be on disk.
     if (config.policy.backend == "vllm" or config.policy.lora.enabled) and hf_dir is None:

@@ -13,7 +13,7 @@ import torch
 
 from .families import FAMILIES, Family, family
 
-ModelType = Literal["qwen2", "qwen3", "llama", "mistral", "smollm3", "gemma3_text"]
+ModelType = Literal["qwen2", "qwen3", "llama", "mistral", "smollm3", "gemma3_text", "olmo2", "olmo3"]
 # HF's config.json `layer_types` entries this decoder runs.
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -229,9 +229,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         """Parameter count (tied embeddings counted once)."""
         h, d = self.hidden_size, self.head_dim
         q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
-        attn = (
-            h * (q + 2 * kv) + q * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias + 2 * d * self.qk_norm
-        )
+        qk_norm = (q + kv if self.family.qk_norm_over == "projection" else 2 * d) * self.qk_norm
+        attn = h * (q + 2 * kv) + q * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias + qk_norm
         per_layer = attn + 3 * h * self.intermediate_size + (4 if self.family.sandwich_norms else 2) * h
         body = self.num_hidden_layers * per_layer + h
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
@@ -345,7 +344,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     def named(cls, name: str) -> ModelConfig:
         """A named config: 'tiny' (CPU default), 'bench-3m', 'small-25m', 'test', 'test-qwen3', 'test-gemma3',
         'qwen2.5-0.5b', 'qwen3-0.6b', 'qwen3-1.7b', 'qwen3-4b', 'qwen3-8b', 'llama-3.2-1b',
-        'mistral-7b-v0.3', 'smollm3-3b', 'gemma-3-1b' (the real shapes, random weights)."""
+        'mistral-7b-v0.3', 'smollm3-3b', 'gemma-3-1b', 'olmo-3-7b' (the real shapes, random weights)."""
         if name not in NAMED_CONFIGS:
             raise KeyError(f"unknown model config {name!r}; known: {sorted(NAMED_CONFIGS)}")
         return cls(**NAMED_CONFIGS[name])
@@ -418,4 +417,13 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
                        layer_types=tuple("sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(26)),
                        max_position_embeddings=32768, tie_word_embeddings=True, model_type="gemma3_text",
                        bos_token_id=2, eos_token_id=1),
+    # OLMo 3 7B (Olmo-3-1025-7B): norms after each sublayer, q/k norms over the whole projection,
+    # three window-4096 layers to one full. Its YaRN (x8 from 8192, full-attention layers only) is
+    # not modelled: with random weights this is the shape only.
+    "olmo-3-7b": dict(vocab_size=100278, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, head_dim=128, rope_theta=500_000.0,
+                      rms_norm_eps=1e-6, max_position_embeddings=65536, tie_word_embeddings=False,
+                      model_type="olmo3", sliding_window=4096,
+                      layer_types=tuple("sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(32)),
+                      eos_token_id=100257, pad_token_id=100277),
 }  # fmt: skip

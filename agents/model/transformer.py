@@ -1,4 +1,4 @@
-"""The decoder of every native family (Qwen2, Qwen3, Llama, Mistral, SmolLM3, Gemma 3 text) in
+"""The decoder of every native family (Qwen2, Qwen3, Llama, Mistral, SmolLM3, Gemma 3 text, OLMo 2/3) in
 plain torch, read top to bottom (gpt-fast style).
 
 GQA attention with RoPE, RMSNorm (pre-norm), SwiGLU MLP, tied or untied embeddings. What a family
@@ -7,7 +7,8 @@ adds is declared by its module (agents/model/families/) and read through the `Mo
 with `attention_bias`), an RMSNorm over each head of q and k before RoPE (Qwen3), Llama 3.1's
 RoPE scaling, layers without RoPE (SmolLM3), sliding-window layers (`ModelConfig.layer_window`:
 Mistral's on every layer, Gemma 3's per `layer_types`), Gemma 3's blocks (its RMSNorm, four norms
-per block, scaled embeddings and queries, GELU-tanh MLP, a second RoPE base for its sliding layers).
+per block, scaled embeddings and queries, GELU-tanh MLP, a second RoPE base for its sliding layers),
+OLMo 2/3's blocks (norms after attention and MLP, q/k norms over the whole projection).
 
 Module names and `state_dict()` keys are exactly Hugging Face's (`model.embed_tokens.weight`,
 `model.layers.{i}.self_attn.q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`), so HF
@@ -159,25 +160,32 @@ class Attention(nn.Module):
         self.rope = cfg.layer_rope(layer_idx)  # SmolLM3's no_rope_layers: some layers do not rotate
         self.window = cfg.layer_window(layer_idx)  # a sliding window (the cache knows its own)
         self.query_scale = cfg.query_scale  # Gemma: scores scaled by query_pre_attn_scalar**-0.5
-        if cfg.qk_norm:  # Qwen3, Gemma 3: RMSNorm over each head's q and k, before RoPE
-            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.family.norm_scale)
-            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, cfg.family.norm_scale)
+        # Qwen3, Gemma 3: an RMSNorm over each head's q and k, before RoPE; OLMo ("projection"):
+        # over the whole q and k projections, before they are split into heads.
+        self.qk_norm_over = cfg.family.qk_norm_over if cfg.qk_norm else None
+        if cfg.qk_norm:
+            whole = self.qk_norm_over == "projection"
+            self.q_norm = RMSNorm(q_dim if whole else cfg.head_dim, cfg.rms_norm_eps, cfg.family.norm_scale)
+            self.k_norm = RMSNorm(kv_dim if whole else cfg.head_dim, cfg.rms_norm_eps, cfg.family.norm_scale)
 
     def forward(
         self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None, keep: torch.Tensor | None = None
     ) -> torch.Tensor:
         B, T, _ = x.shape
-        k = self.k_proj(x).view(B, T, -1, self.head_dim)
+        k = self.k_proj(x)
         v = self.v_proj(x).view(B, T, -1, self.head_dim)
         q_cos, q_sin = cos, sin
         if keep is None:
-            q = self.q_proj(x).view(B, T, -1, self.head_dim)
+            q = self.q_proj(x)
         else:  # only the query at position keep[b] of each row (every position still gives k/v)
             rows = torch.arange(B, device=x.device)
-            q = self.q_proj(x[rows, keep]).view(B, 1, -1, self.head_dim)
+            q = self.q_proj(x[rows, keep][:, None])
             q_cos = cos.expand(B, -1, -1, -1)[rows, keep][:, None]
             q_sin = sin.expand(B, -1, -1, -1)[rows, keep][:, None]
-        if hasattr(self, "q_norm"):
+        if self.qk_norm_over == "projection":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.view(B, q.shape[1], -1, self.head_dim), k.view(B, T, -1, self.head_dim)
+        if self.qk_norm_over == "head":
             q, k = self.q_norm(q), self.k_norm(k)
         if self.rope:
             q, k = apply_rope(q, q_cos, q_sin), apply_rope(k, cos, sin)
@@ -236,27 +244,36 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)). The FSDP2 wrap unit.
     With the family's sandwich_norms (Gemma 3): x + post_attention_layernorm(attn(input_layernorm(x))),
-    then x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))."""
+    then x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x))). With its
+    norm_placement "post" (OLMo 2/3): x + post_attention_layernorm(attn(x)), then
+    x + post_feedforward_layernorm(mlp(x))."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         scale = cfg.family.norm_scale
         self.self_attn = Attention(cfg, layer_idx)
         self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale)
+        self.post_norms = cfg.family.norm_placement == "post"
+        if not self.post_norms:
+            self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale)
         self.sandwich = cfg.family.sandwich_norms
         if self.sandwich:
             self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale)
+        if self.sandwich or self.post_norms:
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale)
 
     def forward(
         self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None, keep: torch.Tensor | None = None
     ) -> torch.Tensor:
         """keep [B] (with a cache): compute only position keep[b] of each row -> [B, 1, hidden]."""
-        attended = self.self_attn(cast_once_for_autocast(self.input_layernorm(x)), cos, sin, cache, keep)
+        normed = x if self.post_norms else self.input_layernorm(x)
+        attended = self.self_attn(cast_once_for_autocast(normed), cos, sin, cache, keep)
         if keep is not None:
             x = x[torch.arange(x.shape[0], device=x.device), keep][:, None]
+        if self.post_norms:
+            x = x + self.post_attention_layernorm(attended)
+            return x + self.post_feedforward_layernorm(self.mlp(cast_once_for_autocast(x)))
         if self.sandwich:
             x = x + self.post_attention_layernorm(attended)
             mlp = self.mlp(cast_once_for_autocast(self.pre_feedforward_layernorm(x)))

@@ -8,11 +8,14 @@ from .base import Family
 from .gemma3 import GEMMA3_TEXT
 from .llama import LLAMA
 from .mistral import MISTRAL
+from .olmo import OLMO2, OLMO3
 from .qwen2 import QWEN2
 from .qwen3 import QWEN3
 from .smollm3 import SMOLLM3
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (QWEN2, QWEN3, LLAMA, MISTRAL, SMOLLM3, GEMMA3_TEXT)}
+FAMILIES: dict[str, Family] = {
+    f.model_type: f for f in (QWEN2, QWEN3, LLAMA, MISTRAL, SMOLLM3, GEMMA3_TEXT, OLMO2, OLMO3)
+}
 
 
 def family(model_type: object) -> Family:

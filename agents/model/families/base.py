@@ -8,7 +8,9 @@ GQA attention, SwiGLU MLP; `model.layers.{i}.self_attn.q_proj.weight`, ...), so 
 which optional tensors exist: biases (`bias`), a per-head q/k RMSNorm (`qk_norm`: `q_norm`,
 `k_norm`), which layers rotate q/k (`no_rope_layers`), which attend over a sliding window
 (`sliding_window`, `layer_types`), and Gemma-style blocks (norm scale, sandwich norms, scaled
-embeddings, GELU MLP, a second RoPE base, `pre_feedforward_layernorm` / `post_feedforward_layernorm`).
+embeddings, GELU MLP, a second RoPE base, `pre_feedforward_layernorm` / `post_feedforward_layernorm`),
+OLMo-style blocks (norms after attention and MLP instead of before: `norm_placement`; q/k norms over
+the whole projection: `qk_norm_over`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from typing import Any, Literal, Protocol
 NormScale = Literal["weight", "one_plus_weight"]
 # The MLP's gate activation (HF's hidden_act / hidden_activation names).
 Activation = Literal["silu", "gelu_pytorch_tanh"]
+# Where a block's norms sit: "pre" (x + attn(input_layernorm(x)), Llama's) or "post" (no input
+# norm: x + post_attention_layernorm(attn(x)), then x + post_feedforward_layernorm(mlp(x)): OLMo 2/3).
+NormPlacement = Literal["pre", "post"]
+# What q_norm / k_norm normalise: "head" (each head's head_dim: Qwen3, Gemma 3) or "projection"
+# (the whole q / k projection, num_heads * head_dim, before it is split into heads: OLMo 2/3).
+QkNormOver = Literal["head", "projection"]
 
 # Where the attention projections have a bias:
 # "qkv": always on q/k/v, never on o (Qwen2); "flag": on q/k/v/o when config.json's
@@ -34,6 +42,9 @@ class Shape(Protocol):
 
     @property
     def num_hidden_layers(self) -> int: ...
+
+    @property
+    def rope_theta(self) -> float: ...
 
     @property
     def attention_bias(self) -> bool: ...
@@ -74,7 +85,8 @@ class Family:
     `no_rope_layer_interval` (4) without. layer_types: config.json's `layer_types` (which layers
     use the sliding window, "sliding_attention", and which attend over the full context) is read;
     without it a sliding_window windows every layer. hf_fields: the family's own config.json
-    entries, written after the shared ones."""
+    entries, written after the shared ones. norm_placement: `NormPlacement`; qk_norm_over:
+    `QkNormOver` (with qk_norm)."""
 
     model_type: str
     architecture: str
@@ -93,6 +105,8 @@ class Family:
     local_rope: bool = False
     query_pre_attn_scalar: bool = False
     own_layers: str | None = None
+    norm_placement: NormPlacement = "pre"
+    qk_norm_over: QkNormOver = "head"
 
 
-__all__ = ["Activation", "BiasRule", "Family", "NormScale", "Shape"]
+__all__ = ["Activation", "BiasRule", "Family", "NormPlacement", "NormScale", "QkNormOver", "Shape"]

@@ -36,7 +36,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Shape of a decoder of a native family; field names are Hugging Face's config.json names.
 
     `attention_bias` is the flag of the families whose `bias` rule is "flag" (Qwen3, Llama,
-    SmolLM3: a bias on q/k/v/o); Qwen2 always has a q/k/v bias and no o bias, Mistral none.
+    SmolLM3, OLMo 2/3: a bias on q/k/v/o); Qwen2 always has a q/k/v bias and no o bias, Mistral none.
     `rope_scaling`: Llama 3.1's (llama only). `sliding_window`: the window of the windowed layers
     (`layer_window`); `layer_types`: HF's per-layer "sliding_attention" / "full_attention" (None
     with a sliding_window: every layer windowed, Mistral's). `no_rope_layers`:

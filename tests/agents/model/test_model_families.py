@@ -13,6 +13,7 @@ import json
 import msgspec
 import pytest
 import torch
+from parity_testlib import hf_greedy, ours_from, ragged_batch
 
 from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.engine import TorchEngine
@@ -93,19 +94,8 @@ def hf_model(case: str, seed: int = 0):
     return model
 
 
-def ours_from(hf, tmp_path) -> Transformer:
-    hf.save_pretrained(tmp_path / "hf")
-    return load_hf_checkpoint(tmp_path / "hf").eval()
 
 
-def ragged_batch(vocab: int, lengths=(41, 30, 17), seed: int = 0):
-    """Right-padded rows (padding 0); 0 is also a real token (Gemma's pad_token_id, whose
-    embedding row gets no gradient from lookups, in transformers and here)."""
-    tokens = torch.randint(
-        0, vocab, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(seed)
-    )
-    mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()
-    return tokens * mask, mask
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -122,12 +112,6 @@ def test_logits_match_transformers_on_a_ragged_batch(tmp_path, case: str) -> Non
     assert (mine[valid] - theirs[valid]).abs().max().item() <= 1e-4
 
 
-def hf_greedy(hf, prompt: list[int], tokens: int) -> list[int]:
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                          do_sample=False, max_new_tokens=tokens, min_new_tokens=tokens, eos_token_id=None,
-                          pad_token_id=0)  # fmt: skip
-    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3", *WINDOWED])

@@ -12,6 +12,7 @@ import json
 import msgspec
 import pytest
 import torch
+from parity_testlib import hf_greedy, ours_from, ragged_batch
 
 from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.engine import TorchEngine
@@ -69,25 +70,10 @@ def hf_model(case: str, seed: int = 0):
     return model
 
 
-def ours_from(hf, tmp_path) -> Transformer:
-    hf.save_pretrained(tmp_path / "hf")
-    return load_hf_checkpoint(tmp_path / "hf").eval()
 
 
-def ragged_batch(vocab: int, lengths=(41, 30, 17), seed: int = 0):
-    tokens = torch.randint(
-        0, vocab, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(seed)
-    )
-    mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()
-    return tokens * mask, mask
 
 
-def hf_greedy(hf, prompt: list[int], tokens: int) -> list[int]:
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                          do_sample=False, max_new_tokens=tokens, min_new_tokens=tokens, eos_token_id=None,
-                          pad_token_id=0)  # fmt: skip
-    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("case", CASES)

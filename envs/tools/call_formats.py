@@ -16,10 +16,14 @@ Every format: a `[ANSWER] <answer>` tag outside any call is the answer; a call t
 read is a malformed call (a counted error whose observation says why, where the format can
 tell), never a crash; only the first `max_chars` characters of an action are parsed (the env cuts
 it); parsing never raises on any str.
+
+`template_tool_format` reads a chat template's source and names the format it teaches (or None),
+so a run can suggest the env's `tool_format` from the checkpoint's template.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from .formats.base import (
@@ -62,6 +66,7 @@ __all__ = [
     "clean_argument",
     "get_format",
     "near_miss_pattern",
+    "template_tool_format",
 ]
 
 FORMATS: Final[dict[str, ToolCallFormat]] = {
@@ -81,3 +86,36 @@ def get_format(name: str) -> ToolCallFormat:
     if name not in FORMATS:
         raise ValueError(f"tool_format must be one of {sorted(FORMATS)}, got {name!r}")
     return FORMATS[name]
+
+
+# What each family's stock chat template writes (in its Jinja source, where a quote may be escaped):
+# Qwen3-Coder's XML calls inside <tool_call>; Mistral's [TOOL_CALLS] marker; Hermes/Qwen's
+# <tool_call> JSON blocks; Llama 3.2/4's pythonic instructions ("[func_name1(params_name1=...");
+# Llama 3.1/3.2's JSON instructions ({"name": function name, "parameters": dictionary ...}) or
+# its <|python_tag|>.
+_QWEN_XML = re.compile(r"<function=.*?<parameter=", re.DOTALL)
+_PYTHONIC = re.compile(r"\[\s*func(?:tion)?_?name\w*\s*\(\s*\w+\s*=")
+_LLAMA_JSON = re.compile(r"""\\?["']parameters\\?["']\s*:\s*dictionary|<\|python_tag\|>""")
+
+
+def template_tool_format(template: str) -> str | None:
+    """The tool-call format (a FORMATS name) that a chat template's source teaches its model, or
+    None where it names none of them (a template without tools, or another dialect). Checked in
+    this order, so that a template holding two markers gets its own: Qwen3-Coder's
+    `<function=`/`<parameter=` (its calls also sit in `<tool_call>`) -> "qwen3_coder";
+    `[TOOL_CALLS]` -> "mistral"; `<tool_call>` -> "json" (unless the calls inside are pythonic:
+    another dialect, None); Llama 3.2/4's `[func_name1(params_name1=...)]` instructions ->
+    "pythonic"; Llama 3.1's `"parameters": dictionary ...` instructions or `<|python_tag|>` ->
+    "llama3_json"."""
+    if _QWEN_XML.search(template):
+        return "qwen3_coder"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    pythonic = _PYTHONIC.search(template) is not None
+    if "<tool_call>" in template:
+        return None if pythonic else "json"
+    if pythonic:
+        return "pythonic"
+    if _LLAMA_JSON.search(template):
+        return "llama3_json"
+    return None

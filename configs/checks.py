@@ -18,12 +18,14 @@ import torch
 
 from .. import envs  # noqa: F401 (registers toolgym/*)
 from ..agents.chat import Renderer
+from ..agents.chat_template import TemplateRenderer
 from ..agents.model.config import NAMED_CONFIGS, ModelConfig
 from ..agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from ..agents.vllm.engine import INSTALL_HINT
 from ..envs.core.text_env import env_hooks
 from ..envs.core.tool_env import NOTE_TOOL, ToolEnv
 from ..envs.registry import import_env_modules
+from ..envs.tools.call_formats import template_tool_format
 from ..rollouts.batches import TaskSeedStream
 from ..rollouts.context import context_policy
 from ..rollouts.endpoint.program import load_program
@@ -35,7 +37,7 @@ from ..rollouts.scoring.teacher import TeacherError, teacher_fingerprint
 from ..rollouts.scripted import OraclePolicy
 from ..rollouts.types import StopReason
 from .assembly.demos import check_demo_rendering, rl_stream, sft_stream
-from .assembly.parts import policy_max_seq_len
+from .assembly.parts import chat_template_text, policy_max_seq_len
 from .assembly.placement import check_async
 from .load import ConfigError, tokenizer_path
 from .schema import Config
@@ -46,6 +48,7 @@ __all__ = [
     "check_environment",
     "check_sft_recording",
     "schedule_notes",
+    "tool_format_notes",
 ]
 
 
@@ -358,3 +361,49 @@ def schedule_notes(config: Config) -> list[str]:
                 f"min_lr_ratio={optimizer.min_lr_ratio:g} (--set {key}.total_steps={steps} stretches it)"
             )
     return notes
+
+
+def tool_format_notes(config: Config, renderer: Renderer) -> list[str]:
+    """A line at start where the env's tool-call format and the policy's chat template disagree
+    (never a refusal): a warning when the env speaks a family's format (not "brackets") but the
+    template has no tools block (`renders_tools` false, or plain ChatML), so the model never sees
+    the tools the way its family writes them; else a note when the template teaches another
+    format than the env's (envs/tools/call_formats.py's template_tool_format), with the --set that
+    matches it. Nothing for an env that is not a ToolEnv, or when they agree."""
+    env = gymnasium.make(config.env.id, **config.env.kwargs)
+    try:
+        unwrapped = env.unwrapped
+        env_format = unwrapped.format.name if isinstance(unwrapped, ToolEnv) else None
+    finally:
+        env.close()
+    if env_format is None:
+        return []
+    model = f"model {config.model.path or config.model.name!r}"
+    if "tool_format" in config.env.kwargs:
+        setting = f"env.kwargs.tool_format = {env_format!r}"
+    else:
+        setting = f"{config.env.id}'s tool_format is {env_format!r} (its default)"
+    if not isinstance(renderer, TemplateRenderer):
+        if env_format == "brackets":
+            return []
+        return [
+            f"warning: {setting}, but {model} renders through plain ChatML (policy.chat_template is "
+            "unset), which has no tools block: the model is never shown the tools in that format "
+            "(only the env's system prompt describes them)"
+        ]
+    template = f"the chat template of {model} ({renderer.source})"
+    if not renderer.renders_tools:
+        if env_format == "brackets":
+            return []
+        return [
+            f"warning: {setting}, but {template} has no tools block: the model is never shown the "
+            "tools in that format (only the env's system prompt describes them)"
+        ]
+    spoken = template_tool_format(chat_template_text(config) or "")
+    if spoken is None or spoken == env_format:
+        return []
+    return [
+        f"note: {template} speaks {spoken!r} tool calls; {setting} "
+        f"(--set env.kwargs.tool_format={spoken} to match)"
+    ]
+

@@ -48,6 +48,7 @@ from ..checks import (
     check_environment,
     check_sft_recording,
     schedule_notes,
+    tool_format_notes,
 )
 from ..run_dir import RunDir
 from ..schema import Config
@@ -75,7 +76,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         log.print(
             f"config.toml: updated with this session's settings (the previous one: {point.config_backup})"
         )
-    for note in schedule_notes(config):
+    for note in [*schedule_notes(config), *tool_format_notes(config, renderer)]:
         log.print(note)
     backend = select_policy_backend(config, model_config(config), dist.device)
     if backend is not None:  # every hardware decision of the torch policy, once, and why

@@ -119,20 +119,25 @@ def has_lora(model: nn.Module) -> bool:
 
 def apply_lora(model: nn.Module, config: LoraConfig, seed: int = 0) -> nn.Module:
     """Swap the targeted linears of `model` for LoraLinear in place (A drawn from `seed`, B = 0),
-    freeze every other parameter; returns `model`. The adapters are float32 (the master copy)."""
+    freeze every other parameter; returns `model`. The adapters are float32 (the master copy).
+    A target that names no linear of the model raises (nothing is changed)."""
     if not config.enabled:
         raise ValueError("apply_lora needs LoraConfig.rank >= 1")
     if has_lora(model):
         raise ValueError("the model already has LoRA adapters")
-    model.requires_grad_(False)
-    generator = torch.Generator().manual_seed(seed)
     targets = [
         (name, module)
         for name, module in model.named_modules()
         if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in config.target_modules
     ]
-    if not targets:
-        raise ValueError(f"no linear named {config.target_modules} in the model")
+    missing = sorted(set(config.target_modules) - {name.rsplit(".", 1)[-1] for name, _ in targets})
+    if missing:  # e.g. a family run through transformers whose linears are named otherwise
+        raise ValueError(
+            f"LoRA target_modules {missing} name no nn.Linear in the model; "
+            "set policy.lora.target_modules to the linears it has"
+        )
+    model.requires_grad_(False)
+    generator = torch.Generator().manual_seed(seed)
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, LoraLinear(module, config, generator))

@@ -392,7 +392,8 @@ def check_fields_together(config: Config) -> None:
 
 def _check_transformers_implementation(config: Config) -> None:
     """policy.implementation = "transformers" (agents/model/hf_fallback.py) loads an HF directory,
-    samples through vLLM and has no LoRA or per-block torch.compile."""
+    samples through vLLM and has no per-block torch.compile or shared-prefix attention (LoRA is
+    agents/model/lora.py's, as for a native family)."""
     if not config.model.path:
         raise ConfigError(
             "model.path", "must name a Hugging Face directory with policy.implementation = 'transformers'"
@@ -401,10 +402,6 @@ def _check_transformers_implementation(config: Config) -> None:
         raise ConfigError(
             "policy.backend",
             f"must be 'vllm' with policy.implementation = 'transformers', got '{config.policy.backend}'",
-        )
-    if config.policy.lora.enabled:
-        raise ConfigError(
-            "policy.lora.rank", "must be 0 with policy.implementation = 'transformers' (no LoRA)"
         )
     if config.trainer.compile:
         raise ConfigError("trainer.compile", "must be false with policy.implementation = 'transformers'")

@@ -5,8 +5,10 @@
 native `Transformer`'s training interface: `forward(input_ids, positions, cache=None, head=None)`,
 `model.layers` (FSDP2 / activation checkpointing wrap each layer), and a state_dict under HF's own
 names (`model.layers.{i}...`, `lm_head.weight`) so the vLLM backend's weight sync and HF saves read
-it as they read the native model's. Shared-prefix attention (`cache`), per-block torch.compile and
-LoRA are refused at config time (configs/assembly/parts.py); `cache` is refused here too.
+it as they read the native model's. LoRA is agents/model/lora.py's `apply_lora` over the family's
+own q_proj/.../down_proj linears (a target it lacks is refused there). Shared-prefix attention
+(`cache`) and per-block torch.compile are refused at config time (configs/load.py); `cache` is
+refused here too.
 
 This is the only library module that imports transformers (tests/test_architecture.py)."""
 

@@ -20,6 +20,8 @@ def test_transformers_implementation_accepted_with_its_settings():
     config, _ = load_config(None, OK)
     assert config.policy.implementation == "transformers"
     assert load_config(None, [])[0].policy.implementation == "native"
+    # LoRA trains through the same adapter code as a native family's (agents/model/lora.py)
+    assert load_config(None, [*OK, "policy.lora.rank=8"])[0].policy.lora.rank == 8
 
 
 @pytest.mark.parametrize(
@@ -29,7 +31,6 @@ def test_transformers_implementation_accepted_with_its_settings():
         ("policy.backend=torch", "policy.backend"),
         ("trainer.share_prefix=true", "trainer.share_prefix"),
         ("trainer.compile=true", "trainer.compile"),
-        ("policy.lora.rank=8", "policy.lora.rank"),
     ],
 )
 def test_transformers_implementation_refuses_what_it_lacks(change, where):

@@ -97,3 +97,73 @@ def test_shape_config_reads_the_sizes(tmp_path):
         2,
         128,
     )
+
+
+def test_lora_over_transformers_model_matches_peft(tmp_path):
+    """LoRA on the fallback: the base's logits at init, PEFT's logits over transformers' own Granite
+    once lora_B is non-zero (the adapter saved by save_adapter), and the merged export equal too."""
+    peft = pytest.importorskip("peft")
+    from toolgym.agents.model.checkpoint import save_hf_checkpoint
+    from toolgym.agents.model.lora import (
+        LoraConfig,
+        adapter_state,
+        apply_lora,
+        lora_config_of,
+        lora_modules,
+        merged_state_dict,
+        save_adapter,
+    )
+
+    directory = _granite_dir(tmp_path / "base")
+    model = load_transformers_model(directory)
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(4))
+    positions = torch.arange(9).expand(2, 9)
+    with torch.no_grad():
+        base = model(ids, positions)
+    apply_lora(model, LoraConfig(rank=4, alpha=8))
+    assert len(list(lora_modules(model))) == 2 * 7
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, positions), base, rtol=0, atol=0)
+        generator = torch.Generator().manual_seed(5)
+        for _, module in lora_modules(model):
+            module.lora_B.weight.copy_(torch.randn(module.lora_B.weight.shape, generator=generator) * 0.1)
+        ours = model(ids, positions)
+    assert (ours - base).abs().max() > 1e-3  # the adapters matter
+    save_adapter(adapter_state(model), tmp_path / "adapter", lora_config_of(model), str(directory))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    with_adapter = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(with_adapter(input_ids=ids).logits, ours, rtol=0, atol=1e-4)
+    save_hf_checkpoint(merged_state_dict(model), model.config, tmp_path / "merged")
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    assert type(merged).__name__ == "GraniteForCausalLM"
+    with torch.no_grad():
+        torch.testing.assert_close(merged.eval()(input_ids=ids).logits, ours, rtol=0, atol=1e-4)
+
+
+def test_lora_gradient_step_changes_only_adapters(tmp_path):
+    from toolgym.agents.model.lora import LoraConfig, apply_lora, is_adapter_name
+
+    model = apply_lora(load_transformers_model(_granite_dir(tmp_path)), LoraConfig(rank=4))
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(is_adapter_name(name) for name in trainable)
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(6))
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    logits = model(ids, torch.arange(9).expand(2, 9))
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 97), ids[:, 1:].reshape(-1))
+    loss.backward()
+    torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2).step()
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all(is_adapter_name(k) for k in changed)
+    assert any(".lora_B." in k and k.startswith("model.layers.1.") for k in changed)
+
+
+def test_lora_target_the_family_lacks_is_refused(tmp_path):
+    from toolgym.agents.model.lora import LoraConfig, apply_lora, has_lora
+
+    model = load_transformers_model(_granite_dir(tmp_path))
+    for layer in model.model.layers:  # as a family whose MLP has no gate_proj linear
+        del layer.mlp.gate_proj
+    with pytest.raises(ValueError, match=r"\['gate_proj'\] name no nn.Linear"):
+        apply_lora(model, LoraConfig(rank=4))
+    assert not has_lora(model) and all(p.requires_grad for p in model.parameters())

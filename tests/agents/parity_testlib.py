@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from toolgym.agents.model.checkpoint import load_hf_checkpoint
+from toolgym.agents.model.lora import LoraConfig, adapter_state, apply_lora, lora_config_of, save_adapter
 from toolgym.agents.model.transformer import Transformer
 
 
@@ -31,3 +32,26 @@ def hf_greedy(hf, prompt: list[int], tokens: int) -> list[int]:
                           do_sample=False, max_new_tokens=tokens, min_new_tokens=tokens, eos_token_id=None,
                           pad_token_id=0)  # fmt: skip
     return out[0, len(prompt) :].tolist()
+
+
+def peft_logits(hf, tmp_path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Our model of `hf`'s checkpoint with LoRA on every target (random adapters), its adapter
+    saved in PEFT's layout and loaded by `peft` onto `hf`: (our base logits, ours with the
+    adapter, peft's) on one 29-token row."""
+    import peft
+
+    ours = ours_from(hf, tmp_path)
+    tokens, _ = ragged_batch(ours.config.vocab_size, (29,))
+    with torch.no_grad():
+        base_logits = ours(tokens)
+    apply_lora(ours, LoraConfig(rank=4, alpha=16))
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in ours.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+    ours.eval()
+    save_adapter(adapter_state(ours), tmp_path / "adapter", lora_config_of(ours), str(tmp_path / "hf"))
+    with_adapter = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        return base_logits, ours(tokens), with_adapter(tokens).logits

@@ -13,7 +13,7 @@ import json
 import msgspec
 import pytest
 import torch
-from parity_testlib import hf_greedy, ours_from, ragged_batch
+from parity_testlib import hf_greedy, ours_from, peft_logits, ragged_batch
 
 from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.engine import TorchEngine
@@ -21,7 +21,6 @@ from toolgym.agents.model.attention import sliding_causal_mask
 from toolgym.agents.model.checkpoint import load_config, load_hf_checkpoint, save_hf_checkpoint
 from toolgym.agents.model.config import ModelConfig, RopeScaling
 from toolgym.agents.model.families import FAMILIES
-from toolgym.agents.model.lora import LoraConfig, adapter_state, apply_lora, lora_config_of, save_adapter
 from toolgym.agents.model.transformer import Transformer, causal_lm_logprobs, rope_cos_sin
 from toolgym.agents.types import SamplingParams
 from toolgym.rollouts.types import Episode
@@ -389,23 +388,7 @@ def test_gemma3_config_json_forms_and_refusals() -> None:
 def test_peft_loads_our_adapter_onto_transformers(tmp_path, case: str) -> None:
     """An adapter trained here (every target), saved in PEFT's layout, gives our logits on
     transformers' model of the family (the window and the layers without RoPE included)."""
-    peft = pytest.importorskip("peft")
-    hf = hf_model(case, seed=6)
-    ours = ours_from(hf, tmp_path)
-    tokens, _ = ragged_batch(ours.config.vocab_size, (29,))
-    with torch.no_grad():
-        base_logits = ours(tokens)
-    apply_lora(ours, LoraConfig(rank=4, alpha=16))
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for name, p in ours.named_parameters():
-            if "lora_" in name:
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-    ours.eval()
-    save_adapter(adapter_state(ours), tmp_path / "adapter", lora_config_of(ours), str(tmp_path / "hf"))
-    with_adapter = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
-    with torch.no_grad():
-        mine = ours(tokens)
-        theirs = with_adapter(tokens).logits
+    pytest.importorskip("peft")
+    base_logits, mine, theirs = peft_logits(hf_model(case, seed=6), tmp_path)
     assert (mine - base_logits).abs().max() > 1e-3  # the adapters matter
     assert (theirs - mine).abs().max().item() <= 1e-4

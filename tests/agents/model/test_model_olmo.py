@@ -16,6 +16,7 @@ from parity_testlib import hf_greedy, ours_from, peft_logits, ragged_batch
 
 from toolgym.agents.engine.backend import select_backend
 from toolgym.agents.engine.engine import TorchEngine
+from toolgym.agents.kernels.packed_linear import packing_available
 from toolgym.agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from toolgym.agents.model.config import ModelConfig
 from toolgym.agents.model.transformer import Transformer, causal_lm_logprobs
@@ -69,12 +70,6 @@ def hf_model(case: str, seed: int = 0):
     return model
 
 
-
-
-
-
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_logits_match_transformers_on_a_ragged_batch(tmp_path, case: str) -> None:
     hf = hf_model(case)
@@ -106,7 +101,7 @@ def test_engine_greedy_matches_transformers_greedy(tmp_path, case: str) -> None:
     ours = ours_from(hf, tmp_path)
     prompts = [[3, 17, 90, 4, 55], [101, 7, 7, 64, 2, 33, 12, 80, 9, 5, 44, 6, 1]]
     engine = TorchEngine(ours, max_batch_size=2, max_seq_len=96, device="cpu", dtype=torch.float32)
-    assert not engine.backend.packed and not engine.backend.fused
+    assert engine.backend.own_layers and not engine.backend.fused  # its blocks, linears packed
     completions = engine.generate_sync(prompts, SamplingParams(max_tokens=64, temperature=0.0))
     for prompt, completion in zip(prompts, completions, strict=True):
         assert list(completion.tokens) == hf_greedy(hf, prompt, 64)
@@ -259,16 +254,16 @@ def test_transformers_counts_the_published_shape() -> None:
     assert sum(p.numel() for p in ours.parameters()) == config.num_params()
 
 
-def test_packed_and_fused_layers_are_refused_in_one_line() -> None:
+def test_fused_layers_are_refused_in_one_line_and_packing_keeps_its_blocks() -> None:
     config = ModelConfig.from_hf_dict(hf_config("olmo3").to_dict())
     backend = select_backend(config, "cpu", torch.float32)
-    assert not backend.packed and not backend.fused and backend.kernels == "torch"
-    for request in ({"pack_weights": True}, {"fused_layers": True}):
-        with pytest.raises(ValueError, match="OLMo's blocks") as error:
-            select_backend(config, "cpu", torch.float32, **request)
-        assert "\n" not in str(error.value)
+    assert backend.own_layers and not backend.fused and backend.kernels == "torch"
+    with pytest.raises(ValueError, match="OLMo's blocks") as error:
+        select_backend(config, "cpu", torch.float32, fused_layers=True)
+    assert "\n" not in str(error.value)
     with pytest.raises(ValueError, match="sliding-window layers"):
         select_backend(config, "cpu", torch.float32, kernels="vllm")
     olmo2 = ModelConfig.from_hf_dict(hf_config("olmo2").to_dict())
-    with pytest.raises(ValueError, match="OLMo's blocks"):
-        select_backend(olmo2, "cpu", torch.float32, pack_weights=True)
+    if packing_available(torch.device("cpu")):
+        packed = select_backend(olmo2, "cpu", torch.float32, pack_weights=True)
+        assert packed.packed and packed.own_layers and "own, oneDNN-packed linears" in packed.describe()

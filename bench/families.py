@@ -4,8 +4,7 @@
     python bench/families.py --families llama,qwen3 --layers 2 --reps 5
     python bench/families.py --layers 1 --hidden-cap 256 --reps 1   # the smoke size (seconds)
 
-Families: every model_type in agents/model/families (FAMILIES) plus the ones being added (olmo3),
-each measured at the smallest of its published shapes that `ModelConfig.named` knows
+Families: every model_type in agents/model/families (FAMILIES), each measured at the smallest of its published shapes that `ModelConfig.named` knows
 (qwen2.5-0.5b, qwen3-0.6b, llama-3.2-1b, mistral-7b-v0.3, smollm3-3b, gemma-3-1b, ...). A family
 with no named shape, or whose model_type this transformers does not know, is skipped with a line.
 
@@ -37,8 +36,9 @@ on the same rows with `labels` (-100 on the prompt): the same mean cross-entropy
 completion tokens, printed for both. bf16 = fp32 weights under CPU autocast on both sides.
 
 (c) `--fallback FAMILY`: the native trainer step vs the same Trainer on the transformers-backed
-policy (`policy.implementation = "transformers"`), found by `transformers_fallback()` below; a
-line says so where this tree has no such adapter yet.
+policy (`policy.implementation = "transformers"`: agents/model/hf_fallback.py's
+`load_transformers_model`) of the same directory: what the fallback costs a family we implement.
+(The fallback samples through vLLM, so its decode has no engine row here.)
 
 Noise: the 2 cores are shared, so native and peer alternate (A B A B ...) `--reps` times and the
 figure is the median of the per-pair ratios (load that hits one pair hits both sides of it).
@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib
 import os
 import statistics
 import sys
@@ -70,14 +69,13 @@ from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from toolgym.agents.model.config import NAMED_CONFIGS, ModelConfig
 from toolgym.agents.model.families import FAMILIES
+from toolgym.agents.model.hf_fallback import load_transformers_model
 from toolgym.agents.model.transformer import build_model
 from toolgym.agents.types import SamplingParams
 from toolgym.rollouts.types import Episode
 from toolgym.trainers.config import TrainerConfig
 from toolgym.trainers.trainer import Trainer
 
-# Families being added beside the native ones: measured as soon as ModelConfig.named has a shape.
-EXPECTED_FAMILIES = ("olmo3",)
 NOT_PUBLISHED = ("test", "tiny", "bench", "small")  # named configs that are not a published shape
 
 
@@ -107,21 +105,6 @@ def scaled(config: ModelConfig, layers: int, hidden_cap: int | None = None) -> M
         changes.update(hidden_size=hidden_cap, intermediate_size=4 * hidden_cap,
                        num_attention_heads=heads, num_key_value_heads=kv)  # fmt: skip
     return msgspec.structs.replace(config, **changes)
-
-
-def transformers_fallback() -> Callable[[str | Path, torch.dtype], torch.nn.Module] | None:
-    """The hook for (c): a loader of a HF directory as the transformers-backed policy
-    (`policy.implementation = "transformers"`), or None while this tree has none. It looks for a
-    module in agents/model that defines `load_transformers_policy(directory, dtype)`."""
-    model_dir = Path(__file__).resolve().parent.parent / "agents" / "model"
-    for path in sorted(model_dir.glob("*.py")):
-        if "transformers" not in path.stem and "hf_" not in path.stem:
-            continue
-        module = importlib.import_module(f"toolgym.agents.model.{path.stem}")
-        loader = getattr(module, "load_transformers_policy", None)
-        if callable(loader):
-            return loader  # pyright: ignore[reportReturnType]
-    return None
 
 
 # ---- (a) decode ---------------------------------------------------------------------------------
@@ -238,7 +221,7 @@ def transformers_knows(model_type: str) -> bool:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--families", default=",".join([*FAMILIES, *EXPECTED_FAMILIES]))
+    ap.add_argument("--families", default=",".join(FAMILIES))
     ap.add_argument("--layers", type=int, default=1, help="layers of each scaled shape (the width is kept)")
     ap.add_argument("--hidden-cap", type=int, default=None, help="also cap the width (smoke runs only)")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="decode dtypes")
@@ -333,15 +316,10 @@ def main() -> None:
 
 def fallback_step(directory: Path, config: ModelConfig, args, label: str, rows: list, started: float) -> None:
     """(c): native Trainer step vs the same Trainer on the transformers fallback's model."""
-    loader = transformers_fallback()
-    if loader is None:
-        print(f"(c) {config.model_type}: native vs transformers fallback skipped: no adapter in agents/model "
-              "defines load_transformers_policy (policy.implementation = \"transformers\") yet")  # fmt: skip
-        return
     print(f"[{time.perf_counter() - started:4.0f}s] {label}: train fp32, native vs fallback", flush=True)
     episodes = train_episodes(config.vocab_size, args.train_rows, args.train_len)
     native = NativeTrain(load_hf_checkpoint(directory, dtype=torch.float32), "fp32", episodes)
-    fallback = NativeTrain(loader(directory, torch.float32), "fp32", episodes)
+    fallback = NativeTrain(load_transformers_model(directory, torch.float32), "fp32", episodes)
     r = alternate(native, fallback, args.reps, args.train_rows * args.train_len)
     rows.append([label + " vs fallback", "fp32", f"{r['native']:,.0f}", f"{r['peer']:,.0f}", f"{r['ratio']:.2f}x",
                  " ".join(f"{x:.2f}" for x in r["ratios"]),

@@ -152,10 +152,10 @@ class TransformersDecode:
 def train_episodes(vocab: int, rows: int, length: int) -> list[Episode]:
     generator = torch.Generator().manual_seed(2)
     prompt = length // 4
+    mask, zeros = [0] * prompt + [1] * (length - prompt), [0.0] * length
     return [
-        Episode(tokens=torch.randint(0, vocab, (length,), generator=generator).tolist(),
-                loss_mask=[0] * prompt + [1] * (length - prompt), sampler_logprobs=[0.0] * length,
-                advantages=[0.0] * length)  # fmt: skip
+        Episode(tokens=torch.randint(0, vocab, (length,), generator=generator).tolist(), loss_mask=mask,
+                sampler_logprobs=zeros, advantages=zeros)
         for _ in range(rows)
     ]
 

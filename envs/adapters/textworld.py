@@ -51,6 +51,7 @@ demonstrations.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -129,6 +130,17 @@ def _start(path: Path) -> tuple[Any, Any]:
         warnings.filterwarnings("ignore", message=".*is not fully supported")
         game = textworld.start(str(path), infos)
         return game, game.reset()
+
+
+def generator_seed(seed: int) -> int:
+    """tw-make's --seed for task seed `seed` (NumPy takes 32 bits): the seed itself below 2**32, so
+    game S is `tw-make --seed S`; above, a hash of it into [2**31, 2**32), clear of the held-out
+    eval seeds. Not `seed % 2**32`: training task streams are 2**32 apart (rollouts/batches.py),
+    and would all play the same games (SFT's demonstrations would be RL's tasks)."""
+    if 0 <= seed < 2**32:
+        return seed
+    digest = hashlib.blake2b(str(seed).encode(), digest_size=4).digest()
+    return 2**31 + int.from_bytes(digest, "big") % 2**31
 
 
 def _walkthrough_wins(path: Path) -> bool:
@@ -211,8 +223,9 @@ class TextWorldEnv(TextEnv):
         return f"r{self.nb_rooms}-o{self.nb_objects}-l{self.quest_length}-q{self.quests}{breadth}"
 
     def game_path(self, seed: int) -> Path:
-        """The compiled game of `seed` in the cache (its folder also holds TextWorld's .json)."""
-        return self.game_dir / f"tw-{self.spec_name}-s{seed}" / "game.z8"
+        """The compiled game of `seed` in the cache (its folder also holds TextWorld's .json), named
+        by the generator seed that makes it."""
+        return self.game_dir / f"tw-{self.spec_name}-s{generator_seed(seed)}" / "game.z8"
 
     def build(self, seed: int) -> Path:
         """Game `seed`, compiled now unless the cache has it (see the module doc)."""
@@ -223,7 +236,7 @@ class TextWorldEnv(TextEnv):
         scratch = Path(tempfile.mkdtemp(prefix=".build-", dir=self.game_dir))
         try:
             scratch.chmod(0o755)  # the cache is shared: readable as any other folder
-            seeds: int | dict[str, int] = seed % 2**32  # tw-make's --seed (NumPy takes 32 bits)
+            seeds: int | dict[str, int] = generator_seed(seed)
             for attempt in range(ATTEMPTS):
                 options = self._options(seeds, scratch)
                 try:

@@ -28,7 +28,9 @@ from toolgym.envs.adapters.textworld import (
     TextWorldEnv,
     TextWorldGameError,
     clean_feedback,
+    generator_seed,
 )
+from toolgym.rollouts.batches import TaskSeedStream
 from toolgym.trainers.metrics_log import read_metrics
 
 ENV_ID = "toolgym/TextWorld-v0"
@@ -105,6 +107,18 @@ def test_same_seed_same_transcript_and_seeds_differ(game_dir):
     assert again == first and play(env, ["look", *env.oracle_actions()])[1] == transcript
     other, _ = env.reset(seed=1)
     assert other != first
+    env.close()
+
+
+def test_training_streams_play_different_games(game_dir):
+    """Task streams are 2**32 apart (SFT's demonstrations and RL's tasks are two streams): their
+    seeds must not fold onto the same games, nor onto the held-out eval games."""
+    firsts = [TaskSeedStream(stream=k).take(1)[0][0] for k in (0, 1, 2)]
+    assert len({generator_seed(s) for s in firsts}) == 3 and generator_seed(5) == 5
+    assert all(generator_seed(s) >= 2**31 for s in firsts)
+    env = make(game_dir, nb_rooms=2, nb_objects=4, quest_length=2, quests=2)
+    openings = {env.reset(seed=s)[0] for s in firsts[:2]}
+    assert len(openings) == 2
     env.close()
 
 

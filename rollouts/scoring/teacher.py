@@ -16,6 +16,11 @@ over the group (right-padded: the model is causal, so padding after a sequence c
 its logits), and writes into each transition `info[TEACHER_LOGPROBS]`: log_softmax(logits / T) of
 each sampled token, T the policy's sampling temperature, as the sampler's logprobs are.
 
+The endpoint teacher (endpoint_teacher.py, `EndpointTeacher`) shares `score` and `annotate`
+(`GroupTeacher`): only where the logprobs come from differs, so the scorer and the losses read
+both alike. `position_logprobs` is the forward both this teacher and `toolgym serve`'s
+`prompt_logprobs` (rollouts/endpoint/prompt_logprobs.py) run.
+
 Failures: an exception while scoring a group (out of memory, a token outside the teacher's
 vocabulary, ...) makes `annotate` return its cause, and the group is dropped as an infrastructure
 failure (rollouts/batches.py); `max_consecutive_failures` failures in a row raise TeacherError
@@ -57,37 +62,100 @@ def teacher_fingerprint(directory: str | Path) -> str:
     return tokenizer_fingerprint(load_tokenizer(path))
 
 
-class Teacher:
-    """A checkpoint teacher (module doc). `config`: the run's [distill] section (its teacher is the
-    directory); `student_fingerprint`: the student tokenizer's; `temperature`: the policy's
-    sampling temperature."""
+@torch.no_grad()
+def position_logprobs(
+    model: torch.nn.Module,
+    token_lists: Sequence[Sequence[int]],
+    positions: Sequence[Sequence[int]],
+    *,
+    vocab_size: int,
+    device: torch.device,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    ranks: bool = False,
+) -> list[torch.Tensor]:
+    """Per sequence, a float32 [len(positions[i]), columns] tensor, row j for position
+    positions[i][j] (each >= 1): column 0 the model's logprob of the token there given the tokens
+    before it, at the temperature (log_softmax(logits / T)); with `ranks`, column 1 its rank in
+    the vocabulary (1 = the most likely); then `top_k` logprobs, best first, and their token ids
+    (exact in float32 below 2**24). Forwards of at most MAX_BATCH_TOKENS (rows x padded length,
+    right-padded: the model is causal, so padding after a sequence changes none of its logits);
+    the output layer runs only on the hidden states that predict those tokens, MAX_HEAD_ROWS at a
+    time, so no [B, T, V] logits exist. ValueError for a token outside the vocabulary or a
+    position outside 1..len - 1."""
+    columns = 1 + int(ranks) + 2 * top_k
+    out: list[torch.Tensor] = [torch.zeros(0, columns) for _ in token_lists]
+    order = sorted(range(len(token_lists)), key=lambda i: -len(token_lists[i]))
+    start = 0
+    while start < len(order):
+        longest = max(len(token_lists[order[start]]), 1)
+        rows = max(1, min(len(order) - start, MAX_BATCH_TOKENS // longest))
+        chunk = order[start : start + rows]
+        start += rows
+        batch = torch.zeros(len(chunk), longest, dtype=torch.long)
+        select = torch.zeros(len(chunk), longest, dtype=torch.bool)  # hidden states that predict
+        targets = torch.zeros(len(chunk), longest, dtype=torch.long)
+        for row, i in enumerate(chunk):
+            tokens = token_lists[i]
+            bad = [t for t in tokens if not 0 <= t < vocab_size]
+            if bad:
+                raise ValueError(f"token id {bad[0]} is outside the teacher's vocabulary of {vocab_size}")
+            if any(not 1 <= p < len(tokens) for p in positions[i]):
+                raise ValueError(f"a position to score is outside 1..{len(tokens) - 1}")
+            batch[row, : len(tokens)] = torch.tensor(list(tokens), dtype=torch.long)
+            at = torch.tensor(list(positions[i]), dtype=torch.long) - 1
+            select[row, at] = True
+            targets[row, at] = batch[row, at + 1]
+        if not select.any():
+            continue
+        head = _head(select.to(device), targets[select].to(device), temperature, top_k, ranks)
+        scored = model(batch.to(device), head=head).cpu()
+        # select is row-major: each row's positions in increasing order
+        offset = 0
+        for row, i in enumerate(chunk):
+            n = int(select[row].sum())
+            by_position = dict(zip(sorted(positions[i]), range(offset, offset + n), strict=True))
+            out[i] = scored[[by_position[p] for p in positions[i]]]
+            offset += n
+    return out
 
-    def __init__(
-        self,
-        config: DistillConfig,
-        *,
-        student_fingerprint: str,
-        temperature: float = 1.0,
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
-        if not config.teacher:
-            raise TeacherError("distill.teacher is empty: no teacher to load")
-        self._config, self.directory = config, Path(config.teacher)
-        if not (self.directory / "config.json").is_file():
-            raise TeacherError(
-                f"distill.teacher {self.directory} is not a Hugging Face directory (no config.json)"
-            )
-        self.fingerprint = teacher_fingerprint(self.directory)
-        if self.fingerprint != student_fingerprint:
-            raise TeacherError(
-                f"distill.teacher's tokenizer {self.fingerprint[:16]} ({self.directory / 'tokenizer.json'}) "
-                f"is not the student's {student_fingerprint[:16]}: the teacher must share the student's tokenizer"
-            )
-        self.temperature, self.device = temperature, torch.device(device)
-        self.model = load_hf_checkpoint(self.directory, dtype=dtype, device=self.device).eval()
-        self.model.requires_grad_(False)
-        self.vocab_size = self.model.config.vocab_size
+
+def _head(
+    select: torch.Tensor, targets: torch.Tensor, temperature: float, top_k: int, ranks: bool
+) -> Callable[[torch.Tensor, torch.nn.Module], torch.Tensor]:
+    """The model's `head=`: `position_logprobs`' columns from the `select`ed hidden states only."""
+
+    def head(hidden: torch.Tensor, lm_head: torch.nn.Module) -> torch.Tensor:
+        picked = hidden[select]
+        parts = []
+        for k in range(0, picked.shape[0], MAX_HEAD_ROWS):
+            logits = lm_head(picked[k : k + MAX_HEAD_ROWS]).float()
+            if temperature != 1.0:
+                logits = logits / temperature
+            lp = torch.log_softmax(logits, dim=-1)
+            target = lp.gather(-1, targets[k : k + MAX_HEAD_ROWS, None])
+            cols = [target]
+            if ranks:
+                cols.append((lp > target).sum(-1, keepdim=True).float() + 1)
+            if top_k:
+                best = lp.topk(min(top_k, lp.shape[-1]), dim=-1)
+                cols += [best.values, best.indices.float()]
+            parts.append(torch.cat(cols, dim=-1))
+        return torch.cat(parts)
+
+    return head
+
+
+class GroupTeacher:
+    """What every teacher shares (module doc): `score` builds each training sequence and the
+    positions of its sampled tokens and writes what `logprobs` gives into the transitions;
+    `annotate` counts failures. A subclass sets `_config` and `consecutive_failures`/`failures`
+    (`_init_counts`), and gives `logprobs` and `name` (the teacher in errors and logs)."""
+
+    _config: DistillConfig
+    name: str
+
+    def _init_counts(self) -> None:
         self.consecutive_failures = 0
         self.failures = 0  # groups whose scoring failed, over the run
 
@@ -95,75 +163,12 @@ class Teacher:
     def config(self) -> DistillConfig:
         return self._config
 
-    def describe(self) -> str:
-        """One line for the run's log."""
-        return f"distill: teacher {self.directory} (tokenizer {self.fingerprint[:16]}, the student's)"
-
-    @torch.no_grad()
     def logprobs(
         self, token_lists: Sequence[Sequence[int]], positions: Sequence[Sequence[int]]
     ) -> list[list[float]]:
         """Per sequence, the teacher's logprob of the token at each of its `positions` (each >= 1)
-        given the tokens before it, at the temperature (log_softmax(logits / T)). Forwards of at
-        most MAX_BATCH_TOKENS (rows x padded length); the output layer runs only on the hidden
-        states that predict those tokens, MAX_HEAD_ROWS at a time, so no [B, T, V] logits exist."""
-        out: list[list[float]] = [[] for _ in token_lists]
-        order = sorted(range(len(token_lists)), key=lambda i: -len(token_lists[i]))
-        start = 0
-        while start < len(order):
-            longest = max(len(token_lists[order[start]]), 1)
-            rows = max(1, min(len(order) - start, MAX_BATCH_TOKENS // longest))
-            chunk = order[start : start + rows]
-            start += rows
-            batch = torch.zeros(len(chunk), longest, dtype=torch.long)
-            select = torch.zeros(len(chunk), longest, dtype=torch.bool)  # hidden states that predict
-            targets = torch.zeros(len(chunk), longest, dtype=torch.long)
-            for row, i in enumerate(chunk):
-                tokens = token_lists[i]
-                bad = [t for t in tokens if not 0 <= t < self.vocab_size]
-                if bad:
-                    raise ValueError(
-                        f"token id {bad[0]} is outside the teacher's vocabulary of {self.vocab_size}"
-                    )
-                if any(not 1 <= p < len(tokens) for p in positions[i]):
-                    raise ValueError(f"a position to score is outside 1..{len(tokens) - 1}")
-                batch[row, : len(tokens)] = torch.tensor(list(tokens), dtype=torch.long)
-                at = torch.tensor(list(positions[i]), dtype=torch.long) - 1
-                select[row, at] = True
-                targets[row, at] = batch[row, at + 1]
-            if not select.any():
-                continue
-            head = self._head(select.to(self.device), targets[select].to(self.device))
-            scored = self.model(batch.to(self.device), head=head).cpu()
-            # select is row-major: each row's positions in increasing order
-            offset = 0
-            for row, i in enumerate(chunk):
-                n = int(select[row].sum())
-                by_position = dict(
-                    zip(sorted(p for p in positions[i]), scored[offset : offset + n].tolist(), strict=True)
-                )
-                out[i] = [by_position[p] for p in positions[i]]
-                offset += n
-        return out
-
-    def _head(
-        self, select: torch.Tensor, targets: torch.Tensor
-    ) -> Callable[[torch.Tensor, torch.nn.Module], torch.Tensor]:
-        """The model's `head=`: the logprob of `targets` from the `select`ed hidden states only."""
-        temperature = self.temperature
-
-        def head(hidden: torch.Tensor, lm_head: torch.nn.Module) -> torch.Tensor:
-            picked = hidden[select]
-            parts = []
-            for k in range(0, picked.shape[0], MAX_HEAD_ROWS):
-                logits = lm_head(picked[k : k + MAX_HEAD_ROWS]).float()
-                if temperature != 1.0:
-                    logits = logits / temperature
-                lp = torch.log_softmax(logits, dim=-1)
-                parts.append(lp.gather(-1, targets[k : k + MAX_HEAD_ROWS, None]).squeeze(-1))
-            return torch.cat(parts)
-
-        return head
+        given the tokens before it."""
+        raise NotImplementedError
 
     def score(self, group: Sequence[Trajectory]) -> None:
         """Write the teacher's logprobs of every sampled token into the group's transitions
@@ -208,9 +213,62 @@ class Teacher:
             limit = self._config.max_consecutive_failures
             if self.consecutive_failures >= limit:
                 raise TeacherError(
-                    f"the teacher ({self.directory}) failed {self.consecutive_failures} groups in a row "
+                    f"the teacher ({self.name}) failed {self.consecutive_failures} groups in a row "
                     f"(distill.max_consecutive_failures = {limit}); last cause: {cause}"
                 ) from exc
             return cause
         self.consecutive_failures = 0
         return None
+
+
+class Teacher(GroupTeacher):
+    """A checkpoint teacher (module doc). `config`: the run's [distill] section (its teacher is the
+    directory); `student_fingerprint`: the student tokenizer's; `temperature`: the policy's
+    sampling temperature."""
+
+    def __init__(
+        self,
+        config: DistillConfig,
+        *,
+        student_fingerprint: str,
+        temperature: float = 1.0,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if not config.teacher:
+            raise TeacherError("distill.teacher is empty: no teacher to load")
+        self._config, self.directory = config, Path(config.teacher)
+        self.name = str(self.directory)
+        if not (self.directory / "config.json").is_file():
+            raise TeacherError(
+                f"distill.teacher {self.directory} is not a Hugging Face directory (no config.json)"
+            )
+        self.fingerprint = teacher_fingerprint(self.directory)
+        if self.fingerprint != student_fingerprint:
+            raise TeacherError(
+                f"distill.teacher's tokenizer {self.fingerprint[:16]} ({self.directory / 'tokenizer.json'}) "
+                f"is not the student's {student_fingerprint[:16]}: the teacher must share the student's tokenizer"
+            )
+        self.temperature, self.device = temperature, torch.device(device)
+        self.model = load_hf_checkpoint(self.directory, dtype=dtype, device=self.device).eval()
+        self.model.requires_grad_(False)
+        self.vocab_size = self.model.config.vocab_size
+        self._init_counts()
+
+    def describe(self) -> str:
+        """One line for the run's log."""
+        return f"distill: teacher {self.directory} (tokenizer {self.fingerprint[:16]}, the student's)"
+
+    def logprobs(
+        self, token_lists: Sequence[Sequence[int]], positions: Sequence[Sequence[int]]
+    ) -> list[list[float]]:
+        """`position_logprobs`' column 0: log_softmax(logits / T) of each position's token."""
+        scored = position_logprobs(
+            self.model,
+            token_lists,
+            positions,
+            vocab_size=self.vocab_size,
+            device=self.device,
+            temperature=self.temperature,
+        )
+        return [rows[:, 0].tolist() for rows in scored]

@@ -143,6 +143,22 @@ def load_chat_template(path: str | os.PathLike[str]) -> ChatTemplate:
     return ChatTemplate(template, str(path), special)
 
 
+def model_chat_template(directory: str | os.PathLike[str]) -> str:
+    """The file holding a Hugging Face model directory's own chat template, as `load_chat_template`
+    takes it: its tokenizer_config.json when that has a `chat_template` (or a chat_template.jinja
+    is beside it), else a lone chat_template.jinja; "" when the directory carries none."""
+    directory = Path(directory)
+    config, beside = directory / "tokenizer_config.json", directory / "chat_template.jinja"
+    if config.is_file():
+        try:
+            named = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            named = None
+        if named or beside.is_file():
+            return str(config)
+    return str(beside) if beside.is_file() else ""
+
+
 class _GenerationTag(jinja2.ext.Extension):
     """`{% generation %}...{% endgeneration %}` (transformers' assistant-mask tag): renders its body."""
 
@@ -210,6 +226,7 @@ class TemplateRenderer:
         template = ChatTemplate(template) if isinstance(template, str) else template
         self.tokenizer = tokenizer
         self.source = template.source
+        self.text = template.text  # what it renders with (the tool-call format it teaches is read from it)
         self._text_tokenizer = Tokenizer.from_str(tokenizer.to_str())
         self._text_tokenizer.no_truncation()
         self._text_tokenizer.no_padding()

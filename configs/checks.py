@@ -7,6 +7,7 @@ context holds the first prompt). Each raises ConfigError naming the field; none 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,7 +38,7 @@ from ..rollouts.scoring.teacher import TeacherError, teacher_fingerprint
 from ..rollouts.scripted import OraclePolicy
 from ..rollouts.types import StopReason
 from .assembly.demos import check_demo_rendering, rl_stream, sft_stream
-from .assembly.parts import chat_template_text, policy_max_seq_len
+from .assembly.parts import policy_max_seq_len
 from .assembly.placement import check_async
 from .load import ConfigError, tokenizer_path
 from .schema import Config
@@ -47,6 +48,8 @@ __all__ = [
     "check_async",
     "check_environment",
     "check_sft_recording",
+    "command_format_notes",
+    "format_notes",
     "schedule_notes",
     "tool_format_notes",
 ]
@@ -364,33 +367,81 @@ def schedule_notes(config: Config) -> list[str]:
 
 
 def tool_format_notes(config: Config, renderer: Renderer) -> list[str]:
-    """A line at start where the env's tool-call format and the policy's chat template disagree
-    (never a refusal): a warning when the env speaks a family's format (not "brackets") but the
-    template has no tools block (`renders_tools` false, or plain ChatML), so the model never sees
-    the tools the way its family writes them; else a note when the template teaches another
-    format than the env's (envs/tools/call_formats.py's template_tool_format), with the --set that
-    matches it. Nothing for an env that is not a ToolEnv, or when they agree."""
+    """`format_notes` for a run: the env of config.env, the renderer the run renders with (its
+    chat template is `run_chat_template`'s: policy.chat_template, else model.path's own), and the
+    config's fields in the lines (`--set env.kwargs.tool_format=...`)."""
     env = gymnasium.make(config.env.id, **config.env.kwargs)
     try:
-        unwrapped = env.unwrapped
-        env_format = unwrapped.format.name if isinstance(unwrapped, ToolEnv) else None
+        return format_notes(
+            env,
+            renderer,
+            f"model {config.model.path or config.model.name!r}",
+            FormatKnobs(
+                given="env.kwargs.tool_format = {}" if "tool_format" in config.env.kwargs else "",
+                default=f"{config.env.id}'s tool_format is {{}} (its default)",
+                unset="policy.chat_template is unset",
+                match="--set env.kwargs.tool_format=FORMAT",
+            ),
+        )
     finally:
         env.close()
-    if env_format is None:
+
+
+def command_format_notes(env_id: str, env_kwargs: Mapping[str, Any], renderer: Renderer, policy: str) -> list[str]:
+    """`format_notes` for a command that renders an env's prompts for `policy` (`toolgym record`,
+    `eval`), with its flags in the lines (`--env-kwargs`, `--chat-template`). An env that cannot
+    be made gets none: the command reports that itself."""
+    try:
+        env = gymnasium.make(env_id, **env_kwargs)
+    except Exception:
         return []
-    model = f"model {config.model.path or config.model.name!r}"
-    if "tool_format" in config.env.kwargs:
-        setting = f"env.kwargs.tool_format = {env_format!r}"
-    else:
-        setting = f"{config.env.id}'s tool_format is {env_format!r} (its default)"
+    try:
+        return format_notes(
+            env,
+            renderer,
+            f"policy {policy!r}",
+            FormatKnobs(
+                given="--env-kwargs' tool_format = {}" if "tool_format" in env_kwargs else "",
+                default=f"{env_id}'s tool_format is {{}} (its default)",
+                unset="--chat-template is unset",
+                match="--env-kwargs '" + json.dumps({**env_kwargs, "tool_format": "FORMAT"}) + "'",
+            ),
+        )
+    finally:
+        env.close()
+
+
+class FormatKnobs(msgspec.Struct, frozen=True):
+    """How `format_notes` names the settings of the run or command it speaks for: `given` (the
+    env's format, set by the user; "" when it is the env's default) and `default` take the format's
+    repr at {}; `unset` says why the renderer is plain ChatML; `match` is the setting that matches a
+    template's format (FORMAT: its name)."""
+
+    given: str
+    default: str
+    unset: str
+    match: str
+
+
+def format_notes(env: gymnasium.Env, renderer: Renderer, model: str, knobs: FormatKnobs) -> list[str]:
+    """A line at start where the env's tool-call format and the chat template the prompts are
+    rendered with disagree (never a refusal): a warning when the env speaks a family's format (not
+    "brackets") but the template has no tools block (`renders_tools` false, or plain ChatML), so
+    the model never sees the tools the way its family writes them; else a note when the template
+    teaches another format than the env's (envs/tools/call_formats.py's template_tool_format, read
+    from the renderer's own template text), with the setting that matches it. Nothing for an env
+    that is not a ToolEnv, or when they agree. `model` names the model ("model 'x'")."""
+    unwrapped = env.unwrapped
+    if not isinstance(unwrapped, ToolEnv):
+        return []
+    env_format = unwrapped.format.name
+    setting = (knobs.given or knobs.default).format(repr(env_format))
     if isinstance(renderer, TemplateRenderer):
         template = f"the chat template of {model} ({renderer.source})"
         no_tools = None if renderer.renders_tools else f"{template} has no tools block"
     else:
         template = ""
-        no_tools = (
-            f"{model} renders through plain ChatML (policy.chat_template is unset), which has no tools block"
-        )
+        no_tools = f"{model} renders through plain ChatML ({knobs.unset}), which has no tools block"
     if no_tools is not None:
         if env_format == "brackets":
             return []
@@ -398,10 +449,9 @@ def tool_format_notes(config: Config, renderer: Renderer) -> list[str]:
             f"warning: {setting}, but {no_tools}: the model is never shown the tools in that format "
             "(only the env's system prompt describes them)"
         ]
-    spoken = template_tool_format(chat_template_text(config) or "")
+    assert isinstance(renderer, TemplateRenderer)
+    spoken = template_tool_format(renderer.text)
     if spoken is None or spoken == env_format:
         return []
-    return [
-        f"note: {template} speaks {spoken!r} tool calls; {setting} "
-        f"(--set env.kwargs.tool_format={spoken} to match)"
-    ]
+    match = knobs.match.replace("FORMAT", spoken)
+    return [f"note: {template} speaks {spoken!r} tool calls; {setting} ({match} to match)"]

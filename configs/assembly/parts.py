@@ -18,7 +18,12 @@ import torch
 from tokenizers import Tokenizer
 
 from ...agents.chat import ChatRenderer, Renderer
-from ...agents.chat_template import ChatTemplateError, TemplateRenderer, load_chat_template
+from ...agents.chat_template import (
+    ChatTemplateError,
+    TemplateRenderer,
+    load_chat_template,
+    model_chat_template,
+)
 from ...agents.engine.engine import TorchEngine
 from ...agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from ...agents.model.config import NAMED_CONFIGS, ModelConfig
@@ -84,8 +89,9 @@ def make_renderer(
 
 
 def build_renderer(config: Config) -> tuple[Renderer, Path]:
-    """The run's renderer (plain ChatML, or policy.chat_template's; a template that cannot be used
-    is a ConfigError naming its file) and the tokenizer file it reads."""
+    """The run's renderer (plain ChatML, or the chat template `run_chat_template` chooses; a
+    template that cannot be used is a ConfigError naming its file, and the field that chose it)
+    and the tokenizer file it reads."""
     path = tokenizer_path(config)
     try:
         tokenizer = load_tokenizer(path)
@@ -94,12 +100,19 @@ def build_renderer(config: Config) -> tuple[Renderer, Path]:
     try:
         return make_renderer(tokenizer, run_chat_template(config), config.policy.chat_template_kwargs), path
     except ChatTemplateError as exc:
-        raise ConfigError("policy.chat_template", str(exc)) from None
+        field = "policy.chat_template" if config.policy.chat_template else "model.path"
+        raise ConfigError(field, str(exc)) from None
 
 
 def run_chat_template(config: Config) -> str:
-    """policy.chat_template as a file ("" for plain ChatML)."""
-    return chat_template_path(config.policy.chat_template) if config.policy.chat_template else ""
+    """The file of the chat template the run renders with, decided here only (the renderer, the
+    recordings' headers, the export and the start notes all read it): policy.chat_template; when
+    that is unset, model.path's own template (its tokenizer_config.json's `chat_template`, or its
+    chat_template.jinja), as its tokenizer.json is the run's tokenizer; "" (plain ChatML) when
+    neither names one."""
+    if config.policy.chat_template:
+        return chat_template_path(config.policy.chat_template)
+    return model_chat_template(config.model.path) if config.model.path else ""
 
 
 ORACLE = "oracle"  # `--policy oracle`: the env's scripted oracle
@@ -144,12 +157,12 @@ def chat_template_extra(
 
 
 def run_chat_template_extra(config: Config) -> dict[str, Any]:
-    """`chat_template_extra` of the run's template and variables (policy.chat_template)."""
+    """`chat_template_extra` of the run's template (`run_chat_template`) and variables."""
     return chat_template_extra(run_chat_template(config), config.policy.chat_template_kwargs)
 
 
 def chat_template_text(config: Config) -> str | None:
-    """The text of the chat template the run renders with (policy.chat_template), for the
+    """The text of the chat template the run renders with (`run_chat_template`), for the
     exported models' tokenizer_config.json; None for plain ChatML."""
     path = run_chat_template(config)
     return load_chat_template(path).text if path else None

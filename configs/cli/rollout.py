@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
+from ...agents.chat import Renderer
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...envs import list_envs
 from ...envs.core.info import SUCCESS_METRIC
@@ -34,6 +35,7 @@ from ...rollouts.recording.format import (
 from ...rollouts.recording.replay import errored, summarize
 from ...rollouts.scripted import OracleConfig
 from ..assembly.parts import ORACLE, chat_template_extra, load_policy, policy_renderer
+from ..checks import command_format_notes
 from .recordings import hash_seed_extra
 from .summary import error_text, print_summary
 
@@ -87,6 +89,7 @@ def record_command(
     """
     import_env_modules(env_modules)
     renderer = policy_renderer(policy_spec, tokenizer_path, chat_template)
+    _print_format_notes(console, rollout, renderer, policy_spec)
     policy, policy_id = load_policy(policy_spec, renderer, oracle)
     fingerprint = tokenizer_fingerprint(renderer.tokenizer)
     if start is None:
@@ -142,6 +145,13 @@ def record_command(
     return 0
 
 
+def _print_format_notes(console: Console, rollout: EnvRolloutConfig, renderer: Renderer, policy_spec: str) -> None:
+    """The lines `toolgym train` prints at start where the env's tool-call format and the chat
+    template disagree (configs/checks.py's format_notes), with this command's flags."""
+    for line in command_format_notes(rollout.env_id, rollout.env_kwargs, renderer, policy_spec):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def _oracle_fell_short(console: Console, summary: dict[str, float], oracle: OracleConfig) -> bool:
     """Warn when the oracle's episodes did not all succeed (the env's `success` metric): with
     knobs that make it fallible that is the point, without them a limit cut its answers (e.g. an
@@ -189,6 +199,7 @@ def eval_command(
     register the user's envs with gymnasium). `chat_template`: see `policy_renderer` (configs/assembly/parts.py)."""
     import_env_modules(env_modules)
     renderer = policy_renderer(policy_spec, tokenizer_path, chat_template)
+    _print_format_notes(console, rollout, renderer, policy_spec)
     policy, policy_id = load_policy(policy_spec, renderer, oracle)
     report = evaluate_sync(policy, renderer, rollout, eval_config, keep_trajectories=False)
     policy.close()

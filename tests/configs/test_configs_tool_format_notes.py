@@ -2,7 +2,9 @@
 template: a family's format with a template that has no tools block (or plain ChatML) is a
 warning naming both; a template that teaches another format than the env's is a note with the
 --set that matches it; nothing when they agree, nor for brackets without a tools block (the seed
-experiment). Neither stops the run."""
+experiment). Neither stops the run. The template read is the one the run renders with (model.path's
+own when policy.chat_template is unset); `toolgym record` and `eval` print the same lines, naming
+their flags."""
 
 from __future__ import annotations
 
@@ -109,3 +111,71 @@ def test_matching_formats_and_brackets_without_tools_are_silent(tmp_path, capsys
     no_tools = template(tmp_path, "no_tools.jinja", NO_TOOLS)
     assert start_lines(tmp_path / "c", capsys, "env.kwargs.tool_format='brackets'", no_tools) == []
     assert start_lines(tmp_path / "d", capsys, "env.kwargs.tool_format='brackets'", "policy.chat_template=''") == []
+
+
+def model_dir(tmp_path: Path, chat_template: str) -> Path:
+    """A tiny random model as a Hugging Face directory whose tokenizer_config.json carries
+    `chat_template` (the shipped tokenizer, ChatML specials)."""
+    from toolgym.agents.model.checkpoint import save_hf_checkpoint
+    from toolgym.agents.model.config import NAMED_CONFIGS, ModelConfig
+    from toolgym.agents.model.transformer import build_model
+    from toolgym.configs.load import SHIPPED_TOKENIZER
+
+    config = ModelConfig(**{**NAMED_CONFIGS["test"], "vocab_size": 1024})
+    directory = tmp_path / "hf_model"
+    save_hf_checkpoint(build_model(config, seed=0), config, directory, SHIPPED_TOKENIZER, chat_template=chat_template)
+    return directory
+
+
+def test_a_model_directory_s_own_template_is_the_one_rendered_and_read(tmp_path, capsys):
+    # no policy.chat_template: the run renders with model.path's tokenizer_config.json template
+    directory = model_dir(tmp_path, QWEN3_CODER_LIKE)
+    small = [item for item in SMALL if not item.startswith("model.")]
+    args = ["train", "shop_tiny", "--no-progress", "--set", f"run.run_dir='{tmp_path / 'run'}'"]
+    for item in [*small, f"model.path='{directory}'", "policy.chat_template=''"]:
+        args += ["--set", item]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    lines = [line for line in (out + err).splitlines() if line.startswith(("warning:", "note:")) and "tool" in line]
+    assert lines == [
+        f"note: the chat template of model '{directory}' ({directory / 'tokenizer_config.json'}) speaks "
+        "'qwen3_coder' tool calls; toolgym/Shop-v0's tool_format is 'json' (its default) "
+        "(--set env.kwargs.tool_format=qwen3_coder to match)"
+    ]
+    # the one decision of the run's template names it
+    from toolgym.configs.assembly.parts import run_chat_template
+    from toolgym.configs.load import load_config
+
+    config, _ = load_config("shop_tiny", [f"model.path='{directory}'", "policy.chat_template=''"])
+    assert run_chat_template(config) == str(directory / "tokenizer_config.json")
+    # and it agrees with qwen3_coder calls: silent
+    args += ["--set", "env.kwargs.tool_format='qwen3_coder'", "--set", f"run.run_dir='{tmp_path / 'run2'}'"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert not [line for line in (out + err).splitlines() if line.startswith(("warning:", "note:")) and "tool" in line]
+
+
+def command_lines(capsys, *args: str) -> list[str]:
+    assert main(list(args)) == 0
+    out, err = capsys.readouterr()
+    return [line for line in (out + err).splitlines() if line.startswith(("warning:", "note:")) and "tool" in line]
+
+
+def test_record_and_eval_print_the_same_lines_with_their_flags(tmp_path, capsys):
+    coder = tmp_path / "coder.jinja"
+    coder.write_text(QWEN3_CODER_LIKE)
+    common = ["--env", "toolgym/Shop-v0", "--policy", "oracle", "--max-turns", "4"]
+    record = ["record", *common, "--tasks", "1", "--no-progress", "--out", str(tmp_path / "r.jsonl")]
+    assert command_lines(capsys, *record, "--chat-template", str(coder)) == [
+        f"note: the chat template of policy 'oracle' ({coder}) speaks 'qwen3_coder' tool calls; "
+        "toolgym/Shop-v0's tool_format is 'json' (its default) "
+        "(--env-kwargs '{\"tool_format\": \"qwen3_coder\"}' to match)"
+    ]
+    evaluate = ["eval", *common, "--tasks", "2", "--examples", "0"]
+    (line,) = command_lines(capsys, *evaluate, "--env-kwargs", '{"tool_format": "mistral"}')
+    assert line == (
+        "warning: --env-kwargs' tool_format = 'mistral', but policy 'oracle' renders through plain ChatML "
+        "(--chat-template is unset), which has no tools block: the model is never shown the tools in "
+        "that format (only the env's system prompt describes them)"
+    )
+    assert command_lines(capsys, *evaluate, "--chat-template", str(coder), "--env-kwargs", '{"tool_format": "qwen3_coder"}') == []

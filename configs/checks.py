@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +52,45 @@ __all__ = [
     "command_format_notes",
     "format_notes",
     "schedule_notes",
+    "start_env",
     "tool_format_notes",
 ]
 
 
-def check_environment(config: Config, world_size: int = 1) -> None:
-    """What the schema cannot know: env.module imports (it registers the user's envs, so it is
-    imported first), the env exists, files exist, packages are installed, the batch splits over
-    the ranks. Raises ConfigError; cheap (nothing heavy is imported beyond env.module)."""
+def _import_env_modules(config: Config) -> None:
     try:
         import_env_modules(config.env.modules, where="env.module")
     except ValueError as exc:
         raise ConfigError("", str(exc)) from None
+
+
+def _make_env(config: Config, where: str, kwargs: dict[str, Any]) -> gymnasium.Env:
+    try:
+        return gymnasium.make(config.env.id, **kwargs)
+    except Exception as exc:
+        raise ConfigError(where, f"cannot make env {config.env.id!r} with {kwargs}: {exc}") from None
+
+
+@contextmanager
+def start_env(config: Config) -> Iterator[gymnasium.Env]:
+    """config.env's env with env.kwargs (env.module imported first: it registers the user's envs),
+    made once for the checks and notes at start that read or reset it (check_environment,
+    check_against_machine, tool_format_notes each take it as `env`) and closed when they are done;
+    ConfigError (env) when it cannot be made."""
+    _import_env_modules(config)
+    env = _make_env(config, "env", config.env.kwargs)
+    try:
+        yield env
+    finally:
+        env.close()
+
+
+def check_environment(config: Config, world_size: int = 1, env: gymnasium.Env | None = None) -> None:
+    """What the schema cannot know: env.module imports (it registers the user's envs, so it is
+    imported first), the env exists, files exist, packages are installed, the batch splits over
+    the ranks. Raises ConfigError; cheap (nothing heavy is imported beyond env.module). `env`:
+    config.env's, made already (`start_env`; else one is made here and closed)."""
+    _import_env_modules(config)
     if config.agent_program.module:  # the agent program's module and functions exist
         try:
             load_program(config.agent_program)
@@ -71,15 +99,14 @@ def check_environment(config: Config, world_size: int = 1) -> None:
     for where, kwargs in (("env", config.env.kwargs), ("sft.env_kwargs", config.sft.env_kwargs)):
         if kwargs is None:
             continue
-        try:
-            env = gymnasium.make(config.env.id, **kwargs)
-        except Exception as exc:
-            raise ConfigError(where, f"cannot make env {config.env.id!r} with {kwargs}: {exc}") from None
+        given = env if where == "env" else None
+        made = given if given is not None else _make_env(config, where, kwargs)
         try:
             if where == "env":
-                _check_env_context(config, env)
+                _check_env_context(config, made)
         finally:
-            env.close()
+            if given is None:
+                made.close()
     if config.model.path:
         if not (Path(config.model.path) / "config.json").is_file():
             raise ConfigError(
@@ -115,7 +142,17 @@ def check_environment(config: Config, world_size: int = 1) -> None:
 
 
 def _check_teacher(config: Config) -> None:
-    """distill.teacher is a HF directory whose tokenizer is the student's (the same fingerprint)."""
+    """distill.teacher is a HF directory whose tokenizer is the student's (the same fingerprint),
+    or an endpoint that answers prompt_logprobs (and, if it says, has the student's tokenizer)."""
+    if config.distill.endpoint:
+        from ..rollouts.scoring.endpoint_teacher import EndpointTeacher
+
+        ours = tokenizer_fingerprint(load_tokenizer(tokenizer_path(config)))
+        try:
+            EndpointTeacher(config.distill, student_fingerprint=ours, temperature=config.policy.temperature)
+        except TeacherError as exc:
+            raise ConfigError("distill.teacher", str(exc)) from None
+        return
     teacher = Path(config.distill.teacher)
     if not (teacher / "config.json").is_file():
         raise ConfigError("distill.teacher", f"{teacher} is not a Hugging Face directory (no config.json)")
@@ -216,23 +253,30 @@ def check_memory(config: Config, model: ModelConfig, device: torch.device) -> No
     )
 
 
-def first_prompt_length(config: Config, renderer: Renderer, env_kwargs: dict[str, Any]) -> tuple[int, int]:
+def first_prompt_length(
+    config: Config, renderer: Renderer, env_kwargs: dict[str, Any], env: gymnasium.Env | None = None
+) -> tuple[int, int]:
     """(tokens, task seed): the env's first prompt for the run's first training task (the
-    system prompt and the reset observation, rendered as the runner renders them)."""
+    system prompt and the reset observation, rendered as the runner renders them). `env`: one
+    made with `env_kwargs` already (reset here, left open; else one is made here and closed)."""
     (seed,), _ = TaskSeedStream(stream=rl_stream(config)).take(1)
-    env = gymnasium.make(config.env.id, **env_kwargs)
+    made = env if env is not None else gymnasium.make(config.env.id, **env_kwargs)
     try:
-        observation, info, system_prompt = reset_env(env, seed)
+        observation, info, system_prompt = reset_env(made, seed)
     finally:
-        env.close()
+        if env is None:
+            made.close()
     messages, tools = first_messages(renderer, observation, info, system_prompt)
     return len(renderer.start_episode(messages, tools).prompt), seed
 
 
-def check_context(config: Config, model: ModelConfig, renderer: Renderer) -> None:
+def check_context(
+    config: Config, model: ModelConfig, renderer: Renderer, env: gymnasium.Env | None = None
+) -> None:
     """Refuse a context (rollout.context_length, else policy.max_seq_len) that cannot hold the
     env's first prompt plus one turn: every episode would overflow before its first action,
-    and the run would train on 0 tokens (or SFT find no trainable demonstration)."""
+    and the run would train on 0 tokens (or SFT find no trainable demonstration). `env`:
+    config.env's, made already (`start_env`)."""
     seq = policy_max_seq_len(config, model)
     length = config.rollout.context_length
     field, context = "policy.max_seq_len", seq  # the runner takes the smaller of the two
@@ -244,7 +288,7 @@ def check_context(config: Config, model: ModelConfig, renderer: Renderer) -> Non
         checks.append(("sft.env_kwargs", config.sft.env_kwargs))
     for where, kwargs in checks:
         try:
-            prompt, seed = first_prompt_length(config, renderer, kwargs)
+            prompt, seed = first_prompt_length(config, renderer, kwargs, env if where == "env.kwargs" else None)
         except Exception as exc:
             raise ConfigError(where, f"cannot reset env {config.env.id!r} with {kwargs}: {exc}") from None
         if prompt + turn > context:
@@ -319,13 +363,18 @@ def check_demo_limits(config: Config, model: ModelConfig, renderer: Renderer, sa
 
 
 def check_against_machine(
-    config: Config, model: ModelConfig, renderer: Renderer, device: torch.device
+    config: Config,
+    model: ModelConfig,
+    renderer: Renderer,
+    device: torch.device,
+    env: gymnasium.Env | None = None,
 ) -> None:
     """The checks that need the model's shape, the renderer and the device (cheap: nothing is
     allocated, one env is reset, a few oracle demonstrations run): the KV cache fits, the context
-    holds the first prompt, the limits do not cut every SFT demonstration short."""
+    holds the first prompt, the limits do not cut every SFT demonstration short. `env`:
+    config.env's, made already (`start_env`)."""
     check_memory(config, model, device)
-    check_context(config, model, renderer)
+    check_context(config, model, renderer, env)
     check_demo_limits(config, model, renderer)
 
 
@@ -366,14 +415,15 @@ def schedule_notes(config: Config) -> list[str]:
     return notes
 
 
-def tool_format_notes(config: Config, renderer: Renderer) -> list[str]:
-    """`format_notes` for a run: the env of config.env, the renderer the run renders with (its
-    chat template is `run_chat_template`'s: policy.chat_template, else model.path's own), and the
-    config's fields in the lines (`--set env.kwargs.tool_format=...`)."""
-    env = gymnasium.make(config.env.id, **config.env.kwargs)
+def tool_format_notes(config: Config, renderer: Renderer, env: gymnasium.Env | None = None) -> list[str]:
+    """`format_notes` for a run: the env of config.env (`env`, made already by `start_env`; else
+    one is made here and closed), the renderer the run renders with (its chat template is
+    `run_chat_template`'s: policy.chat_template, else model.path's own), and the config's fields in
+    the lines (`--set env.kwargs.tool_format=...`)."""
+    made = env if env is not None else gymnasium.make(config.env.id, **config.env.kwargs)
     try:
         return format_notes(
-            env,
+            made,
             renderer,
             f"model {config.model.path or config.model.name!r}",
             FormatKnobs(
@@ -384,7 +434,8 @@ def tool_format_notes(config: Config, renderer: Renderer) -> list[str]:
             ),
         )
     finally:
-        env.close()
+        if env is None:
+            made.close()
 
 
 def command_format_notes(env_id: str, env_kwargs: Mapping[str, Any], renderer: Renderer, policy: str) -> list[str]:

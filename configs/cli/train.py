@@ -48,6 +48,7 @@ from ..checks import (
     check_environment,
     check_sft_recording,
     schedule_notes,
+    start_env,
     tool_format_notes,
 )
 from ..run_dir import RunDir
@@ -64,7 +65,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     started = time.perf_counter()
     progress = progress and config.logging.progress_bar
     plan = plan_run(config)
-    dist, renderer, tokenizer_file = _check(config, plan)
+    dist, renderer, tokenizer_file, format_lines = _check(config, plan)
     if dist.role == "generate":  # a generator rank: rolls out until trainer rank 0 says stop
         return run_generator(config, plan, dist, renderer, config.loop.generator_threads)
     run, point = open_run(config, plan, resume, dist)
@@ -76,7 +77,7 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
         log.print(
             f"config.toml: updated with this session's settings (the previous one: {point.config_backup})"
         )
-    for note in [*schedule_notes(config), *tool_format_notes(config, renderer)]:
+    for note in [*schedule_notes(config), *format_lines]:
         log.print(note)
     backend = select_policy_backend(config, model_config(config), dist.device)
     if backend is not None:  # every hardware decision of the torch policy, once, and why
@@ -97,18 +98,22 @@ def train(config: Config, resume: str | Path | None = None, progress: bool = Tru
     return 0
 
 
-def _check(config: Config, plan: RunPlan) -> tuple[DistInfo, Renderer, Path]:
+def _check(config: Config, plan: RunPlan) -> tuple[DistInfo, Renderer, Path, list[str]]:
     """Every check that can refuse the config, before the run directory exists (a directory left
     behind by a refused config would block the retry: "already exists and is not empty"); joins
-    the process group on the way. Returns it, the renderer and its tokenizer file."""
+    the process group on the way. Returns it, the renderer, its tokenizer file and the tool-format
+    lines to print at start. The env of config.env is made once for the checks and notes that
+    read it (checks.py's start_env)."""
     check_async(config, plan.world_size, plan.placement)
     dist = setup_distributed(plan.device, plan.threads, plan.generator_ranks)
-    check_environment(config, dist.world_size)
-    renderer, tokenizer_file = build_renderer(config)
-    check_model(config, model_config(config), renderer)
-    check_against_machine(config, model_config(config), renderer, dist.device)
-    check_sft_recording(config, renderer)
-    return dist, renderer, tokenizer_file
+    with start_env(config) as env:
+        check_environment(config, dist.world_size, env)
+        renderer, tokenizer_file = build_renderer(config)
+        check_model(config, model_config(config), renderer)
+        check_against_machine(config, model_config(config), renderer, dist.device, env)
+        check_sft_recording(config, renderer)
+        format_lines = tool_format_notes(config, renderer, env)
+    return dist, renderer, tokenizer_file, format_lines
 
 
 def _run_rl(

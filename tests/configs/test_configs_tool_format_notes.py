@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from toolgym.configs.checks import tool_format_notes
 from toolgym.configs.cli.main import main
 
 # A ChatML template without a tools block (it is handed tools and never writes them).
@@ -179,3 +180,31 @@ def test_record_and_eval_print_the_same_lines_with_their_flags(tmp_path, capsys)
         "that format (only the env's system prompt describes them)"
     )
     assert command_lines(capsys, *evaluate, "--chat-template", str(coder), "--env-kwargs", '{"tool_format": "qwen3_coder"}') == []
+
+
+def test_the_start_checks_and_the_notes_make_the_env_once(tmp_path):
+    import gymnasium
+    import torch
+
+    from toolgym.configs.assembly.parts import build_renderer, model_config
+    from toolgym.configs.checks import check_against_machine, check_environment, start_env
+    from toolgym.configs.load import load_config
+
+    made = []
+
+    def counted(**kwargs):
+        made.append(kwargs)
+        return gymnasium.spec("toolgym/Shop-v0").make(**kwargs).unwrapped
+
+    gymnasium.register("toolgym_test/CountedShop-v0", entry_point=counted)
+    try:
+        config, _ = load_config("shop_tiny", [*SMALL, "env.id='toolgym_test/CountedShop-v0'", "env.kwargs={tool_format='mistral'}"])
+        renderer, _ = build_renderer(config)
+        with start_env(config) as env:
+            check_environment(config, 1, env)
+            check_against_machine(config, model_config(config), renderer, torch.device("cpu"), env)
+            (line,) = tool_format_notes(config, renderer, env)
+        assert made == [{"tool_format": "mistral"}]
+        assert line.startswith("note: the chat template of model 'test' (") and "speaks 'json' tool calls" in line
+    finally:
+        gymnasium.registry.pop("toolgym_test/CountedShop-v0")

@@ -58,7 +58,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from ..agents.model.lora import LoraConfig
+from ..agents.model.lora import LoraConfig, check_native_targets
 from ..agents.vllm.engine import VLLM_LORA_RANKS, VLLMConfig
 from ..rollouts.batches import EVAL_SEED_COUNT, BatchConfig
 from ..rollouts.endpoint.program import AgentProgram
@@ -161,7 +161,7 @@ class PolicySection(PolicySampling, frozen=True, **_STRICT):
     backend: Literal["torch", "vllm"] = "torch"
     # Trainer's model: "native" (agents/model/, the families in agents/model/families/) or
     # "transformers" (agents/model/hf_fallback.py: any AutoModelForCausalLM at model.path; needs
-    # backend "vllm" and the `transformers` extra; no LoRA, no trainer.compile).
+    # backend "vllm" and the `transformers` extra; no trainer.compile; LoRA on any of its linears).
     implementation: Literal["native", "transformers"] = "native"
     max_batch_size: int = 256  # torch engine: KV-cache slots (episodes decoded together)
     max_seq_len: int = 0  # prompt + completion tokens per episode; 0 = min(model max, 4096)
@@ -184,10 +184,14 @@ class PolicySection(PolicySampling, frozen=True, **_STRICT):
     vllm: VLLMConfig = msgspec.field(default_factory=VLLMConfig)
     # LoRA for RL (agents/model/lora.py): rank > 0 trains adapters over the frozen base (after SFT,
     # which stays full), syncs only them to the policy, exports them as a PEFT directory.
+    # target_modules: q_proj ... down_proj for a native family; with implementation = "transformers"
+    # any of the model's linear names (qkv_proj, gate_up_proj, query_key_value, ...).
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.implementation == "native":
+            check_native_targets(self.lora, "policy.lora")
         if self.lora.enabled and self.backend == "vllm" and self.lora.rank > VLLM_LORA_RANKS[-1]:
             raise ValueError(
                 f"policy.lora.rank must be <= {VLLM_LORA_RANKS[-1]} with backend 'vllm' (vLLM's largest "

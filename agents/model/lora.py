@@ -38,7 +38,11 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 class LoraConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """rank: r, 0 = no LoRA (full fine-tuning). alpha: the scale is alpha / rank. dropout: on the
-    adapter's input while training. target_modules: the linears to adapt, by their last name.
+    adapter's input while training. target_modules: the linears to adapt, by their last name: any
+    names here (a model run through transformers names its linears as its family does: Phi-3's
+    qkv_proj, gate_up_proj); a native family's are LORA_TARGETS (`check_native_targets`, which
+    the config applies with policy.implementation = "native"), and apply_lora refuses a name that
+    matches no nn.Linear.
     dtype: the adapters' dtype in a policy whose model is in bf16/fp16: "float32" (default, the
     trainer's values exactly) or "model" (the policy's dtype). serving: how the torch engine runs
     them, "merged" into its weights on each sync (default: faster decode, bench/RESULTS.md
@@ -58,11 +62,11 @@ class LoraConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ValueError(f"LoraConfig.alpha must be > 0, got {self.alpha}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"LoraConfig.dropout must be in [0, 1), got {self.dropout}")
-        unknown = [t for t in self.target_modules if t not in LORA_TARGETS]
-        if unknown or not self.target_modules:
+        malformed = [t for t in self.target_modules if not t.isidentifier()]
+        if malformed or not self.target_modules:
             raise ValueError(
-                f"LoraConfig.target_modules must be a non-empty list of {', '.join(LORA_TARGETS)}; "
-                f"got {unknown or self.target_modules}"
+                "LoraConfig.target_modules must be a non-empty list of linear names (a module's last "
+                f"name, e.g. q_proj); got {malformed or self.target_modules}"
             )
 
     @property
@@ -115,6 +119,16 @@ def lora_modules(model: nn.Module) -> Iterator[tuple[str, LoraLinear]]:
 
 def has_lora(model: nn.Module) -> bool:
     return next(lora_modules(model), None) is not None
+
+
+def check_native_targets(config: LoraConfig, where: str = "LoraConfig") -> None:
+    """A native family's linears are LORA_TARGETS: raise ValueError naming `where` for others."""
+    unknown = [t for t in config.target_modules if t not in LORA_TARGETS]
+    if unknown:
+        raise ValueError(
+            f"{where}.target_modules must be a non-empty list of {', '.join(LORA_TARGETS)} (a native "
+            f"family's linears; policy.implementation = 'transformers' takes any); got {unknown}"
+        )
 
 
 def apply_lora(model: nn.Module, config: LoraConfig, seed: int = 0) -> nn.Module:
@@ -300,6 +314,7 @@ __all__ = [
     "adapter_state",
     "adapter_tensors",
     "apply_lora",
+    "check_native_targets",
     "has_lora",
     "is_adapter_name",
     "keep_adapter_dtype",

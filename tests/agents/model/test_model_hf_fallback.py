@@ -167,3 +167,95 @@ def test_lora_target_the_family_lacks_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"\['gate_proj'\] name no nn.Linear"):
         apply_lora(model, LoraConfig(rank=4))
     assert not has_lora(model) and all(p.requires_grad for p in model.parameters())
+
+
+def _phi3_dir(tmp_path):
+    """A random tiny Phi-3: its attention's one qkv_proj and its MLP's one gate_up_proj are names
+    no native family has."""
+    config = transformers.Phi3Config(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=2,  # head_dim 32
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path)
+    return tmp_path
+
+
+PHI3_TARGETS = ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"]
+
+
+def test_lora_on_phi3_linear_names_matches_peft(tmp_path):
+    """LoRA on a family's own linear names (Phi-3's fused qkv_proj, gate_up_proj): the base's
+    logits at init, PEFT's over transformers' Phi-3 once lora_B is non-zero."""
+    peft = pytest.importorskip("peft")
+    from toolgym.agents.model.lora import (
+        LoraConfig,
+        adapter_state,
+        apply_lora,
+        lora_config_of,
+        lora_modules,
+        save_adapter,
+    )
+
+    directory = _phi3_dir(tmp_path / "base")
+    model = load_transformers_model(directory)
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(4))
+    positions = torch.arange(9).expand(2, 9)
+    with torch.no_grad():
+        base = model(ids, positions)
+    apply_lora(model, LoraConfig(rank=4, alpha=8, target_modules=PHI3_TARGETS))
+    assert sorted({name.rsplit(".", 1)[-1] for name, _ in lora_modules(model)}) == sorted(PHI3_TARGETS)
+    assert len(list(lora_modules(model))) == 2 * 4
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, positions), base, rtol=0, atol=0)
+        generator = torch.Generator().manual_seed(5)
+        for _, module in lora_modules(model):
+            module.lora_B.weight.copy_(torch.randn(module.lora_B.weight.shape, generator=generator) * 0.1)
+        ours = model(ids, positions)
+    assert (ours - base).abs().max() > 1e-3
+    save_adapter(adapter_state(model), tmp_path / "adapter", lora_config_of(model), str(directory))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    with_adapter = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(with_adapter(input_ids=ids).logits, ours, rtol=0, atol=1e-4)
+
+
+def test_lora_on_phi3_step_changes_only_adapters(tmp_path):
+    from toolgym.agents.model.lora import LoraConfig, apply_lora, is_adapter_name
+
+    model = apply_lora(load_transformers_model(_phi3_dir(tmp_path)), LoraConfig(rank=4, target_modules=PHI3_TARGETS))
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(is_adapter_name(name) for name in trainable)
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(6))
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    logits = model(ids, torch.arange(9).expand(2, 9))
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 97), ids[:, 1:].reshape(-1))
+    loss.backward()
+    torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2).step()
+    changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed and all(is_adapter_name(k) for k in changed)
+    assert any(k.endswith("qkv_proj.lora_B.weight") for k in changed)
+    assert any(k.endswith("gate_up_proj.lora_B.weight") for k in changed)
+    # the standard names are refused on Phi-3 (it has no q_proj, gate_proj ...), by name
+    with pytest.raises(ValueError, match=r"name no nn.Linear"):
+        apply_lora(load_transformers_model(_phi3_dir(tmp_path / "again")), LoraConfig(rank=4))
+
+
+def test_the_config_takes_any_linear_names_with_transformers_only():
+    from toolgym.configs.load import ConfigError, config_from_dict
+
+    lora = {"rank": 4, "target_modules": ["qkv_proj", "gate_up_proj"]}
+    transformers_policy = {"implementation": "transformers", "backend": "vllm", "lora": lora}
+    raw = {"model": {"path": "/some/hf_dir"}, "policy": transformers_policy, "trainer": {"compile": False, "share_prefix": False}}
+    assert config_from_dict(raw).policy.lora.target_modules == ["qkv_proj", "gate_up_proj"]
+    with pytest.raises(ConfigError, match=r"policy.lora.target_modules: must be a non-empty list of q_proj"):
+        config_from_dict({"policy": {"lora": lora}})

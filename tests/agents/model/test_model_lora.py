@@ -86,7 +86,7 @@ def test_targets_rank_and_scale() -> None:
         ({"rank": -1}, "rank must be >= 0"),
         ({"rank": 8, "alpha": 0}, "alpha must be > 0"),
         ({"rank": 8, "dropout": 1.0}, r"dropout must be in \[0, 1\)"),
-        ({"rank": 8, "target_modules": ["qkv"]}, "target_modules must be a non-empty list of q_proj"),
+        ({"rank": 8, "target_modules": ["q.proj"]}, "target_modules must be a non-empty list of linear names"),
         ({"rank": 8, "target_modules": []}, "target_modules must be a non-empty list"),
     ],
 )

@@ -1,4 +1,7 @@
-"""`toolgym serve`: a checkpoint as the OpenAI-compatible endpoint (rollouts/endpoint/server.py)."""
+"""`toolgym serve`: a checkpoint as the OpenAI-compatible endpoint (rollouts/endpoint/server.py),
+which also answers vLLM's `prompt_logprobs` from the same checkpoint in float32
+(rollouts/endpoint/prompt_logprobs.py): an on-policy distillation teacher (`distill.teacher =
+"http://host:port/v1"`)."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ from typing import Any
 
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...rollouts.endpoint.capture import ENDPOINT_ENV_ID
+from ...rollouts.endpoint.prompt_logprobs import PromptScorer
 from ...rollouts.endpoint.server import EndpointConfig, PolicyServer
 from ...rollouts.recording.format import RecordingHeader, RecordingWriter
 from ..assembly.parts import ORACLE, load_policy, policy_renderer
@@ -33,7 +37,8 @@ def serve_command(
             policy_id=policy_id,
         )
         writer = RecordingWriter(record, header)
-    server = PolicyServer(policy, renderer, config, writer)
+    scorer = PromptScorer(policy_spec, lambda token: renderer.decode([token]))
+    server = PolicyServer(policy, renderer, config, writer, scorer)
     try:
         server.run(lambda url: console.print(f"serving {policy_id} at {url} (Ctrl+C stops)", soft_wrap=True))
     finally:

@@ -81,6 +81,8 @@ class CompletionRequest(_Request, kw_only=True, forbid_unknown_fields=True):
     prompt: str | list[int]
     logprobs: int | None = None
     echo: bool | None = False  # null is false
+    # vLLM's extension: each prompt position's logprob and the top k (prompt_logprobs.py)
+    prompt_logprobs: int | None = None
 
 
 def decode_request(body: bytes, kind: type[_Request]) -> Any:
@@ -166,7 +168,9 @@ def check_chat(request: ChatCompletionRequest) -> None:
         if parameters is not None:
             try:
                 if not isinstance(parameters, dict):
-                    raise jsonschema.SchemaError(f"a JSON Schema is an object, got {type(parameters).__name__}")
+                    raise jsonschema.SchemaError(
+                        f"a JSON Schema is an object, got {type(parameters).__name__}"
+                    )
                 jsonschema.validators.validator_for(parameters).check_schema(parameters)
             except jsonschema.SchemaError as exc:
                 raise APIError(

@@ -2,8 +2,11 @@
 
     POST /v1/chat/completions   messages, tools, tool_choice (auto | none), temperature, top_p,
                                 max_tokens / max_completion_tokens, n, seed, stop, logprobs
-    POST /v1/completions        a raw-text or token-id prompt
-    GET  /v1/models             the one model served
+    POST /v1/completions        a raw-text or token-id prompt; `prompt_logprobs: k` (vLLM's
+                                extension, prompt_logprobs.py) adds each prompt position's
+                                logprob, with max_tokens 0 for those alone
+    GET  /v1/models             the one model served, with `toolgym.tokenizer_fingerprint` (an
+                                endpoint teacher checks it is the student's tokenizer)
     POST /toolgym/conversations/{id}/end   {"reward": float, "components": {...}}: finish a
                                 capture (the agent runner finishes its own in process)
 
@@ -51,12 +54,12 @@ from starlette.exceptions import HTTPException
 from ...agents.chat import Renderer
 from ...agents.errors import ContextOverflowError
 from ...agents.policy import Policy
-from ...agents.tokenizer import RELEASE_GIL_CHARS
+from ...agents.tokenizer import RELEASE_GIL_CHARS, tokenizer_fingerprint
 from ...agents.types import Completion, SamplingParams
 from ..episode.config import sampling_seed
 from ..recording.format import RecordingWriter
 from ..types import PolicySampling, StopReason
-from .capture import CaptureInfo, CaptureStore, Choice, Conversation
+from .capture import CaptureInfo, CaptureStore, Choice, Conversation, raw_tokens
 from .hosts import host_allowed
 from .openai_api import (
     APIError,
@@ -74,6 +77,7 @@ from .openai_api import (
     stop_strings,
     tool_calls_json,
 )
+from .prompt_logprobs import MAX_PROMPT_LOGPROBS, PromptLogprobs, PromptScorer
 
 CONVERSATION_HEADER = "x-conversation-id"
 KEEP_ALIVE_S = 300  # longer than any client keeps an idle connection
@@ -162,8 +166,11 @@ class PolicyServer:
         renderer: Renderer,
         config: EndpointConfig | None = None,
         writer: RecordingWriter | None = None,
+        scorer: PromptScorer | None = None,
     ) -> None:
-        self.policy, self.renderer = policy, renderer
+        """`scorer`: what answers `prompt_logprobs` (None: such requests are refused)."""
+        self.policy, self.renderer, self.scorer = policy, renderer, scorer
+        self.tokenizer_fingerprint = tokenizer_fingerprint(renderer.tokenizer)
         self.config = config or EndpointConfig()
         self.captures = CaptureStore(writer)
         self.stats = EndpointStats()
@@ -245,6 +252,7 @@ class PolicyServer:
         async def serve() -> None:
             server = self._server = self._uvicorn(quiet=False)
             sock = self._socket()
+            sock.listen(2048)  # connections made once on_ready has said where wait in the backlog
             if on_ready is not None:
                 on_ready(self.base_url)
             try:
@@ -276,7 +284,13 @@ class PolicyServer:
 
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
-            model = {"id": self.config.model_name, "object": "model", "created": 0, "owned_by": "toolgym"}
+            model = {
+                "id": self.config.model_name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "toolgym",
+                "toolgym": {"tokenizer_fingerprint": self.tokenizer_fingerprint},
+            }
             return {"object": "list", "data": [model]}
 
         @app.post("/v1/chat/completions")
@@ -533,10 +547,37 @@ class PolicyServer:
             "toolgym": {"conversation_id": conversation_id, "policy_version": completions[0].policy_version},
         }
 
-    async def _complete(self, body: CompletionRequest, conversation_id: str | None) -> dict[str, Any]:
-        check_common(body, self.config.max_n)
-        max_tokens = requested_max_tokens(body)
-        self._check_max_tokens(max_tokens)
+    def _prompt_logprobs(self, body: CompletionRequest, prompt: list[int]) -> PromptLogprobs | None:
+        """The request's `prompt_logprobs` of `prompt` (prompt_logprobs.py), None when not asked."""
+        k = body.prompt_logprobs
+        if k is None:
+            return None
+        if self.scorer is None:
+            raise APIError(
+                "prompt_logprobs is not supported by this endpoint (it serves no checkpoint to score with: "
+                "`toolgym serve --policy DIR` does)",
+                param="prompt_logprobs",
+            )
+        if not 0 <= k <= MAX_PROMPT_LOGPROBS:
+            raise APIError(
+                f"prompt_logprobs must be between 0 and {MAX_PROMPT_LOGPROBS}, got {k}",
+                param="prompt_logprobs",
+            )
+        if self.context_length is not None and len(prompt) > self.context_length:
+            raise APIError(
+                f"This model's maximum context length is {self.context_length} tokens; the prompt "
+                f"has {len(prompt)} tokens",
+                param="prompt",
+                code="context_length_exceeded",
+            )
+        try:
+            return self.scorer.score(prompt, k)
+        except Exception as exc:
+            raise APIError(
+                f"prompt_logprobs failed: {type(exc).__name__}: {exc}", 500, type="server_error"
+            ) from None
+
+    def _check_prompt(self, body: CompletionRequest) -> None:
         if body.echo:
             raise APIError("echo=true is not supported", param="echo")
         if body.logprobs is not None and not 0 <= body.logprobs <= 1:
@@ -550,9 +591,18 @@ class PolicyServer:
             raise APIError(f"prompt token ids must be in [0, {self.renderer.vocab_size})", param="prompt")
         if not body.prompt:
             raise APIError("prompt must not be empty", param="prompt")
+
+    async def _complete(self, body: CompletionRequest, conversation_id: str | None) -> dict[str, Any]:
+        check_common(body, self.config.max_n)
+        if body.max_tokens == 0 and body.prompt_logprobs is not None:  # the prompt's logprobs alone
+            return self._score_only(body)
+        max_tokens = requested_max_tokens(body)
+        self._check_max_tokens(max_tokens)
+        self._check_prompt(body)
         conversation = self._conversation(conversation_id)
         async with conversation.lock:
             prompt, observation_tokens, restart = conversation.text_prompt(self.renderer, body.prompt)
+            scored = self._prompt_logprobs(body, prompt)
             params = self._params(body, conversation, len(prompt), max_tokens)
             completions = await self._generate(conversation, prompt, params)
             stops = stop_strings(body.stop)
@@ -570,7 +620,15 @@ class PolicyServer:
                         "text_offset": None,
                     }
                 finish = "length" if completion.finish_reason == "length" else "stop"
-                out.append({"index": i, "text": text, "finish_reason": finish, "logprobs": logprobs})
+                choice: dict[str, Any] = {
+                    "index": i,
+                    "text": text,
+                    "finish_reason": finish,
+                    "logprobs": logprobs,
+                }
+                if scored is not None:
+                    choice["prompt_logprobs"] = scored
+                out.append(choice)
             shown = body.prompt if isinstance(body.prompt, str) else ""
             conversation.sampled(shown, observation_tokens, restart, choices)
         return {
@@ -580,4 +638,27 @@ class PolicyServer:
             "model": body.model or self.config.model_name,
             "choices": out,
             "usage": self._usage(prompt, [c.completion for c in choices]),
+        }
+
+    def _score_only(self, body: CompletionRequest) -> dict[str, Any]:
+        """max_tokens 0 with prompt_logprobs: the prompt's logprobs, nothing sampled or captured."""
+        self._check_prompt(body)
+        prompt = (
+            list(body.prompt) if isinstance(body.prompt, list) else raw_tokens(self.renderer, body.prompt)
+        )
+        scored = self._prompt_logprobs(body, prompt)
+        choice = {
+            "index": 0,
+            "text": "",
+            "finish_reason": "length",
+            "logprobs": None,
+            "prompt_logprobs": scored,
+        }
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body.model or self.config.model_name,
+            "choices": [choice] * body.n,
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": 0, "total_tokens": len(prompt)},
         }

@@ -33,8 +33,9 @@ from ...rollouts.recording.format import (
     teacher_entry,
 )
 from ...rollouts.scoring.distill import TeacherScorer
+from ...rollouts.scoring.endpoint_teacher import EndpointTeacher
 from ...rollouts.scoring.scorer import OverStale
-from ...rollouts.scoring.teacher import Teacher
+from ...rollouts.scoring.teacher import GroupTeacher, Teacher
 from ...trainers.checkpoint import CheckpointManager
 from ...trainers.distributed import DistInfo
 from ...trainers.loop.generators import RankGroups, serve_generator
@@ -218,22 +219,28 @@ def build_loop(
 
 def build_teacher(
     config: Config, renderer: Renderer, device: torch.device | str, log: MetricsLog
-) -> Teacher | None:
-    """[distill]'s teacher on the run's device (None when distill.teacher is ""); its tokenizer
-    must be the student's (rollouts/scoring/teacher.py)."""
+) -> GroupTeacher | None:
+    """[distill]'s teacher (None when distill.teacher is ""): a checkpoint on the run's device
+    (rollouts/scoring/teacher.py), or an endpoint URL (endpoint_teacher.py); its tokenizer must be
+    the student's."""
     if not config.distill.enabled:
         return None
-    teacher = Teacher(
-        config.distill,
-        student_fingerprint=tokenizer_fingerprint(renderer.tokenizer),
-        temperature=config.policy.temperature,
-        device=device,
-    )
+    fingerprint = tokenizer_fingerprint(renderer.tokenizer)
+    temperature = config.policy.temperature
+    teacher: GroupTeacher
+    if config.distill.endpoint:
+        teacher = EndpointTeacher(config.distill, student_fingerprint=fingerprint, temperature=temperature)
+    else:
+        teacher = Teacher(
+            config.distill, student_fingerprint=fingerprint, temperature=temperature, device=device
+        )
     log.print(teacher.describe())
     return teacher
 
 
-def run_generator(config: Config, plan: RunPlan, dist_info: DistInfo, renderer: Renderer, threads: int = 0) -> int:
+def run_generator(
+    config: Config, plan: RunPlan, dist_info: DistInfo, renderer: Renderer, threads: int = 0
+) -> int:
     """A generator's whole run (a torchrun rank's, or a GeneratorProcesses process's): its engine
     (the trainer's weights replace the initial ones before its first rollout), its share of the
     task stream, until trainer rank 0 says stop. `threads`: its torch threads (0: as set)."""

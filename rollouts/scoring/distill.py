@@ -42,8 +42,17 @@ TEACHER_LOGPROBS = "teacher_logprobs"
 class DistillConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """A config's `[distill]` section.
 
-    teacher: a Hugging Face directory (config.json, safetensors, tokenizer.json with the student's
-        tokenizer) that toolgym's own model code loads; "" = off.
+    teacher: where the teacher's logprobs come from; "" = off. Either a Hugging Face directory
+        (config.json, safetensors, tokenizer.json with the student's tokenizer) that toolgym's
+        own model code loads (teacher.py, `Teacher`), or the base URL of an OpenAI-compatible
+        endpoint, `http://host:port/v1` (any value starting with http:// or https://), that
+        scores token-id prompts through the completions API with vLLM's `prompt_logprobs`
+        (vLLM's OpenAI server, or `toolgym serve`; endpoint_teacher.py, `EndpointTeacher`). One
+        string either way, so the recording's teacher entry, the config's checks and `--set
+        distill.teacher=...` treat both alike; what only an endpoint needs has its own keys:
+    teacher_model: the endpoint's model name (the request's `model`); "" = the one model its
+        /v1/models lists. Only with an endpoint teacher.
+    teacher_timeout_s: seconds an endpoint request may take before it counts as a scoring failure.
     weight: the weight of the teacher's log-ratio in each token's advantage.
     reward_weight: the weight of the env reward's advantage; 0 = pure on-policy distillation.
     max_consecutive_failures: groups in a row whose teacher scoring raised (each dropped as an
@@ -54,6 +63,8 @@ class DistillConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     weight: float = 1.0
     reward_weight: float = 0.0
     max_consecutive_failures: int = 3
+    teacher_model: str = ""
+    teacher_timeout_s: float = 120.0
 
     def __post_init__(self) -> None:
         for name in ("weight", "reward_weight"):
@@ -68,10 +79,24 @@ class DistillConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             raise ValueError(
                 f"distill.max_consecutive_failures must be >= 1, got {self.max_consecutive_failures}"
             )
+        if self.teacher_model and not self.endpoint:
+            raise ValueError(
+                "distill.teacher_model names an endpoint's model: distill.teacher must then be its "
+                f"URL (http://host:port/v1), got {self.teacher!r}"
+            )
+        if not (math.isfinite(self.teacher_timeout_s) and self.teacher_timeout_s > 0):
+            raise ValueError(
+                f"distill.teacher_timeout_s must be a finite number > 0, got {self.teacher_timeout_s}"
+            )
 
     @property
     def enabled(self) -> bool:
         return bool(self.teacher)
+
+    @property
+    def endpoint(self) -> bool:
+        """The teacher is an OpenAI-compatible endpoint's URL, not a directory."""
+        return self.teacher.startswith(("http://", "https://"))
 
 
 def teacher_log_ratios(trajectory: Trajectory) -> list[list[float]]:

@@ -150,7 +150,7 @@ class GroupTeacher:
     """What every teacher shares (module doc): `score` builds each training sequence and the
     positions of its sampled tokens and writes what `logprobs` gives into the transitions;
     `annotate` counts failures. A subclass sets `_config` and `consecutive_failures`/`failures`
-    (`_init_counts`), and gives `logprobs` and `name` (the teacher in errors and logs)."""
+    (`_init_counts`), and gives `logprobs`, `describe` and `name` (the teacher in errors)."""
 
     _config: DistillConfig
     name: str
@@ -168,6 +168,10 @@ class GroupTeacher:
     ) -> list[list[float]]:
         """Per sequence, the teacher's logprob of the token at each of its `positions` (each >= 1)
         given the tokens before it."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """One line for the run's log."""
         raise NotImplementedError
 
     def score(self, group: Sequence[Trajectory]) -> None:

@@ -37,9 +37,11 @@ Sections (all optional; every key has a default):
     [loop]       mode (sync | async), max_staleness, over_stale (drop | downweight), stale_weight,
                  buffer_groups, generator (auto | process | thread), generator_processes,
                  generator_threads, generator_ranks: asynchronous RL (trainers/loop/)
-    [distill]    DistillConfig: teacher (a HF directory with the student's tokenizer; "" = off), weight,
-                 reward_weight, max_consecutive_failures: on-policy distillation
-                 (rollouts/scoring/distill.py, teacher.py)
+    [distill]    DistillConfig: teacher ("" = off; a HF directory with the student's tokenizer, or
+                 an OpenAI-compatible endpoint's URL "http://host:port/v1" that answers vLLM's
+                 prompt_logprobs: vLLM, `toolgym serve`), teacher_model (the endpoint's model; "" =
+                 its only one), teacher_timeout_s, weight, reward_weight, max_consecutive_failures:
+                 on-policy distillation (rollouts/scoring/distill.py, teacher.py, endpoint_teacher.py)
     [agent_program] module, function, task, request_timeout_s: train an agent program written
                  against the `openai` client through the endpoint instead of rolling out [env]
                  (rollouts/endpoint/agent_runner.py); empty module = env rollouts

@@ -572,12 +572,17 @@ class PolicyServer:
             )
         try:
             return self.scorer.score(prompt, k)
+        except ValueError as exc:  # a token outside the model's vocabulary
+            raise APIError(f"prompt_logprobs: {exc}", param="prompt") from None
         except Exception as exc:
             raise APIError(
                 f"prompt_logprobs failed: {type(exc).__name__}: {exc}", 500, type="server_error"
             ) from None
 
-    def _check_prompt(self, body: CompletionRequest) -> None:
+    def _check_prompt(self, body: CompletionRequest, vocabulary: bool = True) -> None:
+        """`vocabulary`: token ids must be the tokenizer's (a prompt only scored is checked against
+        the scoring model's vocabulary instead, as the checkpoint teacher does: a policy whose
+        embedding is padded past its tokenizer can sample those ids)."""
         if body.echo:
             raise APIError("echo=true is not supported", param="echo")
         if body.logprobs is not None and not 0 <= body.logprobs <= 1:
@@ -585,8 +590,10 @@ class PolicyServer:
                 "logprobs must be 0 or 1: the sampler reports the sampled token's log-probability",
                 param="logprobs",
             )
-        if isinstance(body.prompt, list) and (
-            not body.prompt or any(not 0 <= t < self.renderer.vocab_size for t in body.prompt)
+        if (
+            vocabulary
+            and isinstance(body.prompt, list)
+            and any(not 0 <= t < self.renderer.vocab_size for t in body.prompt)
         ):
             raise APIError(f"prompt token ids must be in [0, {self.renderer.vocab_size})", param="prompt")
         if not body.prompt:
@@ -642,7 +649,7 @@ class PolicyServer:
 
     def _score_only(self, body: CompletionRequest) -> dict[str, Any]:
         """max_tokens 0 with prompt_logprobs: the prompt's logprobs, nothing sampled or captured."""
-        self._check_prompt(body)
+        self._check_prompt(body, vocabulary=False)
         prompt = (
             list(body.prompt) if isinstance(body.prompt, list) else raw_tokens(self.renderer, body.prompt)
         )

@@ -142,3 +142,45 @@ def test_a_distill_run_logs_a_finite_reverse_kl_and_records_the_teacher(tmp_path
         trajectories, OfflineMode.PG, scoring.advantage, distill=scoring.distill
     )
     assert episodes[0].advantages == pytest.approx(stream["adv"][: len(episodes[0].advantages)])
+
+
+@pytest.mark.slow
+def test_a_distill_run_with_an_endpoint_teacher_scores_through_toolgym_serve(tmp_path: Path):
+    from serve_testlib import toolgym_serve
+
+    run_dir = tmp_path / "run"
+    student = config_from_dict(raw_config(run_dir))
+    model = initial_model(student)  # the teacher: the student's own initial weights, served
+    teacher = save_hf_checkpoint(model, model.config, tmp_path / "teacher", tokenizer_path(student))
+    with toolgym_serve(teacher) as url:
+        config = config_from_dict(raw_config(run_dir, url))
+        assert config.distill.endpoint
+        check_environment(config)  # reaches the endpoint: its model, tokenizer and prompt logprobs
+        assert train(config) == 0
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert math.isfinite(r["distill/reverse_kl_mean"]) and r["distill/scored_tokens"] > 0
+        assert r["batch/groups_scoring_failed"] == 0
+    # step 1 sampled with the served weights: the endpoint's logprobs are the sampler's
+    assert abs(steps[0]["distill/reverse_kl_mean"]) < 1e-3
+    reader = RecordingReader(run_dir / "trajectories" / "train_rank0.jsonl")
+    header, trajectories = reader.header, list(reader)
+    assert header.extra[TEACHER] == {"path": url, "tokenizer_fingerprint": header.tokenizer_fingerprint}
+    assert trajectories and all(
+        len(t.info[TEACHER_LOGPROBS]) == len(t.action.tokens) for tr in trajectories for t in tr.transitions
+    )
+
+
+def test_an_endpoint_teacher_that_cannot_be_reached_is_a_config_error(tmp_path):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    config = config_from_dict(raw_config(tmp_path / "run", url))
+    with pytest.raises(ConfigError) as info:
+        check_environment(config)
+    message = str(info.value)
+    assert message.startswith(f"config error: distill.teacher: distill.teacher {url}: cannot list its models")
+    assert "\n" not in message

@@ -66,6 +66,15 @@ def test_prompt_logprobs_through_the_openai_client_are_the_float32_models(tmp_pa
                         model="m", prompt=prompt, max_tokens=0, extra_body={"prompt_logprobs": 0}
                     )
                 await p.close()
+            # an id the padded embedding has and the tokenizer lacks is scored; one past the model's is not
+            padded = await c.completions.create(
+                model="m", prompt=[*prompt, 1010], max_tokens=0, extra_body={"prompt_logprobs": 0}
+            )
+            assert "1010" in (padded.choices[0].model_extra or {})["prompt_logprobs"][-1]
+            with pytest.raises(openai.BadRequestError, match="token id 1030 is outside"):
+                await c.completions.create(
+                    model="m", prompt=[*prompt, 1030], max_tokens=0, extra_body={"prompt_logprobs": 0}
+                )
             with pytest.raises(openai.BadRequestError, match="prompt_logprobs must be between 0 and 20"):
                 await c.completions.create(
                     model="m", prompt=prompt, max_tokens=0, extra_body={"prompt_logprobs": -1}

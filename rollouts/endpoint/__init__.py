@@ -4,6 +4,7 @@ agent programs written against the `openai` client, trained through the endpoint
 - openai_api.py: the wire format (requests, errors, tool calls)
 - capture.py: conversations captured token-exactly into Trajectories
 - server.py: `PolicyServer` (FastAPI on uvicorn); `toolgym serve` is configs/cli/serve.py
+- prompt_logprobs.py: `PromptScorer`, vLLM's `prompt_logprobs` from a checkpoint in float32
 - program.py: `AgentProgram` (a config's `[agent_program]`), `AgentResult`
 - agent_runner.py: `AgentRunner`, the agent program's episodes for the training loop
 

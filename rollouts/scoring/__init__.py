@@ -10,7 +10,10 @@ Modules (import them directly):
   `score_recorded` (recorded groups, for replay and the viewer).
 - distill: on-policy distillation's `DistillConfig` ([distill]) and per-token advantage (the
   teacher's log-ratio on each sampled token), the `distill/` metrics.
-- teacher: the checkpoint teacher that scores a group's sampled tokens (`Teacher`).
+- teacher: the checkpoint teacher that scores a group's sampled tokens (`Teacher`), and what
+  every teacher shares (`GroupTeacher`, `position_logprobs`).
+- endpoint_teacher: the endpoint teacher, an OpenAI-compatible server's `prompt_logprobs`
+  (`EndpointTeacher`).
 The sync collector and the async taker feed scored groups to one assembler (rollouts/batches.py
 `BatchAssembler`); trainers receive finished advantages.
 """

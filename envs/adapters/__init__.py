@@ -5,6 +5,8 @@
     toolgym/TextWorld-v0      TextWorld's generated text adventures (`pip install toolgym[textworld]`)
     toolgym/BFCL-v0           BFCL's multi-turn tool use (`pip install --no-deps bfcl-eval mpmath`:
                               an extra cannot install it, its dependencies pull CUDA torch)
+    toolgym/OpenEnv-v0        an OpenEnv server's environment, over its WebSocket protocol
+                              (`pip install toolgym[openenv]`)
 
 `available_envs()` lists the ids whose library is installed (found without importing it, so
 importing toolgym.envs stays fast); toolgym.envs registers exactly those. The adapter modules
@@ -21,6 +23,7 @@ ADAPTERS: dict[str, tuple[str, str]] = {
     "TextArena-v0": ("textarena", "toolgym.envs.adapters.textarena:TextArenaEnv"),
     "BFCL-v0": ("bfcl_eval", "toolgym.envs.adapters.bfcl:BFCLEnv"),
     "TextWorld-v0": ("textworld", "toolgym.envs.adapters.textworld:TextWorldEnv"),
+    "OpenEnv-v0": ("openenv", "toolgym.envs.adapters.openenv:OpenEnvEnv"),
 }
 
 

@@ -23,7 +23,7 @@ arguments are checked against the tool's JSON Schema, then each call is one `cal
 and the observation shows each call's result as the format writes it (the text of the MCP
 result's content, or its structured content as JSON). A call the server refuses (invalid
 arguments, unknown tool, the tool's own error) is an error result the policy sees, counted in
-metric `errors`. Any other action text (or all text, for a server without tools) is sent as the
+metric `env_errors`. Any other action text (or all text, for a server without tools) is sent as the
 server's action `{action_field: text, **action_extra}` (action_field "message" by default for a
 server without tools; with tools, text outside a call is an error observation unless
 `action_field` is given).
@@ -42,9 +42,10 @@ truncate it. Reward components (info `reward_components`, the episode so far): a
 observation has a field `components_field` (default `rubric_components`), a {name: number} of
 its rubric's named parts' contributions to that step's reward (e.g. `{name: r.last_score for
 name, r in self.rubric.named_rubrics()}`), gets one component per part (names with `/` written
-with `.`), summed over the episode; what the parts leave of the reward is component `reward`, so
+with `.`), summed over the episode (the names a reset observation reports, their values
+ignored, are listed from the start, as 0); what the parts leave of the reward is component `reward`, so
 the components always sum to the episode's reward. Metrics: `server_reward` (the sum so far),
-`tool_calls`, `errors`.
+`tool_calls`, `env_errors` (as a ToolEnv counts them).
 
 Failures: a server that cannot start, is down, does not answer within `timeout_s`, closes the
 session, answers with an error, or sends what is no OpenEnv reply raises `OpenEnvServerError` (a
@@ -412,11 +413,17 @@ class OpenEnvEnv(TextEnv):
             with contextlib.suppress(Exception):
                 _Loop.run(client.close(), 5.0)
 
-    def _session(self) -> GenericEnvClient:
+    def _session(self, fresh: bool = True) -> GenericEnvClient:
+        """The env's session; with `fresh` (a reset) one is opened (starting the server when it
+        is not running) if there is none, else its loss mid-episode is an error."""
         if self._closed:
             raise RuntimeError("OpenEnvEnv: used after close()")
         if self._client is not None and (self._server is None or self._server.alive):
             return self._client
+        if not fresh:
+            lost = self._client is not None
+            self._drop_session()
+            raise self._error("the episode's session is lost" if lost else "the episode has no session")
         self._drop_session()
         if self._shared is not None and self._key is not None:
             self._server = _running(self._shared, self._key, self.start_timeout_s)
@@ -435,7 +442,7 @@ class OpenEnvEnv(TextEnv):
 
     def _request(self, kind: str, data: dict[str, Any]) -> dict[str, Any]:
         """One message of the session and its checked reply: {observation, reward, done}."""
-        client = self._session()
+        client = self._session(fresh=kind == "reset")
         try:
             if kind == "reset":
                 reply = _Loop.run(
@@ -560,7 +567,7 @@ class OpenEnvEnv(TextEnv):
         self._tool_calls = 0
         self._errors = 0
         self._reward = 0.0
-        self._parts: dict[str, float] = {}
+        self._parts = dict.fromkeys(self._reported_parts(payload["observation"]), 0.0)
         self._done = bool(payload["done"])
         info: dict[str, Any] = {"system_prompt": self._system_prompt}
         if self.tools and self.format.template_tools:
@@ -568,7 +575,7 @@ class OpenEnvEnv(TextEnv):
                 instructions="\n".join([self.instructions.strip(), _FINISH]),
                 tools=[t.spec for t in self.tools.values()],
             )
-        info.update(question=self._question, max_turns=self.max_turns)
+        info.update(question=self._question, answer=None, max_turns=self.max_turns)
         return self._question, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -654,12 +661,16 @@ class OpenEnvEnv(TextEnv):
         self._step_reward += reward
         self._reward += reward
         self._server_done = self._server_done or payload["done"]
-        parts = payload["observation"].get(self.components_field)
-        if isinstance(parts, dict):
-            for name, value in parts.items():
-                if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-                    key = str(name).replace("/", ".") or "part"
-                    self._parts[key] = self._parts.get(key, 0.0) + float(value)
+        for name, value in self._reported_parts(payload["observation"]).items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                self._parts[name] = self._parts.get(name, 0.0) + float(value)
+
+    def _reported_parts(self, observation: dict[str, Any]) -> dict[str, Any]:
+        """The rubric parts an observation reports, by component name."""
+        parts = observation.get(self.components_field)
+        if not isinstance(parts, dict):
+            return {}
+        return {str(name).replace("/", ".") or "part": value for name, value in parts.items()}
 
     def _info(self) -> dict[str, Any]:
         components = dict(self._parts)
@@ -670,7 +681,7 @@ class OpenEnvEnv(TextEnv):
             "metrics": {
                 "server_reward": self._reward,
                 "tool_calls": float(self._tool_calls),
-                "errors": float(self._errors),
+                "env_errors": float(self._errors),
             },
         }
 

@@ -11,9 +11,9 @@ subprocess (its own process group) on a free 127.0.0.1 port (`{port}` in the com
 `PORT` environment variable), waits until its `/health` answers (or the process exits: an
 error with the tail of its output), and stops it when the env closes. Servers started from the
 same command, working directory and environment are shared by the envs that are open at once
-(reference-counted; the last close stops it after `keep_alive_s`, so the episodes a run makes
-one after another reuse it; 0 stops it at once); every server still running at interpreter exit
-is stopped. A server that exited is started afresh by the next env or reset. The server must
+(reference-counted, an env collected unclosed letting go of it too; the last close stops it
+after `keep_alive_s`, so the episodes a run makes one after another reuse it; 0 stops it at
+once); every server still running at interpreter exit is stopped. A server that exited is started afresh by the next env or reset. The server must
 allow as many concurrent sessions as the run plays episodes at once (`max_concurrent_envs`).
 
 Actions. An MCPEnvironment server (its tools listed with a `list_tools` action at the first
@@ -71,6 +71,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
@@ -381,9 +382,13 @@ class OpenEnvEnv(TextEnv):
         self._max_action_chars, self._max_observation_chars = max_action_chars, max_observation_chars
         self._key: tuple[Any, ...] | None = None
         self._shared: _Shared | None = None
+        self._finalizer: weakref.finalize | None = None
         if argv:
             self._key = (argv, cwd, tuple(sorted((env or {}).items())))
             self._shared = _acquire(self._key)
+            # an env dropped without close() lets go of the server when it is collected
+            self._finalizer = weakref.finalize(self, _release, self._key, self._shared, self.keep_alive_s)
+            self._finalizer.atexit = False  # at exit, _stop_all stops every server
         self.label = " ".join(argv) if argv else str(url)
         self._client: GenericEnvClient | None = None
         self._server: _Server | None = None
@@ -714,9 +719,10 @@ class OpenEnvEnv(TextEnv):
             return
         self._closed = True
         self._drop_session()
-        if self._shared is not None and self._key is not None:
-            shared, self._shared = self._shared, None
-            _release(self._key, shared, self.keep_alive_s)
+        if self._shared is not None:
+            self._shared = None
+            if self._finalizer is not None:
+                self._finalizer()  # _release, once
         super().close()
 
 

@@ -4,6 +4,7 @@ uvicorn) serving the two environments of openenv_servers.py, started as subproce
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -241,6 +242,33 @@ def test_a_down_or_garbage_server_or_one_that_cannot_start_is_a_one_line_error()
     message = str(raised.value)
     assert "\n" not in message and "exited with code 4" in message and "no such environment" in message
     assert _children() <= before
+
+
+@pytest.mark.parametrize(
+    ("reply", "said"),
+    [
+        ("not json at all", "list_tools failed (JSONDecodeError"),
+        ('{"type": "observation", "data": {"observation": "text", "done": false}}', "unreadable observation"),
+        ('{"type": "state", "data": {}}', "with no observation"),
+    ],
+)
+def test_a_session_that_answers_garbage_is_a_one_line_error(reply, said):
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.server import serve
+
+    def answer(websocket):
+        with contextlib.suppress(ConnectionClosed):  # the client's close
+            for _ in websocket:
+                websocket.send(reply)
+
+    with serve(answer, "127.0.0.1", 0) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        env = gymnasium.make(ENV_ID, url=f"http://127.0.0.1:{server.socket.getsockname()[1]}", timeout_s=2.0)
+        with pytest.raises(OpenEnvServerError) as raised:
+            env.reset(seed=0)
+        assert "\n" not in str(raised.value) and said in str(raised.value)
+        env.close()
+        server.shutdown()
 
 
 def test_a_short_training_run_through_the_cli(tmp_path, guess):

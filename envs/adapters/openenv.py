@@ -57,9 +57,7 @@ that exited).
 
 from __future__ import annotations
 
-import asyncio
 import atexit
-import concurrent.futures
 import contextlib
 import json
 import math
@@ -79,6 +77,7 @@ from openenv.core.generic_client import GenericEnvClient
 
 from ..core.text_env import TextEnv
 from ..tools.call_formats import CALLS, ParsedCall, get_format
+from ..tools.event_loop import BackgroundLoop
 from ..tools.typed import Tool, ToolCallError, ToolError, ToolServiceError, result_text
 
 DEFAULT_TIMEOUT_S: Final = 30.0
@@ -103,27 +102,7 @@ def _one_line(text: str, limit: int = 500) -> str:
 # ---- the event loop every client lives on ------------------------------------------------------
 
 
-class _Loop:
-    _lock = threading.Lock()
-    _loop: asyncio.AbstractEventLoop | None = None
-
-    @classmethod
-    def get(cls) -> asyncio.AbstractEventLoop:
-        with cls._lock:
-            if cls._loop is None or cls._loop.is_closed():
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="toolgym-openenv", daemon=True).start()
-                cls._loop = loop
-            return cls._loop
-
-    @classmethod
-    def run(cls, coroutine: Any, timeout_s: float) -> Any:
-        future = asyncio.run_coroutine_threadsafe(coroutine, cls.get())
-        try:
-            return future.result(timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError from None
+_Loop = BackgroundLoop("toolgym-openenv")  # every OpenEnv client lives on it
 
 
 # ---- servers started from a command ------------------------------------------------------------

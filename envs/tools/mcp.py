@@ -54,6 +54,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from .event_loop import BackgroundLoop
 from .typed import Tool, ToolCallError, ToolError, ToolServiceError
 
 if TYPE_CHECKING:
@@ -82,35 +83,7 @@ def _import_mcp() -> Any:
     return mcp
 
 
-class _Loop:
-    """One daemon thread running the event loop every MCP connection lives on."""
-
-    _lock = threading.Lock()
-    _loop: asyncio.AbstractEventLoop | None = None
-    _thread: threading.Thread | None = None
-
-    @classmethod
-    def get(cls) -> asyncio.AbstractEventLoop:
-        with cls._lock:
-            if cls._loop is None or cls._loop.is_closed():
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name="toolgym-mcp", daemon=True)
-                thread.start()
-                cls._loop, cls._thread = loop, thread
-            return cls._loop
-
-    @classmethod
-    def run(cls, coroutine: Any, timeout: float | None) -> Any:
-        """Run `coroutine` on the loop and wait for it (from any other thread)."""
-        if threading.current_thread() is cls._thread:
-            coroutine.close()
-            raise RuntimeError("an MCP tool was called from the MCP event loop's own thread")
-        future = asyncio.run_coroutine_threadsafe(coroutine, cls.get())
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise
+_Loop = BackgroundLoop("toolgym-mcp")  # every MCP connection lives on it
 
 
 class _Process:

@@ -41,7 +41,6 @@ import inspect
 import logging
 import math
 import re
-import threading
 import traceback
 import typing
 import warnings
@@ -50,6 +49,8 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
+
+from .event_loop import BackgroundLoop
 
 _NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MARK: Final = "__toolgym_tool__"
@@ -267,21 +268,7 @@ def _explain(error: msgspec.ValidationError) -> str:
     return text
 
 
-class _Loop:
-    """One daemon thread running an asyncio loop that awaits every async tool (so a tool works
-    the same whether or not the caller is inside an event loop)."""
-
-    _lock = threading.Lock()
-    _loop: asyncio.AbstractEventLoop | None = None
-
-    @classmethod
-    def get(cls) -> asyncio.AbstractEventLoop:
-        with cls._lock:
-            if cls._loop is None or cls._loop.is_closed():
-                loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="toolgym-tools", daemon=True).start()
-                cls._loop = loop
-            return cls._loop
+_Loop = BackgroundLoop("toolgym-tools")  # awaits every async tool
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ config.json names, so a config reads from and writes to a checkpoint directory
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, cast
 
 import msgspec
@@ -32,12 +33,80 @@ class RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
         return {"rope_type": "llama3", **msgspec.structs.asdict(self)}
 
 
+class YarnScaling(msgspec.Struct, frozen=True, kw_only=True):
+    """YaRN (HF's rope_type "yarn", `_compute_yarn_parameters`): each inverse frequency a blend of
+    the original one (extrapolation) and the one divided by `factor` (interpolation), by a linear
+    ramp over the frequency dimensions between the ones that turn beta_fast and beta_slow times
+    over original_max_position_embeddings (the ramp's ends floored / ceiled with `truncate`); cos
+    and sin are multiplied by `attention_factor`, by default 0.1 * ln(factor) + 1 (or, with
+    `mscale` and `mscale_all_dim`, the ratio of that formula with each; 1 where factor <= 1).
+    None: absent from config.json (written back absent)."""
+
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    attention_factor: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool | None = None
+
+    def __post_init__(self) -> None:
+        if not self.factor > 0 or self.original_max_position_embeddings < 1:
+            raise ValueError(
+                f"yarn: factor must be > 0 and original_max_position_embeddings >= 1, got "
+                f"{self.factor}, {self.original_max_position_embeddings}"
+            )
+
+    @property
+    def attention_scaling(self) -> float:
+        """What cos and sin are multiplied by (transformers' `attention_factor`)."""
+        if self.attention_factor is not None:
+            return self.attention_factor
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        if self.mscale and self.mscale_all_dim:
+            return mscale(self.factor, self.mscale) / mscale(self.factor, self.mscale_all_dim)
+        return mscale(self.factor)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        fields = {k: v for k, v in msgspec.structs.asdict(self).items() if v is not None}
+        return {"rope_type": "yarn", **fields}
+
+    @classmethod
+    def from_hf_dict(cls, rope: dict[str, Any], max_position_embeddings: int) -> YarnScaling:
+        """From a config.json's yarn `rope_parameters` / `rope_scaling`, with transformers'
+        defaults: original_max_position_embeddings the model's max_position_embeddings, a null
+        factor their ratio."""
+        original = int(rope.get("original_max_position_embeddings") or max_position_embeddings)
+        factor = rope.get("factor")
+        optional = ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim")
+        return cls(
+            factor=float(max_position_embeddings / original if factor is None else factor),
+            original_max_position_embeddings=original,
+            **{k: float(rope[k]) for k in optional if rope.get(k) is not None},
+            truncate=None if rope.get("truncate") is None else bool(rope["truncate"]),
+        )
+
+
+def rope_scaling_from_dict(d: dict[str, Any]) -> RopeScaling | YarnScaling:
+    """A TOML/JSON table (`rope_type` "llama3", the default, or "yarn") as its struct."""
+    fields = {k: v for k, v in d.items() if k not in ("rope_type", "type")}
+    if d.get("rope_type", d.get("type", "llama3")) == "yarn":
+        return YarnScaling(**fields)
+    return RopeScaling(**fields)
+
+
 class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Shape of a decoder of a native family; field names are Hugging Face's config.json names.
 
     `attention_bias` is the flag of the families whose `bias` rule is "flag" (Qwen3, Llama,
     SmolLM3, OLMo 2/3: a bias on q/k/v/o); Qwen2 always has a q/k/v bias and no o bias, Mistral none.
-    `rope_scaling`: Llama 3.1's (llama only). `sliding_window`: the window of the windowed layers
+    `rope_scaling`: Llama 3.1's (llama only) or YaRN (Qwen2/3, Llama, Mistral, OLMo 3), on the
+    layers that rotate with `rope_theta`; `rope_local_base_freq`: the base of the sliding-window
+    layers' own default RoPE (Gemma 3's; OLMo 3's where its layer types differ). `sliding_window`: the window of the windowed layers
     (`layer_window`); `layer_types`: HF's per-layer "sliding_attention" / "full_attention" (None
     with a sliding_window: every layer windowed, Mistral's). `no_rope_layers`:
     SmolLM3's, per layer 1 = RoPE, 0 = none (None: every layer rotates).
@@ -61,7 +130,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     pad_token_id: int | None = None
-    rope_scaling: RopeScaling | None = None
+    rope_scaling: RopeScaling | YarnScaling | None = None
     sliding_window: int | None = None
     no_rope_layers: tuple[int, ...] | None = None
     layer_types: tuple[str, ...] | None = None
@@ -85,8 +154,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         fam = family(self.model_type)
         # From a TOML/JSON override: a table and a list, as the struct and tuple they stand for.
         if isinstance(self.rope_scaling, dict):
-            scaling = {k: v for k, v in self.rope_scaling.items() if k not in ("rope_type", "type")}
-            msgspec.structs.force_setattr(self, "rope_scaling", RopeScaling(**scaling))
+            msgspec.structs.force_setattr(self, "rope_scaling", rope_scaling_from_dict(self.rope_scaling))
         if isinstance(self.no_rope_layers, list):
             msgspec.structs.force_setattr(self, "no_rope_layers", tuple(self.no_rope_layers))
         if isinstance(self.layer_types, list):
@@ -115,8 +183,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
                     else "it has no biases"
                 )
             )
-        if self.rope_scaling is not None and "llama3" not in fam.rope_types:
-            raise ValueError(f"rope_scaling (llama3) is not a {self.model_type} field")
+        if self.rope_scaling is not None:
+            kind = "yarn" if isinstance(self.rope_scaling, YarnScaling) else "llama3"
+            if kind not in fam.rope_types:
+                raise ValueError(f"rope_scaling ({kind}) is not a {self.model_type} field")
         if self.sliding_window is not None and not (fam.sliding_window and self.sliding_window >= 1):
             raise ValueError(
                 f"sliding_window={self.sliding_window!r}: a positive window is a field of "
@@ -132,7 +202,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
                 )
             if "sliding_attention" in self.layer_types and self.sliding_window is None:
                 raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
-        if (self.rope_local_base_freq is not None) != fam.local_rope:
+        if (self.rope_local_base_freq is not None) != bool(fam.local_rope) and fam.local_rope != "optional":
             raise ValueError(
                 f"rope_local_base_freq is {'required for' if fam.local_rope else 'not a field of'} {self.model_type}"
             )
@@ -195,7 +265,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
 
     def layer_rope_local(self, layer: int) -> bool:
         """Whether layer `layer` rotates with the local RoPE base (`rope_local_base_freq`: Gemma 3's
-        sliding-window layers) rather than `rope_theta`."""
+        sliding-window layers, OLMo 3's where they differ) rather than `rope_theta` and `rope_scaling`."""
         types = self.layer_types
         return (
             self.rope_local_base_freq is not None
@@ -263,8 +333,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(
                 f"{model_type}: RoPE rope_type={rope_type!r} is not supported (supported: {list(fam.rope_types)})"
             )
-        scaling = None
-        if rope_type == "llama3":
+        scaling: RopeScaling | YarnScaling | None = None
+        if rope_type == "yarn":
+            scaling = YarnScaling.from_hf_dict(rope, d.get("max_position_embeddings", 32768))
+        elif rope_type == "llama3":
             scaling = RopeScaling(
                 factor=float(rope["factor"]),
                 low_freq_factor=float(rope["low_freq_factor"]),
@@ -304,7 +376,11 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             sliding_window=d.get("sliding_window") if fam.sliding_window else None,
             no_rope_layers=no_rope,
             layer_types=tuple(d["layer_types"]) if fam.layer_types and d.get("layer_types") else None,
-            rope_local_base_freq=float(d["rope_local_base_freq"]) if fam.local_rope else None,
+            rope_local_base_freq=(
+                float(d["rope_local_base_freq"])
+                if fam.local_rope and d.get("rope_local_base_freq") is not None
+                else None
+            ),
             query_pre_attn_scalar=d.get("query_pre_attn_scalar") if fam.query_pre_attn_scalar else None,
         )
 
@@ -418,10 +494,13 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
                        max_position_embeddings=32768, tie_word_embeddings=True, model_type="gemma3_text",
                        bos_token_id=2, eos_token_id=1),
     # OLMo 3 7B (Olmo-3-1025-7B): norms after each sublayer, q/k norms over the whole projection,
-    # three window-4096 layers to one full. Its YaRN (x8 from 8192, full-attention layers only) is
-    # not modelled: with random weights this is the shape only.
+    # three window-4096 layers to one full; its YaRN (x8 from 8192) on the full-attention layers,
+    # default RoPE of the same base on the sliding ones.
     "olmo-3-7b": dict(vocab_size=100278, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=32, head_dim=128, rope_theta=500_000.0,
+                      rope_scaling=YarnScaling(factor=8.0, original_max_position_embeddings=8192, beta_fast=32.0,
+                                               beta_slow=1.0, attention_factor=1.2079441541679836),
+                      rope_local_base_freq=500_000.0,
                       rms_norm_eps=1e-6, max_position_embeddings=65536, tie_word_embeddings=False,
                       model_type="olmo3", sliding_window=4096,
                       layer_types=tuple("sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(32)),

@@ -5,7 +5,7 @@ GQA attention with RoPE, RMSNorm (pre-norm), SwiGLU MLP, tied or untied embeddin
 adds is declared by its module (agents/model/families/) and read through the `ModelConfig`
 (agents/model/config.py, with the named shapes): biases (Qwen2: q/k/v; Qwen3, Llama, SmolLM3: q/k/v/o
 with `attention_bias`), an RMSNorm over each head of q and k before RoPE (Qwen3), Llama 3.1's
-RoPE scaling, layers without RoPE (SmolLM3), sliding-window layers (`ModelConfig.layer_window`:
+RoPE scaling and YaRN, layers without RoPE (SmolLM3), sliding-window layers (`ModelConfig.layer_window`:
 Mistral's on every layer, Gemma 3's per `layer_types`), Gemma 3's blocks (its RMSNorm, four norms
 per block, scaled embeddings and queries, GELU-tanh MLP, a second RoPE base for its sliding layers),
 OLMo 2/3's blocks (norms after attention and MLP, q/k norms over the whole projection).
@@ -39,7 +39,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .attention import causal_attention
-from .config import ModelConfig, RopeScaling
+from .config import ModelConfig, RopeScaling, YarnScaling
 from .families.base import NormScale
 
 # ---------------------------------------------------------------------------------------------
@@ -96,28 +96,60 @@ def llama3_inv_freq(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tenso
     return torch.where(is_medium_freq, smoothed, scaled)
 
 
+def yarn_inv_freq(inv_freq: torch.Tensor, theta: float, head_dim: int, scaling: YarnScaling) -> torch.Tensor:
+    """YaRN's inverse frequencies (HF's `_compute_yarn_parameters`, the same operations): the
+    original ones (extrapolation) on the dimensions that turn more than beta_fast times over
+    original_max_position_embeddings, those divided by `factor` (interpolation) on the ones that
+    turn fewer than beta_slow times, a linear ramp between."""
+    beta_fast, beta_slow = scaling.beta_fast or 32, scaling.beta_slow or 1
+    original = scaling.original_max_position_embeddings
+
+    def correction_dim(rotations: float) -> float:
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if scaling.truncate is None or scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # as HF: no division by zero
+    ramp = torch.clamp((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp.to(inv_freq.device)
+    pos_freqs = theta ** (torch.arange(0, head_dim, 2, device=inv_freq.device).float() / head_dim)
+    interpolated = 1.0 / (scaling.factor * pos_freqs)
+    return interpolated * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+
+
 def rope_cos_sin(
     positions: torch.Tensor,
     head_dim: int,
     theta: float,
     dtype: torch.dtype,
-    scaling: RopeScaling | None = None,
+    scaling: RopeScaling | YarnScaling | None = None,
 ):
     """cos and sign-folded sin for `positions` (any shape) -> each [*positions.shape, head_dim].
-    scaling: Llama 3.1's (`ModelConfig.rope_scaling`), applied to the inverse frequencies.
+    scaling (`ModelConfig.rope_scaling`): Llama 3.1's, applied to the inverse frequencies, or
+    YaRN's, applied to them and, as its attention factor, to cos and sin (in float32, before the
+    cast to `dtype`, as transformers does).
 
     HF rotates with rotate_half(x) = cat(-x2, x1); we use roll(x, D/2) * sign instead, and fold
     the sign into sin, so `apply_rope` is 4 ops and bit-identical to HF's.
     """
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
     inv_freq = 1.0 / (theta**exponent)
-    if scaling is not None:
+    attention_scaling = 1.0
+    if isinstance(scaling, YarnScaling):
+        inv_freq = yarn_inv_freq(inv_freq, theta, head_dim, scaling)
+        attention_scaling = scaling.attention_scaling
+    elif scaling is not None:
         inv_freq = llama3_inv_freq(inv_freq, scaling)
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    sin = emb.sin()
+    cos, sin = emb.cos(), emb.sin()
+    if attention_scaling != 1.0:
+        cos, sin = cos * attention_scaling, sin * attention_scaling
     sin = torch.cat((-sin[..., : head_dim // 2], sin[..., head_dim // 2 :]), dim=-1)
-    return emb.cos().to(dtype), sin.to(dtype)
+    return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -341,7 +373,9 @@ class DecoderStack(nn.Module):
             if positions is None:
                 positions = torch.arange(input_ids.shape[1], device=input_ids.device)
 
-            def table(theta: float, scaling: RopeScaling | None) -> tuple[torch.Tensor, torch.Tensor]:
+            def table(
+                theta: float, scaling: RopeScaling | YarnScaling | None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
                 cos, sin = rope_cos_sin(positions, cfg.head_dim, theta, x.dtype, scaling)
                 if cos.dim() == 2:  # [T, D] -> [1, T, 1, D]
                     cos, sin = cos[None], sin[None]

@@ -37,6 +37,12 @@ QkNormOver = Literal["head", "projection"]
 BiasRule = Literal["qkv", "flag", "none"]
 
 
+class HfRopeScaling(Protocol):
+    """A RoPE scaling of the config (agents/model/config.py's `RopeScaling`, `YarnScaling`)."""
+
+    def to_hf_dict(self) -> dict[str, Any]: ...
+
+
 class Shape(Protocol):
     """The part of a ModelConfig a family's config.json writer reads."""
 
@@ -59,6 +65,9 @@ class Shape(Protocol):
     def layer_types(self) -> tuple[str, ...] | None: ...
 
     @property
+    def rope_scaling(self) -> HfRopeScaling | None: ...
+
+    @property
     def rope_local_base_freq(self) -> float | None: ...
 
     @property
@@ -78,7 +87,7 @@ class Family:
     """One native family. model_type / architecture: HF's names (config.json's `model_type`, the
     `architectures` entry transformers and vLLM load). bias: `BiasRule`. qk_norm: an RMSNorm over
     each head's q and k before RoPE. rope_types: the RoPE variants config.json may ask for
-    ("default", "llama3"). sliding_window: config.json's `sliding_window` is read, the window of
+    ("default", "llama3", "yarn"). sliding_window: config.json's `sliding_window` is read, the window of
     the windowed layers (`ModelConfig.layer_window`); otherwise `use_sliding_window: true` is
     refused. no_rope_layers: config.json's
     `no_rope_layers` (1 = the layer rotates, 0 = it does not) is read, default one layer in
@@ -86,7 +95,9 @@ class Family:
     use the sliding window, "sliding_attention", and which attend over the full context) is read;
     without it a sliding_window windows every layer. hf_fields: the family's own config.json
     entries, written after the shared ones. norm_placement: `NormPlacement`; qk_norm_over:
-    `QkNormOver` (with qk_norm)."""
+    `QkNormOver` (with qk_norm). local_rope: the sliding-window layers' own default RoPE base
+    (`rope_local_base_freq`), True required (Gemma 3), "optional" (OLMo 3: where its layer types'
+    RoPE differ)."""
 
     model_type: str
     architecture: str
@@ -102,11 +113,20 @@ class Family:
     sandwich_norms: bool = False
     embed_scale: bool = False
     hidden_act: Activation = "silu"
-    local_rope: bool = False
+    local_rope: bool | Literal["optional"] = False
     query_pre_attn_scalar: bool = False
     own_layers: str | None = None
     norm_placement: NormPlacement = "pre"
     qk_norm_over: QkNormOver = "head"
 
 
-__all__ = ["Activation", "BiasRule", "Family", "NormPlacement", "NormScale", "QkNormOver", "Shape"]
+__all__ = [
+    "Activation",
+    "BiasRule",
+    "Family",
+    "HfRopeScaling",
+    "NormPlacement",
+    "NormScale",
+    "QkNormOver",
+    "Shape",
+]

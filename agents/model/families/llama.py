@@ -1,6 +1,6 @@
 """Llama 2 / 3.x: no q/k norm, biases on q/k/v/o only with `attention_bias`, default RoPE or
 Llama 3.1's `llama3` frequency scaling (factor, low/high_freq_factor,
-original_max_position_embeddings)."""
+original_max_position_embeddings), or YaRN."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ LLAMA = Family(
     model_type="llama",
     architecture="LlamaForCausalLM",
     bias="flag",
-    rope_types=("default", "llama3"),
+    rope_types=("default", "llama3", "yarn"),
     hf_fields=_hf_fields,
 )
 

@@ -1,4 +1,4 @@
-"""Mistral: no biases, no q/k norm, default RoPE; `sliding_window` (null in v0.2+) is a window
+"""Mistral: no biases, no q/k norm, default RoPE or YaRN; `sliding_window` (null in v0.2+) is a window
 over every layer (`ModelConfig.layer_window`)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ MISTRAL = Family(
     model_type="mistral",
     architecture="MistralForCausalLM",
     bias="none",
+    rope_types=("default", "yarn"),
     sliding_window=True,
     hf_fields=_hf_fields,
 )

@@ -1,4 +1,4 @@
-"""Qwen2 / Qwen2.5: a bias on q/k/v (none on o), no q/k norm, default RoPE."""
+"""Qwen2 / Qwen2.5: a bias on q/k/v (none on o), no q/k norm, default RoPE or YaRN."""
 
 from __future__ import annotations
 
@@ -15,6 +15,12 @@ def _hf_fields(config: Shape) -> dict[str, Any]:
     }
 
 
-QWEN2 = Family(model_type="qwen2", architecture="Qwen2ForCausalLM", bias="qkv", hf_fields=_hf_fields)
+QWEN2 = Family(
+    model_type="qwen2",
+    architecture="Qwen2ForCausalLM",
+    bias="qkv",
+    rope_types=("default", "yarn"),
+    hf_fields=_hf_fields,
+)
 
 __all__ = ["QWEN2"]

@@ -1,5 +1,5 @@
 """Qwen3 dense: an RMSNorm over each head's q and k before RoPE; biases on q/k/v/o only with
-`attention_bias`; default RoPE."""
+`attention_bias`; default RoPE or YaRN."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def _hf_fields(config: Shape) -> dict[str, Any]:
     }
 
 
-QWEN3 = Family(model_type="qwen3", architecture="Qwen3ForCausalLM", bias="flag", qk_norm=True, hf_fields=_hf_fields)  # fmt: skip
+QWEN3 = Family(model_type="qwen3", architecture="Qwen3ForCausalLM", bias="flag", qk_norm=True,
+               rope_types=("default", "yarn"), hf_fields=_hf_fields)  # fmt: skip
 
 __all__ = ["QWEN3"]

@@ -18,6 +18,7 @@ calls' names and (parsed) arguments, not by ids or JSON spacing.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -106,8 +107,6 @@ def decode_request(body: bytes, kind: type[_Request]) -> Any:
 
 def check_common(request: _Request, max_n: int) -> None:
     """The checks both endpoints share; APIError naming the parameter."""
-    if request.stream:
-        raise APIError("stream=true is not supported by this endpoint; send stream=false", param="stream")
     if not 1 <= request.n <= max_n:
         raise APIError(f"n must be between 1 and {max_n}, got {request.n}", param="n")
     if request.temperature is not None and not 0 <= request.temperature <= 2:
@@ -140,7 +139,20 @@ def requested_max_tokens(request: Any) -> int | None:
 
 
 def check_chat(request: ChatCompletionRequest) -> None:
-    """Chat-only checks: tool_choice, logprobs, tools' shape (messages: `normalise_messages`)."""
+    """Chat-only checks: tool_choice, logprobs, stream_options, tools' shape (messages:
+    `normalise_messages`)."""
+    if request.stream_options is not None:
+        if not request.stream:
+            raise APIError(
+                "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                param="stream_options",
+            )
+        unknown = sorted(set(request.stream_options) - {"include_usage"})
+        if unknown or not isinstance(request.stream_options.get("include_usage", False), bool):
+            raise APIError(
+                f"stream_options takes only include_usage (a boolean), got {request.stream_options!r}",
+                param="stream_options",
+            )
     choice = request.tool_choice
     if choice is not None and choice not in ("auto", "none"):
         raise APIError(
@@ -324,3 +336,61 @@ def logprobs_json(tokens: Sequence[int], logprobs: Sequence[float], piece: Any) 
             {"token": text, "logprob": float(logprob), "bytes": list(text.encode()), "top_logprobs": []}
         )
     return {"content": content}
+
+
+_PIECES = re.compile(r"\s*\S+|\s+")  # word-sized delta pieces; joined they are the text exactly
+
+
+def _pieces(text: str) -> list[str]:
+    return _PIECES.findall(text) or [text]
+
+
+def stream_chunks(response: Mapping[str, Any], include_usage: bool) -> list[bytes]:
+    """A finished `chat.completion` as the SSE events OpenAI streams it: per choice a first chunk
+    with the role, its content in word-sized deltas (the choice's logprobs on the first of them),
+    each tool call as one delta with its index, id, type and name (arguments "") and then its
+    arguments in fragments, and a last chunk with the finish reason; with `include_usage` every
+    chunk has `"usage": null` and one more chunk (no choices) has the usage; then `[DONE]`. The
+    deltas concatenate to the response's message exactly (the `openai` client's accumulated stream
+    is the non-streamed completion)."""
+    head = {
+        "id": response["id"],
+        "object": "chat.completion.chunk",
+        "created": response["created"],
+        "model": response["model"],
+    }
+    extra: dict[str, Any] = {"usage": None} if include_usage else {}
+    events: list[bytes] = []
+
+    def emit(choice: dict[str, Any] | None, **more: Any) -> None:
+        chunk = {**head, "choices": [] if choice is None else [choice], **extra, **more}
+        events.append(b"data: " + msgspec.json.encode(chunk) + b"\n\n")
+
+    def delta(
+        index: int, fields: dict[str, Any], logprobs: Any = None, finish: str | None = None, **more: Any
+    ) -> None:
+        emit({"index": index, "delta": fields, "logprobs": logprobs, "finish_reason": finish}, **more)
+
+    choices = response["choices"]
+    for choice in choices:
+        index, message = choice["index"], choice["message"]
+        logprobs = choice["logprobs"]
+        delta(index, {"role": "assistant", "content": None if message["content"] is None else ""})
+        for piece in _pieces(message["content"]) if message["content"] else []:
+            delta(index, {"content": piece}, logprobs)
+            logprobs = None
+        for k, call in enumerate(message.get("tool_calls") or []):
+            function = call["function"]
+            opening = {"name": function["name"], "arguments": ""}
+            opened = {"index": k, "id": call["id"], "type": "function", "function": opening}
+            delta(index, {"tool_calls": [opened]}, logprobs)
+            logprobs = None
+            for fragment in _pieces(function["arguments"]):
+                delta(index, {"tool_calls": [{"index": k, "function": {"arguments": fragment}}]})
+        # logprobs here only for an empty reply; the endpoint's own fields on the very last one
+        own = {"toolgym": response["toolgym"]} if "toolgym" in response and choice is choices[-1] else {}
+        delta(index, {}, logprobs, choice["finish_reason"], **own)
+    if include_usage:
+        emit(None, usage=response["usage"])
+    events.append(b"data: [DONE]\n\n")
+    return events

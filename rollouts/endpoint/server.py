@@ -75,6 +75,7 @@ from .openai_api import (
     reply_message,
     requested_max_tokens,
     stop_strings,
+    stream_chunks,
     tool_calls_json,
 )
 from .prompt_logprobs import MAX_PROMPT_LOGPROBS, PromptLogprobs, PromptScorer
@@ -150,6 +151,25 @@ class _ForegroundServer(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+class _EventStream(Response):
+    """`stream=true`'s answer: the SSE events of a finished completion, each sent as its own body
+    part. A client gone meanwhile loses the rest (uvicorn drops what is sent after a disconnect);
+    nothing waits on it."""
+
+    def __init__(self, events: list[bytes]) -> None:  # no Response.__init__: no content-length
+        self.status_code, self.background, self.events = 200, None, events
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+        ]
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        for event in self.events:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -297,12 +317,22 @@ class PolicyServer:
         async def chat(request: Request) -> Any:
             self.stats.requests += 1
             body = decode_request(await request.body(), ChatCompletionRequest)
-            return await self._until_done(request, self._chat(body, self._conversation_id(request, body)))
+            work = self._chat(body, self._conversation_id(request, body))
+            if not body.stream:
+                return await self._until_done(request, work)
+            usage = bool((body.stream_options or {}).get("include_usage"))
+            return await self._until_done(
+                request, work, lambda answer: _EventStream(stream_chunks(answer, usage))
+            )
 
         @app.post("/v1/completions")
         async def completions(request: Request) -> Any:
             self.stats.requests += 1
             body = decode_request(await request.body(), CompletionRequest)
+            if body.stream:
+                raise APIError(
+                    "stream=true is supported on /v1/chat/completions only; send stream=false", param="stream"
+                )
             return await self._until_done(request, self._complete(body, self._conversation_id(request, body)))
 
         @app.post("/toolgym/conversations/{conversation_id}/end")
@@ -339,8 +369,14 @@ class PolicyServer:
         key = auth[7:].strip() if auth.lower().startswith("bearer ") else ""
         return key or None
 
-    async def _until_done(self, request: Request, work: Awaitable[dict[str, Any]]) -> Any:
-        """`work`'s answer, unless the client disconnects first: then it is cancelled."""
+    async def _until_done(
+        self,
+        request: Request,
+        work: Awaitable[dict[str, Any]],
+        respond: Callable[[dict[str, Any]], Response] | None = None,
+    ) -> Any:
+        """`work`'s answer (JSON, or what `respond` makes of it), unless the client disconnects
+        first: then it is cancelled."""
         task = asyncio.ensure_future(work)
         watch = asyncio.ensure_future(_until_disconnect(request))
         try:
@@ -353,6 +389,8 @@ class PolicyServer:
                 await asyncio.gather(task, return_exceptions=True)
         if task.cancelled():
             return Response(status_code=499)
+        if respond is not None:
+            return respond(task.result())
         # Encoded here (msgspec), not by FastAPI's jsonable_encoder walking every field.
         return Response(msgspec.json.encode(task.result()), media_type="application/json")
 

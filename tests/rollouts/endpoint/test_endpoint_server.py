@@ -250,7 +250,11 @@ def test_completions_endpoint_extends_a_raw_text_history(chat):
             400,
             "max_tokens must be >= 1",
         ),
-        (b'{"messages": [{"role": "user", "content": "x"}], "stream": true}', 400, "stream"),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": true}}',
+            400,
+            "only allowed when 'stream' is enabled",
+        ),
         (b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}', 400, "tool_choice"),
         (b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}', 400, "top_logprobs"),
         (b'{"messages": [{"role": "user", "content": "x"}], "temperature": 7}', 400, "temperature"),

@@ -13,6 +13,8 @@ a reply whose blocks all parse becomes an assistant message with `tool_calls` (i
 a reply with a malformed block is returned as plain content (the agent sees what the model
 wrote). An assistant message sent back is matched to what was sampled by its content and its
 calls' names and (parsed) arguments, not by ids or JSON spacing.
+
+Streaming: `stream_chunks` turns a finished chat completion into the SSE events OpenAI streams.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The OpenAI-compatible endpoint over a policy (torch engine or vLLM): FastAPI on uvicorn.
 
     POST /v1/chat/completions   messages, tools, tool_choice (auto | none), temperature, top_p,
-                                max_tokens / max_completion_tokens, n, seed, stop, logprobs
+                                max_tokens / max_completion_tokens, n, seed, stop, logprobs,
+                                stream, stream_options.include_usage
     POST /v1/completions        a raw-text or token-id prompt; `prompt_logprobs: k` (vLLM's
                                 extension, prompt_logprobs.py) adds each prompt position's
                                 logprob, with max_tokens 0 for those alone
@@ -26,6 +27,16 @@ max_tokens is capped by `max_tokens_per_turn` (its default too), the conversatio
 `context_length_exceeded`, a spent budget a 400 `token_budget_exhausted`. A registered
 conversation's turns are seeded from its `CaptureInfo.sampling_seed` (and the request's seed), so
 its G samples differ and a rerun repeats them.
+
+Streaming (`stream=true`, chat only): the request takes the non-streamed path unchanged (render,
+sample, cut, parse tool calls, capture) and its finished answer is then sent as SSE
+`chat.completion.chunk` events (openai_api.stream_chunks), so a streamed call is captured exactly as
+the same call non-streamed, and its deltas join to the same message. The deltas come once the
+whole reply is sampled, not as tokens arrive: the Policy interface returns finished Completions
+only. Errors are therefore plain HTTP errors before any event (a 400 `context_length_exceeded`
+reaches the client as `BadRequestError` as without streaming). A client that hangs up once events
+are flowing changes nothing: its turn is already captured and its conversation stays open (and is
+recorded when it ends); one that hangs up while its reply is sampled is a disconnect as below.
 
 A client that disconnects mid-generation cancels its request (the engine frees the slot) and
 breaks its conversation's capture; generation errors do the same. Shutting down finishes every

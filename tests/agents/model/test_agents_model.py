@@ -149,7 +149,7 @@ def test_from_hf_dict_reads_real_qwen_fields() -> None:
         ({"model_type": "gpt2"}, "model_type"),
         ({"hidden_act": "gelu"}, "silu"),
         ({"use_sliding_window": True}, "sliding"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "RoPE"),
+        ({"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "RoPE"),
         ({"num_key_value_heads": 3}, "multiple"),
     ],
 )

@@ -23,7 +23,11 @@ request, each prompt must be the previous prompt + its sampled tokens + a delta 
 verbatim), and the training Episode's loss-masked tokens must be exactly the sampled ones.
 
     python bench/serve.py [--agents 64] [--solo-agents 8] [--turns 3] [--max-tokens 16] [--repeats 3] [--threads N]
-                          [--model tiny]
+                          [--model tiny] [--stream]
+
+--stream also runs the endpoint's agents with `stream=true` (each reply joined from its deltas) and
+prints streamed against non-streamed CPU time per token at both concurrencies; the capture checker
+then checks the streamed run's captures.
 """
 
 from __future__ import annotations
@@ -94,19 +98,28 @@ def make_engine(model, tokenizer, batch: int) -> TorchEngine:
     )
 
 
-async def agent(client: openai.AsyncOpenAI, turns: int, max_tokens: int, index: int) -> None:
+async def agent(client: openai.AsyncOpenAI, turns: int, max_tokens: int, index: int, stream: bool) -> None:
     messages = [
         {"role": "system", "content": "You are a helpful assistant. Answer briefly."},
         {"role": "user", "content": f"Question {index}: what do {index % 9 + 1} kites cost?"},
     ]
     for turn in range(turns):
-        reply = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=max_tokens)
-        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+        if stream:  # the reply joined from its deltas, as a streaming agent framework does
+            chunks = await client.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=max_tokens, stream=True
+            )
+            content = "".join([c.choices[0].delta.content or "" async for c in chunks if c.choices])
+            messages.append({"role": "assistant", "content": content})
+        else:
+            reply = await client.chat.completions.create(
+                model="tiny", messages=messages, max_tokens=max_tokens
+            )
+            messages.append(reply.choices[0].message.model_dump(exclude_none=True))
         messages.append({"role": "user", "content": f"And then? ({turn})"})
 
 
 async def endpoint_run(
-    policy, renderer, agents: int, concurrent: int, turns: int, max_tokens: int, writer=None
+    policy, renderer, agents: int, concurrent: int, turns: int, max_tokens: int, writer=None, stream=False
 ):
     config = EndpointConfig(max_tokens_per_turn=max_tokens, max_n=1)
     async with PolicyServer(policy, renderer, config, writer) as server:
@@ -123,7 +136,7 @@ async def endpoint_run(
 
         async def one(i: int) -> None:
             async with semaphore:
-                await agent(clients[i], turns, max_tokens, i)
+                await agent(clients[i], turns, max_tokens, i, stream)
                 server.captures.finish(f"agent-{i}", 0.0)
 
         started, cpu = time.perf_counter(), time.process_time()
@@ -202,6 +215,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model", default="tiny", help="a named model shape (agents/model/config.py)")
     parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="also run the endpoint with stream=true and print its CPU time per token against non-streamed calls",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=0,
@@ -222,13 +240,21 @@ def main() -> int:
     engine = make_engine(model, tokenizer, args.agents)
     rows = []
     for concurrent, agents in ((1, args.solo_agents), (args.agents, args.agents)):
-        endpoint_s, direct_s, endpoint_cpu, direct_cpu = [], [], [], []
+        endpoint_s, direct_s, endpoint_cpu, direct_cpu, stream_cpu = [], [], [], [], []
         for repeat in range(args.repeats + 1):  # the first pair warms up; then they alternate
             recorder = Recorder(engine)
             run = endpoint_run(recorder, renderer, agents, concurrent, args.turns, args.max_tokens)
             wall, cpu = asyncio.run(run)
             requests = per_conversation(recorder.log, agents, args.turns)
             direct, direct_c = asyncio.run(direct_run(engine, requests, concurrent))
+            if args.stream:  # the same requests streamed (same seeds: the same tokens sampled)
+                streamed = endpoint_run(
+                    Recorder(engine), renderer, agents, concurrent, args.turns, args.max_tokens, stream=True
+                )
+                if repeat:
+                    stream_cpu.append(asyncio.run(streamed)[1])
+                else:
+                    asyncio.run(streamed)
             if repeat:
                 endpoint_s.append(wall)
                 direct_s.append(direct)
@@ -252,6 +278,14 @@ def main() -> int:
         print(f"  {concurrent} at once: direct   {[round(x, 2) for x in direct_s]} s")
         print(f"  {concurrent} at once: endpoint CPU {[round(x, 2) for x in endpoint_cpu]} s")
         print(f"  {concurrent} at once: direct CPU   {[round(x, 2) for x in direct_cpu]} s")
+        if args.stream:
+            tokens = agents * args.turns * args.max_tokens  # no stop token: every turn samples max_tokens
+            sc = min(stream_cpu)
+            print(f"  {concurrent} at once: streamed CPU {[round(x, 2) for x in stream_cpu]} s")
+            print(
+                f"  {concurrent} at once: CPU per token, best: non-streamed {1000 * ec / tokens:.3f} ms, "
+                f"streamed {1000 * sc / tokens:.3f} ms, ratio streamed/non-streamed {sc / ec:.3f}"
+            )
     headers = [
         "agents at once",
         "direct engine: best (median) s",
@@ -270,7 +304,14 @@ def main() -> int:
         with RecordingWriter(path, header) as writer:
             asyncio.run(
                 endpoint_run(
-                    recorder, renderer, args.agents, args.agents, args.turns, args.max_tokens, writer
+                    recorder,
+                    renderer,
+                    args.agents,
+                    args.agents,
+                    args.turns,
+                    args.max_tokens,
+                    writer,
+                    args.stream,
                 )
             )
         engine.close()

@@ -152,6 +152,28 @@ def test_streamed_tool_calls_come_as_openai_streams_them_and_add_up_to_the_messa
     assert streamed_capture.stop_reason == StopReason.ANSWERED
 
 
+def test_n_streamed_choices_each_add_up_to_their_non_streamed_message(chat):
+    policy = ScriptedPolicy(chat, ["red sky", "blue sea at noon", "red sky", "blue sea at noon"])
+    request = {"model": "m", "messages": [{"role": "user", "content": "colour?"}], "n": 2}
+
+    async def main():
+        async with PolicyServer(policy, chat) as server:
+            c = client(server, "n")
+            plain = await c.chat.completions.create(**request)
+            async with c.chat.completions.stream(**request) as stream:
+                async for _ in stream:
+                    pass
+                streamed = stream.current_completion_snapshot
+            await c.close()
+            return plain, streamed
+
+    plain, streamed = asyncio.run(main())
+    assert [(ch.index, ch.message.content, ch.finish_reason) for ch in streamed.choices] == [
+        (ch.index, ch.message.content, ch.finish_reason) for ch in plain.choices
+    ]
+    assert [ch.message.content for ch in plain.choices] == ["red sky", "blue sea at noon"]
+
+
 def test_64_concurrent_streams_all_finish_and_are_all_captured(chat, torch_engine):
     async def agent(server: PolicyServer, i: int):
         c = client(server, f"agent-{i}")

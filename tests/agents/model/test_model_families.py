@@ -335,7 +335,7 @@ def test_unknown_model_type_names_the_native_families(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("model_type", "change", "message"),
     [
-        ("llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type='yarn'"),
+        ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 4.0}}, "rope_type='dynamic'"),
         ("llama", {"mlp_bias": True}, "mlp_bias"),
         ("smollm3", {"use_sliding_window": True, "sliding_window": 16}, "use_sliding_window"),
         ("mistral", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope_type='llama3'"),

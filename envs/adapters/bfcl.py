@@ -16,8 +16,8 @@ instances of the library's simulated classes, loaded from the task's `initial_co
 One episode is the whole conversation. The first observation is the first user message; the
 policy calls tools, and ends its turn by replying without a call (plain text, empty, or an
 [ANSWER] tag): the env then speaks as the user again with the next message (step info
-`observation_role: "user"`; run with `rollout.observation_role: user` so that chat templates
-show it as a user message). `miss_func`: the held-out function is added at the turn the data
+`observation_role: "user"`, ToolEnv's: chat templates show it as a user message, the tool
+results as tool messages). `miss_func`: the held-out function is added at the turn the data
 says, its spec in that turn's user message (as BFCL's prompting mode writes it); it is callable
 before, undescribed, as BFCL's executor runs any method of the task's classes (miss_func_49's
 ground truth calls `tail` a turn before the data adds it). JSON calls by default; the brackets
@@ -604,7 +604,6 @@ class BFCLEnv(ToolEnv):
             passed = not conversation.failed
             verdict = "CORRECT" if passed else f"INCORRECT (failed turns: {conversation.failed})"
             return UserTurn(verdict, Grade(1.0 if passed else 0.0), rewards, info)
-        info["observation_role"] = "user"
         return UserTurn(self._next_message(conversation), None, rewards, info)
 
     def _check_turn(self, conversation: Conversation) -> tuple[dict[str, float], dict[str, Any]]:

@@ -16,6 +16,13 @@ step info:
     tool_results    [str]: when the action made tool calls, each handled call's result text, in
                     order (what the observation shows per call), for a chat template that renders
                     one tool message per result.
+    observation_role  "user" or "tool": the chat role of this step's observation, over the run's
+                    `rollout.observation_role` (which covers every reply that names none). An env
+                    whose user speaks again mid-episode says "user" (ToolEnv's `user_turn`, BFCL's
+                    next request); tool messages per `tool_results` stay `tool` messages. Any
+                    other value ends the episode as an env error. Recorded, so replay and the chat
+                    export render the step in the same role (`reply_role`,
+                    rollouts/episode/rendering.py).
 
     credit_state    str (or any JSON scalar): a summary of where the episode stands after this
                     step, determined by the history so far, e.g. Zorplex's chain links followed
@@ -99,6 +106,7 @@ class StepInfo(TypedDict, total=False):
     end_reason: str
     failure_mode: str
     metric_group: str
+    observation_role: str
 
 
 SYSTEM_PROMPT = "system_prompt"
@@ -107,6 +115,8 @@ CREDIT_STATE = "credit_state"
 TOOLS = "tools"
 INSTRUCTIONS = "instructions"
 TOOL_RESULTS = "tool_results"
+OBSERVATION_ROLE = "observation_role"
+OBSERVATION_ROLES = ("user", "tool")
 REWARD_COMPONENTS = "reward_components"
 METRICS = "metrics"
 END_REASON = "end_reason"
@@ -128,6 +138,8 @@ __all__ = [
     "METRICS",
     "METRIC_GROUP",
     "NOTE",
+    "OBSERVATION_ROLE",
+    "OBSERVATION_ROLES",
     "REPLACED_CHARS",
     "REWARD_COMPONENTS",
     "SUCCESS_METRIC",

@@ -57,9 +57,11 @@ are simply not settled. Not meant for infrastructure failures: those episodes ar
 Conversations (the `user_turn(kind, action)` hook, default None): an env whose user speaks
 several times (envs/adapters/bfcl.py) returns a `UserTurn` for an action without a call: the
 policy ended its turn, the env's reply is the user's next message (its named rewards land at
-that step; no error, the error streak broken), or, with a grade, the graded end of the
-conversation. Tools that depend on the task: `set_tools(tools, instructions)` from `new_task()`
-rebuilds the tools and the system prompt (without instructions, only the tools).
+that step; no error, the error streak broken; its step info says `observation_role: "user"`,
+envs/core/info.py, so a chat template renders it as a user message even where tool results are
+tool messages), or, with a grade, the graded end of the conversation. Tools that depend on the
+task: `set_tools(tools, instructions)` from `new_task()` rebuilds the tools and the system prompt
+(without instructions, only the tools).
 
 Metrics (info `metrics`, every step; the generic contract is envs/core/info.py): `accuracy` (the
 grade's score once an answer is graded), `tag_rate` (1.0 once the graded answer came in the
@@ -96,7 +98,7 @@ from ..tools.call_formats import (
 from ..tools.typed import Call, Tool, ToolCallError, as_tool, marked_methods, result_text
 from . import prompts
 from .grading import Grade, Unreadable, answer_text, default_grader, is_reader, to_grade
-from .info import CREDIT_STATE, NOTE
+from .info import CREDIT_STATE, NOTE, OBSERVATION_ROLE
 from .ledger import RewardLedger
 from .limits import Ending, limit_reached
 from .task import Example, Task
@@ -624,7 +626,8 @@ class ToolEnv(TextEnv):
         )
         observation = prompts.with_stop(spoken.message, ending.stop if ending is not None else None)
         info = {**self._info([]), **spoken.info}
-        if ending is None:
+        if ending is None:  # the user's next message: a user message, whatever the run's observation role
+            info = {OBSERVATION_ROLE: "user", **info}
             return self._clip(observation), self._ledger.take_step(), False, False, info
         return self._ended(self._clip(observation), ending, _Turn(), info)
 

@@ -5,8 +5,11 @@ renderer that writes tools itself (`renders_tools`: a model's chat template,
 agents/chat_template.py) gets the env's tool specs (reset info `tools`) with its `instructions`
 as the system message (both kept in `Trajectory.reset_info`, so replay renders the same prompt),
 and one `tool` message per `info["tool_results"]` entry (else the observation; `env_replies`).
-The info keys are envs/core/info.py's. What a renderer cannot encode is the env's fault
-(`rendered`: EnvOutputError), as is a malformed `tools` or `tool_results`.
+A step whose info names its own `observation_role` (the env speaking as the user mid-episode)
+gets that role instead of the run's (`reply_role`: the one place that decides, for the runner,
+replay and the chat export alike). The info keys are envs/core/info.py's. What a renderer cannot
+encode is the env's fault (`rendered`: EnvOutputError), as is a malformed `tools`,
+`tool_results` or `observation_role`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from ...agents.chat import Renderer
 from ...agents.types import Message, Role
-from ...envs.core.info import INSTRUCTIONS, TOOL_RESULTS, TOOLS
+from ...envs.core.info import INSTRUCTIONS, OBSERVATION_ROLE, OBSERVATION_ROLES, TOOL_RESULTS, TOOLS
 from ..env_io import EnvOutputError
 from .context import ContextPolicyError
 from .loop import describe
@@ -46,10 +49,23 @@ def _system_and_tools(
     return instructions, tools
 
 
+def reply_role(info: dict[str, Any], role: Role) -> Role:
+    """The chat role of a step's observation: the step info's `observation_role` where the env
+    names one, else `role` (rollout.observation_role). A value other than "user" or "tool" is
+    the env's fault (EnvOutputError)."""
+    named = info.get(OBSERVATION_ROLE)
+    if named is None:
+        return role
+    if named not in OBSERVATION_ROLES:
+        raise EnvOutputError(f"info['observation_role'] must be 'user' or 'tool', got {named!r:.80}")
+    return named
+
+
 def env_replies(renderer: Renderer, observation: str, info: dict[str, Any], role: Role) -> list[Message]:
     """The env's reply to an action as messages: one `tool` message per `info["tool_results"]`
-    entry for a renderer that renders tools itself, else the observation in `role`
-    (rollout.observation_role)."""
+    entry for a renderer that renders tools itself, else the observation in the step's role
+    (`reply_role`: the info's `observation_role`, else `role`, rollout.observation_role)."""
+    role = reply_role(info, role)
     results = info.get(TOOL_RESULTS) if renderer.renders_tools else None
     if not results:
         return [Message(role, observation)]

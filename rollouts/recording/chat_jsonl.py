@@ -10,7 +10,9 @@ Export (`export_chat_jsonl`): one line per episode,
   assistant message with `tool_calls` (content: the text outside the blocks, or null) followed by
   one `tool` message per result, linked by `tool_call_id`. Any other reply (bracket calls, an
   error, no call) is one message of `observation_role` ("user" by default: the OpenAI format
-  allows `tool` messages only after `tool_calls`).
+  allows `tool` messages only after `tool_calls`), or of the role the step's recorded info names
+  (`observation_role`, envs/core/info.py: the user speaking mid-episode), as the runner rendered
+  it (`reply_role`).
 - tools: the env's tool specs from its reset info (`tools`), got by making the recorded env and
   resetting it with the task seed; with them the system message is the env's `instructions` (its
   prompt without its own tools block), as a chat template that writes the tools block expects. An
@@ -43,18 +45,19 @@ import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import gymnasium
 import msgspec
 
 from ...agents.chat import Renderer
-from ...agents.types import Completion, Message
+from ...agents.types import Completion, Message, Role
 from ...envs.core.info import FAILURE_MODE, INSTRUCTIONS, TOOL_RESULTS, TOOLS
 from ...envs.registry import EnvModuleNotAllowed, check_env_id
 from ...envs.tools.call_formats import CALLS, get_format
 from ..endpoint.openai_api import message_text
 from ..env_io import reset_env
+from ..episode.rendering import reply_role
 from ..types import SEQUENCE_START, StopReason, Trajectory, Transition
 from .format import RecordingHeader, RecordingReader
 
@@ -165,7 +168,8 @@ def chat_record(
             continue
         messages.append({"role": "assistant", "content": text})
         if seen:
-            messages.append({"role": observation_role, "content": t.transitions[k + 1].observation})
+            role = reply_role(tr.info, cast(Role, observation_role))
+            messages.append({"role": role, "content": t.transitions[k + 1].observation})
     record: dict[str, Any] = {"messages": messages}
     if tools:
         record["tools"] = tools

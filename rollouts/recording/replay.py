@@ -306,7 +306,8 @@ def verify_tokens(trajectory: Trajectory, renderer: Renderer) -> list[str]:
     instructions) and the first observation; then after each action its recorded tokens, verbatim, and the
     env's reply (a tool message per recorded `tool_results` entry where the renderer writes
     tools, else the observation), in one chat role for the whole episode ("tool" or "user":
-    rollout.observation_role, which the recording does not keep). Every turn's observation
+    rollout.observation_role, which the recording does not keep) but where the step's recorded
+    info names its own (`observation_role`: `env_replies`' `reply_role`). Every turn's observation
     tokens must be that rendering's, and a turn marked `sequence_start` exactly where the
     rendering restarts (a chat template that is not append-only there, or the recorded context
     policy, `Trajectory.context_policy`, applied again through the runner's `EpisodeContext`,

@@ -1,6 +1,6 @@
 """Shared helpers of the native families' parity tests against transformers
-(tests/agents/model/test_model_families.py, test_model_olmo.py): load transformers' model as
-ours, a right-padded ragged batch, transformers' greedy continuation."""
+(tests/agents/model/test_model_families.py, OLMo's cases included, and test_model_yarn.py): load
+transformers' model as ours, a right-padded ragged batch, transformers' greedy continuation."""
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
-"""The non-Qwen native families (Llama 3.x, Mistral, SmolLM3, Gemma 3 text) against transformers,
-built from its own config classes with random weights at tiny shapes (no download): logits on a
-ragged batch within 1e-4 in float32, TorchEngine's greedy generation token-identical to
-transformers' greedy, checkpoint directories both ways, one training step's loss and gradient
-norm, with sliding windows (Mistral's on every layer, Gemma 3's per layer) far shorter than the
-sequences; and what is refused (vLLM's kernels for a windowed model, packed layers without RoPE or
-for Gemma's blocks, an unknown model_type)."""
+"""The non-Qwen native families (Llama 3.x, Mistral, SmolLM3, Gemma 3 text, OLMo 3, OLMo 2)
+against transformers, built from its own config classes with random weights at tiny shapes (no
+download): logits on a ragged batch within 1e-4 in float32, TorchEngine's greedy generation
+token-identical to transformers' greedy over 64 tokens, checkpoint directories both ways, one
+training step's loss and gradient norm, the Trainer's SFT step, a PEFT adapter of ours loaded by
+`peft` onto transformers' model, with sliding windows (Mistral's on every layer, Gemma 3's and
+OLMo 3's per layer) far shorter than the sequences; and what is refused (vLLM's kernels for a
+windowed model, packed layers without RoPE or for Gemma's blocks, an unknown model_type). OLMo's
+config.json forms and backend refusals are tests/agents/model/test_model_olmo.py's."""
 
 from __future__ import annotations
 
@@ -34,6 +36,16 @@ SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_attention
              head_dim=32, max_position_embeddings=256, rms_norm_eps=1e-5)  # fmt: skip
 LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500_000.0, factor=8.0, low_freq_factor=1.0,
                    high_freq_factor=4.0, original_max_position_embeddings=64)  # fmt: skip
+OLMO_SHAPE = SHAPE | dict(pad_token_id=None, eos_token_id=2)  # OLMo's configs: no pad token
+WINDOW = 5  # OLMo 3's sliding window
+
+
+def per_type_rope(theta: float) -> dict:
+    """OLMo 3's rope_parameters: the same default RoPE on both layer types."""
+    return {
+        kind: {"rope_type": "default", "rope_theta": theta}
+        for kind in ("full_attention", "sliding_attention")
+    }
 
 
 def hf_config(case: str):
@@ -64,6 +76,18 @@ def hf_config(case: str):
         return transformers.SmolLM3Config(**SHAPE, num_hidden_layers=4, tie_word_embeddings=True,
                                           bos_token_id=1, eos_token_id=2, pad_token_id=None,
                                           rope_parameters={"rope_type": "default", "rope_theta": 2e6})  # fmt: skip
+    if case == "olmo3":  # window-5 layers around a full one, untied, RoPE base 1e4 on both types
+        return transformers.Olmo3Config(
+            **OLMO_SHAPE, num_hidden_layers=4, sliding_window=WINDOW, rope_parameters=per_type_rope(1e4),
+            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+        )  # fmt: skip
+    if case == "olmo3-bias-tied":  # q/k/v/o biases, tied embeddings, the default layer types
+        return transformers.Olmo3Config(**OLMO_SHAPE, num_hidden_layers=4, sliding_window=WINDOW,
+                                        attention_bias=True, tie_word_embeddings=True,
+                                        rope_parameters=per_type_rope(2e5))  # fmt: skip
+    if case == "olmo2":
+        return transformers.Olmo2Config(**OLMO_SHAPE, num_hidden_layers=2, attention_bias=True,
+                                        rope_parameters={"rope_type": "default", "rope_theta": 1e4})  # fmt: skip
     raise KeyError(case)
 
 
@@ -75,9 +99,27 @@ CASES = [
     "mistral-window",
     "smollm3",
     "gemma3",
+    "olmo3",
+    "olmo3-bias-tied",
+    "olmo2",
 ]
-# The models whose sliding windows the test sequences pass.
-WINDOWED = ["mistral-window", "gemma3"]
+# The models whose sliding windows the test sequences pass, and their windows layer by layer (None:
+# a full-attention layer).
+LAYER_WINDOWS = {
+    "mistral-window": [6, 6],
+    "gemma3": [5, None, 5, 5],
+    "olmo3": [WINDOW, WINDOW, None, WINDOW],
+    "olmo3-bias-tied": [WINDOW, WINDOW, WINDOW, None],  # Olmo3Config's default: every fourth layer full
+}
+WINDOWED = list(LAYER_WINDOWS)
+# OLMo's blocks: norms after attention and after the MLP (none before), q/k norms over the whole
+# projection; the model's own layers, never fused ones.
+OLMO = ["olmo3", "olmo3-bias-tied", "olmo2"]
+# The models a training step and the Trainer's SFT step are checked on.
+TRAINED = ["llama3-tied", "mistral", "smollm3", "olmo2", *WINDOWED]
+# The spread of the random norm weights around their center: OLMo's cases keep the 0.15 of every
+# other weight (their parity was established with it).
+NORM_SPREAD = {"olmo3": 0.15, "olmo3-bias-tied": 0.15, "olmo2": 0.15}
 
 
 def hf_model(case: str, seed: int = 0):
@@ -89,7 +131,7 @@ def hf_model(case: str, seed: int = 0):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):  # Gemma's norms scale by 1 + weight
                 center = 0.0 if case == "gemma3" else 1.0
-                p.copy_(center + 0.3 * torch.randn(p.shape, generator=g))
+                p.copy_(center + NORM_SPREAD.get(case, 0.3) * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(0.15 * torch.randn(p.shape, generator=g))
     return model
@@ -99,17 +141,32 @@ def hf_model(case: str, seed: int = 0):
 def test_logits_match_transformers_on_a_ragged_batch(tmp_path, case: str) -> None:
     hf = hf_model(case)
     ours = ours_from(hf, tmp_path)
-    assert ours.config.model_type == hf.config.model_type
-    tokens, mask = ragged_batch(ours.config.vocab_size)
+    config = ours.config
+    assert config.model_type == hf.config.model_type
+    if case in OLMO:  # no norm before attention; q_norm over all heads' queries at once
+        assert "input_layernorm" not in dict(ours.named_modules())["model.layers.0"]._modules
+        assert ours.model.layers[0].self_attn.q_norm.weight.shape == (4 * 32,)
+    tokens, mask = ragged_batch(config.vocab_size)
     with torch.no_grad():
         theirs = hf(tokens, attention_mask=mask).logits
         mine = ours(tokens)  # causal: right padding is harmless
     valid = mask.bool()
     assert mine[valid].abs().max() > 1.0
     assert (mine[valid] - theirs[valid]).abs().max().item() <= 1e-4
+    if config.windowed:  # the window binds: attending over everything gives other logits past it
+        window = config.sliding_window
+        assert window is not None
+        full = Transformer(msgspec.structs.replace(config, sliding_window=1000)).eval()
+        full.load_state_dict(ours.state_dict())
+        with torch.no_grad():
+            unwindowed = full(tokens)
+        assert torch.allclose(mine[:, :window], unwindowed[:, :window], atol=1e-6, rtol=0)
+        assert (mine[0, window:] - unwindowed[0, window:]).abs().amax(-1).min() > 1e-3
 
 
-@pytest.mark.parametrize("case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3", *WINDOWED])
+@pytest.mark.parametrize(
+    "case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3", "olmo2", *WINDOWED]
+)
 def test_engine_greedy_matches_transformers_greedy(tmp_path, case: str) -> None:
     """Prompts longer than the windowed models' windows (a prefill's band), then 64 decode steps
     past them."""
@@ -117,12 +174,16 @@ def test_engine_greedy_matches_transformers_greedy(tmp_path, case: str) -> None:
     ours = ours_from(hf, tmp_path)
     prompts = [[3, 17, 90, 4, 55], [101, 7, 7, 64, 2, 33, 12, 80, 9, 5, 44, 6, 1]]
     engine = TorchEngine(ours, max_batch_size=2, max_seq_len=96, device="cpu", dtype=torch.float32)
+    if case in OLMO:  # its own blocks (linears packed where oneDNN is), never fused layers
+        assert engine.backend.own_layers and not engine.backend.fused
     completions = engine.generate_sync(prompts, SamplingParams(max_tokens=64, temperature=0.0))
     for prompt, completion in zip(prompts, completions, strict=True):
         assert list(completion.tokens) == hf_greedy(hf, prompt, 64)
 
 
-@pytest.mark.parametrize("case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3", *WINDOWED])
+@pytest.mark.parametrize(
+    "case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3", "olmo2", *WINDOWED]
+)
 def test_save_load_round_trip_and_transformers_reads_ours(tmp_path, case: str) -> None:
     hf = hf_model(case, seed=2)
     ours = ours_from(hf, tmp_path)
@@ -136,17 +197,26 @@ def test_save_load_round_trip_and_transformers_reads_ours(tmp_path, case: str) -
     if ours.config.tie_word_embeddings:
         assert back.lm_head.weight is back.model.embed_tokens.weight
     written = json.loads((tmp_path / "ours" / "config.json").read_text())
-    assert written["architectures"] == [FAMILIES[ours.config.model_type].architecture]
+    assert written["architectures"] == [FAMILIES[ours.config.model_type].architecture] == [type(hf).__name__]
     reread = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "ours", dtype=torch.float32).eval()
     assert type(reread) is type(hf)
+    for field in (
+        "layer_types",
+        "sliding_window",
+        "rope_parameters",
+        "attention_bias",
+        "tie_word_embeddings",
+    ):
+        assert getattr(reread.config, field, None) == getattr(hf.config, field, None), field
     tokens, _ = ragged_batch(ours.config.vocab_size, (23,))
     with torch.no_grad():
         assert (reread(tokens).logits - hf(tokens).logits).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("case", ["llama3-tied", "mistral", "smollm3", *WINDOWED])
+@pytest.mark.parametrize("case", TRAINED)
 def test_training_step_loss_and_grad_norm_match_transformers(tmp_path, case: str) -> None:
-    """The same masked token-mean NLL on the same ragged batch: loss and global gradient norm."""
+    """The same masked token-mean NLL on the same ragged batch: loss, global gradient norm and
+    every parameter's gradient."""
     hf = hf_model(case, seed=3)
     ours = ours_from(hf, tmp_path)
     hf.train()
@@ -171,7 +241,7 @@ def test_training_step_loss_and_grad_norm_match_transformers(tmp_path, case: str
         assert torch.allclose(p.grad, grads_hf[name].grad, atol=1e-4, rtol=1e-3), name
 
 
-@pytest.mark.parametrize("case", ["llama3-tied", "mistral", "smollm3", *WINDOWED])
+@pytest.mark.parametrize("case", TRAINED)
 def test_trainer_sft_step_matches_transformers(tmp_path, case: str) -> None:
     """The Trainer's SFT step (masked token-mean cross-entropy) on a family's model: its loss and
     gradient norm (before clipping) are transformers' on the same batch."""
@@ -221,11 +291,9 @@ def test_the_window_binds_and_is_transformers_band(tmp_path, case: str) -> None:
     hf = hf_model(case)
     ours = ours_from(hf, tmp_path)
     config = ours.config
-    windows = [config.layer_window(i) for i in range(config.num_hidden_layers)]
+    assert [config.layer_window(i) for i in range(config.num_hidden_layers)] == LAYER_WINDOWS[case]
     if case == "gemma3":
-        assert windows == [5, None, 5, 5] and config.rope_local_base_freq == 1e4
-    else:
-        assert windows == [6, 6]
+        assert config.rope_local_base_freq == 1e4
     full = Transformer(msgspec.structs.replace(config, sliding_window=1000)).eval()  # a window never reached
     full.load_state_dict(ours.state_dict())
     tokens, _ = ragged_batch(config.vocab_size, (30,))
@@ -380,10 +448,13 @@ def test_gemma3_config_json_forms_and_refusals() -> None:
         ModelConfig.from_hf_dict(linear.to_dict())
 
 
-@pytest.mark.parametrize("case", ["llama3-tied", "llama-untied-bias", "mistral-window", "smollm3"])
+@pytest.mark.parametrize(
+    "case", ["llama3-tied", "llama-untied-bias", "mistral-window", "smollm3", "olmo3", "olmo2"]
+)
 def test_peft_loads_our_adapter_onto_transformers(tmp_path, case: str) -> None:
     """An adapter trained here (every target), saved in PEFT's layout, gives our logits on
-    transformers' model of the family (the window and the layers without RoPE included)."""
+    transformers' model of the family (the window, the layers without RoPE and OLMo's q/k
+    projections under their whole-projection norms included)."""
     pytest.importorskip("peft")
     base_logits, mine, theirs = peft_logits(hf_model(case, seed=6), tmp_path)
     assert (mine - base_logits).abs().max() > 1e-3  # the adapters matter

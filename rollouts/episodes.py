@@ -38,6 +38,9 @@ TRUNCATE_TURNS keeps those of the turns it keeps; observation tokens get 0 eithe
 `turn_spans` says where each turn's sampled tokens landed (which Episode, which token span).
 A third form is per token (on-policy distillation's teacher log-ratio, rollouts/scoring/distill.py):
 per turn, a list with one number per sampled token of that turn, put on exactly those tokens.
+Its teacher's top-k (distill.top_k > 0: `info[TEACHER_TOPK_IDS]`, `info[TEACHER_TOPK_LOGPROBS]`,
+rollouts/types.py) go onto the Episode's sampled tokens alike, where every kept turn of the
+sequence has them (`Episode.teacher_topk_ids`, `teacher_topk_logprobs`).
 """
 
 from __future__ import annotations
@@ -47,7 +50,15 @@ from collections.abc import Sequence
 
 import msgspec
 
-from .types import SEQUENCE_START, Episode, StopReason, Trajectory, Transition
+from .types import (
+    SEQUENCE_START,
+    TEACHER_TOPK_IDS,
+    TEACHER_TOPK_LOGPROBS,
+    Episode,
+    StopReason,
+    Trajectory,
+    Transition,
+)
 
 # Episodes that ended because the infrastructure failed (an env or tool raised, a generation error
 # or the wall clock): their outcome says nothing about the policy, so they are not trained on.
@@ -130,7 +141,18 @@ def trajectory_to_episodes(
     for part in sequences(trajectory):
         advantages = per_turn[start : start + len(part)]
         versions = _versions(part)
-        built.append(_episode(trajectory, _segments(part), advantages, max_seq_len, rule, stats, versions))
+        built.append(
+            _episode(
+                trajectory,
+                _segments(part),
+                advantages,
+                max_seq_len,
+                rule,
+                stats,
+                versions,
+                _teacher_top(part),
+            )
+        )
         start += len(part)
     return [episode for episode in built if episode is not None]
 
@@ -149,7 +171,7 @@ def trajectory_to_episode(
     stats = stats if stats is not None else EpisodeStats()
     return _episode(
         trajectory, turn_segments(trajectory), per_turn_advantages(advantage, len(trajectory.transitions)),
-        max_seq_len, rule, stats, _versions(trajectory.transitions),
+        max_seq_len, rule, stats, _versions(trajectory.transitions), _teacher_top(trajectory.transitions),
     )  # fmt: skip
 
 
@@ -157,6 +179,19 @@ def _versions(transitions: Sequence[Transition]) -> list[list[int]]:
     """Per turn, per sampled token, the policy version that sampled it (several versions in one
     turn where weights were loaded in flight: Completion.token_versions)."""
     return [t.action.token_versions or [t.action.policy_version] * len(t.action.tokens) for t in transitions]
+
+
+def _teacher_top(transitions: Sequence[Transition]) -> list[tuple[list, list]] | None:
+    """Per turn, the teacher's top-k (ids, logprobs) of its sampled tokens; None unless every turn
+    has them, one entry per sampled token."""
+    out = []
+    for t in transitions:
+        ids, lps = t.info.get(TEACHER_TOPK_IDS), t.info.get(TEACHER_TOPK_LOGPROBS)
+        n = len(t.action.tokens)
+        if not (isinstance(ids, list) and isinstance(lps, list) and len(ids) == len(lps) == n):
+            return None
+        out.append((ids, lps))
+    return out
 
 
 def _kept_turns(lengths: Sequence[int], max_seq_len: int | None, rule: OverlongEpisodeRule) -> int:
@@ -207,6 +242,7 @@ def _episode(
     rule: OverlongEpisodeRule,
     stats: EpisodeStats,
     versions: list[list[int]],
+    teacher_top: list[tuple[list, list]] | None = None,
 ) -> Episode | None:
     lengths = [len(o) + len(a) for o, a, _ in segments]
     total = sum(lengths)
@@ -226,11 +262,19 @@ def _episode(
     logprobs: list[float] = []
     advantages: list[float] = []
     token_versions: list[int] = []
-    for (obs, act, lps), action_versions, advantage in zip(
-        segments[:keep], versions[:keep], turn_advantages[:keep], strict=True
+    top_ids: list[list[int]] = []
+    top_logprobs: list[list[float]] = []
+    for turn, ((obs, act, lps), action_versions, advantage) in enumerate(
+        zip(segments[:keep], versions[:keep], turn_advantages[:keep], strict=True)
     ):
+        if teacher_top is not None:
+            ids, values = teacher_top[turn]
+            top_ids += [[] for _ in obs] + [[int(j) for j in row] for row in ids]
+            top_logprobs += [[] for _ in obs] + [[float(x) for x in row] for row in values]
         # An observation carries the version of the action after it.
-        token_versions += [action_versions[0] if action_versions else trajectory.policy_version] * len(obs) + action_versions
+        token_versions += [action_versions[0] if action_versions else trajectory.policy_version] * len(
+            obs
+        ) + action_versions
         tokens += obs
         loss_mask += [0] * len(obs)
         logprobs += [0.0] * len(obs)
@@ -240,7 +284,9 @@ def _episode(
         logprobs += [float(x) for x in lps]
         if isinstance(advantage, list):  # per token
             if len(advantage) != len(act):
-                raise ValueError(f"{len(advantage)} per-token advantages for a turn of {len(act)} sampled tokens")
+                raise ValueError(
+                    f"{len(advantage)} per-token advantages for a turn of {len(act)} sampled tokens"
+                )
             advantages += advantage
         else:
             advantages += [advantage] * len(act)
@@ -255,6 +301,8 @@ def _episode(
         reward=trajectory.total_reward,
         task_seed=trajectory.task_seed,
         token_versions=token_versions,
+        teacher_topk_ids=top_ids,
+        teacher_topk_logprobs=top_logprobs,
     )
 
 

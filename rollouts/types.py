@@ -72,7 +72,9 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         if self.episode_timeout_s is not None and self.episode_timeout_s <= 0:
             raise ValueError(f"{name_of}.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
         if self.max_concurrent_episodes is not None and self.max_concurrent_episodes < 1:
-            raise ValueError(f"{name_of}.max_concurrent_episodes must be >= 1, got {self.max_concurrent_episodes}")
+            raise ValueError(
+                f"{name_of}.max_concurrent_episodes must be >= 1, got {self.max_concurrent_episodes}"
+            )
 
 
 class StopReason(enum.StrEnum):
@@ -95,6 +97,11 @@ SEQUENCE_START = "sequence_start"
 # The runner's key beside SEQUENCE_START where the restart is a context policy's rewrite
 # (rollouts/context.py) rather than the chat template's.
 CONTEXT_REWRITE = "context_rewrite"
+# On-policy distillation's keys in a Transition's info with distill.top_k > 0 (the teacher's,
+# rollouts/scoring/teacher.py): per sampled token of the action, the teacher's top-k token ids and
+# their logprobs, best first; the Episode builder carries them onto the Episode.
+TEACHER_TOPK_IDS = "teacher_topk_ids"
+TEACHER_TOPK_LOGPROBS = "teacher_topk_logprobs"
 
 
 class Transition(msgspec.Struct):
@@ -151,6 +158,10 @@ class Episode(msgspec.Struct):
     A policy that takes new weights between requests gives an episode's turns their own
     versions, and one that takes them in flight (the torch engine's "in_flight" weight updates)
     a turn's tokens theirs; the trainer's staleness of a token is its step minus the version.
+    teacher_topk_ids, teacher_topk_logprobs: on-policy distillation's top-k (distill.top_k > 0):
+    per token, the teacher's k most likely token ids there and their logprobs, best first, on
+    sampled tokens ([] on the others); [] when the teacher gave none. The trainer's top-k forward
+    KL reads them (trainers/losses/terms.py `TopKForwardKL`).
     """
 
     tokens: list[int]
@@ -162,9 +173,18 @@ class Episode(msgspec.Struct):
     reward: float = 0.0
     task_seed: int = 0
     token_versions: list[int] = msgspec.field(default_factory=list)
+    teacher_topk_ids: list[list[int]] = msgspec.field(default_factory=list)
+    teacher_topk_logprobs: list[list[float]] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
+        if (self.teacher_topk_ids or self.teacher_topk_logprobs) and not (
+            len(self.teacher_topk_ids) == len(self.teacher_topk_logprobs) == n
+        ):
+            raise ValueError(
+                f"Episode has {n} tokens but teacher top-k for {len(self.teacher_topk_ids)} "
+                f"(ids) and {len(self.teacher_topk_logprobs)} (logprobs)"
+            )
         if self.token_versions and len(self.token_versions) != n:
             raise ValueError(f"Episode has {n} tokens but {len(self.token_versions)} token_versions")
         if not (len(self.loss_mask) == len(self.sampler_logprobs) == len(self.advantages) == n):

@@ -21,6 +21,7 @@ per-episode tensors (targets, masks, ...) always have one row per episode.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,10 @@ class MicroBatch:
     positions: Tensor | None = None  # long [prefix_rows + B, T] when a prefix is shared
     prefix_rows: int = 0
     prefix_len: int = 0
+    # On-policy distillation's top-k (Episode.teacher_topk_*), when an episode has them: long and
+    # float32 [B, T, K], K the most any token has; a position without them has ids 0, logprobs -inf.
+    teacher_topk_ids: Tensor | None = None
+    teacher_topk_logprobs: Tensor | None = None
 
     @property
     def num_padded_tokens(self) -> int:
@@ -85,6 +90,14 @@ def validate_episode(episode: Episode, index: int, vocab_size: int | None = None
         raise ValueError(f"episode {index}: needs at least 2 tokens to predict one, has {n}")
     if episode.token_versions and len(episode.token_versions) != n:
         raise ValueError(f"episode {index}: {len(episode.token_versions)} token_versions for {n} tokens")
+    if (episode.teacher_topk_ids or episode.teacher_topk_logprobs) and not (
+        len(episode.teacher_topk_ids) == len(episode.teacher_topk_logprobs) == n
+        and all(
+            len(a) == len(b)
+            for a, b in zip(episode.teacher_topk_ids, episode.teacher_topk_logprobs, strict=True)
+        )
+    ):
+        raise ValueError(f"episode {index}: teacher top-k ids and logprobs disagree with its {n} tokens")
     if vocab_size is not None:
         bad = [t for t in episode.tokens if not 0 <= t < vocab_size]
         if bad:
@@ -137,6 +150,24 @@ def collate(
         sampler_logprobs[row, :n] = torch.tensor(
             episode.sampler_logprobs[prefix_len + 1 :], dtype=torch.float32
         )
+    top_k = max((len(row) for i in indices for row in episodes[i].teacher_topk_ids), default=0)
+    topk_ids = topk_logprobs = None
+    if top_k:
+        topk_ids = torch.zeros((rows, width, top_k), dtype=torch.long)
+        topk_logprobs = torch.full((rows, width, top_k), -math.inf, dtype=torch.float32)
+        for row, i in enumerate(indices):
+            episode = episodes[i]
+            if not episode.teacher_topk_ids:
+                continue
+            shifted = zip(
+                episode.teacher_topk_ids[prefix_len + 1 :],
+                episode.teacher_topk_logprobs[prefix_len + 1 :],
+                strict=True,
+            )
+            for t, (ids, values) in enumerate(shifted):
+                if ids:
+                    topk_ids[row, t, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+                    topk_logprobs[row, t, : len(values)] = torch.tensor(values, dtype=torch.float32)
     positions = None
     prefix_rows = 0
     if prefix_len:
@@ -162,6 +193,8 @@ def collate(
         positions=positions,
         prefix_rows=prefix_rows,
         prefix_len=prefix_len,
+        teacher_topk_ids=topk_ids,
+        teacher_topk_logprobs=topk_logprobs,
     )
 
 

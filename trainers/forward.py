@@ -47,14 +47,16 @@ def batch_scores(
     temperature: float = 1.0,
     *,
     select: Tensor | None = None,
+    targets: Tensor | None = None,
     with_entropy: bool = False,
     with_argmax: bool = False,
 ) -> TokenScores:
-    """`model`'s TokenScores of mb's targets at the `select`ed positions (bool [B, T]; default
-    the loss mask), 0 elsewhere: the output layer runs on those rows of the final hidden states
-    alone (`head_token_scores`). `model` takes a `head=` (agents/model/transformer.py)."""
+    """`model`'s TokenScores of `targets` (default mb.targets [B, T]; [B, T, C] scores C tokens a
+    position, its logprobs then [B, T, C]) at the `select`ed positions (bool [B, T]; default the
+    loss mask), 0 elsewhere: the output layer runs on those rows of the final hidden states alone
+    (`head_token_scores`). `model` takes a `head=` (agents/model/transformer.py)."""
     select = mb.loss_mask if select is None else select
-    targets = mb.targets[select]
+    targets = (mb.targets if targets is None else targets)[select]
 
     def head(hidden: Tensor, lm_head: nn.Module) -> TokenScores:
         picked = hidden[mb.prefix_rows :][select]
@@ -71,5 +73,8 @@ def batch_scores(
 
 
 def _place(values: Tensor, select: Tensor) -> Tensor:
-    """values [select.sum()] at the True positions of select, 0 elsewhere (differentiable)."""
-    return values.new_zeros(select.shape).masked_scatter(select, values)
+    """values [select.sum(), ...] at the True positions of select [B, T] ([B, T, ...] out), 0
+    elsewhere (differentiable)."""
+    shape = select.shape + values.shape[1:]
+    where = select.reshape(select.shape + (1,) * (values.dim() - 1)).expand(shape)
+    return values.new_zeros(shape).masked_scatter(where, values)

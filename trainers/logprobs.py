@@ -50,20 +50,24 @@ def _chunk_entropy(z: Tensor, lse: Tensor) -> Tensor:
     return lse - (torch.sub(z, lse[:, None]).exp_() * z).sum(-1)
 
 
-def _score_chunk(z: Tensor, targets: Tensor, rows: slice, out: Tensor, log_normaliser: Tensor, entropy: Tensor) -> None:
-    """Write rows' target logit, log-normaliser and (when `entropy` is not empty) entropy from
-    z [rows, V] (float32, already / temperature); targets [rows, 1]."""
+def _score_chunk(
+    z: Tensor, targets: Tensor, rows: slice, out: Tensor, log_normaliser: Tensor, entropy: Tensor
+) -> None:
+    """Write rows' target logits (out [N, C]), log-normaliser and (when `entropy` is not empty)
+    entropy from z [rows, V] (float32, already / temperature); targets [rows, C]."""
     lse = torch.logsumexp(z, dim=-1)
     log_normaliser[rows] = lse
-    out[rows] = z.gather(1, targets).squeeze(1)
+    out[rows] = z.gather(1, targets)
     if entropy.numel():
         entropy[rows] = _chunk_entropy(z, lse)
 
 
 def _chunk_grad(z: Tensor, lse: Tensor, g: Tensor, targets: Tensor, temperature: float) -> Tensor:
-    """d(g * logp[target]) / d logits = g * (onehot(target) - softmax(z)) / temperature, for
-    z = logits / temperature [rows, V], lse [rows], g and targets [rows, 1]."""
-    grad = torch.sub(z, lse[:, None]).exp_().mul_(-g)  # z may view the logits: not in place
+    """d(sum_c g_c * logp[target_c]) / d logits = (sum_c g_c onehot(target_c) - sum_c g_c
+    softmax(z)) / temperature, for z = logits / temperature [rows, V], lse [rows], g and targets
+    [rows, C]."""
+    weight = g if g.shape[1] == 1 else g.sum(1, keepdim=True)
+    grad = torch.sub(z, lse[:, None]).exp_().mul_(-weight)  # z may view the logits: not in place
     grad.scatter_add_(1, targets, g)
     return grad.div_(temperature) if temperature != 1.0 else grad
 
@@ -72,19 +76,21 @@ class _TokenLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, with_entropy: bool):
         vocab = logits.shape[-1]
-        flat, flat_targets = logits.reshape(-1, vocab), targets.reshape(-1, 1).long()
+        flat = logits.reshape(-1, vocab)
+        columns = targets.shape[-1] if targets.dim() == logits.dim() else 1  # C targets a position
+        flat_targets = targets.reshape(flat.shape[0], columns).long()
         dtype = _compute_dtype(logits)
-        out = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
-        log_normaliser = torch.empty_like(out)
+        out = torch.empty(flat_targets.shape, dtype=dtype, device=logits.device)
+        log_normaliser = torch.empty(flat.shape[0], dtype=dtype, device=logits.device)
         # The entropy (a metric, no grad) reuses the chunk's float32 copy and log-normaliser.
-        entropy = torch.empty_like(out) if with_entropy else out.new_empty(0)
+        entropy = torch.empty_like(log_normaliser) if with_entropy else out.new_empty(0)
         for lo, z in _scaled_chunks(flat, temperature, dtype):
             rows = slice(lo, lo + z.shape[0])
             _score_chunk(z, flat_targets[rows], rows, out, log_normaliser, entropy)
-        out -= log_normaliser
+        out -= log_normaliser[:, None]
         ctx.save_for_backward(logits, flat_targets, log_normaliser)
         ctx.temperature = temperature
-        entropy = entropy.view(targets.shape) if with_entropy else entropy
+        entropy = entropy.view(logits.shape[:-1]) if with_entropy else entropy
         ctx.mark_non_differentiable(entropy)
         return out.view(targets.shape), entropy
 
@@ -94,11 +100,13 @@ class _TokenLogprob(torch.autograd.Function):
         temperature = ctx.temperature
         flat = logits.reshape(-1, logits.shape[-1])
         dtype = log_normaliser.dtype
-        grad_flat = grad_out.reshape(-1, 1).to(dtype)
+        grad_flat = grad_out.reshape(flat_targets.shape).to(dtype)
         grad = torch.empty_like(flat)
         for lo, z in _scaled_chunks(flat, temperature, dtype):
             rows = slice(lo, lo + z.shape[0])
-            grad[rows] = _chunk_grad(z, log_normaliser[rows], grad_flat[rows], flat_targets[rows], temperature)
+            grad[rows] = _chunk_grad(
+                z, log_normaliser[rows], grad_flat[rows], flat_targets[rows], temperature
+            )
         return grad.view_as(logits), None, None, None
 
 
@@ -109,7 +117,8 @@ def _token_logprobs(logits: Tensor, targets: Tensor, temperature: float, with_en
 
 
 def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
-    """log softmax(logits / temperature)[target] in float32 (float64 for float64 logits): [..., V], [...] -> [...]."""
+    """log softmax(logits / temperature)[target] in float32 (float64 for float64 logits): [..., V], [...] -> [...];
+    targets [..., C] (C tokens a position) give [..., C]."""
     return _token_logprobs(logits, targets, temperature, False)[0]
 
 
@@ -171,11 +180,12 @@ class _HeadTokenLogprob(torch.autograd.Function):
         rows = hidden.shape[0]
         step = max(1, HEAD_CHUNK_ELEMENTS // weight.shape[0])
         dtype = _compute_dtype(hidden)
-        out = torch.empty(rows, dtype=dtype, device=hidden.device)
-        log_normaliser = torch.empty_like(out)
-        entropy = torch.empty_like(out) if with_entropy else out.new_empty(0)
+        columns = targets.shape[1] if targets.dim() == 2 else 1  # C targets a row
+        flat_targets = targets.reshape(rows, columns).long()
+        out = torch.empty(flat_targets.shape, dtype=dtype, device=hidden.device)
+        log_normaliser = torch.empty(rows, dtype=dtype, device=hidden.device)
+        entropy = torch.empty_like(log_normaliser) if with_entropy else out.new_empty(0)
         argmax = torch.empty(rows if with_argmax else 0, dtype=torch.long, device=hidden.device)
-        flat_targets = targets.reshape(-1, 1).long()
         for lo in range(0, rows, step):
             part = slice(lo, lo + step)
             z = (hidden[part] @ weight.T).to(dtype)
@@ -184,18 +194,18 @@ class _HeadTokenLogprob(torch.autograd.Function):
             if temperature != 1.0:
                 z /= temperature
             _score_chunk(z, flat_targets[part], part, out, log_normaliser, entropy)
-        out -= log_normaliser
+        out -= log_normaliser[:, None]
         ctx.save_for_backward(hidden, weight, flat_targets, log_normaliser)
         ctx.temperature, ctx.step = temperature, step
         ctx.mark_non_differentiable(entropy, argmax)
-        return out, entropy, argmax
+        return out.view(targets.shape), entropy, argmax
 
     @staticmethod
     def backward(ctx, grad_out, _grad_entropy, _grad_argmax):
         hidden, weight, flat_targets, log_normaliser = ctx.saved_tensors
         temperature, step = ctx.temperature, ctx.step
         dtype = log_normaliser.dtype
-        grad_out = grad_out.reshape(-1, 1).to(dtype)
+        grad_out = grad_out.reshape(flat_targets.shape).to(dtype)
         grad_hidden = torch.empty_like(hidden)
         # The weight's gradient sums every chunk's product: in float32 (or float64), cast at the end.
         grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device)
@@ -222,8 +232,8 @@ def head_token_scores(
     with_argmax: bool = False,
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """The output layer and `token_logprobs_and_entropy` in one: hidden [N, H] (the rows to score),
-    head (the model's `lm_head`), targets [N] -> (logprobs [N] with grad, entropy [N] or None,
-    argmax [N] or None), equal to scoring `head(hidden)` up to float rounding. A bias-free
+    head (the model's `lm_head`), targets [N] (or [N, C]: C tokens a row) -> (logprobs [N] (or
+    [N, C]) with grad, entropy [N] or None, argmax [N] or None), equal to scoring `head(hidden)` up to float rounding. A bias-free
     nn.Linear head runs fused (module doc); any other head is called on the rows and scored.
     Under autocast the matmuls run in its dtype, as `head(hidden)` would."""
     if temperature <= 0:

@@ -50,7 +50,7 @@ from .distributed import (
 )
 from .forward import batch_logits, batch_scores
 from .logprobs import TokenScores, entropy_from_logits, logits_token_scores, token_logprobs
-from .losses import LossNormaliser, combine_metrics, finish_metrics, policy_loss
+from .losses import LossNormaliser, TopKForwardKL, combine_metrics, finish_metrics, policy_loss
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +82,16 @@ class Trainer:
         reference_model: nn.Module | None = None,
         device: str | torch.device | None = None,
         sampling: PolicySampling | None = None,
+        forward_kl_weight: float = 0.0,
     ) -> None:
         """`sampling`: how the policy samples (default: temperature 1); logprobs are taken of
         logits / sampling.temperature so the ratio to the sampler's logprobs compares like with
-        like."""
+        like. `forward_kl_weight` (on-policy distillation's, rollouts/scoring/distill.py
+        `DistillConfig.forward_kl`): > 0 adds the top-k forward KL to the teacher
+        (losses/terms.py `TopKForwardKL`) on the episodes that carry the teacher's top-k."""
+        if not (math.isfinite(forward_kl_weight) and forward_kl_weight >= 0):
+            raise ValueError(f"forward_kl_weight must be a finite number >= 0, got {forward_kl_weight}")
+        self.forward_kl_weight = forward_kl_weight
         self.config = config
         self.temperature = (sampling or PolicySampling()).temperature
         if not self.temperature > 0:
@@ -96,7 +102,10 @@ class Trainer:
         self.model_config = getattr(model, "config", None)
         self.vocab_size = getattr(self.model_config, "vocab_size", None)
         self.precision = training_precision(config.precision, self.device)
-        for option, flag in (("activation_checkpointing", "checkpoint_layers"), ("compile", "compile_layers")):
+        for option, flag in (
+            ("activation_checkpointing", "checkpoint_layers"),
+            ("compile", "compile_layers"),
+        ):
             if getattr(config, option):
                 stack = getattr(model, "model", None)
                 if not hasattr(stack, flag):
@@ -158,14 +167,24 @@ class Trainer:
     def policy_loss(self, mb: MicroBatch, norm: LossNormaliser) -> tuple[Tensor, dict[str, Tensor]]:
         """The configured RL loss of one micro-batch (a MicroBatchLoss)."""
         loss_config, temperature = self.config.loss, self.temperature
+        # With the top-k forward KL, the same pass also scores the teacher's top-k tokens.
+        top_ids = mb.teacher_topk_ids if self.forward_kl_weight > 0 else None
+        targets = mb.targets if top_ids is None else torch.cat([mb.targets[..., None], top_ids], dim=-1)
         if loss_config.entropy_coef > 0:  # an entropy bonus trains the entropy: whole logits
             logits = self._logits(mb, self.model)
-            logprobs = token_logprobs(logits, mb.targets, temperature)
+            logprobs = token_logprobs(logits, targets, temperature)
             entropy = entropy_from_logits(logits, temperature)
         else:  # the entropy is a metric only (no grad), from the same pass over the logits
             logprobs, entropy, _ = self._scores(
-                mb, self.model, temperature, with_entropy=self.config.compute_entropy
+                mb, self.model, temperature, targets=targets, with_entropy=self.config.compute_entropy
             )
+        extra_terms = []
+        if self.forward_kl_weight > 0:
+            if top_ids is None or mb.teacher_topk_logprobs is None:  # none in this batch: a 0 term
+                student = teacher = logprobs.new_zeros((*logprobs.shape, 0))
+            else:
+                student, teacher, logprobs = logprobs[..., 1:], mb.teacher_topk_logprobs, logprobs[..., 0]
+            extra_terms.append(TopKForwardKL(self.forward_kl_weight, student, teacher))
         ref_logprobs = None
         if self.reference_model is not None:
             with torch.no_grad():
@@ -180,6 +199,7 @@ class Trainer:
             ref_logprobs=ref_logprobs,
             entropy=entropy,
             staleness=(self.step - mb.versions).clamp(min=0),
+            extra_terms=extra_terms,
         )
 
     def sft_loss(self, mb: MicroBatch, norm: LossNormaliser) -> tuple[Tensor, dict[str, Tensor]]:
@@ -231,19 +251,22 @@ class Trainer:
         temperature: float,
         *,
         select: Tensor | None = None,
+        targets: Tensor | None = None,
         with_entropy: bool = False,
         with_argmax: bool = False,
     ) -> TokenScores:
-        """`model`'s TokenScores of mb at `select` (default: its loss mask; other positions may
-        hold anything): the fused head where it applies (TrainerConfig.fused_head), else the
-        whole logits."""
+        """`model`'s TokenScores of `targets` (default mb.targets; [B, T, C]: C tokens a position)
+        at `select` (default: its loss mask; other positions may hold anything): the fused head
+        where it applies (TrainerConfig.fused_head), else the whole logits."""
         if self._fused_head:
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self._autocast):
                 return batch_scores(
-                    model, mb, temperature, select=select, with_entropy=with_entropy, with_argmax=with_argmax
-                )
+                    model, mb, temperature, select=select, targets=targets, with_entropy=with_entropy,
+                    with_argmax=with_argmax,
+                )  # fmt: skip
         logits = self._logits(mb, model)
-        return TokenScores(*logits_token_scores(logits, mb.targets, temperature, with_entropy, with_argmax))
+        targets = mb.targets if targets is None else targets
+        return TokenScores(*logits_token_scores(logits, targets, temperature, with_entropy, with_argmax))
 
     @property
     def lr(self) -> float:

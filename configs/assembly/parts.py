@@ -358,7 +358,12 @@ def build_trainer(
     device: torch.device,
     reference: Transformer | None = None,
     sampling: PolicySampling | None = None,
+    forward_kl_weight: float = 0.0,
 ) -> Trainer:
     """The trainer; `sampling` is the policy's (the config's policy section), so that the
-    trainer scores tokens at the temperature the sampler drew them."""
-    return Trainer(model, trainer_config, reference_model=reference, device=device, sampling=sampling)
+    trainer scores tokens at the temperature the sampler drew them; `forward_kl_weight` the
+    distill section's (`DistillConfig.forward_kl`)."""
+    return Trainer(
+        model, trainer_config, reference_model=reference, device=device, sampling=sampling,
+        forward_kl_weight=forward_kl_weight,
+    )  # fmt: skip

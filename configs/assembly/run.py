@@ -106,8 +106,6 @@ def open_run(
     return run, point
 
 
-
-
 def _prepare_run_dir(config: Config, resume: str | Path | None, is_main: bool) -> RunDir:
     """A new run directory (rank 0 makes it; every rank gets its path), or the one to resume."""
     if resume is not None:
@@ -122,8 +120,6 @@ def _prepare_run_dir(config: Config, resume: str | Path | None, is_main: bool) -
     if error is not None:
         raise error
     return RunDir(path, config.checkpoint.directory)
-
-
 
 
 @dataclasses.dataclass
@@ -157,7 +153,9 @@ def build_rl(
     trainer (restored from the checkpoint), the task stream, and the loop over them."""
     base_dir = rl_base_dir(config, plan, run)
     base_dir = base_dir if base_dir != run.initial_model else None
-    model = load_model(base_dir, config.policy.implementation) if base_dir is not None else initial_model(config)
+    model = (
+        load_model(base_dir, config.policy.implementation) if base_dir is not None else initial_model(config)
+    )
     hf_dir = base_dir
     # vLLM loads its model from disk; LoRA adapters are exported over a base that must be on disk.
     if (config.policy.backend == "vllm" or config.policy.lora.enabled) and hf_dir is None:
@@ -184,7 +182,10 @@ def build_rl(
             f"generator: {where}"
         )
     reference = copy.deepcopy(model) if config.trainer.loss.kl_coef > 0 else None
-    trainer = build_trainer(config.trainer, model, dist.device, reference, sampling=config.policy)
+    trainer = build_trainer(
+        config.trainer, model, dist.device, reference, sampling=config.policy,
+        forward_kl_weight=config.distill.forward_kl,
+    )  # fmt: skip
     manager = CheckpointManager(run.rl_checkpoints, config.checkpoint.keep_last)
     stream = TaskSeedStream(stream=plan.rl_stream, rank=dist.rank, world_size=dist.world_size)
     if point.latest is not None:
@@ -206,10 +207,13 @@ def rl_base_dir(config: Config, plan: RunPlan, run: RunDir) -> Path:
     return Path(config.model.path) if config.model.path else run.initial_model
 
 
-
-
 def sft_phase(
-    config: Config, run: RunDir, dist: DistInfo, renderer: Renderer, tokenizer_file: Path, log: MetricsLog,
+    config: Config,
+    run: RunDir,
+    dist: DistInfo,
+    renderer: Renderer,
+    tokenizer_file: Path,
+    log: MetricsLog,
     progress: bool,
 ) -> float | None:
     """SFT on the configured demonstrations; returns their accuracy (None if unknown)."""
@@ -236,10 +240,14 @@ def sft_phase(
     return data_metrics.get("sft_data/accuracy")
 
 
-
-
 def finish(
-    config: Config, plan: RunPlan, run: RunDir, rl: RLParts, log: MetricsLog, tokenizer_file: Path, started: float
+    config: Config,
+    plan: RunPlan,
+    run: RunDir,
+    rl: RLParts,
+    log: MetricsLog,
+    tokenizer_file: Path,
+    started: float,
 ) -> None:
     """The final policy exported, summary.json, the before/after lines and the plots."""
     loop = rl.loop
@@ -263,8 +271,6 @@ def finish(
             log.print("plots: none (they are drawn from metrics.jsonl: set logging.jsonl = true)")
         log.print(f"done in {summary['wall_time_s']:.0f}s: {run.root}")
     barrier()
-
-
 
 
 def _summary(run: RunDir, loop: RLLoop, sft: bool, started: float) -> dict[str, Any]:

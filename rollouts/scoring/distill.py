@@ -21,6 +21,14 @@ The advantage is per token (`Advantage`'s per-token form: per turn, one float pe
 laid out on the episode's turns, so it follows every training sequence the Episodes builder cuts
 (context-policy rewrites, templates that are not append-only) and TRUNCATE_TURNS, and every loss
 in the registry reads it as it reads any advantage.
+
+Top-k forward KL (GKD's forward term; `distill.top_k` > 0): the teacher also gives, at each
+sampled token's position, its `top_k` most likely tokens and their logprobs
+(`info[TEACHER_TOPK_IDS]`, `info[TEACHER_TOPK_LOGPROBS]`: per sampled token a list of k ids, and
+of k logprobs, best first); the Episode carries them per token (rollouts/types.py) and the trainer
+adds `forward_kl_weight` x sum_{j in top-k} p_T(j) (log p_T(j) - log p_S(j)) at each sampled
+token, with the student's log-softmax from its own forward (trainers/losses/terms.py
+`TopKForwardKL`).
 """
 
 from __future__ import annotations
@@ -32,11 +40,15 @@ from typing import Protocol
 import msgspec
 
 from ..episodes import Advantage, TurnAdvantage, per_turn_advantages
-from ..types import Trajectory
+from ..types import TEACHER_TOPK_IDS, TEACHER_TOPK_LOGPROBS, Trajectory
 from .credit import CREDIT_METRIC_TURNS
 
 # Transition.info key: the teacher's log-probability of each of the action's sampled tokens.
 TEACHER_LOGPROBS = "teacher_logprobs"
+# TEACHER_TOPK_IDS, TEACHER_TOPK_LOGPROBS (rollouts/types.py, where the Episode builder reads
+# them): per sampled token of the action, the teacher's top-k token ids and logprobs.
+# The most top-k an endpoint gives (vLLM's default max_logprobs; toolgym serve's limit).
+MAX_TOP_K = 20
 
 
 class DistillConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -57,6 +69,16 @@ class DistillConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     reward_weight: the weight of the env reward's advantage; 0 = pure on-policy distillation.
     max_consecutive_failures: groups in a row whose teacher scoring raised (each dropped as an
         infrastructure failure) before the run stops with the cause.
+    top_k: 0 = off; k in 1..MAX_TOP_K (20): the teacher also gives its k most likely tokens and
+        their logprobs at every sampled position (a checkpoint from its own forward, an endpoint
+        through `prompt_logprobs: k`), and the loss adds the top-k forward KL below.
+    forward_kl_weight: the weight of the top-k forward KL term, sum over the teacher's top-k
+        tokens j of p_T(j) (log p_T(j) - log p_S(j)), added to each sampled token's loss
+        (GKD's forward KL on the student's own samples, beside the reverse-KL advantage above);
+        p_T is the teacher's full-vocabulary probability, NOT renormalised over the top k, so
+        each summand is exactly one of the full forward KL's, the term is 0 when the student
+        equals the teacher, and what it drops is only the teacher's tail mass (renormalising p_T
+        alone would leave -log P_T(top-k) > 0 at student = teacher). Must be > 0 with top_k > 0.
     """
 
     teacher: str = ""
@@ -65,9 +87,11 @@ class DistillConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     max_consecutive_failures: int = 3
     teacher_model: str = ""
     teacher_timeout_s: float = 120.0
+    top_k: int = 0
+    forward_kl_weight: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("weight", "reward_weight"):
+        for name in ("weight", "reward_weight", "forward_kl_weight"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"distill.{name} must be a finite number >= 0, got {value}")
@@ -88,6 +112,15 @@ class DistillConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
             raise ValueError(
                 f"distill.teacher_timeout_s must be a finite number > 0, got {self.teacher_timeout_s}"
             )
+        if not 0 <= self.top_k <= MAX_TOP_K:
+            raise ValueError(f"distill.top_k must be in 0..{MAX_TOP_K} (0 = off), got {self.top_k}")
+        if self.top_k and self.forward_kl_weight == 0:
+            raise ValueError("distill.top_k > 0 needs distill.forward_kl_weight > 0 (else top_k = 0)")
+
+    @property
+    def forward_kl(self) -> float:
+        """The top-k forward KL's weight in the loss: 0 when off (no teacher, or top_k 0)."""
+        return self.forward_kl_weight if self.enabled and self.top_k else 0.0
 
     @property
     def enabled(self) -> bool:
@@ -152,6 +185,19 @@ def reverse_kl_metrics(trajectories: Sequence[Trajectory], prefix: str = "distil
         metrics[f"{prefix}reverse_kl_turn{t}"] = math.fsum(values) / len(values) if values else 0.0
     metrics[f"{prefix}scored_tokens"] = float(len(total))
     return metrics
+
+
+__all__ = [
+    "MAX_TOP_K",
+    "TEACHER_LOGPROBS",
+    "TEACHER_TOPK_IDS",
+    "TEACHER_TOPK_LOGPROBS",
+    "DistillConfig",
+    "TeacherScorer",
+    "distill_advantage",
+    "reverse_kl_metrics",
+    "teacher_log_ratios",
+]
 
 
 class TeacherScorer(Protocol):

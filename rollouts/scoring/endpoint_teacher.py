@@ -4,9 +4,13 @@ student's sampled tokens through the completions API (`distill.teacher = "http:/
 Each training sequence of a group (the same sequences and sampled positions as the checkpoint
 teacher's, teacher.py `GroupTeacher.score`) is one request: its token ids as the prompt, and
 vLLM's `prompt_logprobs: 0` extension, whose answer carries, per prompt position, the logprob of
-the token there ({token_id: {"logprob", ...}}, None at position 0); the teacher keeps the sampled
-positions' values and writes them where the checkpoint teacher does (`info[TEACHER_LOGPROBS]`),
-so the scorer and the losses read both alike. vLLM's OpenAI server answers it, and so does
+the token there ({token_id: {"logprob", "rank", ...}}, None at position 0); the teacher keeps the
+sampled positions' values and writes them where the checkpoint teacher does
+(`info[TEACHER_LOGPROBS]`), so the scorer and the losses read both alike. With `distill.top_k` = k
+it asks for `prompt_logprobs: k`, whose entries then also hold the k most likely tokens (ranks
+1..k), and writes those, best first, as the checkpoint teacher does (`info[TEACHER_TOPK_IDS]`,
+`info[TEACHER_TOPK_LOGPROBS]`); an answer with fewer is a scoring failure (a vLLM server must
+allow it: --max-logprobs >= k; toolgym serve gives up to 20). vLLM's OpenAI server answers it, and so does
 `toolgym serve` (rollouts/endpoint/prompt_logprobs.py). The requests of a group run at once, up
 to MAX_CONCURRENT_REQUESTS; they use the standard library's HTTP client, so this teacher needs no
 package the checkpoint teacher does not. `$OPENAI_API_KEY`, when set, is sent as the bearer
@@ -47,7 +51,7 @@ from typing import Any
 import msgspec
 
 from .distill import DistillConfig
-from .teacher import GroupTeacher, TeacherError
+from .teacher import GroupTeacher, PositionScores, TeacherError
 
 MAX_CONCURRENT_REQUESTS = 16
 NEEDS = "the completions parameter `prompt_logprobs` (vLLM's OpenAI server, or toolgym serve)"
@@ -159,13 +163,14 @@ class EndpointTeacher(GroupTeacher):
 
     # ---- scoring ----------------------------------------------------------------------------
 
-    def _sequence(self, tokens: Sequence[int], positions: Sequence[int]) -> list[float]:
+    def _sequence(self, tokens: Sequence[int], positions: Sequence[int]) -> PositionScores:
+        k = self._config.top_k
         body = {
             "model": self.model,
             "prompt": list(tokens),
             "max_tokens": self.max_tokens,
             "temperature": 1.0,
-            "prompt_logprobs": 0,
+            "prompt_logprobs": k,
         }
         answer = self._request("/completions", body)
         choices = answer.get("choices") if isinstance(answer, dict) else None
@@ -179,7 +184,7 @@ class EndpointTeacher(GroupTeacher):
             raise ValueError(
                 f"{self.url}/completions answered without prompt_logprobs ({got}): it needs {NEEDS}"
             )
-        out = []
+        out = PositionScores([], [], [])
         for p in positions:
             entry = scored[p]
             value = entry.get(str(tokens[p])) if isinstance(entry, dict) else None
@@ -188,14 +193,37 @@ class EndpointTeacher(GroupTeacher):
                 raise ValueError(
                     f"{self.url}/completions: prompt_logprobs at position {p} has no logprob of token {tokens[p]}"
                 )
-            out.append(float(logprob))
+            out.logprobs.append(float(logprob))
+            if k:
+                assert isinstance(entry, dict)
+                ids, values = self._top(entry, k, p)
+                out.top_ids.append(ids)
+                out.top_logprobs.append(values)
         return out
 
-    def logprobs(
+    def _top(self, entry: dict[str, Any], k: int, p: int) -> tuple[list[int], list[float]]:
+        """The top k of one position's prompt_logprobs entry (vLLM's shape: the top k tokens, rank
+        1..k, and the position's own token with its rank), best first."""
+        ranked = []
+        for token, value in entry.items():
+            rank = value.get("rank") if isinstance(value, dict) else None
+            logprob = value.get("logprob") if isinstance(value, dict) else None
+            if isinstance(rank, int) and isinstance(logprob, int | float) and 1 <= rank <= k:
+                ranked.append((rank, -float(logprob), int(token)))
+        if len(ranked) < k:
+            raise ValueError(
+                f"{self.url}/completions: prompt_logprobs at position {p} has {len(ranked)} of the "
+                f"top {k} tokens (distill.top_k): the endpoint must allow prompt_logprobs up to {k}"
+            )
+        best = sorted(ranked)[:k]
+        return [token for _, _, token in best], [-negative for _, negative, _ in best]
+
+    def position_scores(
         self, token_lists: Sequence[Sequence[int]], positions: Sequence[Sequence[int]]
-    ) -> list[list[float]]:
-        """Per sequence, the endpoint's logprob of the token at each of its `positions`: one
-        request a sequence, up to MAX_CONCURRENT_REQUESTS at once; the first failure raises."""
+    ) -> list[PositionScores]:
+        """Per sequence, the endpoint's logprob of the token at each of its `positions` (and with
+        distill.top_k its top k there): one request a sequence, up to MAX_CONCURRENT_REQUESTS at
+        once; the first failure raises."""
         if not token_lists:
             return []
         workers = min(MAX_CONCURRENT_REQUESTS, len(token_lists))

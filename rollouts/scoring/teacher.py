@@ -14,7 +14,10 @@ tokens. `annotate(group)` runs one no-grad forward over each of the group's trai
 template that is not append-only gives a sequence of its own, scored in its own context), batched
 over the group (right-padded: the model is causal, so padding after a sequence changes none of
 its logits), and writes into each transition `info[TEACHER_LOGPROBS]`: log_softmax(logits / T) of
-each sampled token, T the policy's sampling temperature, as the sampler's logprobs are.
+each sampled token, T the policy's sampling temperature, as the sampler's logprobs are. With
+`distill.top_k` = k > 0 the same forward also gives, at each of those positions, the k most likely
+tokens' ids and logprobs (torch.topk of the same log_softmax, best first), written as
+`info[TEACHER_TOPK_IDS]` and `info[TEACHER_TOPK_LOGPROBS]` (per sampled token, a list of k each).
 
 The endpoint teacher (endpoint_teacher.py, `EndpointTeacher`) shares `score` and `annotate`
 (`GroupTeacher`): only where the logprobs come from differs, so the scorer and the losses read
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -39,7 +43,7 @@ from ...agents.model.checkpoint import load_hf_checkpoint
 from ...agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from ..episodes import sequences
 from ..types import Trajectory
-from .distill import TEACHER_LOGPROBS, DistillConfig
+from .distill import TEACHER_LOGPROBS, TEACHER_TOPK_IDS, TEACHER_TOPK_LOGPROBS, DistillConfig
 
 # Rows x padded length per forward: a group is split into forwards of at most this many tokens.
 MAX_BATCH_TOKENS = 65536
@@ -146,11 +150,24 @@ def _head(
     return head
 
 
+class PositionScores(NamedTuple):
+    """A teacher's scores of one sequence's positions: the logprob of the token at each, and (with
+    distill.top_k > 0; else empty) its top-k token ids and their logprobs, best first."""
+
+    logprobs: list[float]
+    top_ids: list[list[int]]
+    top_logprobs: list[list[float]]
+
+
+TEACHER_KEYS = (TEACHER_LOGPROBS, TEACHER_TOPK_IDS, TEACHER_TOPK_LOGPROBS)
+
+
 class GroupTeacher:
     """What every teacher shares (module doc): `score` builds each training sequence and the
     positions of its sampled tokens and writes what `logprobs` gives into the transitions;
     `annotate` counts failures. A subclass sets `_config` and `consecutive_failures`/`failures`
-    (`_init_counts`), and gives `logprobs`, `describe` and `name` (the teacher in errors)."""
+    (`_init_counts`), and gives `position_scores`, `describe` and `name` (the teacher in
+    errors)."""
 
     _config: DistillConfig
     name: str
@@ -163,11 +180,11 @@ class GroupTeacher:
     def config(self) -> DistillConfig:
         return self._config
 
-    def logprobs(
+    def position_scores(
         self, token_lists: Sequence[Sequence[int]], positions: Sequence[Sequence[int]]
-    ) -> list[list[float]]:
+    ) -> list[PositionScores]:
         """Per sequence, the teacher's logprob of the token at each of its `positions` (each >= 1)
-        given the tokens before it."""
+        given the tokens before it, and its top distill.top_k tokens there."""
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -176,7 +193,8 @@ class GroupTeacher:
 
     def score(self, group: Sequence[Trajectory]) -> None:
         """Write the teacher's logprobs of every sampled token into the group's transitions
-        (`info[TEACHER_LOGPROBS]`); raises what the forward raises."""
+        (`info[TEACHER_LOGPROBS]`, and with top_k the top-k ids and logprobs); raises what the
+        forward raises."""
         parts = [part for trajectory in group for part in sequences(trajectory)]
         token_lists: list[list[int]] = []
         positions: list[list[int]] = []
@@ -193,12 +211,16 @@ class GroupTeacher:
                 tokens += transition.action.tokens
             token_lists.append(tokens)
             positions.append(at)
-        scored = self.logprobs(token_lists, positions)
-        for part, lp in zip(parts, scored, strict=True):
+        scored = self.position_scores(token_lists, positions)
+        top = self._config.top_k > 0
+        for part, got in zip(parts, scored, strict=True):
             k = 0
             for transition in part:
                 n = len(transition.action.tokens)
-                transition.info[TEACHER_LOGPROBS] = lp[k : k + n]
+                transition.info[TEACHER_LOGPROBS] = got.logprobs[k : k + n]
+                if top:
+                    transition.info[TEACHER_TOPK_IDS] = got.top_ids[k : k + n]
+                    transition.info[TEACHER_TOPK_LOGPROBS] = got.top_logprobs[k : k + n]
                 k += n
 
     def annotate(self, group: Sequence[Trajectory]) -> str | None:
@@ -210,7 +232,8 @@ class GroupTeacher:
         except Exception as exc:  # any failure of the teacher is an infrastructure failure
             for trajectory in group:  # no partial annotation survives into a recording
                 for transition in trajectory.transitions:
-                    transition.info.pop(TEACHER_LOGPROBS, None)
+                    for key in TEACHER_KEYS:
+                        transition.info.pop(key, None)
             self.consecutive_failures += 1
             self.failures += 1
             cause = f"{type(exc).__name__}: {exc}"
@@ -263,10 +286,12 @@ class Teacher(GroupTeacher):
         """One line for the run's log."""
         return f"distill: teacher {self.directory} (tokenizer {self.fingerprint[:16]}, the student's)"
 
-    def logprobs(
+    def position_scores(
         self, token_lists: Sequence[Sequence[int]], positions: Sequence[Sequence[int]]
-    ) -> list[list[float]]:
-        """`position_logprobs`' column 0: log_softmax(logits / T) of each position's token."""
+    ) -> list[PositionScores]:
+        """`position_logprobs`' column 0: log_softmax(logits / T) of each position's token; with
+        top_k, its top-k columns (torch.topk of the same log_softmax)."""
+        k = self._config.top_k
         scored = position_logprobs(
             self.model,
             token_lists,
@@ -274,5 +299,13 @@ class Teacher(GroupTeacher):
             vocab_size=self.vocab_size,
             device=self.device,
             temperature=self.temperature,
+            top_k=k,
         )
-        return [rows[:, 0].tolist() for rows in scored]
+        return [
+            PositionScores(
+                rows[:, 0].tolist(),
+                rows[:, 1 + k :].long().tolist() if k else [],
+                rows[:, 1 : 1 + k].tolist() if k else [],
+            )
+            for rows in scored
+        ]

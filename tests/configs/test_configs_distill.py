@@ -97,13 +97,21 @@ def test_generator_processes_are_refused_with_a_teacher(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loop", [{}, {"mode": "async", "generator": "thread"}], ids=["sync", "async-thread"])
-def test_a_distill_run_logs_a_finite_reverse_kl_and_records_the_teacher(tmp_path: Path, loop: dict):
+@pytest.mark.parametrize(
+    ("loop", "top_k"),
+    [({}, 4), ({"mode": "async", "generator": "thread"}, 0)],
+    ids=["sync-top-k", "async-thread"],
+)
+def test_a_distill_run_logs_a_finite_reverse_kl_and_records_the_teacher(
+    tmp_path: Path, loop: dict, top_k: int
+):
     run_dir = tmp_path / "run"
     student = config_from_dict(raw_config(run_dir))
     model = initial_model(student)  # the teacher: the student's own initial weights
     teacher = save_hf_checkpoint(model, model.config, tmp_path / "teacher", tokenizer_path(student))
-    config = config_from_dict({**raw_config(run_dir, str(teacher)), "loop": loop})
+    raw = raw_config(run_dir, str(teacher))
+    raw["distill"]["top_k"] = top_k
+    config = config_from_dict({**raw, "loop": loop})
     check_environment(config)
     assert train(config) == 0
     steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
@@ -112,8 +120,14 @@ def test_a_distill_run_logs_a_finite_reverse_kl_and_records_the_teacher(tmp_path
         assert math.isfinite(r["distill/reverse_kl_mean"]) and math.isfinite(r["distill/reverse_kl_turn0"])
         assert r["distill/scored_tokens"] > 0 and r["distill/teacher_s"] > 0
         assert r["batch/groups_scoring_failed"] == 0
+        # the top-k forward KL trains beside the reverse KL (distill.top_k), else it is off
+        assert ("train/forward_kl_topk" in r) == bool(top_k)
+        if top_k:
+            assert math.isfinite(r["train/forward_kl_topk"]) and 0 < r["train/teacher_topk_mass"] <= 1
     # step 1 sampled with the teacher's own weights: the sampler's logprobs are the teacher's
     assert abs(steps[0]["distill/reverse_kl_mean"]) < 1e-3
+    if top_k:  # and the trainer's distribution is the teacher's: each top-k term is about 0
+        assert abs(steps[0]["train/forward_kl_topk"]) < 1e-3
     reader = RecordingReader(run_dir / "trajectories" / "train_rank0.jsonl")
     header, trajectories = reader.header, list(reader)
     entry = header.extra[TEACHER]

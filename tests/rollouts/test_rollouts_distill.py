@@ -20,7 +20,13 @@ from toolgym.agents.types import Completion
 from toolgym.rollouts.batches import BatchAssembler, BatchConfig, _score
 from toolgym.rollouts.episodes import build_episodes
 from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator
-from toolgym.rollouts.scoring.distill import TEACHER_LOGPROBS, DistillConfig, reverse_kl_metrics
+from toolgym.rollouts.scoring.distill import (
+    TEACHER_LOGPROBS,
+    TEACHER_TOPK_IDS,
+    TEACHER_TOPK_LOGPROBS,
+    DistillConfig,
+    reverse_kl_metrics,
+)
 from toolgym.rollouts.scoring.scorer import score_group
 from toolgym.rollouts.scoring.teacher import Teacher, TeacherError
 from toolgym.rollouts.types import CONTEXT_REWRITE, SEQUENCE_START, StopReason, Trajectory, Transition
@@ -158,6 +164,50 @@ def test_a_teacher_equal_to_the_sampler_gives_exactly_zero_and_its_batch_matches
     )
     assert advantages == [[[0.0] * 3, [0.0] * 2, [0.0]], [[0.0] * 2]] and not informative
     assert reverse_kl_metrics(group)["distill/reverse_kl_mean"] == 0.0
+
+
+def test_a_checkpoint_teachers_top_k_is_its_models_and_episodes_carry_it_on_sampled_tokens(
+    tmp_path, tokenizer
+):
+    """distill.top_k = 3: the teacher's top-k ids and logprobs at each sampled position are
+    torch.topk of the model's log_softmax(logits / T) there (its batch vs each sequence alone,
+    through a rewrite's own sequence); the Episode builder puts them on exactly the sampled
+    tokens of each training sequence."""
+    directory = write_checkpoint(tmp_path / "teacher", tokenizer)
+    distill = DistillConfig(teacher=str(directory), top_k=3)
+    assert distill.forward_kl == 1.0 and DistillConfig(top_k=3).forward_kl == 0.0
+    teacher = Teacher(distill, student_fingerprint=tokenizer_fingerprint(tokenizer), temperature=0.7)
+    group = sequences_group()
+    assert teacher.annotate(group) is None
+
+    def top(tokens: list[int], at: list[int]) -> tuple[list, list]:
+        with torch.no_grad():
+            logp = torch.log_softmax(teacher.model(torch.tensor([tokens]))[0] / 0.7, -1)
+        values, ids = logp[[p - 1 for p in at]].topk(3)
+        return ids.tolist(), values.tolist()
+
+    ids, values = top([1, 2, 3, 4, 50, 51, 52, 5, 6, 53, 54], [4, 5, 6, 9, 10])
+    first, second, rewrite = group[0].transitions
+    assert first.info[TEACHER_TOPK_IDS] + second.info[TEACHER_TOPK_IDS] == ids
+    got = first.info[TEACHER_TOPK_LOGPROBS] + second.info[TEACHER_TOPK_LOGPROBS]
+    assert [x for row in got for x in row] == pytest.approx([x for row in values for x in row], abs=1e-5)
+    assert rewrite.info[TEACHER_TOPK_IDS] == top([7, 8, 9, 55], [3])[0]
+    for t in group:
+        for tr in t.transitions:
+            tr.action.logprobs = list(tr.info[TEACHER_LOGPROBS])
+    advantages, _ = score_group(group, AdvantageConfig(), train_on_infra_failures=False, distill=distill)
+    episodes, _ = build_episodes(group, advantages)
+    assert len(episodes) == 3
+    for episode, turns in zip(episodes, [[first, second], [rewrite], group[1].transitions], strict=True):
+        expected = [
+            row for tr in turns for row in [[]] * len(tr.observation_tokens) + tr.info[TEACHER_TOPK_IDS]
+        ]
+        assert episode.teacher_topk_ids == expected
+        assert [bool(row) for row in episode.teacher_topk_logprobs] == [bool(m) for m in episode.loss_mask]
+    with pytest.raises(ValueError, match=r"distill\.top_k must be in 0\.\.20"):
+        DistillConfig(top_k=21)
+    with pytest.raises(ValueError, match=r"needs distill\.forward_kl_weight > 0"):
+        DistillConfig(top_k=2, forward_kl_weight=0.0)
 
 
 def test_a_teacher_with_another_tokenizer_is_refused_in_one_line_naming_both(tmp_path, tokenizer):

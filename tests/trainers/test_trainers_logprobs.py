@@ -189,3 +189,36 @@ def test_head_keeps_no_logits_for_backward():
         head_token_scores(hidden, head, torch.zeros(30, dtype=torch.long))
     assert max(saved) <= 500 * 8
     assert sum(saved) <= 30 * 8 + 500 * 8 + 2 * 30
+
+
+# ---- several targets a position (the top-k forward KL scores the teacher's top-k too) ------------
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["fused", "any-head"])
+def test_several_targets_a_row_score_and_train_as_log_softmax_gathered(head_chunking, chunking, bias):
+    """targets [N, C]: logprobs [N, C] and their gradients are log_softmax's gathered, through the
+    fused head and through whole logits (the column 0 alone is the one-target call's)."""
+    g = torch.Generator().manual_seed(12)
+    head = _head(bias=bias)
+    base = 2 * torch.randn(10, 6, generator=g)
+    targets = torch.randint(0, 13, (10, 4), generator=g)
+    weights = torch.randn(10, 4, generator=g)
+    reference = base.clone().requires_grad_(True)
+    logits = head(reference)
+    expected = torch.log_softmax(logits / 0.7, -1).gather(-1, targets)
+    (expected * weights).sum().backward()
+    ref_grads = reference.grad, head.weight.grad.clone()
+    for score in (
+        lambda h: head_token_scores(h, head, targets, 0.7)[0],
+        lambda h: token_logprobs(head(h), targets, 0.7),
+    ):
+        head.weight.grad = None
+        hidden = base.clone().requires_grad_(True)
+        logp = score(hidden)
+        assert logp.shape == (10, 4)
+        (logp * weights).sum().backward()
+        torch.testing.assert_close(logp, expected)
+        torch.testing.assert_close(hidden.grad, ref_grads[0])
+        torch.testing.assert_close(head.weight.grad, ref_grads[1])
+    one = head_token_scores(base, head, targets[:, 0], 0.7)[0]
+    torch.testing.assert_close(one, expected[:, 0].detach())

@@ -24,6 +24,7 @@ from toolgym.trainers.losses import (
     SequenceMask,
     TokenInputs,
     TokenTIS,
+    TopKForwardKL,
     combine_metrics,
     finish_metrics,
     loss_names,
@@ -119,6 +120,7 @@ TERM_METRICS = {
     **TokenTIS.metrics,
     **SequenceMask.metrics,
     **KLPenalty.metrics,
+    **TopKForwardKL.metrics,
     **EntropyBonus.metrics,
     **BATCH_METRICS,
 }

@@ -9,6 +9,7 @@ import torch
 from toolgym.trainers.losses import (
     LossConfig,
     LossNormaliser,
+    TopKForwardKL,
     aggregate,
     combine_metrics,
     finish_metrics,
@@ -171,6 +172,35 @@ def test_kl_and_entropy_terms():
     assert loss.item() == pytest.approx(-0.01 * 2.0)
     with pytest.raises(ValueError, match="ref_logprobs"):
         _run(LossConfig(kl_coef=0.1), logp, [[0.0, 0.0]], [[0.0, 0.0]], [[1, 1]])
+
+
+def test_top_k_forward_kl_hand_computed():
+    """weight x sum_j p_T(j) (log p_T(j) - log p_S(j)) on each sampled token, p_T not renormalised;
+    a missing top-k entry (-inf) and an unsampled token add nothing; student = teacher gives 0."""
+    teacher = [[[math.log(0.5), math.log(0.3)], [math.log(0.6), -math.inf], [math.log(0.9), math.log(0.1)]]]
+    student = [[[math.log(0.25), math.log(0.5)], [math.log(0.2), 0.0], [math.log(0.1), math.log(0.1)]]]
+    top = torch.tensor(student, dtype=torch.float64, requires_grad=True)
+    term = TopKForwardKL(0.5, top, torch.tensor(teacher, dtype=torch.float64))
+    loss, _, m = _run(
+        LossConfig(name="reinforce"), [[-1.0, -2.0, -3.0]], [[0.0] * 3], [[0.0] * 3], [[1, 1, 0]],
+        extra_terms=[term],
+    )  # fmt: skip
+    first = 0.5 * math.log(0.5 / 0.25) + 0.3 * math.log(0.3 / 0.5)
+    second = 0.6 * math.log(0.6 / 0.2)
+    assert loss == pytest.approx(0.5 * (first + second) / 2)  # reinforce: the token mean
+    assert m["forward_kl_topk"].item() == pytest.approx((first + second) / 2)
+    assert m["teacher_topk_mass"].item() == pytest.approx((0.8 + 0.6) / 2)
+    # d loss / d log p_S(j) = -weight x p_T(j) / tokens; nothing where no teacher entry or no sample
+    expected = [[[-0.5 * 0.5 / 2, -0.5 * 0.3 / 2], [-0.5 * 0.6 / 2, 0.0], [0.0, 0.0]]]
+    assert top.grad is not None and torch.allclose(top.grad, torch.tensor(expected, dtype=torch.float64))
+    same = TopKForwardKL(
+        0.5, torch.tensor(teacher, dtype=torch.float64), torch.tensor(teacher, dtype=torch.float64)
+    )
+    loss, _, m = _run(
+        LossConfig(name="reinforce"), [[-1.0, -2.0, -3.0]], [[0.0] * 3], [[0.0] * 3], [[1, 1, 1]],
+        extra_terms=[same],
+    )  # fmt: skip
+    assert loss == 0.0 and m["forward_kl_topk"].item() == 0.0
 
 
 def test_truncated_importance_sampling_weights():

@@ -5,6 +5,7 @@ import math
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
@@ -16,7 +17,7 @@ from toolgym.rollouts.types import Episode
 from toolgym.trainers.batching import make_micro_batches, shard_episodes, split_by_token_budget
 from toolgym.trainers.config import OptimizerConfig, TrainerConfig
 from toolgym.trainers.logprobs import token_logprobs
-from toolgym.trainers.losses import LossConfig, LossNormaliser, policy_loss
+from toolgym.trainers.losses import LossConfig, LossNormaliser, TopKForwardKL, policy_loss
 from toolgym.trainers.trainer import Trainer, lr_factor
 
 torch.set_num_threads(1)
@@ -207,7 +208,7 @@ def test_one_process_trains_the_plain_model_and_bf16_computes_under_autocast():
 
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_precision_is_bf16_only_where_the_hardware_has_it(monkeypatch, native):
-    """"auto" trains in bf16 where bf16 is native and in fp32 where it is emulated (on an
+    """ "auto" trains in bf16 where bf16 is native and in fp32 where it is emulated (on an
     AVX2-only CPU tens of times slower); an explicit "bf16" is kept there, with a warning."""
     import warnings
 
@@ -335,5 +336,67 @@ def test_compiled_blocks_train_as_eager_ones():
         assert metrics["loss"] == pytest.approx(metrics_ref["loss"], abs=1e-5)
         for name, grad in full_grads(trainer.model).items():
             assert (grad - grads_ref[name]).abs().max().item() <= 1e-5, name
-    for got, want in zip(trainer.compute_logprobs(episodes), reference.compute_logprobs(episodes), strict=True):
+    for got, want in zip(
+        trainer.compute_logprobs(episodes), reference.compute_logprobs(episodes), strict=True
+    ):
         assert got == pytest.approx(want, abs=1e-5)
+
+
+def _with_teacher_top_k(episodes: list[Episode], k: int, vocab: int = 256, seed: int = 0) -> list[Episode]:
+    """The episodes, all but the last with a teacher's top-k on their sampled tokens (a random
+    distribution's k most likely tokens and their logprobs, best first)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, e in enumerate(episodes):
+        if i == len(episodes) - 1:
+            out.append(e)
+            continue
+        ids, lps = [], []
+        for m in e.loss_mask:
+            if not m:
+                ids.append([]), lps.append([])
+                continue
+            values, top = torch.log_softmax(2 * torch.randn(vocab, generator=g), -1).topk(k)
+            ids.append(top.tolist()), lps.append(values.tolist())
+        out.append(msgspec.structs.replace(e, teacher_topk_ids=ids, teacher_topk_logprobs=lps))
+    return out
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-head", "whole-logits"])
+def test_the_top_k_forward_kl_trains_the_teachers_top_k_tokens(fused):
+    """forward_kl_weight > 0: each micro-batch adds TopKForwardKL of the student's logprobs of the
+    teacher's top-k (scored in the same pass as the targets): loss, metrics and gradients equal
+    one batch computed by hand from whole logits, with a shared prefix, several micro-batches and
+    an episode without top-k (it adds nothing)."""
+    episodes = _with_teacher_top_k(random_episodes(7, seed=5, shared_prefix=6), k=3)
+    config = TrainerConfig(loss=LossConfig(name="grpo"), micro_batch_tokens=120, fused_head=fused)
+    trainer = Trainer(build_model("test", seed=0), config, device="cpu", forward_kl_weight=0.5)
+    metrics = trainer._forward_backward(episodes, trainer.policy_loss, sharded=False)
+    assert metrics["num_micro_batches"] > 1
+
+    reference = build_model("test", seed=0)
+    (mb,) = make_micro_batches(episodes, 10_000, share_prefix=False)
+    assert mb.teacher_topk_ids is not None and mb.teacher_topk_logprobs is not None
+    logp = torch.log_softmax(reference(mb.input_ids), -1)
+    student = logp.gather(-1, mb.teacher_topk_ids)
+    term = TopKForwardKL(0.5, student, mb.teacher_topk_logprobs)
+    expected, parts = policy_loss(
+        LossConfig(name="grpo"), logp.gather(-1, mb.targets[..., None])[..., 0], mb.sampler_logprobs,
+        mb.advantages, mb.loss_mask, extra_terms=[term],
+    )  # fmt: skip
+    expected.backward()
+    assert parts["forward_kl_topk"].item() > 0.1
+    assert metrics["loss"] == pytest.approx(expected.item(), abs=1e-5)
+    assert metrics["forward_kl_topk"] == pytest.approx(parts["forward_kl_topk"].item(), rel=1e-4)
+    assert metrics["teacher_topk_mass"] == pytest.approx(parts["teacher_topk_mass"].item(), rel=1e-4)
+    got = full_grads(trainer.model)
+    for name, p in reference.named_parameters():
+        assert (got[name] - p.grad).abs().max().item() <= 1e-5, name
+    # without top-k in the batch the term is 0 and its metrics are still there; weight 0 is off
+    plain = Trainer(build_model("test", seed=0), config, device="cpu", forward_kl_weight=0.5)
+    bare = plain._forward_backward(episodes[-1:], plain.policy_loss, sharded=False)
+    assert bare["forward_kl_topk"] == 0.0 and bare["teacher_topk_mass"] == 0.0
+    off = Trainer(build_model("test", seed=0), config, device="cpu")
+    assert "forward_kl_topk" not in off._forward_backward(episodes, off.policy_loss, sharded=False)
+    with pytest.raises(ValueError, match="forward_kl_weight must be a finite number >= 0"):
+        Trainer(build_model("test", seed=0), config, device="cpu", forward_kl_weight=-1.0)

@@ -27,7 +27,7 @@ from .registry import (
     loss_table,
     register_loss,
 )
-from .terms import EntropyBonus, KLPenalty, SequenceMask, TokenTerm, TokenTIS
+from .terms import EntropyBonus, KLPenalty, SequenceMask, TokenTerm, TokenTIS, TopKForwardKL
 
 __all__ = [
     "AGGREGATIONS",
@@ -52,6 +52,7 @@ __all__ = [
     "TokenInputs",
     "TokenTIS",
     "TokenTerm",
+    "TopKForwardKL",
     "aggregate",
     "combine_metrics",
     "finish_metrics",

@@ -13,6 +13,7 @@ mismatch and any policy lag).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import cast
 
 import torch
@@ -52,6 +53,7 @@ def policy_loss(
     ref_logprobs: Tensor | None = None,
     entropy: Tensor | None = None,
     staleness: Tensor | None = None,
+    extra_terms: Sequence[TokenTerm] = (),
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The loss of one (micro-)batch and its metrics.
 
@@ -61,6 +63,8 @@ def policy_loss(
     ref_logprobs: reference-policy logprobs (needed when kl_coef > 0).
     entropy: per-token entropy [B, T] (needed when entropy_coef > 0, with grad; else a metric).
     staleness: per-token policy-version lag [B, T] (integers >= 0): the gap metrics per bucket.
+    extra_terms: per-token terms the caller adds after the config's (the trainer's top-k forward
+    KL, terms.py `TopKForwardKL`).
     Returns (loss, metrics); metrics are detached 0-dim tensors, local to this batch; combine
     them over micro-batches and ranks with `combine_metrics`.
     """
@@ -103,7 +107,7 @@ def policy_loss(
     term = objective.per_token(x)
     per_token, metrics = term.per_token, dict(term.metrics)
     ref_logp = clean(ref_logprobs).detach() if config.kl_coef > 0 and ref_logprobs is not None else None
-    for token_term in token_terms(config, ref_logp):
+    for token_term in [*token_terms(config, ref_logp), *extra_terms]:
         per_token = token_term.apply(per_token, x, metrics)
     loss = reduce(per_token)
     if entropy is not None:

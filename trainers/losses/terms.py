@@ -21,6 +21,11 @@ truncate rejects the whole sequence here. Counted: seq_masked_frac.
 KL (`KLPenalty`, `LossConfig.kl_coef`): kl_coef x the per-token KL to reference logprobs (k1:
 log p - log ref; k3: the low-variance non-negative estimator exp(ref - p) - (ref - p) - 1).
 
+Top-k forward KL (`TopKForwardKL`, on-policy distillation's `distill.top_k`; the trainer adds it
+when the batch carries the teacher's top-k): weight x sum over the teacher's top-k tokens j at each
+sampled position of p_T(j) (log p_T(j) - log p_S(j)), p_T the teacher's full-vocabulary
+probability (not renormalised over the k) and log p_S the trainer's logprob of j (with grad).
+
 Entropy (`EntropyBonus`): the loss minus entropy_coef x the aggregated entropy (coef 0: the
 entropy is a metric only).
 """
@@ -115,6 +120,30 @@ class KLPenalty(TokenTerm):
             kl = torch.exp(delta) - delta - 1.0
         per_token = per_token + self.coef * kl
         metrics["kl_ref"] = masked_mean(kl.detach(), x.mask, x.num_tokens)
+        return per_token
+
+
+class TopKForwardKL(TokenTerm):
+    metrics: ClassVar[Mapping[str, str]] = {
+        "forward_kl_topk": "mean top-k forward KL to the teacher over sampled tokens (distill.top_k)",
+        "teacher_topk_mass": "mean teacher probability mass in its top-k over sampled tokens",
+    }
+
+    def __init__(self, weight: float, student_logp: Tensor, teacher_logp: Tensor) -> None:
+        """student_logp: the trainer's logprobs of the teacher's top-k tokens [B, T, K] (with
+        grad); teacher_logp: the teacher's [B, T, K], -inf where it gave none (K may be 0)."""
+        self.weight, self.student_logp, self.teacher_logp = weight, student_logp, teacher_logp
+
+    def apply(self, per_token: Tensor, x: TokenInputs, metrics: dict[str, Tensor]) -> Tensor:
+        teacher = self.teacher_logp.to(per_token.dtype).detach()
+        given = torch.isfinite(teacher) & x.mask[..., None]
+        teacher = torch.where(given, teacher, torch.zeros_like(teacher))
+        student = torch.where(given, self.student_logp.to(per_token.dtype), torch.zeros_like(teacher))
+        p_teacher = torch.where(given, teacher.exp(), torch.zeros_like(teacher))
+        kl = (p_teacher * (teacher - student)).sum(-1)
+        per_token = per_token + self.weight * kl
+        metrics["forward_kl_topk"] = masked_mean(kl.detach(), x.mask, x.num_tokens)
+        metrics["teacher_topk_mass"] = masked_mean(p_teacher.sum(-1), x.mask, x.num_tokens)
         return per_token
 
 

@@ -28,7 +28,12 @@ from toolgym.agents.types import Completion, Message
 from toolgym.rollouts.endpoint import PolicyServer
 from toolgym.rollouts.endpoint.prompt_logprobs import PromptScorer
 from toolgym.rollouts.recording.format import RecordingHeader, RecordingWriter, read_recording
-from toolgym.rollouts.scoring.distill import DistillConfig, teacher_log_ratios
+from toolgym.rollouts.scoring.distill import (
+    TEACHER_TOPK_IDS,
+    TEACHER_TOPK_LOGPROBS,
+    DistillConfig,
+    teacher_log_ratios,
+)
 from toolgym.rollouts.scoring.endpoint_teacher import EndpointTeacher
 from toolgym.rollouts.scoring.teacher import Teacher, TeacherError
 from toolgym.rollouts.types import CONTEXT_REWRITE, SEQUENCE_START, StopReason, Trajectory, Transition
@@ -151,10 +156,10 @@ def test_an_endpoint_teacher_over_toolgym_serve_gives_the_checkpoint_teachers_lo
     student = tokenizer_fingerprint(renderer().tokenizer)
     group = recorded_episodes(tmp_path)
     by_checkpoint, by_endpoint = copy.deepcopy(group), copy.deepcopy(group)
-    local = Teacher(DistillConfig(teacher=str(directory)), student_fingerprint=student)
+    local = Teacher(DistillConfig(teacher=str(directory), top_k=3), student_fingerprint=student)
     assert local.annotate(by_checkpoint) is None
     with toolgym_serve(directory) as url:
-        config = DistillConfig(teacher=url, max_consecutive_failures=2, teacher_timeout_s=60)
+        config = DistillConfig(teacher=url, max_consecutive_failures=2, teacher_timeout_s=60, top_k=3)
         remote = EndpointTeacher(config, student_fingerprint=student)
         assert remote.fingerprint == student and "the student's" in remote.describe()
         assert remote.annotate(by_endpoint) is None
@@ -175,11 +180,19 @@ def test_an_endpoint_teacher_over_toolgym_serve_gives_the_checkpoint_teachers_lo
         ratios_a, ratios_b = teacher_log_ratios(a), teacher_log_ratios(b)
         assert [len(t) for t in ratios_a] == [len(t.action.tokens) for t in a.transitions]
         assert [x for t in ratios_b for x in t] == pytest.approx([x for t in ratios_a for x in t], abs=1e-5)
+        for ta, tb in zip(a.transitions, b.transitions, strict=True):  # and the same top-k
+            assert tb.info[TEACHER_TOPK_IDS] == ta.info[TEACHER_TOPK_IDS]
+            assert len(ta.info[TEACHER_TOPK_IDS]) == len(ta.action.tokens)
+            assert [x for row in tb.info[TEACHER_TOPK_LOGPROBS] for x in row] == pytest.approx(
+                [x for row in ta.info[TEACHER_TOPK_LOGPROBS] for x in row], abs=1e-5
+            )
     # the server has stopped: connection errors are scoring failures, counted, then the run stops
     again = copy.deepcopy(group)
     cause = remote.annotate(again)
     assert cause is not None and url in cause and remote.failures == 1
-    assert not any("teacher_logprobs" in t.info for e in again for t in e.transitions)
+    assert not any(
+        key in t.info for e in again for t in e.transitions for key in ("teacher_logprobs", TEACHER_TOPK_IDS)
+    )
     with pytest.raises(
         TeacherError, match=r"failed 2 groups in a row \(distill.max_consecutive_failures = 2\)"
     ):

@@ -109,10 +109,10 @@ class FusedDecoderLayer(nn.Module):
 
     def __init__(self, layer: DecoderLayer, compiled: bool) -> None:
         super().__init__()
-        self.self_attn, self.mlp = layer.self_attn, layer.mlp
+        self.self_attn, self.mlp = layer.self_attn, layer.dense_mlp
         self.input_layernorm = layer.input_layernorm
         self.post_attention_layernorm = layer.post_attention_layernorm
-        attention, mlp = layer.self_attn, layer.mlp
+        attention, mlp = layer.self_attn, layer.dense_mlp
         self.layer_idx, self.head_dim = attention.layer_idx, attention.head_dim
         self.num_heads, self.num_kv_heads = attention.num_heads, attention.num_kv_heads
         self.eps = layer.input_layernorm.variance_epsilon

@@ -233,7 +233,7 @@ class PackedDecoderLayer(nn.Module):
             raise ValueError("rotate_in_gemm folds RoPE into the GEMM; kernels='vllm' rotates with vLLM's")
         self.rotate_in_gemm, self.rope = rotate_in_gemm, rope
         self.kernels: Kernels = kernels
-        self.self_attn, self.mlp = layer.self_attn, layer.mlp
+        self.self_attn, self.mlp = layer.self_attn, layer.dense_mlp
         self.input_layernorm, self.post_attention_layernorm = (
             layer.input_layernorm,
             layer.post_attention_layernorm,

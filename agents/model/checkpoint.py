@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import ModelConfig
+from .moe import fuse_experts, split_experts
 from .transformer import Transformer
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -76,10 +77,9 @@ def load_hf_checkpoint(
     with torch.device("meta"):
         model = Transformer(config)
     expected = {name: p.shape for name, p in model.named_parameters(remove_duplicate=False)}
+    read = {name: tensor for name, tensor in read_safetensors(directory) if not name.endswith(_IGNORED_SUFFIXES)}
     state: dict[str, torch.Tensor] = {}
-    for name, tensor in read_safetensors(directory):
-        if name.endswith(_IGNORED_SUFFIXES):
-            continue
+    for name, tensor in fuse_experts(read).items():  # per-expert tensors stacked (agents/model/moe.py)
         if name not in expected:
             raise ValueError(f"{directory}: unexpected tensor {name!r} for a {config.model_type} model")
         if tuple(tensor.shape) != tuple(expected[name]):
@@ -107,18 +107,23 @@ def load_hf_checkpoint(
 def hf_state_dict(
     model: nn.Module | Mapping[str, torch.Tensor], config: ModelConfig
 ) -> dict[str, torch.Tensor]:
-    """The tensors a HF checkpoint holds: our state_dict minus the tied lm_head."""
+    """The tensors a HF checkpoint holds: our state_dict minus the tied lm_head, a mixture of
+    experts' stacked experts as HF's per-expert tensors."""
     state = dict(model.state_dict() if isinstance(model, nn.Module) else model)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    return state
+    return split_experts(state)
 
 
 def hf_named_tensors(model: Transformer) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor) for weight sync into a policy (skips the tied lm_head); no copies."""
+    """(HF name, tensor) for weight sync into a policy (skips the tied lm_head; a mixture of
+    experts' stacked experts as HF's per-expert tensors)."""
     tied = model.config.tie_word_embeddings
     for name, param in model.named_parameters():  # named_parameters already skips duplicates
         if tied and name == "lm_head.weight":
+            continue
+        if name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
+            yield from split_experts({name: param.detach()}).items()
             continue
         yield name, param.detach()
 

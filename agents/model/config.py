@@ -14,7 +14,9 @@ import torch
 
 from .families import FAMILIES, Family, family
 
-ModelType = Literal["qwen2", "qwen3", "llama", "mistral", "smollm3", "gemma3_text", "olmo2", "olmo3"]
+ModelType = Literal[
+    "qwen2", "qwen3", "qwen3_moe", "llama", "mistral", "smollm3", "gemma3_text", "olmo2", "olmo3"
+]
 # HF's config.json `layer_types` entries this decoder runs.
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -110,6 +112,11 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     (`layer_window`); `layer_types`: HF's per-layer "sliding_attention" / "full_attention" (None
     with a sliding_window: every layer windowed, Mistral's). `no_rope_layers`:
     SmolLM3's, per layer 1 = RoPE, 0 = none (None: every layer rotates).
+    Mixture of experts (Qwen3-MoE; `num_experts` > 0, families whose module says `moe`): each
+    layer `layer_moe` names routes every token to its `num_experts_per_tok` most likely experts
+    (agents/model/moe.py), each a SwiGLU of `moe_intermediate_size`; the chosen probabilities are
+    renormalised with `norm_topk_prob`. The other layers (`mlp_only_layers`, and all but every
+    `decoder_sparse_step`-th) have the dense MLP of `intermediate_size`.
     Token ids are only carried so that a saved config.json is complete, except `pad_token_id`: as
     in transformers, the embedding's padding_idx (its row gets no gradient from lookups).
     """
@@ -136,6 +143,12 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     layer_types: tuple[str, ...] | None = None
     rope_local_base_freq: float | None = None
     query_pre_attn_scalar: float | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in (
@@ -192,6 +205,23 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
                 f"sliding_window={self.sliding_window!r}: a positive window is a field of "
                 f"{[t for t, f in FAMILIES.items() if f.sliding_window]} only"
             )
+        if isinstance(self.mlp_only_layers, list):
+            msgspec.structs.force_setattr(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        if self.num_experts:
+            if not fam.moe:
+                raise ValueError(f"num_experts (a mixture of experts) is not a {self.model_type} field")
+            if not 1 <= self.num_experts_per_tok <= self.num_experts or self.moe_intermediate_size < 1:
+                raise ValueError(
+                    f"a mixture of experts needs 1 <= num_experts_per_tok <= num_experts ({self.num_experts}) "
+                    f"and moe_intermediate_size >= 1, got {self.num_experts_per_tok}, {self.moe_intermediate_size}"
+                )
+            if self.decoder_sparse_step < 1 or any(not 0 <= i < self.num_hidden_layers for i in self.mlp_only_layers):
+                raise ValueError(
+                    f"decoder_sparse_step must be >= 1 and mlp_only_layers layers 0..{self.num_hidden_layers - 1}, "
+                    f"got {self.decoder_sparse_step}, {list(self.mlp_only_layers)}"
+                )
+        elif fam.moe:
+            raise ValueError(f"{self.model_type} needs num_experts >= 1")
         if self.layer_types is not None:
             if not fam.layer_types:
                 raise ValueError(f"layer_types is not a {self.model_type} field")
@@ -241,6 +271,29 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def qk_norm(self) -> bool:
         return self.family.qk_norm
+
+    def layer_moe(self, layer: int) -> bool:
+        """Whether decoder layer `layer` has the mixture-of-experts MLP (transformers' rule)."""
+        return (
+            self.num_experts > 0
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+    def moe_fields(self) -> dict[str, Any]:
+        """The mixture-of-experts fields of config.json ({} without experts)."""
+        if not self.num_experts:
+            return {}
+        return {
+            "num_experts": self.num_experts,
+            "num_experts_per_tok": self.num_experts_per_tok,
+            "moe_intermediate_size": self.moe_intermediate_size,
+            "norm_topk_prob": self.norm_topk_prob,
+            "decoder_sparse_step": self.decoder_sparse_step,
+            "mlp_only_layers": list(self.mlp_only_layers),
+            "output_router_logits": False,
+            "router_aux_loss_coef": 0.001,
+        }
 
     def layer_rope(self, layer: int) -> bool:
         """Whether decoder layer `layer` rotates q/k (SmolLM3's no_rope_layers say; else all do)."""
@@ -301,8 +354,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
         qk_norm = (q + kv if self.family.qk_norm_over == "projection" else 2 * d) * self.qk_norm
         attn = h * (q + 2 * kv) + q * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias + qk_norm
-        per_layer = attn + 3 * h * self.intermediate_size + (4 if self.family.sandwich_norms else 2) * h
-        body = self.num_hidden_layers * per_layer + h
+        per_layer = attn + (4 if self.family.sandwich_norms else 2) * h
+        moe = self.num_experts * (h + 3 * h * self.moe_intermediate_size)  # the router, the experts
+        mlps = sum(moe if self.layer_moe(i) else 3 * h * self.intermediate_size for i in range(self.num_hidden_layers))
+        body = self.num_hidden_layers * per_layer + mlps + h
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return body + (embed if include_embedding else 0)
 
@@ -382,6 +437,18 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
                 else None
             ),
             query_pre_attn_scalar=d.get("query_pre_attn_scalar") if fam.query_pre_attn_scalar else None,
+            **(
+                {
+                    "num_experts": int(d["num_experts"]),
+                    "num_experts_per_tok": int(d["num_experts_per_tok"]),
+                    "moe_intermediate_size": int(d["moe_intermediate_size"]),
+                    "norm_topk_prob": bool(d.get("norm_topk_prob", False)),
+                    "decoder_sparse_step": int(d.get("decoder_sparse_step", 1)),
+                    "mlp_only_layers": tuple(int(i) for i in d.get("mlp_only_layers") or ()),
+                }
+                if fam.moe
+                else {}
+            ),
         )
 
     def to_hf_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
@@ -457,6 +524,12 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
                         model_type="gemma3_text", rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
                         query_pre_attn_scalar=32, sliding_window=4,
                         layer_types=("sliding_attention", "full_attention", "sliding_attention")),
+    # Qwen3-MoE's blocks: 4 experts of 32, 2 per token, the second layer dense.
+    "test-qwen3-moe": dict(_SMALL, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                           model_type="qwen3_moe", tie_word_embeddings=False, num_experts=4,
+                           num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                           mlp_only_layers=(1,)),
     # Real shapes (random weights unless loaded), for GPU benchmarks.
     "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, head_dim=64, rope_theta=1_000_000.0,
@@ -471,6 +544,11 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
                      num_attention_heads=32),
     "qwen3-8b": dict(_QWEN3, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                      num_attention_heads=32, tie_word_embeddings=False),
+    # Qwen3-30B-A3B: 128 experts of 768, 8 per token, in all 48 layers.
+    "qwen3-30b-a3b": dict(_QWEN3, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, model_type="qwen3_moe",
+                          max_position_embeddings=40960, tie_word_embeddings=False, num_experts=128,
+                          num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True),
     # The other native families' published shapes (random weights unless loaded).
     "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                          num_attention_heads=32, num_key_value_heads=8, head_dim=64, rope_theta=500_000.0,

@@ -41,6 +41,7 @@ from torch.utils.checkpoint import checkpoint
 from .attention import causal_attention
 from .config import ModelConfig, RopeScaling, YarnScaling
 from .families.base import NormScale
+from .moe import SparseMoE
 
 # ---------------------------------------------------------------------------------------------
 # Building blocks
@@ -284,7 +285,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         scale = cfg.family.norm_scale
         self.self_attn = Attention(cfg, layer_idx)
-        self.mlp = MLP(cfg)
+        self.mlp = SparseMoE(cfg) if cfg.layer_moe(layer_idx) else MLP(cfg)
         self.post_norms = cfg.family.norm_placement == "post"
         if not self.post_norms:
             self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale)
@@ -294,6 +295,14 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale)
         if self.sandwich or self.post_norms:
             self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale)
+
+    @property
+    def dense_mlp(self) -> MLP:
+        """The layer's dense MLP, for the engine's packed and fused layers (the dense block's);
+        ValueError for a mixture-of-experts layer (it runs as the model's own layer)."""
+        if not isinstance(self.mlp, MLP):
+            raise ValueError("a mixture-of-experts layer has no dense MLP: it runs as the model's own layer")
+        return self.mlp
 
     def forward(
         self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None, keep: torch.Tensor | None = None

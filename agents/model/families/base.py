@@ -73,6 +73,8 @@ class Shape(Protocol):
     @property
     def query_pre_attn_scalar(self) -> float | None: ...
 
+    def moe_fields(self) -> dict[str, Any]: ...
+
 
 def _no_fields(config: Shape) -> dict[str, Any]:
     return {}
@@ -97,7 +99,8 @@ class Family:
     entries, written after the shared ones. norm_placement: `NormPlacement`; qk_norm_over:
     `QkNormOver` (with qk_norm). local_rope: the sliding-window layers' own default RoPE base
     (`rope_local_base_freq`), True required (Gemma 3), "optional" (OLMo 3: where its layer types'
-    RoPE differ)."""
+    RoPE differ). moe: config.json's mixture-of-experts fields are read (`num_experts`, ...: the
+    layers `ModelConfig.layer_moe` names have agents/model/moe.py's sparse MLP)."""
 
     model_type: str
     architecture: str
@@ -118,6 +121,7 @@ class Family:
     own_layers: str | None = None
     norm_placement: NormPlacement = "pre"
     qk_norm_over: QkNormOver = "head"
+    moe: bool = False
 
 
 __all__ = [

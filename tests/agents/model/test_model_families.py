@@ -88,6 +88,18 @@ def hf_config(case: str):
     if case == "olmo2":
         return transformers.Olmo2Config(**OLMO_SHAPE, num_hidden_layers=2, attention_bias=True,
                                         rope_parameters={"rope_type": "default", "rope_theta": 1e4})  # fmt: skip
+    if case == "qwen3-moe":  # 4 experts, 2 a token, renormalised; the middle layer dense
+        return transformers.Qwen3MoeConfig(
+            **SHAPE, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            norm_topk_prob=True, mlp_only_layers=[1], tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+        )  # fmt: skip
+    if case == "qwen3-moe-sparse-step":  # experts on every second layer, 3 of 8 a token, not renormalised
+        return transformers.Qwen3MoeConfig(
+            **SHAPE, num_hidden_layers=4, num_experts=8, num_experts_per_tok=3, moe_intermediate_size=16,
+            decoder_sparse_step=2, tie_word_embeddings=True, attention_bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+        )  # fmt: skip
     raise KeyError(case)
 
 
@@ -102,6 +114,8 @@ CASES = [
     "olmo3",
     "olmo3-bias-tied",
     "olmo2",
+    "qwen3-moe",
+    "qwen3-moe-sparse-step",
 ]
 # The models whose sliding windows the test sequences pass, and their windows layer by layer (None:
 # a full-attention layer).
@@ -116,7 +130,7 @@ WINDOWED = list(LAYER_WINDOWS)
 # projection; the model's own layers, never fused ones.
 OLMO = ["olmo3", "olmo3-bias-tied", "olmo2"]
 # The models a training step and the Trainer's SFT step are checked on.
-TRAINED = ["llama3-tied", "mistral", "smollm3", "olmo2", *WINDOWED]
+TRAINED = ["llama3-tied", "mistral", "smollm3", "olmo2", "qwen3-moe", *WINDOWED]
 # The spread of the random norm weights around their center: OLMo's cases keep the 0.15 of every
 # other weight (their parity was established with it).
 NORM_SPREAD = {"olmo3": 0.15, "olmo3-bias-tied": 0.15, "olmo2": 0.15}
@@ -165,7 +179,7 @@ def test_logits_match_transformers_on_a_ragged_batch(tmp_path, case: str) -> Non
 
 
 @pytest.mark.parametrize(
-    "case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3", "olmo2", *WINDOWED]
+    "case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3", "olmo2", "qwen3-moe", *WINDOWED]
 )
 def test_engine_greedy_matches_transformers_greedy(tmp_path, case: str) -> None:
     """Prompts longer than the windowed models' windows (a prefill's band), then 64 decode steps
@@ -182,7 +196,8 @@ def test_engine_greedy_matches_transformers_greedy(tmp_path, case: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "case", ["llama3-tied", "llama-untied-bias", "mistral", "smollm3", "olmo2", *WINDOWED]
+    "case",
+    ["llama3-tied", "llama-untied-bias", "mistral", "smollm3", "olmo2", "qwen3-moe", "qwen3-moe-sparse-step", *WINDOWED],
 )
 def test_save_load_round_trip_and_transformers_reads_ours(tmp_path, case: str) -> None:
     hf = hf_model(case, seed=2)

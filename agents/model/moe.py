@@ -1,0 +1,165 @@
+"""The mixture-of-experts MLP (Qwen3-MoE's sparse block), read top to bottom.
+
+    router logits = x @ gate.weight^T                              [N, E]
+    probs = softmax(logits) in float32; the top `num_experts_per_tok` experts of each token, their
+        probabilities renormalised to sum 1 when `norm_topk_prob`
+    y = sum over a token's chosen experts e of p_e * down_e(silu(gate_e(x)) * up_e(x))
+
+The experts are stored stacked, as transformers 5 holds them in memory: `experts.gate_up_proj`
+[E, 2 * I, H] (each expert's gate rows, then its up rows) and `experts.down_proj` [E, H, I], so
+FSDP2's dim-0 sharding keeps each expert whole on one rank. They run as one grouped computation:
+the (token, expert) pairs sorted by expert, then one grouped matmul per projection over the groups
+(`torch.nn.functional.grouped_mm`, CPU and CUDA bf16 on sm90+), else one batched matmul over the
+experts padded to the busiest one's count; never a Python loop over experts.
+
+Checkpoints keep Hugging Face's per-expert names (`mlp.experts.{e}.gate_proj.weight`, `up_proj`,
+`down_proj`), which transformers, vLLM and peft read: `fuse_experts` stacks them on load and
+`split_experts` writes them back (agents/model/checkpoint.py).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+_PER_EXPERT = re.compile(
+    r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
+)
+
+
+class Experts(nn.Module):
+    """The stacked expert weights (module doc) and their grouped SwiGLU."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.down_proj = nn.Parameter(torch.empty(e, h, i))
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """x [M, H]: the rows routed to expert 0, then those to expert 1, ... (`counts` [E] rows
+        each) -> [M, H], each row through its expert."""
+        gate_up_proj, down_proj = self.gate_up_proj, self.down_proj
+        device = x.device.type
+        if torch.is_autocast_enabled(device):  # grouped_mm takes one dtype: the autocast one
+            dtype = torch.get_autocast_dtype(device)
+            x, gate_up_proj, down_proj = x.to(dtype), gate_up_proj.to(dtype), down_proj.to(dtype)
+        with torch.autocast(device, enabled=False):
+            gate, up = grouped_matmul(x, gate_up_proj, counts).chunk(2, dim=-1)
+            return grouped_matmul(F.silu(gate) * up, down_proj, counts)
+
+
+def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Rows of x [M, in] grouped by `counts` [E] (group e: the next counts[e] rows) times their
+    group's weight[e]^T (weight [E, out, in]) -> [M, out]."""
+    if _grouped_mm_fits(x, weight):
+        offsets = counts.cumsum(0).to(torch.int32)
+        return F.grouped_mm(x, weight.transpose(1, 2), offs=offsets)
+    # One batched matmul over the experts, each group padded to the largest.
+    experts, width = weight.shape[0], int(counts.max()) if counts.numel() else 0
+    starts = counts.cumsum(0) - counts
+    slot = torch.arange(x.shape[0], device=x.device) - torch.repeat_interleave(starts, counts)
+    group = torch.repeat_interleave(torch.arange(experts, device=x.device), counts)
+    padded = x.new_zeros(experts, width, x.shape[1])
+    padded[group, slot] = x
+    return torch.bmm(padded, weight.transpose(1, 2))[group, slot]
+
+
+def _grouped_mm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether torch's grouped_mm runs these: a CPU, or CUDA bf16 on sm90+; rows 16-byte aligned."""
+    if not hasattr(F, "grouped_mm") or x.dtype != weight.dtype:
+        return False
+    aligned = all(n * x.element_size() % 16 == 0 for n in (x.shape[1], weight.shape[1]))
+    if x.device.type == "cpu":
+        return aligned
+    return (
+        x.device.type == "cuda"
+        and x.dtype == torch.bfloat16
+        and torch.cuda.get_device_capability(x.device)[0] >= 9
+        and aligned
+    )
+
+
+class SparseMoE(nn.Module):
+    """HF's `Qwen3MoeSparseMoeBlock`: the router `gate` and the `experts` (module doc)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.num_experts = cfg.num_experts  # (the engine may swap `gate` for a packed linear)
+        self.experts = Experts(cfg)  # before the router: transformers' order of the tensors
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        weights, chosen = self.route(self.gate(x))
+        # The (token, expert) pairs sorted by expert: one contiguous group of rows per expert.
+        experts = chosen.flatten()
+        order = torch.argsort(experts, stable=True)
+        tokens = torch.div(order, self.top_k, rounding_mode="floor")
+        counts = torch.bincount(experts, minlength=self.num_experts)
+        out = self.experts(x[tokens], counts)
+        out = out * weights.flatten()[order, None].to(out.dtype)
+        return torch.zeros_like(x, dtype=out.dtype).index_add_(0, tokens, out).to(x.dtype).reshape(shape)
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits [N, E] -> (the chosen experts' weights [N, k] in the logits' dtype, their
+        indices [N, k]): HF's top-k of the float32 softmax, renormalised with norm_topk_prob."""
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(logits.dtype), chosen
+
+
+def fuse_experts(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's per-expert tensors stacked as `Experts` holds them; other tensors as they are.
+    ValueError for a layer whose experts are not all there (0..E-1, each with all three)."""
+    out: dict[str, torch.Tensor] = {}
+    found: dict[str, dict[str, dict[int, torch.Tensor]]] = {}
+    for name, tensor in state.items():
+        match = _PER_EXPERT.match(name)
+        if match is None:
+            out[name] = tensor
+            continue
+        found.setdefault(match["prefix"], {}).setdefault(match["proj"], {})[int(match["expert"])] = tensor
+    for prefix, projections in found.items():
+        counts = {proj: len(by_expert) for proj, by_expert in projections.items()}
+        num = max(counts.values())
+        if set(projections) != {"gate_proj", "up_proj", "down_proj"} or any(
+            sorted(by_expert) != list(range(num)) for by_expert in projections.values()
+        ):
+            raise ValueError(f"{prefix}: the checkpoint does not hold gate/up/down of experts 0..{num - 1}")
+        gate, up, down = (projections[p] for p in ("gate_proj", "up_proj", "down_proj"))
+        out[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([gate[e], up[e]]) for e in range(num)])
+        out[f"{prefix}.down_proj"] = torch.stack([down[e] for e in range(num)])
+    return out
+
+
+def split_experts(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of `fuse_experts`: stacked experts as Hugging Face's per-expert tensors."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            prefix = name.removesuffix(".gate_up_proj")
+            for e, rows in enumerate(tensor):
+                gate, up = rows.chunk(2)
+                out[f"{prefix}.{e}.gate_proj.weight"] = gate.clone()  # own storage: safetensors
+                out[f"{prefix}.{e}.up_proj.weight"] = up.clone()
+        elif name.endswith(".mlp.experts.down_proj"):
+            prefix = name.removesuffix(".down_proj")
+            for e, rows in enumerate(tensor):
+                out[f"{prefix}.{e}.down_proj.weight"] = rows.clone()
+        else:
+            out[name] = tensor
+    return out
+
+
+__all__ = ["Experts", "SparseMoE", "fuse_experts", "grouped_matmul", "split_experts"]

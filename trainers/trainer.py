@@ -36,6 +36,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from ..agents.model.lora import lora_modules
+from ..agents.model.moe import SparseMoE, load_balancing_loss
 from ..agents.model.transformer import Transformer
 from ..rollouts.types import Episode, PolicySampling
 from .batching import MicroBatch, empty_micro_batch, make_micro_batches, shard_episodes
@@ -114,6 +115,10 @@ class Trainer:
         self.model = shard_model(model.to(self.device), self.mesh, self.precision)
         # The fused head needs our Transformer's `head=`; any other model gives logits.
         self._fused_head = config.fused_head and isinstance(model, Transformer)
+        # A mixture of experts' routers keep their logits for the load-balancing loss and metric.
+        self._routers = [m for m in self.model.modules() if isinstance(m, SparseMoE)]
+        for router in self._routers:
+            router.keep_router_logits = True
         self.reference_model = None
         if config.loss.kl_coef > 0:
             if reference_model is None:
@@ -189,7 +194,7 @@ class Trainer:
         if self.reference_model is not None:
             with torch.no_grad():
                 ref_logprobs = self._scores(mb, self.reference_model, temperature).logprobs
-        return policy_loss(
+        loss, metrics = policy_loss(
             loss_config,
             logprobs,
             mb.sampler_logprobs,
@@ -201,6 +206,27 @@ class Trainer:
             staleness=(self.step - mb.versions).clamp(min=0),
             extra_terms=extra_terms,
         )
+        if self._routers:
+            aux = self._router_aux(mb)
+            metrics["router_aux"] = aux.detach()
+            if loss_config.router_aux_coef > 0:
+                share = mb.loss_mask.sum() / max(norm.num_tokens, 1.0)
+                loss = loss + loss_config.router_aux_coef * share * aux
+        return loss, metrics
+
+    def _router_aux(self, mb: MicroBatch) -> Tensor:
+        """The load-balancing loss of the routers' logits of mb's forward, over its real positions
+        (a shared prefix's rows counted once)."""
+        logits = [router.router_logits for router in self._routers]
+        if any(x is None for x in logits):
+            raise RuntimeError("a router kept no logits: the forward did not run every MoE layer")
+        width = mb.input_ids.shape[1]
+        real = mb.real_positions()
+        if mb.prefix_rows:
+            prefix = (torch.arange(width, device=real.device) < mb.prefix_len).expand(mb.prefix_rows, width)
+            real = torch.cat([prefix, real])
+        top_k = self._routers[0].top_k
+        return load_balancing_loss([x for x in logits if x is not None], top_k, real)
 
     def sft_loss(self, mb: MicroBatch, norm: LossNormaliser) -> tuple[Tensor, dict[str, Tensor]]:
         """Cross-entropy on loss_mask tokens over the step's token count (a MicroBatchLoss)."""

@@ -20,7 +20,7 @@ Checkpoints keep Hugging Face's per-expert names (`mlp.experts.{e}.gate_proj.wei
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -93,13 +93,20 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.num_experts = cfg.num_experts  # (the engine may swap `gate` for a packed linear)
+        # The trainer's load-balancing loss (LossConfig.router_aux_coef) reads the last forward's
+        # router logits [N, E] (with grad) when this is set.
+        self.keep_router_logits = False
+        self.router_logits: torch.Tensor | None = None
         self.experts = Experts(cfg)  # before the router: transformers' order of the tensors
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        weights, chosen = self.route(self.gate(x))
+        logits = self.gate(x)
+        if self.keep_router_logits:
+            self.router_logits = logits
+        weights, chosen = self.route(logits)
         # The (token, expert) pairs sorted by expert: one contiguous group of rows per expert.
         experts = chosen.flatten()
         order = torch.argsort(experts, stable=True)
@@ -117,6 +124,35 @@ class SparseMoE(nn.Module):
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(logits.dtype), chosen
+
+
+def load_balancing_loss(
+    router_logits: Sequence[torch.Tensor], top_k: int, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The Switch Transformer's load-balancing loss over the MoE layers' router logits (each
+    [N, E], the same N positions; `mask` [N] weighs them, e.g. 0 on padding): E x sum_e f_e P_e,
+    f_e the share of (position, top-k slot) assignments that went to expert e (per position, so it
+    sums to top_k) and P_e its mean router probability; transformers' `load_balancing_loss_func`.
+    It is 1 x top_k when routing is uniform and grows as it concentrates."""
+    experts = router_logits[0].shape[-1]
+    weight = None if mask is None else mask.reshape(-1).float()
+    assigned = torch.zeros(experts, dtype=torch.float32, device=router_logits[0].device)
+    probability = torch.zeros_like(assigned)
+    rows = torch.zeros((), dtype=torch.float32, device=assigned.device)
+    for logits in router_logits:
+        probs = torch.softmax(logits.float(), dim=-1)
+        chosen = torch.topk(probs, top_k, dim=-1).indices.reshape(-1)
+        if weight is None:
+            assigned = assigned + torch.bincount(chosen, minlength=experts).float()
+            probability = probability + probs.sum(0)
+            rows = rows + probs.shape[0]
+        else:
+            assigned = assigned + torch.zeros_like(assigned).scatter_add_(
+                0, chosen, weight.repeat_interleave(top_k)
+            )
+            probability = probability + (probs * weight[:, None]).sum(0)
+            rows = rows + weight.sum()
+    return experts * torch.sum((assigned / rows) * (probability / rows))
 
 
 def fuse_experts(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -162,4 +198,4 @@ def split_experts(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-__all__ = ["Experts", "SparseMoE", "fuse_experts", "grouped_matmul", "split_experts"]
+__all__ = ["Experts", "SparseMoE", "fuse_experts", "grouped_matmul", "load_balancing_loss", "split_experts"]

@@ -45,6 +45,10 @@ class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tis_cap: truncated importance sampling cap C (None: off; terms.py).
     seq_mask: sequence-level IS masking ("off", "sequence" or "geometric"; terms.py), with
         the bounds seq_mask_low < 1 < seq_mask_high on the ratio (None: SEQ_MASK_DEFAULTS).
+    router_aux_coef: a mixture of experts' load-balancing loss (agents/model/moe.py
+        `load_balancing_loss`, transformers' router aux loss) times this, added to each
+        micro-batch's loss weighted by its share of the step's sampled tokens; 0 = off, as the
+        reference configs train (the metric `router_aux` is logged for MoE models either way).
     """
 
     name: LossName = "grpo"
@@ -61,6 +65,7 @@ class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     seq_mask: SeqMask = "off"
     seq_mask_low: float | None = None
     seq_mask_high: float | None = None
+    router_aux_coef: float = 0.0
 
     def __post_init__(self) -> None:
         if self.name not in LOSSES:
@@ -83,8 +88,8 @@ class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         if self.aggregation == "seq-mean-token-sum-norm" and not (self.constant_normaliser or 0) > 0:
             raise ValueError("aggregation 'seq-mean-token-sum-norm' needs constant_normaliser > 0")
-        if self.kl_coef < 0 or self.entropy_coef < 0:
-            raise ValueError("LossConfig.kl_coef and entropy_coef must be >= 0")
+        if self.kl_coef < 0 or self.entropy_coef < 0 or not self.router_aux_coef >= 0:
+            raise ValueError("LossConfig.kl_coef, entropy_coef and router_aux_coef must be >= 0")
         if self.kl_estimator not in ("k1", "k3"):
             raise ValueError(f"LossConfig.kl_estimator must be 'k1' or 'k3', got {self.kl_estimator!r}")
         if self.tis_cap is not None and self.tis_cap <= 0:

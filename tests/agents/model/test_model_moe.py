@@ -89,3 +89,55 @@ def test_config_refusals_and_the_published_shape():
     big = ModelConfig.named("qwen3-30b-a3b")
     assert 30.4e9 < big.num_params() < 30.6e9  # Qwen3-30B-A3B: 30.5B in all
     assert ModelConfig.from_hf_dict(big.to_hf_dict()) == big
+
+
+def test_the_load_balancing_loss_is_transformers_and_the_trainer_adds_it():
+    """`load_balancing_loss` equals transformers' load_balancing_loss_func (with and without a
+    mask); the Trainer logs it as `router_aux` for a MoE model and, with router_aux_coef, adds it
+    to the loss: the loss and the router's gradient are those of the policy loss plus coef x aux."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    from toolgym.rollouts.types import Episode
+    from toolgym.trainers.config import TrainerConfig
+    from toolgym.trainers.losses import LossConfig
+    from toolgym.trainers.trainer import Trainer
+
+    g = torch.Generator().manual_seed(3)
+    logits = [torch.randn(12, 4, generator=g) for _ in range(2)]
+    mask = torch.tensor([1.0] * 9 + [0.0] * 3)
+    for m in (None, mask):
+        theirs = load_balancing_loss_func(tuple(logits), 4, 2, None if m is None else m[None])
+        assert moe.load_balancing_loss(logits, 2, m).item() == pytest.approx(float(theirs), rel=1e-6)
+
+    episodes = [
+        Episode(tokens=[5, 9, 33, 7, 12, 40, 41], loss_mask=[0, 0, 0, 1, 1, 1, 1],
+                sampler_logprobs=[0.0, 0.0, 0.0, -5.5, -5.6, -5.4, -5.5], advantages=[0, 0, 0, 1.0, 1.0, 1.0, 1.0]),
+        Episode(tokens=[5, 9, 3, 70, 2], loss_mask=[0, 0, 1, 1, 1],
+                sampler_logprobs=[0.0, 0.0, -5.5, -5.5, -5.5], advantages=[0, 0, -1.0, -1.0, -1.0]),
+    ]  # fmt: skip
+    grads, results = {}, {}
+    for coef in (0.0, 0.5):
+        trainer = Trainer(
+            build_model("test-qwen3-moe", seed=0), TrainerConfig(loss=LossConfig(name="grpo", router_aux_coef=coef)),
+            device="cpu",
+        )  # fmt: skip
+        results[coef] = trainer._forward_backward(episodes, trainer.policy_loss, sharded=False)
+        grads[coef] = trainer.model.model.layers[0].mlp.gate.weight.grad.clone()
+    assert (
+        results[0.0]["router_aux"] == pytest.approx(results[0.5]["router_aux"])
+        and results[0.0]["router_aux"] > 1.0
+    )
+    assert results[0.5]["loss"] == pytest.approx(
+        results[0.0]["loss"] + 0.5 * results[0.0]["router_aux"], rel=1e-5
+    )
+    # by hand: the same batch's aux over its real positions, its gradient on the first router
+    model = build_model("test-qwen3-moe", seed=0)
+    router = model.model.layers[0].mlp
+    router.keep_router_logits = True
+    ids = torch.zeros(2, 6, dtype=torch.long)
+    ids[0, :6], ids[1, :4] = torch.tensor(episodes[0].tokens[:-1]), torch.tensor(episodes[1].tokens[:-1])
+    model(ids)
+    real = torch.tensor([[1] * 6, [1] * 4 + [0] * 2]).bool()
+    aux = moe.load_balancing_loss([router.router_logits], 2, real)
+    (0.5 * aux).backward()
+    torch.testing.assert_close(grads[0.5] - grads[0.0], router.gate.weight.grad, atol=1e-6, rtol=1e-4)

@@ -141,3 +141,36 @@ def test_the_load_balancing_loss_is_transformers_and_the_trainer_adds_it():
     aux = moe.load_balancing_loss([router.router_logits], 2, real)
     (0.5 * aux).backward()
     torch.testing.assert_close(grads[0.5] - grads[0.0], router.gate.weight.grad, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_a_moe_model_trains_through_the_cli(tmp_path):
+    """`toolgym train` with a Qwen3-MoE model: the engine samples from it, the trainer steps it
+    (with the load-balancing loss) and the weights sync back each step, then it exports as HF's
+    per-expert checkpoint that loads back equal."""
+    from toolgym.agents.model.checkpoint import load_hf_checkpoint
+    from toolgym.configs.cli.main import main as cli_main
+    from toolgym.trainers.metrics_log import read_metrics
+
+    run_dir = tmp_path / "run"
+    overrides = [
+        f"run.run_dir={run_dir}", "run.steps=2", "run.plot=false", "model.name=test-qwen3-moe",
+        "model.overrides.vocab_size=1024",
+        "sft.enabled=false", "policy.max_seq_len=256", "rollout.group_size=2", "rollout.max_turns=2",
+        "rollout.max_tokens_per_turn=8", "rollout.max_tokens_per_episode=24", "batch.groups_per_batch=2",
+        "batch.dynamic_sampling=false", "trainer.loss.router_aux_coef=0.01", "eval.num_tasks=2",
+        "eval.samples_per_task=1", "logging.progress_bar=false",
+    ]  # fmt: skip
+    assert (
+        cli_main(["train", "zorplex_tiny", "--no-progress", *(a for o in overrides for a in ("--set", o))])
+        == 0
+    )
+    train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(r["train/router_aux"] >= 1.0 and r["train/skipped"] == 0 for r in train)
+    exported = load_hf_checkpoint(run_dir / "final_model")
+    assert exported.config.num_experts == 4 and exported.model.layers[0].mlp.experts.gate_up_proj.shape == (
+        4,
+        64,
+        64,
+    )

@@ -12,7 +12,8 @@ it asks for `prompt_logprobs: k`, whose entries then also hold the k most likely
 `info[TEACHER_TOPK_LOGPROBS]`); an answer with fewer is a scoring failure (a vLLM server must
 allow it: --max-logprobs >= k; toolgym serve gives up to 20). vLLM's OpenAI server answers it, and so does
 `toolgym serve` (rollouts/endpoint/prompt_logprobs.py). The requests of a group run at once, up
-to MAX_CONCURRENT_REQUESTS; they use the standard library's HTTP client, so this teacher needs no
+to MAX_CONCURRENT_REQUESTS; they use the standard library's HTTP client (model_client.py, which
+the judge shares), so this teacher needs no
 package the checkpoint teacher does not. `$OPENAI_API_KEY`, when set, is sent as the bearer
 token (a vLLM server started with --api-key).
 
@@ -40,25 +41,17 @@ the run (teacher.py `GroupTeacher.annotate`).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import msgspec
-
 from .distill import DistillConfig
+from .model_client import EndpointError, request_json
 from .teacher import GroupTeacher, PositionScores, TeacherError
 
 MAX_CONCURRENT_REQUESTS = 16
 NEEDS = "the completions parameter `prompt_logprobs` (vLLM's OpenAI server, or toolgym serve)"
-
-
-class EndpointError(RuntimeError):
-    """A request to the endpoint failed; `str()` names the URL and the cause."""
 
 
 class EndpointTeacher(GroupTeacher):
@@ -101,27 +94,9 @@ class EndpointTeacher(GroupTeacher):
     # ---- HTTP -------------------------------------------------------------------------------
 
     def _request(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        headers = {"Content-Type": "application/json"}
-        key = os.environ.get("OPENAI_API_KEY")
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        data = None if body is None else msgspec.json.encode(body)
-        request = urllib.request.Request(self.url + path, data=data, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as answer:
-                return msgspec.json.decode(answer.read())
-        except urllib.error.HTTPError as exc:
-            text = exc.read().decode("utf-8", "replace")
-            with contextlib.suppress(Exception):  # OpenAI's error shape, else the body as text
-                text = msgspec.json.decode(text)["error"]["message"]
-            raise EndpointError(
-                f"{self.url}{path}: HTTP {exc.code}: {' '.join(str(text).split())[:300]}"
-            ) from None
-        except (urllib.error.URLError, OSError) as exc:  # refused, unreachable, timed out
-            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
-            raise EndpointError(f"{self.url}{path}: {type(reason).__name__}: {reason}") from None
-        except msgspec.DecodeError as exc:
-            raise EndpointError(f"{self.url}{path}: the answer is not JSON ({exc})") from None
+        return request_json(
+            self.url, path, body, timeout=self.timeout, api_key=os.environ.get("OPENAI_API_KEY")
+        )
 
     def _model_card(self) -> tuple[str, str | None, bool]:
         """(the model to request, its tokenizer fingerprint if the card says, whether the endpoint

@@ -42,6 +42,10 @@ Sections (all optional; every key has a default):
                  prompt_logprobs: vLLM, `toolgym serve`), teacher_model (the endpoint's model; "" =
                  its only one), teacher_timeout_s, weight, reward_weight, max_consecutive_failures:
                  on-policy distillation (rollouts/scoring/distill.py, teacher.py, endpoint_teacher.py)
+    [judge]      JudgeConfig: url ("" = off; an OpenAI-compatible endpoint), model, api_key_env (the
+                 NAME of the key's environment variable), mode (episode | group), criteria (name,
+                 prompt, weight: each the reward component judge_<name>), max_concurrent,
+                 timeout_s, retries, backoff_s, ...: rewards from a judge (rollouts/scoring/judge.py)
     [agent_program] module, function, task, request_timeout_s: train an agent program written
                  against the `openai` client through the endpoint instead of rolling out [env]
                  (rollouts/endpoint/agent_runner.py); empty module = env rollouts
@@ -67,6 +71,7 @@ from ..rollouts.endpoint.program import AgentProgram
 from ..rollouts.episode.config import EnvRolloutConfig
 from ..rollouts.evaluation import EvalConfig
 from ..rollouts.scoring.distill import DistillConfig
+from ..rollouts.scoring.judge import JudgeConfig
 from ..rollouts.scripted import OracleConfig
 from ..rollouts.types import PolicySampling, RolloutSettings
 from ..trainers.config import CheckpointConfig, OptimizerConfig, TrainerConfig
@@ -380,6 +385,7 @@ class Config(msgspec.Struct, **_STRICT):
     loop: LoopSection = msgspec.field(default_factory=LoopSection)
     agent_program: AgentProgram = msgspec.field(default_factory=AgentProgram)
     distill: DistillConfig = msgspec.field(default_factory=DistillConfig)
+    judge: JudgeConfig = msgspec.field(default_factory=JudgeConfig)
 
     @property
     def agent(self) -> PolicySection:

@@ -39,6 +39,12 @@ distill.py); a group whose teacher scoring raised is dropped as an infrastructur
 (`batch/groups_scoring_failed`), never trained with a zero log-ratio. The metrics add
 `distill/`: the kept, trained episodes' reverse KL per token (mean and per turn index) and the
 teacher's scoring time (`distill/teacher_s`, summed over the groups offered).
+
+Rewards from a judge (a `judge`, rollouts/scoring/judge.py): each group is judged first, its
+criteria's scores written into the trajectories as reward components, so the teacher and the
+scorer see the judged rewards; a group the judge could not score is dropped the same way
+(`batch/groups_scoring_failed`), never trained with reward 0. The metrics add `judge/`: calls,
+cache hits, seconds and usage tokens, summed over the groups offered.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from .metrics import batch_metrics
 from .scoring.advantages import AdvantageConfig
 from .scoring.credit import credit_metrics, turn_rewards
 from .scoring.distill import TeacherScorer, reverse_kl_metrics
+from .scoring.judge import Judge, JudgeStats
 from .scoring.scorer import Fate, OverStale, group_fate, mean_abs_advantage, score_group, trainable
 from .types import Episode, Trajectory
 
@@ -149,8 +156,9 @@ class ScoredGroup(msgspec.Struct):
     informative: bool
     oldest_version: int
     finished_at: float  # time.perf_counter() when it was scored
-    failure: str = ""  # why its scoring failed (the teacher raised): dropped as an infra failure
+    failure: str = ""  # why its scoring failed (the teacher or judge): dropped as an infra failure
     teacher_s: float = 0.0  # the teacher's scoring time for this group
+    judge_stats: JudgeStats | None = None  # the judge's calls for this group (None: no judge)
 
 
 def oldest_version(trajectories: Sequence[Trajectory]) -> int:
@@ -168,12 +176,17 @@ class BatchAssembler:
     it, kept or not, so the caller records each exactly once."""
 
     def __init__(
-        self, config: BatchConfig, over_stale: OverStale | None = None, distill: bool = False
+        self,
+        config: BatchConfig,
+        over_stale: OverStale | None = None,
+        distill: bool = False,
+        judge: bool = False,
     ) -> None:
         """over_stale: the async rule for groups too far behind the trainer (None: sync, the
         groups were sampled by the current weights); distill: a teacher scores the groups (the
-        `distill/` metrics)."""
+        `distill/` metrics); judge: a judge scores them (the `judge/` metrics)."""
         self.config, self.over_stale, self.distill = config, over_stale, distill
+        self.judge, self.judge_stats = judge, JudgeStats()
         self.scoring_failed, self.teacher_s = 0, 0.0
         self._kept: list[tuple[Sequence[Trajectory], list[Advantage]]] = []
         self._other: list[tuple[Sequence[Trajectory], list[Advantage]]] = []
@@ -195,12 +208,16 @@ class BatchAssembler:
         *,
         failure: str = "",
         teacher_s: float = 0.0,
+        judge_stats: JudgeStats | None = None,
     ) -> None:
         """One scored group (`score_group`'s advantages and signal); `staleness`: the trainer's
         policy version minus the group's oldest (0 when sampled by the current weights);
-        `failure`: why its scoring failed ("" when it did not); `teacher_s`: its teacher time."""
+        `failure`: why its scoring failed ("" when it did not); `teacher_s`: its teacher time;
+        `judge_stats`: its judge's calls."""
         config = self.config
         self.teacher_s += teacher_s
+        if judge_stats is not None:
+            self.judge_stats.add(judge_stats)
         fate = group_fate(
             group,
             informative,
@@ -260,6 +277,9 @@ class BatchAssembler:
             infra = config.train_on_infra_failures
             metrics.update(reverse_kl_metrics([t for t in kept_trajectories if trainable(t, infra)]))
             metrics["distill/teacher_s"] = self.teacher_s
+        if self.judge:
+            metrics.update(self.judge_stats.metrics())
+        if self.distill or self.judge:
             metrics["batch/groups_scoring_failed"] = float(self.scoring_failed)
         if self.over_stale is not None:
             staleness = self._staleness
@@ -333,25 +353,37 @@ class _Scored(msgspec.Struct):
     informative: bool
     failure: str = ""
     teacher_s: float = 0.0
+    judge_stats: JudgeStats | None = None
 
 
-def _score(group: Sequence[Trajectory], config: BatchConfig, teacher: TeacherScorer | None = None) -> _Scored:
-    """The group scored: by the teacher first (its logprobs written into the trajectories; a
-    failure gives no advantages and the cause), then by the scorer."""
+def _score(
+    group: Sequence[Trajectory],
+    config: BatchConfig,
+    teacher: TeacherScorer | None = None,
+    judge: Judge | None = None,
+) -> _Scored:
+    """The group scored: by the judge first (its criteria's rewards written into the
+    trajectories), then by the teacher (its logprobs written into them; a failure of either gives
+    no advantages and the cause), then by the scorer."""
+    stats = None
+    if judge is not None:
+        failure, stats = judge.annotate(group)
+        if failure is not None:
+            return _Scored([0.0] * len(group), False, failure, 0.0, stats)
     teacher_s = 0.0
     if teacher is not None:
         started = time.perf_counter()
         failure = teacher.annotate(group)
         teacher_s = time.perf_counter() - started
         if failure is not None:
-            return _Scored([0.0] * len(group), False, failure, teacher_s)
+            return _Scored([0.0] * len(group), False, failure, teacher_s, stats)
     advantages, informative = score_group(
         group,
         config.advantage,
         train_on_infra_failures=config.train_on_infra_failures,
         distill=teacher.config if teacher is not None else None,
     )
-    return _Scored(advantages, informative, "", teacher_s)
+    return _Scored(advantages, informative, "", teacher_s, stats)
 
 
 async def roll_group(
@@ -360,11 +392,12 @@ async def roll_group(
     index: int,
     config: BatchConfig,
     teacher: TeacherScorer | None = None,
+    judge: Judge | None = None,
 ) -> ScoredGroup:
-    """Task `index`'s group (task seed `seed`) rolled out and scored (by `teacher` too, when
-    given): what a group producer buffers for the async taker."""
+    """Task `index`'s group (task seed `seed`) rolled out and scored (by `judge` and `teacher`
+    too, when given): what a group producer buffers for the async taker."""
     trajectories = await runner.run_groups([seed], [index])
-    scored = _score(trajectories, config, teacher)
+    scored = _score(trajectories, config, teacher, judge)
     return ScoredGroup(
         group_id=index,
         trajectories=trajectories,
@@ -374,6 +407,7 @@ async def roll_group(
         finished_at=time.perf_counter(),
         failure=scored.failure,
         teacher_s=scored.teacher_s,
+        judge_stats=scored.judge_stats,
     )
 
 
@@ -382,13 +416,14 @@ async def collect_batch(
     seeds: TaskSeedStream,
     config: BatchConfig,
     teacher: TeacherScorer | None = None,
+    judge: Judge | None = None,
 ) -> RolloutBatch:
     """Roll out, score and assemble one training step's batch (module doc: dynamic sampling, the
-    teacher)."""
+    teacher, the judge)."""
     started = time.perf_counter()
     needed = config.groups_per_batch
     max_per_round = config.max_groups_per_round or 4 * needed
-    assembler = BatchAssembler(config, distill=teacher is not None)
+    assembler = BatchAssembler(config, distill=teacher is not None, judge=judge is not None)
     rolled = rounds = 0
     while True:
         rounds += 1
@@ -402,9 +437,14 @@ async def collect_batch(
         trajectories = await runner.run_groups(task_seeds, group_ids)
         rolled += ask
         for group in _split_groups(trajectories):
-            scored = _score(group, config, teacher)
+            scored = _score(group, config, teacher, judge)
             assembler.offer(
-                group, scored.advantages, scored.informative, failure=scored.failure, teacher_s=scored.teacher_s
+                group,
+                scored.advantages,
+                scored.informative,
+                failure=scored.failure,
+                teacher_s=scored.teacher_s,
+                judge_stats=scored.judge_stats,
             )
         if not config.dynamic_sampling or assembler.kept >= needed or rounds > config.max_extra_rounds:
             break

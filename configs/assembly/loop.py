@@ -34,6 +34,7 @@ from ...rollouts.recording.format import (
 )
 from ...rollouts.scoring.distill import TeacherScorer
 from ...rollouts.scoring.endpoint_teacher import EndpointTeacher
+from ...rollouts.scoring.judge import Judge
 from ...rollouts.scoring.scorer import OverStale
 from ...rollouts.scoring.teacher import GroupTeacher, Teacher
 from ...trainers.checkpoint import CheckpointManager
@@ -160,15 +161,24 @@ def build_source(
     stream: TaskSeedStream,
     batch_config: BatchConfig,
     teacher: TeacherScorer | None = None,
+    judge: Judge | None = None,
 ) -> BatchSource:
     """The loop's batch source (module doc). `dist.generators`: generator processes or ranks
-    joined over `dist.channel` (0: none); `teacher`: on-policy distillation's (sync and
-    in-process async only: configs/assembly/placement.py refuses the others)."""
+    joined over `dist.channel` (0: none); `teacher`: on-policy distillation's, `judge`: the
+    [judge]'s (both sync and in-process async only: configs/assembly/placement.py refuses the
+    others)."""
     if plan.mode == "sync":
-        return SyncSource(runner, stream, batch_config, policy, teacher)
+        return SyncSource(runner, stream, batch_config, policy, teacher, judge)
     if not dist.generators:
         return ProducerSource(
-            runner, stream, batch_config, policy, buffer_capacity(config), over_stale(config), teacher
+            runner,
+            stream,
+            batch_config,
+            policy,
+            buffer_capacity(config),
+            over_stale(config),
+            teacher,
+            judge,
         )
     groups = None
     if dist.is_main:  # trainer rank 0 speaks to the generators; processes on this machine share memory
@@ -198,7 +208,8 @@ def build_loop(
     )
     runner = build_runner(config, policy, renderer)
     teacher = build_teacher(config, renderer, dist.device, log)
-    source = build_source(config, plan, dist, runner, policy, stream, batch_config, teacher)
+    judge = build_judge(config, log)
+    source = build_source(config, plan, dist, runner, policy, stream, batch_config, teacher, judge)
     header = recording_header(config, run, renderer)  # the tokenizer's fingerprint, the template: once
     writer = None
     if config.logging.record_training and (dist.is_main or not split):  # split: rank 0 has the groups
@@ -236,6 +247,15 @@ def build_teacher(
         )
     log.print(teacher.describe())
     return teacher
+
+
+def build_judge(config: Config, log: MetricsLog) -> Judge | None:
+    """[judge]'s judge (None when judge.url is ""): rollouts/scoring/judge.py."""
+    if not config.judge.enabled:
+        return None
+    judge = Judge(config.judge)
+    log.print(judge.describe())
+    return judge
 
 
 def run_generator(

@@ -62,6 +62,12 @@ def check_async(config: Config, world_size: int, placement: str | None) -> None:
             f"the teacher scores groups in the trainer's process, and this run's generator runs in "
             f"{placement} of its own: use loop.mode = \"sync\" or loop.generator = \"thread\"",
         )
+    if config.judge.enabled and placement in ("process", "ranks"):
+        raise ConfigError(
+            "judge.url",
+            f"the judge scores groups in the trainer's process, and this run's generator runs in "
+            f'{placement} of its own: use loop.mode = "sync" or loop.generator = "thread"',
+        )
     if config.loop.mode != "async":
         if generators:
             raise ConfigError("loop.generator_ranks", 'splits the ranks in loop.mode = "async" only')

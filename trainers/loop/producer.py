@@ -31,6 +31,7 @@ from typing import Protocol
 
 from ...rollouts.batches import BatchConfig, GroupRunner, ScoredGroup, TaskSeedStream, roll_group
 from ...rollouts.scoring.distill import TeacherScorer
+from ...rollouts.scoring.judge import Judge
 
 _POLL_S = 0.02
 
@@ -63,9 +64,11 @@ class GroupProducer:
         capacity: int,
         replay: Sequence[int] = (),
         teacher: TeacherScorer | None = None,
+        judge: Judge | None = None,
     ) -> None:
-        """teacher: scores each finished group on this thread (on-policy distillation)."""
-        self.teacher = teacher
+        """teacher: scores each finished group on this thread (on-policy distillation); judge:
+        judges it there first (rollouts/scoring/judge.py)."""
+        self.teacher, self.judge = teacher, judge
         if concurrent_groups < 1 or capacity < 1:
             raise ValueError(
                 f"concurrent_groups and capacity must be >= 1, got {concurrent_groups}, {capacity}"
@@ -165,7 +168,7 @@ class GroupProducer:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _one_group(self, seed: int, index: int) -> None:
-        group = await roll_group(self.runner, seed, index, self.config, self.teacher)
+        group = await roll_group(self.runner, seed, index, self.config, self.teacher, self.judge)
         while self._buffer.qsize() >= self.capacity and not self._stop.is_set():
             await asyncio.sleep(_POLL_S)
         if not self._stop.is_set():

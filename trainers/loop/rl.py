@@ -34,6 +34,7 @@ from tqdm import tqdm
 from ...agents.policy import Policy
 from ...rollouts.evaluation import EvalReport
 from ...rollouts.recording.format import RecordingHeader, RecordingWriter
+from ...rollouts.scoring.judge import JudgeError
 from ...rollouts.scoring.teacher import TeacherError
 from ..checkpoint import CheckpointManager
 from ..config import CheckpointConfig
@@ -67,8 +68,8 @@ class LoopSettings(msgspec.Struct, kw_only=True, frozen=True):
 
 class NoLearningError(RuntimeError):
     """The run cannot learn: run.max_steps_without_learning steps in a row changed nothing, or
-    on-policy distillation's teacher failed distill.max_consecutive_failures groups in a row
-    (`str()` names the cause and the setting). `train` ends the run with exit code 1."""
+    on-policy distillation's teacher failed distill.max_consecutive_failures groups in a row, or
+    the judge judge.max_consecutive_failures (`str()` names the cause and the setting). `train` ends the run with exit code 1."""
 
 
 def no_learning_cause(metrics: Mapping[str, float], updated_before: bool = False) -> str | None:
@@ -80,7 +81,7 @@ def no_learning_cause(metrics: Mapping[str, float], updated_before: bool = False
     if metrics.get("train/episodes", 0.0) == 0:
         rolled = metrics.get("dynamic_sampling/groups_rolled_out", 0.0)
         if rolled and metrics.get("batch/groups_scoring_failed", 0.0) >= rolled:
-            return "the teacher's scoring failed for every group (distill.teacher)"
+            return "the teacher's or judge's scoring failed for every group (distill.teacher, judge.url)"
         if rolled and metrics.get("batch/groups_without_trainable", 0.0) >= rolled:
             return "0 trainable tokens (no sampled token in any episode)"
         if updated_before:
@@ -182,7 +183,7 @@ class RLLoop:
         started = time.perf_counter()
         try:
             batch = self.source.next_batch(runner, self.trainer.step)
-        except TeacherError as exc:  # the sync collector raises it; every rank's teacher counts alike
+        except (TeacherError, JudgeError) as exc:  # the collector raises them; every rank's count alike
             raise NoLearningError(str(exc)) from exc
         rolled = time.perf_counter()
         train: dict[str, float] = {}

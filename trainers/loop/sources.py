@@ -31,6 +31,7 @@ import msgspec
 from ...agents.policy import Policy
 from ...rollouts.batches import BatchConfig, GroupRunner, RolloutBatch, TaskSeedStream, collect_batch
 from ...rollouts.scoring.distill import TeacherScorer
+from ...rollouts.scoring.judge import Judge
 from ...rollouts.scoring.scorer import OverStale
 from ...rollouts.types import Episode, Trajectory
 from ..distributed import all_gather_objects, all_reduce, broadcast_object
@@ -131,16 +132,18 @@ class SyncSource:
         config: BatchConfig,
         policy: Policy,
         teacher: TeacherScorer | None = None,
+        judge: Judge | None = None,
     ) -> None:
-        """teacher: scores each group before the scorer (on-policy distillation)."""
+        """teacher: scores each group before the scorer (on-policy distillation); judge: writes
+        its criteria's rewards into each group before both (rollouts/scoring/judge.py)."""
         self.runner, self.stream, self.config, self.policy = runner, stream, config, policy
-        self.teacher = teacher
+        self.teacher, self.judge = teacher, judge
 
     def start(self, trainer: Trainer, positions: Sequence[int], pending: Sequence[int]) -> None:
         pass  # the stream's position is set where the stream is built, the policy's weights too
 
     def next_batch(self, runner: asyncio.Runner, trainer_version: int) -> StepBatch:
-        batch = runner.run(collect_batch(self.runner, self.stream, self.config, self.teacher))
+        batch = runner.run(collect_batch(self.runner, self.stream, self.config, self.teacher, self.judge))
         (total,) = all_reduce([float(len(batch.episodes))])
         metrics = combine_rank_metrics(all_gather_objects(batch.metrics))
         return StepBatch(batch.episodes, batch.trajectories, metrics, total)
@@ -171,10 +174,13 @@ class ProducerSource:
         capacity: int,
         over_stale: OverStale,
         teacher: TeacherScorer | None = None,
+        judge: Judge | None = None,
     ) -> None:
-        """teacher: scores each group on the producer's thread (on-policy distillation)."""
+        """teacher: scores each group on the producer's thread (on-policy distillation); judge:
+        judges each group there first (rollouts/scoring/judge.py)."""
         self.runner, self.stream, self.config, self.policy = runner, stream, config, policy
         self.capacity, self.over_stale, self.teacher = capacity, over_stale, teacher
+        self.judge = judge
         self.producer: GroupProducer | None = None
         self.pending: list[int] = []
 
@@ -191,9 +197,15 @@ class ProducerSource:
                 capacity=self.capacity,
                 replay=self.pending,
                 teacher=self.teacher,
+                judge=self.judge,
             )
         batch = take_batch(
-            self.producer, self.config, trainer_version, self.over_stale, distill=self.teacher is not None
+            self.producer,
+            self.config,
+            trainer_version,
+            self.over_stale,
+            distill=self.teacher is not None,
+            judge=self.judge is not None,
         )
         return StepBatch(batch.episodes, batch.trajectories, batch.metrics, float(len(batch.episodes)))
 

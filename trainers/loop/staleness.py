@@ -32,17 +32,19 @@ def take_batch(
     trainer_version: int,
     over_stale: OverStale,
     distill: bool = False,
+    judge: bool = False,
 ) -> RolloutBatch:
     """Take groups until the batch is full (module doc); the assembler builds its Episodes and
     metrics. A group whose teacher scoring failed is dropped and waited out like a stale one;
-    `distill`: a teacher scored the groups (the assembler's `distill/` metrics)."""
+    `distill`: a teacher scored the groups (the assembler's `distill/` metrics); `judge`: a judge
+    did (its `judge/` metrics)."""
     started = time.perf_counter()
     buffered = producer.buffered
     needed = config.groups_per_batch
     limit = needed + config.max_extra_rounds * (config.max_groups_per_round or 4 * needed)
     if not config.dynamic_sampling:
         limit = needed
-    assembler = BatchAssembler(config, over_stale, distill=distill)
+    assembler = BatchAssembler(config, over_stale, distill=distill, judge=judge)
     taken = 0
     # wait out stale groups and groups whose teacher failed
     while assembler.kept < needed and taken - assembler.stale_dropped - assembler.scoring_failed < limit:
@@ -56,6 +58,7 @@ def take_batch(
             staleness,
             failure=group.failure,
             teacher_s=group.teacher_s,
+            judge_stats=group.judge_stats,
         )
     waited = time.perf_counter() - started
 

@@ -95,8 +95,12 @@ _SUMMED = (
     "distill/scored_tokens",
     "dynamic_sampling/groups_rolled_out",
     "dynamic_sampling/surplus_groups",
+    "judge/calls",
+    "judge/cache_hits",
+    "judge/prompt_tokens",
+    "judge/completion_tokens",
 )
-_MAXED = ("rollout/time_s", "dynamic_sampling/rounds", "distill/teacher_s")
+_MAXED = ("rollout/time_s", "dynamic_sampling/rounds", "distill/teacher_s", "judge/latency_s")
 
 
 def combine_rank_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:

@@ -1,0 +1,91 @@
+"""Rewards from a judge from a config: [judge] loads and is checked in one-line errors, generator
+processes are refused with it, and a short `toolgym train` run against a judge server on
+127.0.0.1 (judge_testlib.py) logs every criterion as a reward component and the judge's metrics,
+and records what the judge saw and said."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from judge_testlib import judge_server
+
+from toolgym.configs.assembly.placement import check_async
+from toolgym.configs.cli.train import train
+from toolgym.configs.load import ConfigError, config_from_dict
+from toolgym.rollouts.recording.format import RecordingReader
+from toolgym.rollouts.scoring.judge import JUDGE_INFO, transcript
+from toolgym.trainers.metrics_log import read_metrics
+
+CRITERIA = [
+    {"name": "says_a", "prompt": "The assistant's text contains 'a'.", "weight": 1.0},
+    {"name": "says_the", "prompt": "The assistant's text contains 'the'.", "weight": 0.5},
+]
+
+
+def raw_config(run_dir: Path, url: str, **judge) -> dict:
+    return {
+        "run": {"steps": 2, "run_dir": str(run_dir), "plot": False, "export_hf": False},
+        "env": {"kwargs": {"tier": "recursive", "difficulty": "easy", "max_turns": 3}},
+        "model": {"name": "test", "overrides": {"vocab_size": 1024}},
+        "policy": {"max_batch_size": 16, "max_seq_len": 256},
+        "rollout": {"group_size": 2, "max_turns": 3, "max_tokens_per_turn": 8, "max_tokens_per_episode": 24},
+        "batch": {"groups_per_batch": 2},
+        "eval": {"every_steps": 0, "at_start": False, "at_end": False, "num_tasks": 2, "record": False},
+        "checkpoint": {"every_steps": 0, "at_end": False},
+        "logging": {"progress_bar": False, "record_training": True},
+        "judge": {"url": url, "criteria": CRITERIA, **judge},
+    }
+
+
+def error_of(raw: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(raw)
+    return str(info.value)
+
+
+def test_the_judge_section_is_checked_at_load_time(tmp_path):
+    raw = raw_config(tmp_path, "http://127.0.0.1:1/v1", api_key_env="sk-the-key-itself")
+    assert error_of(raw).startswith("config error: judge.api_key_env: must name an environment variable")
+    raw = raw_config(tmp_path, "http://127.0.0.1:1/v1", mode="pairs")
+    assert error_of(raw).startswith("config error: judge.mode")
+    raw = raw_config(tmp_path, "http://127.0.0.1:1/v1")
+    raw["judge"]["criteria"] = [CRITERIA[0], CRITERIA[0]]
+    assert "criterion 'says_a' is named twice" in error_of(raw)
+    raw = raw_config(tmp_path, "http://127.0.0.1:1/v1")
+    raw["loop"] = {"mode": "async", "generator": "process"}
+    with pytest.raises(ConfigError, match=r"judge\.url: the judge scores groups in the trainer's process"):
+        check_async(config_from_dict(raw), 1, "process")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", [{}, {"mode": "async", "generator": "thread"}], ids=["sync", "async-thread"])
+def test_a_run_with_a_judge_logs_each_criterion_and_records_the_judges_answers(tmp_path, monkeypatch, loop):
+    monkeypatch.setenv("TOOLGYM_TEST_JUDGE_KEY", "sekrit")
+    run_dir = tmp_path / "run"
+    with judge_server(api_key="sekrit") as server:
+        raw = raw_config(run_dir, server.url, api_key_env="TOOLGYM_TEST_JUDGE_KEY")
+        config = config_from_dict({**raw, "loop": loop})
+        assert train(config) == 0
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert "rollout/reward/judge_says_a" in r and "rollout/reward/judge_says_the" in r
+        assert r["judge/calls"] == 2 * 2 * 2  # groups x episodes x criteria, none cached
+        assert r["judge/prompt_tokens"] > 0 and r["judge/completion_tokens"] > 0
+        assert r["judge/latency_s"] > 0 and r["batch/groups_scoring_failed"] == 0
+    # the async producer may judge groups ahead of the trainer that no step takes
+    assert len(server.requests) == 16 if not loop else len(server.requests) >= 16
+    assert set(server.authorizations) == {"Bearer sekrit"}
+    trajectories = list(RecordingReader(run_dir / "trajectories" / "train_rank0.jsonl"))
+    assert len(trajectories) == 8
+    for trajectory in trajectories:
+        judged = trajectory.transitions[-1].info[JUDGE_INFO]
+        text = transcript(trajectory)
+        for criterion in CRITERIA:
+            entry = judged[criterion["name"]]
+            assert text in entry["prompt"]  # the recording keeps what the judge saw
+            assert entry["score"] == server.score(criterion["prompt"], text)
+            component = trajectory.reward_components["judge_" + criterion["name"]]
+            assert component == criterion["weight"] * entry["score"]
+        assert trajectory.total_reward == pytest.approx(sum(t.reward for t in trajectory.transitions))

@@ -134,6 +134,13 @@ def check_environment(config: Config, world_size: int = 1, env: gymnasium.Env | 
         raise ConfigError("policy.backend", f"'vllm' needs vllm: {INSTALL_HINT}")
     if config.distill.enabled:
         _check_teacher(config)
+    if config.judge.enabled:
+        from ..rollouts.scoring.judge import Judge, JudgeError
+
+        try:  # its key's variable is set, and it lists its models (the one to use)
+            Judge(config.judge)
+        except JudgeError as exc:
+            raise ConfigError("judge.url", str(exc)) from None
     if config.batch.groups_per_batch % world_size:
         raise ConfigError(
             "batch.groups_per_batch",

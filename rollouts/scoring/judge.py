@@ -385,15 +385,17 @@ class Judge:
         random.Random(f"{self.config.seed}:{group_id}:{criterion}").shuffle(order)
         return order
 
-    def judge(self, group: Sequence[Trajectory]) -> tuple[dict[int, dict[str, dict[str, Any]]], JudgeStats]:
+    def judge(
+        self, group: Sequence[Trajectory], stats: JudgeStats | None = None
+    ) -> dict[int, dict[str, dict[str, Any]]]:
         """Judge the group without writing anything: per judged episode (its index in `group`),
         per criterion, {"prompt", "answer", "score", "weight"} (+ "order", "position" in group
-        mode); and the stats. Raises the first failure."""
+        mode). Its requests are counted into `stats`, failed ones too. Raises the first failure."""
         judged = [i for i, t in enumerate(group) if t.transitions and t.stop_reason not in INFRA_STOP_REASONS]
-        stats = JudgeStats()
+        stats = JudgeStats() if stats is None else stats
         results: dict[int, dict[str, dict[str, Any]]] = {i: {} for i in judged}
         if not judged:
-            return results, stats
+            return results
         jobs: list[tuple[JudgeCriterion, list[int], list[dict[str, str]]]] = []
         for criterion in self.config.criteria:
             if self.config.mode == "group":
@@ -409,14 +411,17 @@ class Judge:
             job: tuple[JudgeCriterion, list[int], list[dict[str, str]]],
         ) -> tuple[str, list[float], JudgeStats]:
             own = JudgeStats()
-            text = self._ask(job[2], own)
+            try:
+                text = self._ask(job[2], own)
+            finally:
+                with self._lock:
+                    stats.add(own)
             return text, parse_scores(text, len(job[1]) if group_mode else None), own
 
         workers = min(self.config.max_concurrent, len(jobs))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge") as pool:
             answers = list(pool.map(run, jobs))
-        for (criterion, shown, messages), (text, scores, own) in zip(jobs, answers, strict=True):
-            stats.add(own)
+        for (criterion, shown, messages), (text, scores, _) in zip(jobs, answers, strict=True):
             prompt = "\n\n".join(m["content"] for m in messages)
             for position, (i, score) in enumerate(zip(shown, scores, strict=True)):
                 entry: dict[str, Any] = {
@@ -429,12 +434,12 @@ class Judge:
                     entry["order"] = [judged.index(j) for j in shown]
                     entry["position"] = position
                 results[i][criterion.name] = entry
-        return results, stats
+        return results
 
-    def score(self, group: Sequence[Trajectory]) -> JudgeStats:
-        """Judge the group and write the scores into it (module doc); raises the first failure,
-        having written nothing."""
-        results, stats = self.judge(group)
+    def score(self, group: Sequence[Trajectory], stats: JudgeStats | None = None) -> None:
+        """Judge the group and write the scores into it (module doc), its requests counted into
+        `stats`; raises the first failure, having written nothing."""
+        results = self.judge(group, stats)
         for i, by_criterion in results.items():
             trajectory = group[i]
             last = trajectory.transitions[-1]
@@ -447,14 +452,14 @@ class Judge:
                 trajectory.total_reward += value
                 last.reward += value
             last.info[JUDGE_INFO] = by_criterion
-        return stats
 
     def annotate(self, group: Sequence[Trajectory]) -> tuple[str | None, JudgeStats]:
         """`score`, with failures counted (module doc): (None, stats) when the group was judged,
-        else (the cause in one line, stats) and the caller drops the group; JudgeError on the
-        `max_consecutive_failures`-th failure in a row."""
+        else (the cause in one line, stats) and the caller drops the group (the stats count the
+        failed requests too); JudgeError on the `max_consecutive_failures`-th failure in a row."""
+        stats = JudgeStats()
         try:
-            stats = self.score(group)
+            self.score(group, stats)
         except Exception as exc:  # any failure of the judge is an infrastructure failure
             self.consecutive_failures += 1
             self.failures += 1
@@ -465,6 +470,6 @@ class Judge:
                     f"the judge ({self.url}) failed {self.consecutive_failures} groups in a row "
                     f"(judge.max_consecutive_failures = {limit}); last cause: {cause}"
                 ) from exc
-            return f"judge: {cause}", JudgeStats()
+            return f"judge: {cause}", stats
         self.consecutive_failures = 0
         return None, stats

@@ -11,6 +11,7 @@ import pytest
 from judge_testlib import judge_server
 
 from toolgym.configs.assembly.placement import check_async
+from toolgym.configs.checks import check_environment
 from toolgym.configs.cli.train import train
 from toolgym.configs.load import ConfigError, config_from_dict
 from toolgym.rollouts.recording.format import RecordingReader
@@ -58,6 +59,22 @@ def test_the_judge_section_is_checked_at_load_time(tmp_path):
         check_async(config_from_dict(raw), 1, "process")
 
 
+def test_a_judge_that_cannot_be_reached_or_lacks_its_key_is_a_config_error(tmp_path, monkeypatch):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    with pytest.raises(ConfigError) as info:
+        check_environment(config_from_dict(raw_config(tmp_path / "run", url)))
+    assert str(info.value).startswith(f"config error: judge.url: judge.url {url}: cannot list its models")
+    monkeypatch.delenv("TOOLGYM_TEST_JUDGE_KEY", raising=False)
+    with pytest.raises(ConfigError, match=r"judge\.url: judge\.api_key_env names \$TOOLGYM_TEST_JUDGE_KEY"):
+        check_environment(
+            config_from_dict(raw_config(tmp_path / "run", url, api_key_env="TOOLGYM_TEST_JUDGE_KEY"))
+        )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", [{}, {"mode": "async", "generator": "thread"}], ids=["sync", "async-thread"])
 def test_a_run_with_a_judge_logs_each_criterion_and_records_the_judges_answers(tmp_path, monkeypatch, loop):
@@ -66,6 +83,7 @@ def test_a_run_with_a_judge_logs_each_criterion_and_records_the_judges_answers(t
     with judge_server(api_key="sekrit") as server:
         raw = raw_config(run_dir, server.url, api_key_env="TOOLGYM_TEST_JUDGE_KEY")
         config = config_from_dict({**raw, "loop": loop})
+        check_environment(config)  # reaches the judge with the key
         assert train(config) == 0
     steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in steps] == [1, 2]

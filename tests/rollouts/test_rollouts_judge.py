@@ -185,6 +185,7 @@ def test_failures_are_retried_with_backoff_then_succeed_or_drop():
         trajectories = group("42")
         scored = roll(judge, trajectories)
     assert "HTTP 503" in scored.failure and len(server.requests) == 2
+    assert scored.judge_stats is not None and scored.judge_stats.calls == 2  # failed calls count too
     dropped(scored, trajectories)
 
 

@@ -275,3 +275,20 @@ def test_only_the_fallback_module_imports_transformers():
         if module == "transformers" or module.startswith("transformers.")
     ]
     assert not offenders, "\n".join(offenders)
+
+
+def test_the_base_install_s_commands_import_without_the_extras():
+    """`pip install toolgym` (no extras) runs train, record, replay and view: their modules import
+    with the serve extra's packages (FastAPI, uvicorn, openai, jsonschema) and transformers absent."""
+    import subprocess
+    import sys
+
+    blocked = ["fastapi", "uvicorn", "openai", "jsonschema", "transformers", "mcp"]
+    code = (
+        "import sys\n"
+        f"for name in {blocked!r}: sys.modules[name] = None\n"
+        "import toolgym.configs.cli.main, toolgym.configs.cli.rollout, toolgym.configs.cli.train\n"
+        "import toolgym.configs.cli.recordings\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]

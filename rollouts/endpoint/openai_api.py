@@ -24,8 +24,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-import jsonschema
-import jsonschema.validators
 import msgspec
 
 from ...envs.tools.call_formats import CALLS, get_format
@@ -180,6 +178,11 @@ def check_chat(request: ChatCompletionRequest) -> None:
             )
         parameters = function.get("parameters")
         if parameters is not None:
+            # The serve extra's; imported here so that reading recordings (capture.py's names)
+            # needs no extra.
+            import jsonschema
+            import jsonschema.validators
+
             try:
                 if not isinstance(parameters, dict):
                     raise jsonschema.SchemaError(

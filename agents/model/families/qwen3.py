@@ -8,7 +8,8 @@ from typing import Any
 from .base import Family, Shape
 
 
-def _hf_fields(config: Shape) -> dict[str, Any]:
+def qwen3_hf_fields(config: Shape) -> dict[str, Any]:
+    """Qwen3's own config.json fields (Qwen3-MoE's too)."""
     return {
         "use_sliding_window": False,
         "sliding_window": None,
@@ -18,6 +19,6 @@ def _hf_fields(config: Shape) -> dict[str, Any]:
 
 
 QWEN3 = Family(model_type="qwen3", architecture="Qwen3ForCausalLM", bias="flag", qk_norm=True,
-               rope_types=("default", "yarn"), hf_fields=_hf_fields)  # fmt: skip
+               rope_types=("default", "yarn"), hf_fields=qwen3_hf_fields)  # fmt: skip
 
-__all__ = ["QWEN3"]
+__all__ = ["QWEN3", "qwen3_hf_fields"]

@@ -8,16 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from .base import Family, Shape
+from .qwen3 import qwen3_hf_fields
 
 
 def _hf_fields(config: Shape) -> dict[str, Any]:
-    return {
-        "use_sliding_window": False,
-        "sliding_window": None,
-        "max_window_layers": config.num_hidden_layers,
-        "attention_bias": config.attention_bias,
-        **config.moe_fields(),
-    }
+    return {**qwen3_hf_fields(config), **config.moe_fields()}
 
 
 def _hf_in(d: dict[str, Any]) -> dict[str, Any]:

@@ -272,9 +272,7 @@ def _episode(
             top_ids += [[] for _ in obs] + [[int(j) for j in row] for row in ids]
             top_logprobs += [[] for _ in obs] + [[float(x) for x in row] for row in values]
         # An observation carries the version of the action after it.
-        token_versions += [action_versions[0] if action_versions else trajectory.policy_version] * len(
-            obs
-        ) + action_versions
+        token_versions += [action_versions[0] if action_versions else trajectory.policy_version] * len(obs) + action_versions
         tokens += obs
         loss_mask += [0] * len(obs)
         logprobs += [0.0] * len(obs)
@@ -284,9 +282,7 @@ def _episode(
         logprobs += [float(x) for x in lps]
         if isinstance(advantage, list):  # per token
             if len(advantage) != len(act):
-                raise ValueError(
-                    f"{len(advantage)} per-token advantages for a turn of {len(act)} sampled tokens"
-                )
+                raise ValueError(f"{len(advantage)} per-token advantages for a turn of {len(act)} sampled tokens")
             advantages += advantage
         else:
             advantages += [advantage] * len(act)

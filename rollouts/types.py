@@ -72,9 +72,7 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
         if self.episode_timeout_s is not None and self.episode_timeout_s <= 0:
             raise ValueError(f"{name_of}.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
         if self.max_concurrent_episodes is not None and self.max_concurrent_episodes < 1:
-            raise ValueError(
-                f"{name_of}.max_concurrent_episodes must be >= 1, got {self.max_concurrent_episodes}"
-            )
+            raise ValueError(f"{name_of}.max_concurrent_episodes must be >= 1, got {self.max_concurrent_episodes}")
 
 
 class StopReason(enum.StrEnum):

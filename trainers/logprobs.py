@@ -104,9 +104,7 @@ class _TokenLogprob(torch.autograd.Function):
         grad = torch.empty_like(flat)
         for lo, z in _scaled_chunks(flat, temperature, dtype):
             rows = slice(lo, lo + z.shape[0])
-            grad[rows] = _chunk_grad(
-                z, log_normaliser[rows], grad_flat[rows], flat_targets[rows], temperature
-            )
+            grad[rows] = _chunk_grad(z, log_normaliser[rows], grad_flat[rows], flat_targets[rows], temperature)
         return grad.view_as(logits), None, None, None
 
 

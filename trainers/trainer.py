@@ -103,10 +103,7 @@ class Trainer:
         self.model_config = getattr(model, "config", None)
         self.vocab_size = getattr(self.model_config, "vocab_size", None)
         self.precision = training_precision(config.precision, self.device)
-        for option, flag in (
-            ("activation_checkpointing", "checkpoint_layers"),
-            ("compile", "compile_layers"),
-        ):
+        for option, flag in (("activation_checkpointing", "checkpoint_layers"), ("compile", "compile_layers")):
             if getattr(config, option):
                 stack = getattr(model, "model", None)
                 if not hasattr(stack, flag):

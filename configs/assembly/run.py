@@ -153,9 +153,7 @@ def build_rl(
     trainer (restored from the checkpoint), the task stream, and the loop over them."""
     base_dir = rl_base_dir(config, plan, run)
     base_dir = base_dir if base_dir != run.initial_model else None
-    model = (
-        load_model(base_dir, config.policy.implementation) if base_dir is not None else initial_model(config)
-    )
+    model = load_model(base_dir, config.policy.implementation) if base_dir is not None else initial_model(config)
     hf_dir = base_dir
     # vLLM loads its model from disk; LoRA adapters are exported over a base that must be on disk.
     if (config.policy.backend == "vllm" or config.policy.lora.enabled) and hf_dir is None:
@@ -208,12 +206,7 @@ def rl_base_dir(config: Config, plan: RunPlan, run: RunDir) -> Path:
 
 
 def sft_phase(
-    config: Config,
-    run: RunDir,
-    dist: DistInfo,
-    renderer: Renderer,
-    tokenizer_file: Path,
-    log: MetricsLog,
+    config: Config, run: RunDir, dist: DistInfo, renderer: Renderer, tokenizer_file: Path, log: MetricsLog,
     progress: bool,
 ) -> float | None:
     """SFT on the configured demonstrations; returns their accuracy (None if unknown)."""
@@ -241,13 +234,7 @@ def sft_phase(
 
 
 def finish(
-    config: Config,
-    plan: RunPlan,
-    run: RunDir,
-    rl: RLParts,
-    log: MetricsLog,
-    tokenizer_file: Path,
-    started: float,
+    config: Config, plan: RunPlan, run: RunDir, rl: RLParts, log: MetricsLog, tokenizer_file: Path, started: float
 ) -> None:
     """The final policy exported, summary.json, the before/after lines and the plots."""
     loop = rl.loop

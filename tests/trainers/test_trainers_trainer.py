@@ -208,7 +208,7 @@ def test_one_process_trains_the_plain_model_and_bf16_computes_under_autocast():
 
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_precision_is_bf16_only_where_the_hardware_has_it(monkeypatch, native):
-    """ "auto" trains in bf16 where bf16 is native and in fp32 where it is emulated (on an
+    """"auto" trains in bf16 where bf16 is native and in fp32 where it is emulated (on an
     AVX2-only CPU tens of times slower); an explicit "bf16" is kept there, with a warning."""
     import warnings
 
@@ -336,9 +336,7 @@ def test_compiled_blocks_train_as_eager_ones():
         assert metrics["loss"] == pytest.approx(metrics_ref["loss"], abs=1e-5)
         for name, grad in full_grads(trainer.model).items():
             assert (grad - grads_ref[name]).abs().max().item() <= 1e-5, name
-    for got, want in zip(
-        trainer.compute_logprobs(episodes), reference.compute_logprobs(episodes), strict=True
-    ):
+    for got, want in zip(trainer.compute_logprobs(episodes), reference.compute_logprobs(episodes), strict=True):
         assert got == pytest.approx(want, abs=1e-5)
 
 

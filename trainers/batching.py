@@ -159,15 +159,11 @@ def collate(
             episode = episodes[i]
             if not episode.teacher_topk_ids:
                 continue
-            shifted = zip(
-                episode.teacher_topk_ids[prefix_len + 1 :],
-                episode.teacher_topk_logprobs[prefix_len + 1 :],
-                strict=True,
-            )
-            for t, (ids, values) in enumerate(shifted):
-                if ids:
-                    topk_ids[row, t, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-                    topk_logprobs[row, t, : len(values)] = torch.tensor(values, dtype=torch.float32)
+            # Each position's row padded to top_k (ids 0, logprobs -inf), one tensor per episode.
+            ids = [r + [0] * (top_k - len(r)) for r in episode.teacher_topk_ids[prefix_len + 1 :]]
+            values = [r + [-math.inf] * (top_k - len(r)) for r in episode.teacher_topk_logprobs[prefix_len + 1 :]]
+            topk_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            topk_logprobs[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
     positions = None
     prefix_rows = 0
     if prefix_len:

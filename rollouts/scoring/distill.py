@@ -187,19 +187,6 @@ def reverse_kl_metrics(trajectories: Sequence[Trajectory], prefix: str = "distil
     return metrics
 
 
-__all__ = [
-    "MAX_TOP_K",
-    "TEACHER_LOGPROBS",
-    "TEACHER_TOPK_IDS",
-    "TEACHER_TOPK_LOGPROBS",
-    "DistillConfig",
-    "TeacherScorer",
-    "distill_advantage",
-    "reverse_kl_metrics",
-    "teacher_log_ratios",
-]
-
-
 class TeacherScorer(Protocol):
     """What the batch assembly needs of a teacher (teacher.py's `Teacher` is one): its config, and
     `annotate(group)`, which writes TEACHER_LOGPROBS into every transition of the group's
@@ -211,3 +198,16 @@ class TeacherScorer(Protocol):
     def config(self) -> DistillConfig: ...
 
     def annotate(self, group: Sequence[Trajectory]) -> str | None: ...
+
+
+__all__ = [
+    "MAX_TOP_K",
+    "TEACHER_LOGPROBS",
+    "TEACHER_TOPK_IDS",
+    "TEACHER_TOPK_LOGPROBS",
+    "DistillConfig",
+    "TeacherScorer",
+    "distill_advantage",
+    "reverse_kl_metrics",
+    "teacher_log_ratios",
+]

@@ -31,6 +31,7 @@ _ENVS = {
     f"{NAMESPACE}/Shop-v0": "toolgym.envs.tasks.shop:ShopEnv",
     f"{NAMESPACE}/PyCalc-v0": "toolgym.envs.tasks.pycalc:PyCalcEnv",
     f"{NAMESPACE}/CodeTests-v0": "toolgym.envs.tasks.code_tests:CodeTestsEnv",
+    f"{NAMESPACE}/Nim-v0": "toolgym.envs.tasks.nim:NimEnv",
 }
 _ENVS.update(available_envs(NAMESPACE))  # the adapters whose library is installed (envs/adapters/)
 

@@ -108,7 +108,7 @@ class TaskSeedStream:
 
 
 class BatchConfig(msgspec.Struct, frozen=True, kw_only=True):
-    groups_per_batch: int = 8  # task seeds per step on this rank (x group_size episodes)
+    groups_per_batch: int = 8  # groups per step on this rank (each group_size episodes; a game of seats: one per (task, seat))
     advantage: AdvantageConfig = msgspec.field(default_factory=AdvantageConfig)
     dynamic_sampling: bool = False
     max_extra_rounds: int = 4
@@ -424,18 +424,20 @@ async def collect_batch(
     needed = config.groups_per_batch
     max_per_round = config.max_groups_per_round or 4 * needed
     assembler = BatchAssembler(config, distill=teacher is not None, judge=judge is not None)
+    # a match runner's task gives a group per learning seat (rollouts/episode/match.py)
+    per_task = getattr(runner, "groups_per_task", 1)
     rolled = rounds = 0
     while True:
         rounds += 1
         missing = needed - assembler.kept
         if rounds == 1:
-            ask = needed
+            ask = math.ceil(needed / per_task)
         else:  # ask for what is missing at the keep rate seen so far, so one more round usually does
             keep_rate = max(assembler.kept / rolled, 0.1)
             ask = min(max_per_round, math.ceil(missing / keep_rate))
         task_seeds, group_ids = seeds.take(ask)
         trajectories = await runner.run_groups(task_seeds, group_ids)
-        rolled += ask
+        rolled += ask * per_task
         for group in _split_groups(trajectories):
             scored = _score(group, config, teacher, judge)
             assembler.offer(

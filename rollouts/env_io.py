@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 import gymnasium
 import msgspec
@@ -129,11 +129,33 @@ def _check_info(what: str, info: Any) -> dict[str, Any]:
         raise EnvOutputError(f"{what} cannot be recorded as JSON ({exc}): {info!r:.80}") from None
 
 
+class AsyncEnv(Protocol):
+    """An env stepped by awaiting coroutines (one seat of a game, envs/core/seats.py)."""
+
+    async def reset_async(self, seed: int) -> tuple[Any, dict[str, Any]]: ...
+
+    async def step_async(self, action: str) -> tuple[Any, Any, Any, Any, dict[str, Any]]: ...
+
+
+def async_env(env: gymnasium.Env) -> AsyncEnv | None:
+    """`env` (unwrapped) when it is stepped by awaiting its `reset_async(seed)` and
+    `step_async(action)` rather than `reset`/`step`; else None."""
+    unwrapped = env.unwrapped
+    if callable(getattr(unwrapped, "reset_async", None)) and callable(getattr(unwrapped, "step_async", None)):
+        return cast(AsyncEnv, unwrapped)
+    return None
+
+
 def reset_env(env: gymnasium.Env, seed: int) -> tuple[str, dict[str, Any], str]:
     """`env.reset(seed=seed)`, its outputs checked: (observation, info, system prompt).
 
     Raises what the env raises, or EnvOutputError naming the output the runner cannot use."""
-    observation, raw_info = env.reset(seed=seed)
+    return checked_reset(env.reset(seed=seed))
+
+
+def checked_reset(outputs: Any) -> tuple[str, dict[str, Any], str]:
+    """A reset's (observation, info) checked, as `reset_env` returns them."""
+    observation, raw_info = outputs
     info = _check_info("reset info", raw_info)
     system_prompt = raw_info.get(SYSTEM_PROMPT)  # as the env gave it (JSON would take bytes)
     system_prompt = "" if system_prompt is None else _check_text("info['system_prompt']", system_prompt)
@@ -143,7 +165,12 @@ def reset_env(env: gymnasium.Env, seed: int) -> tuple[str, dict[str, Any], str]:
 def step_env(env: gymnasium.Env, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
     """`env.step(action)`, its outputs checked and converted (info["reward_components"] to
     name -> float). Raises what the env raises, or EnvOutputError naming the unusable output."""
-    observation, reward, terminated, truncated, info = env.step(action)
+    return checked_step(env.step(action))
+
+
+def checked_step(outputs: Any) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    """A step's five outputs checked and converted, as `step_env` returns them."""
+    observation, reward, terminated, truncated, info = outputs
     return (
         _check_text("observation", observation),
         _check_reward("reward", reward),

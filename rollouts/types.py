@@ -144,6 +144,10 @@ class Trajectory(msgspec.Struct):
     # "window", "turns": 4, "slack": 0}), so replay rewrites the conversation where it did; {}
     # when it kept everything.
     context_policy: dict[str, Any] = msgspec.field(default_factory=dict)
+    # The seat this episode played in a game of several seats (envs/core/seats.py; the match
+    # runner, rollouts/episode/match.py): the seats of one match share task_seed and
+    # sample_index. "" for a single-seat env.
+    seat: str = ""
 
 
 class Episode(msgspec.Struct):

@@ -41,7 +41,9 @@ returned an unusable output is recorded with reward 0 and info `{"error": ...}`.
 Concurrency: every episode is an asyncio task, so the policy's generate calls arrive together
 and the engine micro-batches them. Env steps run inline, except for an env whose `step_waits`
 hook is true: its `env.step` runs in a worker thread (rollouts/episode/step_pool.py), so a slow
-tool call does not hold up the other episodes' turns. A timeout that ends such an episode
+tool call does not hold up the other episodes' turns. An async env (`reset_async` and
+`step_async` coroutines: one seat of a game, envs/core/seats.py) is awaited instead, so a seat
+waits for the others' moves without holding a thread. A timeout that ends such an episode
 mid-step keeps what it had; the env is closed once that step returns (the tool's own limits
 bound it).
 """
@@ -60,7 +62,16 @@ import gymnasium
 from ... import envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
 from ...envs.core.info import ABANDON_ERROR, ERROR, REWARD_COMPONENTS
 from ...envs.core.text_env import env_hooks
-from ..env_io import abandon_env, env_stop_reason, reset_env, settles, step_env
+from ..env_io import (
+    abandon_env,
+    async_env,
+    checked_reset,
+    checked_step,
+    env_stop_reason,
+    reset_env,
+    settles,
+    step_env,
+)
 from ..types import RolloutSettings, StopReason, Trajectory, Transition
 from .step_pool import env_step_pool
 
@@ -130,12 +141,15 @@ async def play_episode(
     task_seed: int,
     max_turns: int,
     timeout_s: float | None,
+    make_env: Callable[[], gymnasium.Env] | None = None,
 ) -> None:
     """Play one episode into `state` (module doc): make and reset the env, the turns, the
     settling, and the env's close. Returns when the episode has ended; never raises for the
-    env's or the actor's faults (they end the episode)."""
+    env's or the actor's faults (they end the episode). `make_env` (default
+    `gymnasium.make(env_id, **env_kwargs)`) makes the env: the match runner's seat of a game."""
+    make = make_env or (lambda: gymnasium.make(env_id, **env_kwargs))
     try:
-        await asyncio.wait_for(_play(state, actor, env_id, env_kwargs, task_seed, max_turns), timeout_s)
+        await asyncio.wait_for(_play(state, actor, make, task_seed, max_turns), timeout_s)
         _settle(state)
     except TimeoutError:
         state.end(StopReason.TIMEOUT, f"TimeoutError: episode exceeded the {timeout_s}s wall-clock limit")
@@ -158,14 +172,17 @@ def _close_quietly(env: gymnasium.Env | None) -> None:
 
 
 async def _play(
-    state: EpisodeState, actor: Actor, env_id: str, env_kwargs: dict[str, Any], task_seed: int, max_turns: int
+    state: EpisodeState, actor: Actor, make_env: Callable[[], gymnasium.Env], task_seed: int, max_turns: int
 ) -> None:
     tick = time.perf_counter()
     try:
-        env = state.env = gymnasium.make(env_id, **env_kwargs)
+        env = state.env = make_env()
         state.step_waits = bool(env_hooks(env).step_waits)
         actor.begin(env)
-        observation, info, state.system_prompt = reset_env(env, task_seed)
+        if (seat := async_env(env)) is not None:
+            observation, info, state.system_prompt = checked_reset(await seat.reset_async(task_seed))
+        else:
+            observation, info, state.system_prompt = reset_env(env, task_seed)
         actor.start(state, env, observation, info)
     except Exception as exc:
         return state.end(StopReason.ENV_ERROR, describe(exc))
@@ -227,7 +244,10 @@ async def _step(
 async def _step_env(
     state: EpisodeState, env: gymnasium.Env, action: str
 ) -> tuple[str, float, bool, bool, dict[str, Any]]:
-    """`step_env`, inline or (`state.step_waits`) in a worker thread (module doc)."""
+    """`step_env`, inline, awaited (an async env's `step_async`), or (`state.step_waits`) in a
+    worker thread (module doc)."""
+    if (seat := async_env(env)) is not None:
+        return checked_step(await seat.step_async(action))
     if not state.step_waits:
         return step_env(env, action)
     state.pending_step = env_step_pool().submit(step_env, env, action)

@@ -74,11 +74,14 @@ class PolicyActor:
     """The policy's side of one episode (the module doc): renders, keeps the token history,
     checks the limits, generates. One per episode."""
 
-    def __init__(self, runner: RolloutRunner, task_seed: int, sample_index: int) -> None:
+    def __init__(
+        self, runner: RolloutRunner, task_seed: int, sample_index: int, policy: Policy | None = None, seat: int = 0
+    ) -> None:
         self.config, self.renderer = runner.config, runner.renderer
         self.context_length = runner.context_length
-        self.policy: Policy = runner.policy
-        self.episode_seed = sampling_seed(self.config.seed, task_seed, sample_index)
+        self.policy: Policy = runner.policy if policy is None else policy
+        parts = (self.config.seed, task_seed, sample_index) + ((seat,) if seat else ())
+        self.episode_seed = sampling_seed(*parts)
         self.context_policy: ContextPolicy = KeepAll()
         self.context: EpisodeContext | None = None
         self.history: list[int] = []  # the tokens the policy generates on
@@ -186,9 +189,21 @@ class RolloutRunner:
         except Exception as exc:
             raise ValueError(f"cannot make env {config.env_id!r} with {config.env_kwargs}: {exc}") from exc
 
-    async def run_episode(self, task_seed: int, group_id: int = 0, sample_index: int = 0) -> Trajectory:
-        """One episode (the episode loop with this runner's policy) as its Trajectory."""
-        state, actor = EpisodeState(), PolicyActor(self, task_seed, sample_index)
+    async def run_episode(
+        self,
+        task_seed: int,
+        group_id: int = 0,
+        sample_index: int = 0,
+        *,
+        seat: tuple[int, str] | None = None,
+        make_env: Callable[[], gymnasium.Env] | None = None,
+        policy: Policy | None = None,
+    ) -> Trajectory:
+        """One episode (the episode loop with this runner's policy) as its Trajectory. The match
+        runner (rollouts/episode/match.py) plays one seat of a game: `seat` (its index and name),
+        `make_env` (that seat's env) and `policy` (the seat's player, default this runner's)."""
+        seat_index, seat_name = seat or (0, "")
+        state, actor = EpisodeState(), PolicyActor(self, task_seed, sample_index, policy, seat_index)
         started = time.perf_counter()
         config = self.config
         await play_episode(
@@ -199,6 +214,7 @@ class RolloutRunner:
             task_seed,
             config.max_turns,
             config.episode_timeout_s,
+            make_env,
         )
         trajectory = Trajectory(
             env_id=config.env_id,
@@ -217,6 +233,7 @@ class RolloutRunner:
             sample_index=sample_index,
             error=state.error,
             reset_info=state.reset_info,
+            seat=seat_name,
         )
         trajectory.metrics = episode_metrics(
             trajectory, time.perf_counter() - started, state.generate_s, state.env_s

@@ -1,0 +1,135 @@
+"""Nim, a two-seat game sized for the CPU self-play demo: `toolgym/Nim-v0`.
+
+    gymnasium.make("toolgym/Nim-v0", opponent="expert")   # the policy's seat against a bot
+
+One pile of `min_stones`..`max_stones` stones (drawn per game); seats `first` and `second`
+take turns taking 1..`max_take` stones; whoever takes the last stone wins. An action is the
+number alone ("2"); anything else, or more than is left, is an invalid move (the seat is told
+why and moves again; envs/core/seats.py counts and charges it). Observations are one line
+("Opponent took 2. Stones: 9."), so an episode is a few dozen tokens.
+
+Bots: `random` (a legal move drawn uniformly) and `expert`, which plays the known optimal
+strategy: leave a multiple of max_take + 1 stones when it can (else a random legal move). So
+the seat to move wins against `expert` exactly when stones % (max_take + 1) != 0 and it then
+always leaves a multiple: a position's value is known in closed form (`winning`), which the
+tests of per-seat credit use.
+
+The registered env is `SoloEnv` (one seat for the policy, bot `opponent` on the other); the
+match runner (rollouts/episode/match.py) plays both seats of `NimGame` at once for self-play.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar, Final
+
+import numpy as np
+
+from ..core.seats import LOSS, WIN, SeatedGame, SoloEnv
+
+_NUMBER: Final = re.compile(r"\s*(\d{1,3})\s*")
+
+
+def winning(stones: int, max_take: int = 3) -> bool:
+    """Whether the seat to move wins Nim with `stones` left under optimal play by both."""
+    return stones % (max_take + 1) != 0
+
+
+class NimGame(SeatedGame):
+    """Nim's state and rules (module doc)."""
+
+    seats: ClassVar[tuple[str, ...]] = ("first", "second")
+    bots: ClassVar[tuple[str, ...]] = ("random", "expert")
+
+    def __init__(
+        self,
+        *,
+        min_stones: int = 5,
+        max_stones: int = 15,
+        max_take: int = 3,
+        invalid_move_penalty: float = 0.1,
+        max_invalid_moves: int = 2,
+    ):
+        if not (
+            isinstance(min_stones, int) and isinstance(max_stones, int) and 1 <= min_stones <= max_stones
+        ):
+            raise ValueError(f"need 1 <= min_stones <= max_stones, got {min_stones!r}, {max_stones!r}")
+        if not isinstance(max_take, int) or not 1 <= max_take <= 9:
+            raise ValueError(f"max_take must be an int in [1, 9], got {max_take!r}")
+        self.min_stones, self.max_stones, self.max_take = min_stones, max_stones, max_take
+        self.stones = min_stones
+        self._turn = 0
+        super().__init__(
+            invalid_move_penalty=invalid_move_penalty,
+            max_invalid_moves=max_invalid_moves,
+            max_moves=max_stones + 1,
+        )
+
+    def system_prompt(self, seat: str) -> str:
+        order = "first" if seat == "first" else "second"
+        return (
+            f"You play Nim against an opponent, moving {order}. There is one pile of stones. On your "
+            f"turn take 1 to {self.max_take} stones: reply with the number only. Whoever takes the "
+            "last stone wins."
+        )
+
+    def start(self) -> None:
+        self.stones = int(self.rng.integers(self.min_stones, self.max_stones + 1))
+        self._turn = 0
+        self.tell("first", f"Stones: {self.stones}.")
+
+    @property
+    def to_move(self) -> str:
+        return self.seats[self._turn % 2]
+
+    def move(self, seat: str, action: str) -> str | None:
+        match = _NUMBER.fullmatch(action)
+        most = min(self.max_take, self.stones)
+        if match is None or not 1 <= int(match.group(1)) <= most:
+            return f"Invalid move: reply with a number from 1 to {most}. Stones: {self.stones}."
+        taken = int(match.group(1))
+        self.stones -= taken
+        self._turn += 1
+        other = self.seats[self._turn % 2]
+        self.tell(other, f"Opponent took {taken}. Stones: {self.stones}.")
+        if self.stones == 0:
+            self.finish({seat: WIN, other: LOSS}, f"{seat} took the last stone")
+        return None
+
+    def bot_action(self, seat: str, bot: str, rng: np.random.Generator) -> str:
+        most = min(self.max_take, self.stones)
+        best = self.stones % (self.max_take + 1)
+        if bot == "expert" and best != 0:
+            return str(best)
+        return str(int(rng.integers(1, most + 1)))
+
+
+class NimEnv(SoloEnv):
+    """`gymnasium.make("toolgym/Nim-v0", ...)`: one seat of Nim against bot `opponent` ("random"
+    or "expert"); `seat` None alternates seats over task seeds; `oracle` the bot whose moves make
+    SFT demonstrations; the game's knobs as NimGame's."""
+
+    def __init__(
+        self,
+        *,
+        seat: str | None = None,
+        opponent: str = "random",
+        oracle: str = "random",
+        min_stones: int = 5,
+        max_stones: int = 15,
+        max_take: int = 3,
+        invalid_move_penalty: float = 0.1,
+        max_invalid_moves: int = 2,
+        max_turns: int = 16,
+        render_mode: str | None = None,
+    ):
+        if render_mode is not None:
+            raise ValueError(f"NimEnv has no render modes, got render_mode={render_mode!r}")
+        game = NimGame(
+            min_stones=min_stones,
+            max_stones=max_stones,
+            max_take=max_take,
+            invalid_move_penalty=invalid_move_penalty,
+            max_invalid_moves=max_invalid_moves,
+        )
+        super().__init__(game, seat=seat, opponent=opponent, oracle=oracle, max_turns=max_turns)

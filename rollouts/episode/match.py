@@ -1,0 +1,207 @@
+"""The match runner: every seat of a game its own episode, all played at once.
+
+    task seed ─> G matches ─> each: one game (envs/core/seats.py Match), one episode per seat
+        seat "first":  the episode loop, PolicyActor(policy)    ─> Trajectory(seat="first")
+        seat "second": the episode loop, PolicyActor(opponent)  ─> Trajectory(seat="second")
+    learning seats' Trajectories, grouped per (task seed, seat): group id = id * seats + seat
+
+Each seat is an ordinary episode of the episode loop (rollouts/episode/loop.py) over its
+`SeatEnv`, so everything an episode has (rendering in the seat's own conversation, token limits,
+stop reasons, settling, context policies, recording) holds per seat; the seats' episodes run as
+concurrent asyncio tasks and wait on each other through the game. A seat that stops before the
+game ends forfeits it, and the seats waiting on it wake to the result (envs/core/seats.py).
+
+Who plays: `learn="all"` (mirror self-play): the policy on every seat, every seat's episode
+trained. `learn="one"`: match k's learning seat is `seats[k % len(seats)]` (so a group's matches
+cover every seat), the `opponent` on the others: a Policy (another model, or a snapshot, sampled
+by its own engine) or the name of one of the game's bots (`BotPolicy`). Groups are per (task
+seed, seat): a seat's baseline compares its episodes with others of the same seat and task, so a
+first-mover's advantage is not counted as skill (rollouts/scoring/).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Final
+
+import gymnasium
+import msgspec
+import torch
+
+from ...agents.chat import Renderer
+from ...agents.policy import Policy
+from ...agents.types import Completion, SamplingParams
+from ...envs.core.seats import Match, SeatedGame, SeatEnv, SeatError
+from ..scripted import ScriptedEpisodePolicy
+from ..types import Trajectory
+
+if TYPE_CHECKING:
+    from .runner import RolloutRunner
+
+LEARN: Final = ("all", "one")
+
+
+class SelfPlayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`[selfplay]`: play a game of seats (envs/core/seats.py) as matches (module doc).
+    enabled: on; learn: "all" (mirror self-play) or "one"; opponent (learn "one"): the name of
+    one of the game's bots, or "self" (the policy, its episodes on that seat not trained)."""
+
+    enabled: bool = False
+    learn: str = "all"
+    opponent: str = "self"
+
+    def __post_init__(self) -> None:
+        if self.learn not in LEARN:
+            raise ValueError(f"selfplay.learn must be one of {LEARN}, got {self.learn!r}")
+        if not self.opponent:
+            raise ValueError("selfplay.opponent must name a bot of the game, or be 'self'")
+
+
+def seated_game(env_id: str, env_kwargs: dict) -> SeatedGame:
+    """A new game of the seated env `env_id` (its unwrapped env's `game`, a SeatedGame);
+    ValueError naming the env when it has none."""
+    env = gymnasium.make(env_id, **env_kwargs)
+    game = getattr(env.unwrapped, "game", None)
+    if not isinstance(game, SeatedGame):
+        env.close()
+        raise ValueError(
+            f"env {env_id!r} is not a game of seats (its env has no SeatedGame `game`, envs/core/seats.py)"
+        )
+    return game
+
+
+class BotPolicy:
+    """The game's scripted player `bot` on a seat, as a Policy: `for_episode(env, seed)` (the
+    runner's EpisodePolicyFactory hook) binds it to the seat's env; each generate call returns
+    the bot's move for the game as it stands, encoded as a completion (logprob 0 per token)."""
+
+    policy_version = 0
+    max_seq_len = None
+
+    def __init__(self, renderer: Renderer, bot: str):
+        self.renderer, self.bot = renderer, bot
+
+    @property
+    def policy_id(self) -> str:
+        return f"bot:{self.bot}"
+
+    def for_episode(self, env: gymnasium.Env, seed: int) -> _BotSeat:
+        seat = env.unwrapped
+        if not isinstance(seat, SeatEnv):
+            raise TypeError(f"BotPolicy plays a seat of a game, got {type(seat).__name__}")
+        if self.bot not in seat.game.bots:
+            raise SeatError(f"unknown bot {self.bot!r}: the game's bots are {list(seat.game.bots)}")
+        return _BotSeat(self.renderer, seat, self.bot)
+
+    async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        raise TypeError("BotPolicy plays through for_episode (the runner binds it to a seat)")
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """A bot has no weights."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class _BotSeat(ScriptedEpisodePolicy):
+    """A bot bound to one seat's env (BotPolicy.for_episode): its move for the game as it stands."""
+
+    def __init__(self, renderer: Renderer, seat: SeatEnv, bot: str):
+        super().__init__(renderer, [bot])
+        self.seat, self.bot = seat, bot
+
+    async def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+        return [self.completion(self.seat.bot_action(self.bot), params) for _ in prompts]
+
+
+class MatchRunner:
+    """Plays `runner`'s seated env as matches (module doc); a GroupRunner for collect_batch."""
+
+    def __init__(self, runner: RolloutRunner, *, learn: str = "all", opponent: Policy | str | None = None):
+        """`opponent`: a Policy, a bot's name, or None / "self" (the runner's policy)."""
+        if learn not in LEARN:
+            raise ValueError(f"learn must be one of {LEARN}, got {learn!r}")
+        config = runner.config
+        self.runner, self.learn = runner, learn
+        self.seats = seated_game(config.env_id, config.env_kwargs).seats
+        if opponent == "self":
+            opponent = None
+        if isinstance(opponent, str):
+            game = seated_game(config.env_id, config.env_kwargs)
+            if opponent not in game.bots:
+                raise ValueError(f"unknown bot {opponent!r}: {config.env_id}'s bots are {list(game.bots)}")
+            opponent = BotPolicy(runner.renderer, opponent)
+        self.opponent: Policy | None = opponent
+
+    @property
+    def groups_per_task(self) -> int:
+        """The (task, seat) groups one task seed's G matches give: one per seat that learns in any."""
+        if self.learn == "all":
+            return len(self.seats)
+        return min(self.runner.config.group_size, len(self.seats))
+
+    def learning_seats(self, sample_index: int) -> list[str]:
+        if self.learn == "all":
+            return list(self.seats)
+        return [self.seats[sample_index % len(self.seats)]]
+
+    async def run_match(self, task_seed: int, group_id: int = 0, sample_index: int = 0) -> list[Trajectory]:
+        """One match: every seat's episode at once; the learning seats' Trajectories, each with
+        its (task, seat) group id (module doc)."""
+        config, runner = self.runner.config, self.runner
+        game = seated_game(config.env_id, config.env_kwargs)
+        match = Match(game, task_seed)
+        learning = self.learning_seats(sample_index)
+
+        async def seat(index: int, name: str) -> Trajectory:
+            policy = None if name in learning else self.opponent
+            try:
+                return await runner.run_episode(
+                    task_seed,
+                    group_id * len(self.seats) + index,
+                    sample_index,
+                    seat=(index, name),
+                    make_env=lambda: match.env(name),
+                    policy=policy,
+                )
+            finally:
+                await match.notify()  # the seat has left (SeatEnv.close): wake the others
+
+        trajectories = await asyncio.gather(*(seat(i, name) for i, name in enumerate(self.seats)))
+        return [t for t in trajectories if t.seat in learning]
+
+    async def run_groups(
+        self,
+        task_seeds: Sequence[int],
+        group_ids: Sequence[int] | None = None,
+        on_episode: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """G matches per task seed, all concurrently (at most `max_concurrent_episodes` matches at
+        a time); the learning seats' Trajectories, group-major per (task, seat)."""
+        config = self.runner.config
+        group_ids = range(len(task_seeds)) if group_ids is None else group_ids
+        if len(group_ids) != len(task_seeds):
+            raise ValueError(f"{len(task_seeds)} task seeds but {len(group_ids)} group ids")
+        limit = config.max_concurrent_episodes
+        semaphore = asyncio.Semaphore(limit) if limit else None
+
+        async def one(seed: int, group_id: int, sample: int) -> list[Trajectory]:
+            if semaphore is None:
+                played = await self.run_match(seed, group_id, sample)
+            else:
+                async with semaphore:
+                    played = await self.run_match(seed, group_id, sample)
+            if on_episode is not None:
+                for trajectory in played:
+                    on_episode(trajectory)
+            return played
+
+        jobs = [
+            one(seed, group_id, s)
+            for seed, group_id in zip(task_seeds, group_ids, strict=True)
+            for s in range(config.group_size)
+        ]
+        matches = await asyncio.gather(*jobs)
+        played = [t for match in matches for t in match]
+        return sorted(played, key=lambda t: (t.group_id, t.sample_index))  # group-major, stable

@@ -1,0 +1,167 @@
+"""Games of seats through the match runner (rollouts/episode/match.py, envs/core/seats.py): every
+seat its own token-exact episode, groups per (task, seat), bots as opponents, a seat that stops
+or never moves ending only what it should, and Nim's single-seat env."""
+
+import asyncio
+
+import gymnasium
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+from toolgym.agents.types import Completion, SamplingParams
+from toolgym.envs.core.seats import Match, SeatError
+from toolgym.envs.tasks.nim import NimGame, winning
+from toolgym.rollouts.batches import BatchConfig, TaskSeedStream, collect_batch
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.match import BotPolicy, MatchRunner
+from toolgym.rollouts.episode.runner import RolloutRunner
+from toolgym.rollouts.episodes import trajectory_to_episode
+from toolgym.rollouts.types import StopReason
+
+
+def match_runner(renderer, policy, *, learn="all", opponent=None, group_size=2, **kwargs):
+    config = EnvRolloutConfig(
+        env_id="toolgym/Nim-v0", env_kwargs=kwargs, group_size=group_size, max_turns=16, max_tokens_per_turn=8
+    )
+    return MatchRunner(RolloutRunner(policy, renderer, config), learn=learn, opponent=opponent)
+
+
+def play(runner, seeds):
+    return asyncio.run(runner.run_groups(seeds))
+
+
+def test_mirror_play_gives_each_seat_its_own_episode_and_group(renderer):
+    played = play(match_runner(renderer, BotPolicy(renderer, "expert")), [0, 1, 2])
+    assert len(played) == 3 * 2 * 2  # tasks x matches x seats
+    by_match = {}
+    for t in played:
+        by_match.setdefault((t.task_seed, t.sample_index), {})[t.seat] = t
+        assert t.group_id == 2 * [0, 1, 2].index(t.task_seed) + ("first", "second").index(t.seat)
+        assert t.stop_reason == StopReason.ANSWERED and t.error is None
+        assert t.total_reward == pytest.approx(sum(t.reward_components.values()))
+    for (seed, _), seats in by_match.items():
+        first, second = seats["first"], seats["second"]
+        stones = NimGame()
+        stones.reset(seed)
+        # two experts: the seat to move first wins exactly from a winning position
+        assert first.reward_components["game"] == (1.0 if winning(stones.stones) else -1.0)
+        assert second.reward_components["game"] == -first.reward_components["game"]
+        # each seat saw its own conversation: the second seat's first message is the first's move
+        assert first.transitions[0].observation == f"Stones: {stones.stones}."
+        taken = int(first.transitions[0].action.text)
+        assert second.transitions[0].observation == f"Opponent took {taken}. Stones: {stones.stones - taken}."
+        # the moves alternate: every action of one seat is in the other's next observation
+        for move, reply in zip(second.transitions, first.transitions[1:], strict=False):
+            assert reply.observation.startswith(f"Opponent took {move.action.text}.")
+
+
+def test_each_seat_is_a_token_exact_episode(renderer):
+    played = play(match_runner(renderer, BotPolicy(renderer, "random")), [5])
+    for t in played:
+        episode = trajectory_to_episode(t, 1.0)
+        sampled = [tok for tok, m in zip(episode.tokens, episode.loss_mask, strict=True) if m]
+        assert sampled == [tok for tr in t.transitions for tok in tr.action.tokens]
+        assert renderer.decode(episode.tokens).count("Stones") >= len(t.transitions)
+
+
+def test_learn_one_trains_one_seat_per_match_against_a_bot(renderer):
+    runner = match_runner(
+        renderer, BotPolicy(renderer, "random"), learn="one", opponent="expert", group_size=4
+    )
+    assert runner.groups_per_task == 2
+    played = play(runner, [3, 4])
+    assert len(played) == 2 * 4  # one learning seat per match
+    for t in played:
+        assert t.seat == ("first", "second")[t.sample_index % 2]
+    with pytest.raises(ValueError, match="unknown bot 'grandmaster'"):
+        match_runner(renderer, BotPolicy(renderer, "random"), learn="one", opponent="grandmaster")
+
+
+class Rambler:
+    """A policy that never stops: every turn is cut by the token limit."""
+
+    policy_version = 0
+    max_seq_len = None
+
+    def __init__(self, renderer):
+        self.renderer = renderer
+
+    async def generate(self, prompts, params: SamplingParams):
+        tokens = list(self.renderer.encode("one two three four five six seven"))[: params.max_tokens]
+        return [Completion(tokens=tokens, logprobs=[0.0] * len(tokens), text="", finish_reason="length")]
+
+
+def test_a_seat_cut_off_forfeits_and_the_other_seat_wins(renderer):
+    runner = match_runner(renderer, Rambler(renderer), learn="one", opponent="random", group_size=1)
+    (t,) = play(runner, [7])  # the policy on seat "first", cut at its first turn
+    assert t.seat == "first" and t.stop_reason == StopReason.MAX_TOKENS
+    assert t.reward_components["game"] == -1.0  # settled as a forfeit
+    # the bot's seat woke to the end of the game: played in mirror, both seats end
+    mirror = match_runner(renderer, Rambler(renderer), group_size=1)
+    first, second = play(mirror, [7])
+    assert first.stop_reason == StopReason.MAX_TOKENS
+    assert second.stop_reason == StopReason.ENV_ERROR and "before seat 'second' moved" in (second.error or "")
+
+
+def test_a_seat_that_never_moves_is_an_env_error_for_that_seat_only(renderer):
+    # two stones: the expert moving first takes both, so the second seat never gets a turn
+    played = play(match_runner(renderer, BotPolicy(renderer, "expert"), min_stones=2, max_stones=2), [0])
+    for t in played:
+        if t.seat == "first":
+            assert t.stop_reason == StopReason.ANSWERED and t.reward_components["game"] == 1.0
+        else:
+            assert t.stop_reason == StopReason.ENV_ERROR
+            assert t.error == "SeatError: the game ended before seat 'second' moved"
+
+
+def test_an_unknown_seat_is_refused():
+    with pytest.raises(SeatError, match="unknown seat 'third'"):
+        Match(NimGame(), 0).env("third")
+
+
+def test_per_seat_groups_fill_a_batch(renderer):
+    runner = match_runner(renderer, BotPolicy(renderer, "random"), group_size=4)
+    config = BatchConfig(groups_per_batch=4, dynamic_sampling=False)
+    batch = asyncio.run(collect_batch(runner, TaskSeedStream(), config))
+    groups = {t.group_id for t in batch.trajectories}
+    assert len(groups) == 4  # two tasks, two seats each: no surplus groups rolled
+    for group in groups:
+        assert len({t.seat for t in batch.trajectories if t.group_id == group}) == 1
+
+
+def test_nim_env_plays_one_seat_against_a_bot():
+    env = gymnasium.make("toolgym/Nim-v0", opponent="expert")
+    check_env(env.unwrapped, skip_render_check=True)
+    seats = set()
+    for seed in range(8):
+        observation, info = env.reset(seed=seed)
+        seats.add(info["seat"])
+        total, terminated = 0.0, False
+        for action in env.unwrapped.oracle_actions():
+            observation, reward, terminated, _, step_info = env.step(action)
+            total += reward
+        assert terminated and total in (1.0, -1.0)
+        assert step_info["metrics"]["success"] == float(total > 0)
+    assert seats == {"first", "second"}  # seat None alternates over task seeds
+    env.reset(seed=1)
+    observation, reward, terminated, _, info = env.step("seven")
+    assert observation.startswith("Invalid move: reply with a number from 1 to 3.")
+    assert reward == pytest.approx(-0.1) and not terminated and info["metrics"]["invalid_moves"] == 1.0
+
+
+def test_the_documented_two_seat_game_plays_solo_and_in_matches(renderer):
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "environments.md").read_text()
+    section = doc[doc.index("### Games of seats") :]
+    source = section[section.index("```python\n") + 10 : section.index("```\n", section.index("```python"))]
+    assert len(source.splitlines()) < 50
+    if "my/Nim-v0" not in gymnasium.registry:
+        exec(compile(source, "docs/environments.md", "exec"), {})
+    env = gymnasium.make("my/Nim-v0", opponent="random")
+    check_env(env.unwrapped, skip_render_check=True)
+    config = EnvRolloutConfig(env_id="my/Nim-v0", env_kwargs={}, group_size=2, max_turns=16)
+    played = play(MatchRunner(RolloutRunner(BotPolicy(renderer, "random"), renderer, config)), [0, 1])
+    assert len(played) == 8 and {t.seat for t in played} == {"first", "second"}
+    for t in played:
+        assert t.stop_reason == StopReason.ANSWERED and abs(t.reward_components["game"]) == 1.0

@@ -85,6 +85,20 @@ def start_env(config: Config) -> Iterator[gymnasium.Env]:
         env.close()
 
 
+def _check_selfplay(config: Config, env: gymnasium.Env) -> None:
+    """[selfplay] needs a game of seats (envs/core/seats.py), and its opponent one of its bots."""
+    from ..envs.core.seats import SeatedGame
+
+    game = getattr(env.unwrapped, "game", None)
+    if not isinstance(game, SeatedGame):
+        raise ConfigError(
+            "selfplay.enabled", f"env {config.env.id!r} is not a game of seats (envs/core/seats.py SeatedGame)"
+        )
+    opponent = config.selfplay.opponent
+    if opponent != "self" and opponent not in game.bots:
+        raise ConfigError("selfplay.opponent", f"{opponent!r} is not one of the game's bots {list(game.bots)} or 'self'")
+
+
 def check_environment(config: Config, world_size: int = 1, env: gymnasium.Env | None = None) -> None:
     """What the schema cannot know: env.module imports (it registers the user's envs, so it is
     imported first), the env exists, files exist, packages are installed, the batch splits over
@@ -104,6 +118,8 @@ def check_environment(config: Config, world_size: int = 1, env: gymnasium.Env | 
         try:
             if where == "env":
                 _check_env_context(config, made)
+                if config.selfplay.enabled:
+                    _check_selfplay(config, made)
         finally:
             if given is None:
                 made.close()

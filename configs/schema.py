@@ -46,6 +46,8 @@ Sections (all optional; every key has a default):
                  NAME of the key's environment variable), mode (episode | group), criteria (name,
                  prompt, weight: each the reward component judge_<name>), max_concurrent,
                  timeout_s, retries, backoff_s, ...: rewards from a judge (rollouts/scoring/judge.py)
+    [selfplay]   SelfPlayConfig: enabled, learn (all: mirror self-play | one), opponent (a bot of the
+                 game, or self): every seat of a game of seats its own episode (rollouts/episode/match.py)
     [agent_program] module, function, task, request_timeout_s: train an agent program written
                  against the `openai` client through the endpoint instead of rolling out [env]
                  (rollouts/endpoint/agent_runner.py); empty module = env rollouts
@@ -69,6 +71,7 @@ from ..agents.vllm.engine import VLLM_LORA_RANKS, VLLMConfig
 from ..rollouts.batches import EVAL_SEED_COUNT, BatchConfig
 from ..rollouts.endpoint.program import AgentProgram
 from ..rollouts.episode.config import EnvRolloutConfig
+from ..rollouts.episode.match import SelfPlayConfig
 from ..rollouts.evaluation import EvalConfig
 from ..rollouts.scoring.distill import DistillConfig
 from ..rollouts.scoring.judge import JudgeConfig
@@ -386,6 +389,7 @@ class Config(msgspec.Struct, **_STRICT):
     agent_program: AgentProgram = msgspec.field(default_factory=AgentProgram)
     distill: DistillConfig = msgspec.field(default_factory=DistillConfig)
     judge: JudgeConfig = msgspec.field(default_factory=JudgeConfig)
+    selfplay: SelfPlayConfig = msgspec.field(default_factory=SelfPlayConfig)
 
     @property
     def agent(self) -> PolicySection:

@@ -20,6 +20,7 @@ from ...agents.chat import Renderer
 from ...agents.policy import Policy
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...rollouts.batches import BatchConfig, TaskSeedStream
+from ...rollouts.episode.match import MatchRunner
 from ...rollouts.episode.runner import RolloutRunner
 from ...rollouts.evaluation import EvalReport, evaluate
 from ...rollouts.recording.format import (
@@ -78,14 +79,20 @@ def over_stale(config: Config) -> OverStale:
     return OverStale(loop.max_staleness, loop.over_stale, loop.stale_weight)
 
 
-def build_runner(config: Config, policy: Policy, renderer: Renderer) -> RolloutRunner | AgentRunner:
-    """The env runner, or, with an [agent_program], the runner that drives it through the endpoint."""
+def build_runner(
+    config: Config, policy: Policy, renderer: Renderer
+) -> RolloutRunner | AgentRunner | MatchRunner:
+    """The env runner; with an [agent_program], the runner that drives it through the endpoint;
+    with [selfplay], the match runner that plays every seat of the env's game."""
     if config.agent_program.module:
         # the endpoint's packages (fastapi, uvicorn, openai) are the `serve` extra: imported when used
         from ...rollouts.endpoint.agent_runner import AgentRunner
 
         return AgentRunner(policy, renderer, config.agent_program, config.rollout_config())
-    return RolloutRunner(policy, renderer, config.rollout_config())
+    runner = RolloutRunner(policy, renderer, config.rollout_config())
+    if config.selfplay.enabled:
+        return MatchRunner(runner, learn=config.selfplay.learn, opponent=config.selfplay.opponent)
+    return runner
 
 
 def recording_header(config: Config, run: RunDir, renderer: Renderer) -> Callable[[str], RecordingHeader]:
@@ -130,7 +137,7 @@ def build_evaluator(
     run: RunDir,
     policy: Policy,
     renderer: Renderer,
-    runner: RolloutRunner | AgentRunner,
+    runner: RolloutRunner | AgentRunner | MatchRunner,
     header: Callable[[str], RecordingHeader],
 ) -> Evaluator:
     """Rank 0's held-out eval: the env rollouts of `policy`, or the agent program's; its
@@ -139,7 +146,7 @@ def build_evaluator(
     rollout = config.rollout_config()
 
     def run_eval(loop: asyncio.Runner) -> EvalReport:
-        if isinstance(runner, RolloutRunner):
+        if isinstance(runner, RolloutRunner | MatchRunner):  # a game's eval: its env's seat against its bot
             return loop.run(evaluate(policy, renderer, rollout, eval_config))
         from ...rollouts.endpoint.agent_runner import evaluate_agent  # the `serve` extra, as above
 
@@ -156,7 +163,7 @@ def build_source(
     config: Config,
     plan: RunPlan,
     dist: DistInfo,
-    runner: RolloutRunner | AgentRunner,
+    runner: RolloutRunner | AgentRunner | MatchRunner,
     policy: Policy,
     stream: TaskSeedStream,
     batch_config: BatchConfig,

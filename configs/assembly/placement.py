@@ -68,6 +68,14 @@ def check_async(config: Config, world_size: int, placement: str | None) -> None:
             f"the judge scores groups in the trainer's process, and this run's generator runs in "
             f'{placement} of its own: use loop.mode = "sync" or loop.generator = "thread"',
         )
+    if config.selfplay.enabled and config.loop.mode == "async":
+        raise ConfigError(
+            "selfplay.enabled",
+            'self-play matches are played in loop.mode = "sync" (an async producer scores one group per '
+            "task, and a match gives one per seat)",
+        )
+    if config.selfplay.enabled and config.agent_program.module:
+        raise ConfigError("selfplay.enabled", "self-play plays [env]'s game, not an [agent_program]")
     if config.loop.mode != "async":
         if generators:
             raise ConfigError("loop.generator_ranks", 'splits the ranks in loop.mode = "async" only')

@@ -31,6 +31,7 @@ PRESETS = [
     "sum_digits_tiny",
     "zorplex_compositional_tiny",
     "zorplex_recursive_tiny",
+    "selfplay_tiny",
     "qwen2.5_0.5b_vllm",
 ]
 

@@ -1,0 +1,74 @@
+"""Self-play from a config: [selfplay] loads and is checked in one-line errors (an env that is no
+game, an unknown bot, async mode; the shipped preset: tests/configs/test_configs_schema.py), and a short `toolgym
+train` run in mirror self-play trains both seats' episodes in per-seat groups and records them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolgym.configs.assembly.placement import check_async
+from toolgym.configs.checks import check_environment
+from toolgym.configs.cli.train import train
+from toolgym.configs.load import ConfigError, config_from_dict
+from toolgym.rollouts.recording.format import RecordingReader
+from toolgym.trainers.metrics_log import read_metrics
+
+
+def raw_config(run_dir: Path, **selfplay) -> dict:
+    return {
+        "run": {"steps": 2, "run_dir": str(run_dir), "plot": False, "export_hf": False},
+        "env": {"id": "toolgym/Nim-v0", "kwargs": {"opponent": "expert"}},
+        "model": {"name": "test", "overrides": {"vocab_size": 1024}},
+        "policy": {"max_batch_size": 16, "max_seq_len": 256},
+        "rollout": {"group_size": 2, "max_turns": 8, "max_tokens_per_turn": 4, "max_tokens_per_episode": 32},
+        "batch": {"groups_per_batch": 4},
+        "eval": {"every_steps": 0, "at_start": False, "at_end": True, "num_tasks": 4, "record": False},
+        "checkpoint": {"every_steps": 0, "at_end": False},
+        "logging": {"progress_bar": False, "record_training": True},
+        "selfplay": {"enabled": True, **selfplay},
+    }
+
+
+def error_of(raw: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        check_environment(config_from_dict(raw))
+    return str(info.value)
+
+
+def test_the_selfplay_section_is_checked(tmp_path):
+    with pytest.raises(ConfigError, match=r"config error: selfplay\.learn: must be one of"):
+        config_from_dict(raw_config(tmp_path, learn="both"))
+    raw = raw_config(tmp_path)
+    raw["env"] = {"id": "toolgym/Zorplex-v0"}
+    assert (
+        error_of(raw)
+        == "config error: selfplay.enabled: env 'toolgym/Zorplex-v0' is not a game of seats (envs/core/seats.py SeatedGame)"
+    )
+    assert "'grandmaster' is not one of the game's bots ['random', 'expert']" in error_of(
+        raw_config(tmp_path, learn="one", opponent="grandmaster")
+    )
+    config = config_from_dict({**raw_config(tmp_path), "loop": {"mode": "async", "generator": "thread"}})
+    with pytest.raises(
+        ConfigError, match=r'selfplay\.enabled: self-play matches are played in loop\.mode = "sync"'
+    ):
+        check_async(config, 1, "thread")
+
+
+@pytest.mark.slow
+def test_a_mirror_selfplay_run_trains_both_seats_in_per_seat_groups(tmp_path):
+    run_dir = tmp_path / "run"
+    assert train(config_from_dict(raw_config(run_dir))) == 0
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2]
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "eval"]
+    assert evals and "eval/success" in evals[-1] and "eval/loss" in evals[-1]  # against the expert bot
+    trajectories = list(RecordingReader(run_dir / "trajectories" / "train_rank0.jsonl"))
+    # 4 groups a step: 2 tasks x 2 seats, each of group_size 2
+    assert len(trajectories) == 2 * 4 * 2
+    groups: dict[int, list[str]] = {}  # group ids are unique over the run's task stream
+    for t in trajectories:
+        groups.setdefault(t.group_id, []).append(t.seat)
+    assert len(groups) == 8 and all(len(seats) == 2 and len(set(seats)) == 1 for seats in groups.values())
+    assert {t.seat for t in trajectories} == {"first", "second"}

@@ -91,12 +91,14 @@ def _check_selfplay(config: Config, env: gymnasium.Env) -> None:
 
     game = getattr(env.unwrapped, "game", None)
     if not isinstance(game, SeatedGame):
-        raise ConfigError(
-            "selfplay.enabled", f"env {config.env.id!r} is not a game of seats (envs/core/seats.py SeatedGame)"
-        )
+        where = "selfplay.enabled" if config.selfplay.enabled else "selfplay.eval_opponents"
+        raise ConfigError(where, f"env {config.env.id!r} is not a game of seats (envs/core/seats.py SeatedGame)")
     opponent = config.selfplay.opponent
     if opponent != "self" and opponent not in game.bots:
         raise ConfigError("selfplay.opponent", f"{opponent!r} is not one of the game's bots {list(game.bots)} or 'self'")
+    for bot in config.selfplay.eval_opponents:
+        if bot not in game.bots:
+            raise ConfigError("selfplay.eval_opponents", f"{bot!r} is not one of the game's bots {list(game.bots)}")
 
 
 def check_environment(config: Config, world_size: int = 1, env: gymnasium.Env | None = None) -> None:
@@ -118,7 +120,7 @@ def check_environment(config: Config, world_size: int = 1, env: gymnasium.Env | 
         try:
             if where == "env":
                 _check_env_context(config, made)
-                if config.selfplay.enabled:
+                if config.selfplay.enabled or config.selfplay.eval_opponents:
                     _check_selfplay(config, made)
         finally:
             if given is None:

@@ -147,7 +147,12 @@ def build_evaluator(
 
     def run_eval(loop: asyncio.Runner) -> EvalReport:
         if isinstance(runner, RolloutRunner | MatchRunner):  # a game's eval: its env's seat against its bot
-            return loop.run(evaluate(policy, renderer, rollout, eval_config))
+            report = loop.run(evaluate(policy, renderer, rollout, eval_config))
+            for bot in config.selfplay.eval_opponents:  # the seat against each other bot too
+                versus = config.rollout_config({**config.env.kwargs, "opponent": bot})
+                metrics = loop.run(evaluate(policy, renderer, versus, eval_config, keep_trajectories=False)).metrics
+                report.metrics.update({f"eval/vs_{bot}/{k[5:]}": v for k, v in metrics.items() if k.startswith("eval/")})
+            return report
         from ...rollouts.endpoint.agent_runner import evaluate_agent  # the `serve` extra, as above
 
         return loop.run(evaluate_agent(runner, eval_config))

@@ -3,9 +3,10 @@
     gymnasium.make("toolgym/Nim-v0", opponent="expert")   # the policy's seat against a bot
 
 One pile of `min_stones`..`max_stones` stones (drawn per game); seats `first` and `second`
-take turns taking 1..`max_take` stones; whoever takes the last stone wins. An action is the
-number alone ("2"); anything else, or more than is left, is an invalid move (the seat is told
-why and moves again; envs/core/seats.py counts and charges it). Observations are one line
+take turns taking 1..`max_take` stones (asking for more than are left takes the rest); whoever
+takes the last stone wins. An action is the number alone ("2"); anything else is an invalid move
+(the seat is told why and moves again; envs/core/seats.py counts and charges it). So a legal
+move is the same text in every position, and what a policy has to learn is only the strategy. Observations are one line
 ("Opponent took 2. Stones: 9."), so an episode is a few dozen tokens.
 
 Bots: `random` (a legal move drawn uniformly) and `expert`, which plays the known optimal
@@ -84,10 +85,9 @@ class NimGame(SeatedGame):
 
     def move(self, seat: str, action: str) -> str | None:
         match = _NUMBER.fullmatch(action)
-        most = min(self.max_take, self.stones)
-        if match is None or not 1 <= int(match.group(1)) <= most:
-            return f"Invalid move: reply with a number from 1 to {most}. Stones: {self.stones}."
-        taken = int(match.group(1))
+        if match is None or not 1 <= int(match.group(1)) <= self.max_take:
+            return f"Invalid move: reply with a number from 1 to {self.max_take}. Stones: {self.stones}."
+        taken = min(int(match.group(1)), self.stones)
         self.stones -= taken
         self._turn += 1
         other = self.seats[self._turn % 2]

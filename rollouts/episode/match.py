@@ -45,11 +45,15 @@ LEARN: Final = ("all", "one")
 class SelfPlayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`[selfplay]`: play a game of seats (envs/core/seats.py) as matches (module doc).
     enabled: on; learn: "all" (mirror self-play) or "one"; opponent (learn "one"): the name of
-    one of the game's bots, or "self" (the policy, its episodes on that seat not trained)."""
+    one of the game's bots, or "self" (the policy, its episodes on that seat not trained);
+    eval_opponents: bots the eval plays against too."""
 
     enabled: bool = False
     learn: str = "all"
     opponent: str = "self"
+    # bots the held-out eval also plays the policy's seat against (the env's `opponent` knob set
+    # to each): metrics eval/vs_<bot>/<name> beside eval/<name> (the env's own opponent)
+    eval_opponents: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.learn not in LEARN:

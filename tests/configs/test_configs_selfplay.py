@@ -27,7 +27,7 @@ def raw_config(run_dir: Path, **selfplay) -> dict:
         "eval": {"every_steps": 0, "at_start": False, "at_end": True, "num_tasks": 4, "record": False},
         "checkpoint": {"every_steps": 0, "at_end": False},
         "logging": {"progress_bar": False, "record_training": True},
-        "selfplay": {"enabled": True, **selfplay},
+        "selfplay": {"enabled": True, "eval_opponents": ["random"], **selfplay},
     }
 
 
@@ -49,6 +49,9 @@ def test_the_selfplay_section_is_checked(tmp_path):
     assert "'grandmaster' is not one of the game's bots ['random', 'expert']" in error_of(
         raw_config(tmp_path, learn="one", opponent="grandmaster")
     )
+    assert error_of(raw_config(tmp_path, eval_opponents=["random", "nobody"])).startswith(
+        "config error: selfplay.eval_opponents: 'nobody' is not one of the game's bots"
+    )
     config = config_from_dict({**raw_config(tmp_path), "loop": {"mode": "async", "generator": "thread"}})
     with pytest.raises(
         ConfigError, match=r'selfplay\.enabled: self-play matches are played in loop\.mode = "sync"'
@@ -64,6 +67,7 @@ def test_a_mirror_selfplay_run_trains_both_seats_in_per_seat_groups(tmp_path):
     assert [r["step"] for r in steps] == [1, 2]
     evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "eval"]
     assert evals and "eval/success" in evals[-1] and "eval/loss" in evals[-1]  # against the expert bot
+    assert 0.0 <= evals[-1]["eval/vs_random/success"] <= 1.0  # and against the random one
     trajectories = list(RecordingReader(run_dir / "trajectories" / "train_rank0.jsonl"))
     # 4 groups a step: 2 tasks x 2 seats, each of group_size 2
     assert len(trajectories) == 2 * 4 * 2

@@ -103,6 +103,31 @@ def test_a_seat_cut_off_forfeits_and_the_other_seat_wins(renderer):
     assert second.stop_reason == StopReason.ENV_ERROR and "before seat 'second' moved" in (second.error or "")
 
 
+class OneMoveThenRamble(Rambler):
+    """Plays "1" on its first turn in each episode, then never stops."""
+
+    def for_episode(self, env, seed):
+        policy = OneMoveThenRamble(self.renderer)
+        policy.moved = False
+        return policy
+
+    async def generate(self, prompts, params: SamplingParams):
+        if not getattr(self, "moved", True):
+            self.moved = True
+            tokens = [*self.renderer.encode("1"), self.renderer.im_end_id]
+            return [Completion(tokens=tokens, logprobs=[0.0] * len(tokens), text="1", finish_reason="stop")]
+        return await super().generate(prompts, params)
+
+
+def test_a_seat_cut_off_mid_game_wakes_the_seat_waiting_on_it(renderer):
+    first, second = play(match_runner(renderer, OneMoveThenRamble(renderer), group_size=1), [7])
+    # first: "1", second: "1", then first rambles, is cut, and forfeits while second waits
+    assert [t.action.text for t in second.transitions] == ["1"]
+    assert first.stop_reason == StopReason.MAX_TOKENS and first.reward_components["game"] == -1.0
+    assert second.stop_reason == StopReason.ANSWERED and second.reward_components["game"] == 1.0
+    assert second.final_observation.endswith("first stopped playing. You win.")
+
+
 def test_a_seat_that_never_moves_is_an_env_error_for_that_seat_only(renderer):
     # two stones: the expert moving first takes both, so the second seat never gets a turn
     played = play(match_runner(renderer, BotPolicy(renderer, "expert"), min_stones=2, max_stones=2), [0])

@@ -1,6 +1,7 @@
-"""The self-play demo: mirror self-play against RL on the random player alone, on Nim, evaluated
-against the random and the expert bot (configs/selfplay_tiny.toml: SFT on random legal moves,
-then RL).
+"""The self-play demo on Nim: mirror self-play against RL on the random player alone.
+
+Both evaluated against the random and the expert bot (configs/selfplay_tiny.toml: SFT on random
+legal moves, then RL).
 
     python bench/selfplay_demo.py                                  # 3 seeds, the preset as shipped
     python bench/selfplay_demo.py --seeds 0 --set run.steps=2 --set eval.every_steps=1 \

@@ -248,7 +248,7 @@ def finish(
             base_model=str(rl_base_dir(config, plan, run).resolve()),
         )
     if loop.dist.is_main:
-        summary = _summary(run, loop, plan.sft, started)
+        summary = _summary(run, loop, plan.sft, started, config.logging.headline_metrics)
         run.write_json(run.summary, summary)
         _print_summary(log, summary, config.logging.headline_metrics)
         if config.run.plot and config.logging.jsonl:
@@ -260,7 +260,9 @@ def finish(
     barrier()
 
 
-def _summary(run: RunDir, loop: RLLoop, sft: bool, started: float) -> dict[str, Any]:
+def _summary(
+    run: RunDir, loop: RLLoop, sft: bool, started: float, headline: Sequence[str] = ()
+) -> dict[str, Any]:
     evals = [r for r in read_metrics(run.metrics) if r.get("kind") == "eval"]
     if not evals:
         evals = [{"step": s, **m} for s, m in loop.eval_history]
@@ -269,6 +271,7 @@ def _summary(run: RunDir, loop: RLLoop, sft: bool, started: float) -> dict[str, 
         first, last = evals[0], evals[-1]
         for name, record in (("before", first), ("after", last)):
             keys = [*SUMMARY_KEYS, *(f"eval/{n}" for n in env_metric_names(record, "eval/"))]
+            keys += [f"eval/{n}" for n in headline if f"eval/{n}" in record and f"eval/{n}" not in keys]
             summary[name] = {"step": record["step"], **{k.removeprefix("eval/"): record.get(k) for k in keys}}
         # "before" is the policy RL started from only when it was evaluated at step 0
         # (eval.at_start); else it is the first eval, already after some RL steps

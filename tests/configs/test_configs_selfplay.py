@@ -4,6 +4,7 @@ train` run in mirror self-play trains both seats' episodes in per-seat groups an
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,7 @@ def raw_config(run_dir: Path, **selfplay) -> dict:
         "batch": {"groups_per_batch": 4},
         "eval": {"every_steps": 0, "at_start": False, "at_end": True, "num_tasks": 4, "record": False},
         "checkpoint": {"every_steps": 0, "at_end": False},
-        "logging": {"progress_bar": False, "record_training": True},
+        "logging": {"progress_bar": False, "record_training": True, "headline_metrics": ["vs_random/success"]},
         "selfplay": {"enabled": True, "eval_opponents": ["random"], **selfplay},
     }
 
@@ -68,6 +69,8 @@ def test_a_mirror_selfplay_run_trains_both_seats_in_per_seat_groups(tmp_path):
     evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "eval"]
     assert evals and "eval/success" in evals[-1] and "eval/loss" in evals[-1]  # against the expert bot
     assert 0.0 <= evals[-1]["eval/vs_random/success"] <= 1.0  # and against the random one
+    summary = json.loads((run_dir / "summary.json").read_text())  # a headline metric with a "/"
+    assert summary["after"]["vs_random/success"] == evals[-1]["eval/vs_random/success"]
     trajectories = list(RecordingReader(run_dir / "trajectories" / "train_rank0.jsonl"))
     # 4 groups a step: 2 tasks x 2 seats, each of group_size 2
     assert len(trajectories) == 2 * 4 * 2

@@ -12,6 +12,10 @@ plays the first legal move, `"random"` a legal move drawn from the env's seeded 
 candidates are the bracketed moves the game showed it (`'[4]'`, `[col 3]`, `[0 3]`; numbers
 varied 0-9), each tried on a copy of the game and kept when the game accepts it.
 
+Self-play: a two-player game is also a game of seats (`TextArenaGame`, the env's `game`;
+envs/core/seats.py), so `[selfplay]` plays both seats at once, each its own conversation and
+episode, and these bots can sit on either seat.
+
 Invalid moves are the game's own: its message is the error observation, counted in info
 `invalid_moves` and metric `invalid_moves`, and each costs `invalid_move_penalty` (reward
 component `invalid_move`); the game decides when too many lose it. Rewards: the game's final
@@ -41,11 +45,13 @@ import random
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
+import numpy as np
 import textarena
 from textarena.envs.registration import ENV_REGISTRY
 
+from ..core.seats import SeatedGame
 from ..core.text_env import TextEnv
 
 _NLTK_DOWNLOAD: Final = re.compile(r"nltk\.download\(\s*(\[[^\]]*\]|['\"][^'\"]+['\"])")
@@ -55,6 +61,7 @@ _NLTK_CATEGORIES: Final = ("corpora", "taggers", "tokenizers", "chunkers", "mode
 _MOVE: Final = re.compile(r"\[([^\[\]\n]{1,40})\]")
 _DIGITS: Final = re.compile(r"[0-9]+")
 _MAX_TRIALS: Final = 256
+_NO_FORFEIT: Final = 10**6  # TextArenaGame's invalid-move limit: the game's own rules decide
 
 
 class GameUnavailable(RuntimeError):
@@ -179,6 +186,79 @@ def _sender(game: Any, sender: int) -> str:
     return str(game.state.role_mapping.get(sender, f"Player {sender}"))
 
 
+class TextArenaGame(SeatedGame):
+    """A two-player TextArena game as a game of seats (envs/core/seats.py), for self-play: the
+    match runner plays both seats, each its own conversation (`TextArenaEnv.game`).
+
+    Seats `player_0` and `player_1` are TextArena's players 0 and 1; each seat's system prompt is
+    the game's prompt to it, its observations what it was told since its last move (its own move
+    left out). The game keeps its own rules for invalid moves (its message is the observation; it
+    decides when too many lose), each counted and charged `invalid_move_penalty` here. At game
+    over each seat's TextArena reward (win 1, loss -1, draw 0) is its `game` result. Bots: those
+    of TextArenaEnv's opponent (`random`, `first`)."""
+
+    seats: ClassVar[tuple[str, ...]] = ("player_0", "player_1")
+    bots: ClassVar[tuple[str, ...]] = ("random", "first")
+
+    def __init__(self, env: TextArenaEnv):
+        self.env = env  # its game factory, random state and move candidates
+        self.prompts = dict.fromkeys(self.seats, "")
+        super().__init__(
+            invalid_move_penalty=env.invalid_move_penalty,
+            max_invalid_moves=_NO_FORFEIT,  # the game's own rules decide
+            max_moves=2 * env.max_turns,
+        )
+
+    def _player(self, seat: str) -> int:
+        return self.seats.index(seat)
+
+    def system_prompt(self, seat: str) -> str:
+        return self.prompts[seat]
+
+    def start(self) -> None:
+        env = self.env
+        env._seen = {player: [] for player in range(2)}
+        with env._own_random():
+            env._game = env._make_game()
+            env._game.reset(num_players=2, seed=int(self.rng.integers(2**31)))
+        for seat in self.seats:
+            messages = env._messages(env._game, self._player(seat))
+            prompts = [m for m in messages if m[2] == textarena.ObservationType.PROMPT]
+            self.prompts[seat] = "\n".join(m[1].strip() for m in prompts)
+            rest = [m for m in messages if m[2] != textarena.ObservationType.PROMPT]
+            self._relay(seat, rest)
+
+    def _relay(self, seat: str, messages: list[tuple[int, str, Any]]) -> None:
+        player = self._player(seat)
+        self.env._note_moves(player, messages)
+        text = self.env._text(messages, player)
+        if text:
+            self.tell(seat, text[: self.env._max_chars()])
+
+    @property
+    def to_move(self) -> str:
+        return self.seats[int(self.env._game.state.current_player_id)]
+
+    def move(self, seat: str, action: str) -> str | None:
+        env, player = self.env, self._player(seat)
+        with env._own_random():
+            game = env._game
+            game.step(action[: env._max_action_chars])
+            invalid = _invalid(game, player)
+            for other in self.seats:
+                self._relay(other, env._messages(game, self._player(other)))
+            if game.state.done:
+                rewards, info = game.close()
+                results = {s: _game_reward((rewards or {}).get(self._player(s), 0.0)) for s in self.seats}
+                reason = str(info.get(player, {}).get("reason", "")).rstrip(".!")
+                self.finish(results, reason)
+        return "" if invalid else None  # the game's own message says why
+
+    def bot_action(self, seat: str, bot: str, rng: np.random.Generator) -> str:
+        with self.env._own_random():
+            return self.env._legal_move(self._player(seat), bot, rng)
+
+
 class TextArenaEnv(TextEnv):
     """`gymnasium.make("toolgym/TextArena-v0", game=..., **game_kwargs)`; see the module doc.
 
@@ -242,6 +322,7 @@ class TextArenaEnv(TextEnv):
             raise ValueError(f"player must be one of {list(range(self.num_players))}, got {player!r}")
         self.player = player
         self._game: Any = None
+        self._seated: TextArenaGame | None = None
         self._done = True
         self._system_prompt = ""
         self._question = ""
@@ -282,10 +363,12 @@ class TextArenaEnv(TextEnv):
         game.state.observations[player] = []
         return messages
 
-    def _text(self, messages: list[tuple[int, str, Any]]) -> str:
+    def _text(self, messages: list[tuple[int, str, Any]], player: int | None = None) -> str:
+        """`messages` as the lines `player` (default the policy's seat) reads."""
+        player = self.player if player is None else player
         lines = []
         for sender, message, kind in messages:
-            if sender in (self.player, textarena.GAME_ID) and kind == textarena.ObservationType.PLAYER_ACTION:
+            if sender in (player, textarena.GAME_ID) and kind == textarena.ObservationType.PLAYER_ACTION:
                 continue  # the policy's own move (some games echo it as the game's) is in its context
             lines.append(f"[{_sender(self._game, sender)}] {message}".rstrip())
         return "\n".join(lines)
@@ -295,10 +378,14 @@ class TextArenaEnv(TextEnv):
         game = self._game
         while not game.state.done and game.state.current_player_id != self.player:
             seat = game.state.current_player_id
-            for _, message, _ in self._messages(game, seat):
-                self._seen[seat].extend(m for m in _MOVE.findall(message) if m not in self._seen[seat])
+            self._note_moves(seat, self._messages(game, seat))
             move = self._legal_move(seat)
             game.step(move)
+
+    def _note_moves(self, seat: int, messages: list[tuple[int, str, Any]]) -> None:
+        """Keep the bracketed moves `seat` was shown: a bot's candidates."""
+        for _, message, _ in messages:
+            self._seen[seat].extend(m for m in _MOVE.findall(message) if m not in self._seen[seat])
 
     def _candidates(self, seat: int) -> list[str]:
         moves: dict[str, None] = {}
@@ -313,10 +400,12 @@ class TextArenaEnv(TextEnv):
                     moves[f"[{varied}]"] = None
         return list(moves) or ["[pass]"]
 
-    def _legal_move(self, seat: int) -> str:
+    def _legal_move(self, seat: int, bot: str | None = None, rng: np.random.Generator | None = None) -> str:
+        """Bot `bot`'s move for `seat` (default: this env's opponent, drawing from its RNG)."""
         candidates = self._candidates(seat)
-        if self.opponent == "random":
-            candidates = [candidates[i] for i in self.np_random.permutation(len(candidates))]
+        if (bot or self.opponent) == "random":
+            rng = self.np_random if rng is None else rng
+            candidates = [candidates[i] for i in rng.permutation(len(candidates))]
         for move in candidates[:_MAX_TRIALS]:
             trial = copy.deepcopy(self._game)
             saved = random.getstate()
@@ -329,6 +418,16 @@ class TextArenaEnv(TextEnv):
             finally:
                 random.setstate(saved)
         return candidates[0]
+
+    @property
+    def game(self) -> TextArenaGame:
+        """This game as a game of seats, for the match runner (self-play); two-player games only
+        (AttributeError otherwise, so `getattr(env, "game", None)` is None)."""
+        if self.num_players != 2:
+            raise AttributeError(f"TextArena game {self.game_id!r} has {self.num_players} player: no seats to play")
+        if self._seated is None:
+            self._seated = TextArenaGame(self)
+        return self._seated
 
     # ---- TextEnv ---------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ A `SeatedGame` holds the game's state and, per seat, the text that seat has not 
 (`tell`) and the reward it has earned since it last took them (`award`). A subclass writes:
 `seats`, `bots` (its scripted players' names), `system_prompt(seat)`, `start()` (a new game drawn
 from `self.rng`), `to_move` (the seat whose turn it is), `move(seat, action)` (apply the action,
-or return the one-line error the seat is told, the turn staying where it is; `finish` ends the
-game) and `bot_action(seat, bot)`. The base counts each seat's invalid moves (each costs
+or return the one-line error the seat is told, "" where the game told it itself, the turn
+staying where it is; `finish` ends the game) and `bot_action(seat, bot)`. The base counts each seat's invalid moves (each costs
 `invalid_move_penalty`; one over `max_invalid_moves` forfeits the game), draws the game after
 `max_moves` moves, and reports each seat's info: reward components `game` (win 1, draw 0, loss
 -1) and `invalid_move`, metrics `success` (won), `draw`, `loss`, `invalid_moves`, `moves`.
@@ -145,7 +145,8 @@ class SeatedGame:
         if error is not None:
             self._invalid[seat] += 1
             self.award(seat, -self.invalid_move_penalty, "invalid_move")
-            self.tell(seat, error)
+            if error:  # "" when the game told the seat itself
+                self.tell(seat, error)
             if self._invalid[seat] > self.max_invalid_moves:
                 self.forfeit(seat, f"{seat} made {self._invalid[seat]} invalid moves")
             return

@@ -190,3 +190,59 @@ def test_the_documented_two_seat_game_plays_solo_and_in_matches(renderer):
     assert len(played) == 8 and {t.seat for t in played} == {"first", "second"}
     for t in played:
         assert t.stop_reason == StopReason.ANSWERED and abs(t.reward_components["game"]) == 1.0
+
+
+def test_a_textarena_two_player_game_plays_both_seats(renderer):
+    pytest.importorskip("textarena")
+    config = EnvRolloutConfig(
+        env_id="toolgym/TextArena-v0",
+        env_kwargs={"game": "TicTacToe-v0"},
+        group_size=2,
+        max_turns=12,
+        max_tokens_per_turn=16,
+    )
+    played = play(MatchRunner(RolloutRunner(BotPolicy(renderer, "random"), renderer, config)), [0, 1, 2])
+    assert len(played) == 12
+    for t in played:
+        assert t.stop_reason == StopReason.ANSWERED and t.error is None
+        assert t.system_prompt.startswith(f"You are Player {t.seat[-1]} in Tic Tac Toe.")
+    for seed in (0, 1, 2):
+        first, second = (
+            next(t for t in played if t.task_seed == seed and t.seat == s) for s in ("player_0", "player_1")
+        )
+        assert first.reward_components["game"] == -second.reward_components["game"]  # win/loss, or a draw
+        # each seat's next message names the other's move, never its own
+        for mine, theirs in zip(first.transitions, second.transitions, strict=False):
+            assert f"[Player 0] {mine.action.text}" in theirs.observation
+            assert f"[Player 0] {mine.action.text}" not in first.final_observation
+    with pytest.raises(ValueError, match="is not a game of seats"):
+        one_player = EnvRolloutConfig(env_id="toolgym/TextArena-v0", env_kwargs={"game": "GuessTheNumber-v0"})
+        MatchRunner(RolloutRunner(BotPolicy(renderer, "random"), renderer, one_player))
+
+
+class Scribbler(Rambler):
+    """Answers every turn with a move no game accepts."""
+
+    async def generate(self, prompts, params: SamplingParams):
+        tokens = [*self.renderer.encode("[99]"), self.renderer.im_end_id]
+        return [Completion(tokens=tokens, logprobs=[0.0] * len(tokens), text="[99]", finish_reason="stop")]
+
+
+def test_a_textarena_seats_invalid_moves_follow_the_games_rules(renderer):
+    pytest.importorskip("textarena")
+    config = EnvRolloutConfig(
+        env_id="toolgym/TextArena-v0",
+        env_kwargs={"game": "TicTacToe-v0", "invalid_move_penalty": 0.1},
+        group_size=1,
+        max_turns=12,
+        max_tokens_per_turn=16,
+    )
+    runner = MatchRunner(RolloutRunner(Scribbler(renderer), renderer, config), learn="one", opponent="random")
+    (t,) = play(runner, [4])
+    assert t.seat == "player_0" and t.stop_reason == StopReason.ANSWERED
+    assert t.reward_components["game"] == -1.0  # the game ends it lost after its own allowance
+    invalid = -t.reward_components["invalid_move"] / 0.1
+    assert (
+        invalid == pytest.approx(len(t.transitions))
+        and t.transitions[-1].info["metrics"]["invalid_moves"] == invalid
+    )

@@ -34,7 +34,15 @@ from typing import Any, ClassVar, Final
 
 import numpy as np
 
-from .info import END_REASON, FAILURE_MODE, METRICS, OBSERVATION_ROLE, REWARD_COMPONENTS, SYSTEM_PROMPT
+from .info import (
+    CREDIT_STATE,
+    END_REASON,
+    FAILURE_MODE,
+    METRICS,
+    OBSERVATION_ROLE,
+    REWARD_COMPONENTS,
+    SYSTEM_PROMPT,
+)
 from .text_env import TextEnv
 
 WIN: Final = 1.0
@@ -86,6 +94,12 @@ class SeatedGame:
     def bot_action(self, seat: str, bot: str, rng: np.random.Generator) -> str:
         """The action scripted player `bot` (one of `bots`) takes for `seat`, drawing from `rng`."""
         raise NotImplementedError
+
+    def credit_state(self, seat: str) -> str | None:
+        """Where `seat` stands now, as a key for turn-level credit's state baseline (info
+        `credit_state`, envs/core/info.py: `credit = "turn_state"`), or None (the default: the
+        exact history is the key). A game whose position is a small state (Nim's stones) names it."""
+        return None
 
     # ---- the base ---------------------------------------------------------------------------------
 
@@ -176,6 +190,9 @@ class SeatedGame:
                 "moves": float(self.moves),
             },
         }
+        state = self.credit_state(seat)
+        if state is not None:
+            info[CREDIT_STATE] = state
         if result is not None:
             info[END_REASON] = "answered"
             info[FAILURE_MODE] = "success" if result > 0 else "draw" if result == DRAW else "lost"

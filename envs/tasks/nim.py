@@ -96,6 +96,10 @@ class NimGame(SeatedGame):
             self.finish({seat: WIN, other: LOSS}, f"{seat} took the last stone")
         return None
 
+    def credit_state(self, seat: str) -> str | None:
+        """The stones left: the whole position for the seat about to move (its seat is fixed)."""
+        return str(self.stones)
+
     def bot_action(self, seat: str, bot: str, rng: np.random.Generator) -> str:
         most = min(self.max_take, self.stones)
         best = self.stones % (self.max_take + 1)

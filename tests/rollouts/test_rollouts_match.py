@@ -167,6 +167,7 @@ def test_nim_env_plays_one_seat_against_a_bot():
             total += reward
         assert terminated and total in (1.0, -1.0)
         assert step_info["metrics"]["success"] == float(total > 0)
+        assert step_info["credit_state"] == "0"  # the stones left: turn_state credit's key
     assert seats == {"first", "second"}  # seat None alternates over task seeds
     env.reset(seed=1)
     observation, reward, terminated, _, info = env.step("seven")

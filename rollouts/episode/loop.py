@@ -282,33 +282,37 @@ def _settle(state: EpisodeState) -> None:
 
 async def run_grouped(
     config: RolloutSettings,
-    run_episode: Callable[[int, int, int], Awaitable[Trajectory]],
+    run_episode: Callable[[int, int, int], Awaitable[Trajectory | list[Trajectory]]],
     task_seeds: Sequence[int],
     group_ids: Sequence[int] | None = None,
     on_episode: Callable[[Trajectory], None] | None = None,
 ) -> list[Trajectory]:
     """`config.group_size` calls of `run_episode(seed, group_id, sample)` per task seed, all
     concurrent (at most `config.max_concurrent_episodes` at a time), group-major; `on_episode` is
-    called as each finishes. The one group loop of the env runner and the agent runner."""
+    called on each trajectory as its call finishes. A call returns its episode's Trajectory, or
+    the list of those it played (a match: its learning seats'). The one group loop of the env
+    runner, the agent runner and the match runner."""
     group_ids = range(len(task_seeds)) if group_ids is None else group_ids
     if len(group_ids) != len(task_seeds):
         raise ValueError(f"{len(task_seeds)} task seeds but {len(group_ids)} group ids")
     limit = config.max_concurrent_episodes
     semaphore = asyncio.Semaphore(limit) if limit else None
 
-    async def one(seed: int, group_id: int, sample: int) -> Trajectory:
+    async def one(seed: int, group_id: int, sample: int) -> list[Trajectory]:
         if semaphore is None:
-            trajectory = await run_episode(seed, group_id, sample)
+            played = await run_episode(seed, group_id, sample)
         else:
             async with semaphore:
-                trajectory = await run_episode(seed, group_id, sample)
+                played = await run_episode(seed, group_id, sample)
+        played = played if isinstance(played, list) else [played]
         if on_episode is not None:
-            on_episode(trajectory)
-        return trajectory
+            for trajectory in played:
+                on_episode(trajectory)
+        return played
 
     jobs = [
         one(seed, group_id, s)
         for seed, group_id in zip(task_seeds, group_ids, strict=True)
         for s in range(config.group_size)
     ]
-    return list(await asyncio.gather(*jobs))
+    return [t for played in await asyncio.gather(*jobs) for t in played]

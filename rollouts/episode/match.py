@@ -35,6 +35,7 @@ from ...agents.types import Completion, SamplingParams
 from ...envs.core.seats import Match, SeatedGame, SeatEnv, SeatError
 from ..scripted import ScriptedEpisodePolicy
 from ..types import Trajectory
+from .loop import run_grouped
 
 if TYPE_CHECKING:
     from .runner import RolloutRunner
@@ -183,29 +184,5 @@ class MatchRunner:
     ) -> list[Trajectory]:
         """G matches per task seed, all concurrently (at most `max_concurrent_episodes` matches at
         a time); the learning seats' Trajectories, group-major per (task, seat)."""
-        config = self.runner.config
-        group_ids = range(len(task_seeds)) if group_ids is None else group_ids
-        if len(group_ids) != len(task_seeds):
-            raise ValueError(f"{len(task_seeds)} task seeds but {len(group_ids)} group ids")
-        limit = config.max_concurrent_episodes
-        semaphore = asyncio.Semaphore(limit) if limit else None
-
-        async def one(seed: int, group_id: int, sample: int) -> list[Trajectory]:
-            if semaphore is None:
-                played = await self.run_match(seed, group_id, sample)
-            else:
-                async with semaphore:
-                    played = await self.run_match(seed, group_id, sample)
-            if on_episode is not None:
-                for trajectory in played:
-                    on_episode(trajectory)
-            return played
-
-        jobs = [
-            one(seed, group_id, s)
-            for seed, group_id in zip(task_seeds, group_ids, strict=True)
-            for s in range(config.group_size)
-        ]
-        matches = await asyncio.gather(*jobs)
-        played = [t for match in matches for t in match]
+        played = await run_grouped(self.runner.config, self.run_match, task_seeds, group_ids, on_episode)
         return sorted(played, key=lambda t: (t.group_id, t.sample_index))  # group-major, stable

@@ -171,6 +171,8 @@ def verify_trajectory(trajectory: Trajectory) -> list[str]:
         check_env_id(t.env_id)
     except EnvModuleNotAllowed as exc:
         return [*problems, str(exc)]
+    if t.seat:  # its env's replies held another seat's moves, which a lone env re-run cannot
+        return [*problems, f"seat {t.seat!r} of a match: its seats are not replayed together yet, so it is not verified"]
     rerun, actor = replay_episode(t)
     if actor.reset is None:
         if t.stop_reason == StopReason.ENV_ERROR and not t.transitions:

@@ -64,6 +64,15 @@ def test_each_seat_is_a_token_exact_episode(renderer):
         assert renderer.decode(episode.tokens).count("Stones") >= len(t.transitions)
 
 
+def test_replay_says_a_seat_of_a_match_is_not_verified(renderer):
+    from toolgym.rollouts.recording.replay import verify_trajectory
+
+    (t, *_) = play(match_runner(renderer, BotPolicy(renderer, "random"), group_size=1), [0])
+    assert verify_trajectory(t) == [
+        f"seat {t.seat!r} of a match: its seats are not replayed together yet, so it is not verified"
+    ]
+
+
 def test_learn_one_trains_one_seat_per_match_against_a_bot(renderer):
     runner = match_runner(
         renderer, BotPolicy(renderer, "random"), learn="one", opponent="expert", group_size=4

@@ -3,10 +3,11 @@
     gymnasium.make("toolgym/Nim-v0", opponent="expert")   # the policy's seat against a bot
 
 One pile of `min_stones`..`max_stones` stones (drawn per game); seats `first` and `second`
-take turns taking 1..`max_take` stones (asking for more than are left takes the rest); whoever
-takes the last stone wins. An action is the number alone ("2"); anything else is an invalid move
-(the seat is told why and moves again; envs/core/seats.py counts and charges it). So a legal
-move is the same text in every position, and what a policy has to learn is only the strategy. Observations are one line
+take turns taking 1..`max_take` stones; whoever takes the last stone wins. An action is the
+number alone ("2"); anything else is an invalid move (the seat is told why and moves again;
+envs/core/seats.py counts and charges it). `take_rest` (default) lets a seat ask for more than
+are left, taking the rest, so a legal move is the same text everywhere; `take_rest=False` makes
+that an invalid move, so the legal moves depend on the position (fewer than max_take stones). Observations are one line
 ("Opponent took 2. Stones: 9."), so an episode is a few dozen tokens.
 
 Bots: `random` (a legal move drawn uniformly) and `expert`, which plays the known optimal
@@ -50,6 +51,7 @@ class NimGame(SeatedGame):
         max_take: int = 3,
         invalid_move_penalty: float = 0.1,
         max_invalid_moves: int = 2,
+        take_rest: bool = True,
     ):
         if not (
             isinstance(min_stones, int) and isinstance(max_stones, int) and 1 <= min_stones <= max_stones
@@ -58,6 +60,7 @@ class NimGame(SeatedGame):
         if not isinstance(max_take, int) or not 1 <= max_take <= 9:
             raise ValueError(f"max_take must be an int in [1, 9], got {max_take!r}")
         self.min_stones, self.max_stones, self.max_take = min_stones, max_stones, max_take
+        self.take_rest = bool(take_rest)
         self.stones = min_stones
         self._turn = 0
         super().__init__(
@@ -85,8 +88,9 @@ class NimGame(SeatedGame):
 
     def move(self, seat: str, action: str) -> str | None:
         match = _NUMBER.fullmatch(action)
-        if match is None or not 1 <= int(match.group(1)) <= self.max_take:
-            return f"Invalid move: reply with a number from 1 to {self.max_take}. Stones: {self.stones}."
+        most = self.max_take if self.take_rest else min(self.max_take, self.stones)
+        if match is None or not 1 <= int(match.group(1)) <= most:
+            return f"Invalid move: reply with a number from 1 to {most}. Stones: {self.stones}."
         taken = min(int(match.group(1)), self.stones)
         self.stones -= taken
         self._turn += 1
@@ -124,6 +128,7 @@ class NimEnv(SoloEnv):
         max_take: int = 3,
         invalid_move_penalty: float = 0.1,
         max_invalid_moves: int = 2,
+        take_rest: bool = True,
         max_turns: int = 16,
         render_mode: str | None = None,
     ):
@@ -135,5 +140,6 @@ class NimEnv(SoloEnv):
             max_take=max_take,
             invalid_move_penalty=invalid_move_penalty,
             max_invalid_moves=max_invalid_moves,
+            take_rest=take_rest,
         )
         super().__init__(game, seat=seat, opponent=opponent, oracle=oracle, max_turns=max_turns)

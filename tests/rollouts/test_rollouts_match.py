@@ -182,6 +182,11 @@ def test_nim_env_plays_one_seat_against_a_bot():
     observation, reward, terminated, _, info = env.step("seven")
     assert observation.startswith("Invalid move: reply with a number from 1 to 3.")
     assert reward == pytest.approx(-0.1) and not terminated and info["metrics"]["invalid_moves"] == 1.0
+    # asking for more than are left takes the rest, unless take_rest=False makes it invalid
+    for take_rest, expected in ((True, "Game over"), (False, "Invalid move: reply with a number from 1 to 2.")):
+        strict = gymnasium.make("toolgym/Nim-v0", seat="first", min_stones=2, max_stones=2, take_rest=take_rest)
+        strict.reset(seed=0)
+        assert expected in strict.step("3")[0]
 
 
 def test_the_documented_two_seat_game_plays_solo_and_in_matches(renderer):

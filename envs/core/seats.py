@@ -122,8 +122,14 @@ class SeatedGame:
 
     @property
     def current(self) -> str | None:
-        """The seat to move, None once the game is over."""
-        return None if self.over else self.to_move
+        """The seat to move, None once the game is over; SeatError when the game names a seat it
+        does not have (so the seat that asks ends its episode, instead of every seat waiting)."""
+        if self.over:
+            return None
+        seat = self.to_move
+        if seat not in self.seats:
+            raise SeatError(f"the game names an unknown seat {seat!r} to move (its seats: {list(self.seats)})")
+        return seat
 
     def tell(self, seat: str, text: str) -> None:
         self._news[seat].append(text)

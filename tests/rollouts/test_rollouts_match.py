@@ -9,7 +9,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from toolgym.agents.types import Completion, SamplingParams
-from toolgym.envs.core.seats import Match, SeatError
+from toolgym.envs.core.seats import Match, SeatError, SoloEnv
 from toolgym.envs.tasks.nim import NimGame, winning
 from toolgym.rollouts.batches import BatchConfig, TaskSeedStream, collect_batch
 from toolgym.rollouts.episode.config import EnvRolloutConfig
@@ -148,6 +148,28 @@ def test_a_seat_that_never_moves_is_an_env_error_for_that_seat_only(renderer):
             assert t.error == "SeatError: the game ended before seat 'second' moved"
 
 
+class Haywire(NimGame):
+    """Names a seat it does not have once the first move is made."""
+
+    @property
+    def to_move(self):
+        return "third" if self.moves else super().to_move
+
+
+def test_a_game_that_names_an_unknown_seat_ends_that_game_only(renderer):
+    if "test/HaywireNim-v0" not in gymnasium.registry:
+        gymnasium.register("test/HaywireNim-v0", entry_point=lambda **kw: SoloEnv(Haywire(), **kw))
+    config = EnvRolloutConfig(env_id="test/HaywireNim-v0", env_kwargs={}, group_size=1, max_turns=16)
+    played = play(MatchRunner(RolloutRunner(BotPolicy(renderer, "random"), renderer, config)), [0])
+    first = next(t for t in played if t.seat == "first")  # it moved, then the game named "third"
+    assert first.stop_reason == StopReason.ENV_ERROR
+    assert (
+        first.error
+        == "SeatError: the game names an unknown seat 'third' to move (its seats: ['first', 'second'])"
+    )
+    assert {t.stop_reason for t in played} <= {StopReason.ENV_ERROR}  # the other seat never moved
+
+
 def test_an_unknown_seat_is_refused():
     with pytest.raises(SeatError, match="unknown seat 'third'"):
         Match(NimGame(), 0).env("third")
@@ -183,8 +205,13 @@ def test_nim_env_plays_one_seat_against_a_bot():
     assert observation.startswith("Invalid move: reply with a number from 1 to 3.")
     assert reward == pytest.approx(-0.1) and not terminated and info["metrics"]["invalid_moves"] == 1.0
     # asking for more than are left takes the rest, unless take_rest=False makes it invalid
-    for take_rest, expected in ((True, "Game over"), (False, "Invalid move: reply with a number from 1 to 2.")):
-        strict = gymnasium.make("toolgym/Nim-v0", seat="first", min_stones=2, max_stones=2, take_rest=take_rest)
+    for take_rest, expected in (
+        (True, "Game over"),
+        (False, "Invalid move: reply with a number from 1 to 2."),
+    ):
+        strict = gymnasium.make(
+            "toolgym/Nim-v0", seat="first", min_stones=2, max_stones=2, take_rest=take_rest
+        )
         strict.reset(seed=0)
         assert expected in strict.step("3")[0]
 

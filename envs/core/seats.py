@@ -13,7 +13,8 @@ A `SeatedGame` holds the game's state and, per seat, the text that seat has not 
 `seats`, `bots` (its scripted players' names), `system_prompt(seat)`, `start()` (a new game drawn
 from `self.rng`), `to_move` (the seat whose turn it is), `move(seat, action)` (apply the action,
 or return the one-line error the seat is told, "" where the game told it itself, the turn
-staying where it is; `finish` ends the game) and `bot_action(seat, bot)`. The base counts each seat's invalid moves (each costs
+staying where it is; `finish` ends the game), `bot_action(seat, bot, rng)` and, optionally,
+`credit_state(seat)`. The base counts each seat's invalid moves (each costs
 `invalid_move_penalty`; one over `max_invalid_moves` forfeits the game), draws the game after
 `max_moves` moves, and reports each seat's info: reward components `game` (win 1, draw 0, loss
 -1) and `invalid_move`, metrics `success` (won), `draw`, `loss`, `invalid_moves`, `moves`.

@@ -129,11 +129,11 @@ class MatchRunner:
             raise ValueError(f"learn must be one of {LEARN}, got {learn!r}")
         config = runner.config
         self.runner, self.learn = runner, learn
-        self.seats = seated_game(config.env_id, config.env_kwargs).seats
+        game = seated_game(config.env_id, config.env_kwargs)
+        self.seats = game.seats
         if opponent == "self":
             opponent = None
         if isinstance(opponent, str):
-            game = seated_game(config.env_id, config.env_kwargs)
             if opponent not in game.bots:
                 raise ValueError(f"unknown bot {opponent!r}: {config.env_id}'s bots are {list(game.bots)}")
             opponent = BotPolicy(runner.renderer, opponent)

@@ -180,6 +180,13 @@ def _invalid(game: Any, player: int) -> bool:
     return getattr(state, "error_count", 0) > 0
 
 
+def _split_prompt(messages: list[tuple[int, str, Any]]) -> tuple[str, list[tuple[int, str, Any]]]:
+    """A player's first messages as (the game's prompt to it, joined: its system prompt; the rest)."""
+    prompts = [m for m in messages if m[2] == textarena.ObservationType.PROMPT]
+    rest = [m for m in messages if m[2] != textarena.ObservationType.PROMPT]
+    return "\n".join(m[1].strip() for m in prompts), rest
+
+
 def _sender(game: Any, sender: int) -> str:
     if sender == textarena.GAME_ID:
         return "GAME"
@@ -222,10 +229,7 @@ class TextArenaGame(SeatedGame):
             env._game = env._make_game()
             env._game.reset(num_players=2, seed=int(self.rng.integers(2**31)))
         for seat in self.seats:
-            messages = env._messages(env._game, self._player(seat))
-            prompts = [m for m in messages if m[2] == textarena.ObservationType.PROMPT]
-            self.prompts[seat] = "\n".join(m[1].strip() for m in prompts)
-            rest = [m for m in messages if m[2] != textarena.ObservationType.PROMPT]
+            self.prompts[seat], rest = _split_prompt(env._messages(env._game, self._player(seat)))
             self._relay(seat, rest)
 
     def _relay(self, seat: str, messages: list[tuple[int, str, Any]]) -> None:
@@ -482,9 +486,7 @@ class TextArenaEnv(TextEnv):
             self._game.reset(num_players=self.num_players, seed=game_seed)
             self._opponent_moves()
             messages = self._messages(self._game, self.player)
-        prompts = [m for m in messages if m[2] == textarena.ObservationType.PROMPT]
-        self._system_prompt = "\n".join(m[1].strip() for m in prompts)
-        rest = [m for m in messages if m[2] != textarena.ObservationType.PROMPT]
+        self._system_prompt, rest = _split_prompt(messages)
         self._question = self._text(rest) or "[GAME] Your move."
         self._question = self._question[: self._max_chars()]
         self._done = False

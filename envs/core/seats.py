@@ -71,9 +71,7 @@ class SeatedGame:
         self.invalid_move_penalty = float(invalid_move_penalty)
         self.max_invalid_moves = max_invalid_moves
         self.max_moves = max_moves
-        self.rng = np.random.default_rng(0)
-        self.results: dict[str, float] | None = None  # each seat's result once the game is over
-        self.reset(0)
+        self._clear(0)  # no game is started until `reset`
 
     # ---- what a game writes ---------------------------------------------------------------------
 
@@ -105,17 +103,21 @@ class SeatedGame:
     # ---- the base ---------------------------------------------------------------------------------
 
     def reset(self, seed: int) -> None:
+        """A new game from `seed` (`start`), every seat's pending text and reward cleared."""
+        self._clear(seed)
+        self.start()
+
+    def _clear(self, seed: int) -> None:
         self.rng = np.random.default_rng(seed)
         # each seat's bot draws from its own generator, so a bot plays the same moves whatever
         # the other seats' players drew (SoloEnv's oracle plays the game ahead on a copy)
         self.bot_rngs = {s: np.random.default_rng([seed, i]) for i, s in enumerate(self.seats)}
-        self.results = None
+        self.results: dict[str, float] | None = None  # each seat's result once the game is over
         self.moves = 0
         self._news: dict[str, list[str]] = {s: [] for s in self.seats}
         self._reward = dict.fromkeys(self.seats, 0.0)
         self._components = {s: {"game": 0.0, "invalid_move": 0.0} for s in self.seats}
         self._invalid = dict.fromkeys(self.seats, 0)
-        self.start()
 
     @property
     def over(self) -> bool:
@@ -129,15 +131,13 @@ class SeatedGame:
             return None
         seat = self.to_move
         if seat not in self.seats:
-            raise SeatError(f"the game names an unknown seat {seat!r} to move (its seats: {list(self.seats)})")
+            raise SeatError(
+                f"the game names an unknown seat {seat!r} to move (its seats: {list(self.seats)})"
+            )
         return seat
 
     def tell(self, seat: str, text: str) -> None:
         self._news[seat].append(text)
-
-    def tell_all(self, text: str) -> None:
-        for seat in self.seats:
-            self.tell(seat, text)
 
     def award(self, seat: str, reward: float, component: str) -> None:
         self._reward[seat] += reward
@@ -205,6 +205,27 @@ class SeatedGame:
             info[FAILURE_MODE] = "success" if result > 0 else "draw" if result == DRAW else "lost"
         return info
 
+    def opening(self, seat: str) -> tuple[str, dict[str, Any]]:
+        """`seat`'s first observation and reset info, once the seats before it have moved;
+        SeatError when the game ended before it moved."""
+        if self.over:
+            raise SeatError(f"the game ended before seat {seat!r} moved")
+        observation, _ = self.take(seat)
+        info = {
+            SYSTEM_PROMPT: self.system_prompt(seat),
+            "question": observation,
+            "answer": None,
+            "seat": seat,
+        }
+        return observation, info
+
+    def resign(self, seat: str, why: str) -> tuple[float, dict[str, Any]]:
+        """`seat` forfeits the game going on: the reward it gets for it, and its info (what an
+        env's `abandon()` returns)."""
+        self.forfeit(seat, why)
+        _, reward = self.take(seat)
+        return reward, self.seat_info(seat)
+
     def play_bots(self, bots: dict[str, str]) -> None:
         """Let the seats in `bots` ({seat: bot}) move until it is another seat's turn or over."""
         while (seat := self.current) is not None and seat in bots:
@@ -256,18 +277,9 @@ class SoloEnv(TextEnv):
         self.seat = self.fixed_seat or seats[game_seed % len(seats)]
         self.game.reset(game_seed)
         self.game.play_bots(self._bots())
-        if self.game.over:
-            raise SeatError(f"the game ended before seat {self.seat!r} moved")
-        self._question, _ = self.game.take(self.seat)
+        self._question, info = self.game.opening(self.seat)
         self._turns, self._done = 0, False
-        info = {
-            SYSTEM_PROMPT: self.game.system_prompt(self.seat),
-            "question": self._question,
-            "answer": None,
-            "seat": self.seat,
-            "opponent": self.opponent,
-        }
-        return self._question, info
+        return self._question, {**info, "opponent": self.opponent}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
@@ -322,9 +334,7 @@ class SoloEnv(TextEnv):
         if self._done:
             return None
         self._done = True
-        self.game.forfeit(self.seat, f"{self.seat} stopped playing")
-        _, reward = self.game.take(self.seat)
-        return reward, self.game.seat_info(self.seat)
+        return self.game.resign(self.seat, f"{self.seat} stopped playing")
 
 
 class Match:
@@ -378,12 +388,9 @@ class SeatEnv(TextEnv):
             match.game.reset(match.seed)
             await match.notify()
         await match.wait_turn(self.seat)
-        if self.game.over:
-            raise SeatError(f"the game ended before seat {self.seat!r} moved")
-        observation, _ = self.game.take(self.seat)
+        opening = self.game.opening(self.seat)
         self._done = False
-        info = {SYSTEM_PROMPT: self.game.system_prompt(self.seat), "question": observation, "answer": None}
-        return observation, {**info, "seat": self.seat}
+        return opening
 
     async def step_async(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
@@ -406,9 +413,7 @@ class SeatEnv(TextEnv):
         if self._done or self.game.over:
             return None
         self._done = True
-        self.game.forfeit(self.seat, f"{self.seat} stopped playing")
-        _, reward = self.game.take(self.seat)
-        return reward, self.game.seat_info(self.seat)
+        return self.game.resign(self.seat, f"{self.seat} stopped playing")
 
     def close(self) -> None:
         """Leave the match: a game still going is forfeited (the match runner then wakes the

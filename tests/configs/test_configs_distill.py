@@ -10,6 +10,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from short_run_testlib import short_run
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from toolgym.agents.model.checkpoint import save_hf_checkpoint
@@ -27,18 +28,7 @@ from toolgym.trainers.metrics_log import read_metrics
 
 
 def raw_config(run_dir: Path, teacher: str = "") -> dict:
-    return {
-        "run": {"steps": 2, "run_dir": str(run_dir), "plot": False, "export_hf": False},
-        "env": {"kwargs": {"tier": "recursive", "difficulty": "easy", "max_turns": 3}},
-        "model": {"name": "test", "overrides": {"vocab_size": 1024}},
-        "policy": {"max_batch_size": 16, "max_seq_len": 256},
-        "rollout": {"group_size": 2, "max_turns": 3, "max_tokens_per_turn": 8, "max_tokens_per_episode": 24},
-        "batch": {"groups_per_batch": 2},
-        "eval": {"every_steps": 0, "at_start": False, "at_end": False, "num_tasks": 2, "record": False},
-        "checkpoint": {"every_steps": 0, "at_end": False},
-        "logging": {"progress_bar": False, "record_training": True},
-        "distill": {"teacher": teacher, "weight": 1.0, "reward_weight": 0.5},
-    }
+    return short_run(run_dir, distill={"teacher": teacher, "weight": 1.0, "reward_weight": 0.5})
 
 
 def error_of(raw: dict) -> str:

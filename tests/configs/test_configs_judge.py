@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from judge_testlib import judge_server
+from short_run_testlib import short_run
 
 from toolgym.configs.assembly.placement import check_async
 from toolgym.configs.checks import check_environment
@@ -25,18 +26,7 @@ CRITERIA = [
 
 
 def raw_config(run_dir: Path, url: str, **judge) -> dict:
-    return {
-        "run": {"steps": 2, "run_dir": str(run_dir), "plot": False, "export_hf": False},
-        "env": {"kwargs": {"tier": "recursive", "difficulty": "easy", "max_turns": 3}},
-        "model": {"name": "test", "overrides": {"vocab_size": 1024}},
-        "policy": {"max_batch_size": 16, "max_seq_len": 256},
-        "rollout": {"group_size": 2, "max_turns": 3, "max_tokens_per_turn": 8, "max_tokens_per_episode": 24},
-        "batch": {"groups_per_batch": 2},
-        "eval": {"every_steps": 0, "at_start": False, "at_end": False, "num_tasks": 2, "record": False},
-        "checkpoint": {"every_steps": 0, "at_end": False},
-        "logging": {"progress_bar": False, "record_training": True},
-        "judge": {"url": url, "criteria": CRITERIA, **judge},
-    }
+    return short_run(run_dir, judge={"url": url, "criteria": CRITERIA, **judge})
 
 
 def error_of(raw: dict) -> str:

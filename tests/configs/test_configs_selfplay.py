@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from short_run_testlib import short_run
 
 from toolgym.configs.assembly.placement import check_async
 from toolgym.configs.checks import check_environment
@@ -18,18 +19,15 @@ from toolgym.trainers.metrics_log import read_metrics
 
 
 def raw_config(run_dir: Path, **selfplay) -> dict:
-    return {
-        "run": {"steps": 2, "run_dir": str(run_dir), "plot": False, "export_hf": False},
-        "env": {"id": "toolgym/Nim-v0", "kwargs": {"opponent": "expert"}},
-        "model": {"name": "test", "overrides": {"vocab_size": 1024}},
-        "policy": {"max_batch_size": 16, "max_seq_len": 256},
-        "rollout": {"group_size": 2, "max_turns": 8, "max_tokens_per_turn": 4, "max_tokens_per_episode": 32},
-        "batch": {"groups_per_batch": 4},
-        "eval": {"every_steps": 0, "at_start": False, "at_end": True, "num_tasks": 4, "record": False},
-        "checkpoint": {"every_steps": 0, "at_end": False},
-        "logging": {"progress_bar": False, "record_training": True, "headline_metrics": ["vs_random/success"]},
-        "selfplay": {"enabled": True, "eval_opponents": ["random"], **selfplay},
-    }
+    return short_run(
+        run_dir,
+        env={"id": "toolgym/Nim-v0", "kwargs": {"opponent": "expert"}},
+        rollout={"group_size": 2, "max_turns": 8, "max_tokens_per_turn": 4, "max_tokens_per_episode": 32},
+        batch={"groups_per_batch": 4},
+        eval={"at_end": True, "num_tasks": 4},
+        logging={"headline_metrics": ["vs_random/success"]},
+        selfplay={"enabled": True, "eval_opponents": ["random"], **selfplay},
+    )
 
 
 def error_of(raw: dict) -> str:

@@ -113,7 +113,10 @@ def test_group_mode_asks_once_per_group_and_records_the_order():
     assert len(server.requests) == 2  # one per criterion
     order = judge.order(7, "mentions_42", 4)
     assert sorted(order) == [0, 1, 2, 3]
-    shown = server.requests[0]["messages"][-1]["content"]
+    # the two criteria are asked concurrently: take mentions_42's request, whichever came first
+    (shown,) = [
+        m for r in server.requests if MENTIONS_42.prompt in (m := "\n".join(x["content"] for x in r["messages"]))
+    ]
     places = [shown.index(f"{a}\n") for a in (answers[i] for i in order)]
     assert places == sorted(places)  # the attempts were shown in the recorded order
     for i, trajectory in enumerate(trajectories):

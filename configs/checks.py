@@ -94,11 +94,14 @@ def _check_selfplay(config: Config, env: gymnasium.Env) -> None:
         where = "selfplay.enabled" if config.selfplay.enabled else "selfplay.eval_opponents"
         raise ConfigError(where, f"env {config.env.id!r} is not a game of seats (envs/core/seats.py SeatedGame)")
     opponent = config.selfplay.opponent
-    if opponent != "self" and opponent not in game.bots:
-        raise ConfigError("selfplay.opponent", f"{opponent!r} is not one of the game's bots {list(game.bots)} or 'self'")
-    for bot in config.selfplay.eval_opponents:
-        if bot not in game.bots:
-            raise ConfigError("selfplay.eval_opponents", f"{bot!r} is not one of the game's bots {list(game.bots)}")
+    if opponent not in ("self", "pool") and opponent not in game.bots:
+        raise ConfigError(
+            "selfplay.opponent", f"{opponent!r} is not one of the game's bots {list(game.bots)}, 'self' or 'pool'"
+        )
+    for where in ("eval_opponents", "pool_bots"):
+        for bot in getattr(config.selfplay, where):
+            if bot not in game.bots:
+                raise ConfigError(f"selfplay.{where}", f"{bot!r} is not one of the game's bots {list(game.bots)}")
 
 
 def check_environment(config: Config, world_size: int = 1, env: gymnasium.Env | None = None) -> None:

@@ -47,7 +47,9 @@ Sections (all optional; every key has a default):
                  prompt, weight: each the reward component judge_<name>), max_concurrent,
                  timeout_s, retries, backoff_s, ...: rewards from a judge (rollouts/scoring/judge.py)
     [selfplay]   SelfPlayConfig: enabled, learn (all: mirror self-play | one), opponent (a bot of the
-                 game, or self): every seat of a game of seats its own episode (rollouts/episode/match.py)
+                 game, self, or pool: snapshots every pool_every steps, pool_size kept, pool_bots,
+                 pool_sampling, elo_k): every seat of a game of seats its own episode
+                 (rollouts/episode/match.py; the pool and ratings: rollouts/episode/opponents.py)
     [agent_program] module, function, task, request_timeout_s: train an agent program written
                  against the `openai` client through the endpoint instead of rolling out [env]
                  (rollouts/endpoint/agent_runner.py); empty module = env rollouts

@@ -450,7 +450,11 @@ async def collect_batch(
             )
         if not config.dynamic_sampling or assembler.kept >= needed or rounds > config.max_extra_rounds:
             break
-    return assembler.result(rolled, started=started, rounds=rounds)
+    batch = assembler.result(rolled, started=started, rounds=rounds)
+    runner_metrics = getattr(runner, "step_metrics", None)  # a match runner's pool: its ratings
+    if runner_metrics is not None:
+        batch.metrics.update(runner_metrics())
+    return batch
 
 
 def collect_batch_sync(runner: RolloutRunner, seeds: TaskSeedStream, config: BatchConfig) -> RolloutBatch:

@@ -10,7 +10,7 @@ GeneratorSource, whose generators run `run_generator` below.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -19,8 +19,10 @@ import torch
 from ...agents.chat import Renderer
 from ...agents.policy import Policy
 from ...agents.tokenizer import tokenizer_fingerprint
+from ...agents.weight_sets import WeightSets
 from ...rollouts.batches import BatchConfig, TaskSeedStream
 from ...rollouts.episode.match import MatchRunner
+from ...rollouts.episode.opponents import OpponentPool, PoolError
 from ...rollouts.episode.runner import RolloutRunner
 from ...rollouts.evaluation import EvalReport, evaluate
 from ...rollouts.recording.format import (
@@ -43,10 +45,11 @@ from ...trainers.distributed import DistInfo
 from ...trainers.loop.generators import RankGroups, serve_generator
 from ...trainers.loop.producer import GroupProducer
 from ...trainers.loop.rl import Evaluator, LoopSettings, RLLoop
-from ...trainers.loop.sources import BatchSource, GeneratorSource, ProducerSource, SyncSource
+from ...trainers.loop.sources import POOL_POSITION, BatchSource, GeneratorSource, ProducerSource, SyncSource
 from ...trainers.metrics_log import MetricsLog
 from ...trainers.trainer import Trainer
-from ...trainers.weight_sync import load_and_check
+from ...trainers.weight_sync import gather_weights, load_and_check
+from ..load import ConfigError
 from ..run_dir import RunDir
 from ..schema import Config
 from .parts import (
@@ -80,10 +83,11 @@ def over_stale(config: Config) -> OverStale:
 
 
 def build_runner(
-    config: Config, policy: Policy, renderer: Renderer
+    config: Config, policy: Policy, renderer: Renderer, pool: OpponentPool | None = None
 ) -> RolloutRunner | AgentRunner | MatchRunner:
     """The env runner; with an [agent_program], the runner that drives it through the endpoint;
-    with [selfplay], the match runner that plays every seat of the env's game."""
+    with [selfplay], the match runner that plays every seat of the env's game (against `pool`'s
+    members with opponent "pool": `build_pool`)."""
     if config.agent_program.module:
         # the endpoint's packages (fastapi, uvicorn, openai) are the `serve` extra: imported when used
         from ...rollouts.endpoint.agent_runner import AgentRunner
@@ -91,8 +95,33 @@ def build_runner(
         return AgentRunner(policy, renderer, config.agent_program, config.rollout_config())
     runner = RolloutRunner(policy, renderer, config.rollout_config())
     if config.selfplay.enabled:
-        return MatchRunner(runner, learn=config.selfplay.learn, opponent=config.selfplay.opponent)
+        return MatchRunner(runner, learn=config.selfplay.learn, opponent=config.selfplay.opponent, pool=pool)
     return runner
+
+
+def build_pool(
+    config: Config, run: RunDir, trainer: Trainer, policy: Policy, state: Mapping | None = None
+) -> tuple[OpponentPool, Policy]:
+    """[selfplay] opponent "pool": the pool (its snapshots served by `policy` through
+    WeightSets, whose live view is returned for the run to use in `policy`'s place), restored
+    from a checkpoint's `state` when given. Collective (gathers the trainer's weights)."""
+    selfplay = config.selfplay
+    weights = WeightSets(policy, gather_weights(trainer), trainer.step)
+    pool = OpponentPool(
+        selfplay.pool_bots,
+        weights=weights,
+        directory=run.root / "selfplay_pool",
+        every=selfplay.pool_every,
+        size=selfplay.pool_size,
+        sampling=selfplay.pool_sampling,
+        elo_k=selfplay.elo_k,
+    )
+    if state is not None:
+        try:
+            pool.restore(state)
+        except PoolError as exc:
+            raise ConfigError("selfplay", str(exc)) from exc
+    return pool, weights.live
 
 
 def recording_header(config: Config, run: RunDir, renderer: Renderer) -> Callable[[str], RecordingHeader]:
@@ -211,14 +240,19 @@ def build_loop(
     stream: TaskSeedStream,
     start_step: int = 0,
     max_seq_len: int | None = None,
+    resumed: Mapping | None = None,
 ) -> RLLoop:
-    """The RL loop over this config's source; `max_seq_len`: the policy's, for batch.max_seq_len 0."""
+    """The RL loop over this config's source; `max_seq_len`: the policy's, for batch.max_seq_len 0;
+    `resumed`: the data position of the checkpoint it resumes from."""
     split = dist.generators > 0  # every trainer takes the whole batch from the generators
     groups = config.batch.groups_per_batch // (1 if split else dist.world_size)
     batch_config = msgspec.structs.replace(
         config.batch, groups_per_batch=groups, max_seq_len=config.batch.max_seq_len or max_seq_len
     )
-    runner = build_runner(config, policy, renderer)
+    pool = None
+    if config.selfplay.enabled and config.selfplay.opponent == "pool":
+        pool, policy = build_pool(config, run, trainer, policy, (resumed or {}).get(POOL_POSITION))
+    runner = build_runner(config, policy, renderer, pool)
     teacher = build_teacher(config, renderer, dist.device, log)
     judge = build_judge(config, log)
     source = build_source(config, plan, dist, runner, policy, stream, batch_config, teacher, judge)

@@ -186,13 +186,14 @@ def build_rl(
     )  # fmt: skip
     manager = CheckpointManager(run.rl_checkpoints, config.checkpoint.keep_last)
     stream = TaskSeedStream(stream=plan.rl_stream, rank=dist.rank, world_size=dist.world_size)
+    data = None
     if point.latest is not None:
         data = manager.load(trainer, point.latest) or {}
         stream.position = stream_position(data, dist.rank, dist.world_size)
         push_weights(trainer, policy)
     loop = build_loop(
         config, plan, run, dist, trainer, policy, renderer, log, manager, stream, point.step,
-        policy_max_seq_len(config, model.config),
+        policy_max_seq_len(config, model.config), resumed=data,
     )  # fmt: skip
     return RLParts(loop, policy, generators)
 

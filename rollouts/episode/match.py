@@ -22,6 +22,7 @@ first-mover's advantage is not counted as skill (rollouts/scoring/).
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Final
 
@@ -36,6 +37,7 @@ from ...envs.core.seats import Match, SeatedGame, SeatEnv, SeatError
 from ..scripted import ScriptedEpisodePolicy
 from ..types import Trajectory
 from .loop import run_grouped
+from .opponents import SAMPLING, OpponentPool
 
 if TYPE_CHECKING:
     from .runner import RolloutRunner
@@ -46,8 +48,9 @@ LEARN: Final = ("all", "one")
 class SelfPlayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """`[selfplay]`: play a game of seats (envs/core/seats.py) as matches (module doc).
     enabled: on; learn: "all" (mirror self-play) or "one"; opponent (learn "one"): the name of
-    one of the game's bots, or "self" (the policy, its episodes on that seat not trained);
-    eval_opponents: bots the eval plays against too."""
+    one of the game's bots, "self" (the policy, its episodes on that seat not trained), or "pool"
+    (each match's opponent drawn from the pool: rollouts/episode/opponents.py); eval_opponents:
+    bots the eval plays against too."""
 
     enabled: bool = False
     learn: str = "all"
@@ -55,12 +58,32 @@ class SelfPlayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # bots the held-out eval also plays the policy's seat against (the env's `opponent` knob set
     # to each): metrics eval/vs_<bot>/<name> beside eval/<name> (the env's own opponent)
     eval_opponents: tuple[str, ...] = ()
+    # opponent "pool": a snapshot of the policy every pool_every steps (from step 0), the newest
+    # pool_size kept (LoRA: the adapters alone), the game's bots pool_bots beside them; each match's
+    # opponent drawn "uniform", "latest" (the newest snapshot) or "prioritised" (by the policy's
+    # loss rate against each); Elo with elo_k per game for the policy and every member
+    pool_every: int = 10
+    pool_size: int = 4
+    pool_bots: tuple[str, ...] = ()
+    pool_sampling: str = "uniform"
+    elo_k: float = 32.0
 
     def __post_init__(self) -> None:
         if self.learn not in LEARN:
             raise ValueError(f"selfplay.learn must be one of {LEARN}, got {self.learn!r}")
         if not self.opponent:
-            raise ValueError("selfplay.opponent must name a bot of the game, or be 'self'")
+            raise ValueError("selfplay.opponent must name a bot of the game, 'self' or 'pool'")
+        if self.opponent == "pool":
+            if self.learn != "one":
+                raise ValueError("selfplay.opponent = 'pool' plays the policy on one seat: set learn = 'one'")
+            if self.pool_size < 0 or self.pool_every < 1:
+                raise ValueError("selfplay.pool_size must be >= 0 and pool_every >= 1")
+            if not self.pool_size and not self.pool_bots:
+                raise ValueError("selfplay: an empty pool (pool_size 0 and no pool_bots)")
+        if self.pool_sampling not in SAMPLING:
+            raise ValueError(f"selfplay.pool_sampling must be one of {SAMPLING}, got {self.pool_sampling!r}")
+        if self.elo_k <= 0:
+            raise ValueError(f"selfplay.elo_k must be > 0, got {self.elo_k}")
 
 
 def seated_game(env_id: str, env_kwargs: dict) -> SeatedGame:
@@ -123,16 +146,32 @@ class _BotSeat(ScriptedEpisodePolicy):
 class MatchRunner:
     """Plays `runner`'s seated env as matches (module doc); a GroupRunner for collect_batch."""
 
-    def __init__(self, runner: RolloutRunner, *, learn: str = "all", opponent: Policy | str | None = None):
-        """`opponent`: a Policy, a bot's name, or None / "self" (the runner's policy)."""
+    def __init__(
+        self,
+        runner: RolloutRunner,
+        *,
+        learn: str = "all",
+        opponent: Policy | str | None = None,
+        pool: OpponentPool | None = None,
+    ):
+        """`opponent`: a Policy, a bot's name, None / "self" (the runner's policy), or "pool":
+        each match's drawn from `pool`, whose snapshots are served by `pool.weights` (the
+        runner's policy must be its live set's view)."""
         if learn not in LEARN:
             raise ValueError(f"learn must be one of {LEARN}, got {learn!r}")
         config = runner.config
-        self.runner, self.learn = runner, learn
+        self.runner, self.learn, self.pool = runner, learn, None
         game = seated_game(config.env_id, config.env_kwargs)
         self.seats = game.seats
         if opponent == "self":
             opponent = None
+        if opponent == "pool":
+            if pool is None or learn != "one":
+                raise ValueError("opponent 'pool' needs a pool and learn='one'")
+            unknown = [bot for bot in pool.members if pool.members[bot].kind == "bot" and bot not in game.bots]
+            if unknown:
+                raise ValueError(f"unknown bots {unknown}: {config.env_id}'s bots are {list(game.bots)}")
+            self.pool, opponent = pool, None
         if isinstance(opponent, str):
             if opponent not in game.bots:
                 raise ValueError(f"unknown bot {opponent!r}: {config.env_id}'s bots are {list(game.bots)}")
@@ -158,9 +197,13 @@ class MatchRunner:
         game = seated_game(config.env_id, config.env_kwargs)
         match = Match(game, task_seed)
         learning = self.learning_seats(sample_index)
+        opponent, member = self.opponent, ""
+        if self.pool is not None:  # the draw depends on the match alone, not on timing
+            member = self.pool.sample(random.Random(f"{task_seed}/{sample_index}/{runner.policy.policy_version}"))
+            opponent = self._member_policy(member)
 
         async def seat(index: int, name: str) -> Trajectory:
-            policy = None if name in learning else self.opponent
+            policy = None if name in learning else opponent
             try:
                 return await runner.run_episode(
                     task_seed,
@@ -174,7 +217,24 @@ class MatchRunner:
                 await match.notify()  # the seat has left (SeatEnv.close): wake the others
 
         trajectories = await asyncio.gather(*(seat(i, name) for i, name in enumerate(self.seats)))
-        return [t for t in trajectories if t.seat in learning]
+        learned = [t for t in trajectories if t.seat in learning]
+        if self.pool is not None:
+            for t in learned:
+                result = t.reward_components.get("game")
+                if t.error is None and result is not None:  # win 1, draw 0, loss -1
+                    self.pool.record(member, (result + 1.0) / 2.0)
+        return learned
+
+    def _member_policy(self, member: str) -> Policy:
+        assert self.pool is not None
+        if self.pool.members[member].kind == "bot":
+            return BotPolicy(self.runner.renderer, member)
+        assert self.pool.weights is not None
+        return self.pool.weights.view(member)
+
+    def step_metrics(self) -> dict[str, float]:
+        """The pool's ratings and this step's games (rollouts/episode/opponents.py); {} without one."""
+        return self.pool.metrics() if self.pool is not None else {}
 
     async def run_groups(
         self,
@@ -184,5 +244,12 @@ class MatchRunner:
     ) -> list[Trajectory]:
         """G matches per task seed, all concurrently (at most `max_concurrent_episodes` matches at
         a time); the learning seats' Trajectories, group-major per (task, seat)."""
-        played = await run_grouped(self.runner.config, self.run_match, task_seeds, group_ids, on_episode)
+        pool = self.pool
+        if pool is not None and pool.due(version := self.runner.policy.policy_version):
+            pool.add_snapshot(version)
+        try:
+            played = await run_grouped(self.runner.config, self.run_match, task_seeds, group_ids, on_episode)
+        finally:
+            if pool is not None and pool.weights is not None:
+                pool.weights.restore_live()  # the eval and the next sync find the policy's own weights
         return sorted(played, key=lambda t: (t.group_id, t.sample_index))  # group-major, stable

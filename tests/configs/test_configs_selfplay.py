@@ -77,3 +77,54 @@ def test_a_mirror_selfplay_run_trains_both_seats_in_per_seat_groups(tmp_path):
         groups.setdefault(t.group_id, []).append(t.seat)
     assert len(groups) == 8 and all(len(seats) == 2 and len(set(seats)) == 1 for seats in groups.values())
     assert {t.seat for t in trajectories} == {"first", "second"}
+
+
+def test_the_pool_settings_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match=r"selfplay: .*set learn = 'one'"):
+        config_from_dict(raw_config(tmp_path, opponent="pool"))
+    assert error_of(raw_config(tmp_path, learn="one", opponent="pool", pool_bots=["nobody"])).startswith(
+        "config error: selfplay.pool_bots: 'nobody' is not one of the game's bots"
+    )
+
+
+@pytest.mark.slow
+def test_a_pool_run_rates_its_snapshots_and_resumes_with_them(tmp_path, capsys):
+    """learn "one" against a pool of the random bot and snapshots every step (2 kept): the ratings
+    logged each step, the snapshots on disk and in the checkpoint, a resume that rebuilds them,
+    and one without a snapshot's file refused in one line."""
+    run_dir = tmp_path / "run"
+    pool = {"learn": "one", "opponent": "pool", "pool_every": 1, "pool_size": 2, "pool_bots": ["random"]}
+
+    def config(steps: int):
+        raw = raw_config(run_dir, **pool)
+        raw["run"]["steps"] = steps
+        raw["checkpoint"] = {"every_steps": 1, "at_end": True}
+        return config_from_dict(raw)
+
+    assert train(config(2)) == 0
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert steps[0]["selfplay/snapshots"] == 1 and steps[1]["selfplay/snapshots"] == 2  # step_0, step_1
+    for r in steps:  # every game of the step against a member rated (a seat the game ended
+        # before it moved is an env error, no game of its own)
+        games = sum(v for k, v in r.items() if k.startswith("selfplay/games/"))
+        assert r["rollout/episodes"] == 4 and games == 4 - r.get("rollout/errors", 0) > 0
+        assert "selfplay/elo" in r and "selfplay/elo/random" in r
+    assert sorted(p.name for p in (run_dir / "selfplay_pool").iterdir()) == [
+        "step_0.safetensors",
+        "step_1.safetensors",
+    ]
+    meta = json.loads((run_dir / "checkpoints" / "rl" / "step_00000002" / "meta.json").read_text())
+    members = meta["data_position"]["selfplay_pool"]["members"]
+    assert [m["name"] for m in members] == ["random", "step_0", "step_1"]
+    assert meta["data_position"]["selfplay_pool"]["learner_rating"] == steps[1]["selfplay/elo"]
+
+    assert train(config(3), resume=run_dir) == 0  # step 3 snapshots step_2; step_0 leaves
+    last = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"][-1]
+    assert last["step"] == 3 and "selfplay/elo/step_2" in last and "selfplay/elo/step_0" not in last
+    assert last["selfplay/elo/step_1"] != 1000 or last["selfplay/games/step_1"] == 0
+
+    capsys.readouterr()
+    (run_dir / "selfplay_pool" / "step_1.safetensors").unlink()
+    with pytest.raises(ConfigError, match=r"selfplay: self-play pool member 'step_1': its weights file .* is missing"):
+        train(config(4), resume=run_dir)

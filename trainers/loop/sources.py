@@ -41,6 +41,9 @@ from .generators import RankGroups
 from .producer import GroupProducer
 from .staleness import take_batch
 
+# the data position's key for a self-play opponent pool's state (rollouts/episode/opponents.py)
+POOL_POSITION = "selfplay_pool"
+
 
 class StepBatch(msgspec.Struct):
     """One step's batch as the loop sees it: this rank's `episodes` to train on, the
@@ -156,7 +159,11 @@ class SyncSource:
         return push_weights(trainer, self.policy)
 
     def position(self) -> dict[str, Any]:
-        return {"stream": self.stream.stream, "positions": all_gather_objects(self.stream.position)}
+        position = {"stream": self.stream.stream, "positions": all_gather_objects(self.stream.position)}
+        pool = getattr(self.runner, "pool", None)  # a self-play match runner's opponent pool
+        if pool is not None:
+            position[POOL_POSITION] = pool.state()
+        return position
 
     def close(self) -> None:
         pass

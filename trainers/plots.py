@@ -6,7 +6,8 @@ per component, when the env reported any); every metric the env reported (envs/c
 `rollout/<name>` for training batches as a line, `eval/<name>` for the held-out evals as markers;
 a metric the run did not log gets no plot); entropy and KL to the sampler (the trainer's); the
 staleness histogram (`staleness.png`: sampled tokens trained on, by policy versions behind the
-trainer, over the whole run, with the mean |trainer - sampler| logprob gap of each bar).
+trainer, over the whole run, with the mean |trainer - sampler| logprob gap of each bar); a
+self-play pool's Elo ratings (`ratings.png`: the policy's and each member's).
 `curves.png` puts them side by side, with the SFT loss when the run had an SFT phase. Names come
 from the env, so they are drawn as plain text (`_plain`), never as mathtext.
 """
@@ -33,7 +34,9 @@ TRAINER_PANELS: tuple[Panel, ...] = (
 )
 COMPONENTS_STEM = "reward_components"
 STALENESS_STEM = "staleness"
-_FIXED_STEMS = {"reward", COMPONENTS_STEM, "entropy", "kl", "curves", STALENESS_STEM}
+RATINGS_STEM = "ratings"
+RATING = "selfplay/elo"  # the policy's; selfplay/elo/<member>: the pool's (rollouts/episode/opponents.py)
+_FIXED_STEMS = {"reward", COMPONENTS_STEM, "entropy", "kl", "curves", STALENESS_STEM, RATINGS_STEM}
 _STALENESS_BUCKETS = ("s0", "s1", "s2", "s3plus")  # trainers/losses.py, STALENESS_BUCKETS
 
 
@@ -157,6 +160,23 @@ def _draw_staleness(ax: Any, train: list[dict]) -> bool:
     return drawn
 
 
+def _draw_ratings(ax: Any, train: list[dict]) -> bool:
+    """Elo of the policy (`selfplay/elo`) and of each opponent-pool member over the steps
+    (rollouts/episode/opponents.py); a member's line starts where it joined the pool."""
+    names: dict[str, None] = {}
+    for record in train:
+        names.update(dict.fromkeys(k for k in record if k == RATING or k.startswith(RATING + "/")))
+    for key in names:
+        xs, ys = _series(train, key)
+        label = "policy" if key == RATING else _plain(key.removeprefix(RATING + "/"))
+        ax.plot(xs, ys, linewidth=2.0 if key == RATING else 1.0, label=label)
+    ax.set_title("Elo (self-play pool)")
+    ax.set_xlabel("RL step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return bool(names)
+
+
 def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Write the PNGs; returns their paths. Raises FileNotFoundError without metrics, and
     NotADirectoryError when `out_dir` is a file."""
@@ -185,6 +205,8 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         "train/staleness_tokens_s2_sum",
         "train/staleness_tokens_s3plus_sum",
     )
+    if any(RATING in r for r in train):  # a self-play run with an opponent pool
+        drawers.append((RATINGS_STEM, partial(_draw_ratings, train=train)))
     if any(r.get(key) for r in train for key in stale):  # a synchronous run's tokens are all fresh
         drawers.append((STALENESS_STEM, partial(_draw_staleness, train=train)))
     written = []

@@ -96,3 +96,24 @@ def test_staleness_histogram_is_drawn_when_the_trainer_reported_it(tmp_path, cap
     assert main(["plot", str(run_dir)]) == 0
     written = {Path(p).name for p in capsys.readouterr().out.split()}
     assert "staleness.png" in written
+
+
+def test_a_pool_runs_ratings_are_drawn_a_line_per_player(tmp_path, capsys):
+    from matplotlib.figure import Figure
+
+    from toolgym.trainers.plots import _draw_ratings
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    lines = [
+        {"kind": "train", "step": 1, "selfplay/elo": 1010.0, "selfplay/elo/random": 990.0},
+        {"kind": "train", "step": 2, "selfplay/elo": 1030.0, "selfplay/elo/random": 985.0,
+         "selfplay/elo/step_1": 995.0, "selfplay/games/step_1": 3.0},
+    ]  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert main(["plot", str(run_dir)]) == 0
+    assert "ratings.png" in {Path(p).name for p in capsys.readouterr().out.split()}
+    ax = Figure().add_subplot()
+    assert _draw_ratings(ax, lines)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["policy", "random", "step_1"]
+    assert [len(line.get_xdata()) for line in ax.get_lines()] == [2, 2, 1]  # a member from when it joined

@@ -102,6 +102,49 @@ def _check_selfplay(config: Config, env: gymnasium.Env) -> None:
         for bot in getattr(config.selfplay, where):
             if bot not in game.bots:
                 raise ConfigError(f"selfplay.{where}", f"{bot!r} is not one of the game's bots {list(game.bots)}")
+    if config.selfplay.pool_checkpoints:
+        _check_pool_checkpoints(config)
+
+
+def _check_pool_checkpoints(config: Config) -> None:
+    """Each pool checkpoint is a HF directory of the policy's own model (the same config.json
+    shape) and tokenizer (the same fingerprint), so the policy's engine can sample it; not with
+    LoRA (a snapshot then holds the adapters alone, and a checkpoint would replace the base)."""
+    from ..agents.model.checkpoint import load_config
+
+    where = "selfplay.pool_checkpoints"
+    if config.policy.lora.enabled:
+        raise ConfigError(where, "checkpoint opponents need full weights: not with policy.lora (rank > 0; snapshots only)")
+    ours = tokenizer_fingerprint(load_tokenizer(tokenizer_path(config)))
+    if config.model.path:
+        model = load_config(config.model.path)
+    else:
+        model = ModelConfig(**{**NAMED_CONFIGS[config.model.name], **config.model.overrides})
+    names = set()
+    for directory in map(Path, config.selfplay.pool_checkpoints):
+        if not (directory / "config.json").is_file():
+            raise ConfigError(where, f"{directory} is not a Hugging Face directory (no config.json)")
+        if directory.name in names:
+            raise ConfigError(where, f"two checkpoints named {directory.name!r}: members are named by directory")
+        names.add(directory.name)
+        try:
+            theirs = tokenizer_fingerprint(load_tokenizer(directory / "tokenizer.json"))
+        except Exception as exc:  # a missing or damaged file: tokenizers raises a plain Exception
+            raise ConfigError(where, f"{directory}: no readable tokenizer.json ({exc})") from None
+        if theirs != ours:
+            raise ConfigError(
+                where,
+                f"{directory}: its tokenizer {theirs[:16]} is not the policy's {ours[:16]} ({tokenizer_path(config)})",
+            )
+        other = load_config(directory)
+        if other != model:
+            mine, their = msgspec.structs.asdict(model), msgspec.structs.asdict(other)
+            differ = [k for k in mine if mine[k] != their[k]]
+            raise ConfigError(
+                where,
+                f"{directory}: another model than the policy's ({other.model_type} vs {model.model_type}; "
+                f"differs in {', '.join(differ[:4])}): the policy's engine samples the pool",
+            )
 
 
 def check_environment(config: Config, world_size: int = 1, env: gymnasium.Env | None = None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -18,6 +19,7 @@ import torch
 
 from ...agents.chat import Renderer
 from ...agents.policy import Policy
+from ...agents.model.checkpoint import load_config, read_safetensors
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...agents.weight_sets import WeightSets
 from ...rollouts.batches import BatchConfig, TaskSeedStream
@@ -99,6 +101,17 @@ def build_runner(
     return runner
 
 
+def checkpoint_member(directory: str) -> str:
+    """A pool checkpoint's member name: its directory's name."""
+    return f"ckpt_{Path(directory).name}"
+
+
+def checkpoint_weights(directory: str) -> list[tuple[str, torch.Tensor]]:
+    """A checkpoint's tensors, HF-named, as a sync sends them (the tied lm_head dropped)."""
+    tied = load_config(directory).tie_word_embeddings
+    return [(n, t) for n, t in read_safetensors(directory) if not (tied and n == "lm_head.weight")]
+
+
 def build_pool(
     config: Config, run: RunDir, trainer: Trainer, policy: Policy, state: Mapping | None = None
 ) -> tuple[OpponentPool, Policy]:
@@ -116,6 +129,8 @@ def build_pool(
         sampling=selfplay.pool_sampling,
         elo_k=selfplay.elo_k,
     )
+    for directory in selfplay.pool_checkpoints:
+        pool.add_checkpoint(checkpoint_member(directory), checkpoint_weights(directory))
     if state is not None:
         try:
             pool.restore(state)

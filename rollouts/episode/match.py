@@ -59,12 +59,15 @@ class SelfPlayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     # to each): metrics eval/vs_<bot>/<name> beside eval/<name> (the env's own opponent)
     eval_opponents: tuple[str, ...] = ()
     # opponent "pool": a snapshot of the policy every pool_every steps (from step 0), the newest
-    # pool_size kept (LoRA: the adapters alone), the game's bots pool_bots beside them; each match's
+    # pool_size kept (LoRA: the adapters alone), the game's bots pool_bots and the checkpoints
+    # pool_checkpoints beside them; each match's
     # opponent drawn "uniform", "latest" (the newest snapshot) or "prioritised" (by the policy's
     # loss rate against each); Elo with elo_k per game for the policy and every member
     pool_every: int = 10
     pool_size: int = 4
     pool_bots: tuple[str, ...] = ()
+    # other checkpoints in the pool (HF directories of this model and tokenizer, not with LoRA)
+    pool_checkpoints: tuple[str, ...] = ()
     pool_sampling: str = "uniform"
     elo_k: float = 32.0
 
@@ -78,8 +81,8 @@ class SelfPlayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 raise ValueError("selfplay.opponent = 'pool' plays the policy on one seat: set learn = 'one'")
             if self.pool_size < 0 or self.pool_every < 1:
                 raise ValueError("selfplay.pool_size must be >= 0 and pool_every >= 1")
-            if not self.pool_size and not self.pool_bots:
-                raise ValueError("selfplay: an empty pool (pool_size 0 and no pool_bots)")
+            if not self.pool_size and not self.pool_bots and not self.pool_checkpoints:
+                raise ValueError("selfplay: an empty pool (pool_size 0, no pool_bots, no pool_checkpoints)")
         if self.pool_sampling not in SAMPLING:
             raise ValueError(f"selfplay.pool_sampling must be one of {SAMPLING}, got {self.pool_sampling!r}")
         if self.elo_k <= 0:

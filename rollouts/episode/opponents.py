@@ -1,9 +1,10 @@
 """The opponents a self-play learner is matched against, and everyone's Elo rating.
 
     OpponentPool
-      members: the game's bots (fixed) + snapshots of the learner ("step_<version>", every
-               `every` versions, the newest `size` kept; agents/weight_sets.py serves them
-               through the learner's own policy, swapping weights per request)
+      members: the game's bots and other checkpoints (fixed) + snapshots of the learner
+               ("step_<version>", every `every` versions, the newest `size` kept);
+               agents/weight_sets.py serves weights through the learner's own policy,
+               swapping them per phase of requests
       sample(rng)        uniform | latest | prioritised (by the learner's loss rate against each)
       record(name, s)    a finished game, the learner's score s (win 1, draw 0.5, loss 0):
                          Elo of the learner and that member, the member's tallies
@@ -24,11 +25,12 @@ member file is gone is a one-line error naming it.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
 import msgspec
+import torch
 from safetensors.torch import load_file, save_file
 
 from ...agents.weight_sets import WeightSets
@@ -44,10 +46,11 @@ def elo_expected(rating: float, other: float) -> float:
 
 
 class Member(msgspec.Struct, kw_only=True):
-    """One opponent: a bot of the game or a snapshot of the learner at `version`."""
+    """One opponent: a bot of the game, a snapshot of the learner at `version`, or another
+    checkpoint."""
 
     name: str
-    kind: str  # "bot" | "snapshot"
+    kind: str  # "bot" | "snapshot" | "checkpoint"
     version: int = 0
     rating: float = INITIAL_RATING
     games: int = 0
@@ -115,6 +118,16 @@ class OpponentPool:
         while len(self.snapshots()) > self.size:
             self._drop(self.snapshots()[0].name)
         return name
+
+    def add_checkpoint(self, name: str, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """A fixed member from another checkpoint's weights (the policy's model and tokenizer:
+        configs/checks.py checks them); never leaves the pool, its file is the checkpoint's own."""
+        if name in self.members:
+            raise ValueError(f"pool member {name!r} exists already")
+        if self.weights is None:
+            raise ValueError("checkpoint members need the WeightSets that serve them")
+        self.weights.add(name, named_tensors, 0)
+        self.members[name] = Member(name=name, kind="checkpoint")
 
     def _drop(self, name: str) -> None:
         del self.members[name]
@@ -184,8 +197,8 @@ class OpponentPool:
             self._drop(member.name)
         members = {}
         for member in saved.members:
-            if member.kind == "bot" and member.name not in self.members:
-                continue  # a bot this run's config no longer names
+            if member.kind != "snapshot" and member.name not in self.members:
+                continue  # a bot or checkpoint this run's config no longer names
             if member.kind == "snapshot":
                 path = self._file(member.name) if self.directory is not None else None
                 if path is None or not path.is_file():

@@ -7,13 +7,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from short_run_testlib import short_run
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from toolgym.agents.model.checkpoint import save_hf_checkpoint
+from toolgym.agents.model.transformer import Transformer
+from toolgym.configs.assembly.parts import initial_model
 
 from toolgym.configs.assembly.placement import check_async
 from toolgym.configs.checks import check_environment
 from toolgym.configs.cli.train import train
-from toolgym.configs.load import ConfigError, config_from_dict
+from toolgym.configs.load import ConfigError, config_from_dict, tokenizer_path
 from toolgym.rollouts.recording.format import RecordingReader
 from toolgym.trainers.metrics_log import read_metrics
 
@@ -87,6 +93,40 @@ def test_the_pool_settings_are_checked(tmp_path):
     )
 
 
+def opponent_checkpoint(tmp_path: Path, name: str, tokenizer: Path | None = None, **overrides) -> Path:
+    """A HF directory of the short run's model (its initial weights, `overrides` to its shape)."""
+    config = config_from_dict(raw_config(tmp_path / "any"))
+    model = initial_model(config)
+    if overrides:
+        model = Transformer(msgspec.structs.replace(model.config, **overrides))
+    return save_hf_checkpoint(model, model.config, tmp_path / name, tokenizer or tokenizer_path(config))
+
+
+def test_pool_checkpoints_of_another_model_or_tokenizer_are_refused(tmp_path):
+    pool = {"learn": "one", "opponent": "pool", "pool_size": 0}
+    wider = opponent_checkpoint(tmp_path, "wider", hidden_size=128)
+    message = error_of(raw_config(tmp_path, **pool, pool_checkpoints=[str(wider)]))
+    assert message.startswith(f"config error: selfplay.pool_checkpoints: {wider}: another model than the policy's")
+    assert "hidden_size" in message and "\n" not in message
+    other = Tokenizer(models.BPE())
+    other.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    other.train_from_iterator(
+        ["another vocabulary"] * 5,
+        trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"], show_progress=False),
+    )
+    other.save(str(tmp_path / "other.json"))
+    foreign = opponent_checkpoint(tmp_path, "foreign", tokenizer=tmp_path / "other.json")
+    assert f"{foreign}: its tokenizer " in error_of(raw_config(tmp_path, **pool, pool_checkpoints=[str(foreign)]))
+    assert "is not a Hugging Face directory" in error_of(
+        raw_config(tmp_path, **pool, pool_checkpoints=[str(tmp_path / "nowhere")])
+    )
+    same = opponent_checkpoint(tmp_path, "same")
+    check_environment(config_from_dict(raw_config(tmp_path, **pool, pool_checkpoints=[str(same)])))
+    with_lora = raw_config(tmp_path, **pool, pool_checkpoints=[str(same)])
+    with_lora["policy"] = {**with_lora["policy"], "lora": {"rank": 4, "alpha": 8}}
+    assert "not with policy.lora" in error_of(with_lora)
+
+
 @pytest.mark.slow
 def test_a_pool_run_rates_its_snapshots_and_resumes_with_them(tmp_path, capsys):
     """learn "one" against a pool of the random bot and snapshots every step (2 kept): the ratings
@@ -94,6 +134,7 @@ def test_a_pool_run_rates_its_snapshots_and_resumes_with_them(tmp_path, capsys):
     and one without a snapshot's file refused in one line."""
     run_dir = tmp_path / "run"
     pool = {"learn": "one", "opponent": "pool", "pool_every": 1, "pool_size": 2, "pool_bots": ["random"]}
+    pool["pool_checkpoints"] = [str(opponent_checkpoint(tmp_path, "rival"))]
 
     def config(steps: int):
         raw = raw_config(run_dir, **pool)
@@ -109,14 +150,14 @@ def test_a_pool_run_rates_its_snapshots_and_resumes_with_them(tmp_path, capsys):
         # before it moved is an env error, no game of its own)
         games = sum(v for k, v in r.items() if k.startswith("selfplay/games/"))
         assert r["rollout/episodes"] == 4 and games == 4 - r.get("rollout/errors", 0) > 0
-        assert "selfplay/elo" in r and "selfplay/elo/random" in r
+        assert "selfplay/elo" in r and "selfplay/elo/random" in r and "selfplay/elo/ckpt_rival" in r
     assert sorted(p.name for p in (run_dir / "selfplay_pool").iterdir()) == [
         "step_0.safetensors",
         "step_1.safetensors",
     ]
     meta = json.loads((run_dir / "checkpoints" / "rl" / "step_00000002" / "meta.json").read_text())
     members = meta["data_position"]["selfplay_pool"]["members"]
-    assert [m["name"] for m in members] == ["random", "step_0", "step_1"]
+    assert [m["name"] for m in members] == ["random", "ckpt_rival", "step_0", "step_1"]
     assert meta["data_position"]["selfplay_pool"]["learner_rating"] == steps[1]["selfplay/elo"]
 
     assert train(config(3), resume=run_dir) == 0  # step 3 snapshots step_2; step_0 leaves

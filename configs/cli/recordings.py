@@ -31,10 +31,13 @@ from ...rollouts.recording.format import (
 from ...rollouts.recording.replay import (
     errored,
     format_transcript,
+    game_seats,
     recorded_renderer,
     replay_problems,
     rich_transcript,
+    verify_trajectories,
 )
+from ...rollouts.types import Trajectory
 from ..load import shipped_tokenizer_hint
 from .summary import error_text, print_summary
 
@@ -134,6 +137,34 @@ def replay_command(
     if show and not console.is_terminal:
         console.print("(⟦ ⟧ marks the tokens the policy sampled, the ones it is trained on)")
     summary, count, mismatches, errors = BatchMetrics(), 0, 0, 0  # streamed: memory does not grow
+
+    def check(i: int, trajectory: Trajectory, problems: list[str]) -> None:
+        nonlocal mismatches, errors
+        if problems:
+            mismatches += 1
+            console.print(f"episode {i} (task seed {trajectory.task_seed}) does not replay:", markup=False)
+            for problem in problems:
+                console.print(f"  {problem}", markup=False, highlight=False)
+        elif errored(trajectory):
+            errors += 1
+            console.print(
+                f"episode {i} (task seed {trajectory.task_seed}) errored: {error_text(trajectory)}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+
+    # a match's seats are replayed together: held until every seat of the game has been read
+    # (the recorder writes a match's seats a few groups apart), the rest checked as read
+    matches: dict[tuple[int, int], list[tuple[int, Trajectory]]] = {}
+    seats = 0
+
+    def check_match(key: tuple[int, int]) -> None:
+        held = matches.pop(key)
+        found = {i: p for i, _, p in verify_trajectories([t for _, t in held], renderer)}
+        for k, (i, trajectory) in enumerate(held):
+            check(i, trajectory, found.get(k, []))
+
     for i, trajectory in enumerate(reader):
         summary.add(trajectory)
         count += 1
@@ -144,19 +175,16 @@ def replay_command(
                 console.print(
                     format_transcript(trajectory, renderer), markup=False, highlight=False, soft_wrap=True
                 )
-        if verify and (problems := replay_problems(trajectory, renderer)):
-            mismatches += 1
-            console.print(f"episode {i} (task seed {trajectory.task_seed}) does not replay:", markup=False)
-            for problem in problems:
-                console.print(f"  {problem}", markup=False, highlight=False)
-        elif verify and errored(trajectory):
-            errors += 1
-            console.print(
-                f"episode {i} (task seed {trajectory.task_seed}) errored: {error_text(trajectory)}",
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
+        if verify and trajectory.seat:
+            seats = seats or game_seats(head.env_id, head.env_kwargs)
+            key = (trajectory.task_seed, trajectory.sample_index)
+            matches.setdefault(key, []).append((i, trajectory))
+            if len(matches[key]) >= seats:
+                check_match(key)
+        elif verify:
+            check(i, trajectory, replay_problems(trajectory, renderer))
+    for key in list(matches):  # a match not every seat of which was recorded: not verified
+        check_match(key)
     if reader.torn_lines:
         console.print(f"skipped {reader.torn_lines} torn last line")
     for damage in reader.damaged:  # each skipped line: path, line, reason; the rest were read

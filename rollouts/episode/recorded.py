@@ -1,4 +1,5 @@
-"""A recorded episode played again through the episode loop: `replay_episode`.
+"""A recorded episode played again through the episode loop: `replay_episode`; the seats of a
+recorded match, together against one game: `replay_match`.
 
 The actor (`RecordedActor`) gives the env the recorded actions, verbatim, one per turn, and no
 more: where the recording ends without the env ending it, the runner's limits ended it (a token
@@ -14,13 +15,16 @@ ended, the reward landing on the last turn) is the episode loop's own rules, run
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium
 
 from ...envs.core.info import ABANDON_ERROR
+from ...envs.core.seats import Match
 from ..types import StopReason, Trajectory, Transition
 from .loop import EpisodeState, play_episode
+from .match import seated_game
 
 
 class RecordedActor:
@@ -73,3 +77,36 @@ def replay_episode(trajectory: Trajectory) -> tuple[EpisodeState, RecordedActor]
     # one turn more than recorded: the actor, not the loop's turn limit, ends where the recording does
     asyncio.run(play_episode(state, actor, t.env_id, t.env_kwargs, t.task_seed, len(t.transitions) + 1, None))
     return state, actor
+
+
+def replay_match(trajectories: Sequence[Trajectory]) -> list[tuple[EpisodeState, RecordedActor]]:
+    """The seats of one recorded match (every seat of the game once: same env, task seed and
+    sample index) played again together, each seat's episode through the episode loop with its
+    recorded actions against one fresh game, as the match runner played them; one (state, actor)
+    per trajectory, in order. ValueError when the trajectories are not every seat of one game.
+    Makes the env whatever its id: check the id first (`envs.registry.check_env_id`)."""
+    first = trajectories[0]
+    seats = [t.seat for t in trajectories]
+    if any((t.env_id, t.env_kwargs, t.task_seed, t.sample_index) != (first.env_id, first.env_kwargs,
+           first.task_seed, first.sample_index) for t in trajectories):  # fmt: skip
+        raise ValueError("the trajectories are not one match (env, task seed and sample index differ)")
+    game = seated_game(first.env_id, first.env_kwargs)
+    if sorted(seats) != sorted(game.seats):
+        raise ValueError(f"seats {seats} recorded, the game's are {list(game.seats)}")
+    match = Match(game, first.task_seed)
+
+    async def seat(t: Trajectory) -> tuple[EpisodeState, RecordedActor]:
+        state, actor = EpisodeState(), RecordedActor(t)
+        try:
+            await play_episode(
+                state, actor, t.env_id, t.env_kwargs, t.task_seed, len(t.transitions) + 1, None,
+                make_env=lambda: match.env(t.seat),
+            )  # fmt: skip
+        finally:
+            await match.notify()  # the seat has left: wake the others, as the match runner does
+        return state, actor
+
+    async def play() -> list[tuple[EpisodeState, RecordedActor]]:
+        return list(await asyncio.gather(*(seat(t) for t in trajectories)))
+
+    return asyncio.run(play())

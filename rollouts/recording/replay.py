@@ -26,10 +26,12 @@ user names, `--env-module`); any other such id is refused, naming the module (`c
 from __future__ import annotations
 
 import enum
+import json
 import math
 import os
 from collections.abc import Iterable, Sequence
 
+import gymnasium
 from rich.text import Text
 from tokenizers import Tokenizer
 
@@ -40,7 +42,9 @@ from ...envs.core.info import ABANDON_ERROR, ERROR, METRICS, REWARD_COMPONENTS, 
 from ...envs.registry import EnvModuleNotAllowed, check_env_id
 from ..context import context_policy
 from ..episode.context import EpisodeContext
-from ..episode.recorded import replay_episode
+from ..episode.loop import EpisodeState
+from ..episode.match import seated_game
+from ..episode.recorded import RecordedActor, replay_episode, replay_match
 from ..episode.rendering import env_replies, first_messages
 from ..episodes import Advantage, EpisodeStats, OverlongEpisodeRule, build_episodes
 from ..metrics import batch_metrics
@@ -163,17 +167,56 @@ def verify_trajectory(trajectory: Trajectory) -> list[str]:
     mapping when the env ended it; otherwise a reason of the runner's, consistent with a cut last
     turn's finish reason). The re-run is the episode loop's (`replay_episode`). An env id that
     would import a module is reported, not made (`check_env_id`)."""
-    t, problems = trajectory, []
-    steps_sum = math.fsum(tr.reward for tr in t.transitions)
-    if not _close(t.total_reward, steps_sum):
-        problems.append(f"total_reward {t.total_reward!r} != the sum of its step rewards {steps_sum!r}")
+    t, problems = trajectory, _sum_problems(trajectory)
     try:
         check_env_id(t.env_id)
     except EnvModuleNotAllowed as exc:
         return [*problems, str(exc)]
     if t.seat:  # its env's replies held another seat's moves, which a lone env re-run cannot
-        return [*problems, f"seat {t.seat!r} of a match: its seats are not replayed together yet, so it is not verified"]
-    rerun, actor = replay_episode(t)
+        return [
+            *problems,
+            f"seat {t.seat!r} of a match whose other seats are not in the recording: not verified",
+        ]
+    return problems + _rerun_problems(t, *replay_episode(t))
+
+
+def verify_match(trajectories: Sequence[Trajectory]) -> list[list[str]]:
+    """`verify_trajectory` for every seat of one recorded match, its seats played again together
+    (`replay_match`); one list of problems per trajectory, in order."""
+    problems = [_sum_problems(t) for t in trajectories]
+    try:
+        check_env_id(trajectories[0].env_id)
+        reruns = replay_match(trajectories)
+    except (EnvModuleNotAllowed, ValueError, gymnasium.error.Error) as exc:
+        return [
+            [*p, f"seat {t.seat!r}: its match cannot be replayed: {exc}"]
+            for p, t in zip(problems, trajectories, strict=True)
+        ]
+    return [
+        p + _rerun_problems(t, *rerun) for p, t, rerun in zip(problems, trajectories, reruns, strict=True)
+    ]
+
+
+def game_seats(env_id: str, env_kwargs: dict) -> int:
+    """How many seats the recorded env's game has (1 for an env that is no game of seats, or
+    whose id imports a module: its seats are then checked one by one)."""
+    try:
+        check_env_id(env_id)
+        return len(seated_game(env_id, env_kwargs).seats)
+    except (EnvModuleNotAllowed, ValueError, gymnasium.error.Error):
+        return 1
+
+
+def _sum_problems(t: Trajectory) -> list[str]:
+    steps_sum = math.fsum(tr.reward for tr in t.transitions)
+    if not _close(t.total_reward, steps_sum):
+        return [f"total_reward {t.total_reward!r} != the sum of its step rewards {steps_sum!r}"]
+    return []
+
+
+def _rerun_problems(t: Trajectory, rerun: EpisodeState, actor: RecordedActor) -> list[str]:
+    """The recording against its re-run (verify_trajectory's doc)."""
+    problems: list[str] = []
     if actor.reset is None:
         if t.stop_reason == StopReason.ENV_ERROR and not t.transitions:
             return problems  # it failed at reset when recorded, and still does
@@ -385,9 +428,32 @@ def replay_problems(trajectory: Trajectory, renderer: Renderer | None = None) ->
 def verify_trajectories(
     trajectories: Iterable[Trajectory], renderer: Renderer | None = None
 ) -> list[tuple[int, Trajectory, list[str]]]:
-    """(index, trajectory, problems) for every trajectory with `replay_problems`."""
-    checked = ((i, t, replay_problems(t, renderer)) for i, t in enumerate(trajectories))
-    return [(i, t, p) for i, t, p in checked if p]
+    """(index, trajectory, problems) for every trajectory with `replay_problems`; the seats of a
+    match (same env, task seed and sample index) are replayed together (`verify_match`) when the
+    recording holds every seat once, and reported as not verified otherwise."""
+    items = list(trajectories)
+    found: dict[int, list[str]] = {}
+    matches: dict[tuple, list[int]] = {}
+    for i, t in enumerate(items):
+        if t.seat:
+            key = (
+                t.env_id,
+                json.dumps(t.env_kwargs, sort_keys=True, default=str),
+                t.task_seed,
+                t.sample_index,
+            )
+            matches.setdefault(key, []).append(i)
+        else:
+            found[i] = replay_problems(t, renderer)
+    for indices in matches.values():
+        seats = [items[i] for i in indices]
+        if len(seats) > 1 and len({t.seat for t in seats}) == len(seats):
+            results = verify_match(seats)
+        else:  # one seat recorded (a match that trained one seat), or a seat twice
+            results = [verify_trajectory(t) for t in seats]
+        for i, t, problems in zip(indices, seats, results, strict=True):
+            found[i] = problems + (verify_tokens(t, renderer) if renderer else [])
+    return [(i, items[i], found[i]) for i in sorted(found) if found[i]]
 
 
 # ---- Episodes from a recording -----------------------------------------------------------------

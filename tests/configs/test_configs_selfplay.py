@@ -5,6 +5,7 @@ train` run in mirror self-play trains both seats' episodes in per-seat groups an
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import msgspec
@@ -18,6 +19,7 @@ from toolgym.configs.assembly.parts import initial_model
 
 from toolgym.configs.assembly.placement import check_async
 from toolgym.configs.checks import check_environment
+from toolgym.configs.cli.main import main
 from toolgym.configs.cli.train import train
 from toolgym.configs.load import ConfigError, config_from_dict, tokenizer_path
 from toolgym.rollouts.recording.format import RecordingReader
@@ -65,7 +67,7 @@ def test_the_selfplay_section_is_checked(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_mirror_selfplay_run_trains_both_seats_in_per_seat_groups(tmp_path):
+def test_a_mirror_selfplay_run_trains_both_seats_in_per_seat_groups(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert train(config_from_dict(raw_config(run_dir))) == 0
     steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
@@ -83,6 +85,14 @@ def test_a_mirror_selfplay_run_trains_both_seats_in_per_seat_groups(tmp_path):
         groups.setdefault(t.group_id, []).append(t.seat)
     assert len(groups) == 8 and all(len(seats) == 2 and len(set(seats)) == 1 for seats in groups.values())
     assert {t.seat for t in trajectories} == {"first", "second"}
+    # replay --verify plays each match's two seats again together
+    capsys.readouterr()
+    code = main(["replay", str(run_dir / "trajectories" / "train_rank0.jsonl"), "--verify", "--summary-only"])
+    out = capsys.readouterr().out
+    # the untrained model's seats that never moved (the game ended first) count as errored, not differing
+    exact, errored = re.search(r"verify: (\d+)/16 episodes replay exactly(?:, (\d+) errored)?", out).groups()
+    assert int(exact) + int(errored or 0) == 16 and "differ" not in out and int(exact) > 0
+    assert code == (1 if errored else 0)
 
 
 def test_the_pool_settings_are_checked(tmp_path):

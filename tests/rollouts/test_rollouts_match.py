@@ -5,6 +5,7 @@ or never moves ending only what it should, and Nim's single-seat env."""
 import asyncio
 
 import gymnasium
+import msgspec
 import pytest
 from gymnasium.utils.env_checker import check_env
 
@@ -64,13 +65,34 @@ def test_each_seat_is_a_token_exact_episode(renderer):
         assert renderer.decode(episode.tokens).count("Stones") >= len(t.transitions)
 
 
-def test_replay_says_a_seat_of_a_match_is_not_verified(renderer):
-    from toolgym.rollouts.recording.replay import verify_trajectory
+def test_replay_verifies_a_matchs_seats_played_again_together(renderer):
+    from toolgym.rollouts.recording.replay import verify_trajectories, verify_trajectory
 
-    (t, *_) = play(match_runner(renderer, BotPolicy(renderer, "random"), group_size=1), [0])
+    played = play(match_runner(renderer, BotPolicy(renderer, "random"), group_size=2), [0, 4])
+    assert len(played) == 8 and verify_trajectories(played, renderer) == []  # 4 matches, 2 seats each
+    # a seat alone (a match that trained one seat) cannot be: its env's replies held the other's moves
+    (t, *_) = played
     assert verify_trajectory(t) == [
-        f"seat {t.seat!r} of a match: its seats are not replayed together yet, so it is not verified"
+        f"seat {t.seat!r} of a match whose other seats are not in the recording: not verified"
     ]
+    assert [p for _, _, p in verify_trajectories([t])] == [verify_trajectory(t)]
+    # a move changed in one seat's recording: the replayed game differs for both seats
+    first = next(x for x in played if x.seat == "first" and len(x.transitions) > 1)
+    move = first.transitions[0].action
+    other = "1" if move.text != "1" else "2"
+    tampered = msgspec.structs.replace(
+        first,
+        transitions=[msgspec.structs.replace(first.transitions[0], action=msgspec.structs.replace(move, text=other)),
+                     *first.transitions[1:]],
+    )  # fmt: skip
+    partner = next(
+        x
+        for x in played
+        if x.seat == "second" and (x.task_seed, x.sample_index) == (first.task_seed, first.sample_index)
+    )
+    found = {t.seat: p for _, t, p in verify_trajectories([tampered, partner])}
+    assert any("observation differs" in p for p in found["first"])
+    assert any(f"Opponent took {other}." in p for p in found["second"])
 
 
 def test_learn_one_trains_one_seat_per_match_against_a_bot(renderer):

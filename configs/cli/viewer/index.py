@@ -97,6 +97,7 @@ class RecordingIndex:
         self._group: list[tuple[int, Trajectory]] = []  # the group being read: (row, trajectory)
         self._scored_groups: set[int] = set()
         self._apart: set[int] = set()  # groups whose records are not contiguous
+        self._matches: dict[tuple[int, int], list[int]] = {}  # a game's seats: (seed, sample) -> rows
         try:
             self._read()
         except OSError as exc:
@@ -168,6 +169,9 @@ class RecordingIndex:
                 self._spans.append((start, start + len(body)))
                 self.rows.append(self._row(len(self.rows), lineno, trajectory))
                 self._advantages.append(None)
+                if trajectory.seat:
+                    key = (trajectory.task_seed, trajectory.sample_index)
+                    self._matches.setdefault(key, []).append(len(self.rows) - 1)
                 self._collect(len(self.rows) - 1, trajectory)
 
     @staticmethod
@@ -190,6 +194,7 @@ class RecordingIndex:
             "tokens": sampled_length(t),
             "metrics": _numbers(env),
             "error": t.error,
+            "seat": t.seat,
             "adv": None,  # None: unknown (no recorded scoring, or its group could not be scored)
             "turn_adv": None,
         }
@@ -429,6 +434,12 @@ class RecordingIndex:
             "final_observation": t.final_observation,
             "trained": trainable(t, self.scoring is not None and self.scoring.train_on_infra_failures),
             "sampled_by": self._sampled_by(t.policy_version),
+            # the seats of its match in this recording (rows), itself included: shown side by side
+            "match": [
+                {"i": j, "seat": self.rows[j]["seat"]} for j in self._matches.get((t.task_seed, t.sample_index), [])
+            ]
+            if t.seat
+            else [],
             "turn_list": turns,
             "notice": notice,
             "scoring": {"known": advantage is not None, "note": self.scoring_note},

@@ -219,7 +219,25 @@ async function openEpisode(i) {
   const tr = document.querySelector(`#episode-table tbody tr[data-i='${i}']`);
   if (tr) markSelected(tr);
   saveView();
-  await showEpisode(state.rec, i, $("episode-detail"));
+  const target = $("episode-detail");
+  const ep = await showEpisode(state.rec, i, target);
+  if (ep && ep.match.length > 1) await showMatch(state.rec, ep, target);
+}
+
+// A game's seats, side by side: every seat of the episode's match recorded beside it, each its
+// own transcript (its own conversation, its own tokens).
+async function showMatch(rid, ep, target) {
+  const request = {};
+  latestEpisode.set(target, request);
+  const sides = ep.match.map((seat) => {
+    const box = el("div", { class: `seat${seat.i === ep.i ? " seat-picked" : ""}`, "data-seat": seat.seat });
+    return [box, showEpisode(rid, seat.i, box).then((drawn) => drawn && box.prepend(el("h3", { text: `seat ${seat.seat} (episode ${seat.i})` })))];
+  });
+  const row = el("div", { class: "sides match" });
+  row.append(...sides.map(([box]) => box));
+  await Promise.all(sides.map(([, shown]) => shown));
+  if (latestEpisode.get(target) !== request) return;
+  target.replaceChildren(el("p", { class: "hint", text: `match: task seed ${ep.seed}, sample ${ep.sample}, ${ep.match.length} seats` }), row);
 }
 
 function wireList() {
@@ -333,7 +351,7 @@ async function showEpisode(rid, i, target) {
   if (!state.teacher && state.shade === "teacher") state.shade = "adv";
   target.replaceChildren(meta, shadeSwitch(), legend(), transcript);
   applyShade(transcript, ep);
-  return true;
+  return ep;
 }
 
 let shadeGroups = 0;

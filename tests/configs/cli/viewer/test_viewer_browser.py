@@ -8,6 +8,7 @@ it, so a missing browser fails loudly there)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 
@@ -18,6 +19,9 @@ from recording_testlib import play, shipped_renderer, write
 from toolgym.agents.tokenizer import tokenizer_fingerprint
 from toolgym.configs.cli.viewer.index import RecordingIndex
 from toolgym.configs.cli.viewer.server import ViewerData, ViewerServer
+from toolgym.rollouts.episode.config import EnvRolloutConfig
+from toolgym.rollouts.episode.match import BotPolicy, MatchRunner
+from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.episodes import trajectory_to_episodes
 from toolgym.rollouts.recording.chat_jsonl import export_chat_jsonl
 from toolgym.rollouts.recording.format import (
@@ -94,7 +98,13 @@ def recordings(tmp_path_factory):
         oracle = OracleConfig(p_omit_tag=0.5, p_malformed_call=0.3)  # turns that differ in value
         episodes = play(ZORPLEX, list(range(4)), group_size=3, env_kwargs={"tier": "recursive"}, oracle=oracle)
         writer.write_all(episodes)
-    return a, b, damaged, long_stops, other_env, chat, run
+    # a game's seats: two Nim matches between random players, both seats recorded
+    nim = "toolgym/Nim-v0"
+    renderer = shipped_renderer()
+    config = EnvRolloutConfig(env_id=nim, group_size=2, max_turns=16, max_tokens_per_turn=8)
+    seats = MatchRunner(RolloutRunner(BotPolicy(renderer, "random"), renderer, config), learn="all")
+    match = write(folder / "match.jsonl", asyncio.run(seats.run_groups([3])), nim)
+    return a, b, damaged, long_stops, other_env, chat, run, match
 
 
 @pytest.fixture(scope="module")
@@ -459,3 +469,24 @@ def test_a_chat_jsonl_is_shown_with_the_import_command(page, recordings):
     _wait_list_change(page, version)
     page.wait_for_selector("#problems:not([hidden])")
     assert f"toolgym import {recordings[5]}" in page.text_content("#problems")
+
+
+def test_a_matchs_seats_are_shown_side_by_side(page, recordings):
+    index = RecordingIndex(recordings[7])
+    first = next(r for r in index.rows if r["seat"] == "first")
+    partner = next(r for r in index.rows if r["seat"] == "second" and r["sample"] == first["sample"])
+    assert [m["i"] for m in index.episode(first["i"], None)["match"]] == [first["i"], partner["i"]]
+    version = page.get_attribute("body", "data-list-version")
+    page.select_option("#recording-select", "7")
+    _wait_list_change(page, version)
+    page.click(f"#episode-table tbody tr[data-i='{partner['i']}']")
+    page.wait_for_selector("#episode-detail .match .seat[data-seat='first'] .transcript")
+    page.wait_for_selector("#episode-detail .match .seat[data-seat='second'] .transcript")
+    heads = page.eval_on_selector_all("#episode-detail .match .seat > h3", "h => h.map(e => e.textContent)")
+    assert heads == [f"seat first (episode {first['i']})", f"seat second (episode {partner['i']})"]
+    assert page.get_attribute("#episode-detail .seat-picked", "data-seat") == "second"
+    # each side is its own seat's conversation: the second seat is told the first seat's move
+    _, trajectories = read_recording(recordings[7])
+    move = trajectories[first["i"]].transitions[0].action.text
+    second_text = page.text_content("#episode-detail .seat[data-seat='second'] .transcript")
+    assert f"Opponent took {move}." in second_text

@@ -28,11 +28,13 @@ from ...rollouts.episode.opponents import OpponentPool, PoolError
 from ...rollouts.episode.runner import RolloutRunner
 from ...rollouts.evaluation import EvalReport, evaluate
 from ...rollouts.recording.format import (
+    JUDGE,
     POLICY_MODEL,
     SCORING,
     TEACHER,
     RecordingHeader,
     RecordingWriter,
+    judge_entry,
     policy_model_entry,
     scoring_entry,
     teacher_entry,
@@ -163,6 +165,8 @@ def recording_header(config: Config, run: RunDir, renderer: Renderer) -> Callabl
             distill=config.distill if config.distill.enabled else None,
         )
     }
+    if config.judge.enabled:  # the judge whose scores (and transcripts) the trained episodes carry
+        scoring[JUDGE] = judge_entry(config.judge)
 
     def header(what: str) -> RecordingHeader:
         return RecordingHeader(

@@ -234,10 +234,24 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
         "--tokenizer", type=_tokenizer, default=str(DEFAULT_TOKENIZER), help="the tokenizer the file was recorded with"
     )
     _add_env_module_arg(p)  # a recording imports nothing itself: --verify makes only these envs
+    p.add_argument(
+        "--rejudge",
+        metavar="URL",
+        help="ask this OpenAI-compatible judge the recorded judge's rubric again and report agreement",
+    )
+    p.add_argument("--judge-model", default=None, help="with --rejudge: its model (default: the one it lists)")
+    p.add_argument(
+        "--judge-key-env", default=None, help="with --rejudge: the NAME of the variable holding its API key"
+    )
+    p.add_argument("--judge-mode", choices=("episode", "group"), default=None, help="default: the recorded mode")
 
     def run(args: argparse.Namespace) -> int:
-        from .recordings import replay_command
+        from .recordings import rejudge_command, replay_command
 
+        if args.rejudge:
+            return rejudge_command(
+                Console(), args.file, args.rejudge, args.judge_model, args.judge_key_env, args.judge_mode
+            )
         return replay_command(
             Console(),
             args.file,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium
+import msgspec
 from rich.console import Console
 
 from ...agents.chat import ChatRenderer
@@ -27,6 +28,7 @@ from ...rollouts.recording.format import (
     RecordingWriter,
     TokenizerMismatch,
     describe_policy_model,
+    read_recording,
 )
 from ...rollouts.recording.replay import (
     errored,
@@ -37,6 +39,8 @@ from ...rollouts.recording.replay import (
     rich_transcript,
     verify_trajectories,
 )
+from ...rollouts.scoring.judge import Judge, JudgeError
+from ...rollouts.scoring.rejudge import recorded_judge, rejudge
 from ...rollouts.types import Trajectory
 from ..load import shipped_tokenizer_hint
 from .summary import error_text, print_summary
@@ -207,6 +211,55 @@ def replay_command(
     if captures:
         console.print(f"verify: {count}/{count} captures read whole" + (f"; {damaged} damaged" if damaged else ""))
     return 1 if mismatches or errors or damaged else 0
+
+
+def rejudge_command(
+    console: Console,
+    recording: str | os.PathLike,
+    url: str,
+    model: str | None = None,
+    key_env: str | None = None,
+    mode: str | None = None,
+) -> int:
+    """`replay FILE --rejudge URL`: the recording's judged episodes asked again of the judge at
+    `url` (the recorded rubric; the recorded model, key variable and mode unless given), and per
+    criterion how far the two judges agree (rollouts/scoring/rejudge.py). Returns 1 when a group
+    could not be judged again, else 0."""
+    header, trajectories = read_recording(recording)
+    recorded = recorded_judge(header.extra)
+    if recorded is None:
+        raise ValueError(f"{recording} names no judge in its header (a run with [judge] records one)")
+    changes: dict[str, Any] = {"url": url}
+    if model is not None or url.rstrip("/") != recorded.url.rstrip("/"):
+        changes["model"] = model or ""  # another endpoint: the one model it lists, unless named
+    if key_env is not None:
+        changes["api_key_env"] = key_env
+    if mode is not None:
+        changes["mode"] = mode
+    try:
+        judge = Judge(msgspec.structs.replace(recorded, **changes))
+    except JudgeError as exc:
+        raise ValueError(str(exc)) from None
+    console.print(f"{recording}: {len(trajectories)} episodes; recorded {recorded.url} ({recorded.model or 'its one model'})", markup=False)
+    console.print(judge.describe(), markup=False, soft_wrap=True)
+    report = rejudge(trajectories, judge)
+    for a in report.criteria:
+        r = "-" if a.correlation is None else f"{a.correlation:.3f}"
+        console.print(
+            f"{a.criterion}: {a.episodes} episodes, mean score recorded {a.mean_recorded:.3f} new {a.mean_new:.3f}, "
+            f"mean |new - recorded| {a.mean_abs_diff:.3f}, same verdict (>= 0.5) {a.same_verdict:.3f}, correlation {r}",
+            markup=False,
+            soft_wrap=True,
+        )
+    s = report.stats
+    console.print(
+        f"{report.groups} groups, {report.failed_groups} failed; {s.calls} requests, {s.cache_hits} cache hits, "
+        f"{s.latency_s:.1f} s waited, {s.prompt_tokens} prompt + {s.completion_tokens} completion tokens",
+        markup=False,
+    )
+    for cause in report.causes:
+        console.print(f"  {cause}", markup=False, highlight=False, soft_wrap=True)
+    return 1 if report.failed_groups else 0
 
 
 def export_command(

@@ -49,6 +49,7 @@ import msgspec
 
 from ..scoring.advantages import AdvantageConfig
 from ..scoring.distill import DistillConfig
+from ..scoring.judge import JudgeConfig
 from ..types import Trajectory
 
 if TYPE_CHECKING:
@@ -163,6 +164,17 @@ def teacher_entry(path: str, fingerprint: str) -> dict[str, Any]:
     """`RecordingHeader.extra[TEACHER]`: the teacher's directory and its tokenizer's fingerprint
     (the student's: the run refuses any other)."""
     return {"path": path, "tokenizer_fingerprint": fingerprint}
+
+
+# RecordingHeader.extra key: the judge whose scores the episodes carry (`judge_entry`;
+# info["judge"] of each judged episode's last transition, rollouts/scoring/judge.py)
+JUDGE = "judge"
+
+
+def judge_entry(config: JudgeConfig) -> dict[str, Any]:
+    """`RecordingHeader.extra[JUDGE]`: the judge's endpoint, model, mode, seed and rubric (never
+    its key: only the key's variable name), what `replay --rejudge` asks another judge again."""
+    return msgspec.to_builtins(config)
 
 
 class ScoringEntry(msgspec.Struct, frozen=True, kw_only=True):

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 from judge_testlib import judge_server
 from short_run_testlib import short_run
 
 from toolgym.configs.assembly.placement import check_async
 from toolgym.configs.checks import check_environment
+from toolgym.configs.cli.main import main
 from toolgym.configs.cli.train import train
 from toolgym.configs.load import ConfigError, config_from_dict
-from toolgym.rollouts.recording.format import RecordingReader
+from toolgym.rollouts.recording.format import RecordingReader, RecordingWriter
 from toolgym.rollouts.scoring.judge import JUDGE_INFO, transcript
 from toolgym.trainers.metrics_log import read_metrics
 
@@ -67,7 +69,7 @@ def test_a_judge_that_cannot_be_reached_or_lacks_its_key_is_a_config_error(tmp_p
 
 @pytest.mark.slow
 @pytest.mark.parametrize("loop", [{}, {"mode": "async", "generator": "thread"}], ids=["sync", "async-thread"])
-def test_a_run_with_a_judge_logs_each_criterion_and_records_the_judges_answers(tmp_path, monkeypatch, loop):
+def test_a_run_with_a_judge_logs_each_criterion_and_records_the_judges_answers(tmp_path, monkeypatch, loop, capsys):
     monkeypatch.setenv("TOOLGYM_TEST_JUDGE_KEY", "sekrit")
     run_dir = tmp_path / "run"
     with judge_server(api_key="sekrit") as server:
@@ -97,3 +99,26 @@ def test_a_run_with_a_judge_logs_each_criterion_and_records_the_judges_answers(t
             component = trajectory.reward_components["judge_" + criterion["name"]]
             assert component == criterion["weight"] * entry["score"]
         assert trajectory.total_reward == pytest.approx(sum(t.reward for t in trajectory.transitions))
+    if loop:
+        return
+    # the header names the judge (its key's variable, never the key); replay asks another again
+    recording = run_dir / "trajectories" / "train_rank0.jsonl"
+    entry = RecordingReader(recording).header.extra["judge"]
+    assert entry["url"] == server.url and entry["api_key_env"] == "TOOLGYM_TEST_JUDGE_KEY"
+    assert "sekrit" not in recording.read_text()
+    for mode, verdict in (("rule", "1.000"), ("invert", "0.000")):
+        with judge_server(mode) as other:
+            assert main(["replay", str(recording), "--rejudge", other.url, "--judge-key-env", ""]) == 0
+            out = capsys.readouterr().out
+            assert len(other.requests) == 4 * 2 * 2  # every group, every episode, every criterion
+        for criterion in CRITERIA:
+            assert f"{criterion['name']}: 8 episodes" in out and f"same verdict (>= 0.5) {verdict}" in out
+        assert "4 groups, 0 failed; 16 requests, 0 cache hits" in out.replace("\n", " ")
+    with judge_server("garbage") as other:
+        assert main(["replay", str(recording), "--rejudge", other.url, "--judge-key-env", ""]) == 1
+    assert "4 groups, 4 failed" in capsys.readouterr().out
+    plain = tmp_path / "plain.jsonl"  # a recording without a judge in its header
+    with RecordingWriter(plain, msgspec.structs.replace(RecordingReader(recording).header, extra={})) as writer:
+        writer.write_all(trajectories)
+    assert main(["replay", str(plain), "--rejudge", server.url]) == 2
+    assert "names no judge in its header" in capsys.readouterr().err

@@ -5,7 +5,8 @@ and GET /v1/models.
 Its score is a rule on the transcript: a criterion prompt that says `contains 'X'` scores 1.0 for
 an episode whose transcript contains X, else 0.0. An episode question (one transcript) gets
 {"score": s}; a group question (the judge's "=== Attempt k ===" sections) gets one score per
-attempt, in the order shown, as `<score>` tags. Modes: "rule" (the above), "garbage" (an answer
+attempt, in the order shown, as `<score>` tags. Modes: "rule" (the above), "invert" (1 minus the
+rule's score: a judge that disagrees on everything), "garbage" (an answer
 without a score), "hang" (no answer until the server stops), "fail" (HTTP 503 for the first
 `fail_first` requests, then the rule). With `api_key`, a request without `Authorization: Bearer
 <api_key>` gets 401."""
@@ -36,10 +37,10 @@ class JudgeServer:
 
     # ---- the rule ---------------------------------------------------------------------------
 
-    @staticmethod
-    def score(criterion: str, transcript: str) -> float:
+    def score(self, criterion: str, transcript: str) -> float:
         needle = re.search(r"contains '([^']+)'", criterion)
-        return 1.0 if needle and needle.group(1) in transcript else 0.0
+        found = 1.0 if needle and needle.group(1) in transcript else 0.0
+        return 1.0 - found if self.mode == "invert" else found
 
     def answer(self, messages: list[dict[str, str]]) -> str:
         if self.mode == "garbage":

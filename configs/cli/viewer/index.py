@@ -55,6 +55,7 @@ from ....rollouts.recording.format import (
 )
 from ....rollouts.scoring.advantages import Credit
 from ....rollouts.scoring.distill import TEACHER_LOGPROBS
+from ....rollouts.scoring.judge import JUDGE_INFO
 from ....rollouts.scoring.scorer import score_group, trainable
 from ....rollouts.types import CONTEXT_REWRITE, SEQUENCE_START, Trajectory
 
@@ -441,6 +442,7 @@ class RecordingIndex:
             if t.seat
             else [],
             "turn_list": turns,
+            "judge": _judged(t),
             "notice": notice,
             "scoring": {"known": advantage is not None, "note": self.scoring_note},
             "stream": {
@@ -454,6 +456,29 @@ class RecordingIndex:
                 "teacher": teacher_of if any(x is not None for x in teacher_of) else None,
             },
         }
+
+
+def _judged(t: Trajectory) -> list[dict[str, Any]]:
+    """What a judge said of the episode (its last transition's info["judge"], rollouts/scoring/
+    judge.py), per criterion: score, weight, its answer and the prompt it was asked; [] when
+    no judge scored it."""
+    entries = t.transitions[-1].info.get(JUDGE_INFO) if t.transitions else None
+    if not isinstance(entries, dict):
+        return []
+    out = []
+    for name, entry in entries.items():
+        if isinstance(entry, dict):
+            out.append(
+                {
+                    "criterion": str(name),
+                    "score": _finite(entry.get("score")) if isinstance(entry.get("score"), int | float) else None,
+                    "weight": _finite(entry.get("weight")) if isinstance(entry.get("weight"), int | float) else None,
+                    "answer": str(entry.get("answer", "")),
+                    "prompt": str(entry.get("prompt", "")),
+                    "position": entry.get("position"),
+                }
+            )
+    return out
 
 
 def token_texts(renderer: ChatRenderer, ids: Sequence[int]) -> list[str]:

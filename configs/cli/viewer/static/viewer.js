@@ -341,6 +341,14 @@ async function showEpisode(rid, i, target) {
       ` (${objText(ep.components)}) · advantage ${ep.scoring.known ? signed(ep.adv, 3) : "unknown"}${ep.trained ? "" : " (not trained on)"} · ${ep.turns} turns · ${ep.tokens} sampled tokens`),
     el("div", {}, `env metrics: ${objText(ep.metrics, false)}`),
   );
+  for (const j of ep.judge) { // what a judge said, per criterion: its score, its answer, its prompt
+    const value = j.score === null || j.weight === null ? "–" : signed(j.score * j.weight);
+    const where = j.position === null || j.position === undefined ? "" : `, shown at position ${j.position + 1}`;
+    meta.append(el("details", { class: "judge", "data-criterion": j.criterion },
+      el("summary", { text: `judge · ${j.criterion}: score ${j.score} × weight ${j.weight} = ${value}${where}` }),
+      el("div", { class: "hint", text: "answer" }), el("pre", { class: "judge-answer", text: j.answer }),
+      el("div", { class: "hint", text: "prompt" }), el("pre", { class: "judge-prompt", text: j.prompt })));
+  }
   if (ep.error) meta.append(el("div", { class: "worse", text: `error: ${ep.error}` }));
   if (ep.notice) meta.append(el("div", { class: "hint", text: ep.notice }));
   if (!ep.scoring.known) meta.append(el("div", { class: "hint advantages-unknown", text: ep.scoring.note }));

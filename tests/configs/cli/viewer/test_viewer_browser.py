@@ -14,6 +14,7 @@ import shutil
 
 import msgspec
 import pytest
+from judge_testlib import judge_server
 from recording_testlib import play, shipped_renderer, write
 
 from toolgym.agents.tokenizer import tokenizer_fingerprint
@@ -32,6 +33,7 @@ from toolgym.rollouts.recording.format import (
     scoring_entry,
 )
 from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator, Credit
+from toolgym.rollouts.scoring.judge import Judge, JudgeConfig, JudgeCriterion
 from toolgym.rollouts.scripted import OracleConfig
 from toolgym.rollouts.types import StopReason
 
@@ -104,7 +106,15 @@ def recordings(tmp_path_factory):
     config = EnvRolloutConfig(env_id=nim, group_size=2, max_turns=16, max_tokens_per_turn=8)
     seats = MatchRunner(RolloutRunner(BotPolicy(renderer, "random"), renderer, config), learn="all")
     match = write(folder / "match.jsonl", asyncio.run(seats.run_groups([3])), nim)
-    return a, b, damaged, long_stops, other_env, chat, run, match
+    # judged episodes: what the judge said is kept with each
+    judged = play(ZORPLEX, [0, 1], group_size=2)
+    criteria = [JudgeCriterion(name="polite", prompt="The transcript contains 'zorplex'.", weight=0.5)]
+    with judge_server() as judge_at:
+        judge = Judge(JudgeConfig(url=judge_at.url, criteria=criteria))
+        for group in (judged[:2], judged[2:]):
+            assert judge.annotate(group)[0] is None
+    judged_path = write(folder / "judged.jsonl", judged, ZORPLEX)
+    return a, b, damaged, long_stops, other_env, chat, run, match, judged_path
 
 
 @pytest.fixture(scope="module")
@@ -490,3 +500,18 @@ def test_a_matchs_seats_are_shown_side_by_side(page, recordings):
     move = trajectories[first["i"]].transitions[0].action.text
     second_text = page.text_content("#episode-detail .seat[data-seat='second'] .transcript")
     assert f"Opponent took {move}." in second_text
+
+
+def test_a_judged_episode_shows_the_judges_answer_per_criterion(page, recordings):
+    _, trajectories = read_recording(recordings[8])
+    said = trajectories[1].transitions[-1].info["judge"]["polite"]
+    version = page.get_attribute("body", "data-list-version")
+    page.select_option("#recording-select", "8")
+    _wait_list_change(page, version)
+    page.click("#episode-table tbody tr[data-i='1']")
+    page.wait_for_selector("#episode-detail details.judge[data-criterion='polite']")
+    summary = page.text_content("#episode-detail details.judge summary")
+    assert summary.startswith(f"judge · polite: score {said['score']:g} × weight 0.5 = {0.5 * said['score']:+.3f}")
+    page.click("#episode-detail details.judge summary")
+    assert page.text_content("#episode-detail .judge-answer") == said["answer"]
+    assert page.text_content("#episode-detail .judge-prompt") == said["prompt"]

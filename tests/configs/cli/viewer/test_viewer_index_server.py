@@ -374,3 +374,23 @@ def test_outcome_advantages_with_overlong_shaping_are_the_trainer_batch_s(tmp_pa
         assert row["turn_adv"] == [row["adv"]] * row["turns"]
     (trained, *_) = batch.episodes
     assert index.episode(0, shipped_renderer())["stream"]["adv"] == trained.advantages
+
+
+def test_a_judged_episode_shows_what_the_judge_said_per_criterion(tmp_path):
+    from judge_testlib import judge_server
+
+    from toolgym.rollouts.scoring.judge import Judge, JudgeConfig, JudgeCriterion
+
+    played = play("toolgym/Zorplex-v0", [0, 1], group_size=2)
+    criteria = [JudgeCriterion(name="polite", prompt="The transcript contains 'zorplex'.", weight=0.5)]
+    with judge_server() as server:
+        judge = Judge(JudgeConfig(url=server.url, mode="group", criteria=criteria))
+        for group in (played[:2], played[2:]):
+            assert judge.annotate(group)[0] is None
+    path = write(tmp_path / "judged.jsonl", played, "toolgym/Zorplex-v0")
+    (entry,) = RecordingIndex(path).episode(1, None)["judge"]
+    recorded = played[1].transitions[-1].info["judge"]["polite"]
+    assert entry["criterion"] == "polite" and entry["score"] == recorded["score"] and entry["weight"] == 0.5
+    assert entry["answer"] == recorded["answer"] and entry["position"] == recorded["position"]
+    assert "=== Attempt" in entry["prompt"]  # group mode: the judge saw the whole group
+    assert RecordingIndex(write(tmp_path / "plain.jsonl", play("toolgym/Zorplex-v0", [0]), "toolgym/Zorplex-v0")).episode(0, None)["judge"] == []

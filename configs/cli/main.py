@@ -244,14 +244,18 @@ def add_replay(sub: argparse._SubParsersAction) -> None:
         "--judge-key-env", default=None, help="with --rejudge: the NAME of the variable holding its API key"
     )
     p.add_argument("--judge-mode", choices=("episode", "group"), default=None, help="default: the recorded mode")
+    p.add_argument(
+        "--judge-cache", metavar="FILE", default=None, help="with --rejudge: its answers cache (default: the recorded one)"
+    )
 
     def run(args: argparse.Namespace) -> int:
         from .recordings import rejudge_command, replay_command
 
         if args.rejudge:
             return rejudge_command(
-                Console(), args.file, args.rejudge, args.judge_model, args.judge_key_env, args.judge_mode
-            )
+                Console(), args.file, args.rejudge, args.judge_model, args.judge_key_env, args.judge_mode,
+                args.judge_cache,
+            )  # fmt: skip
         return replay_command(
             Console(),
             args.file,

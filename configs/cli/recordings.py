@@ -220,9 +220,10 @@ def rejudge_command(
     model: str | None = None,
     key_env: str | None = None,
     mode: str | None = None,
+    cache_file: str | None = None,
 ) -> int:
     """`replay FILE --rejudge URL`: the recording's judged episodes asked again of the judge at
-    `url` (the recorded rubric; the recorded model, key variable and mode unless given), and per
+    `url` (the recorded rubric; the recorded model, key variable, mode and cache file unless given), and per
     criterion how far the two judges agree (rollouts/scoring/rejudge.py). Returns 1 when a group
     could not be judged again, else 0."""
     header, trajectories = read_recording(recording)
@@ -236,6 +237,8 @@ def rejudge_command(
         changes["api_key_env"] = key_env
     if mode is not None:
         changes["mode"] = mode
+    if cache_file is not None:
+        changes["cache_file"] = cache_file
     try:
         judge = Judge(msgspec.structs.replace(recorded, **changes))
     except JudgeError as exc:

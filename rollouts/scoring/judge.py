@@ -27,8 +27,9 @@ re-judging a group asks the same question), for {"scores": [s_1, ..., s_n]} in t
 
 Requests: up to `max_concurrent` at once (a thread pool), each with `timeout_s`; a failure with
 no answer or a retryable status (model_client.py) is asked again up to `retries` times, after
-backoff_s, 2 backoff_s, ...; answers are cached in memory by (url, model, the request's
-messages), so judging the same prompt again pays nothing (a cache hit). Per group `annotate`
+backoff_s, 2 backoff_s, ...; answers are cached by (url, model, the request's messages), in
+memory and, with `cache_file`, in a JSONL file read at start, so judging the same prompt again
+pays nothing (a cache hit), in this process or a later one. Per group `annotate`
 returns the calls made, cache hits, seconds waited and the answers' usage tokens (`JudgeStats`),
 which the batch metrics sum (`judge/...`).
 
@@ -41,6 +42,7 @@ in a row raise JudgeError with the cause, which stops the run.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -50,6 +52,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
@@ -116,6 +119,9 @@ class JudgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_consecutive_failures: groups in a row whose judging failed (each dropped as an
         infrastructure failure) before the run stops with the cause.
     seed: seeds group mode's orders (with the group id and the criterion).
+    cache_file: a JSONL file the cache is kept in across processes ("" = in memory only): read
+        at start, each new answer appended, so a resumed run or a `replay --rejudge` of the same
+        judge pays nothing for a question asked before.
     """
 
     url: str = ""
@@ -132,6 +138,7 @@ class JudgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_transcript_chars: int = 20000
     max_consecutive_failures: int = 5
     seed: int = 0
+    cache_file: str = ""
 
     @property
     def enabled(self) -> bool:
@@ -287,8 +294,11 @@ class Judge:
                     "judge's API key there"
                 )
         self.model = config.model or self._only_model()
-        self._cache: dict[tuple[str, str, str], tuple[str, dict[str, Any]]] = {}
+        self._cache: dict[str, tuple[str, dict[str, Any]]] = {}
         self._lock = threading.Lock()
+        self._cache_file = Path(config.cache_file) if config.cache_file else None
+        if self._cache_file is not None:
+            self._load_cache(self._cache_file)
         self.consecutive_failures = 0
         self.failures = 0  # groups whose judging failed, over the run
 
@@ -316,7 +326,7 @@ class Judge:
     def _ask(self, messages: list[dict[str, str]], stats: JudgeStats) -> str:
         """The judge's answer to `messages` (from the cache when asked before); retries (module
         doc); EndpointError or ValueError when there is none."""
-        key = (self.url, self.model, json.dumps(messages, ensure_ascii=False))
+        key = self._key(messages)
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
@@ -357,7 +367,33 @@ class Judge:
         stats.completion_tokens += int(usage.get("completion_tokens") or 0)
         with self._lock:
             self._cache[key] = (text, usage)
+            if self._cache_file is not None:
+                line = json.dumps({"key": key, "text": text, "usage": usage}, ensure_ascii=False)
+                with self._cache_file.open("a", encoding="utf-8") as f:
+                    f.write(line + "\n")
         return text
+
+    def _key(self, messages: list[dict[str, str]]) -> str:
+        """The cache's key: the judge (url, model) and the request's messages, hashed."""
+        raw = json.dumps([self.url, self.model, messages], ensure_ascii=False)
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    def _load_cache(self, path: Path) -> None:
+        """The answers a cache file holds; a line that does not read (a torn last line) is skipped."""
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return
+        text = path.read_bytes()
+        if text and not text.endswith(b"\n"):  # a torn last line: the next answer starts a line of its own
+            with path.open("ab") as f:
+                f.write(b"\n")
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                try:
+                    entry = json.loads(line)
+                    self._cache[str(entry["key"])] = (str(entry["text"]), dict(entry.get("usage") or {}))
+                except (ValueError, KeyError, TypeError):
+                    continue
 
     # ---- a group ------------------------------------------------------------------------------
 

@@ -114,6 +114,13 @@ def test_a_run_with_a_judge_logs_each_criterion_and_records_the_judges_answers(t
         for criterion in CRITERIA:
             assert f"{criterion['name']}: 8 episodes" in out and f"same verdict (>= 0.5) {verdict}" in out
         assert "4 groups, 0 failed; 16 requests, 0 cache hits" in out.replace("\n", " ")
+    cache = tmp_path / "judge_cache.jsonl"  # the same judge twice through one cache file: all hits
+    with judge_server() as other:
+        for hits in (0, 16):
+            assert main(["replay", str(recording), "--rejudge", other.url, "--judge-cache", str(cache)]) == 0
+            out = capsys.readouterr().out.replace("\n", " ")
+            assert f"{16 - hits} requests, {hits} cache hits" in out
+        assert len(other.requests) == 16
     with judge_server("garbage") as other:
         assert main(["replay", str(recording), "--rejudge", other.url, "--judge-key-env", ""]) == 1
     assert "4 groups, 4 failed" in capsys.readouterr().out

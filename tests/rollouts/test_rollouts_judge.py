@@ -140,6 +140,22 @@ def test_rejudging_the_same_prompt_is_a_cache_hit():
     assert again[0].reward_components["judge_mentions_42"] == 2.0
 
 
+def test_a_cache_file_carries_the_answers_to_a_later_judge(tmp_path):
+    cache = tmp_path / "cache" / "judge.jsonl"
+    with judge_server() as server:
+        first = roll(Judge(config(server.url, cache_file=str(cache))), group("42", "no"))
+        with cache.open("a") as f:
+            f.write('{"key": "torn')  # a crash mid-append: the line is skipped, the rest read
+        later = Judge(config(server.url, cache_file=str(cache)))  # another process, say
+        again = group("42", "no")
+        second = roll(later, again)
+        assert len(server.requests) == 4  # the later judge asked nothing
+    assert first.judge_stats is not None and first.judge_stats.calls == 4
+    assert second.judge_stats is not None and (second.judge_stats.calls, second.judge_stats.cache_hits) == (0, 4)
+    assert again[0].reward_components["judge_mentions_42"] == 2.0
+    assert len(cache.read_text().splitlines()) == 5  # 4 answers and the torn line
+
+
 def dropped(scored: ScoredGroup, trajectories: list[Trajectory]) -> None:
     """The group is an infrastructure failure of scoring: nothing written, never reward 0."""
     assembler = BatchAssembler(BatchConfig(groups_per_batch=1), judge=True)

@@ -457,6 +457,30 @@ def add_import(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def add_judge_data(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "judge-data",
+        help="turn a recording into chat-messages JSONL that trains a judge model: each episode's "
+        "judge question and the env's own verdict as the answer",
+    )
+    p.add_argument("file", help="a recording (e.g. `toolgym record` of a noisy oracle)")
+    p.add_argument("--criterion", required=True, help="the criterion's prompt, as [judge.criteria] will give it")
+    p.add_argument("--out", required=True, help="the chat-messages JSONL to write (`toolgym import` makes it a recording)")
+    p.add_argument(
+        "--final-reply", action="store_true", help="show the env's last reply (often its verdict) to the judge"
+    )
+    p.add_argument("--max-transcript-chars", type=int, default=20000, help="as judge.max_transcript_chars")
+
+    def run(args: argparse.Namespace) -> int:
+        from .recordings import judge_data_command
+
+        return judge_data_command(
+            Console(), args.file, args.criterion, args.out, args.final_reply, args.max_transcript_chars
+        )
+
+    p.set_defaults(func=run)
+
+
 def add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
@@ -497,6 +521,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     add_view,
     add_export,
     add_import,
+    add_judge_data,
     add_serve,
 ]
 

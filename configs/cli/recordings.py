@@ -40,6 +40,7 @@ from ...rollouts.recording.replay import (
     verify_trajectories,
 )
 from ...rollouts.scoring.judge import Judge, JudgeError
+from ...rollouts.scoring.judge_data import Labelled, grader_label, judge_examples
 from ...rollouts.scoring.rejudge import recorded_judge, rejudge
 from ...rollouts.types import Trajectory
 from ..load import shipped_tokenizer_hint
@@ -263,6 +264,33 @@ def rejudge_command(
     for cause in report.causes:
         console.print(f"  {cause}", markup=False, highlight=False, soft_wrap=True)
     return 1 if report.failed_groups else 0
+
+
+def judge_data_command(
+    console: Console,
+    recording: str | os.PathLike,
+    criterion: str,
+    out: str | os.PathLike,
+    final_reply: bool = False,
+    max_chars: int = 20000,
+) -> int:
+    """`toolgym judge-data`: the recording's episodes as judge-training rows (rollouts/scoring/
+    judge_data.py), labelled by the env's `success` metric; episodes without one are skipped.
+    Returns 1 when no episode had a label."""
+    _, trajectories = read_recording(recording)
+    labelled = [Labelled(t, label) for t in trajectories if t.error is None and (label := grader_label(t)) is not None]
+    rows = judge_examples(labelled, criterion, max_chars, final_reply)
+    with Path(out).open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(msgspec.json.encode(row).decode() + "\n")
+    passed = sum(e.label for e in labelled)
+    console.print(
+        f"{out}: {len(rows)} judge examples ({passed} pass, {len(rows) - passed} fail) from {len(trajectories)} "
+        f"episodes of {recording}; `toolgym import {out} --out RECORDING` makes them a recording to SFT on",
+        markup=False,
+        soft_wrap=True,
+    )
+    return 0 if rows else 1
 
 
 def export_command(

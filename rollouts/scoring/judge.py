@@ -116,6 +116,8 @@ class JudgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     temperature: the judge's sampling temperature.
     max_tokens: the most tokens the judge may answer with.
     max_transcript_chars: an episode's transcript is cut to its last this many characters.
+    final_reply: the env's reply after the last action is in the transcript (false: a judge that
+        must not see the env's own verdict, e.g. Zorplex's CORRECT / INCORRECT).
     max_consecutive_failures: groups in a row whose judging failed (each dropped as an
         infrastructure failure) before the run stops with the cause.
     seed: seeds group mode's orders (with the group id and the criterion).
@@ -136,6 +138,7 @@ class JudgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     temperature: float = 0.0
     max_tokens: int = 256
     max_transcript_chars: int = 20000
+    final_reply: bool = True
     max_consecutive_failures: int = 5
     seed: int = 0
     cache_file: str = ""
@@ -209,9 +212,10 @@ class JudgeStats(msgspec.Struct):
         }
 
 
-def transcript(trajectory: Trajectory, max_chars: int = 20000) -> str:
+def transcript(trajectory: Trajectory, max_chars: int = 20000, final_reply: bool = True) -> str:
     """The episode as plain text, each part labelled by its role (module doc); cut to its last
-    `max_chars` characters."""
+    `max_chars` characters. `final_reply`: the env's reply after the last action (often its own
+    verdict) included."""
     parts = []
     if trajectory.system_prompt:
         parts.append(f"[system]\n{trajectory.system_prompt}")
@@ -219,13 +223,25 @@ def transcript(trajectory: Trajectory, max_chars: int = 20000) -> str:
         if transition.observation:
             parts.append(f"[{'user' if k == 0 else 'environment'}]\n{transition.observation}")
         parts.append(f"[assistant]\n{transition.action.text}")
-    if trajectory.final_observation:
+    if trajectory.final_observation and final_reply:
         parts.append(f"[environment]\n{trajectory.final_observation}")
     text = "\n\n".join(parts)
     return text if len(text) <= max_chars else "[...]\n" + text[-max_chars:]
 
 
 _SCORE_TAG = re.compile(r"<score>\s*(.*?)\s*</score>", re.DOTALL | re.IGNORECASE)
+
+
+def episode_question(
+    criterion: str, trajectory: Trajectory, max_chars: int = 20000, final_reply: bool = True
+) -> list[dict[str, str]]:
+    """Episode mode's request messages for one criterion (its prompt) and episode: what a judge
+    is asked, and what a judge model is trained on (rollouts/scoring/judge_data.py)."""
+    text = transcript(trajectory, max_chars, final_reply)
+    return [
+        {"role": "system", "content": EPISODE_INSTRUCTIONS},
+        {"role": "user", "content": f"Criterion: {criterion}\n\nTranscript:\n{text}"},
+    ]
 
 
 def _number(value: Any, what: str) -> float:
@@ -398,16 +414,15 @@ class Judge:
     # ---- a group ------------------------------------------------------------------------------
 
     def _episode_question(self, criterion: JudgeCriterion, trajectory: Trajectory) -> list[dict[str, str]]:
-        text = transcript(trajectory, self.config.max_transcript_chars)
-        return [
-            {"role": "system", "content": EPISODE_INSTRUCTIONS},
-            {"role": "user", "content": f"Criterion: {criterion.prompt}\n\nTranscript:\n{text}"},
-        ]
+        return episode_question(
+            criterion.prompt, trajectory, self.config.max_transcript_chars, self.config.final_reply
+        )
 
     def _group_question(self, criterion: JudgeCriterion, shown: Sequence[Trajectory]) -> list[dict[str, str]]:
         limit = self.config.max_transcript_chars
         attempts = "\n\n".join(
-            f"=== Attempt {k + 1} ===\n{transcript(t, limit)}" for k, t in enumerate(shown)
+            f"=== Attempt {k + 1} ===\n{transcript(t, limit, self.config.final_reply)}"
+            for k, t in enumerate(shown)
         )
         return [
             {"role": "system", "content": GROUP_INSTRUCTIONS.format(n=len(shown))},

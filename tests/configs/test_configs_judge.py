@@ -17,7 +17,7 @@ from toolgym.configs.checks import check_environment
 from toolgym.configs.cli.main import main
 from toolgym.configs.cli.train import train
 from toolgym.configs.load import ConfigError, config_from_dict
-from toolgym.rollouts.recording.format import RecordingReader, RecordingWriter
+from toolgym.rollouts.recording.format import RecordingReader, RecordingWriter, read_recording
 from toolgym.rollouts.scoring.judge import JUDGE_INFO, transcript
 from toolgym.trainers.metrics_log import read_metrics
 
@@ -129,3 +129,32 @@ def test_a_run_with_a_judge_logs_each_criterion_and_records_the_judges_answers(t
         writer.write_all(trajectories)
     assert main(["replay", str(plain), "--rejudge", server.url]) == 2
     assert "names no judge in its header" in capsys.readouterr().err
+
+
+def test_judge_data_asks_as_the_judge_asks_and_answers_with_the_graders_verdict(tmp_path, capsys):
+    """`toolgym record` of a fallible oracle, then `toolgym judge-data`: one row per episode, the
+    judge's episode-mode question word for word (without the env's last reply, its verdict),
+    and the env's success as the answer; `toolgym import` makes the rows a recording."""
+    import json
+
+    from toolgym.rollouts.scoring.judge import episode_question, parse_scores
+
+    noisy, rows, imported = tmp_path / "noisy.jsonl", tmp_path / "judge.jsonl", tmp_path / "judge_rec.jsonl"
+    assert main(["record", "--env", "toolgym/Zorplex-v0", "--tasks", "24", "--out", str(noisy),
+                 "--p-omit-tag", "0.3", "--p-stop-early", "0.3", "--no-progress"]) == 0  # fmt: skip
+    criterion = "The final answer is correct."
+    assert main(["judge-data", str(noisy), "--criterion", criterion, "--out", str(rows), "--max-transcript-chars", "200"]) == 0
+    assert "24 judge examples" in capsys.readouterr().out
+    _, trajectories = read_recording(noisy)
+    written = [json.loads(line) for line in rows.read_text().splitlines()]
+    labels = []
+    for t, row in zip(trajectories, written, strict=True):
+        *question, answer = row["messages"]
+        assert question == episode_question(criterion, t, 200, final_reply=False)
+        assert t.final_observation and t.final_observation not in question[1]["content"]
+        (score,) = parse_scores(answer["content"], None)
+        assert score == t.metrics["env"]["success"]
+        labels.append(score)
+    assert 0 < sum(labels) < len(labels)  # the oracle's faults give both verdicts
+    assert main(["import", str(rows), "--out", str(imported)]) == 0
+    assert len(read_recording(imported)[1]) == 24

@@ -1,0 +1,85 @@
+"""Training data for a judge model: an env's episodes, labelled by the env's own grader, asked as
+the judge is asked.
+
+    labelled_episodes(env_id, ...)   episodes of a noisy oracle (OracleConfig: omitted answer tags,
+                                     malformed calls, wrong lookups, guesses, ...), each with the
+                                     grader's label: the env's `success` metric (1 or 0)
+    judge_examples(episodes, criterion)
+                                     one chat-messages row each: episode mode's question for the
+                                     criterion (judge.py `episode_question`, word for word what
+                                     the judge sends) and the answer {"score": label}
+
+`toolgym judge-data` writes them as chat-messages JSONL; `toolgym import` makes that a recording
+to SFT a model on (configs/judge_zorplex_tiny.toml), and `toolgym serve` of the result is a judge
+for `[judge]`. The same labelled episodes of other seeds measure a judge against the grader
+(`verdicts`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from ...agents.chat import Renderer
+from ...envs.core.info import SUCCESS_METRIC
+from ..episode.config import EnvRolloutConfig
+from ..episode.runner import RolloutRunner
+from ..scripted import OracleConfig, OraclePolicy
+from ..types import Trajectory
+from .judge import episode_question
+
+
+class Labelled(msgspec.Struct):
+    """An episode and the grader's verdict on it (1: the env counted it a success)."""
+
+    trajectory: Trajectory
+    label: int
+
+
+def grader_label(trajectory: Trajectory) -> int | None:
+    """The env's verdict: its `success` metric as 1 or 0 (None: the env reported none)."""
+    metrics = trajectory.metrics.get("env")
+    value = metrics.get(SUCCESS_METRIC) if isinstance(metrics, dict) else None
+    return None if not isinstance(value, int | float) else int(value > 0)
+
+
+def labelled_episodes(
+    env_id: str,
+    env_kwargs: Mapping[str, Any],
+    seeds: Sequence[int],
+    renderer: Renderer,
+    oracle: OracleConfig,
+    max_turns: int = 8,
+) -> list[Labelled]:
+    """One noisy-oracle episode per seed, with the grader's label (episodes whose env reported
+    no `success` left out)."""
+    config = EnvRolloutConfig(env_id=env_id, env_kwargs=dict(env_kwargs), group_size=1, max_turns=max_turns)
+    runner = RolloutRunner(OraclePolicy(renderer, oracle), renderer, config)
+    out = []
+    for trajectory in runner.run(list(seeds)):
+        label = grader_label(trajectory)
+        if label is not None and trajectory.error is None:
+            out.append(Labelled(trajectory, label))
+    return out
+
+
+def judge_examples(
+    episodes: Sequence[Labelled], criterion: str, max_chars: int = 20000, final_reply: bool = False
+) -> list[dict[str, Any]]:
+    """Chat-messages rows: the judge's question about each episode (by default without the env's
+    last reply, which may be its verdict: a judge run with `final_reply = false`) and the
+    grader's answer."""
+    return [
+        {
+            "messages": [
+                *episode_question(criterion, e.trajectory, max_chars, final_reply),
+                {"role": "assistant", "content": msgspec.json.encode({"score": e.label}).decode()},
+            ]
+        }
+        for e in episodes
+    ]
+
+
+__all__ = ["Labelled", "grader_label", "judge_examples", "labelled_episodes"]

@@ -1,8 +1,11 @@
 """The config of a short `toolgym train` run for config tests: 2 RL steps of the `test` model on
-easy recursive Zorplex, no evals, checkpoints or plots, the training episodes recorded."""
+easy recursive Zorplex, no evals, checkpoints or plots, the training episodes recorded; and a
+tokenizer other than the run's (`other_tokenizer`), for the checks that refuse one."""
 
 from pathlib import Path
 from typing import Any
+
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 BASE: dict[str, dict[str, Any]] = {
     "run": {"steps": 2, "plot": False, "export_hf": False},
@@ -25,3 +28,15 @@ def short_run(run_dir: Path, **sections: dict[str, Any]) -> dict[str, dict[str, 
     for name, section in sections.items():
         raw[name] = {**raw.get(name, {}), **section}
     return raw
+
+
+def other_tokenizer(path: Path) -> Path:
+    """A small BPE tokenizer.json, not the run's, written to `path`."""
+    other = Tokenizer(models.BPE())
+    other.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    other.train_from_iterator(
+        ["another vocabulary"] * 5,
+        trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"], show_progress=False),
+    )
+    other.save(str(path))
+    return path

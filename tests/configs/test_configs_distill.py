@@ -10,8 +10,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from short_run_testlib import short_run
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from short_run_testlib import other_tokenizer, short_run
 
 from toolgym.agents.model.checkpoint import save_hf_checkpoint
 from toolgym.agents.tokenizer import load_tokenizer, tokenizer_fingerprint
@@ -51,13 +50,7 @@ def test_the_teacher_directory_and_tokenizer_are_checked_before_the_run(tmp_path
     config = config_from_dict(raw_config(tmp_path / "run", str(tmp_path / "missing")))
     with pytest.raises(ConfigError, match=r"distill\.teacher: .*missing is not a Hugging Face directory"):
         check_environment(config)
-    other = Tokenizer(models.BPE())
-    other.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    other.train_from_iterator(
-        ["another vocabulary"] * 5,
-        trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"], show_progress=False),
-    )
-    other.save(str(tmp_path / "other.json"))
+    other = load_tokenizer(other_tokenizer(tmp_path / "other.json"))
     teacher = save_hf_checkpoint(
         initial_model(config), initial_model(config).config, tmp_path / "t", tmp_path / "other.json"
     )

@@ -10,13 +10,11 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from short_run_testlib import short_run
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from short_run_testlib import other_tokenizer, short_run
 
 from toolgym.agents.model.checkpoint import save_hf_checkpoint
 from toolgym.agents.model.transformer import Transformer
 from toolgym.configs.assembly.parts import initial_model
-
 from toolgym.configs.assembly.placement import check_async
 from toolgym.configs.checks import check_environment
 from toolgym.configs.cli.main import main
@@ -118,13 +116,7 @@ def test_pool_checkpoints_of_another_model_or_tokenizer_are_refused(tmp_path):
     message = error_of(raw_config(tmp_path, **pool, pool_checkpoints=[str(wider)]))
     assert message.startswith(f"config error: selfplay.pool_checkpoints: {wider}: another model than the policy's")
     assert "hidden_size" in message and "\n" not in message
-    other = Tokenizer(models.BPE())
-    other.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    other.train_from_iterator(
-        ["another vocabulary"] * 5,
-        trainers.BpeTrainer(vocab_size=280, special_tokens=["<|endoftext|>"], show_progress=False),
-    )
-    other.save(str(tmp_path / "other.json"))
+    other_tokenizer(tmp_path / "other.json")
     foreign = opponent_checkpoint(tmp_path, "foreign", tokenizer=tmp_path / "other.json")
     assert f"{foreign}: its tokenizer " in error_of(raw_config(tmp_path, **pool, pool_checkpoints=[str(foreign)]))
     assert "is not a Hugging Face directory" in error_of(

@@ -103,8 +103,14 @@ class WeightSets:
     def load_live(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """A sync of the trainer's weights: kept, and applied at once when live is loaded."""
         tensors = list(named_tensors)
-        kept = dict(self._sets[LIVE][0])  # a sync may carry part of the set (adapters after a full one)
-        kept.update(_cpu_copy(tensors))
+        kept = self._sets[LIVE][0]  # a sync may carry part of the set (adapters after a full one)
+        with torch.no_grad():
+            for name, tensor in tensors:
+                held = kept.get(name)
+                if held is not None and held.shape == tensor.shape and held.dtype == tensor.dtype:
+                    held.copy_(tensor)  # in place: no new CPU copy of the model per sync
+                else:
+                    kept[name] = tensor.detach().to("cpu", copy=True)
         self._sets[LIVE] = (kept, version)
         if self._loaded == LIVE:
             self.policy.load_weights(tensors, version)

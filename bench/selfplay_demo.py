@@ -7,12 +7,13 @@ legal moves, then RL).
     python bench/selfplay_demo.py --seeds 0 --set run.steps=2 --set eval.every_steps=1 \
         --out /tmp/selfplay_smoke                                  # a smoke run (no meaningful figure)
 
-Per seed, one `toolgym train selfplay_tiny` run per arm (bench/rl_arms.py: the later arm starts
+Per seed, one `toolgym train selfplay_tiny` run per arm (bench/rl_arms.py: the later arms start
 RL from the first arm's SFT model):
-- selfplay: the preset as shipped (mirror self-play: both seats the policy, both trained, groups
-  per (task, seat));
+- mirror: mirror self-play (both seats the policy, both trained, groups per (task, seat));
 - vs_random: `selfplay.enabled = false` and the env's opponent the random bot: plain RL of one
-  seat against the random player, the same steps.
+  seat against the random player, the same steps;
+- pool: the preset as shipped (one seat a match against a snapshot drawn from the pool of the
+  policy's own, by its loss rate against each; Elo logged).
 Both report eval/vs_random/* and eval/vs_expert/* (`selfplay.eval_opponents`). Targets: win rate
 against the random player >= 0.9 (`vs_random/success`); against the expert, whose optimal play
 leaves only the positions the policy's seat can win, the rise from step 0 to the end (read off
@@ -28,8 +29,9 @@ from rl_arms import ArmsBench, main  # bench/ is sys.path[0] when run as a scrip
 SELFPLAY = ArmsBench(
     preset="selfplay_tiny",
     arms={
-        "selfplay": [],
+        "mirror": ["selfplay.learn=\"all\"", "selfplay.opponent=\"self\""],
         "vs_random": ["selfplay.enabled=false", "env.kwargs.opponent=\"random\""],
+        "pool": [],
     },
     target={"vs_random/success": 0.9, "vs_expert/success": 0.0},
     out=Path("runs/selfplay_demo"),

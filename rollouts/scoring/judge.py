@@ -57,6 +57,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from ...envs.core.info import SUCCESS_METRIC
 from ..episodes import INFRA_STOP_REASONS
 from ..types import Trajectory
 from .model_client import EndpointError, request_json
@@ -65,6 +66,16 @@ from .model_client import EndpointError, request_json
 JUDGE_INFO = "judge"
 # Reward component name of criterion c.
 COMPONENT_PREFIX = "judge_"
+# Trajectory.metrics key, with reward = "replace": the env's reward components the judge replaced
+REPLACED_REWARD = "replaced_reward"
+PASS = 0.5  # a criterion's score at or above passes
+
+
+def grader_label(trajectory: Trajectory) -> int | None:
+    """The env's own verdict: its `success` metric as 1 or 0 (None: the env reported none)."""
+    metrics = trajectory.metrics.get("env")
+    value = metrics.get(SUCCESS_METRIC) if isinstance(metrics, dict) else None
+    return None if not isinstance(value, int | float) else int(value > 0)
 
 EPISODE_INSTRUCTIONS = (
     "You are a strict judge. Read the transcript of an assistant's episode and score it on the "
@@ -118,6 +129,10 @@ class JudgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_transcript_chars: an episode's transcript is cut to its last this many characters.
     final_reply: the env's reply after the last action is in the transcript (false: a judge that
         must not see the env's own verdict, e.g. Zorplex's CORRECT / INCORRECT).
+    reward: "add" (the criteria's components added to the env's reward) or "replace" (they are the
+        whole reward, on the last turn; the env's components kept in the trajectory's
+        metrics["replaced_reward"], its own metrics such as `success` still logged): RL from the
+        judge alone, with the env's grader as the ground truth it never trains on.
     max_consecutive_failures: groups in a row whose judging failed (each dropped as an
         infrastructure failure) before the run stops with the cause.
     seed: seeds group mode's orders (with the group id and the criterion).
@@ -139,6 +154,7 @@ class JudgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     max_tokens: int = 256
     max_transcript_chars: int = 20000
     final_reply: bool = True
+    reward: Literal["add", "replace"] = "add"
     max_consecutive_failures: int = 5
     seed: int = 0
     cache_file: str = ""
@@ -187,29 +203,40 @@ class JudgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 class JudgeStats(msgspec.Struct):
     """One group's judging: requests sent (retries included), answers from the cache, seconds
-    spent waiting for answers (summed over requests), and the answers' usage tokens."""
+    spent waiting for answers (summed over requests), the answers' usage tokens; and the
+    verdicts: episodes judged, passed (every criterion scored >= 0.5), and among the passed ones
+    whose env reported `success`, those the env failed (the judge was fooled)."""
 
     calls: int = 0
     cache_hits: int = 0
     latency_s: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    judged: int = 0
+    passed: int = 0
+    passed_graded: int = 0
+    passed_failed: int = 0
 
     def add(self, other: JudgeStats) -> None:
-        self.calls += other.calls
-        self.cache_hits += other.cache_hits
-        self.latency_s += other.latency_s
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
+        for name in self.__struct_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def metrics(self) -> dict[str, float]:
-        return {
+        """judge/calls, cache_hits, latency_s, prompt_tokens, completion_tokens; pass_rate (of the
+        episodes judged) and hacking_rate (the share of the passed episodes that the env's own
+        grader failed; only where the env reports `success`)."""
+        out = {
             "judge/calls": float(self.calls),
             "judge/cache_hits": float(self.cache_hits),
             "judge/latency_s": self.latency_s,
             "judge/prompt_tokens": float(self.prompt_tokens),
             "judge/completion_tokens": float(self.completion_tokens),
         }
+        if self.judged:
+            out["judge/pass_rate"] = self.passed / self.judged
+        if self.passed_graded:
+            out["judge/hacking_rate"] = self.passed_failed / self.passed_graded
+        return out
 
 
 def transcript(trajectory: Trajectory, max_chars: int = 20000, final_reply: bool = True) -> str:
@@ -491,9 +518,23 @@ class Judge:
         """Judge the group and write the scores into it (module doc), its requests counted into
         `stats`; raises the first failure, having written nothing."""
         results = self.judge(group, stats)
+        replace = self.config.reward == "replace"
         for i, by_criterion in results.items():
             trajectory = group[i]
             last = trajectory.transitions[-1]
+            if stats is not None:
+                stats.judged += 1
+                if all(entry["score"] >= PASS for entry in by_criterion.values()):
+                    stats.passed += 1
+                    label = grader_label(trajectory)
+                    stats.passed_graded += label is not None
+                    stats.passed_failed += label == 0
+            if replace:  # the judge's components become the whole reward, on the last turn
+                trajectory.metrics[REPLACED_REWARD] = dict(trajectory.reward_components)
+                trajectory.reward_components.clear()
+                trajectory.total_reward = 0.0
+                for transition in trajectory.transitions:
+                    transition.reward = 0.0
             for name, entry in by_criterion.items():
                 value = entry["weight"] * entry["score"]
                 component = COMPONENT_PREFIX + name

@@ -23,12 +23,11 @@ from typing import Any
 import msgspec
 
 from ...agents.chat import Renderer
-from ...envs.core.info import SUCCESS_METRIC
 from ..episode.config import EnvRolloutConfig
 from ..episode.runner import RolloutRunner
 from ..scripted import OracleConfig, OraclePolicy
 from ..types import Trajectory
-from .judge import episode_question
+from .judge import episode_question, grader_label
 
 
 class Labelled(msgspec.Struct):
@@ -36,13 +35,6 @@ class Labelled(msgspec.Struct):
 
     trajectory: Trajectory
     label: int
-
-
-def grader_label(trajectory: Trajectory) -> int | None:
-    """The env's verdict: its `success` metric as 1 or 0 (None: the env reported none)."""
-    metrics = trajectory.metrics.get("env")
-    value = metrics.get(SUCCESS_METRIC) if isinstance(metrics, dict) else None
-    return None if not isinstance(value, int | float) else int(value > 0)
 
 
 def labelled_episodes(

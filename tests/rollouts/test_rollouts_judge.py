@@ -104,6 +104,26 @@ def test_each_criterion_is_a_named_component_summed_into_the_reward_and_advantag
     assert stats.prompt_tokens > 0 and stats.completion_tokens == 12 and stats.latency_s > 0
 
 
+def test_replace_makes_the_judge_the_whole_reward_and_the_hacking_rate_is_counted():
+    """reward = "replace": the judge's components are the reward (on the last turn), the env's
+    are kept aside; pass and hacking rates against the env's own `success`."""
+    trajectories = group("It is 42.", "It is 42, please.", "It is 41.", "42 42")
+    for t, success in zip(trajectories, (1.0, 0.0, 0.0, 1.0), strict=True):
+        t.reward_components["correct"] = success  # the env's grader
+        t.total_reward = t.transitions[-1].reward = success
+        t.metrics["env"] = {"success": success}
+    with judge_server() as server:
+        scored = roll(Judge(config(server.url, criteria=[MENTIONS_42], reward="replace")), trajectories)
+    assert scored.failure == ""
+    for t, (judged, env) in zip(trajectories, ((2.0, 1.0), (2.0, 0.0), (0.0, 0.0), (2.0, 1.0)), strict=True):
+        assert t.reward_components == {"judge_mentions_42": judged} and t.total_reward == judged
+        assert [tr.reward for tr in t.transitions] == [judged]
+        assert t.metrics["replaced_reward"] == {"correct": env}
+    metrics = scored.judge_stats.metrics()
+    # 3 of 4 pass the judge (they mention 42); of those, the env failed "It is 42, please."
+    assert metrics["judge/pass_rate"] == 0.75 and metrics["judge/hacking_rate"] == 1 / 3
+
+
 def test_group_mode_asks_once_per_group_and_records_the_order():
     answers = ("A: 42", "B: nothing", "C: 42 please", "D: 7")
     with judge_server() as server:

@@ -3,7 +3,8 @@
 A run's `[judge]` section (`JudgeConfig`) names an OpenAI-compatible endpoint (`toolgym serve` of
 a checkpoint, a vLLM server, a provider's URL), its model, the NAME of the environment variable
 that holds its API key (the config never holds the key), and criteria: each a name, a prompt
-(what to judge) and a weight. At batch assembly, before the group's advantages are computed
+(what to judge) or a function (a programmatic check, "module:function", scored in-process with
+no request), and a weight. At batch assembly, before the group's advantages are computed
 (rollouts/batches.py `_score`, beside on-policy distillation's teacher), `Judge.annotate(group)`
 asks the judge about every episode of the group that is not an infrastructure failure, and for
 each criterion c and episode with score s in [0, 1]:
@@ -43,14 +44,16 @@ in a row raise JudgeError with the cause, which stops the run.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import math
 import os
 import random
 import re
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
@@ -77,6 +80,7 @@ def grader_label(trajectory: Trajectory) -> int | None:
     value = metrics.get(SUCCESS_METRIC) if isinstance(metrics, dict) else None
     return None if not isinstance(value, int | float) else int(value > 0)
 
+
 EPISODE_INSTRUCTIONS = (
     "You are a strict judge. Read the transcript of an assistant's episode and score it on the "
     "criterion below, from 0 (does not meet it at all) to 1 (fully meets it). Answer with a JSON "
@@ -100,12 +104,16 @@ class JudgeCriterion(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
     name: the criterion's name, a Python identifier; its reward component is `judge_<name>`.
     prompt: what the judge scores, e.g. "The answer is correct and states its reasoning."
-    weight: the component is weight x the judge's score in [0, 1]; any finite number (a
-        negative weight makes a penalty).
+    function: instead of a prompt, a programmatic check "module:function" (importable from the
+        current directory, as env.module), called with the Trajectory and returning its score in
+        [0, 1]; no request is made for it, and what it returned is recorded as the judge's are.
+    weight: the component is weight x the score in [0, 1]; any finite number (a negative weight
+        makes a penalty).
     """
 
     name: str
-    prompt: str
+    prompt: str = ""
+    function: str = ""
     weight: float = 1.0
 
 
@@ -174,8 +182,15 @@ class JudgeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
         for c in self.criteria:
             if not c.name.isidentifier():
                 raise ValueError(f"judge.criteria: name {c.name!r} is not an identifier")
-            if not c.prompt.strip():
-                raise ValueError(f"judge.criteria: criterion {c.name!r} has an empty prompt")
+            if bool(c.prompt.strip()) == bool(c.function):
+                raise ValueError(
+                    f"judge.criteria: criterion {c.name!r} needs a prompt (for the judge) or a function "
+                    "(module:function, a programmatic check), not both or neither"
+                )
+            if c.function and (c.function.count(":") != 1 or not all(c.function.split(":"))):
+                raise ValueError(
+                    f"judge.criteria: criterion {c.name!r} function must be 'module:function', got {c.function!r}"
+                )
             if not math.isfinite(c.weight):
                 raise ValueError(
                     f"judge.criteria: criterion {c.name!r} weight must be finite, got {c.weight}"
@@ -271,6 +286,22 @@ def episode_question(
     ]
 
 
+def _load_check(spec: str) -> Callable[[Trajectory], Any]:
+    """A criterion's programmatic check, "module:function" (JudgeError when it does not load)."""
+    module_name, _, attr = spec.partition(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # the current directory importable, as for env.module
+    try:
+        check = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise JudgeError(
+            f"judge criterion function {spec!r} does not load: {type(exc).__name__}: {exc}"
+        ) from None
+    if not callable(check):
+        raise JudgeError(f"judge criterion function {spec!r} is not callable")
+    return check
+
+
 def _number(value: Any, what: str) -> float:
     if isinstance(value, str):
         try:
@@ -336,7 +367,9 @@ class Judge:
                     f"judge.api_key_env names ${config.api_key_env}, which is not set: export the "
                     "judge's API key there"
                 )
-        self.model = config.model or self._only_model()
+        self._checks = {c.name: _load_check(c.function) for c in config.criteria if c.function}
+        asks = any(not c.function for c in config.criteria)
+        self.model = config.model or (self._only_model() if asks else "")
         self._cache: dict[str, tuple[str, dict[str, Any]]] = {}
         self._lock = threading.Lock()
         self._cache_file = Path(config.cache_file) if config.cache_file else None
@@ -476,7 +509,15 @@ class Judge:
             return results
         jobs: list[tuple[JudgeCriterion, list[int], list[dict[str, str]]]] = []
         for criterion in self.config.criteria:
-            if self.config.mode == "group":
+            if criterion.function:  # a programmatic check: no request
+                for i in judged:
+                    score = _number(self._checks[criterion.name](group[i]), f"{criterion.function}'s score")
+                    results[i][criterion.name] = {
+                        "function": criterion.function,
+                        "score": score,
+                        "weight": criterion.weight,
+                    }
+            elif self.config.mode == "group":
                 order = self.order(group[judged[0]].group_id, criterion.name, len(judged))
                 shown = [judged[k] for k in order]
                 jobs.append((criterion, shown, self._group_question(criterion, [group[i] for i in shown])))
@@ -496,9 +537,11 @@ class Judge:
                     stats.add(own)
             return text, parse_scores(text, len(job[1]) if group_mode else None), own
 
-        workers = min(self.config.max_concurrent, len(jobs))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge") as pool:
-            answers = list(pool.map(run, jobs))
+        answers = []
+        if jobs:  # a rubric of programmatic checks alone asks nothing
+            workers = min(self.config.max_concurrent, len(jobs))
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge") as pool:
+                answers = list(pool.map(run, jobs))
         for (criterion, shown, messages), (text, scores, _) in zip(jobs, answers, strict=True):
             prompt = "\n\n".join(m["content"] for m in messages)
             for position, (i, score) in enumerate(zip(shown, scores, strict=True)):

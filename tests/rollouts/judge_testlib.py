@@ -143,3 +143,13 @@ def judge_server(
         yield server
     finally:
         server.stop()
+
+
+def says_please(trajectory) -> float:
+    """A programmatic criterion (`function = "judge_testlib:says_please"`): 1.0 when the last
+    action says please."""
+    return 1.0 if "please" in trajectory.transitions[-1].action.text else 0.0
+
+
+def not_a_score(trajectory) -> str:
+    return "very good"

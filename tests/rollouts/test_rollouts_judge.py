@@ -124,6 +124,33 @@ def test_replace_makes_the_judge_the_whole_reward_and_the_hacking_rate_is_counte
     assert metrics["judge/pass_rate"] == 0.75 and metrics["judge/hacking_rate"] == 1 / 3
 
 
+def test_a_programmatic_criterion_is_scored_by_its_function_without_a_request():
+    polite = JudgeCriterion(name="polite", function="judge_testlib:says_please", weight=0.5)
+    trajectories = group("It is 42, please.", "It is 41.")
+    with judge_server() as server:
+        scored = roll(Judge(config(server.url, criteria=[MENTIONS_42, polite])), trajectories)
+        assert len(server.requests) == 2  # the prompt criterion only, once per episode
+    assert scored.failure == ""
+    assert [t.reward_components["judge_polite"] for t in trajectories] == [0.5, 0.0]
+    assert [t.reward_components["judge_mentions_42"] for t in trajectories] == [2.0, 0.0]
+    entry = trajectories[0].transitions[-1].info[JUDGE_INFO]["polite"]
+    assert entry == {"function": "judge_testlib:says_please", "score": 1.0, "weight": 0.5}
+    # a rubric of checks alone asks nothing, not even which model the endpoint serves
+    with judge_server() as server:
+        checks_only = Judge(config(server.url, criteria=[polite]))
+        assert roll(checks_only, group("please")).failure == "" and server.requests == []
+    # a check that does not load is refused when the judge is built; one that answers no score
+    # fails its group, as a judge's unparseable answer does
+    with pytest.raises(JudgeError, match="judge criterion function 'judge_testlib:nowhere' does not load"):
+        Judge(config("http://127.0.0.1:9/v1", criteria=[JudgeCriterion(name="x", function="judge_testlib:nowhere")]))
+    broken = JudgeCriterion(name="broken", function="judge_testlib:not_a_score")
+    with judge_server() as server:
+        scored = roll(Judge(config(server.url, criteria=[broken])), group("a", "b"))
+    assert "is not a number" in scored.failure
+    with pytest.raises(ValueError, match="needs a prompt .* or a function"):
+        config("http://x/v1", criteria=[JudgeCriterion(name="both", prompt="x", function="a:b")])
+
+
 def test_group_mode_asks_once_per_group_and_records_the_order():
     answers = ("A: 42", "B: nothing", "C: 42 please", "D: 7")
     with judge_server() as server:
@@ -266,3 +293,14 @@ def test_scores_parse_from_json_or_tags_and_are_range_checked():
         parse_scores('{"score": true}', None)
     text = transcript(episode("42", 0))
     assert text.index("[system]") < text.index("[user]\nWhat is 6 x 7?") < text.index("[assistant]\n42")
+
+
+def test_the_shipped_tag_check_passes_zorplex_answers_only():
+    from toolgym.examples.judge_checks import answer_tagged
+
+    assert [answer_tagged(episode(text, 0)) for text in ("[ANSWER] 42", "[yellow] 42", "[ANSWER[tree1", "42")] == [
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+    ]

@@ -102,6 +102,8 @@ class WeightSets:
 
     def load_live(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """A sync of the trainer's weights: kept, and applied at once when live is loaded."""
+        if self._loaded != LIVE and self._in_flight:  # refused before anything is kept
+            raise RuntimeError("a sync of the live weights while another set's requests are in flight")
         tensors = list(named_tensors)
         kept = self._sets[LIVE][0]  # a sync may carry part of the set (adapters after a full one)
         with torch.no_grad():
@@ -114,8 +116,6 @@ class WeightSets:
         self._sets[LIVE] = (kept, version)
         if self._loaded == LIVE:
             self.policy.load_weights(tensors, version)
-        elif self._in_flight:
-            raise RuntimeError("a sync of the live weights while another set's requests are in flight")
         else:
             self._load(LIVE)
 

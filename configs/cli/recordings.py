@@ -34,13 +34,14 @@ from ...rollouts.recording.replay import (
     errored,
     format_transcript,
     game_seats,
+    match_key,
     recorded_renderer,
     replay_problems,
     rich_transcript,
     verify_trajectories,
 )
 from ...rollouts.scoring.judge import Judge, JudgeError
-from ...rollouts.scoring.judge_data import Labelled, grader_label, judge_examples
+from ...rollouts.scoring.judge_data import judge_examples, labelled
 from ...rollouts.scoring.rejudge import recorded_judge, rejudge
 from ...rollouts.types import Trajectory
 from ..load import shipped_tokenizer_hint
@@ -161,10 +162,10 @@ def replay_command(
 
     # a match's seats are replayed together: held until every seat of the game has been read
     # (the recorder writes a match's seats a few groups apart), the rest checked as read
-    matches: dict[tuple[int, int], list[tuple[int, Trajectory]]] = {}
+    matches: dict[tuple, list[tuple[int, Trajectory]]] = {}
     seats = 0
 
-    def check_match(key: tuple[int, int]) -> None:
+    def check_match(key: tuple) -> None:
         held = matches.pop(key)
         found = {i: p for i, _, p in verify_trajectories([t for _, t in held], renderer)}
         for k, (i, trajectory) in enumerate(held):
@@ -182,7 +183,7 @@ def replay_command(
                 )
         if verify and trajectory.seat:
             seats = seats or game_seats(head.env_id, head.env_kwargs)
-            key = (trajectory.task_seed, trajectory.sample_index)
+            key = match_key(trajectory)
             matches.setdefault(key, []).append((i, trajectory))
             if len(matches[key]) >= seats:
                 check_match(key)
@@ -278,12 +279,12 @@ def judge_data_command(
     judge_data.py), labelled by the env's `success` metric; episodes without one are skipped.
     Returns 1 when no episode had a label."""
     _, trajectories = read_recording(recording)
-    labelled = [Labelled(t, label) for t in trajectories if t.error is None and (label := grader_label(t)) is not None]
-    rows = judge_examples(labelled, criterion, max_chars, final_reply)
+    episodes = labelled(trajectories)
+    rows = judge_examples(episodes, criterion, max_chars, final_reply)
     with Path(out).open("w", encoding="utf-8") as f:
         for row in rows:
             f.write(msgspec.json.encode(row).decode() + "\n")
-    passed = sum(e.label for e in labelled)
+    passed = sum(e.label for e in episodes)
     console.print(
         f"{out}: {len(rows)} judge examples ({passed} pass, {len(rows) - passed} fail) from {len(trajectories)} "
         f"episodes of {recording}; `toolgym import {out} --out RECORDING` makes them a recording to SFT on",

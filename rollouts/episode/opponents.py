@@ -37,7 +37,6 @@ from ...agents.weight_sets import WeightSets
 
 SAMPLING: Final = ("uniform", "latest", "prioritised")
 INITIAL_RATING: Final = 1000.0
-LEARNER: Final = "learner"
 
 
 def elo_expected(rating: float, other: float) -> float:

@@ -197,6 +197,12 @@ def verify_match(trajectories: Sequence[Trajectory]) -> list[list[str]]:
     ]
 
 
+def match_key(t: Trajectory) -> tuple:
+    """What the seats of one recorded match share: the env, its kwargs, the task seed and the
+    sample index."""
+    return (t.env_id, json.dumps(t.env_kwargs, sort_keys=True, default=str), t.task_seed, t.sample_index)
+
+
 def game_seats(env_id: str, env_kwargs: dict) -> int:
     """How many seats the recorded env's game has (1 for an env that is no game of seats, or
     whose id imports a module: its seats are then checked one by one)."""
@@ -436,13 +442,7 @@ def verify_trajectories(
     matches: dict[tuple, list[int]] = {}
     for i, t in enumerate(items):
         if t.seat:
-            key = (
-                t.env_id,
-                json.dumps(t.env_kwargs, sort_keys=True, default=str),
-                t.task_seed,
-                t.sample_index,
-            )
-            matches.setdefault(key, []).append(i)
+            matches.setdefault(match_key(t), []).append(i)
         else:
             found[i] = replay_problems(t, renderer)
     for indices in matches.values():

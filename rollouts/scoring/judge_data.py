@@ -17,7 +17,7 @@ for `[judge]`. The same labelled episodes of other seeds measure a judge against
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -49,12 +49,15 @@ def labelled_episodes(
     no `success` left out)."""
     config = EnvRolloutConfig(env_id=env_id, env_kwargs=dict(env_kwargs), group_size=1, max_turns=max_turns)
     runner = RolloutRunner(OraclePolicy(renderer, oracle), renderer, config)
-    out = []
-    for trajectory in runner.run(list(seeds)):
-        label = grader_label(trajectory)
-        if label is not None and trajectory.error is None:
-            out.append(Labelled(trajectory, label))
-    return out
+    return labelled(runner.run(list(seeds)))
+
+
+def labelled(trajectories: Iterable[Trajectory]) -> list[Labelled]:
+    """The trajectories with the grader's label, those that ended in an error or whose env
+    reported no `success` left out."""
+    return [
+        Labelled(t, label) for t in trajectories if t.error is None and (label := grader_label(t)) is not None
+    ]
 
 
 def judge_examples(
@@ -74,4 +77,4 @@ def judge_examples(
     ]
 
 
-__all__ = ["Labelled", "grader_label", "judge_examples", "labelled_episodes"]
+__all__ = ["Labelled", "judge_examples", "labelled", "labelled_episodes"]

@@ -8,9 +8,12 @@ shipped inside the `textworld` wheel, compiles it to a Z-machine file that Jeric
 process). The seed is the game: `reset(seed=s)` plays game `s` (a reset without a seed draws
 one from the env's RNG). The defaults (5 rooms, 10 objects, 3 quests of 5 actions) make games
 whose walkthrough is 9-15 moves (12 on average over seeds 0-7), each quest worth one point.
-A game is kept only if its walkthrough wins it: TextWorld's names can make a walkthrough command
-ambiguous ("safe" beside a "Canadian style safe"), and such a game is made again with the next
-text (grammar) seed, up to 5 times, the map, objects and quests unchanged.
+`theme="basic"` uses TextWorld's other text grammar: numbered names (box6, W-key, room66) and a
+goal that states each step in order ("First, go south. Next, open box6. ..."), in place of the
+"house" theme's named furniture and chatty narrator. A game is kept only if its walkthrough
+wins it: TextWorld's names can make a walkthrough command ambiguous ("safe" beside a "Canadian
+style safe"), and such a game is made again with the next text (grammar) seed, up to 5 times,
+the map, objects and quests unchanged.
 
 Games are compiled once per seed and spec and kept in `game_dir` (default
 `runs/textworld-games`, the runs folder's shared cache beside the run directories: an env does
@@ -74,6 +77,10 @@ INSTRUCTIONS: Final = (
     "reach the goal it sets to win."
 )
 ADMISSIBLE_HEADING: Final = "Commands you can use:"
+# TextWorld's text grammars: "house" (the default: rooms and objects of a house, named with
+# adjectives, a chatty narrator) and "basic" (numbered names, box6 or W-key, and plain sentences:
+# the goal reads "First, go south. Next, open box6. ...").
+THEMES: Final = frozenset({"house", "basic"})
 ATTEMPTS: Final = 5  # text seeds tried per game before it is refused
 MAX_COMMAND_CHARS: Final = 190  # Jericho reads at most 198 bytes of a command
 _BANNER_LINE: Final = re.compile(r"^[\s_|\\$/<>()\-=+*#.,'`~^]*$")
@@ -161,8 +168,10 @@ class TextWorldEnv(TextEnv):
 
     Knobs: nb_rooms, nb_objects, quest_length (actions per quest), quests (parallel quests, one
     point each), quest_breadth (tw-make's --quest-breadth: branches
-    of a quest; a branch's end is a point of its own), game_dir (the compiled games' cache), admissible_commands (list them in each
-    observation), invalid_command_penalty (a magnitude per invalid command), max_turns."""
+    of a quest; a branch's end is a point of its own), theme (tw-make's --theme: the text
+    grammar, "house" or "basic"; see THEMES), game_dir (the compiled games' cache),
+    admissible_commands (list them in each observation), invalid_command_penalty (a magnitude per
+    invalid command), max_turns."""
 
     def __init__(
         self,
@@ -172,6 +181,7 @@ class TextWorldEnv(TextEnv):
         quest_length: int = 5,
         quests: int = 3,
         quest_breadth: int = 1,
+        theme: str = "house",
         game_dir: str | None = None,
         admissible_commands: bool = False,
         invalid_command_penalty: float = 0.0,
@@ -201,7 +211,9 @@ class TextWorldEnv(TextEnv):
             raise ValueError(
                 f"invalid_command_penalty is a magnitude: a float >= 0, got {invalid_command_penalty!r}"
             )
-        self.nb_rooms, self.nb_objects = nb_rooms, nb_objects
+        if theme not in THEMES:
+            raise ValueError(f"theme must be one of {sorted(THEMES)}, got {theme!r}")
+        self.nb_rooms, self.nb_objects, self.theme = nb_rooms, nb_objects, theme
         self.quest_length, self.quests, self.quest_breadth = quest_length, quests, quest_breadth
         self.game_dir = Path(game_dir) if game_dir is not None else DEFAULT_GAME_DIR
         self.list_admissible = bool(admissible_commands)
@@ -220,7 +232,8 @@ class TextWorldEnv(TextEnv):
     @property
     def spec_name(self) -> str:
         breadth = f"-b{self.quest_breadth}" if self.quest_breadth != 1 else ""
-        return f"r{self.nb_rooms}-o{self.nb_objects}-l{self.quest_length}-q{self.quests}{breadth}"
+        theme = f"-{self.theme}" if self.theme != "house" else ""
+        return f"r{self.nb_rooms}-o{self.nb_objects}-l{self.quest_length}-q{self.quests}{breadth}{theme}"
 
     def game_path(self, seed: int) -> Path:
         """The compiled game of `seed` in the cache (its folder also holds TextWorld's .json), named
@@ -281,6 +294,7 @@ class TextWorldEnv(TextEnv):
         options.nb_rooms, options.nb_objects = self.nb_rooms, self.nb_objects
         options.quest_length, options.nb_parallel_quests = self.quest_length, self.quests
         options.quest_breadth = self.quest_breadth
+        options.grammar.theme = self.theme
         options.path = str(scratch / "game.z8")
         options.file_ext = ".z8"
         options.force_recompile = True

@@ -87,6 +87,22 @@ def test_oracle_wins_and_the_score_rewards_sum_to_the_final_score(game_dir, seed
     env.close()
 
 
+def test_the_basic_theme_names_objects_by_number_and_lists_the_steps(game_dir):
+    env = make(game_dir, nb_rooms=2, nb_objects=4, quest_length=5, quests=2, theme="basic")
+    observation, info = env.reset(seed=1)
+    assert info["game"].endswith("-basic") and env.game_path(1).parent.name.startswith(f"tw-{info['game']}-")
+    walkthrough = env.oracle_actions()
+    assert len(walkthrough) >= 8 and info["max_score"] == 2
+    # The goal states each step in order in plain sentences; the names are numbered (box6, W-key).
+    assert observation.startswith("First, ") and "Next, " in observation
+    assert any(re.search(r"\b[a-z]+\d+\b|\b[A-Z]-[a-z]+\b", command) for command in walkthrough)
+    _, _, last, terminated = play(env, walkthrough)
+    assert terminated and last["metrics"]["success"] == 1.0
+    env.close()
+    with pytest.raises(ValueError, match="theme must be one of"):
+        make(game_dir, theme="castle")
+
+
 @pytest.mark.slow
 def test_a_game_whose_walkthrough_is_ambiguous_is_made_with_other_names(game_dir):
     # TextWorld's first text seed for this game names a "safe" and a "Canadian style safe", and

@@ -2,8 +2,8 @@
 taskset written for the tests, and verifiers' own `best-of-n` env over it, run their episodes
 against the endpoint with verifiers' subprocess runtime and interception server (which calls the
 endpoint with stream=true); their rewards and named parts come back into groups, the captured
-tokens are the sampled ones, and `toolgym train` trains through it. Skipped without the
-`verifiers` extra (it pins mcp and openai below the dev extra's: pyproject.toml)."""
+tokens are the sampled ones, and `toolgym train` trains through it. Skipped without verifiers
+(the README's test command installs it with --no-deps beside the dev extra: pyproject.toml)."""
 
 from __future__ import annotations
 

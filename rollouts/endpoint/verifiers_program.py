@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from .program import AgentResult
 
@@ -106,7 +106,7 @@ class LocalChatHarness(NullHarness):
             self.config,
             ctx,
             trace,
-            _ThisInterpreter(runtime),
+            cast(Any, _ThisInterpreter(runtime)),  # the runtime, duck-typed: one method replaced
             endpoint,
             secret,
             mcp_urls,

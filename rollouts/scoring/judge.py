@@ -50,7 +50,6 @@ import math
 import os
 import random
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -61,6 +60,7 @@ from typing import Any, Literal
 import msgspec
 
 from ...envs.core.info import SUCCESS_METRIC
+from ...envs.registry import import_env_modules
 from ..episodes import INFRA_STOP_REASONS
 from ..types import Trajectory
 from .model_client import EndpointError, request_json
@@ -287,16 +287,16 @@ def episode_question(
 
 
 def _load_check(spec: str) -> Callable[[Trajectory], Any]:
-    """A criterion's programmatic check, "module:function" (JudgeError when it does not load)."""
+    """A criterion's programmatic check, "module:function", imported as env.module is (the
+    current directory importable); JudgeError when it does not load."""
     module_name, _, attr = spec.partition(":")
-    if "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # the current directory importable, as for env.module
     try:
+        import_env_modules([module_name], where="module")
         check = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise JudgeError(
-            f"judge criterion function {spec!r} does not load: {type(exc).__name__}: {exc}"
-        ) from None
+    except ValueError as exc:  # import_env_modules' one line: the module and why
+        raise JudgeError(f"judge criterion function {spec!r} does not load: {exc}") from None
+    except AttributeError as exc:
+        raise JudgeError(f"judge criterion function {spec!r} does not load: AttributeError: {exc}") from None
     if not callable(check):
         raise JudgeError(f"judge criterion function {spec!r} is not callable")
     return check

@@ -211,7 +211,7 @@ class TextWorldEnv(TextEnv):
             raise ValueError(
                 f"invalid_command_penalty is a magnitude: a float >= 0, got {invalid_command_penalty!r}"
             )
-        if theme not in THEMES:
+        if not isinstance(theme, str) or theme not in THEMES:
             raise ValueError(f"theme must be one of {sorted(THEMES)}, got {theme!r}")
         self.nb_rooms, self.nb_objects, self.theme = nb_rooms, nb_objects, theme
         self.quest_length, self.quests, self.quest_breadth = quest_length, quests, quest_breadth

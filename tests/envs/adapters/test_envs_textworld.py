@@ -99,8 +99,9 @@ def test_the_basic_theme_names_objects_by_number_and_lists_the_steps(game_dir):
     _, _, last, terminated = play(env, walkthrough)
     assert terminated and last["metrics"]["success"] == 1.0
     env.close()
-    with pytest.raises(ValueError, match="theme must be one of"):
-        make(game_dir, theme="castle")
+    for theme in ("castle", ["basic"]):
+        with pytest.raises(ValueError, match="theme must be one of"):
+            make(game_dir, theme=theme)
 
 
 @pytest.mark.slow

@@ -12,8 +12,9 @@ trajectory's final_observation) is not part of the Episode: nothing follows it t
 
 A truncated last turn (the action hit a token limit, finish_reason "length"): its sampled tokens
 are kept verbatim and trained on (mask 1), and nothing is added after them; no synthetic
-end-of-turn token is invented, since the policy did not sample one. A turn cut mid-episode cannot
-happen (the episode loop ends the episode at a truncated turn: rollouts/episode/loop.py).
+end-of-turn token is invented, since the policy did not sample one. A turn cut mid-episode (the
+runner's `cut_turn = "step"`) is closed by the next observation's delta, which the renderer
+starts with the end of turn (mask 0), as after any turn that did not end with it.
 
 Episodes longer than the trainer's sequence limit (rule `OverlongEpisodeRule`):
   - TRUNCATE_TURNS (default): keep the longest prefix of WHOLE turns (obs_i + act_i) that fits

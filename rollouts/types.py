@@ -61,6 +61,11 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # What of the conversation the model sees (rollouts/context.py): e.g. {policy = "window",
     # turns = 4}; None: the env's own declaration, else keep everything.
     context: ContextPolicySpec | None = None
+    # A turn cut by max_tokens_per_turn or the episode's budget (finish_reason "length"): "end"
+    # ends the episode there (MAX_TOKENS); "step" gives its text to the env like any other turn
+    # (the renderer closes it), so an env still answers a policy that does not yet stop its turns.
+    # A turn cut by the context room always ends the episode.
+    cut_turn: Literal["end", "step"] = "end"
 
     def __post_init__(self) -> None:
         name_of = type(self).__name__
@@ -95,6 +100,9 @@ SEQUENCE_START = "sequence_start"
 # The runner's key beside SEQUENCE_START where the restart is a context policy's rewrite
 # (rollouts/context.py) rather than the chat template's.
 CONTEXT_REWRITE = "context_rewrite"
+# The episode loop's key in a Transition's info: the turn was cut by a token limit (finish_reason
+# "length") and its text given to the env all the same (`RolloutSettings.cut_turn = "step"`).
+CUT_TURN_STEPPED = "cut_turn_stepped"
 # On-policy distillation's keys in a Transition's info with distill.top_k > 0 (the teacher's,
 # rollouts/scoring/teacher.py): per sampled token of the action, the teacher's top-k token ids and
 # their logprobs, best first; the Episode builder carries them onto the Episode.

@@ -15,9 +15,11 @@ Stop reasons:
 - max_turns: MAX_TURNS after the last allowed step (its reply is kept as the final observation,
   never shown to the model).
 - the actor ends the episode before a turn (a token or context budget spent: MAX_TOKENS,
-  CONTEXT_OVERFLOW; a generation error: TIMEOUT or CONTEXT_OVERFLOW), or says why a turn cut by a
-  token limit (finish_reason "length") ends it (`Actor.cut`). A cut turn is recorded (its tokens
-  were sampled) but never given to the env; an aborted one ("abort") ends the episode with TIMEOUT.
+  CONTEXT_OVERFLOW; a generation error: TIMEOUT or CONTEXT_OVERFLOW), or says whether a turn cut
+  by a token limit (finish_reason "length") ends it (`Actor.cut`). A cut turn is recorded (its
+  tokens were sampled); it is given to the env only where the actor says so (the runner's
+  `cut_turn = "step"`), and then its info gets `cut_turn_stepped`. An aborted turn ("abort") ends
+  the episode with TIMEOUT.
 - episode_timeout_s (asyncio.wait_for around the episode): TIMEOUT.
 
 Settling the episodes the runner's limits end (`env_io.SETTLED_STOP_REASONS`: MAX_TOKENS,
@@ -72,7 +74,7 @@ from ..env_io import (
     settles,
     step_env,
 )
-from ..types import RolloutSettings, StopReason, Trajectory, Transition
+from ..types import CUT_TURN_STEPPED, RolloutSettings, StopReason, Trajectory, Transition
 from .step_pool import env_step_pool
 
 
@@ -124,8 +126,9 @@ class Actor(Protocol):
         the Completion), or None when the episode ends before it (after `state.end`)."""
         ...
 
-    def cut(self) -> StopReason:
-        """Why the last action, cut by a token limit (finish_reason "length"), ends the episode."""
+    def cut(self, transition: Transition) -> StopReason | None:
+        """Why `transition`'s action, cut by a token limit (finish_reason "length"), ends the
+        episode, or None when it goes to the env like any other action."""
         ...
 
     def observe(self, transition: Transition, observation: str, info: dict[str, Any]) -> None:
@@ -198,8 +201,6 @@ async def _play(
         finally:
             state.env_s += time.perf_counter() - tick
         if reply is None:
-            if transition.action.finish_reason == "length":
-                state.end(actor.cut())
             return
         observation = reply
     return state.end(StopReason.MAX_TURNS)  # unreachable unless max_turns == 0
@@ -209,13 +210,15 @@ async def _step(
     state: EpisodeState, env: gymnasium.Env, actor: Actor, transition: Transition, last_turn: bool
 ) -> str | None:
     """Record the turn, step the env with its action, give the reply to the actor. Returns the
-    env's reply (the next turn's observation), or None when the episode ends here (a turn cut by
-    a token limit ends it without a stop reason: the caller asks the actor why)."""
+    env's reply (the next turn's observation), or None when the episode ends here."""
     completion = transition.action
     state.transitions.append(transition)
     state.sampled_tokens += len(completion.tokens)
     if completion.finish_reason == "length":
-        return None
+        if (reason := actor.cut(transition)) is not None:
+            state.end(reason)
+            return None
+        transition.info = {**transition.info, CUT_TURN_STEPPED: True}
     if completion.finish_reason == "abort":
         state.end(StopReason.TIMEOUT, "GenerationAborted: the engine aborted the request")
         return None

@@ -6,9 +6,10 @@ more: where the recording ends without the env ending it, the runner's limits en
 or context budget, the turn limit, a generation failure or the wall clock), which the recording
 alone cannot recompute (it keeps neither the limits nor a tokenizer), so the actor ends the
 episode there with the recorded stop reason, as the runner did, keeping the env's last reply as
-the final observation where the recording kept one. Everything else (stepping through the
-runner's checks, errors, how the env's end maps to a stop reason, settling an episode a limit
-ended, the reward landing on the last turn) is the episode loop's own rules, run once more:
+the final observation where the recording kept one. A turn cut by a token limit is given to the
+env where the recording says the runner gave it (`cut_turn_stepped`). Everything else (stepping
+through the runner's checks, errors, how the env's end maps to a stop reason, settling an episode
+a limit ended, the reward landing on the last turn) is the episode loop's own rules, run once more:
 `replay --verify` (rollouts/recording/replay.py) compares what comes back with the recording.
 """
 
@@ -22,7 +23,7 @@ import gymnasium
 
 from ...envs.core.info import ABANDON_ERROR
 from ...envs.core.seats import Match
-from ..types import StopReason, Trajectory, Transition
+from ..types import CUT_TURN_STEPPED, StopReason, Trajectory, Transition
 from .loop import EpisodeState, play_episode
 from .match import seated_game
 
@@ -34,6 +35,7 @@ class RecordedActor:
         self.trajectory = trajectory
         self.reset: tuple[str, str] | None = None  # (observation, system prompt): the env's reset
         self.stop_reason = _before_settling(trajectory)
+        self.turn = 0  # the turn last acted
 
     def begin(self, env: gymnasium.Env) -> None:
         pass
@@ -44,14 +46,16 @@ class RecordedActor:
     async def act(self, state: EpisodeState, turn: int, observation: str) -> Transition | None:
         recorded = self.trajectory.transitions
         if turn < len(recorded):
+            self.turn = turn
             return Transition(observation, list(recorded[turn].observation_tokens), recorded[turn].action)
         if turn > 0 and self.trajectory.final_observation:
             state.final_observation = observation
         state.end(self.stop_reason)
         return None
 
-    def cut(self) -> StopReason:
-        return self.stop_reason
+    def cut(self, transition: Transition) -> StopReason | None:
+        # stepped where the runner stepped it (the recorded turn's info says so)
+        return None if CUT_TURN_STEPPED in self.trajectory.transitions[self.turn].info else self.stop_reason
 
     def observe(self, transition: Transition, observation: str, info: dict[str, Any]) -> None:
         pass

@@ -20,7 +20,8 @@ and `Trajectory.context_policy` records the policy's spec for replay.
 
 The policy's limits, checked before every turn, each ending the episode with its StopReason:
 - max_tokens_per_episode spent, or a turn cut by a token budget (finish_reason "length"):
-  MAX_TOKENS.
+  MAX_TOKENS; with `cut_turn = "step"` a cut turn goes to the env instead (the renderer closes
+  it) and only the spent episode budget ends the episode.
 - context_length (the config's, else the policy's `max_seq_len`): when the next prompt leaves no
   room for a single new token, or a turn is cut because the context room (not a token budget)
   ran out: CONTEXT_OVERFLOW. Each turn's max_tokens is min(per-turn budget, episode budget left,
@@ -140,8 +141,10 @@ class PolicyActor:
         self.history += completion.tokens
         return transition
 
-    def cut(self) -> StopReason:
-        return StopReason.CONTEXT_OVERFLOW if self.context_bound else StopReason.MAX_TOKENS
+    def cut(self, transition: Transition) -> StopReason | None:
+        if self.context_bound:
+            return StopReason.CONTEXT_OVERFLOW
+        return None if self.config.cut_turn == "step" else StopReason.MAX_TOKENS
 
     def observe(self, transition: Transition, observation: str, info: dict[str, Any]) -> None:
         """Render the env's reply: the delta appended to the history, or (a restarted rendering,

@@ -51,7 +51,7 @@ from ..metrics import batch_metrics
 from ..scoring.advantages import AdvantageConfig
 from ..scoring.distill import DistillConfig
 from ..scoring.scorer import score_recorded
-from ..types import CONTEXT_REWRITE, SEQUENCE_START, Episode, StopReason, Trajectory
+from ..types import CONTEXT_REWRITE, CUT_TURN_STEPPED, SEQUENCE_START, Episode, StopReason, Trajectory
 from .format import CHAT_TEMPLATE, RecordingError, RecordingHeader
 
 SAMPLED_OPEN, SAMPLED_CLOSE = "⟦", "⟧"
@@ -136,9 +136,11 @@ def errored(trajectory: Trajectory) -> bool:
 
 def _was_stepped(trajectory: Trajectory, index: int) -> bool:
     """Whether the runner gave transition `index`'s action to the env: all but a last turn that
-    did not end on a stop token (cut by a limit, or aborted)."""
+    did not end on a stop token (cut by a limit, or aborted), unless the loop says it stepped that
+    cut turn (`cut_turn_stepped`)."""
     last = index == len(trajectory.transitions) - 1
-    return not (last and trajectory.transitions[index].action.finish_reason != "stop")
+    transition = trajectory.transitions[index]
+    return not (last and transition.action.finish_reason != "stop" and CUT_TURN_STEPPED not in transition.info)
 
 
 def _raised_when_recorded(trajectory: Trajectory, index: int) -> bool:
@@ -304,7 +306,11 @@ def _episode_problems(
             )
     elif t.stop_reason in _ENV_STOP_REASONS:
         problems.append(f"stop_reason {t.stop_reason.value}, but the env did not end the re-run")
-    elif t.transitions and t.transitions[-1].action.finish_reason in ("length", "abort"):
+    elif (
+        t.transitions
+        and t.transitions[-1].action.finish_reason in ("length", "abort")
+        and CUT_TURN_STEPPED not in t.transitions[-1].info
+    ):
         finish = t.transitions[-1].action.finish_reason
         allowed = (
             {StopReason.TIMEOUT}

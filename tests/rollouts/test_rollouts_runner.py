@@ -13,10 +13,11 @@ from toolgym.agents.types import Message
 from toolgym.envs import Task, Tool, ToolEnv
 from toolgym.rollouts.episode.config import EnvRolloutConfig
 from toolgym.rollouts.episode.runner import RolloutRunner
+from toolgym.rollouts.episodes import trajectory_to_episode
 from toolgym.rollouts.metrics import batch_metrics
-from toolgym.rollouts.recording.replay import verify_trajectories
+from toolgym.rollouts.recording.replay import format_transcript, verify_trajectories
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
-from toolgym.rollouts.types import StopReason
+from toolgym.rollouts.types import CUT_TURN_STEPPED, StopReason
 
 
 def config(**kw) -> EnvRolloutConfig:
@@ -338,6 +339,31 @@ def test_token_budget_limits(renderer):
     (t,) = run(TextPolicy(renderer), renderer, [1], max_tokens_per_episode=2 * k - 2)
     assert t.stop_reason == StopReason.MAX_TOKENS and t.transitions[-1].action.finish_reason == "length"
     assert t.transitions[-1].info == {} and t.metrics["sampled_tokens"] == 2 * k - 2
+
+
+def test_cut_turn_step_gives_a_cut_turn_to_the_env_and_closes_it_unsampled(renderer):
+    k = len(renderer.encode("LOOKUP[magic]")) + 1  # the text, then <|im_end|>, which the cut drops
+    (t,) = run(TextPolicy(renderer), renderer, [1], max_tokens_per_turn=k - 1, max_turns=3, cut_turn="step")
+    assert t.stop_reason == StopReason.MAX_TURNS and len(t.transitions) == 3
+    assert all(tr.action.finish_reason == "length" and tr.info[CUT_TURN_STEPPED] for tr in t.transitions)
+    assert t.transitions[1].observation.startswith("LOOKUP[magic] = ")  # the env answered the cut call
+    assert t.transitions[1].observation_tokens[0] == renderer.im_end_id  # the renderer closed the turn
+    assert verify_trajectories([t], renderer) == []
+    episode = trajectory_to_episode(t, 1.0)
+    assert episode is not None
+    closes = [i for i, tok in enumerate(episode.tokens) if tok == renderer.im_end_id and i > 0]
+    assert closes and all(episode.loss_mask[i] == 0 for i in closes)  # never sampled, never trained
+    assert sum(episode.loss_mask) == 3 * (k - 1)
+    # the episode budget still ends the episode, after stepping its last cut turn
+    budget = {"max_tokens_per_turn": k - 1, "max_tokens_per_episode": 2 * (k - 1), "cut_turn": "step"}
+    (t,) = run(TextPolicy(renderer), renderer, [1], **budget)
+    assert t.stop_reason == StopReason.MAX_TOKENS and len(t.transitions) == 2
+    assert t.final_observation.startswith("LOOKUP[magic] = ") and verify_trajectories([t], renderer) == []
+    assert "not given to the env" not in format_transcript(t, renderer)
+    # a turn the context room cut ends the episode: the env's reply would not fit
+    prompt = len(t.transitions[0].observation_tokens)
+    (t,) = run(TextPolicy(renderer), renderer, [1], context_length=prompt + 2, cut_turn="step")
+    assert t.stop_reason == StopReason.CONTEXT_OVERFLOW and CUT_TURN_STEPPED not in t.transitions[0].info
 
 
 def test_context_limits(renderer):

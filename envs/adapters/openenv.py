@@ -13,8 +13,11 @@ error with the tail of its output), and stops it when the env closes. Servers st
 same command, working directory and environment are shared by the envs that are open at once
 (reference-counted, an env collected unclosed letting go of it too; the last close stops it
 after `keep_alive_s`, so the episodes a run makes one after another reuse it; 0 stops it at
-once); every server still running at interpreter exit is stopped. A server that exited is started afresh by the next env or reset. The server must
-allow as many concurrent sessions as the run plays episodes at once (`max_concurrent_envs`).
+once); every server still running at interpreter exit is stopped. A server that exited is
+started afresh by the next env or reset. The server must allow as many concurrent sessions as
+the run plays episodes at once (its `max_concurrent_envs`; the run's
+`rollout.max_concurrent_episodes` bounds those): a session it refuses fails that reset with an
+error that says so.
 
 Actions. An MCPEnvironment server (its tools listed with a `list_tools` action at the first
 reset) has its tools as toolgym tools, described in the system prompt in `tool_format` and
@@ -87,6 +90,7 @@ _TAIL_CHARS: Final = 300
 _HEALTH_POLL_S: Final = 0.1
 _INSTRUCTIONS: Final = "You are acting in an environment. Reply with your action."
 _FINISH: Final = "The episode ends when the environment says so."
+_AT_CAPACITY: Final = "(code: CAPACITY_REACHED)"  # openenv-core's error for a session too many
 
 
 class OpenEnvServerError(ToolServiceError):
@@ -103,6 +107,27 @@ def _one_line(text: str, limit: int = 500) -> str:
 
 
 _Loop = BackgroundLoop("toolgym-openenv")  # every OpenEnv client lives on it
+
+
+async def _exchange(client: GenericEnvClient, message: dict[str, Any]) -> Any:
+    """openenv-core's send-and-receive (an error reply raises "Server error: ... (code: ...)"),
+    except that a session the server closed before reading the message (one it refused) still
+    gives the reason the server sent before closing."""
+    try:
+        await client._send(message)
+    except Exception as unsent:
+        try:
+            reply = await client._receive()
+        except Exception:
+            raise unsent from None
+    else:
+        reply = await client._receive()
+    if isinstance(reply, dict) and reply.get("type") == "error":
+        data = reply.get("data") if isinstance(reply.get("data"), dict) else {}
+        raise RuntimeError(
+            f"Server error: {data.get('message', 'Unknown error')} (code: {data.get('code', 'UNKNOWN')})"
+        )
+    return reply
 
 
 # ---- servers started from a command ------------------------------------------------------------
@@ -391,6 +416,13 @@ class OpenEnvEnv(TextEnv):
             why += f"; the server exited with code {self._server.process.returncode}"
         return OpenEnvServerError(_one_line(f"OpenEnv server `{self.label}`: {what}{why}", 1000))
 
+    def _at_capacity(self, exc: BaseException) -> OpenEnvServerError:
+        return self._error(
+            "refused a session: it has as many open as it allows (its max_concurrent_envs); run at "
+            "most that many episodes at once (rollout.max_concurrent_episodes) or let it allow more",
+            exc,
+        )
+
     def _drop_session(self) -> None:
         client, self._client = self._client, None
         if client is not None:
@@ -428,19 +460,14 @@ class OpenEnvEnv(TextEnv):
         """One message of the session and its checked reply: {observation, reward, done}."""
         client = self._session(fresh=kind == "reset")
         try:
-            if kind == "reset":
-                reply = _Loop.run(
-                    client._send_and_receive({"type": "reset", "data": data}), self.timeout_s + 5
-                )
-            else:
-                reply = _Loop.run(
-                    client._send_and_receive({"type": "step", "data": data}), self.timeout_s + 5
-                )
+            reply = _Loop.run(_exchange(client, {"type": kind, "data": data}), self.timeout_s + 5)
         except TimeoutError:
             self._drop_session()
             raise self._error(f"did not answer a {kind} within {self.timeout_s:g} s") from None
         except Exception as exc:
             self._drop_session()
+            if _AT_CAPACITY in str(exc):
+                raise self._at_capacity(exc) from None
             raise self._error(f"{kind} failed", exc) from None
         payload = reply.get("data") if isinstance(reply, dict) else None
         if not isinstance(reply, dict) or reply.get("type") != "observation" or not isinstance(payload, dict):
@@ -462,9 +489,12 @@ class OpenEnvEnv(TextEnv):
         client = self._session()
         try:
             reply = _Loop.run(
-                client._send_and_receive({"type": "step", "data": {"type": "list_tools"}}), self.timeout_s + 5
+                _exchange(client, {"type": "step", "data": {"type": "list_tools"}}), self.timeout_s + 5
             )
         except RuntimeError as exc:
+            if _AT_CAPACITY in str(exc):
+                self._drop_session()
+                raise self._at_capacity(exc) from None
             if str(exc).startswith("Server error"):  # the server's action type is no MCP action
                 return {}
             self._drop_session()

@@ -20,6 +20,8 @@ from gymnasium.utils.env_checker import check_env
 
 pytest.importorskip("openenv")
 
+from openenv_servers import MAX_SESSIONS
+
 from toolgym.configs.cli.main import main as cli_main
 from toolgym.envs import list_envs
 from toolgym.envs.adapters.openenv import OpenEnvEnv, OpenEnvServerError
@@ -208,6 +210,26 @@ def test_a_slow_server_times_out_in_one_line_and_the_next_episode_is_fine(guess)
     env.close()
 
 
+def test_a_session_past_the_servers_capacity_is_a_one_line_error_and_frees_with_a_close():
+    before = _children()
+    held = [make(GUESS, env={"TOOLGYM_TEST_SERVER": "capacity"}) for _ in range(MAX_SESSIONS + 1)]
+    try:
+        for env in held[:MAX_SESSIONS]:
+            env.reset(seed=0)
+        extra = held[-1]
+        with pytest.raises(OpenEnvServerError) as raised:
+            extra.reset(seed=0)  # refused at its first message (list_tools), not taken for "no tools"
+        message = str(raised.value)
+        assert "\n" not in message and "max_concurrent_envs" in message and "CAPACITY_REACHED" in message
+        assert extra.tools is None  # the tools are still to be listed
+        held[0].close()
+        assert _play_guess(extra, seed=3)[-1][2]  # a session is free again
+    finally:
+        for env in held:
+            env.close()
+    assert _children() <= before
+
+
 class _Garbage(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200)
@@ -273,8 +295,8 @@ def test_a_session_that_answers_garbage_is_a_one_line_error(reply, said):
 
 def test_a_short_training_run_through_the_cli(tmp_path, guess):
     """The env made per episode by the runner shares the module's server; the rubric's parts (named
-    at reset) are logged as reward components. (The random tiny model's turns end at the token
-    limit, so its episodes are settled through abandon(), never stepped: the steps are tested above.)"""
+    at reset) are logged as reward components. The random tiny model's turns end at the token
+    limit: `cut_turn = "step"` gives them to the server all the same, whose rubric scores them."""
     before = _children()
     run_dir = tmp_path / "run"
     command = json.dumps(GUESS)
@@ -284,7 +306,7 @@ def test_a_short_training_run_through_the_cli(tmp_path, guess):
         f"env.id={ENV_ID}", f"env.kwargs={{command = {command}, keep_alive_s = 0, max_turns = 2}}",
         "sft.enabled=false", "policy.max_seq_len=256",
         "rollout.group_size=2", "rollout.max_turns=2", "rollout.max_tokens_per_turn=4",
-        "rollout.max_tokens_per_episode=16", "batch.groups_per_batch=1", "batch.dynamic_sampling=false",
+        "rollout.max_tokens_per_episode=16", "rollout.cut_turn=step", "batch.groups_per_batch=1", "batch.dynamic_sampling=false",
         "eval.num_tasks=2", "eval.samples_per_task=1", "logging.progress_bar=false",
     ]  # fmt: skip
     assert cli_main(["train", "--no-progress", *(a for o in overrides for a in ("--set", o))]) == 0
@@ -293,5 +315,6 @@ def test_a_short_training_run_through_the_cli(tmp_path, guess):
     assert [r["step"] for r in train] == [1, 2]
     assert all("rollout/reward/correct" in r and "rollout/reward/valid" in r for r in train)
     assert all(r["rollout/reward/valid"] <= 0.0 and r["rollout/stop_reason/env_error"] == 0.0 for r in train)
+    assert any(r["rollout/reward/valid"] < 0.0 for r in train)  # stepped: random text is no number
     assert all("rollout/reward_mean" in r and "rollout/server_reward" in r for r in train)
     assert _children() <= before

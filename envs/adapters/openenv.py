@@ -123,7 +123,8 @@ async def _exchange(client: GenericEnvClient, message: dict[str, Any]) -> Any:
     else:
         reply = await client._receive()
     if isinstance(reply, dict) and reply.get("type") == "error":
-        data = reply.get("data") if isinstance(reply.get("data"), dict) else {}
+        data = reply.get("data")
+        data = data if isinstance(data, dict) else {}
         raise RuntimeError(
             f"Server error: {data.get('message', 'Unknown error')} (code: {data.get('code', 'UNKNOWN')})"
         )

@@ -82,19 +82,21 @@ class SharedPrefixAttention:
         n, heads, width, dim = x.shape
         return x.transpose(0, 1).reshape(1, heads, n * width, dim)[:, :, : self.prefix_len]
 
-    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor | None = None) -> Tensor:
         n = self.prefix_rows
         width = q.shape[2]
         q_prefix, k_prefix, v_prefix = self._unfold(q[:n]), self._unfold(k[:n]), self._unfold(v[:n])
         window = self.windows[layer] if layer < len(self.windows) else None
         mask = self.mask
         if window is None:
-            out_prefix = scaled_dot_product_attention(q_prefix, k_prefix, v_prefix, is_causal=True)
+            out_prefix = scaled_dot_product_attention(q_prefix, k_prefix, v_prefix, sinks=sinks, is_causal=True)
         else:
             prefix_band, mask = self.bands[window]
-            out_prefix = scaled_dot_product_attention(q_prefix, k_prefix, v_prefix, attn_mask=prefix_band)
+            out_prefix = scaled_dot_product_attention(
+                q_prefix, k_prefix, v_prefix, sinks=sinks, attn_mask=prefix_band
+            )
         out_prefix = F.pad(out_prefix, (0, 0, 0, n * width - self.prefix_len))
         out_prefix = out_prefix.reshape(q.shape[1], n, width, q.shape[3]).transpose(0, 1)
 
-        out_rows = attend_after_prefix(q[n:], k[n:], v[n:], k_prefix, v_prefix, mask)
+        out_rows = attend_after_prefix(q[n:], k[n:], v[n:], k_prefix, v_prefix, mask, sinks=sinks)
         return torch.cat([out_prefix, out_rows], dim=0)

@@ -36,7 +36,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from ..agents.model.lora import lora_modules
-from ..agents.model.moe import SparseMoE, load_balancing_loss
+from ..agents.model.moe import MixtureOfExperts, load_balancing_loss
 from ..agents.model.transformer import Transformer
 from ..rollouts.types import Episode, PolicySampling
 from .batching import MicroBatch, empty_micro_batch, make_micro_batches, shard_episodes
@@ -113,7 +113,7 @@ class Trainer:
         # The fused head needs our Transformer's `head=`; any other model gives logits.
         self._fused_head = config.fused_head and isinstance(model, Transformer)
         # A mixture of experts' routers keep their logits for the load-balancing loss and metric.
-        self._routers = [m for m in self.model.modules() if isinstance(m, SparseMoE)]
+        self._routers = [m for m in self.model.modules() if isinstance(m, MixtureOfExperts)]
         for router in self._routers:
             router.keep_router_logits = True
         self.reference_model = None

@@ -277,6 +277,13 @@ def select_backend(
                 f"{model_config.sliding_window}), which vLLM's kernels here do not window: kernels='torch'"
             )
         kernels, reasons["kernels"] = "torch", "sliding-window layers: torch's attention"
+    elif model_config.family.attention_sinks:  # nor do they add a sink to the softmax
+        if kernels == "vllm":
+            raise ValueError(
+                f"{model_config.model_type} has attention sinks, which vLLM's kernels here do not "
+                "take: kernels='torch'"
+            )
+        kernels, reasons["kernels"] = "torch", "attention sinks: torch's attention"
     # The layer form.
     fused = device.type == "cuda" if fused_layers is None else fused_layers
     if fused and pack_weights:

@@ -25,6 +25,7 @@ step. vLLM's kernels implement the same protocol in agents/kernels/ (the backend
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 import torch
@@ -82,30 +83,35 @@ class TorchCacheAttention:
         return TorchDecodePlan(k_index, rows, bias)
 
     def attend(
-        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward: ForwardBatch
+        self,
+        layer: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        forward: ForwardBatch,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if self.windows[layer] is not None:
             assert forward.windowed is not None, "a windowed layer's forward carries its banded masks"
             forward = forward.windowed
         if forward.kind == "decode":
-            return self._decode(layer, q, k, v, forward.plan)  # type: ignore[arg-type]
+            return self._decode(layer, q, k, v, forward.plan, sinks)  # type: ignore[arg-type]
         write_new_tokens(self.cache.k, self.cache.v, layer, k, v, forward)
         if forward.kind == "prefill":
-            return self._prefill(layer, q, k, v, forward)
-        return self._continue(layer, q, k, forward)
+            return self._prefill(layer, q, k, v, forward, sinks)
+        return self._continue(layer, q, k, forward, sinks)
 
-    def _prefill(self, layer: int, q, k, v, forward: ForwardBatch) -> torch.Tensor:
+    def _prefill(self, layer: int, q, k, v, forward: ForwardBatch, sinks=None) -> torch.Tensor:
         first, start = forward.first_slot, forward.prefix_len
         # The model's `keep=` layer sends one query per row; every other layer sends them all.
         kept_queries = forward.keep_mask is not None and q.shape[2] != k.shape[2]
+        attention = functools.partial(scaled_dot_product_attention, matmul=self.matmul, sinks=sinks)
         if not start:
             if kept_queries:
-                return scaled_dot_product_attention(q, k, v, matmul=self.matmul, attn_mask=forward.keep_mask)
+                return attention(q, k, v, attn_mask=forward.keep_mask)
             if forward.prefix_mask is not None:  # a windowed layer's band
-                return scaled_dot_product_attention(
-                    q, k, v, matmul=self.matmul, attn_mask=forward.prefix_mask
-                )
-            return scaled_dot_product_attention(q, k, v, matmul=self.matmul, is_causal=True)
+                return attention(q, k, v, attn_mask=forward.prefix_mask)
+            return attention(q, k, v, is_causal=True)
         # The prefix, as the shared-prefix prefill wrote it into every slot: read the first one.
         cache_k, cache_v = self.cache.k, self.cache.v
         if self.cache.key_layout == "ds":
@@ -115,9 +121,9 @@ class TorchCacheAttention:
         v_prefix = cache_v[layer, first : first + 1, :, :start]
         mask = forward.keep_mask if kept_queries else forward.prefix_mask
         assert mask is not None
-        return attend_after_prefix(q, k, v, k_prefix, v_prefix, mask, matmul=self.matmul)
+        return attend_after_prefix(q, k, v, k_prefix, v_prefix, mask, matmul=self.matmul, sinks=sinks)
 
-    def _continue(self, layer: int, q, k, forward: ForwardBatch) -> torch.Tensor:
+    def _continue(self, layer: int, q, k, forward: ForwardBatch, sinks=None) -> torch.Tensor:
         first, end = forward.first_slot, forward.end
         last = first + q.shape[0]
         k_layer, v_layer = self.cache.k[layer], self.cache.v[layer]
@@ -126,9 +132,9 @@ class TorchCacheAttention:
             keys = k_layer[first:last, :, :, :end].transpose(-1, -2)
         mask = forward.keep_mask if q.shape[2] != k.shape[2] else forward.mask
         values = v_layer[first:last, :, :end]
-        return scaled_dot_product_attention(q, keys, values, matmul=self.matmul, attn_mask=mask)
+        return scaled_dot_product_attention(q, keys, values, matmul=self.matmul, sinks=sinks, attn_mask=mask)
 
-    def _decode(self, layer: int, q, k, v, plan: TorchDecodePlan) -> torch.Tensor:
+    def _decode(self, layer: int, q, k, v, plan: TorchDecodePlan, sinks=None) -> torch.Tensor:
         # Sizes come from tensor shapes (not Python ints) so a compiled step stays shape-generic.
         n, span, heads, d = q.shape[0], plan.bias.shape[-1], self.kv_heads, self.head_dim
         k_layer, v_layer = self.cache.k[layer], self.cache.v[layer]
@@ -137,11 +143,18 @@ class TorchCacheAttention:
         if self.cache.key_layout == "sd":
             k_layer.view(-1, d).index_copy_(0, plan.k_index, k.reshape(n * heads, d))
             keys = k_layer[:n, :, :span]
+            if sinks is not None:
+                return scaled_dot_product_attention(q, keys, values, attn_mask=plan.bias, sinks=sinks)
             return F.scaled_dot_product_attention(q, keys, values, attn_mask=plan.bias, enable_gqa=True)
         k_layer.view(-1).index_copy_(0, plan.k_index, k.reshape(-1))
         keys = k_layer[:n, :, :, :span].reshape(n * heads, d, span)
         # GQA without repeating k/v: the G query heads of a kv head are the rows of one matmul.
         scores = torch.baddbmm(plan.bias, q.reshape(n * heads, self.groups, d), keys, alpha=self.scale)
+        if sinks is not None:  # one more column, the sink's logit, in the softmax and then dropped
+            sink = sinks.to(scores.dtype).view(1, heads, self.groups, 1).expand(n, -1, -1, -1)
+            scores = torch.cat([scores, sink.reshape(n * heads, self.groups, 1)], dim=-1)
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32)[..., :-1].to(values.dtype)
+            return torch.bmm(probs, values.reshape(n * heads, span, d)).view(n, heads * self.groups, 1, d)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
         return torch.bmm(probs, values.reshape(n * heads, span, d)).view(n, heads * self.groups, 1, d)
 

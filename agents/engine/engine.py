@@ -171,6 +171,8 @@ class TorchEngine:
             )
         if cfg.windowed and backend.attention != "torch":
             raise ValueError(f"{cfg.model_type} has sliding-window layers: a backend with torch's attention")
+        if cfg.family.attention_sinks and backend.attention != "torch":
+            raise ValueError(f"{cfg.model_type} has attention sinks: a backend with torch's attention")
         self.backend = backend
         backend.prepare_process()
         # The engine samples from its own copy: weights change only through load_weights.

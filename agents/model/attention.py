@@ -24,9 +24,16 @@ def cpu_has_amx() -> bool:
 
 
 def scaled_dot_product_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, matmul: bool | None = None, **kwargs
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    matmul: bool | None = None,
+    sinks: torch.Tensor | None = None,
+    **kwargs,
 ) -> torch.Tensor:
     """`F.scaled_dot_product_attention(..., enable_gqa=True)` (kwargs: its mask arguments), except:
+    - with `sinks` [H] (gpt-oss's attention sinks), `attention_with_sinks`;
     - a CPU bf16 attention (bf16 inputs, or under bf16 autocast) of fewer than 256 queries that
       autograd will differentiate (the trainer's rows of RL episodes and shared-prefix remainders)
       is `matmul_attention` (bf16 matmuls, the softmax in float32), or, when its score tensor
@@ -36,6 +43,8 @@ def scaled_dot_product_attention(
       of MATMUL_INFERENCE_CHUNK_SCORES score elements where `matmul` says so (the engine's
       backend decides: bf16 on a CPU without AMX tiles; None asks the CPU here), unless one row's
       scores pass that size (bench/RESULTS.md, 'bench/generate.py')."""
+    if sinks is not None:
+        return attention_with_sinks(q, k, v, sinks, matmul=matmul, **kwargs)
     device = q.device.type
     autocast = torch.is_autocast_enabled(device)
     dtype = torch.get_autocast_dtype(device) if autocast else q.dtype
@@ -63,6 +72,45 @@ def scaled_dot_product_attention(
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kwargs)
 
 
+def attention_with_sinks(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    sinks: torch.Tensor,
+    *,
+    matmul: bool | None = None,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor:
+    """Attention with a learned sink logit per query head (gpt-oss, transformers' eager form):
+    softmax over [scores, sink] with the sink's column dropped, so each row's weights sum to less
+    than 1 and a head may attend to nothing. Computed as one more key whose k and v are zero, with
+    the sink as its additive mask (q . 0 = 0, + sink): q [B, H, Lq, D], k/v [B, Hkv, Lk, D],
+    attn_mask bool (True: attend) or additive, broadcastable to [B, H, Lq, Lk]; is_causal: query
+    i sees keys 0..i (SDPA's). A sink that autograd differentiates runs as `matmul_attention` (the
+    mask's gradient is the sink's)."""
+    H, Lq = q.shape[1], q.shape[2]
+    Lk = k.shape[2]
+    if is_causal:
+        attn_mask = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).tril()
+    if attn_mask is None:
+        bias = torch.zeros(1, 1, Lq, Lk, device=q.device)
+    elif attn_mask.dtype == torch.bool:
+        bias = torch.zeros(attn_mask.shape, device=q.device).masked_fill_(~attn_mask, float("-inf"))
+    else:
+        bias = attn_mask.float()
+    bias = bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+    rows = bias.shape[0]
+    sink = sinks.float().view(1, H, 1, 1).expand(rows, H, Lq, 1)
+    bias = torch.cat([bias.expand(rows, H, Lq, Lk), sink], dim=-1)
+    zero = k.new_zeros(k.shape[0], k.shape[1], 1, k.shape[3])
+    k, v = torch.cat([k, zero], dim=2), torch.cat([v, zero.to(v.dtype)], dim=2)
+    dtype = torch.get_autocast_dtype(q.device.type) if torch.is_autocast_enabled(q.device.type) else q.dtype
+    if sinks.requires_grad and torch.is_grad_enabled():
+        return matmul_attention(q.to(dtype), k.to(dtype), v.to(dtype), bias)
+    return scaled_dot_product_attention(q, k, v, matmul=matmul, attn_mask=bias.to(dtype))
+
+
 def sliding_causal_mask(
     queries: int, keys: int, window: int, device: torch.device | str, offset: int | None = None
 ) -> torch.Tensor:
@@ -77,14 +125,20 @@ def sliding_causal_mask(
 
 
 def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal self-attention of q [B, H, T, D] over k/v [B, Hkv, T, D] (a training forward), each
-    query seeing only the last `window` positions up to its own where `window` is set."""
+    query seeing only the last `window` positions up to its own where `window` is set; `sinks`:
+    `attention_with_sinks`."""
     T = q.shape[2]
     if window is None or window >= T:
-        return scaled_dot_product_attention(q, k, v, is_causal=True)
-    return scaled_dot_product_attention(q, k, v, attn_mask=sliding_causal_mask(T, T, window, q.device))
+        return scaled_dot_product_attention(q, k, v, sinks=sinks, is_causal=True)
+    mask = sliding_causal_mask(T, T, window, q.device)
+    return scaled_dot_product_attention(q, k, v, sinks=sinks, attn_mask=mask)
 
 
 def matmul_attention(
@@ -151,6 +205,7 @@ def matmul_attention_in_pieces(
 __all__ = [
     "MATMUL_ATTENTION_MAX_SCORES",
     "MATMUL_INFERENCE_CHUNK_SCORES",
+    "attention_with_sinks",
     "causal_attention",
     "cpu_has_amx",
     "matmul_attention",

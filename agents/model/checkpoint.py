@@ -112,7 +112,8 @@ def hf_state_dict(
     state = dict(model.state_dict() if isinstance(model, nn.Module) else model)
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    return split_experts(state)
+    # (a model run through transformers brings its own config, which names no native family)
+    return split_experts(state, config.family.moe_style if isinstance(config, ModelConfig) else "qwen3_moe")
 
 
 def hf_named_tensors(model: Transformer) -> Iterator[tuple[str, torch.Tensor]]:
@@ -123,7 +124,7 @@ def hf_named_tensors(model: Transformer) -> Iterator[tuple[str, torch.Tensor]]:
         if tied and name == "lm_head.weight":
             continue
         if name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
-            yield from split_experts({name: param.detach()}).items()
+            yield from split_experts({name: param.detach()}, model.config.family.moe_style).items()
             continue
         yield name, param.detach()
 

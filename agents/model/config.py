@@ -15,7 +15,7 @@ import torch
 from .families import FAMILIES, Family, family
 
 ModelType = Literal[
-    "qwen2", "qwen3", "qwen3_moe", "llama", "mistral", "smollm3", "gemma3_text", "olmo2", "olmo3"
+    "qwen2", "qwen3", "qwen3_moe", "llama", "mistral", "smollm3", "gemma3_text", "olmo2", "olmo3", "gpt_oss"
 ]
 # HF's config.json `layer_types` entries this decoder runs.
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -116,7 +116,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     layer `layer_moe` names routes every token to its `num_experts_per_tok` most likely experts
     (agents/model/moe.py), each a SwiGLU of `moe_intermediate_size`; the chosen probabilities are
     renormalised with `norm_topk_prob`. The other layers (`mlp_only_layers`, and all but every
-    `decoder_sparse_step`-th) have the dense MLP of `intermediate_size`.
+    `decoder_sparse_step`-th) have the dense MLP of `intermediate_size`. gpt-oss's experts
+    (`family.moe_style` "gpt_oss"): every layer, the softmax over the top-k router logits, and
+    its clamped SwiGLU with `swiglu_alpha` and `swiglu_limit` (None for every other family).
     Token ids are only carried so that a saved config.json is complete, except `pad_token_id`: as
     in transformers, the embedding's padding_idx (its row gets no gradient from lookups).
     """
@@ -149,6 +151,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    swiglu_alpha: float | None = None
+    swiglu_limit: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -222,6 +226,12 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
                 )
         elif fam.moe:
             raise ValueError(f"{self.model_type} needs num_experts >= 1")
+        clamped = (self.swiglu_alpha, self.swiglu_limit)
+        if fam.moe_style == "gpt_oss":
+            if not all(isinstance(x, int | float) and x > 0 for x in clamped):
+                raise ValueError(f"{self.model_type} needs swiglu_alpha and swiglu_limit > 0, got {clamped}")
+        elif clamped != (None, None):
+            raise ValueError(f"swiglu_alpha and swiglu_limit are not {self.model_type} fields")
         if self.layer_types is not None:
             if not fam.layer_types:
                 raise ValueError(f"layer_types is not a {self.model_type} field")
@@ -293,6 +303,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             "mlp_only_layers": list(self.mlp_only_layers),
             "output_router_logits": False,
             "router_aux_loss_coef": 0.001,
+            **({"swiglu_alpha": self.swiglu_alpha, "swiglu_limit": self.swiglu_limit} if self.swiglu_alpha else {}),
         }
 
     def layer_rope(self, layer: int) -> bool:
@@ -355,7 +366,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         qk_norm = (q + kv if self.family.qk_norm_over == "projection" else 2 * d) * self.qk_norm
         attn = h * (q + 2 * kv) + q * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias + qk_norm
         per_layer = attn + (4 if self.family.sandwich_norms else 2) * h
+        per_layer += self.num_attention_heads * self.family.attention_sinks
         moe = self.num_experts * (h + 3 * h * self.moe_intermediate_size)  # the router, the experts
+        if self.family.moe_style == "gpt_oss":  # the router's bias, the experts' biases
+            moe += self.num_experts * (1 + 2 * self.moe_intermediate_size + h)
         mlps = sum(moe if self.layer_moe(i) else 3 * h * self.intermediate_size for i in range(self.num_hidden_layers))
         body = self.num_hidden_layers * per_layer + mlps + h
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
@@ -407,6 +421,9 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
                 no_rope = [int((i + 1) % interval != 0) for i in range(num_layers)]
             no_rope = tuple(int(x) for x in no_rope)
         heads = d["num_attention_heads"]
+        clamped: dict[str, Any] = {}  # gpt-oss's SwiGLU
+        if fam.moe_style == "gpt_oss":
+            clamped = {"swiglu_alpha": float(d["swiglu_alpha"]), "swiglu_limit": float(d["swiglu_limit"])}
         eos = d.get("eos_token_id")
         if isinstance(eos, list):  # HF allows a list; the first is the canonical one
             eos = eos[0] if eos else None
@@ -449,6 +466,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
                 if fam.moe
                 else {}
             ),
+            **clamped,
         )
 
     def to_hf_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
@@ -485,7 +503,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     # ---- named configs ----
     @classmethod
     def named(cls, name: str) -> ModelConfig:
-        """A named config: 'tiny' (CPU default), 'bench-3m', 'small-25m', 'test', 'test-qwen3', 'test-gemma3',
+        """A named config: 'tiny' (CPU default), 'tiny-moe', 'test-gpt-oss', 'gpt-oss-20b', 'bench-3m', 'small-25m', 'test', 'test-qwen3', 'test-gemma3',
         'qwen2.5-0.5b', 'qwen3-0.6b', 'qwen3-1.7b', 'qwen3-4b', 'qwen3-8b', 'llama-3.2-1b',
         'mistral-7b-v0.3', 'smollm3-3b', 'gemma-3-1b', 'olmo-3-7b' (the real shapes, random weights)."""
         if name not in NAMED_CONFIGS:
@@ -506,6 +524,12 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
     "tiny": dict(_SMALL, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                  num_attention_heads=8, num_key_value_heads=4, head_dim=32, rope_theta=10_000.0,
                  model_type="qwen3"),
+    # tiny with Qwen3-MoE's MLPs (~10M params, ~3.2M active): 8 experts of 344 in every layer, 2 per
+    # token, so a token's MLP is as wide as tiny's; the CPU demo's MoE run (docs/models.md).
+    "tiny-moe": dict(_SMALL, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                     num_attention_heads=8, num_key_value_heads=4, head_dim=32, rope_theta=10_000.0,
+                     model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
+                     moe_intermediate_size=344, norm_topk_prob=True),
     # The benchmarks' model (generate, vs_trl, train): tiny's first shape, pinned so tiny may change.
     "bench-3m": dict(_SMALL, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=64),
@@ -544,6 +568,24 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
                      num_attention_heads=32),
     "qwen3-8b": dict(_QWEN3, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                      num_attention_heads=32, tie_word_embeddings=False),
+    # gpt-oss's blocks: 4 experts of 32, 2 per token, window-4 layers alternating with full ones.
+    "test-gpt-oss": dict(_SMALL, vocab_size=256, hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                         model_type="gpt_oss", tie_word_embeddings=False, attention_bias=True, num_experts=4,
+                         num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                         sliding_window=4, layer_types=("sliding_attention", "full_attention"),
+                         swiglu_alpha=1.702, swiglu_limit=7.0),
+    # gpt-oss-20b: 32 experts of 2880, 4 per token, in all 24 layers; windows of 128 on every other
+    # layer, YaRN over a 4,096-token original context (random weights: the published ones are MXFP4).
+    "gpt-oss-20b": dict(vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+                        num_attention_heads=64, num_key_value_heads=8, head_dim=64, rope_theta=150_000.0,
+                        rms_norm_eps=1e-5, max_position_embeddings=131072, tie_word_embeddings=False,
+                        model_type="gpt_oss", attention_bias=True, num_experts=32, num_experts_per_tok=4,
+                        moe_intermediate_size=2880, norm_topk_prob=True, sliding_window=128,
+                        layer_types=("sliding_attention", "full_attention") * 12, swiglu_alpha=1.702,
+                        swiglu_limit=7.0, bos_token_id=199998, eos_token_id=200002, pad_token_id=199999,
+                        rope_scaling=YarnScaling(factor=32.0, original_max_position_embeddings=4096,
+                                                 beta_fast=32.0, beta_slow=1.0, truncate=False)),
     # Qwen3-30B-A3B: 128 experts of 768, 8 per token, in all 48 layers.
     "qwen3-30b-a3b": dict(_QWEN3, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48,
                           num_attention_heads=32, num_key_value_heads=4, model_type="qwen3_moe",

@@ -34,7 +34,8 @@ class CacheAttention(Protocol):
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward: ForwardBatch
     ) -> torch.Tensor:
         """Write the new tokens' k/v [B, Hkv, T, D] (RoPE applied) into `layer`'s slots as
-        `forward` says, and attend: q [B, H, T or 1, D] -> [B, H, T or 1, D]."""
+        `forward` says, and attend: q [B, H, T or 1, D] -> [B, H, T or 1, D]. (Attention sinks,
+        `sinks=` [H], come only to torch's: the backend gives no other to a model with them.)"""
         ...
 
 
@@ -83,9 +84,13 @@ class ForwardBatch:
     windowed: ForwardBatch | None = None
     rope_local: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The model's call (agents/model/transformer.py `AttentionCache`): this forward's attention."""
-        return self.attention.attend(layer, q, k, v, self)
+        if sinks is None:
+            return self.attention.attend(layer, q, k, v, self)
+        return self.attention.attend(layer, q, k, v, self, sinks=sinks)  # type: ignore[call-arg]
 
     def slot_rows(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(row_slots, prefix_lens) of a forward of `rows` rows: as built, or (a prefill built

@@ -1,9 +1,16 @@
-"""The mixture-of-experts MLP (Qwen3-MoE's sparse block), read top to bottom.
+"""The mixture-of-experts MLPs (Qwen3-MoE's sparse block, gpt-oss's), read top to bottom.
 
+Qwen3-MoE (`SparseMoE`):
     router logits = x @ gate.weight^T                              [N, E]
     probs = softmax(logits) in float32; the top `num_experts_per_tok` experts of each token, their
         probabilities renormalised to sum 1 when `norm_topk_prob`
     y = sum over a token's chosen experts e of p_e * down_e(silu(gate_e(x)) * up_e(x))
+gpt-oss (`GptOssMoE`):
+    router logits = x @ router.weight^T + router.bias              [N, E]
+    the top k logits of each token, their softmax as the weights p_e
+    y = sum over the chosen e of p_e * (down_e((up + 1) * g * sigmoid(alpha * g)) + down_bias_e),
+        [g, up] = gate_up_e(x) + gate_up_bias_e (interleaved columns: g the even ones, up the
+        odd), g clamped above at `swiglu_limit` and up to +-`swiglu_limit`
 
 The experts are stored stacked, as transformers 5 holds them in memory: `experts.gate_up_proj`
 [E, 2 * I, H] (each expert's gate rows, then its up rows) and `experts.down_proj` [E, H, I], so
@@ -12,7 +19,11 @@ the (token, expert) pairs sorted by expert, then one grouped matmul per projecti
 (`torch.nn.functional.grouped_mm`, CPU and CUDA bf16 on sm90+), else one batched matmul over the
 experts padded to the busiest one's count; never a Python loop over experts.
 
-Checkpoints keep Hugging Face's per-expert names (`mlp.experts.{e}.gate_proj.weight`, `up_proj`,
+gpt-oss's experts are held as transformers holds them: `experts.gate_up_proj` [E, H, 2 * I],
+`gate_up_proj_bias` [E, 2 * I], `down_proj` [E, I, H], `down_proj_bias` [E, H] (checkpoints
+store them stacked under these names too, so they load and save as they are).
+
+Qwen3-MoE checkpoints keep Hugging Face's per-expert names (`mlp.experts.{e}.gate_proj.weight`, `up_proj`,
 `down_proj`), which transformers, vLLM and peft read: `fuse_experts` stacks them on load and
 `split_experts` writes them back (agents/model/checkpoint.py).
 """
@@ -27,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .families.base import MoeStyle
 
 _PER_EXPERT = re.compile(
     r"^(?P<prefix>.*\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$"
@@ -86,24 +98,65 @@ def _grouped_mm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-class SparseMoE(nn.Module):
-    """HF's `Qwen3MoeSparseMoeBlock`: the router `gate` and the `experts` (module doc)."""
+class GptOssExperts(nn.Module):
+    """gpt-oss's stacked expert weights and biases (module doc) and their grouped, clamped SwiGLU."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        assert cfg.swiglu_alpha is not None and cfg.swiglu_limit is not None  # the config checks
+        self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit
+        self.gate_up_proj = nn.Parameter(torch.empty(e, h, 2 * i))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * i))
+        self.down_proj = nn.Parameter(torch.empty(e, i, h))
+        self.down_proj_bias = nn.Parameter(torch.empty(e, h))
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """As `Experts.forward`: x [M, H] grouped by expert (`counts` [E]) -> [M, H]."""
+        weights = (self.gate_up_proj, self.gate_up_proj_bias, self.down_proj, self.down_proj_bias)
+        device = x.device.type
+        if torch.is_autocast_enabled(device):  # grouped_mm takes one dtype: the autocast one
+            dtype = torch.get_autocast_dtype(device)
+            x, weights = x.to(dtype), tuple(w.to(dtype) for w in weights)
+        gate_up_proj, gate_up_bias, down_proj, down_bias = weights
+        with torch.autocast(device, enabled=False):
+            gate_up = grouped_matmul(x, gate_up_proj.transpose(1, 2), counts)
+            gate_up = gate_up + torch.repeat_interleave(gate_up_bias, counts, dim=0)
+            gate = gate_up[:, ::2].clamp(max=self.limit)
+            up = gate_up[:, 1::2].clamp(min=-self.limit, max=self.limit)
+            hidden = (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+            out = grouped_matmul(hidden, down_proj.transpose(1, 2), counts)
+            return out + torch.repeat_interleave(down_bias, counts, dim=0)
+
+
+class MixtureOfExperts(nn.Module):
+    """A routed MLP: `router_logits_of` x, `route` them, run each token's chosen experts as one
+    grouped computation and sum their outputs by weight. `SparseMoE` and `GptOssMoE` say how."""
+
+    experts: nn.Module
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.top_k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
-        self.num_experts = cfg.num_experts  # (the engine may swap `gate` for a packed linear)
+        self.num_experts = cfg.num_experts
         # The trainer's load-balancing loss (LossConfig.router_aux_coef) reads the last forward's
         # router logits [N, E] (with grad) when this is set.
         self.keep_router_logits = False
         self.router_logits: torch.Tensor | None = None
-        self.experts = Experts(cfg)  # before the router: transformers' order of the tensors
-        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+
+    def router_logits_of(self, x: torch.Tensor) -> torch.Tensor:
+        """x [N, H] -> the router's logits [N, E]."""
+        raise NotImplementedError
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits [N, E] -> (the chosen experts' weights [N, k] in the logits' dtype, their
+        indices [N, k])."""
+        raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
-        logits = self.gate(x)
+        logits = self.router_logits_of(x)
         if self.keep_router_logits:
             self.router_logits = logits
         weights, chosen = self.route(logits)
@@ -116,14 +169,42 @@ class SparseMoE(nn.Module):
         out = out * weights.flatten()[order, None].to(out.dtype)
         return torch.zeros_like(x, dtype=out.dtype).index_add_(0, tokens, out).to(x.dtype).reshape(shape)
 
+
+class SparseMoE(MixtureOfExperts):
+    """HF's `Qwen3MoeSparseMoeBlock`: the router `gate` and the `experts` (module doc)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)  # (the engine may swap `gate` for a packed linear)
+        self.experts = Experts(cfg)  # before the router: transformers' order of the tensors
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+
+    def router_logits_of(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gate(x)
+
     def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Router logits [N, E] -> (the chosen experts' weights [N, k] in the logits' dtype, their
-        indices [N, k]): HF's top-k of the float32 softmax, renormalised with norm_topk_prob."""
+        """HF's top-k of the float32 softmax, renormalised with norm_topk_prob."""
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(logits.dtype), chosen
+
+
+class GptOssMoE(MixtureOfExperts):
+    """HF's `GptOssMLP`: the `router` (with a bias) and the `experts` (module doc)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=True)
+        self.experts = GptOssExperts(cfg)
+
+    def router_logits_of(self, x: torch.Tensor) -> torch.Tensor:
+        return self.router(x)
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """HF's softmax over each token's top-k logits, in the logits' dtype."""
+        top, chosen = torch.topk(logits, self.top_k, dim=-1)
+        return torch.softmax(top, dim=-1, dtype=top.dtype), chosen
 
 
 def load_balancing_loss(
@@ -179,8 +260,13 @@ def fuse_experts(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def split_experts(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inverse of `fuse_experts`: stacked experts as Hugging Face's per-expert tensors."""
+def split_experts(
+    state: Mapping[str, torch.Tensor], style: MoeStyle = "qwen3_moe"
+) -> dict[str, torch.Tensor]:
+    """The inverse of `fuse_experts`: stacked experts as Hugging Face's per-expert tensors (gpt-oss's,
+    `style` "gpt_oss", stay stacked: its checkpoints hold them so)."""
+    if style == "gpt_oss":
+        return dict(state)
     out: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         if name.endswith(".mlp.experts.gate_up_proj"):
@@ -198,4 +284,14 @@ def split_experts(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-__all__ = ["Experts", "SparseMoE", "fuse_experts", "grouped_matmul", "load_balancing_loss", "split_experts"]
+__all__ = [
+    "Experts",
+    "GptOssExperts",
+    "GptOssMoE",
+    "MixtureOfExperts",
+    "SparseMoE",
+    "fuse_experts",
+    "grouped_matmul",
+    "load_balancing_loss",
+    "split_experts",
+]

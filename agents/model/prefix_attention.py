@@ -65,14 +65,15 @@ def attend_after_prefix(
     v_prefix: Tensor,
     mask: Tensor,
     matmul: bool | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """q [B, H, W, D] and k/v [B, Hkv, W, D] (the rows' own positions, RoPE applied), k_prefix /
     v_prefix [1, Hkv, P, D] (one copy, shared by every row), mask from `prefix_mask(P, W)`
-    -> [B, H, W, D]. matmul: as `scaled_dot_product_attention`'s."""
+    -> [B, H, W, D]. matmul, sinks: as `scaled_dot_product_attention`'s."""
     rows = q.shape[0]
     keys = torch.cat([k_prefix.expand(rows, -1, -1, -1), k], dim=2)
     values = torch.cat([v_prefix.expand(rows, -1, -1, -1), v], dim=2)
-    return scaled_dot_product_attention(q, keys, values, matmul=matmul, attn_mask=mask)
+    return scaled_dot_product_attention(q, keys, values, matmul=matmul, sinks=sinks, attn_mask=mask)
 
 
 __all__ = [

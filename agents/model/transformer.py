@@ -1,7 +1,8 @@
-"""The decoder of every native family (Qwen2, Qwen3, Llama, Mistral, SmolLM3, Gemma 3 text, OLMo 2/3) in
-plain torch, read top to bottom (gpt-fast style).
+"""The decoder of every native family (Qwen2, Qwen3, Qwen3-MoE, Llama, Mistral, SmolLM3, Gemma 3 text,
+OLMo 2/3, gpt-oss) in plain torch, read top to bottom (gpt-fast style).
 
-GQA attention with RoPE, RMSNorm (pre-norm), SwiGLU MLP, tied or untied embeddings. What a family
+GQA attention with RoPE, RMSNorm (pre-norm), SwiGLU MLP or a mixture of experts (Qwen3-MoE's,
+gpt-oss's: agents/model/moe.py), tied or untied embeddings, gpt-oss's attention sinks. What a family
 adds is declared by its module (agents/model/families/) and read through the `ModelConfig`
 (agents/model/config.py, with the named shapes): biases (Qwen2: q/k/v; Qwen3, Llama, SmolLM3: q/k/v/o
 with `attention_bias`), an RMSNorm over each head of q and k before RoPE (Qwen3), Llama 3.1's
@@ -41,7 +42,7 @@ from torch.utils.checkpoint import checkpoint
 from .attention import causal_attention
 from .config import ModelConfig, RopeScaling, YarnScaling
 from .families.base import NormScale
-from .moe import SparseMoE
+from .moe import GptOssMoE, SparseMoE
 
 # ---------------------------------------------------------------------------------------------
 # Building blocks
@@ -174,8 +175,11 @@ class AttentionCache(Protocol):
     """What an inference forward's `cache=` provides (the engine's `ForwardBatch`,
     agents/model/forward.py; the trainer's shared-prefix attention): store k/v for `layer`, attend."""
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q [B, H, T, D], k/v [B, Hkv, T, D] (new tokens, RoPE applied) -> [B, H, T, D]."""
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """q [B, H, T, D], k/v [B, Hkv, T, D] (new tokens, RoPE applied) -> [B, H, T, D]; sinks [H]
+        (a family with attention sinks; passed only then): agents/model/attention.py's."""
         ...
 
 
@@ -200,6 +204,8 @@ class Attention(nn.Module):
             whole = self.qk_norm_over == "projection"
             self.q_norm = RMSNorm(q_dim if whole else cfg.head_dim, cfg.rms_norm_eps, cfg.family.norm_scale)
             self.k_norm = RMSNorm(kv_dim if whole else cfg.head_dim, cfg.rms_norm_eps, cfg.family.norm_scale)
+        # gpt-oss: a learned sink logit per head joins each query's softmax.
+        self.sinks = nn.Parameter(torch.empty(cfg.num_attention_heads)) if cfg.family.attention_sinks else None
 
     def forward(
         self, x: torch.Tensor, cos, sin, cache: AttentionCache | None = None, keep: torch.Tensor | None = None
@@ -226,9 +232,11 @@ class Attention(nn.Module):
             q = q * self.query_scale
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if cache is None:
-            out = causal_attention(q, k, v, self.window)
-        else:
+            out = causal_attention(q, k, v, self.window, self.sinks)
+        elif self.sinks is None:
             out = cache.attend(self.layer_idx, q, k, v)
+        else:
+            out = cache.attend(self.layer_idx, q, k, v, sinks=self.sinks)
         return self.o_proj(out.transpose(1, 2).reshape(B, q.shape[2], -1))
 
 
@@ -285,7 +293,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         scale = cfg.family.norm_scale
         self.self_attn = Attention(cfg, layer_idx)
-        self.mlp = SparseMoE(cfg) if cfg.layer_moe(layer_idx) else MLP(cfg)
+        moe = GptOssMoE if cfg.family.moe_style == "gpt_oss" else SparseMoE
+        self.mlp = moe(cfg) if cfg.layer_moe(layer_idx) else MLP(cfg)
         self.post_norms = cfg.family.norm_placement == "post"
         if not self.post_norms:
             self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, scale)
@@ -437,7 +446,7 @@ class Transformer(nn.Module):
                 continue
             if name.endswith("norm.weight"):  # 1, or 0 where the norm scales by 1 + weight (Gemma)
                 p.fill_(0.0 if self.config.family.norm_scale == "one_plus_weight" else 1.0)
-            elif name.endswith(".bias"):
+            elif name.endswith((".bias", "_bias")):  # gpt-oss's experts: gate_up_proj_bias, down_proj_bias
                 p.zero_()
             else:
                 p.normal_(0.0, std, generator=generator)

@@ -34,17 +34,17 @@ def hf_greedy(hf, prompt: list[int], tokens: int) -> list[int]:
     return out[0, len(prompt) :].tolist()
 
 
-def peft_logits(hf, tmp_path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Our model of `hf`'s checkpoint with LoRA on every target (random adapters), its adapter
-    saved in PEFT's layout and loaded by `peft` onto `hf`: (our base logits, ours with the
-    adapter, peft's) on one 29-token row."""
+def peft_logits(hf, tmp_path, **lora) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Our model of `hf`'s checkpoint with LoRA on every target (random adapters; `lora`: more
+    LoraConfig fields), its adapter saved in PEFT's layout and loaded by `peft` onto `hf`: (our
+    base logits, ours with the adapter, peft's) on one 29-token row."""
     import peft
 
     ours = ours_from(hf, tmp_path)
     tokens, _ = ragged_batch(ours.config.vocab_size, (29,))
     with torch.no_grad():
         base_logits = ours(tokens)
-    apply_lora(ours, LoraConfig(rank=4, alpha=16))
+    apply_lora(ours, LoraConfig(rank=4, alpha=16, **lora))
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, p in ours.named_parameters():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .base import Family
 from .gemma3 import GEMMA3_TEXT
+from .gpt_oss import GPT_OSS
 from .llama import LLAMA
 from .mistral import MISTRAL
 from .olmo import OLMO2, OLMO3
@@ -15,7 +16,8 @@ from .qwen3_moe import QWEN3_MOE
 from .smollm3 import SMOLLM3
 
 FAMILIES: dict[str, Family] = {
-    f.model_type: f for f in (QWEN2, QWEN3, QWEN3_MOE, LLAMA, MISTRAL, SMOLLM3, GEMMA3_TEXT, OLMO2, OLMO3)
+    f.model_type: f
+    for f in (QWEN2, QWEN3, QWEN3_MOE, LLAMA, MISTRAL, SMOLLM3, GEMMA3_TEXT, OLMO2, OLMO3, GPT_OSS)
 }
 
 

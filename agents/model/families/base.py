@@ -31,6 +31,11 @@ NormPlacement = Literal["pre", "post"]
 # (the whole q / k projection, num_heads * head_dim, before it is split into heads: OLMo 2/3).
 QkNormOver = Literal["head", "projection"]
 
+# A mixture of experts' block: "qwen3_moe" (a bias-free router whose softmax's top k are kept,
+# SwiGLU experts) or "gpt_oss" (a router with a bias, the softmax over its top-k logits, experts
+# with biases and gpt-oss's clamped SwiGLU): agents/model/moe.py.
+MoeStyle = Literal["qwen3_moe", "gpt_oss"]
+
 # Where the attention projections have a bias:
 # "qkv": always on q/k/v, never on o (Qwen2); "flag": on q/k/v/o when config.json's
 # attention_bias is true (Qwen3, Llama, SmolLM3); "none": never (Mistral).
@@ -100,7 +105,9 @@ class Family:
     `QkNormOver` (with qk_norm). local_rope: the sliding-window layers' own default RoPE base
     (`rope_local_base_freq`), True required (Gemma 3), "optional" (OLMo 3: where its layer types'
     RoPE differ). moe: config.json's mixture-of-experts fields are read (`num_experts`, ...: the
-    layers `ModelConfig.layer_moe` names have agents/model/moe.py's sparse MLP)."""
+    layers `ModelConfig.layer_moe` names have agents/model/moe.py's sparse MLP), of `moe_style`.
+    attention_sinks: each attention layer has a learned sink logit per head (`self_attn.sinks`,
+    gpt-oss: agents/model/attention.py `attention_with_sinks`)."""
 
     model_type: str
     architecture: str
@@ -122,6 +129,8 @@ class Family:
     norm_placement: NormPlacement = "pre"
     qk_norm_over: QkNormOver = "head"
     moe: bool = False
+    moe_style: MoeStyle = "qwen3_moe"
+    attention_sinks: bool = False
 
 
 __all__ = [
@@ -129,6 +138,7 @@ __all__ = [
     "BiasRule",
     "Family",
     "HfRopeScaling",
+    "MoeStyle",
     "NormPlacement",
     "NormScale",
     "QkNormOver",

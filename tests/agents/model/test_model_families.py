@@ -100,6 +100,13 @@ def hf_config(case: str):
             decoder_sparse_step=2, tie_word_embeddings=True, attention_bias=True,
             rope_parameters={"rope_type": "default", "rope_theta": 1e4},
         )  # fmt: skip
+    if case == "gpt-oss":  # window-5 layers alternating with full ones, sinks, 4 experts, 2 a token
+        return transformers.GptOssConfig(
+            **SHAPE, num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+            tie_word_embeddings=False, swiglu_limit=0.5,  # a limit the random activations pass
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150_000.0, "factor": 4.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64},
+        )  # fmt: skip
     raise KeyError(case)
 
 
@@ -116,6 +123,7 @@ CASES = [
     "olmo2",
     "qwen3-moe",
     "qwen3-moe-sparse-step",
+    "gpt-oss",
 ]
 # The models whose sliding windows the test sequences pass, and their windows layer by layer (None:
 # a full-attention layer).
@@ -124,6 +132,7 @@ LAYER_WINDOWS = {
     "gemma3": [5, None, 5, 5],
     "olmo3": [WINDOW, WINDOW, None, WINDOW],
     "olmo3-bias-tied": [WINDOW, WINDOW, WINDOW, None],  # Olmo3Config's default: every fourth layer full
+    "gpt-oss": [WINDOW, None, WINDOW, None],
 }
 WINDOWED = list(LAYER_WINDOWS)
 # OLMo's blocks: norms after attention and after the MLP (none before), q/k norms over the whole
@@ -463,14 +472,43 @@ def test_gemma3_config_json_forms_and_refusals() -> None:
         ModelConfig.from_hf_dict(linear.to_dict())
 
 
+def test_gpt_oss_config_json_forms_and_refusals() -> None:
+    """transformers' GptOssConfig reads as gpt-oss's experts (its count, width, routing and
+    clamped SwiGLU), alternating windows and YaRN, and writes back the same; the published
+    20b shape has the published parameter count; quantized experts are refused in one line, as
+    are vLLM's kernels, which take no attention sinks, even for a model without windows."""
+    theirs = transformers.GptOssConfig(num_hidden_layers=4).to_dict()
+    config = ModelConfig.from_hf_dict(theirs)
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (128, 4, 2880)
+    assert (config.swiglu_alpha, config.swiglu_limit, config.sliding_window) == (1.702, 7.0, 128)
+    assert config.layer_types == ("sliding_attention", "full_attention") * 2 and config.attention_bias
+    assert config.rope_scaling is not None and config.rope_scaling.to_hf_dict()["factor"] == 32.0
+    assert ModelConfig.from_hf_dict(config.to_hf_dict()) == config
+    assert ModelConfig.named("gpt-oss-20b").num_params() == 20_914_757_184  # the published count
+    with pytest.raises(ValueError, match="quantized weights") as error:
+        ModelConfig.from_hf_dict(theirs | {"quantization_config": {"quant_method": "mxfp4"}})
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="swiglu_alpha and swiglu_limit are not qwen3_moe fields"):
+        msgspec.structs.replace(ModelConfig.named("test-qwen3-moe"), swiglu_alpha=1.0, swiglu_limit=7.0)
+    full = msgspec.structs.replace(
+        ModelConfig.named("test-gpt-oss"), layer_types=("full_attention", "full_attention")
+    )
+    assert not full.windowed
+    assert select_backend(full, "cpu", torch.float32).attention == "torch"
+    with pytest.raises(ValueError, match="attention sinks"):
+        select_backend(full, "cpu", torch.float32, kernels="vllm")
+
+
 @pytest.mark.parametrize(
-    "case", ["llama3-tied", "llama-untied-bias", "mistral-window", "smollm3", "olmo3", "olmo2"]
+    "case", ["llama3-tied", "llama-untied-bias", "mistral-window", "smollm3", "olmo3", "olmo2", "gpt-oss"]
 )
 def test_peft_loads_our_adapter_onto_transformers(tmp_path, case: str) -> None:
     """An adapter trained here (every target), saved in PEFT's layout, gives our logits on
     transformers' model of the family (the window, the layers without RoPE and OLMo's q/k
     projections under their whole-projection norms included)."""
     pytest.importorskip("peft")
-    base_logits, mine, theirs = peft_logits(hf_model(case, seed=6), tmp_path)
+    # gpt-oss's MLPs are experts (stacked tensors, not linears): LoRA on its attention projections
+    lora = {"target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]} if case == "gpt-oss" else {}
+    base_logits, mine, theirs = peft_logits(hf_model(case, seed=6), tmp_path, **lora)
     assert (mine - base_logits).abs().max() > 1e-3  # the adapters matter
     assert (theirs - mine).abs().max().item() <= 1e-4

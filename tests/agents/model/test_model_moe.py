@@ -49,8 +49,9 @@ def test_grouped_matmul_is_each_groups_matmul(monkeypatch, grouped):
     assert ws.grad is not None and ws.grad[1].abs().sum() == 0 and ws.grad[4].abs().sum() == 0
 
 
-def test_the_block_runs_alike_on_both_paths_and_under_bf16_autocast(monkeypatch):
-    model = build_model("test-qwen3-moe", seed=0)
+@pytest.mark.parametrize("name", ["test-qwen3-moe", "test-gpt-oss"])
+def test_the_block_runs_alike_on_both_paths_and_under_bf16_autocast(monkeypatch, name):
+    model = build_model(name, seed=0)
     tokens = torch.randint(0, 256, (2, 9))
     with torch.no_grad():
         grouped = model(tokens)
@@ -144,17 +145,18 @@ def test_the_load_balancing_loss_is_transformers_and_the_trainer_adds_it():
 
 
 @pytest.mark.slow
-def test_a_moe_model_trains_through_the_cli(tmp_path):
-    """`toolgym train` with a Qwen3-MoE model: the engine samples from it, the trainer steps it
-    (with the load-balancing loss) and the weights sync back each step, then it exports as HF's
-    per-expert checkpoint that loads back equal."""
+@pytest.mark.parametrize("name", ["test-qwen3-moe", "test-gpt-oss"])
+def test_a_moe_model_trains_through_the_cli(tmp_path, name):
+    """`toolgym train` with a Qwen3-MoE or gpt-oss model: the engine samples from it, the trainer
+    steps it (with the load-balancing loss) and the weights sync back each step, then it exports
+    as HF's checkpoint (per-expert tensors; gpt-oss's stacked) that loads back."""
     from toolgym.agents.model.checkpoint import load_hf_checkpoint
     from toolgym.configs.cli.main import main as cli_main
     from toolgym.trainers.metrics_log import read_metrics
 
     run_dir = tmp_path / "run"
     overrides = [
-        f"run.run_dir={run_dir}", "run.steps=2", "run.plot=false", "model.name=test-qwen3-moe",
+        f"run.run_dir={run_dir}", "run.steps=2", "run.plot=false", f"model.name={name}",
         "model.overrides.vocab_size=1024",
         "sft.enabled=false", "policy.max_seq_len=256", "rollout.group_size=2", "rollout.max_turns=2",
         "rollout.max_tokens_per_turn=8", "rollout.max_tokens_per_episode=24", "batch.groups_per_batch=2",

@@ -175,6 +175,12 @@ class VLLMPolicy:
         uses (module doc).
         """
         self._check_open()
+        family = getattr(self.model_config, "family", None)  # (a transformers-fallback model has none)
+        if getattr(family, "moe_style", None) == "gpt_oss" and not torch.cuda.is_available():
+            raise NotImplementedError(
+                "load_weights: vLLM's CPU experts of gpt-oss (SwiGLU-OAI) keep their first weights "
+                "through a reload; sample gpt-oss with the torch engine (policy.backend = 'torch') on CPU"
+            )
         updates = []
         adapters: dict[str, torch.Tensor] = {}
         for name, tensor in named_tensors:
@@ -468,12 +474,16 @@ class VLLMPolicy:
 
 
 def _hf_parameter_shapes(model_config: Any) -> dict[str, tuple[int, ...]]:
-    """HF name -> shape of every parameter (lm_head.weight included even when tied)."""
+    """HF name -> shape of every parameter (lm_head.weight included even when tied; a mixture of
+    experts' as the checkpoint and a weight sync name them: agents/model/moe.py `split_experts`)."""
+    from ..model.moe import split_experts
     from ..model.transformer import Transformer
 
     with torch.device("meta"):
         model = Transformer(model_config)
-    return {name: tuple(p.shape) for name, p in model.named_parameters(remove_duplicate=False)}
+        named = dict(model.named_parameters(remove_duplicate=False))
+        named = split_experts(named, model_config.family.moe_style)
+    return {name: tuple(p.shape) for name, p in named.items()}
 
 
 def _adapter_shapes(param_shapes: dict[str, tuple[int, ...]], lora: LoraConfig) -> dict[str, tuple[int, ...]]:

@@ -51,7 +51,22 @@ class ToolgymWorkerExtension:
             if quant_method is not None:
                 with torch.no_grad():
                     quant_method.process_weights_after_loading(lm_head)
+        _repack_cpu_experts(model)
         return len(tensors)
+
+
+def _repack_cpu_experts(model: torch.nn.Module) -> None:
+    """vLLM's CPU MoE kernel prepacks the experts' weights once, at the first load; a weight update
+    copies the new (unpacked) values into the packed tensors and stops there, so the kernel would
+    read them as packed. Pack them again, as the first load did. (CUDA packs nothing: a no-op.)"""
+    for layer in model.modules():
+        kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        weight = getattr(layer, "w13_weight", None)
+        if experts is None or weight is None or weight.device.type != "cpu":
+            continue
+        with torch.no_grad():
+            experts.process_weights_after_loading(layer)
 
 
 __all__ = ["ToolgymWorkerExtension"]

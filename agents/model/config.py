@@ -503,7 +503,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     # ---- named configs ----
     @classmethod
     def named(cls, name: str) -> ModelConfig:
-        """A named config: 'tiny' (CPU default), 'tiny-moe', 'test-gpt-oss', 'gpt-oss-20b', 'bench-3m', 'small-25m', 'test', 'test-qwen3', 'test-gemma3',
+        """A named config: 'tiny' (CPU default), 'tiny-moe', 'tiny-gpt-oss', 'test-gpt-oss', 'gpt-oss-20b', 'bench-3m', 'small-25m', 'test', 'test-qwen3', 'test-gemma3',
         'qwen2.5-0.5b', 'qwen3-0.6b', 'qwen3-1.7b', 'qwen3-4b', 'qwen3-8b', 'llama-3.2-1b',
         'mistral-7b-v0.3', 'smollm3-3b', 'gemma-3-1b', 'olmo-3-7b' (the real shapes, random weights)."""
         if name not in NAMED_CONFIGS:
@@ -530,6 +530,14 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
                      num_attention_heads=8, num_key_value_heads=4, head_dim=32, rope_theta=10_000.0,
                      model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
                      moe_intermediate_size=344, norm_topk_prob=True),
+    # tiny with gpt-oss's blocks (~10M params, ~3.2M active): q/k/v/o biases and attention sinks, no
+    # q/k norm, windows of 128 on every other layer, 8 experts of 344 with biases, 2 per token.
+    "tiny-gpt-oss": dict(_SMALL, hidden_size=256, intermediate_size=344, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=4, head_dim=32, rope_theta=10_000.0,
+                         model_type="gpt_oss", tie_word_embeddings=True, attention_bias=True, num_experts=8,
+                         num_experts_per_tok=2, moe_intermediate_size=344, norm_topk_prob=True,
+                         sliding_window=128, layer_types=("sliding_attention", "full_attention") * 2,
+                         swiglu_alpha=1.702, swiglu_limit=7.0),
     # The benchmarks' model (generate, vs_trl, train): tiny's first shape, pinned so tiny may change.
     "bench-3m": dict(_SMALL, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=64),

@@ -270,20 +270,14 @@ def select_backend(
             )
         fused_layers = False
         reasons["packed"] = f"{own_layers}: the model's own"
-    if model_config.windowed:  # vLLM's kernels here attend over the whole context
+    torch_only = model_config.torch_attention_only
+    if torch_only is not None:
         if kernels == "vllm":
             raise ValueError(
-                f"{model_config.model_type} has sliding-window layers (sliding_window="
-                f"{model_config.sliding_window}), which vLLM's kernels here do not window: kernels='torch'"
+                f"{model_config.model_type} has {torch_only}, which vLLM's kernels here do not run: "
+                "kernels='torch'"
             )
-        kernels, reasons["kernels"] = "torch", "sliding-window layers: torch's attention"
-    elif model_config.family.attention_sinks:  # nor do they add a sink to the softmax
-        if kernels == "vllm":
-            raise ValueError(
-                f"{model_config.model_type} has attention sinks, which vLLM's kernels here do not "
-                "take: kernels='torch'"
-            )
-        kernels, reasons["kernels"] = "torch", "attention sinks: torch's attention"
+        kernels, reasons["kernels"] = "torch", f"{torch_only}: torch's attention"
     # The layer form.
     fused = device.type == "cuda" if fused_layers is None else fused_layers
     if fused and pack_weights:

@@ -153,9 +153,8 @@ class TorchCacheAttention:
         if sinks is not None:  # one more column, the sink's logit, in the softmax and then dropped
             sink = sinks.to(scores.dtype).view(1, heads, self.groups, 1).expand(n, -1, -1, -1)
             scores = torch.cat([scores, sink.reshape(n * heads, self.groups, 1)], dim=-1)
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32)[..., :-1].to(values.dtype)
-            return torch.bmm(probs, values.reshape(n * heads, span, d)).view(n, heads * self.groups, 1, d)
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        probs = (probs if sinks is None else probs[..., :-1]).to(values.dtype)
         return torch.bmm(probs, values.reshape(n * heads, span, d)).view(n, heads * self.groups, 1, d)
 
 

@@ -169,10 +169,8 @@ class TorchEngine:
             raise ValueError(
                 f"{cfg.model_type} has {cfg.own_layers}: a backend that keeps the model's own layers"
             )
-        if cfg.windowed and backend.attention != "torch":
-            raise ValueError(f"{cfg.model_type} has sliding-window layers: a backend with torch's attention")
-        if cfg.family.attention_sinks and backend.attention != "torch":
-            raise ValueError(f"{cfg.model_type} has attention sinks: a backend with torch's attention")
+        if (torch_only := cfg.torch_attention_only) is not None and backend.attention != "torch":
+            raise ValueError(f"{cfg.model_type} has {torch_only}: a backend with torch's attention")
         self.backend = backend
         backend.prepare_process()
         # The engine samples from its own copy: weights change only through load_weights.

@@ -230,6 +230,11 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         if fam.moe_style == "gpt_oss":
             if not all(isinstance(x, int | float) and x > 0 for x in clamped):
                 raise ValueError(f"{self.model_type} needs swiglu_alpha and swiglu_limit > 0, got {clamped}")
+            if self.moe_intermediate_size != self.intermediate_size:  # config.json has one width
+                raise ValueError(
+                    f"{self.model_type}'s experts are its intermediate_size ({self.intermediate_size}): "
+                    f"moe_intermediate_size must equal it, got {self.moe_intermediate_size}"
+                )
         elif clamped != (None, None):
             raise ValueError(f"swiglu_alpha and swiglu_limit are not {self.model_type} fields")
         if self.layer_types is not None:
@@ -303,7 +308,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             "mlp_only_layers": list(self.mlp_only_layers),
             "output_router_logits": False,
             "router_aux_loss_coef": 0.001,
-            **({"swiglu_alpha": self.swiglu_alpha, "swiglu_limit": self.swiglu_limit} if self.swiglu_alpha else {}),
+            **({} if self.swiglu_alpha is None else {"swiglu_alpha": self.swiglu_alpha}),
+            **({} if self.swiglu_limit is None else {"swiglu_limit": self.swiglu_limit}),
         }
 
     def layer_rope(self, layer: int) -> bool:
@@ -326,6 +332,16 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     def windowed(self) -> bool:
         """Whether any layer attends over a sliding window."""
         return any(self.layer_window(i) is not None for i in range(self.num_hidden_layers))
+
+    @property
+    def torch_attention_only(self) -> str | None:
+        """Why only torch's attention runs this model (vLLM's kernels here attend over the whole
+        context and add no sink to the softmax), or None where any attention can."""
+        if self.windowed:
+            return f"sliding-window layers (sliding_window={self.sliding_window})"
+        if self.family.attention_sinks:
+            return "attention sinks"
+        return None
 
     def layer_rope_local(self, layer: int) -> bool:
         """Whether layer `layer` rotates with the local RoPE base (`rope_local_base_freq`: Gemma 3's
@@ -503,9 +519,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     # ---- named configs ----
     @classmethod
     def named(cls, name: str) -> ModelConfig:
-        """A named config: 'tiny' (CPU default), 'tiny-moe', 'tiny-gpt-oss', 'test-gpt-oss', 'gpt-oss-20b', 'bench-3m', 'small-25m', 'test', 'test-qwen3', 'test-gemma3',
-        'qwen2.5-0.5b', 'qwen3-0.6b', 'qwen3-1.7b', 'qwen3-4b', 'qwen3-8b', 'llama-3.2-1b',
-        'mistral-7b-v0.3', 'smollm3-3b', 'gemma-3-1b', 'olmo-3-7b' (the real shapes, random weights)."""
+        """A named config: 'tiny' (CPU default), 'tiny-moe', 'tiny-gpt-oss', 'bench-3m', 'small-25m',
+        'test', 'test-qwen3', 'test-gemma3', 'test-gpt-oss', 'qwen2.5-0.5b', 'qwen3-0.6b', 'qwen3-1.7b',
+        'qwen3-4b', 'qwen3-8b', 'llama-3.2-1b', 'mistral-7b-v0.3', 'smollm3-3b', 'gemma-3-1b', 'olmo-3-7b',
+        'gpt-oss-20b' (the real shapes, random weights)."""
         if name not in NAMED_CONFIGS:
             raise KeyError(f"unknown model config {name!r}; known: {sorted(NAMED_CONFIGS)}")
         return cls(**NAMED_CONFIGS[name])

@@ -57,14 +57,22 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, H]: the rows routed to expert 0, then those to expert 1, ... (`counts` [E] rows
         each) -> [M, H], each row through its expert."""
-        gate_up_proj, down_proj = self.gate_up_proj, self.down_proj
-        device = x.device.type
-        if torch.is_autocast_enabled(device):  # grouped_mm takes one dtype: the autocast one
-            dtype = torch.get_autocast_dtype(device)
-            x, gate_up_proj, down_proj = x.to(dtype), gate_up_proj.to(dtype), down_proj.to(dtype)
-        with torch.autocast(device, enabled=False):
+        x, (gate_up_proj, down_proj) = _in_autocast_dtype(x, self.gate_up_proj, self.down_proj)
+        with torch.autocast(x.device.type, enabled=False):
             gate, up = grouped_matmul(x, gate_up_proj, counts).chunk(2, dim=-1)
             return grouped_matmul(F.silu(gate) * up, down_proj, counts)
+
+
+def _in_autocast_dtype(
+    x: torch.Tensor, *weights: torch.Tensor
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """x and the experts' weights in the autocast dtype where autocast is on (grouped_mm takes one
+    dtype), else as they are; the caller then computes with autocast off."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return x, weights
+    dtype = torch.get_autocast_dtype(device)
+    return x.to(dtype), tuple(w.to(dtype) for w in weights)
 
 
 def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -113,13 +121,10 @@ class GptOssExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """As `Experts.forward`: x [M, H] grouped by expert (`counts` [E]) -> [M, H]."""
-        weights = (self.gate_up_proj, self.gate_up_proj_bias, self.down_proj, self.down_proj_bias)
-        device = x.device.type
-        if torch.is_autocast_enabled(device):  # grouped_mm takes one dtype: the autocast one
-            dtype = torch.get_autocast_dtype(device)
-            x, weights = x.to(dtype), tuple(w.to(dtype) for w in weights)
-        gate_up_proj, gate_up_bias, down_proj, down_bias = weights
-        with torch.autocast(device, enabled=False):
+        x, (gate_up_proj, gate_up_bias, down_proj, down_bias) = _in_autocast_dtype(
+            x, self.gate_up_proj, self.gate_up_proj_bias, self.down_proj, self.down_proj_bias
+        )
+        with torch.autocast(x.device.type, enabled=False):
             gate_up = grouped_matmul(x, gate_up_proj.transpose(1, 2), counts)
             gate_up = gate_up + torch.repeat_interleave(gate_up_bias, counts, dim=0)
             gate = gate_up[:, ::2].clamp(max=self.limit)

@@ -488,6 +488,8 @@ def test_gpt_oss_config_json_forms_and_refusals() -> None:
     with pytest.raises(ValueError, match="quantized weights") as error:
         ModelConfig.from_hf_dict(theirs | {"quantization_config": {"quant_method": "mxfp4"}})
     assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="moe_intermediate_size must equal it"):  # config.json has one width
+        msgspec.structs.replace(ModelConfig.named("test-gpt-oss"), moe_intermediate_size=64)
     with pytest.raises(ValueError, match="swiglu_alpha and swiglu_limit are not qwen3_moe fields"):
         msgspec.structs.replace(ModelConfig.named("test-qwen3-moe"), swiglu_alpha=1.0, swiglu_limit=7.0)
     full = msgspec.structs.replace(

@@ -25,14 +25,13 @@ that the grader failed, `judge/hacking_rate`), its highest and its last value.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 from _common import format_table
 from judge_bench import free_port, serve
-from rl_arms import ArmsBench, main
+from rl_arms import ArmsBench, _records, main
 
 CRITERION = "The final answer is correct."
 CHECK = "toolgym.examples.judge_checks:answer_tagged"
@@ -82,10 +81,9 @@ def hacking(out: Path, bench: ArmsBench, seeds: list[int]) -> None:
             metrics = bench.run_dir(out, arm, seed) / "metrics.jsonl"
             if not metrics.exists():
                 continue
-            records = [json.loads(line) for line in metrics.read_text().splitlines() if line]
             rates = [
                 (r["step"], value)
-                for r in records
+                for r in _records(metrics.parent)
                 if r["kind"] == "train"
                 for key, value in r.items()
                 if key.endswith("judge/hacking_rate")
@@ -105,19 +103,25 @@ def run() -> None:
     known, rest = parser.parse_known_args()
     out = known.out
     sys.argv = [sys.argv[0], *rest, "--out", str(out)]  # bench/rl_arms.py's command line
-    judge = known.judge or build_judge(out / "judge")
-    port = free_port()
-    server = serve(judge, port)
-    try:
-        bench = ArmsBench(
+
+    def bench(url: str) -> ArmsBench:
+        return ArmsBench(
             preset="zorplex_judged_tiny",
-            arms=arms(f"http://127.0.0.1:{port}/v1"),
+            arms=arms(url),
             target={"success": 0.9},
             out=out,
             curves=Path(__file__).parent / "judged_demo_curves.png",
         )
-        args = main({bench.preset: bench}, __doc__ or "")
-        hacking(args.out, bench, args.seeds)
+
+    if {"-h", "--help"} & set(rest):  # the help, before any judge is built or served
+        main({"zorplex_judged_tiny": bench("")}, __doc__ or "")
+    judge = known.judge or build_judge(out / "judge")
+    port = free_port()
+    server = serve(judge, port)
+    try:
+        served = bench(f"http://127.0.0.1:{port}/v1")
+        args = main({served.preset: served}, __doc__ or "")
+        hacking(args.out, served, args.seeds)
     finally:
         server.terminate()
         server.wait()

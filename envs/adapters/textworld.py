@@ -46,6 +46,17 @@ A win or a loss terminates the episode (end_reason `answered`; failure_mode succ
 `max_turns` commands without an end truncate it (`no_answer`). Metrics: `success` (won),
 `score`, `normalized_score` (score / max score), `invalid_commands`, `moves`.
 
+Names (`rename_entities=True`, theme "basic" only): each episode shows the game under names of
+its own, drawn from its seed: the letters that pair keys with their locks (A-key opens A-box)
+permuted, and each noun's numbers (box6, thing33, room66) permuted over the 110 numerals the
+grammar makes (0-9, 00-99). The text the model reads and the walkthrough are renamed, and each
+command is renamed back before the game reads it; both maps are bijections of the whole name space,
+so a name the episode never showed still names no object of the game. With
+`training_games=N`, the runner's training seeds (>= 2**31; the held-out eval seeds are below
+2**20) play one of N games (generator seeds 2**31 .. 2**31+N-1, by a hash of the seed), so a run
+compiles N training games however many episodes it plays, and with renaming each episode reads
+them under other names: demonstrations and RL tasks without end from a cache of N compiled games.
+
 The oracle plays the game's walkthrough (TextWorld's winning commands; its last command wins
 the game and is `answer`), so `toolgym record --policy oracle` and `sft.source = "oracle"` make
 demonstrations.
@@ -58,11 +69,13 @@ import hashlib
 import os
 import re
 import shutil
+import string
 import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Final
 
+import numpy as np
 import textworld
 from textworld import EnvInfos, GameOptions
 from textworld.generator import compile_game, make_game
@@ -70,6 +83,7 @@ from textworld.generator import compile_game, make_game
 from ..core.text_env import TextEnv
 
 DEFAULT_GAME_DIR: Final = Path("runs") / "textworld-games"
+TRAINING_SEEDS: Final = 2**31  # the runner's training task seeds start here (rollouts/batches.py)
 INSTRUCTIONS: Final = (
     "You are playing a text adventure game. Each of your replies is one command to the game, "
     "such as: go north, open chest, take key from chest, unlock door with key, put apple on "
@@ -88,6 +102,52 @@ _RESTART: Final = re.compile(r"^\s*Would you like to RESTART.*$", re.MULTILINE)
 _BLANKS: Final = re.compile(r"\n{3,}")
 _NOT_ASCII: Final = re.compile(r"[^\x20-\x7e]")
 _PROMPT: Final = re.compile(r"\n>[^\n]*$")
+
+
+# The "basic" grammar's names (textworld/generator/data/text_grammars/basic_obj.twg, _room.twg):
+# a noun and a number of one or two digits (box6, room05, thing33), and a key matched to its lock
+# by a capital letter (A-key opens A-box or A-door).
+_NOUNS: Final = ("room", "box", "door", "stand", "thing", "snack", "key")
+_NUMERALS: Final = tuple(str(d) for d in range(10)) + tuple(f"{d:02d}" for d in range(100))
+_NUMBERED: Final = re.compile(rf"\b({'|'.join(_NOUNS)})(\d{{1,2}})\b", re.IGNORECASE)
+_LETTERED: Final = re.compile(r"\b([A-Za-z])-(key|box|door)\b", re.IGNORECASE)
+
+
+class Renaming:
+    """One episode's names for the "basic" grammar's objects, drawn from `seed`: the key letters
+    permuted, and each noun's numbers permuted over all of the grammar's numerals. `show` maps the
+    game's text to the episode's names, `unshow` maps a command back; each is the other's inverse
+    on any text, since both maps are bijections of the whole name space."""
+
+    def __init__(self, seed: int) -> None:
+        rng = np.random.default_rng([seed, 0x7E])
+        letters = string.ascii_uppercase
+        shown = "".join(letters[i] for i in rng.permutation(len(letters)))
+        self._letters = (dict(zip(letters, shown, strict=True)), dict(zip(shown, letters, strict=True)))
+        numbers: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+        for noun in _NOUNS:
+            order = [_NUMERALS[i] for i in rng.permutation(len(_NUMERALS))]
+            numbers[noun] = (
+                dict(zip(_NUMERALS, order, strict=True)),
+                dict(zip(order, _NUMERALS, strict=True)),
+            )
+        self._numbers = numbers
+
+    def _map(self, text: str, way: int) -> str:
+        def number(match: re.Match[str]) -> str:
+            return match.group(1) + self._numbers[match.group(1).lower()][way][match.group(2)]
+
+        def letter(match: re.Match[str]) -> str:
+            mapped = self._letters[way][match.group(1).upper()]
+            return (mapped if match.group(1).isupper() else mapped.lower()) + "-" + match.group(2)
+
+        return _LETTERED.sub(letter, _NUMBERED.sub(number, text))
+
+    def show(self, text: str) -> str:
+        return self._map(text, 0)
+
+    def unshow(self, text: str) -> str:
+        return self._map(text, 1)
 
 
 class TextWorldGameError(RuntimeError):
@@ -171,7 +231,8 @@ class TextWorldEnv(TextEnv):
     of a quest; a branch's end is a point of its own), theme (tw-make's --theme: the text
     grammar, "house" or "basic"; see THEMES), game_dir (the compiled games' cache),
     admissible_commands (list them in each observation), invalid_command_penalty (a magnitude per
-    invalid command), max_turns."""
+    invalid command), max_turns, rename_entities (each episode's own names; "basic" only) and
+    training_games (the training seeds' games; 0: each its own); see the module doc."""
 
     def __init__(
         self,
@@ -186,6 +247,8 @@ class TextWorldEnv(TextEnv):
         admissible_commands: bool = False,
         invalid_command_penalty: float = 0.0,
         max_turns: int = 50,
+        rename_entities: bool = False,
+        training_games: int = 0,
         max_action_chars: int = 4096,
         max_observation_chars: int = 16384,
         render_mode: str | None = None,
@@ -200,6 +263,7 @@ class TextWorldEnv(TextEnv):
             ("quests", quests, 1),
             ("quest_breadth", quest_breadth, 1),
             ("max_turns", max_turns, 1),
+            ("training_games", training_games, 0),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
@@ -213,6 +277,11 @@ class TextWorldEnv(TextEnv):
             )
         if not isinstance(theme, str) or theme not in THEMES:
             raise ValueError(f"theme must be one of {sorted(THEMES)}, got {theme!r}")
+        if not isinstance(rename_entities, bool):
+            raise ValueError(f"rename_entities must be a bool, got {rename_entities!r}")
+        if rename_entities and theme != "basic":
+            raise ValueError(f'rename_entities needs theme="basic" (numbered names), got theme={theme!r}')
+        self.rename_entities, self.training_games = rename_entities, training_games
         self.nb_rooms, self.nb_objects, self.theme = nb_rooms, nb_objects, theme
         self.quest_length, self.quests, self.quest_breadth = quest_length, quests, quest_breadth
         self.game_dir = Path(game_dir) if game_dir is not None else DEFAULT_GAME_DIR
@@ -225,6 +294,7 @@ class TextWorldEnv(TextEnv):
         self._done = True
         self._question = ""
         self._walkthrough: list[str] = []
+        self._renaming: Renaming | None = None
         self.builds = 0  # games this env compiled (the rest came from the cache)
 
     # ---- the games -----------------------------------------------------------------------------
@@ -235,10 +305,18 @@ class TextWorldEnv(TextEnv):
         theme = f"-{self.theme}" if self.theme != "house" else ""
         return f"r{self.nb_rooms}-o{self.nb_objects}-l{self.quest_length}-q{self.quests}{breadth}{theme}"
 
+    def generator_seed(self, seed: int) -> int:
+        """tw-make's --seed for task seed `seed`: with `training_games`, a training seed's pick of
+        that many games; otherwise the module's generator_seed."""
+        if self.training_games and seed >= TRAINING_SEEDS:
+            digest = hashlib.blake2b(f"game-of-{seed}".encode(), digest_size=8).digest()
+            return TRAINING_SEEDS + int.from_bytes(digest, "big") % self.training_games
+        return generator_seed(seed)
+
     def game_path(self, seed: int) -> Path:
         """The compiled game of `seed` in the cache (its folder also holds TextWorld's .json), named
         by the generator seed that makes it."""
-        return self.game_dir / f"tw-{self.spec_name}-s{generator_seed(seed)}" / "game.z8"
+        return self.game_dir / f"tw-{self.spec_name}-s{self.generator_seed(seed)}" / "game.z8"
 
     def build(self, seed: int) -> Path:
         """Game `seed`, compiled now unless the cache has it (see the module doc)."""
@@ -249,7 +327,7 @@ class TextWorldEnv(TextEnv):
         scratch = Path(tempfile.mkdtemp(prefix=".build-", dir=self.game_dir))
         try:
             scratch.chmod(0o755)  # the cache is shared: readable as any other folder
-            seeds: int | dict[str, int] = generator_seed(seed)
+            seeds: int | dict[str, int] = self.generator_seed(seed)
             for attempt in range(ATTEMPTS):
                 options = self._options(seeds, scratch)
                 try:
@@ -348,7 +426,8 @@ class TextWorldEnv(TextEnv):
         path = self.build(game_seed)
         self._game, state = _start(path)
         self._state = state
-        self._walkthrough = [str(c) for c in (state.get("extra.walkthrough") or [])]
+        self._renaming = Renaming(game_seed) if self.rename_entities else None
+        self._walkthrough = [self._show(str(c)) for c in (state.get("extra.walkthrough") or [])]
         self._score = int(state.get("score") or 0)
         self._max_score = int(state.get("max_score") or 0)
         self._turn = 0
@@ -361,6 +440,7 @@ class TextWorldEnv(TextEnv):
             "question": self._question,
             "answer": self.answer,
             "game_seed": game_seed,
+            "generator_seed": self.generator_seed(game_seed),
             "game": self.spec_name,
             "max_score": self._max_score,
             "walkthrough_moves": len(self._walkthrough),
@@ -368,11 +448,15 @@ class TextWorldEnv(TextEnv):
         }
         return self._question, info
 
+    def _show(self, text: str) -> str:
+        return self._renaming.show(text) if self._renaming is not None else text
+
     def _observation(self, text: str) -> str:
+        """The game's text as the episode shows it: renamed, with the admissible commands listed."""
         if self.list_admissible and self._state is not None and not self._state.get("done"):
-            commands = sorted(str(c) for c in self._state.get("admissible_commands") or [])
+            commands = sorted(self._show(str(c)) for c in self._state.get("admissible_commands") or [])
             text = f"{text}\n\n{ADMISSIBLE_HEADING} {', '.join(commands)}".strip()
-        return text[: self._max_observation_chars]
+        return self._show(text)[: self._max_observation_chars]
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if self._done:
@@ -382,6 +466,8 @@ class TextWorldEnv(TextEnv):
         if not isinstance(action, str):
             raise TypeError(f"action must be a str, got {type(action).__name__}")
         command = normalize_command(action[: self._max_action_chars])
+        if self._renaming is not None:  # the game's own names
+            command = self._renaming.unshow(command)
         admissible = {normalize_command(c) for c in self._state.get("admissible_commands") or []}
         invalid = command not in admissible
         self._turn += 1
@@ -399,7 +485,11 @@ class TextWorldEnv(TextEnv):
         won, lost = bool(state.get("won")), bool(state.get("lost"))
         over = bool(done) or won or lost
         observation = clean_feedback(str(state.get("feedback") or "")) or "Nothing happens."
-        info: dict[str, Any] = {"command": command, "invalid_command": invalid, "turn": self._turn}
+        info: dict[str, Any] = {
+            "command": self._show(command),
+            "invalid_command": invalid,
+            "turn": self._turn,
+        }
         if over:
             info["end_reason"] = "answered"
             info["failure_mode"] = "success" if won else "lost"

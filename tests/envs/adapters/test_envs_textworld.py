@@ -25,6 +25,7 @@ from toolgym.configs.load import load_config
 from toolgym.envs import list_envs
 from toolgym.envs.adapters.textworld import (
     ADMISSIBLE_HEADING,
+    Renaming,
     TextWorldEnv,
     TextWorldGameError,
     clean_feedback,
@@ -137,6 +138,58 @@ def test_training_streams_play_different_games(game_dir):
     openings = {env.reset(seed=s)[0] for s in firsts[:2]}
     assert len(openings) == 2
     env.close()
+
+
+def test_renaming_is_a_bijection_that_keeps_keys_paired_with_their_locks():
+    text = "Unlock C-box with C-key, take key8 from box05 in Room66; room0, c-door, thing33, snack1."
+    shown = Renaming(7).show(text)
+    assert Renaming(7).show(text) == shown and Renaming(8).show(text) != shown
+    assert Renaming(7).unshow(shown) == text and Renaming(7).show(Renaming(7).unshow(text)) == text
+    letter = re.search(r"Unlock ([A-Z])-box with ([A-Z])-key", shown)
+    assert letter and letter.group(1) == letter.group(2)  # a key still opens its own lock
+    assert re.search(rf"\b{letter.group(1).lower()}-door\b", shown)  # and the case is kept
+    # Every noun keeps its noun and a number of 1-2 digits; text that is not a name is untouched.
+    assert re.fullmatch(
+        r"Unlock [A-Z]-box with [A-Z]-key, take key\d{1,2} from box\d{1,2} in Room\d{1,2}; "
+        r"room\d{1,2}, [a-z]-door, thing\d{1,2}, snack\d{1,2}\.",
+        shown,
+    )
+    names = [Renaming(seed).show("box6") for seed in range(40)]
+    assert len(set(names)) > 20  # the number is drawn over the grammar's 110 numerals
+
+
+def test_renamed_training_games_are_shared_won_and_read_under_other_names(game_dir):
+    env = make(
+        game_dir, nb_rooms=2, nb_objects=4, quest_length=5, quests=2, theme="basic",
+        rename_entities=True, training_games=2,
+    )  # fmt: skip
+    seeds = TaskSeedStream(stream=0).take(6)[0] + TaskSeedStream(stream=1).take(6)[0]
+    assert {env.generator_seed(s) for s in seeds} == {2**31, 2**31 + 1}  # two games, however many seeds
+    assert env.generator_seed(1) == 1  # held-out eval seeds are their own games
+    openings = {}
+    for seed in seeds[:4]:
+        opening, info = env.reset(seed=seed)
+        openings.setdefault(info["generator_seed"], set()).add(opening)
+        renamed = env.oracle_actions()
+        _, _, last, terminated = play(env, renamed)
+        assert terminated and last["metrics"]["success"] == 1.0 and last["invalid_commands"] == 0
+    # Two episodes of one game read it under different names.
+    assert any(len(texts) > 1 for texts in openings.values())
+    # The game's own names are not the episode's: the plain walkthrough is (mostly) not accepted.
+    plain = TextWorldEnv(
+        nb_rooms=2, nb_objects=4, quest_length=5, quests=2, theme="basic", game_dir=str(game_dir)
+    )
+    plain.reset(seed=seeds[0])
+    env.reset(seed=seeds[0])
+    assert plain.oracle_actions() != env.oracle_actions()
+    _, _, last, _ = play(env, plain.oracle_actions())
+    assert last["invalid_commands"] >= 1 and last["metrics"]["success"] == 0.0
+    for env_ in (env, plain):
+        env_.close()
+    with pytest.raises(ValueError, match="rename_entities needs theme"):
+        make(game_dir, rename_entities=True)
+    with pytest.raises(ValueError, match="training_games must be an int >= 0"):
+        make(game_dir, training_games=-1)
 
 
 @pytest.mark.slow

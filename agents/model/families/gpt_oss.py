@@ -52,6 +52,13 @@ def _hf_fields(config: Shape) -> dict[str, Any]:
         "swiglu_limit": moe["swiglu_limit"],
         "router_aux_loss_coef": 0.001,
         "output_router_logits": False,
+        # transformers' GptOssConfig reads no rope parameters as the published YaRN: plain RoPE is
+        # written out, or a checkpoint of a shape without YaRN would load with it.
+        **(
+            {"rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta}}
+            if config.rope_scaling is None
+            else {}
+        ),
     }
 
 

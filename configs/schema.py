@@ -68,7 +68,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from ..agents.model.lora import LoraConfig, check_native_targets
+from ..agents.model.lora import EXPERTS_TARGET, LoraConfig, check_native_targets
 from ..agents.vllm.engine import VLLM_LORA_RANKS, VLLMConfig
 from ..rollouts.batches import EVAL_SEED_COUNT, BatchConfig
 from ..rollouts.endpoint.program import AgentProgram
@@ -196,14 +196,19 @@ class PolicySection(PolicySampling, frozen=True, **_STRICT):
     vllm: VLLMConfig = msgspec.field(default_factory=VLLMConfig)
     # LoRA for RL (agents/model/lora.py): rank > 0 trains adapters over the frozen base (after SFT,
     # which stays full), syncs only them to the policy, exports them as a PEFT directory.
-    # target_modules: q_proj ... down_proj for a native family; with implementation = "transformers"
-    # any of the model's linear names (qkv_proj, gate_up_proj, query_key_value, ...).
+    # target_modules: q_proj ... down_proj for a native family, and "experts" for every expert of its
+    # MoE blocks (torch backend); with implementation = "transformers" any of the model's linear
+    # names (qkv_proj, gate_up_proj, query_key_value, ...).
     lora: LoraConfig = msgspec.field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.implementation == "native":
             check_native_targets(self.lora, "policy.lora")
+        if self.lora.enabled and self.backend == "vllm" and EXPERTS_TARGET in self.lora.target_modules:
+            raise ValueError(
+                "policy.lora.target_modules 'experts' (LoRA on experts) runs on backend 'torch' only"
+            )
         if self.lora.enabled and self.backend == "vllm" and self.lora.rank > VLLM_LORA_RANKS[-1]:
             raise ValueError(
                 f"policy.lora.rank must be <= {VLLM_LORA_RANKS[-1]} with backend 'vllm' (vLLM's largest "

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from ..agents.model.lora import lora_modules
+from ..agents.model.lora import adapted_weights
 from ..agents.model.moe import MixtureOfExperts, load_balancing_loss
 from ..agents.model.transformer import Transformer
 from ..rollouts.types import Episode, PolicySampling
@@ -131,7 +131,7 @@ class Trainer:
         # LoRA+ (opt.loraplus_lr_ratio): the adapters' B matrices in a group of their own, at
         # lr x the ratio; otherwise one group, in the model's order (what checkpoints hold).
         params: list[nn.Parameter] | list[dict] = self.trainable
-        lora_b = {id(module.lora_B.weight) for _, module in lora_modules(self.model)}
+        lora_b = {id(adapted.lora_B) for adapted in adapted_weights(self.model)}
         if lora_b and opt.loraplus_lr_ratio != 1.0:
             params = [
                 {"params": [p for p in self.trainable if id(p) not in lora_b]},

@@ -14,6 +14,15 @@ with s = alpha / r, the adapters unmerged (the base weight is never changed).
   directory `peft.PeftModel.from_pretrained` (and vLLM's `--lora-modules`) load;
 - `merged_state_dict(model)` / `merge_lora(model)`: W + s * B @ A, for a merged HF export;
 - `adapter_checksum(named_tensors)`: the check a weight sync makes on what the policy applied.
+
+Experts (target "experts", mixture-of-experts models): `LoraExperts` adapts every expert of a
+block's stacked `gate_up_proj` and `down_proj` (agents/model/moe.py) as peft's `target_parameters`
+does (`ParamWrapper`): per projection A [r*E, in] (expert e's rows e*r .. e*r+r-1) and B [out, r*E]
+(expert e's columns e, e+E, e+2E, ...), the update einsum("o r e, e r i -> e o i") x s, laid out as
+the weight. peft nests the two wrappers, so gate_up_proj's adapters are named
+`<block>.experts.base_layer.lora_A.weight` and down_proj's `<block>.experts.lora_A.weight`; ours
+are named the same, so the directory loads in peft (no dropout there: peft has none for them).
+`adapted_weights(model)` lists every adapted weight of either kind, which the functions below read.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, Protocol
 
 import msgspec
 import torch
@@ -30,7 +39,11 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .moe import Experts
+
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+EXPERTS_TARGET = "experts"  # the MoE blocks' stacked expert projections (LoraExperts)
+EXPERT_PROJECTIONS = ("gate_up_proj", "down_proj")
 PEFT_PREFIX = "base_model.model."
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -105,15 +118,136 @@ class LoraLinear(nn.Module):
 
     def delta_weight(self) -> torch.Tensor:
         """s * B @ A, [out, in], in float32."""
-        return self.scale * (self.lora_B.weight.float() @ self.lora_A.weight.float())
+        return self.delta_of(self.lora_A.weight, self.lora_B.weight)
+
+    def delta_of(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """s * b @ a in float32: the update adapters (a, b) make to the weight."""
+        return self.scale * (b.float() @ a.float())
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, rank={self.rank}, scale={self.scale:g}"
 
 
-def lora_modules(model: nn.Module) -> Iterator[tuple[str, LoraLinear]]:
+def _adapter_pair(
+    in_features: int, out_features: int, rows: int, device: torch.device, generator: torch.Generator | None
+) -> tuple[nn.Linear, nn.Linear]:
+    """lora_A [rows, in] (kaiming-uniform, as peft) and lora_B [out, rows] (zeros)."""
+    a = nn.Linear(in_features, rows, bias=False, device=device)
+    b = nn.Linear(rows, out_features, bias=False, device=device)
+    with torch.no_grad():
+        nn.init.kaiming_uniform_(a.weight, a=math.sqrt(5), generator=generator)
+        nn.init.zeros_(b.weight)
+    return a, b
+
+
+def experts_delta(
+    a: torch.Tensor, b: torch.Tensor, scale: float, num_experts: int, transposed: bool
+) -> torch.Tensor:
+    """s x the update of a stacked expert weight from peft-layout adapters (module doc): A [r*E, in],
+    B [out, r*E] -> [E, out, in] (or [E, in, out] when `transposed`), float32."""
+    a = a.float().reshape(num_experts, -1, a.shape[-1])  # e r i
+    b = b.float().reshape(b.shape[0], -1, num_experts)  # o r e
+    delta = scale * torch.einsum("ore,eri->eoi", b, a)
+    return delta.transpose(1, 2) if transposed else delta
+
+
+class _GateUpAdapters(nn.Module):
+    """gate_up_proj's adapters, under the name peft's nesting gives them (`base_layer`)."""
+
+    def __init__(self, a: nn.Linear, b: nn.Linear) -> None:
+        super().__init__()
+        self.lora_A, self.lora_B = a, b
+
+
+class LoraExperts(nn.Module):
+    """A block's stacked experts (their own Parameters, under the same names) plus LoRA on every
+    expert's gate_up_proj and down_proj in peft's layout (module doc). Its forward runs the base's
+    grouped computation on W + the update, materialised per forward as peft's does."""
+
+    def __init__(self, base: Experts, config: LoraConfig, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.__dict__["base"] = base  # computes only; its Parameters are registered here
+        for name in base.stacked:
+            self.register_parameter(name, getattr(base, name))
+        self.rank, self.scale = config.rank, config.scale
+        self.float32_adapters = config.dtype == "float32"
+        self.dropout = nn.Identity()
+        self.num_experts, self.transposed = int(base.gate_up_proj.shape[0]), base.transposed
+        device = base.gate_up_proj.device
+        rows = config.rank * self.num_experts
+        self.base_layer = _GateUpAdapters(
+            *_adapter_pair(*self._features("gate_up_proj"), rows, device, generator)
+        )
+        self.lora_A, self.lora_B = _adapter_pair(*self._features("down_proj"), rows, device, generator)
+
+    def _features(self, name: str) -> tuple[int, int]:
+        """(in, out) of each expert's projection `name`."""
+        _, first, second = getattr(self, name).shape
+        return (first, second) if self.transposed else (second, first)
+
+    def adapters(self) -> dict[str, tuple[str, nn.Linear, nn.Linear]]:
+        """Projection name -> (its adapters' owner, relative to this module; lora_A; lora_B)."""
+        return {
+            "gate_up_proj": ("base_layer", self.base_layer.lora_A, self.base_layer.lora_B),
+            "down_proj": ("", self.lora_A, self.lora_B),
+        }
+
+    def delta_of(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return experts_delta(a, b, self.scale, self.num_experts, self.transposed)
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        adapters = self.adapters()
+        weights = []
+        for name in self.base.stacked:
+            weight = getattr(self, name)
+            if name in adapters:
+                _, a, b = adapters[name]
+                weight = weight + self.delta_of(a.weight, b.weight).to(weight.dtype)
+            weights.append(weight)
+        return self.base.compute(x, counts, *weights)
+
+    def extra_repr(self) -> str:
+        return f"experts={self.num_experts}, rank={self.rank}, scale={self.scale:g}"
+
+
+class _Adapter(Protocol):
+    rank: int
+    scale: float
+    float32_adapters: bool
+    dropout: nn.Module
+
+    def delta_of(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
+
+
+class AdaptedWeight(NamedTuple):
+    """One adapted weight of a model: its adapters are `owner`.lora_A.weight and .lora_B.weight,
+    the base weight they update is `weight` (names as the model's), `module` computes the update."""
+
+    owner: str
+    weight: str
+    lora_A: nn.Parameter
+    lora_B: nn.Parameter
+    module: _Adapter
+
+    def delta(self, a: torch.Tensor | None = None, b: torch.Tensor | None = None) -> torch.Tensor:
+        """The update (float32, the weight's shape) of adapters a, b (default: the module's own)."""
+        return self.module.delta_of(self.lora_A if a is None else a, self.lora_B if b is None else b)
+
+
+def adapted_weights(model: nn.Module) -> Iterator[AdaptedWeight]:
+    """Every adapted weight of `model`: each LoraLinear's, each LoraExperts' two, in module order."""
     for name, module in model.named_modules():
         if isinstance(module, LoraLinear):
+            yield AdaptedWeight(name, f"{name}.weight", module.lora_A.weight, module.lora_B.weight, module)
+        elif isinstance(module, LoraExperts):
+            for projection, (owner, a, b) in module.adapters().items():
+                owner = f"{name}.{owner}" if owner else name
+                yield AdaptedWeight(owner, f"{name}.{projection}", a.weight, b.weight, module)
+
+
+def lora_modules(model: nn.Module) -> Iterator[tuple[str, LoraLinear | LoraExperts]]:
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLinear | LoraExperts):
             yield name, module
 
 
@@ -122,12 +256,14 @@ def has_lora(model: nn.Module) -> bool:
 
 
 def check_native_targets(config: LoraConfig, where: str = "LoraConfig") -> None:
-    """A native family's linears are LORA_TARGETS: raise ValueError naming `where` for others."""
-    unknown = [t for t in config.target_modules if t not in LORA_TARGETS]
+    """A native family's linears are LORA_TARGETS, and "experts" its MoE blocks' experts: raise
+    ValueError naming `where` for others."""
+    unknown = [t for t in config.target_modules if t not in (*LORA_TARGETS, EXPERTS_TARGET)]
     if unknown:
         raise ValueError(
             f"{where}.target_modules must be a non-empty list of {', '.join(LORA_TARGETS)} (a native "
-            f"family's linears; policy.implementation = 'transformers' takes any); got {unknown}"
+            f"family's linears) or {EXPERTS_TARGET!r} (its experts); policy.implementation = "
+            f"'transformers' takes any linear's name; got {unknown}"
         )
 
 
@@ -142,19 +278,27 @@ def apply_lora(model: nn.Module, config: LoraConfig, seed: int = 0) -> nn.Module
     targets = [
         (name, module)
         for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in config.target_modules
+        if name.rsplit(".", 1)[-1] in config.target_modules
+        and (isinstance(module, nn.Linear) or (isinstance(module, Experts) and name.endswith(EXPERTS_TARGET)))
     ]
     missing = sorted(set(config.target_modules) - {name.rsplit(".", 1)[-1] for name, _ in targets})
     if missing:  # e.g. a family run through transformers whose linears are named otherwise
         raise ValueError(
-            f"LoRA target_modules {missing} name no nn.Linear in the model; "
-            "set policy.lora.target_modules to the linears it has"
+            f"LoRA target_modules {missing} name no nn.Linear (or, for {EXPERTS_TARGET!r}, no MoE "
+            "block's experts) in the model; set policy.lora.target_modules to the ones it has"
         )
+    if EXPERTS_TARGET in config.target_modules and config.dropout:
+        raise ValueError("LoRA on experts has no dropout (nor does peft's): set dropout = 0")
     model.requires_grad_(False)
     generator = torch.Generator().manual_seed(seed)
     for name, module in targets:
         parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, LoraLinear(module, config, generator))
+        adapted = (
+            LoraExperts(module, config, generator)
+            if isinstance(module, Experts)
+            else LoraLinear(module, config, generator)
+        )
+        setattr(model.get_submodule(parent_name), child, adapted)
     return model
 
 
@@ -162,15 +306,15 @@ def keep_adapter_dtype(model: nn.Module) -> None:
     """After `model.to(dtype)`: adapters configured with dtype "float32" back to float32."""
     for _, module in lora_modules(model):
         if module.float32_adapters:
-            module.lora_A.float()
-            module.lora_B.float()
+            for child in module.children():  # the adapters (the base weights are Parameters)
+                child.float()
 
 
 def adapter_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(module name, tensor) of every adapter weight, detached, no copies: what a sync sends."""
-    for name, module in lora_modules(model):
-        yield f"{name}.lora_A.weight", module.lora_A.weight.detach()
-        yield f"{name}.lora_B.weight", module.lora_B.weight.detach()
+    for adapted in adapted_weights(model):
+        yield f"{adapted.owner}.lora_A.weight", adapted.lora_A.detach()
+        yield f"{adapted.owner}.lora_B.weight", adapted.lora_B.detach()
 
 
 def is_adapter_name(name: str) -> bool:
@@ -201,7 +345,9 @@ def lora_config_of(model: nn.Module) -> LoraConfig:
         rank=first.rank,
         alpha=first.scale * first.rank,
         dropout=first.dropout.p if isinstance(first.dropout, nn.Dropout) else 0.0,
-        target_modules=sorted({name.rsplit(".", 1)[-1] for name, _ in modules}),
+        target_modules=sorted(
+            {EXPERTS_TARGET if isinstance(m, LoraExperts) else name.rsplit(".", 1)[-1] for name, m in modules}
+        ),
         dtype="float32" if first.float32_adapters else "model",
     )
 
@@ -213,20 +359,30 @@ def merged_state_dict(
     keys. `state`: the model's full state dict when it was gathered elsewhere (FSDP2), else
     `model.state_dict()`."""
     state = dict(model.state_dict() if state is None else state)
-    for name, module in lora_modules(model):
-        a, b = state.pop(f"{name}.lora_A.weight"), state.pop(f"{name}.lora_B.weight")
-        w = state[f"{name}.weight"]
-        delta = module.scale * (b.to(w.device, torch.float32) @ a.to(w.device, torch.float32))
-        state[f"{name}.weight"] = (w.float() + delta).to(w.dtype)
+    for adapted in adapted_weights(model):
+        a, b = state.pop(f"{adapted.owner}.lora_A.weight"), state.pop(f"{adapted.owner}.lora_B.weight")
+        w = state[adapted.weight]
+        state[adapted.weight] = (w.float() + adapted.delta(a.to(w.device), b.to(w.device))).to(w.dtype)
     return state
 
 
 @torch.no_grad()
 def merge_lora(model: nn.Module) -> nn.Module:
     """Fold every adapter into its base weight (W += s * B @ A) and swap the LoraLinear back for a
-    plain nn.Linear, in place; returns `model` (its parameters keep their requires_grad)."""
+    plain nn.Linear (a LoraExperts for its experts module), in place; returns `model` (its
+    parameters keep their requires_grad)."""
+    for adapted in list(adapted_weights(model)):
+        if isinstance(adapted.module, LoraExperts):
+            weight = model.get_parameter(adapted.weight)
+            weight.add_(adapted.delta().to(weight.dtype))
     for name, module in list(lora_modules(model)):
         parent_name, _, child = name.rpartition(".")
+        if isinstance(module, LoraExperts):
+            base = module.base
+            for stacked in base.stacked:  # the experts module takes back the (merged) Parameters
+                setattr(base, stacked, getattr(module, stacked))
+            setattr(model.get_submodule(parent_name), child, base)
+            continue
         linear = nn.Linear(
             module.in_features, module.out_features, bias=module.bias is not None, device="meta"
         )
@@ -268,6 +424,7 @@ def save_adapter(
     directory.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in state.items()}
     save_file(tensors, directory / ADAPTER_WEIGHTS, metadata={"format": "pt"})
+    linears = sorted(t for t in config.target_modules if t != EXPERTS_TARGET)
     peft_config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -275,7 +432,7 @@ def save_adapter(
         "r": config.rank,
         "lora_alpha": config.alpha,
         "lora_dropout": config.dropout,
-        "target_modules": sorted(config.target_modules),
+        "target_modules": linears or None,
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,
@@ -284,6 +441,8 @@ def save_adapter(
         "use_dora": False,
         "modules_to_save": None,
     }
+    if EXPERTS_TARGET in config.target_modules:  # peft's names for the stacked expert weights
+        peft_config["target_parameters"] = [f"mlp.{EXPERTS_TARGET}.{p}" for p in EXPERT_PROJECTIONS]
     (directory / ADAPTER_CONFIG).write_text(json.dumps(peft_config, indent=2) + "\n")
     return directory
 
@@ -305,10 +464,14 @@ def load_adapter(model: nn.Module, directory: str | Path) -> None:
 
 
 __all__ = [
+    "EXPERTS_TARGET",
     "LORA_TARGETS",
+    "AdaptedWeight",
     "AppliedAdapter",
     "LoraConfig",
+    "LoraExperts",
     "LoraLinear",
+    "adapted_weights",
     "adapter_checksum",
     "adapter_peft_state",
     "adapter_state",

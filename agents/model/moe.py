@@ -46,7 +46,13 @@ _PER_EXPERT = re.compile(
 
 
 class Experts(nn.Module):
-    """The stacked expert weights (module doc) and their grouped SwiGLU."""
+    """The stacked expert weights (module doc) and their grouped SwiGLU.
+
+    `stacked` names the weights `compute` takes, in its order; `transposed`: stored [E, in, out]
+    (gpt-oss) rather than [E, out, in] (peft reads the same flag to lay out LoRA on them)."""
+
+    stacked: tuple[str, ...] = ("gate_up_proj", "down_proj")
+    transposed = False
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -57,7 +63,11 @@ class Experts(nn.Module):
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, H]: the rows routed to expert 0, then those to expert 1, ... (`counts` [E] rows
         each) -> [M, H], each row through its expert."""
-        x, (gate_up_proj, down_proj) = _in_autocast_dtype(x, self.gate_up_proj, self.down_proj)
+        return self.compute(x, counts, *(getattr(self, name) for name in self.stacked))
+
+    def compute(self, x: torch.Tensor, counts: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        """`forward` with the `stacked` weights given (LoRA passes adapted ones)."""
+        x, (gate_up_proj, down_proj) = _in_autocast_dtype(x, *weights)
         with torch.autocast(x.device.type, enabled=False):
             gate, up = grouped_matmul(x, gate_up_proj, counts).chunk(2, dim=-1)
             return grouped_matmul(F.silu(gate) * up, down_proj, counts)
@@ -106,11 +116,14 @@ def _grouped_mm_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-class GptOssExperts(nn.Module):
+class GptOssExperts(Experts):
     """gpt-oss's stacked expert weights and biases (module doc) and their grouped, clamped SwiGLU."""
 
+    stacked = ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias")
+    transposed = True
+
     def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
+        nn.Module.__init__(self)
         e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
         assert cfg.swiglu_alpha is not None and cfg.swiglu_limit is not None  # the config checks
         self.alpha, self.limit = cfg.swiglu_alpha, cfg.swiglu_limit
@@ -119,11 +132,8 @@ class GptOssExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(e, i, h))
         self.down_proj_bias = nn.Parameter(torch.empty(e, h))
 
-    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """As `Experts.forward`: x [M, H] grouped by expert (`counts` [E]) -> [M, H]."""
-        x, (gate_up_proj, gate_up_bias, down_proj, down_bias) = _in_autocast_dtype(
-            x, self.gate_up_proj, self.gate_up_proj_bias, self.down_proj, self.down_proj_bias
-        )
+    def compute(self, x: torch.Tensor, counts: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        x, (gate_up_proj, gate_up_bias, down_proj, down_bias) = _in_autocast_dtype(x, *weights)
         with torch.autocast(x.device.type, enabled=False):
             gate_up = grouped_matmul(x, gate_up_proj.transpose(1, 2), counts)
             gate_up = gate_up + torch.repeat_interleave(gate_up_bias, counts, dim=0)

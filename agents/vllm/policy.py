@@ -55,6 +55,7 @@ from ..errors import checked_prompt, resolve_future
 from ..model.checkpoint import load_config
 from ..model.lora import (
     ADAPTER_WEIGHTS,
+    EXPERTS_TARGET,
     PEFT_PREFIX,
     AppliedAdapter,
     LoraConfig,
@@ -115,9 +116,20 @@ class VLLMPolicy:
                 f"max_model_len {self.max_seq_len} exceeds max_position_embeddings "
                 f"{self.model_config.max_position_embeddings}"
             )
+        family = getattr(self.model_config, "family", None)
+        if getattr(family, "moe_style", None) == "gpt_oss" and self.model_config.rope_scaling is None:
+            raise ValueError(
+                f"{self.directory}: vLLM's gpt-oss runs YaRN RoPE only, and this config has plain RoPE "
+                "(no rope_scaling): serve it with policy.backend = 'torch'"
+            )
         self.policy_version = policy_version
         self._param_shapes = param_shapes
         self.lora = lora if lora is not None and lora.enabled else None
+        if self.lora is not None and EXPERTS_TARGET in self.lora.target_modules:
+            raise ValueError(
+                "LoRA on experts (target 'experts') is served by the torch backend only: set "
+                "policy.backend = 'torch', or leave 'experts' out of policy.lora.target_modules"
+            )
         self._lora_kwargs = vllm_engine.lora_engine_kwargs(self.lora.rank) if self.lora else {}
         self._adapter_shapes = _adapter_shapes(self._param_shapes, self.lora) if self.lora else {}
         self._adapter_root: Path | None = None  # made at the first adapter load

@@ -18,8 +18,8 @@ import msgspec
 import torch
 
 from ...agents.chat import Renderer
-from ...agents.policy import Policy
 from ...agents.model.checkpoint import load_config, read_safetensors
+from ...agents.policy import Policy
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...agents.weight_sets import WeightSets
 from ...rollouts.batches import BatchConfig, TaskSeedStream

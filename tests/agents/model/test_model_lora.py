@@ -86,7 +86,10 @@ def test_targets_rank_and_scale() -> None:
         ({"rank": -1}, "rank must be >= 0"),
         ({"rank": 8, "alpha": 0}, "alpha must be > 0"),
         ({"rank": 8, "dropout": 1.0}, r"dropout must be in \[0, 1\)"),
-        ({"rank": 8, "target_modules": ["q.proj"]}, "target_modules must be a non-empty list of linear names"),
+        (
+            {"rank": 8, "target_modules": ["q.proj"]},
+            "target_modules must be a non-empty list of linear names",
+        ),
         ({"rank": 8, "target_modules": []}, "target_modules must be a non-empty list"),
     ],
 )
@@ -162,3 +165,74 @@ def test_peft_loads_our_adapter_onto_transformers(tmp_path, name: str) -> None:
     merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
     with torch.no_grad():
         assert (merged.eval()(TOKENS).logits - ours).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["test-qwen3-moe", "test-gpt-oss"])
+def test_lora_on_experts_loads_in_peft_merges_and_serves_merged(tmp_path, name: str) -> None:
+    """LoRA on every expert's stacked projections, in peft's `target_parameters` layout: at init the
+    base; peft loads the directory onto transformers' model with our logits; merged (state dict,
+    in place, and as the engine serves it after a sync) it computes the same."""
+    import copy
+
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from toolgym.agents.engine.merged_lora import MergedAdapters
+    from toolgym.agents.model.lora import LoraExperts
+    from toolgym.agents.model.moe import Experts
+
+    model = randomised(name)
+    base_logits = logits(model, TOKENS)
+    save_hf_checkpoint(model, model.config, tmp_path / "base")
+    apply_lora(model, LoraConfig(rank=2, alpha=8, target_modules=["q_proj", "experts"]))
+    assert torch.equal(logits(model, TOKENS), base_logits)  # B = 0
+    experts = [n for n, m in model.named_modules() if isinstance(m, LoraExperts)]
+    assert experts and len(experts) == sum(isinstance(m, Experts) for m in randomised(name).modules())
+    names = {n for n, _ in adapter_tensors(model)}
+    assert "model.layers.0.mlp.experts.base_layer.lora_A.weight" in names  # gate_up_proj's, as peft nests
+    assert "model.layers.0.mlp.experts.lora_B.weight" in names  # down_proj's
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == names
+    trained_adapters(model)
+    ours = logits(model, TOKENS)
+    assert (ours - base_logits).abs().max() > 1e-3
+    # a training step reaches every expert adapter
+    model(TOKENS).sum().backward()
+    assert all(
+        p.grad is not None and p.grad.abs().sum() > 0
+        for n, p in model.named_parameters()
+        if "experts" in n and p.requires_grad
+    )
+    model.zero_grad()
+
+    config = lora_config_of(model)
+    assert config.target_modules == ["experts", "q_proj"]
+    save_adapter(adapter_state(model), tmp_path / "adapter", config, str(tmp_path / "base"))
+    saved = json.loads((tmp_path / "adapter" / ADAPTER_CONFIG).read_text())
+    assert saved["target_parameters"] == ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", dtype=torch.float32)
+    with_adapter = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    with torch.no_grad():
+        theirs = with_adapter(TOKENS).logits
+    assert (theirs - ours).abs().max() <= 1e-5
+
+    served = copy.deepcopy(model)
+    store = MergedAdapters(served)  # the engine's copy: merged at once, refolded on each sync
+    assert not any(isinstance(m, LoraExperts) for m in served.modules())
+    with torch.no_grad():
+        for _, tensor in adapter_tensors(model):
+            tensor.mul_(1.5)  # a later step's adapters
+    ours = logits(model, TOKENS)
+    assert store.load(adapter_tensors(model)) == []
+    written = store.fold(dict(served.named_parameters()))
+    assert f"{experts[-1]}.gate_up_proj" in written
+    assert (logits(served, TOKENS) - ours).abs().max() <= 1e-5
+
+    plain = build_model(name)
+    plain.load_state_dict(merged_state_dict(model))
+    assert (logits(plain, TOKENS) - ours).abs().max() <= 1e-5
+    merge_lora(model)
+    assert not any(isinstance(m, LoraExperts) for m in model.modules())
+    assert (logits(model, TOKENS) - ours).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="no dropout"):
+        apply_lora(randomised(name), LoraConfig(rank=2, dropout=0.1, target_modules=["experts"]))
+    with pytest.raises(ValueError, match=r"\['experts'\] name no nn.Linear"):
+        apply_lora(randomised("test"), LoraConfig(rank=2, target_modules=["experts"]))

@@ -145,11 +145,14 @@ def test_the_load_balancing_loss_is_transformers_and_the_trainer_adds_it():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["test-qwen3-moe", "test-gpt-oss"])
+@pytest.mark.parametrize("name", ["test-qwen3-moe", "test-gpt-oss", "test-gpt-oss+lora"])
 def test_a_moe_model_trains_through_the_cli(tmp_path, name):
     """`toolgym train` with a Qwen3-MoE or gpt-oss model: the engine samples from it, the trainer
     steps it (with the load-balancing loss) and the weights sync back each step, then it exports
-    as HF's checkpoint (per-expert tensors; gpt-oss's stacked) that loads back."""
+    as HF's checkpoint (per-expert tensors; gpt-oss's stacked) that loads back. "+lora": LoRA on
+    q_proj and the experts (the router trains nothing then: the adapters sync, merged)."""
+    from safetensors.torch import load_file
+
     from toolgym.agents.model.checkpoint import load_hf_checkpoint
     from toolgym.configs.cli.main import main as cli_main
     from toolgym.trainers.metrics_log import read_metrics
@@ -163,6 +166,12 @@ def test_a_moe_model_trains_through_the_cli(tmp_path, name):
         "batch.dynamic_sampling=false", "trainer.loss.router_aux_coef=0.01", "eval.num_tasks=2",
         "eval.samples_per_task=1", "logging.progress_bar=false",
     ]  # fmt: skip
+    name, lora = name.removesuffix("+lora"), name.endswith("+lora")
+    overrides[3] = f"model.name={name}"
+    if lora:
+        # an entropy bonus: a gradient whatever the (all-zero) rewards of a random model
+        overrides += ["policy.lora.rank=2", 'policy.lora.target_modules=["q_proj", "experts"]',
+                      "trainer.loss.entropy_coef=0.01"]  # fmt: skip
     assert (
         cli_main(["train", "zorplex_tiny", "--no-progress", *(a for o in overrides for a in ("--set", o))])
         == 0
@@ -170,6 +179,10 @@ def test_a_moe_model_trains_through_the_cli(tmp_path, name):
     train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert [r["step"] for r in train] == [1, 2]
     assert all(r["train/router_aux"] >= 1.0 and r["train/skipped"] == 0 for r in train)
+    if lora:
+        adapter = load_file(run_dir / "final_adapter" / "adapter_model.safetensors")
+        assert any(".mlp.experts.base_layer.lora_B.weight" in k for k in adapter)
+        assert any(v.abs().sum() > 0 for k, v in adapter.items() if ".experts.lora_B." in k)  # trained
     exported = load_hf_checkpoint(run_dir / "final_model")
     assert exported.config.num_experts == 4 and exported.model.layers[0].mlp.experts.gate_up_proj.shape == (
         4,

@@ -156,6 +156,9 @@ class Trajectory(msgspec.Struct):
     # runner, rollouts/episode/match.py): the seats of one match share task_seed and
     # sample_index. "" for a single-seat env.
     seat: str = ""
+    # False: a seat of a match that the run played but did not train (learn = "one": the
+    # opponent's, by a bot, the policy or a pool member), recorded beside the learning seat's.
+    trained: bool = True
 
 
 class Episode(msgspec.Struct):

@@ -99,7 +99,13 @@ def build_runner(
         return AgentRunner(policy, renderer, config.agent_program, config.rollout_config())
     runner = RolloutRunner(policy, renderer, config.rollout_config())
     if config.selfplay.enabled:
-        return MatchRunner(runner, learn=config.selfplay.learn, opponent=config.selfplay.opponent, pool=pool)
+        return MatchRunner(
+            runner,
+            learn=config.selfplay.learn,
+            opponent=config.selfplay.opponent,
+            pool=pool,
+            record_opponents=config.logging.record_training,  # every seat of a recorded match
+        )
     return runner
 
 

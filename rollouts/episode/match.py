@@ -16,7 +16,9 @@ trained. `learn="one"`: match k's learning seat is `seats[k % len(seats)]` (so a
 cover every seat), the `opponent` on the others: a Policy (another model, or a snapshot, sampled
 by its own engine) or the name of one of the game's bots (`BotPolicy`). Groups are per (task
 seed, seat): a seat's baseline compares its episodes with others of the same seat and task, so a
-first-mover's advantage is not counted as skill (rollouts/scoring/).
+first-mover's advantage is not counted as skill (rollouts/scoring/). With `record_opponents`, the
+other seats' episodes (`trained=False`) are kept for the recording: `take_opponent_episodes()`
+hands them over (the sources add them to what a step records), so a recorded match has every seat.
 """
 
 from __future__ import annotations
@@ -156,10 +158,12 @@ class MatchRunner:
         learn: str = "all",
         opponent: Policy | str | None = None,
         pool: OpponentPool | None = None,
+        record_opponents: bool = False,
     ):
         """`opponent`: a Policy, a bot's name, None / "self" (the runner's policy), or "pool":
         each match's drawn from `pool`, whose snapshots are served by `pool.weights` (the
-        runner's policy must be its live set's view)."""
+        runner's policy must be its live set's view). `record_opponents`: keep the untrained
+        seats' episodes until `take_opponent_episodes` (only for a caller that takes them)."""
         if learn not in LEARN:
             raise ValueError(f"learn must be one of {LEARN}, got {learn!r}")
         config = runner.config
@@ -180,6 +184,8 @@ class MatchRunner:
                 raise ValueError(f"unknown bot {opponent!r}: {config.env_id}'s bots are {list(game.bots)}")
             opponent = BotPolicy(runner.renderer, opponent)
         self.opponent: Policy | None = opponent
+        self.record_opponents = record_opponents and learn == "one"
+        self._opponent_episodes: list[Trajectory] = []
 
     @property
     def groups_per_task(self) -> int:
@@ -221,12 +227,22 @@ class MatchRunner:
 
         trajectories = await asyncio.gather(*(seat(i, name) for i, name in enumerate(self.seats)))
         learned = [t for t in trajectories if t.seat in learning]
+        if self.record_opponents:
+            for t in trajectories:
+                if t.seat not in learning:
+                    t.trained = False
+                    self._opponent_episodes.append(t)
         if self.pool is not None:
             for t in learned:
                 result = t.reward_components.get("game")
                 if t.error is None and result is not None:  # win 1, draw 0, loss -1
                     self.pool.record(member, (result + 1.0) / 2.0)
         return learned
+
+    def take_opponent_episodes(self) -> list[Trajectory]:
+        """The untrained seats' episodes played since the last call (`record_opponents`)."""
+        taken, self._opponent_episodes = self._opponent_episodes, []
+        return taken
 
     def _member_policy(self, member: str) -> Policy:
         assert self.pool is not None

@@ -64,7 +64,8 @@ def transcript_segments(trajectory: Trajectory, renderer: Renderer) -> list[tupl
     components = ", ".join(f"{k} {v:+.2f}" for k, v in t.reward_components.items())
     header = (
         f"=== {t.env_id} {t.env_kwargs}  task seed {t.task_seed}  group {t.group_id}"
-        f"  sample {t.sample_index}  policy v{t.policy_version}\n"
+        f"  sample {t.sample_index}  policy v{t.policy_version}"
+        f"{f'  seat {t.seat}' if t.seat else ''}{'' if t.trained else ' (not trained: an opponent seat)'}\n"
         f"stop: {t.stop_reason.value}  reward {t.total_reward:+.3f} ({components or 'no components'})"
         f"  turns {len(t.transitions)}  failure mode: {t.metrics.get('failure_mode')}"
         f"  metrics: {_format_metrics(t.metrics.get('env'))}\n"

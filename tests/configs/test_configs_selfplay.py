@@ -130,6 +130,30 @@ def test_pool_checkpoints_of_another_model_or_tokenizer_are_refused(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_one_seat_run_records_the_opponents_seat_beside_the_learners(tmp_path, capsys):
+    """learn "one" against the policy itself: only the learning seat trains, yet the recording
+    holds every match whole (the other seat `trained=False`), and replay --verify plays the
+    matches again with both seats."""
+    run_dir = tmp_path / "run"
+    assert train(config_from_dict(raw_config(run_dir, learn="one", opponent="self"))) == 0
+    trajectories = list(RecordingReader(run_dir / "trajectories" / "train_rank0.jsonl"))
+    trained = [t for t in trajectories if t.trained]
+    opponents = [t for t in trajectories if not t.trained]
+    # 2 steps x 2 tasks x 2 matches (group_size): one seat of each trained, the other beside it
+    assert len(trained) == 2 * 2 * 2 and len(opponents) == len(trained)
+    matches: dict[tuple[int, int], dict[str, bool]] = {}
+    for t in trajectories:
+        matches.setdefault((t.task_seed, t.sample_index), {})[t.seat] = t.trained
+    assert len(matches) == len(trained)
+    assert all(sorted(seats.values()) == [False, True] for seats in matches.values())  # one each
+    capsys.readouterr()
+    code = main(["replay", str(run_dir / "trajectories" / "train_rank0.jsonl"), "--verify", "--summary-only"])
+    out = capsys.readouterr().out
+    exact, errored = re.search(r"verify: (\d+)/16 episodes replay exactly(?:, (\d+) errored)?", out).groups()
+    assert int(exact) + int(errored or 0) == 16 and "differ" not in out and "not verified" not in out
+    assert code == (1 if errored else 0)
+
+
 def test_a_pool_run_rates_its_snapshots_and_resumes_with_them(tmp_path, capsys):
     """learn "one" against a pool of the random bot and snapshots every step (2 kept): the ratings
     logged each step, the snapshots on disk and in the checkpoint, a resume that rebuilds them,

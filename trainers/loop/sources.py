@@ -126,6 +126,13 @@ def combine_rank_metrics(parts: Sequence[Mapping[str, float]]) -> dict[str, floa
     return out
 
 
+def opponent_episodes(runner: GroupRunner) -> list[Trajectory]:
+    """A match runner's untrained seats' episodes since the last call, for the step's recording
+    (rollouts/episode/match.py `record_opponents`); [] from any other runner."""
+    take = getattr(runner, "take_opponent_episodes", None)
+    return take() if take is not None else []
+
+
 class SyncSource:
     """Sync mode: each rank rolls out its share of the batch from its own (rank-disjoint) task
     stream, then trains on its own episodes; every rank's policy takes the new weights."""
@@ -153,7 +160,7 @@ class SyncSource:
         batch = runner.run(collect_batch(self.runner, self.stream, self.config, self.teacher, self.judge))
         (total,) = all_reduce([float(len(batch.episodes))])
         metrics = combine_rank_metrics(all_gather_objects(batch.metrics))
-        return StepBatch(batch.episodes, batch.trajectories, metrics, total)
+        return StepBatch(batch.episodes, batch.trajectories + opponent_episodes(self.runner), metrics, total)
 
     def publish(self, trainer: Trainer) -> float:
         return push_weights(trainer, self.policy)
@@ -218,7 +225,8 @@ class ProducerSource:
             distill=self.teacher is not None,
             judge=self.judge is not None,
         )
-        return StepBatch(batch.episodes, batch.trajectories, batch.metrics, float(len(batch.episodes)))
+        recorded = batch.trajectories + opponent_episodes(self.runner)
+        return StepBatch(batch.episodes, recorded, batch.metrics, float(len(batch.episodes)))
 
     def publish(self, trainer: Trainer) -> float:
         return push_weights(trainer, self.policy)

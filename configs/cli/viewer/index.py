@@ -196,6 +196,7 @@ class RecordingIndex:
             "metrics": _numbers(env),
             "error": t.error,
             "seat": t.seat,
+            "opponent": not t.trained,  # a match's untrained seat (rollouts/types.py)
             "adv": None,  # None: unknown (no recorded scoring, or its group could not be scored)
             "turn_adv": None,
         }
@@ -433,11 +434,12 @@ class RecordingIndex:
             "label": self.label,
             "system_prompt": t.system_prompt,
             "final_observation": t.final_observation,
-            "trained": trainable(t, self.scoring is not None and self.scoring.train_on_infra_failures),
+            "trained": t.trained and trainable(t, self.scoring is not None and self.scoring.train_on_infra_failures),
             "sampled_by": self._sampled_by(t.policy_version),
             # the seats of its match in this recording (rows), itself included: shown side by side
             "match": [
-                {"i": j, "seat": self.rows[j]["seat"]} for j in self._matches.get((t.task_seed, t.sample_index), [])
+                {"i": j, "seat": self.rows[j]["seat"], "opponent": self.rows[j]["opponent"]}
+                for j in self._matches.get((t.task_seed, t.sample_index), [])
             ]
             if t.seat
             else [],

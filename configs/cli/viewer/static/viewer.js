@@ -231,7 +231,7 @@ async function showMatch(rid, ep, target) {
   latestEpisode.set(target, request);
   const sides = ep.match.map((seat) => {
     const box = el("div", { class: `seat${seat.i === ep.i ? " seat-picked" : ""}`, "data-seat": seat.seat });
-    return [box, showEpisode(rid, seat.i, box).then((drawn) => drawn && box.prepend(el("h3", { text: `seat ${seat.seat} (episode ${seat.i})` })))];
+    return [box, showEpisode(rid, seat.i, box).then((drawn) => drawn && box.prepend(el("h3", { text: `seat ${seat.seat} (episode ${seat.i}${seat.opponent ? ", the opponent: not trained" : ""})` })))];
   });
   const row = el("div", { class: "sides match" });
   row.append(...sides.map(([box]) => box));

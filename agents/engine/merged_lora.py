@@ -37,9 +37,12 @@ class _Adapted:
     def fold_into(self, weight: torch.Tensor) -> None:
         """weight = W0 + update(A, B): a linear's in one fused pass in float32, else computed in
         float32 and rounded once to the weight's dtype."""
-        linear = isinstance(self.of.module, LoraLinear)
-        if linear and weight.dtype == self.base.dtype == self.a.dtype == self.b.dtype == torch.float32:
-            torch.addmm(self.base, self.b, self.a, alpha=self.of.module.scale, out=weight)
+        module = self.of.module
+        if (
+            isinstance(module, LoraLinear)
+            and weight.dtype == self.base.dtype == self.a.dtype == self.b.dtype == torch.float32
+        ):
+            torch.addmm(self.base, self.b, self.a, alpha=module.scale, out=weight)
         else:
             weight.copy_(self.base.float() + self.of.delta(self.a, self.b))
 

@@ -164,6 +164,8 @@ class LoraExperts(nn.Module):
     expert's gate_up_proj and down_proj in peft's layout (module doc). Its forward runs the base's
     grouped computation on W + the update, materialised per forward as peft's does."""
 
+    base: Experts  # not a submodule (its Parameters are this module's): it computes
+
     def __init__(self, base: Experts, config: LoraConfig, generator: torch.Generator | None = None) -> None:
         super().__init__()
         self.__dict__["base"] = base  # computes only; its Parameters are registered here
@@ -211,11 +213,6 @@ class LoraExperts(nn.Module):
 
 
 class _Adapter(Protocol):
-    rank: int
-    scale: float
-    float32_adapters: bool
-    dropout: nn.Module
-
     def delta_of(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
 
 
@@ -225,8 +222,8 @@ class AdaptedWeight(NamedTuple):
 
     owner: str
     weight: str
-    lora_A: nn.Parameter
-    lora_B: nn.Parameter
+    lora_A: torch.Tensor
+    lora_B: torch.Tensor
     module: _Adapter
 
     def delta(self, a: torch.Tensor | None = None, b: torch.Tensor | None = None) -> torch.Tensor:

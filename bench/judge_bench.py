@@ -29,9 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgspec
+from _common import commit, machine_summary  # bench/ is sys.path[0] when run as a script
 from tokenizers import Tokenizer
 
-from _common import commit, machine_summary  # bench/ is sys.path[0] when run as a script
 from toolgym.agents.chat import ChatRenderer
 from toolgym.rollouts.scoring.judge import Judge, JudgeConfig, JudgeCriterion, JudgeStats
 from toolgym.rollouts.scoring.judge_data import labelled_episodes

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from toolgym.agents.model.families import family
@@ -45,5 +47,5 @@ def test_transformers_implementation_refuses_what_it_lacks(change, where):
 
 
 def test_unknown_model_type_names_the_fallback():
-    with pytest.raises(ValueError, match='policy.implementation = "transformers"'):
+    with pytest.raises(ValueError, match=re.escape('policy.implementation = "transformers"')):
         family("granite")

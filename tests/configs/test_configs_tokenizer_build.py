@@ -9,6 +9,7 @@ import pytest
 
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.tokenizer import load_tokenizer, tokenizer_fingerprint
+from toolgym.configs.load import SHIPPED_TOKENIZERS, load_config, tokenizer_file, tokenizer_path
 from toolgym.tools import build_tokenizer
 from toolgym.tools.build_tokenizer import (
     ASSETS_DIR,
@@ -16,7 +17,6 @@ from toolgym.tools.build_tokenizer import (
     SHIPPED_DIRS,
     SHIPPED_TOKENIZER_PATH,
 )
-from toolgym.configs.load import SHIPPED_TOKENIZERS, load_config, tokenizer_file, tokenizer_path
 
 
 @pytest.fixture(scope="module")

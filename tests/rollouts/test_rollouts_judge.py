@@ -147,7 +147,7 @@ def test_a_programmatic_criterion_is_scored_by_its_function_without_a_request():
     with judge_server() as server:
         scored = roll(Judge(config(server.url, criteria=[broken])), group("a", "b"))
     assert "is not a number" in scored.failure
-    with pytest.raises(ValueError, match="needs a prompt .* or a function"):
+    with pytest.raises(ValueError, match=r"needs a prompt .* or a function"):
         config("http://x/v1", criteria=[JudgeCriterion(name="both", prompt="x", function="a:b")])
 
 

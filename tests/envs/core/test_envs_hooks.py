@@ -1,6 +1,8 @@
 """The env hooks the rollout runner calls (envs/core/text_env.py): declared on TextEnv with their
 defaults, overridden by ToolEnv, and read off a plain gymnasium.Env by name through `env_hooks`."""
 
+from typing import ClassVar
+
 import gymnasium
 import numpy as np
 import pytest
@@ -100,6 +102,6 @@ def test_an_env_sets_its_context_policy_in_init_from_its_knobs():
     assert ZorplexEnv(tier="recursive", notes=True, max_turns=10).context_policy == {"policy": "notes"}  # the derived one stays
 
     class Declared(ZorplexEnv):
-        context_policy = {"policy": "window", "turns": 1}  # a class attribute still works
+        context_policy: ClassVar[dict] = {"policy": "window", "turns": 1}  # a class attribute still works
 
     assert Declared(tier="simple").context_policy == {"policy": "window", "turns": 1}

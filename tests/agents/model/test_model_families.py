@@ -325,8 +325,9 @@ def test_the_window_binds_and_is_transformers_band(tmp_path, case: str) -> None:
     assert window is not None
     with torch.no_grad():
         windowed, unwindowed = ours(tokens), full(tokens)
-    # No query reaches past the window yet.
-    assert torch.allclose(windowed[:, :window], unwindowed[:, :window], atol=1e-6, rtol=0)
+    # No query reaches past the window yet (the banded and the causal attention round apart by a
+    # few float32 ulps: up to 1.07e-6 on logits of ~4 on an AVX-512 EPYC).
+    assert torch.allclose(windowed[:, :window], unwindowed[:, :window], atol=1e-5, rtol=0)
     assert (windowed[:, window:] - unwindowed[:, window:]).abs().amax(-1).min() > 1e-3
     mask = sliding_causal_mask(4, 6, 3, "cpu")  # queries at 2..5 over keys 0..5
     assert mask.long().tolist() == [

@@ -168,14 +168,15 @@ class LoraExperts(nn.Module):
 
     def __init__(self, base: Experts, config: LoraConfig, generator: torch.Generator | None = None) -> None:
         super().__init__()
-        self.__dict__["base"] = base  # computes only; its Parameters are registered here
-        for name in base.stacked:
-            self.register_parameter(name, getattr(base, name))
+        self.__dict__["base"] = base  # computes only: its Parameters move here (merge_lora gives them back),
+        gate_up_proj = base.gate_up_proj
+        for name in base.stacked:  # so FSDP2's sharded copies are the only ones
+            self.register_parameter(name, base._parameters.pop(name))
         self.rank, self.scale = config.rank, config.scale
         self.float32_adapters = config.dtype == "float32"
         self.dropout = nn.Identity()
-        self.num_experts, self.transposed = int(base.gate_up_proj.shape[0]), base.transposed
-        device = base.gate_up_proj.device
+        self.num_experts, self.transposed = int(gate_up_proj.shape[0]), base.transposed
+        device = gate_up_proj.device
         rows = config.rank * self.num_experts
         self.base_layer = _GateUpAdapters(
             *_adapter_pair(*self._features("gate_up_proj"), rows, device, generator)

@@ -15,22 +15,23 @@ from toolgym.trainers.checkpoint import CheckpointManager
 from toolgym.trainers.trainer import Trainer
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The LoRA worker in one plain process and in a 2-process torchrun."""
+@pytest.fixture(scope="module", params=["lora", "lora-moe"])
+def runs(tmp_path_factory, request):
+    """The LoRA worker in one plain process and in a 2-process torchrun; "lora-moe": a Qwen3-MoE
+    model with adapters on every expert (LoraExperts' stacked weights sharded by FSDP2)."""
     one, two = tmp_path_factory.mktemp("one"), tmp_path_factory.mktemp("two")
-    run_worker([sys.executable, str(WORKER), str(one), "lora"], one)
+    run_worker([sys.executable, str(WORKER), str(one), request.param], one)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    run_worker([*torchrun, str(WORKER), str(two), "lora"], two)
+    run_worker([*torchrun, str(WORKER), str(two), request.param], two)
     a, b = torch.load(one / "lora.pt"), torch.load(two / "lora.pt")
     assert (a["world_size"], b["world_size"]) == (1, 2)
-    return a, b, two
+    return a, b, two, request.param == "lora-moe"
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_rank_lora_gradients_and_updates_match_one_process(runs):
-    a, b, _ = runs
+    a, b, *_ = runs
     assert abs(a["first"]["loss"] - b["first"]["loss"]) <= 1e-5
     # only the adapters have gradients, on both
     assert set(a["grads"]) == set(b["grads"]) and a["grads"]
@@ -52,7 +53,7 @@ def test_two_rank_lora_gradients_and_updates_match_one_process(runs):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_rank_lora_keeps_the_sharded_base_bitwise(runs):
-    a, b, _ = runs
+    a, b, *_ = runs
     base = [n for n in b["before"] if not is_adapter_name(n)]
     assert base and len(base) < len(b["before"])
     for name in base:
@@ -63,7 +64,7 @@ def test_two_rank_lora_keeps_the_sharded_base_bitwise(runs):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_rank_lora_sync_from_rank_0_carries_the_adapters_checksum(runs):
-    a, b, _ = runs
+    a, b, *_ = runs
     for run in (a, b):
         assert run["sync_error"] == ""
         adapters = {n: t for n, t in run["after"].items() if is_adapter_name(n)}
@@ -78,8 +79,8 @@ def test_two_rank_lora_sync_from_rank_0_carries_the_adapters_checksum(runs):
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_rank_lora_checkpoint_resumes_in_one_process(runs):
-    _, b, two = runs
-    resumed = Trainer(lora_test_model(seed=7), worker_config("grpo"), device="cpu")
+    _, b, two, moe = runs
+    resumed = Trainer(lora_test_model(seed=7, moe=moe), worker_config("grpo"), device="cpu")
     assert CheckpointManager(two / "lora.ckpt").load(resumed) == {"next_step": 3}
     assert resumed.step == 3
     params = full_params(resumed.model)

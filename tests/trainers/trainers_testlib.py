@@ -106,15 +106,19 @@ def _worker(out_dir: str, loss_names: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def lora_test_model(seed: int = 0):
-    """The "test" model with rank-4 LoRA adapters (alpha 8) on every projection."""
+def lora_test_model(seed: int = 0, moe: bool = False):
+    """The "test" model with rank-4 LoRA adapters (alpha 8) on every projection; `moe`: the
+    "test-qwen3-moe" model with them on q_proj and every expert."""
     from toolgym.agents.model.lora import LoraConfig, apply_lora
     from toolgym.agents.model.transformer import build_model
 
+    if moe:
+        config = LoraConfig(rank=4, alpha=8, target_modules=["q_proj", "experts"])
+        return apply_lora(build_model("test-qwen3-moe", seed=seed), config, seed=seed)
     return apply_lora(build_model("test", seed=seed), LoraConfig(rank=4, alpha=8), seed=seed)
 
 
-def _lora_worker(out_dir: str) -> None:
+def _lora_worker(out_dir: str, moe: bool = False) -> None:
     """LoRA under FSDP2 (world size > 1) or plainly: the first step's gradients, the base before
     and after three steps, the adapters, and what a sync from rank 0 into a TorchEngine (with the
     same base) reports applying; saved from rank 0 as `lora.pt`, a checkpoint as `lora.ckpt`."""
@@ -125,7 +129,7 @@ def _lora_worker(out_dir: str) -> None:
     from toolgym.trainers.weight_sync import gather_weights, push_weights
 
     torch.set_num_threads(1)
-    trainer = Trainer(lora_test_model(seed=0), worker_config("grpo"), device="cpu")
+    trainer = Trainer(lora_test_model(seed=0, moe=moe), worker_config("grpo"), device="cpu")
     before = full_params(trainer.model)
     first = trainer._forward_backward(random_episodes(13, seed=1), trainer.policy_loss, sharded=False)
     grads = full_grads(trainer.model)
@@ -133,7 +137,7 @@ def _lora_worker(out_dir: str) -> None:
     history = [trainer.train_step(random_episodes(13, seed=10 + step)) for step in range(3)]
     after = full_params(trainer.model)
     engine = (
-        TorchEngine(lora_test_model(seed=0), max_batch_size=2, max_seq_len=32)
+        TorchEngine(lora_test_model(seed=0, moe=moe), max_batch_size=2, max_seq_len=32)
         if trainer.dist.is_main
         else None
     )
@@ -165,8 +169,8 @@ def _lora_worker(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[2] == "lora":
-        _lora_worker(sys.argv[1])
+    if sys.argv[2] in ("lora", "lora-moe"):
+        _lora_worker(sys.argv[1], moe=sys.argv[2] == "lora-moe")
     else:
         _worker(sys.argv[1], sys.argv[2])
 

@@ -91,43 +91,6 @@ class LoraConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
         return self.alpha / self.rank
 
 
-class LoraLinear(nn.Module):
-    """A frozen linear (the base's own `weight` and `bias` Parameters) plus s * B @ A."""
-
-    def __init__(self, base: nn.Linear, config: LoraConfig, generator: torch.Generator | None = None) -> None:
-        super().__init__()
-        self.in_features, self.out_features = base.in_features, base.out_features
-        self.weight = base.weight
-        self.bias = base.bias
-        self.rank, self.scale = config.rank, config.scale
-        self.float32_adapters = config.dtype == "float32"
-        device = base.weight.device
-        self.lora_A = nn.Linear(self.in_features, config.rank, bias=False, device=device)
-        self.lora_B = nn.Linear(config.rank, self.out_features, bias=False, device=device)
-        with torch.no_grad():
-            nn.init.kaiming_uniform_(self.lora_A.weight, a=math.sqrt(5), generator=generator)
-            nn.init.zeros_(self.lora_B.weight)
-        self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight, self.bias)
-        a = self.dropout(x)
-        if a.dtype != self.lora_A.weight.dtype and not torch.is_autocast_enabled(a.device.type):
-            a = a.to(self.lora_A.weight.dtype)
-        return out + (self.lora_B(self.lora_A(a)) * self.scale).to(out.dtype)
-
-    def delta_weight(self) -> torch.Tensor:
-        """s * B @ A, [out, in], in float32."""
-        return self.delta_of(self.lora_A.weight, self.lora_B.weight)
-
-    def delta_of(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        """s * b @ a in float32: the update adapters (a, b) make to the weight."""
-        return self.scale * (b.float() @ a.float())
-
-    def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, rank={self.rank}, scale={self.scale:g}"
-
-
 def _adapter_pair(
     in_features: int, out_features: int, rows: int, device: torch.device, generator: torch.Generator | None
 ) -> tuple[nn.Linear, nn.Linear]:
@@ -138,6 +101,36 @@ def _adapter_pair(
         nn.init.kaiming_uniform_(a.weight, a=math.sqrt(5), generator=generator)
         nn.init.zeros_(b.weight)
     return a, b
+
+
+class LoraLinear(nn.Module):
+    """A frozen linear (the base's own `weight` and `bias` Parameters) plus s * B @ A."""
+
+    def __init__(self, base: nn.Linear, config: LoraConfig, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.weight = base.weight
+        self.bias = base.bias
+        self.rank, self.scale = config.rank, config.scale
+        self.float32_adapters = config.dtype == "float32"
+        self.lora_A, self.lora_B = _adapter_pair(
+            self.in_features, self.out_features, config.rank, base.weight.device, generator
+        )
+        self.dropout = nn.Dropout(config.dropout) if config.dropout > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.linear(x, self.weight, self.bias)
+        a = self.dropout(x)
+        if a.dtype != self.lora_A.weight.dtype and not torch.is_autocast_enabled(a.device.type):
+            a = a.to(self.lora_A.weight.dtype)
+        return out + (self.lora_B(self.lora_A(a)) * self.scale).to(out.dtype)
+
+    def delta_of(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """s * b @ a in float32: the update adapters (a, b) make to the weight."""
+        return self.scale * (b.float() @ a.float())
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, rank={self.rank}, scale={self.scale:g}"
 
 
 def experts_delta(
@@ -370,9 +363,8 @@ def merge_lora(model: nn.Module) -> nn.Module:
     plain nn.Linear (a LoraExperts for its experts module), in place; returns `model` (its
     parameters keep their requires_grad)."""
     for adapted in list(adapted_weights(model)):
-        if isinstance(adapted.module, LoraExperts):
-            weight = model.get_parameter(adapted.weight)
-            weight.add_(adapted.delta().to(weight.dtype))
+        weight = model.get_parameter(adapted.weight)
+        weight.add_(adapted.delta().to(weight.dtype))
     for name, module in list(lora_modules(model)):
         parent_name, _, child = name.rpartition(".")
         if isinstance(module, LoraExperts):
@@ -384,7 +376,6 @@ def merge_lora(model: nn.Module) -> nn.Module:
         linear = nn.Linear(
             module.in_features, module.out_features, bias=module.bias is not None, device="meta"
         )
-        module.weight.add_(module.delta_weight().to(module.weight.dtype))
         linear.weight = module.weight
         linear.bias = module.bias
         setattr(model.get_submodule(parent_name), child, linear)

@@ -465,9 +465,8 @@ class TextWorldEnv(TextEnv):
             )
         if not isinstance(action, str):
             raise TypeError(f"action must be a str, got {type(action).__name__}")
-        command = normalize_command(action[: self._max_action_chars])
-        if self._renaming is not None:  # the game's own names
-            command = self._renaming.unshow(command)
+        shown = normalize_command(action[: self._max_action_chars])
+        command = self._renaming.unshow(shown) if self._renaming is not None else shown  # the game's names
         admissible = {normalize_command(c) for c in self._state.get("admissible_commands") or []}
         invalid = command not in admissible
         self._turn += 1
@@ -486,7 +485,7 @@ class TextWorldEnv(TextEnv):
         over = bool(done) or won or lost
         observation = clean_feedback(str(state.get("feedback") or "")) or "Nothing happens."
         info: dict[str, Any] = {
-            "command": self._show(command),
+            "command": shown,
             "invalid_command": invalid,
             "turn": self._turn,
         }

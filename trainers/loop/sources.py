@@ -225,8 +225,7 @@ class ProducerSource:
             distill=self.teacher is not None,
             judge=self.judge is not None,
         )
-        recorded = batch.trajectories + opponent_episodes(self.runner)
-        return StepBatch(batch.episodes, recorded, batch.metrics, float(len(batch.episodes)))
+        return StepBatch(batch.episodes, batch.trajectories, batch.metrics, float(len(batch.episodes)))
 
     def publish(self, trainer: Trainer) -> float:
         return push_weights(trainer, self.policy)

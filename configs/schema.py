@@ -68,8 +68,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from ..agents.model.lora import EXPERTS_TARGET, LoraConfig, check_native_targets
-from ..agents.vllm.engine import VLLM_LORA_RANKS, VLLMConfig
+from ..agents.model.lora import LoraConfig, check_native_targets
+from ..agents.vllm.engine import VLLM_LORA_RANKS, VLLMConfig, check_lora_targets
 from ..rollouts.batches import EVAL_SEED_COUNT, BatchConfig
 from ..rollouts.endpoint.program import AgentProgram
 from ..rollouts.episode.config import EnvRolloutConfig
@@ -205,10 +205,8 @@ class PolicySection(PolicySampling, frozen=True, **_STRICT):
         super().__post_init__()
         if self.implementation == "native":
             check_native_targets(self.lora, "policy.lora")
-        if self.lora.enabled and self.backend == "vllm" and EXPERTS_TARGET in self.lora.target_modules:
-            raise ValueError(
-                "policy.lora.target_modules 'experts' (LoRA on experts) runs on backend 'torch' only"
-            )
+        if self.lora.enabled and self.backend == "vllm":
+            check_lora_targets(self.lora.target_modules)
         if self.lora.enabled and self.backend == "vllm" and self.lora.rank > VLLM_LORA_RANKS[-1]:
             raise ValueError(
                 f"policy.lora.rank must be <= {VLLM_LORA_RANKS[-1]} with backend 'vllm' (vLLM's largest "

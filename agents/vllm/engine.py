@@ -25,7 +25,7 @@ import json
 import os
 import random
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -34,6 +34,7 @@ import msgspec
 import numpy as np
 import torch
 
+from ..model.lora import EXPERTS_TARGET
 from ..types import Completion, SamplingParams
 
 INSTALL_HINT = (
@@ -58,6 +59,15 @@ RESERVED_ENGINE_ARGS = frozenset(
 _DTYPES = ("checkpoint", "auto", "float32", "bfloat16", "float16")
 # The values vLLM accepts for max_lora_rank (its LoRAConfig): an adapter's rank must not exceed it.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def check_lora_targets(target_modules: Sequence[str]) -> None:
+    """vLLM serves LoRA on linears: ValueError for LoRA on a mixture of experts' experts."""
+    if EXPERTS_TARGET in target_modules:
+        raise ValueError(
+            f"policy.lora.target_modules must leave out {EXPERTS_TARGET!r} with backend 'vllm': LoRA "
+            "on experts is served by backend 'torch' only"
+        )
 
 
 def lora_engine_kwargs(rank: int) -> dict[str, Any]:

@@ -55,7 +55,6 @@ from ..errors import checked_prompt, resolve_future
 from ..model.checkpoint import load_config
 from ..model.lora import (
     ADAPTER_WEIGHTS,
-    EXPERTS_TARGET,
     PEFT_PREFIX,
     AppliedAdapter,
     LoraConfig,
@@ -125,11 +124,8 @@ class VLLMPolicy:
         self.policy_version = policy_version
         self._param_shapes = param_shapes
         self.lora = lora if lora is not None and lora.enabled else None
-        if self.lora is not None and EXPERTS_TARGET in self.lora.target_modules:
-            raise ValueError(
-                "LoRA on experts (target 'experts') is served by the torch backend only: set "
-                "policy.backend = 'torch', or leave 'experts' out of policy.lora.target_modules"
-            )
+        if self.lora is not None:
+            vllm_engine.check_lora_targets(self.lora.target_modules)
         self._lora_kwargs = vllm_engine.lora_engine_kwargs(self.lora.rank) if self.lora else {}
         self._adapter_shapes = _adapter_shapes(self._param_shapes, self.lora) if self.lora else {}
         self._adapter_root: Path | None = None  # made at the first adapter load

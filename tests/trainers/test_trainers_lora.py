@@ -280,6 +280,11 @@ def test_export_writes_the_merged_model_and_the_peft_adapter(tmp_path):
         ({"rank": 8, "dropout": 1}, "torch", "config error: policy.lora.dropout: must be in [0, 1), got 1"),
         ({"rank": 8, "target_modules": ["lm_head"]}, "torch", "policy.lora.target_modules: must be"),
         ({"rank": 1024}, "vllm", "config error: policy.lora.rank: must be <= 512 with backend 'vllm'"),
+        (
+            {"rank": 8, "target_modules": ["q_proj", "experts"]},
+            "vllm",
+            "config error: policy.lora.target_modules: must leave out 'experts' with backend 'vllm'",
+        ),
     ],
 )
 def test_config_refusals(lora, backend, message):

@@ -75,3 +75,23 @@ def test_an_engine_failure_fails_requests_and_shuts_the_engine_down(policy):
     with pytest.raises(RuntimeError, match="engine failed"):
         policy.load_weights([], version=1)
     policy.close()
+
+
+def test_what_vllm_cannot_serve_is_refused_before_an_engine_starts(tmp_path):
+    """A gpt-oss checkpoint without YaRN (vLLM's gpt-oss runs YaRN only) and LoRA on experts:
+    each refused in one line at construction."""
+    require_vllm()
+    from toolgym.agents.model.lora import LoraConfig
+    from toolgym.agents.vllm.policy import VLLMConfig, VLLMPolicy
+
+    config = VLLMConfig(dtype="float32", max_model_len=128, kv_cache_gib=1 / 32, enforce_eager=True)
+    model = build_model("test-gpt-oss", seed=0)
+    save_hf_checkpoint(model, model.config, tmp_path / "gpt-oss")
+    with pytest.raises(ValueError, match=r"vLLM's gpt-oss runs YaRN RoPE only") as info:
+        VLLMPolicy(tmp_path / "gpt-oss", config)
+    assert "\n" not in str(info.value)
+    model = build_model("test-qwen3-moe", seed=0)
+    save_hf_checkpoint(model, model.config, tmp_path / "moe")
+    experts = LoraConfig(rank=2, target_modules=["q_proj", "experts"])
+    with pytest.raises(ValueError, match=r"must leave out 'experts' with backend 'vllm'"):
+        VLLMPolicy(tmp_path / "moe", config, lora=experts)

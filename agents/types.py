@@ -50,6 +50,29 @@ class SamplingParams(msgspec.Struct, frozen=True):
             raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
 
 
+class Routes(msgspec.Struct, frozen=True):
+    """The experts a mixture-of-experts model sent each of a sequence's first positions to:
+    `experts` is int16 little-endian [positions, layers, top_k] in C order (layers: the MoE layers
+    in order), -1 where none was recorded. The torch engine records them on request
+    (agents/engine/routes.py); the trainer replays them (TrainerConfig.replay_routes)."""
+
+    experts: bytes
+    layers: int
+    top_k: int
+
+    def __post_init__(self) -> None:
+        row = 2 * self.layers * self.top_k
+        if self.layers < 1 or self.top_k < 1 or len(self.experts) % row:
+            raise ValueError(
+                f"Routes: {len(self.experts)} bytes is no whole number of positions of {self.layers} "
+                f"layers x top {self.top_k} (int16)"
+            )
+
+    @property
+    def positions(self) -> int:
+        return len(self.experts) // (2 * self.layers * self.top_k)
+
+
 class Completion(msgspec.Struct):
     """What a policy returns for one sample of one request.
 
@@ -64,6 +87,8 @@ class Completion(msgspec.Struct):
     token_versions: per token, the version that sampled it, when new weights arrived while this
         sample ran (an engine with in-flight weight updates); [] means every token is
         `policy_version`.
+    routes: a mixture of experts' routing of the whole sequence the model ran (the prompt, then
+        every sampled token but the last), when the engine records it (`Routes`); else None.
     """
 
     tokens: list[int]
@@ -72,6 +97,7 @@ class Completion(msgspec.Struct):
     text: str = ""
     policy_version: int = 0
     token_versions: list[int] = msgspec.field(default_factory=list)
+    routes: Routes | None = None
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.logprobs):

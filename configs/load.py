@@ -370,7 +370,9 @@ def check_fields_together(config: Config) -> None:
       group's mean), so a group of one has advantage 0 on every token and dynamic sampling drops
       it as zero-variance: such a run trains on nothing, step after step. With
       `batch.advantage.credit = "turn_loo"` the baseline is the group's other episodes: a group of
-      one has none, and its advantages are its raw returns (REINFORCE without a baseline)."""
+      one has none, and its advantages are its raw returns (REINFORCE without a baseline).
+    - trainer.replay_routes replays routes the torch engine records (agents/engine/routes.py):
+      policy.backend "torch"."""
     if config.rollout.group_size < 2 and config.batch.advantage.credit != "outcome":
         raise ConfigError(
             "rollout.group_size",
@@ -379,6 +381,11 @@ def check_fields_together(config: Config) -> None:
         )
     if config.policy.implementation == "transformers":
         _check_transformers_implementation(config)
+    if config.trainer.replay_routes and config.policy.backend != "torch":
+        raise ConfigError(
+            "trainer.replay_routes",
+            f"replays the routes the torch engine records: needs policy.backend = 'torch', got '{config.policy.backend}'",
+        )
     if config.rollout.group_size < 2:
         estimator = config.batch.advantage.estimator
         dynamic = config.batch.dynamic_sampling

@@ -42,6 +42,10 @@ per turn, a list with one number per sampled token of that turn, put on exactly 
 Its teacher's top-k (distill.top_k > 0: `info[TEACHER_TOPK_IDS]`, `info[TEACHER_TOPK_LOGPROBS]`,
 rollouts/types.py) go onto the Episode's sampled tokens alike, where every kept turn of the
 sequence has them (`Episode.teacher_topk_ids`, `teacher_topk_logprobs`).
+
+A mixture of experts' routing (`Completion.routes`, where the engine records it) covers the whole
+sequence the engine ran for that turn, so a sequence's Episode takes its last kept turn's
+(`Episode.routes`); none when that turn's does not cover exactly the kept tokens but the last.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from collections.abc import Sequence
 
 import msgspec
 
+from ..agents.types import Routes
 from .types import (
     SEQUENCE_START,
     TEACHER_TOPK_IDS,
@@ -152,6 +157,7 @@ def trajectory_to_episodes(
                 stats,
                 versions,
                 _teacher_top(part),
+                [t.action.routes for t in part],
             )
         )
         start += len(part)
@@ -173,6 +179,7 @@ def trajectory_to_episode(
     return _episode(
         trajectory, turn_segments(trajectory), per_turn_advantages(advantage, len(trajectory.transitions)),
         max_seq_len, rule, stats, _versions(trajectory.transitions), _teacher_top(trajectory.transitions),
+        [t.action.routes for t in trajectory.transitions],
     )  # fmt: skip
 
 
@@ -244,6 +251,7 @@ def _episode(
     stats: EpisodeStats,
     versions: list[list[int]],
     teacher_top: list[tuple[list, list]] | None = None,
+    routes: Sequence[Routes | None] = (),
 ) -> Episode | None:
     lengths = [len(o) + len(a) for o, a, _ in segments]
     total = sum(lengths)
@@ -288,6 +296,10 @@ def _episode(
         else:
             advantages += [advantage] * len(act)
     stats.built += 1
+    # The last kept turn's routing covers every kept token but the last (module doc).
+    last_routes = routes[keep - 1] if len(routes) >= keep else None
+    if last_routes is not None and last_routes.positions != len(tokens) - 1:
+        last_routes = None
     return Episode(
         tokens=tokens,
         loss_mask=loss_mask,
@@ -300,6 +312,7 @@ def _episode(
         token_versions=token_versions,
         teacher_topk_ids=top_ids,
         teacher_topk_logprobs=top_logprobs,
+        routes=last_routes,
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from ..agents.types import Completion
+from ..agents.types import Completion, Routes
 from .context import ContextPolicySpec
 
 
@@ -175,6 +175,10 @@ class Episode(msgspec.Struct):
     per token, the teacher's k most likely token ids there and their logprobs, best first, on
     sampled tokens ([] on the others); [] when the teacher gave none. The trainer's top-k forward
     KL reads them (trainers/losses/terms.py `TopKForwardKL`).
+    routes: a mixture of experts' routing as the sampler ran it, of the first `routes.positions`
+    tokens (every token but the last, as an engine that records routes gives them:
+    agents/engine/routes.py); None when not recorded. The trainer replays it
+    (TrainerConfig.replay_routes).
     """
 
     tokens: list[int]
@@ -188,9 +192,14 @@ class Episode(msgspec.Struct):
     token_versions: list[int] = msgspec.field(default_factory=list)
     teacher_topk_ids: list[list[int]] = msgspec.field(default_factory=list)
     teacher_topk_logprobs: list[list[float]] = msgspec.field(default_factory=list)
+    routes: Routes | None = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
+        if self.routes is not None and self.routes.positions >= n:
+            raise ValueError(
+                f"Episode has {n} tokens but routes for {self.routes.positions} positions (at most {n - 1})"
+            )
         if (self.teacher_topk_ids or self.teacher_topk_logprobs) and not (
             len(self.teacher_topk_ids) == len(self.teacher_topk_logprobs) == n
         ):

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -60,6 +61,9 @@ class MicroBatch:
     # float32 [B, T, K], K the most any token has; a position without them has ids 0, logprobs -inf.
     teacher_topk_ids: Tensor | None = None
     teacher_topk_logprobs: Tensor | None = None
+    # A mixture of experts' routing as the sampler ran it (Episode.routes), when an episode has
+    # it: long [prefix_rows + B, T, layers, top_k] aligned with input_ids, -1 where none.
+    routes: Tensor | None = None
 
     @property
     def num_padded_tokens(self) -> int:
@@ -164,6 +168,7 @@ def collate(
             values = [r + [-math.inf] * (top_k - len(r)) for r in episode.teacher_topk_logprobs[prefix_len + 1 :]]
             topk_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             topk_logprobs[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
+    routes = _routes(episodes, indices, lengths, width, prefix_len)
     positions = None
     prefix_rows = 0
     if prefix_len:
@@ -171,6 +176,10 @@ def collate(
         prefix = torch.full((prefix_rows * width,), pad_token_id, dtype=torch.long)
         prefix[:prefix_len] = torch.tensor(episodes[indices[0]].tokens[:prefix_len], dtype=torch.long)
         input_ids = torch.cat([prefix.view(prefix_rows, width), input_ids])
+        if routes is not None:
+            head = routes.new_full((prefix_rows * width, *routes.shape[2:]), -1)
+            head[:prefix_len] = _route_array(episodes[indices[0]], prefix_len)
+            routes = torch.cat([head.view(prefix_rows, width, *routes.shape[2:]), routes])
         positions = torch.cat(
             [
                 torch.arange(prefix_rows * width).view(prefix_rows, width),
@@ -191,7 +200,43 @@ def collate(
         prefix_len=prefix_len,
         teacher_topk_ids=topk_ids,
         teacher_topk_logprobs=topk_logprobs,
+        routes=routes,
     )
+
+
+def _route_array(episode: Episode, end: int, start: int = 0) -> Tensor:
+    """The episode's recorded routes of input positions start..end-1 (long [n, layers, top_k],
+    -1 past what it recorded; all -1 without routes)."""
+    routes = episode.routes
+    if routes is None:
+        return torch.full((end - start, 1, 1), -1, dtype=torch.long)
+    recorded = np.frombuffer(routes.experts, dtype="<i2").reshape(
+        routes.positions, routes.layers, routes.top_k
+    )
+    out = torch.full((end - start, routes.layers, routes.top_k), -1, dtype=torch.long)
+    have = torch.from_numpy(recorded[start:end].astype(np.int64))
+    out[: have.shape[0]] = have
+    return out
+
+
+def _routes(
+    episodes: Sequence[Episode], indices: Sequence[int], lengths: Sequence[int], width: int, prefix_len: int
+) -> Tensor | None:
+    """long [B, T, layers, top_k] of the rows' recorded routes past the shared prefix (-1 where
+    none), or None when no row has any."""
+    shapes = {(e.routes.layers, e.routes.top_k) for i in indices if (e := episodes[i]).routes is not None}
+    if not shapes:
+        return None
+    if len(shapes) > 1:
+        raise ValueError(
+            f"episodes of one batch carry routes of different shapes (layers, top_k): {sorted(shapes)}"
+        )
+    (shape,) = shapes
+    routes = torch.full((len(indices), width, *shape), -1, dtype=torch.long)
+    for row, (i, n) in enumerate(zip(indices, lengths, strict=True)):
+        if episodes[i].routes is not None:
+            routes[row, :n] = _route_array(episodes[i], prefix_len + n, prefix_len)
+    return routes
 
 
 def make_micro_batches(

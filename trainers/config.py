@@ -86,6 +86,10 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     compile: run each decoder block of a training forward through torch.compile (dynamic shapes;
         the first steps compile, tens of seconds on a CPU): fused elementwise kernels around the
         matmuls. The same results up to float rounding.
+    replay_routes: a mixture of experts' forward sends each token to the experts the sampler
+        chose (Episode.routes, recorded by the torch engine, which a run then asks it to do),
+        where it has them, instead of its own top k; the router's weights of those experts still
+        train. Off by default; `train/replayed_routes` logs the share of positions replayed.
     """
 
     loss: LossConfig = msgspec.field(default_factory=LossConfig)
@@ -97,6 +101,7 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     fused_head: bool = True
     activation_checkpointing: bool = False
     compile: bool = False
+    replay_routes: bool = False
     pad_token_id: int = 0
     seed: int = 0
 

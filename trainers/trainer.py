@@ -25,10 +25,11 @@ version of the current weights.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -116,6 +117,10 @@ class Trainer:
         self._routers = [m for m in self.model.modules() if isinstance(m, MixtureOfExperts)]
         for router in self._routers:
             router.keep_router_logits = True
+        if config.replay_routes and not self._routers:
+            raise ValueError(
+                "trainer.replay_routes needs a mixture-of-experts model (this one has no routers)"
+            )
         self.reference_model = None
         if config.loss.kl_coef > 0:
             if reference_model is None:
@@ -211,6 +216,29 @@ class Trainer:
                 loss = loss + loss_config.router_aux_coef * share * aux
         return loss, metrics
 
+    @contextlib.contextmanager
+    def _replaying(self, mb: MicroBatch) -> Iterator[Tensor | None]:
+        """With replay_routes, the routers take mb's recorded routes for the forward (and
+        backward) inside; yields the share of mb's trained positions whose every layer's routes
+        were recorded (a prompt position's last layer may have none: agents/engine/routes.py)."""
+        if not (self.config.replay_routes and mb.routes is not None):
+            yield None
+            return
+        routes = mb.routes
+        if routes.shape[2] != len(self._routers) or routes.shape[3] != self._routers[0].top_k:
+            raise ValueError(
+                f"episodes carry routes of {routes.shape[2]} layers x top {routes.shape[3]}; the model has "
+                f"{len(self._routers)} MoE layers x top {self._routers[0].top_k}"
+            )
+        for layer, router in enumerate(self._routers):
+            router.replay = routes[:, :, layer].reshape(-1, routes.shape[3])
+        known = (routes[mb.prefix_rows :] >= 0).all(-1).all(-1)
+        try:
+            yield (known & mb.loss_mask).sum() / mb.loss_mask.sum().clamp(min=1)
+        finally:
+            for router in self._routers:
+                router.replay = None
+
     def _router_aux(self, mb: MicroBatch) -> Tensor:
         """The load-balancing loss of the routers' logits of mb's forward, over its real positions
         (a shared prefix's rows counted once)."""
@@ -255,7 +283,8 @@ class Trainer:
             episodes, self.config.micro_batch_tokens, self.config.pad_token_id, self.vocab_size
         ):
             mb = mb.to(self.device)
-            logprobs = self._scores(mb, self.model, temperature, select=mb.real_positions()).logprobs
+            with self._replaying(mb):
+                logprobs = self._scores(mb, self.model, temperature, select=mb.real_positions()).logprobs
             for row, (index, n) in enumerate(
                 zip(mb.episode_index.tolist(), mb.lengths.tolist(), strict=True)
             ):
@@ -359,8 +388,11 @@ class Trainer:
             if isinstance(self.model, FSDPModule):
                 self.model.set_requires_gradient_sync(i == len(batches) - 1)
             mb = host_batch.to(self.device)
-            loss, metrics = loss_fn(mb, normaliser)
-            loss.backward()
+            with self._replaying(mb) as replayed:
+                loss, metrics = loss_fn(mb, normaliser)
+                loss.backward()  # inside: activation checkpointing routes again in backward
+            if replayed is not None:
+                metrics["replayed_routes"] = replayed
             local_loss += loss.detach().double()
             if host_batch.num_real_tokens > 0:  # not a filler batch
                 parts.append(metrics)

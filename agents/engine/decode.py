@@ -41,6 +41,7 @@ import torch
 from ..model.transformer import Transformer
 from .cache_attention import Forwards
 from .kv_cache import KVCache
+from .routes import RouteRecorder
 from .sampling import SAMPLING_TENSORS, sample_tokens, sampling_tensors
 
 _MIN_SPAN = 64
@@ -74,7 +75,9 @@ def span_bucket(span: int, max_seq_len: int) -> int:
 
 class DecodeGraphs:
     """The engine's decode forward. `capture=True` (CUDA only) replays CUDA graphs, which needs
-    `bucketed` shapes; without capture, `bucketed` (default: same as capture) pads as a graph would."""
+    `bucketed` shapes; without capture, `bucketed` (default: same as capture) pads as a graph would.
+    routes: records each step's routing into the cache (agents/engine/routes.py; the module path,
+    without capture), or None."""
 
     def __init__(
         self,
@@ -84,8 +87,12 @@ class DecodeGraphs:
         capture: bool,
         bucketed: bool | None = None,
         forwards: Forwards | None = None,
+        routes: RouteRecorder | None = None,
     ) -> None:
         device = next(model.parameters()).device
+        if capture and routes is not None:
+            raise ValueError("routes are recorded by the eager decode step, not by CUDA graphs")
+        self.routes = routes
         if capture and device.type != "cuda":
             raise ValueError(f"CUDA graphs need a CUDA device, the model is on {device}")
         bucketed = capture if bucketed is None else bucketed
@@ -115,7 +122,7 @@ class DecodeGraphs:
         # The packed CPU model's step without the module path's views (None elsewhere): bf16/fp16
         # with SGLang's kernels, or float32 with vLLM's paged attention.
         self._packed_step = None
-        if not capture:
+        if not capture and routes is None:
             self._packed_step = cache.backend.decode_step(
                 model, self.forwards.kernel_attention, self.forwards.rope_table, cache.max_slots
             )
@@ -148,7 +155,10 @@ class DecodeGraphs:
             self.tokens[n:batch].zero_()
             self.positions[n:batch].zero_()
         if not self.capture:
-            return self._step(batch, span)[:n]
+            logits = self._step(batch, span)[:n]
+            if self.routes is not None:
+                self.routes.decode(n, self.positions)
+            return logits
         graph = self._graphs.get((batch, span))
         if graph is None:
             graph = self._graphs[(batch, span)] = self._capture(

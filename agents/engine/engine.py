@@ -87,6 +87,7 @@ from .decode import DecodeGraphs
 from .kv_cache import KVCache
 from .merged_lora import MergedAdapters
 from .prefill import Prefiller
+from .routes import RouteRecorder
 from .sampling import seed_to_u64
 from .scheduler import EngineStats, Scheduler
 from .slots import Request
@@ -120,7 +121,9 @@ class TorchEngine:
     cache that keep finished samples' k/v for their conversation's next turn
     (agents/engine/history.py; default max_batch_size * max_seq_len, which doubles the cache; 0
     turns this off). weight_updates: "drain" or "in_flight", how `load_weights` treats running
-    samples (module doc).
+    samples (module doc). record_routes: a mixture of experts' chosen experts at every position
+    go into each `Completion.routes` (agents/engine/routes.py; decode then runs eagerly, without
+    CUDA graphs), for the trainer's routing replay.
     """
 
     def __init__(
@@ -140,6 +143,7 @@ class TorchEngine:
         share_prefixes: bool = True,
         history_capacity: int | None = None,
         weight_updates: Literal["drain", "in_flight"] = "drain",
+        record_routes: bool = False,
     ) -> None:
         if weight_updates not in ("drain", "in_flight"):
             raise ValueError(f"weight_updates must be 'drain' or 'in_flight', got {weight_updates!r}")
@@ -197,18 +201,27 @@ class TorchEngine:
         self.device, self.dtype = device, dtype
         self.fused, self.packed = backend.fused, backend.packed
         self._seed_rng = np.random.default_rng(seed)
+        route_shape = RouteRecorder.shape(self.model) if record_routes else None
+        if record_routes and route_shape is None:
+            raise ValueError(f"record_routes: {cfg.model_type} has no mixture-of-experts layers to route")
         with torch.inference_mode():
             self.cache = KVCache(
-                cfg, max_batch_size, self.max_seq_len, backend, history_capacity=history_capacity
-            )
+                cfg, max_batch_size, self.max_seq_len, backend, history_capacity=history_capacity,
+                routes=route_shape,
+            )  # fmt: skip
             forwards = Forwards(self.cache, cfg)  # each forward's description and attention
         backend.prepare_model(self.model, batch_hint=max_batch_size)
+        routes = RouteRecorder(self.model, self.cache) if record_routes else None
         self._params = dict(self.model.named_parameters(remove_duplicate=False))
         # what load_weights takes: the parameters, and the adapters a merged engine keeps aside
         self._loadable = self._params | dict(self._merged.tensors() if self._merged is not None else ())
-        self.cuda_graphs = backend.cuda_graphs
-        self._decoder = DecodeGraphs(self.model, self.cache, capture=self.cuda_graphs, forwards=forwards)
-        self._prefiller = Prefiller(self.model, self.cache, share_prefixes=share_prefixes, forwards=forwards)
+        self.cuda_graphs = backend.cuda_graphs and not record_routes
+        self._decoder = DecodeGraphs(
+            self.model, self.cache, capture=self.cuda_graphs, forwards=forwards, routes=routes
+        )
+        self._prefiller = Prefiller(
+            self.model, self.cache, share_prefixes=share_prefixes, forwards=forwards, routes=routes
+        )
         self._scheduler = Scheduler(
             self.cache,
             self._prefiller,
@@ -219,6 +232,7 @@ class TorchEngine:
             device=device,
             decode_text=_as_decode_fn(tokenizer),
             policy_version=policy_version,
+            routes=routes,
         )
         self.stats: EngineStats = self._scheduler.stats
         # Threading: _cv guards the fields below and orders the steps of whichever thread computes.

@@ -4,6 +4,10 @@ A running sequence owns one slot; its tokens sit at positions 0..len-1 of that s
 keeps the running sequences in slots 0..n-1 (it moves the last one into a hole when a sequence
 finishes), so a decode step reads the block [:n, ..., :span] in place, with no gather.
 
+With `routes` (a mixture of experts' routing being recorded: agents/engine/routes.py), every slot,
+the prefix store and the history pool also hold each position's chosen experts, int16 [positions,
+MoE layers, top_k] (-1: none recorded), copied wherever that position's k/v are.
+
 Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]; k is that ("sd") or transposed,
 [..., head_dim, max_seq_len] ("ds"). Which layout is the engine's `Backend`'s choice
 (agents/engine/backend.py). The cache only stores: each forward's writes and attention are its
@@ -31,6 +35,7 @@ class KVCache:
         backend: Backend,
         *,
         history_capacity: int = 0,
+        routes: tuple[int, int] | None = None,
     ) -> None:
         layers, heads, d = config.num_hidden_layers, config.num_key_value_heads, config.head_dim
         dtype, device = backend.dtype, backend.device
@@ -49,6 +54,13 @@ class KVCache:
         self.history_k = torch.zeros((layers, heads, *pool_k_shape), dtype=dtype, device=device)
         self.history_v = torch.zeros((layers, heads, history_capacity, d), dtype=dtype, device=device)
         self.kv_heads, self.head_dim = heads, d
+        # routes = (MoE layers, top_k): each position's chosen experts (module doc), or None.
+        self.routes = self.history_routes = None
+        if routes is not None:
+            self.routes = torch.full((max_slots + 1, seq, *routes), -1, dtype=torch.int16, device=device)
+            self.history_routes = torch.full(
+                (history_capacity, *routes), -1, dtype=torch.int16, device=device
+            )
         # Flat offsets of (slot, head, position 0) in a layer's [slots*heads*seq, D] view, and of
         # (slot, head, dim, position 0) in a "ds" layer's flat view: where a forward writes.
         self.row_base = torch.arange(max_slots * heads, device=device).view(max_slots, -1) * seq
@@ -84,25 +96,29 @@ class KVCache:
     # ---- the history pool: a finished sample's k/v, for its conversation's next turn ----------
     def park(self, slot: int, start: int, length: int) -> None:
         """Keep the first `length` positions of running `slot` at pool positions start.. ."""
-        pool = (self.history_k, self.history_v)
+        pool = (self.history_k, self.history_v, self.history_routes)
         self._copy_positions(pool, slice(start, start + length), self._slots(slot), slice(0, length))
 
     def unpark(self, start: int, slot: int, length: int) -> None:
         """Copy pool positions start..start+length-1 back into positions 0.. of running `slot`."""
-        pool = (self.history_k, self.history_v)
+        pool = (self.history_k, self.history_v, self.history_routes)
         self._copy_positions(self._slots(slot), slice(0, length), pool, slice(start, start + length))
 
-    def _slots(self, first: int, end: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(k, v) views of slot `first` (end None: that slot's axis dropped) or slots first..end-1."""
+    def _slots(self, first: int, end: int | None = None) -> tuple:
+        """(k, v, routes) views of slot `first` (end None: that slot's axis dropped) or slots
+        first..end-1 (routes None when not recorded)."""
         index = first if end is None else slice(first, end)
-        return self.k[:, index], self.v[:, index]
+        return self.k[:, index], self.v[:, index], None if self.routes is None else self.routes[index]
 
     def _copy_positions(self, dst: tuple, dst_positions: slice, src: tuple, src_positions: slice) -> None:
-        """Copy (k, v) positions between slot views and the pool; a position is the last axis of a
-        "ds" key and the second-to-last of every other k/v tensor."""
-        (dst_k, dst_v), (src_k, src_v) = dst, src
+        """Copy (k, v, routes) positions between slot views and the pool; a position is the last
+        axis of a "ds" key, the second-to-last of every other k/v tensor and the third-to-last of
+        the routes."""
+        (dst_k, dst_v, dst_routes), (src_k, src_v, src_routes) = dst, src
         if self.key_layout == "ds":
             dst_k[..., dst_positions] = src_k[..., src_positions]
         else:
             dst_k[..., dst_positions, :] = src_k[..., src_positions, :]
         dst_v[..., dst_positions, :] = src_v[..., src_positions, :]
+        if dst_routes is not None:
+            dst_routes[..., dst_positions, :, :] = src_routes[..., src_positions, :, :]

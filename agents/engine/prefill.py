@@ -27,6 +27,7 @@ from ..model.transformer import Transformer
 from .cache_attention import Forwards
 from .history import HistoryStore
 from .kv_cache import KVCache
+from .routes import RouteRecorder
 
 
 def _right_padded(token_lists: Sequence[Sequence[int]]) -> np.ndarray:
@@ -39,7 +40,8 @@ def _right_padded(token_lists: Sequence[Sequence[int]]) -> np.ndarray:
 
 class Prefiller:
     """Runs the engine's prefills into `cache` (see the module doc); owns the kept prefix.
-    forwards: the engine's `Forwards` over `cache` (default: one of its own)."""
+    forwards: the engine's `Forwards` over `cache` (default: one of its own). routes: records
+    each forward's routing into the cache (agents/engine/routes.py), or None."""
 
     def __init__(
         self,
@@ -48,8 +50,10 @@ class Prefiller:
         *,
         share_prefixes: bool = True,
         forwards: Forwards | None = None,
+        routes: RouteRecorder | None = None,
     ) -> None:
         self.model, self.cache, self.share_prefixes = model, cache, share_prefixes
+        self.routes = routes
         self.forwards = forwards if forwards is not None else Forwards(cache, model.config)
         self.device = model.lm_head.weight.device
         self.stored: list[int] = []  # the tokens whose k/v the cache's prefix store holds
@@ -85,6 +89,8 @@ class Prefiller:
             rope_local=forward.rope_local,
             keep=last,
         )
+        if self.routes is not None:
+            self.routes.continue_(first_slot, lengths, own)
         return self.model.lm_head(hidden), sum(lengths)
 
     def __call__(self, prompts: Sequence[list[int]], counts: Sequence[int], first_slot: int) -> tuple:
@@ -112,6 +118,8 @@ class Prefiller:
                 rope_local=forward.rope_local,
                 keep=keep,
             )
+            if self.routes is not None:
+                self.routes.prefill(first_slot, every_slot, 1, 0, prefix, keep)
             self.cache.store_prefix(first_slot, prefix)
             self.stored, saved = list(prompts[0][:prefix]), (rows - 1) * prefix
         elif stored:  # what an earlier prefill computed (a system prompt, a conversation so far)
@@ -126,6 +134,8 @@ class Prefiller:
             rope_local=forward.rope_local,
             keep=last,
         )  # [rows, hidden]: each row's last prompt position
+        if self.routes is not None:
+            self.routes.prefill(first_slot, source_rows, rows, prefix, width - prefix, last)
         logits = self.model.lm_head(hidden)
         return (logits if source_rows is None else logits[source_rows]), saved
 

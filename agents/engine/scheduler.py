@@ -22,10 +22,11 @@ import torch
 
 from ..errors import resolve_future
 from ..model.chunks import padded_chunks
-from ..types import Completion
+from ..types import Completion, Routes
 from .decode import DecodeGraphs
 from .kv_cache import KVCache
 from .prefill import Prefiller
+from .routes import RouteRecorder
 from .sampling import sample_tokens
 from .slots import Request, Sample, Slots
 
@@ -62,12 +63,14 @@ class Scheduler:
         device: torch.device,
         decode_text: Callable[[list[int]], str] | None,
         policy_version: int,
+        routes: RouteRecorder | None = None,
     ) -> None:
         self.cache, self.prefiller, self.decoder = cache, prefiller, decoder
         self.max_prefill_tokens = max_prefill_tokens
         self.continuous_batching = continuous_batching
         self.device = device
         self.decode_text = decode_text
+        self.routes = routes  # each finished sample's routing, read from its slot (or None)
         self.policy_version = policy_version  # the version new samples are drawn from
         self.stats = EngineStats()
         self.slots = Slots(max_batch_size)  # running samples, slot i = self.slots.running[i]
@@ -192,6 +195,13 @@ class Scheduler:
         done = self.slots.record(lo, hi, tokens.tolist(), logprobs.tolist())
         self.stats.generated_tokens += hi - lo
         finished = [(self.slots.running[slot], reason) for slot, reason in done]
+        # The routing of every position the model ran: the prompt and each sampled token but the last.
+        routes = [
+            self.routes.read(slot, len(sample.request.prompt) + len(sample.tokens) - 1)
+            if self.routes is not None
+            else None
+            for (slot, _), (sample, _) in zip(done, finished, strict=True)
+        ]
         if self.prefiller.history.capacity > 0:
             for (slot, _), (sample, _) in zip(done, finished, strict=True):
                 # k/v of the prompt and every sampled token fed back (not the last one); not
@@ -201,10 +211,10 @@ class Scheduler:
         self.slots.remove([slot for slot, _ in done], self.cache.move_slot)
         # With a worker thread, completing wakes the callers' event loop, whose Python work (env
         # steps, rendering) then competes for the GIL with every torch call made here: copies first.
-        for sample, reason in finished:
-            self._complete(sample, reason)
+        for (sample, reason), sample_routes in zip(finished, routes, strict=True):
+            self._complete(sample, reason, sample_routes)
 
-    def _complete(self, sample: Sample, reason: str) -> None:
+    def _complete(self, sample: Sample, reason: str, routes: Routes | None = None) -> None:
         # The sample has left the slots: if this fails, only its own request can hear of it
         # (fail_all no longer sees it, nor the other samples finishing in this step).
         request = sample.request
@@ -219,6 +229,7 @@ class Scheduler:
             text=text,
             policy_version=sample.version,
             token_versions=sample.token_versions(),
+            routes=routes,
         )
         request.unfinished -= 1
         if not request.unfinished:

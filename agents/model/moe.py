@@ -158,6 +158,14 @@ class MixtureOfExperts(nn.Module):
         # router logits [N, E] (with grad) when this is set.
         self.keep_router_logits = False
         self.router_logits: torch.Tensor | None = None
+        # Routing replay: with `keep_routes` the last forward's chosen experts [N, k] stay in
+        # `routes` (the engine records them: agents/engine/routes.py); `replay` [N, k] (long, set
+        # by the trainer for one forward and its backward) names each row's experts instead of
+        # its top k, -1 where a row has none recorded. The router's logits still weigh the
+        # named experts, so the router trains.
+        self.keep_routes = False
+        self.routes: torch.Tensor | None = None
+        self.replay: torch.Tensor | None = None
 
     def router_logits_of(self, x: torch.Tensor) -> torch.Tensor:
         """x [N, H] -> the router's logits [N, E]."""
@@ -168,6 +176,10 @@ class MixtureOfExperts(nn.Module):
         indices [N, k])."""
         raise NotImplementedError
 
+    def weigh(self, logits: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """The weights [N, k] (the logits' dtype) that `route` gives experts `chosen` [N, k]."""
+        raise NotImplementedError
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])
@@ -175,6 +187,15 @@ class MixtureOfExperts(nn.Module):
         if self.keep_router_logits:
             self.router_logits = logits
         weights, chosen = self.route(logits)
+        if self.replay is not None:
+            if self.replay.shape != chosen.shape:
+                raise ValueError(
+                    f"replayed routes {tuple(self.replay.shape)} for {tuple(chosen.shape)} routed rows"
+                )
+            chosen = torch.where(self.replay >= 0, self.replay, chosen)
+            weights = self.weigh(logits, chosen)
+        if self.keep_routes:
+            self.routes = chosen
         # The (token, expert) pairs sorted by expert: one contiguous group of rows per expert.
         experts = chosen.flatten()
         order = torch.argsort(experts, stable=True)
@@ -200,9 +221,16 @@ class SparseMoE(MixtureOfExperts):
         """HF's top-k of the float32 softmax, renormalised with norm_topk_prob."""
         probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        return self._normed(weights, logits.dtype), chosen
+
+    def weigh(self, logits: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        return self._normed(probs.gather(-1, chosen), logits.dtype)
+
+    def _normed(self, weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights.to(logits.dtype), chosen
+        return weights.to(dtype)
 
 
 class GptOssMoE(MixtureOfExperts):
@@ -220,6 +248,10 @@ class GptOssMoE(MixtureOfExperts):
         """HF's softmax over each token's top-k logits, in the logits' dtype."""
         top, chosen = torch.topk(logits, self.top_k, dim=-1)
         return torch.softmax(top, dim=-1, dtype=top.dtype), chosen
+
+    def weigh(self, logits: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        top = logits.gather(-1, chosen)
+        return torch.softmax(top, dim=-1, dtype=top.dtype)
 
 
 def load_balancing_loss(

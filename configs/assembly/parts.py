@@ -326,6 +326,7 @@ def build_policy(
             seed=config.run.seed,
             history_capacity=None if config.policy.history_capacity == -1 else config.policy.history_capacity,
             backend=backend,
+            record_routes=config.trainer.replay_routes,  # the routes the trainer replays
         )
         if placement is not None:
             engine_kwargs["weight_updates"] = config.loop.weight_updates

@@ -171,6 +171,14 @@ def test_a_group_of_one_with_a_group_relative_estimator_is_refused(tmp_path, cap
     assert main(["train", "--set", "rollout.group_size=1", "--print-config"]) == 2  # at load time
 
 
+def test_route_replay_needs_the_torch_engine(tmp_path, capsys):
+    err = refused(tmp_path, capsys, "trainer.replay_routes=true", "policy.backend=vllm")
+    assert err == (
+        "config error: trainer.replay_routes: replays the routes the torch engine records: needs "
+        "policy.backend = 'torch', got 'vllm'"
+    ), err
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [

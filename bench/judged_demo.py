@@ -15,7 +15,10 @@ whole bench and is stopped at the end. Per seed, one `toolgym train zorplex_judg
 - grader: no judge (`judge.url = ""`): the env's own reward, the CPU demo's RL;
 - judge: the judge's verdict is the whole reward (`judge.reward = "replace"`, as shipped);
 - judge+check: the judge beside a programmatic check of the `[ANSWER] <number>` form
-  (toolgym.examples.judge_checks:answer_tagged, weight 1).
+  (toolgym.examples.judge_checks:answer_tagged, weight 1);
+- group-judge (with `--group-judge J`, a ranking judge: `toolgym judge-data --group-size 8` of the
+  same recording, SFT'd alike; served beside the first): one request per group, the group's 8
+  episodes in a random order (`judge.mode = "group"`), its scores the whole reward.
 Held-out success is the env's grader's (which the judge arms never train on); the target is 0.9,
 and a judge arm that reaches it may still lose it to reward hacking, so the end value matters as
 much. Last, per judge arm and seed: the training batches' hacking rate (episodes the judge passed
@@ -35,17 +38,20 @@ from rl_arms import ArmsBench, _records, main
 
 CRITERION = "The final answer is correct."
 CHECK = "toolgym.examples.judge_checks:answer_tagged"
-ARMS = ("grader", "judge", "judge+check")
+ARMS = ("grader", "judge", "judge+check", "group-judge")
 
 
-def arms(url: str) -> dict[str, list[str]]:
+def arms(url: str, group_url: str | None = None) -> dict[str, list[str]]:
     correct = f'{{ name = "correct", prompt = "{CRITERION}", weight = 1.0 }}'
     tagged = f'{{ name = "tagged", function = "{CHECK}", weight = 1.0 }}'
-    return {
+    out = {
         "grader": ["judge.url="],
         "judge": [f"judge.url={url}"],
         "judge+check": [f"judge.url={url}", f"judge.criteria=[{correct}, {tagged}]"],
     }
+    if group_url is not None:  # a group's 8 scores: '{"scores": [1, 0, ...]}' is ~30 tokens
+        out["group-judge"] = [f"judge.url={group_url}", "judge.mode=group", "judge.max_tokens=64"]
+    return out
 
 
 def toolgym(*args: str, log: Path) -> None:
@@ -99,15 +105,16 @@ def hacking(out: Path, bench: ArmsBench, seeds: list[int]) -> None:
 def run() -> None:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--judge", type=Path, help="the judge's checkpoint (default: built by its recipe)")
+    parser.add_argument("--group-judge", type=Path, help="a ranking judge's checkpoint: adds the 'group-judge' arm")
     parser.add_argument("--out", type=Path, default=Path("runs/judged_demo"))
     known, rest = parser.parse_known_args()
     out = known.out
     sys.argv = [sys.argv[0], *rest, "--out", str(out)]  # bench/rl_arms.py's command line
 
-    def bench(url: str) -> ArmsBench:
+    def bench(url: str, group_url: str | None = None) -> ArmsBench:
         return ArmsBench(
             preset="zorplex_judged_tiny",
-            arms=arms(url),
+            arms=arms(url, group_url),
             target={"success": 0.9},
             out=out,
             curves=Path(__file__).parent / "judged_demo_curves.png",
@@ -116,15 +123,22 @@ def run() -> None:
     if {"-h", "--help"} & set(rest):  # the help, before any judge is built or served
         main({"zorplex_judged_tiny": bench("")}, __doc__ or "")
     judge = known.judge or build_judge(out / "judge")
-    port = free_port()
-    server = serve(judge, port)
+    servers = []
     try:
-        served = bench(f"http://127.0.0.1:{port}/v1")
+        port = free_port()
+        servers.append(serve(judge, port))
+        group_url = None
+        if known.group_judge is not None:
+            group_port = free_port()
+            servers.append(serve(known.group_judge, group_port))
+            group_url = f"http://127.0.0.1:{group_port}/v1"
+        served = bench(f"http://127.0.0.1:{port}/v1", group_url)
         args = main({served.preset: served}, __doc__ or "")
         hacking(args.out, served, args.seeds)
     finally:
-        server.terminate()
-        server.wait()
+        for server in servers:
+            server.terminate()
+            server.wait()
 
 
 if __name__ == "__main__":

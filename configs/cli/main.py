@@ -470,13 +470,23 @@ def add_judge_data(sub: argparse._SubParsersAction) -> None:
         "--final-reply", action="store_true", help="show the env's last reply (often its verdict) to the judge"
     )
     p.add_argument("--max-transcript-chars", type=int, default=20000, help="as judge.max_transcript_chars")
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=0,
+        help='N > 0: rows of N episodes each in a random order, asked as judge.mode = "group" asks, '
+        'answered {"scores": [...]} (a ranking judge); 0 (default): one episode a row',
+    )
 
     def run(args: argparse.Namespace) -> int:
         from .recordings import judge_data_command
 
+        if args.group_size < 0:
+            raise ValueError(f"--group-size must be >= 0, got {args.group_size}")
         return judge_data_command(
-            Console(), args.file, args.criterion, args.out, args.final_reply, args.max_transcript_chars
-        )
+            Console(), args.file, args.criterion, args.out, args.final_reply, args.max_transcript_chars,
+            args.group_size,
+        )  # fmt: skip
 
     p.set_defaults(func=run)
 

@@ -41,7 +41,7 @@ from ...rollouts.recording.replay import (
     verify_trajectories,
 )
 from ...rollouts.scoring.judge import Judge, JudgeError
-from ...rollouts.scoring.judge_data import judge_examples, labelled
+from ...rollouts.scoring.judge_data import judge_examples, judge_group_examples, labelled
 from ...rollouts.scoring.rejudge import recorded_judge, rejudge
 from ...rollouts.types import Trajectory
 from ..load import shipped_tokenizer_hint
@@ -274,19 +274,24 @@ def judge_data_command(
     out: str | os.PathLike,
     final_reply: bool = False,
     max_chars: int = 20000,
+    group_size: int = 0,
 ) -> int:
     """`toolgym judge-data`: the recording's episodes as judge-training rows (rollouts/scoring/
     judge_data.py), labelled by the env's `success` metric; episodes without one are skipped.
-    Returns 1 when no episode had a label."""
+    group_size > 0: rows of that many episodes each, asked as judge mode "group" asks. Returns 1
+    when no episode had a label."""
     _, trajectories = read_recording(recording)
     episodes = labelled(trajectories)
-    rows = judge_examples(episodes, criterion, max_chars, final_reply)
+    if group_size > 0:
+        rows = judge_group_examples(episodes, criterion, group_size, max_chars, final_reply)
+    else:
+        rows = judge_examples(episodes, criterion, max_chars, final_reply)
     with Path(out).open("w", encoding="utf-8") as f:
         for row in rows:
             f.write(msgspec.json.encode(row).decode() + "\n")
     passed = sum(e.label for e in episodes)
     console.print(
-        f"{out}: {len(rows)} judge examples ({passed} pass, {len(rows) - passed} fail) from {len(trajectories)} "
+        f"{out}: {len(rows)} judge examples ({passed} episodes pass, {len(episodes) - passed} fail) from {len(trajectories)} "
         f"episodes of {recording}; `toolgym import {out} --out RECORDING` makes them a recording to SFT on",
         markup=False,
         soft_wrap=True,

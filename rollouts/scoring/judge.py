@@ -286,6 +286,21 @@ def episode_question(
     ]
 
 
+def group_question(
+    criterion: str, shown: Sequence[Trajectory], max_chars: int = 20000, final_reply: bool = True
+) -> list[dict[str, str]]:
+    """Group mode's request messages for one criterion (its prompt) and the group's episodes in
+    the order shown: what a judge is asked, and what a ranking judge model is trained on
+    (rollouts/scoring/judge_data.py)."""
+    attempts = "\n\n".join(
+        f"=== Attempt {k + 1} ===\n{transcript(t, max_chars, final_reply)}" for k, t in enumerate(shown)
+    )
+    return [
+        {"role": "system", "content": GROUP_INSTRUCTIONS.format(n=len(shown))},
+        {"role": "user", "content": f"Criterion: {criterion}\n\n{attempts}"},
+    ]
+
+
 def _load_check(spec: str) -> Callable[[Trajectory], Any]:
     """A criterion's programmatic check, "module:function", imported as env.module is (the
     current directory importable); JudgeError when it does not load."""
@@ -479,15 +494,9 @@ class Judge:
         )
 
     def _group_question(self, criterion: JudgeCriterion, shown: Sequence[Trajectory]) -> list[dict[str, str]]:
-        limit = self.config.max_transcript_chars
-        attempts = "\n\n".join(
-            f"=== Attempt {k + 1} ===\n{transcript(t, limit, self.config.final_reply)}"
-            for k, t in enumerate(shown)
+        return group_question(
+            criterion.prompt, shown, self.config.max_transcript_chars, self.config.final_reply
         )
-        return [
-            {"role": "system", "content": GROUP_INSTRUCTIONS.format(n=len(shown))},
-            {"role": "user", "content": f"Criterion: {criterion.prompt}\n\n{attempts}"},
-        ]
 
     def order(self, group_id: int, criterion: str, n: int) -> list[int]:
         """Group mode's order for this group and criterion: order[k] is the index (in the group's

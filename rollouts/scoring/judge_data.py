@@ -8,6 +8,10 @@ the judge is asked.
                                      one chat-messages row each: episode mode's question for the
                                      criterion (judge.py `episode_question`, word for word what
                                      the judge sends) and the answer {"score": label}
+    judge_group_examples(episodes, criterion, group_size)
+                                     one row per group of that many episodes: group mode's
+                                     question (judge.py `group_question`), the episodes in a
+                                     random order, and the answer {"scores": [labels as shown]}
 
 `toolgym judge-data` writes them as chat-messages JSONL; `toolgym import` makes that a recording
 to SFT a model on (configs/judge_zorplex_tiny.toml), and `toolgym serve` of the result is a judge
@@ -17,6 +21,7 @@ for `[judge]`. The same labelled episodes of other seeds measure a judge against
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -27,7 +32,7 @@ from ..episode.config import EnvRolloutConfig
 from ..episode.runner import RolloutRunner
 from ..scripted import OracleConfig, OraclePolicy
 from ..types import Trajectory
-from .judge import episode_question, grader_label
+from .judge import episode_question, grader_label, group_question
 
 
 class Labelled(msgspec.Struct):
@@ -77,4 +82,29 @@ def judge_examples(
     ]
 
 
-__all__ = ["Labelled", "judge_examples", "labelled", "labelled_episodes"]
+def judge_group_examples(
+    episodes: Sequence[Labelled],
+    criterion: str,
+    group_size: int,
+    max_chars: int = 20000,
+    final_reply: bool = False,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Chat-messages rows for a ranking judge (judge mode "group"): the episodes shuffled (by
+    `seed`) into groups of `group_size` (a last, smaller group kept), each asked as group mode
+    asks, with the grader's labels in the order shown as the answer. Every position of the
+    shown order holds passes and failures alike, so a judge trained on them learns no position."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    order = list(range(len(episodes)))
+    random.Random(seed).shuffle(order)
+    rows = []
+    for start in range(0, len(order), group_size):
+        shown = [episodes[i] for i in order[start : start + group_size]]
+        answer = msgspec.json.encode({"scores": [e.label for e in shown]}).decode()
+        question = group_question(criterion, [e.trajectory for e in shown], max_chars, final_reply)
+        rows.append({"messages": [*question, {"role": "assistant", "content": answer}]})
+    return rows
+
+
+__all__ = ["Labelled", "judge_examples", "judge_group_examples", "labelled", "labelled_episodes"]

@@ -158,3 +158,42 @@ def test_judge_data_asks_as_the_judge_asks_and_answers_with_the_graders_verdict(
     assert 0 < sum(labels) < len(labels)  # the oracle's faults give both verdicts
     assert main(["import", str(rows), "--out", str(imported)]) == 0
     assert len(read_recording(imported)[1]) == 24
+
+
+
+def test_group_judge_data_asks_as_group_mode_asks_with_the_labels_in_the_order_shown(tmp_path, capsys):
+    """`toolgym judge-data --group-size 8`: the episodes in groups of 8 (and one of the rest), each
+    asked word for word as judge mode "group" asks, answered with the grader's verdicts in the
+    order shown; every episode is in exactly one group."""
+    import json
+    import re
+
+    from toolgym.rollouts.scoring.judge import group_question, parse_scores, transcript
+
+    noisy, rows = tmp_path / "noisy.jsonl", tmp_path / "judge.jsonl"
+    assert main(["record", "--env", "toolgym/Zorplex-v0", "--tasks", "20", "--out", str(noisy),
+                 "--p-omit-tag", "0.3", "--p-stop-early", "0.3", "--no-progress"]) == 0  # fmt: skip
+    criterion = "The final answer is correct."
+    assert main(["judge-data", str(noisy), "--criterion", criterion, "--out", str(rows),
+                 "--max-transcript-chars", "200", "--group-size", "8"]) == 0  # fmt: skip
+    assert "3 judge examples" in capsys.readouterr().out
+    _, trajectories = read_recording(noisy)
+    unused = list(trajectories)
+    sizes = []
+    for line in rows.read_text().splitlines():
+        *question, answer = json.loads(line)["messages"]
+        texts = re.split(r"=== Attempt \d+ ===\n", question[1]["content"])[1:]
+        scores = parse_scores(answer["content"], len(texts))
+        shown = []
+        for text, score in zip(texts, scores, strict=True):
+            match = next(
+                t for t in unused
+                if transcript(t, 200, False) == text.removesuffix("\n\n") and t.metrics["env"]["success"] == score
+            )  # fmt: skip
+            unused.remove(match)
+            shown.append(match)
+        assert question == group_question(criterion, shown, 200, final_reply=False)
+        sizes.append(len(shown))
+    assert sizes == [8, 8, 4] and not unused
+    assert main(["judge-data", str(noisy), "--criterion", criterion, "--out", str(rows), "--group-size", "-1"]) == 2
+    assert capsys.readouterr().err == "toolgym judge-data: error: --group-size must be >= 0, got -1\n"

@@ -111,6 +111,9 @@ class Trainer:
                     raise ValueError(f"trainer.{option} needs toolgym's Transformer (agents/model)")
                 setattr(stack, flag, True)
         self.model = shard_model(model.to(self.device), self.mesh, self.precision)
+        # A shared prefix is attended to as k/v: a model with linear-attention layers (a recurrent
+        # state) computes every row whole instead.
+        self._share_prefix = config.share_prefix and not getattr(self.model_config, "linear_attention", False)
         # The fused head needs our Transformer's `head=`; any other model gives logits.
         self._fused_head = config.fused_head and isinstance(model, Transformer)
         # A mixture of experts' routers keep their logits for the load-balancing loss and metric.
@@ -335,7 +338,7 @@ class Trainer:
             self.config.micro_batch_tokens,
             self.config.pad_token_id,
             self.vocab_size,
-            share_prefix=self.config.share_prefix,
+            share_prefix=self._share_prefix,
         )
         # FSDP forward/backward are collectives: every rank runs the same number of micro-batches.
         (most,) = all_reduce([float(len(batches))], torch.distributed.ReduceOp.MAX)

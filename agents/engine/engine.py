@@ -149,6 +149,11 @@ class TorchEngine:
             raise ValueError(f"weight_updates must be 'drain' or 'in_flight', got {weight_updates!r}")
         self.weight_updates = weight_updates
         cfg = model.config
+        if cfg.linear_attention:
+            raise ValueError(
+                f"{cfg.model_type}: the torch engine keeps k/v, and its Gated DeltaNet layers need a "
+                "recurrent state per sequence, which it does not keep yet"
+            )
         self.config = cfg
         lora = has_lora(model)
         if backend is None:

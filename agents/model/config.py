@@ -15,10 +15,16 @@ import torch
 from .families import FAMILIES, Family, family
 
 ModelType = Literal[
-    "qwen2", "qwen3", "qwen3_moe", "llama", "mistral", "smollm3", "gemma3_text", "olmo2", "olmo3", "gpt_oss"
-]
+    "qwen2", "qwen3", "qwen3_moe", "llama", "mistral", "smollm3", "gemma3_text", "olmo2", "olmo3", "gpt_oss",
+    "qwen3_5_text",
+]  # fmt: skip
 # HF's config.json `layer_types` entries this decoder runs.
-LAYER_TYPES = ("sliding_attention", "full_attention")
+LAYER_TYPES = ("sliding_attention", "full_attention", "linear_attention")
+# The fields of a family's Gated DeltaNet layers (`Family.linear_attention`), 0 in every other.
+LINEAR_FIELDS = (
+    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)  # fmt: skip
 
 
 class RopeScaling(msgspec.Struct, frozen=True, kw_only=True):
@@ -119,6 +125,10 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     `decoder_sparse_step`-th) have the dense MLP of `intermediate_size`. gpt-oss's experts
     (`family.moe_style` "gpt_oss"): every layer, the softmax over the top-k router logits, and
     its clamped SwiGLU with `swiglu_alpha` and `swiglu_limit` (None for every other family).
+    Linear attention (Qwen3.5; `family.linear_attention`): the "linear_attention" layers of
+    `layer_types` are Gated DeltaNet mixers (agents/model/linear_attention.py) of `linear_*` heads
+    and dims and a `linear_conv_kernel_dim`-tap convolution; `partial_rotary_factor` of each head
+    rotates (`rotary_dim`), the rest passes.
     Token ids are only carried so that a saved config.json is complete, except `pad_token_id`: as
     in transformers, the embedding's padding_idx (its row gets no gradient from lookups).
     """
@@ -153,6 +163,12 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
     mlp_only_layers: tuple[int, ...] = ()
     swiglu_alpha: float | None = None
     swiglu_limit: float | None = None
+    partial_rotary_factor: float = 1.0
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -247,6 +263,27 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
                 )
             if "sliding_attention" in self.layer_types and self.sliding_window is None:
                 raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+            if "linear_attention" in self.layer_types and not fam.linear_attention:
+                raise ValueError(f"layer_types: linear_attention layers are not a {self.model_type} field")
+        linear = [getattr(self, name) for name in LINEAR_FIELDS]
+        if fam.linear_attention:
+            if not all(isinstance(x, int) and x >= 1 for x in linear):
+                raise ValueError(f"{self.model_type} needs {', '.join(LINEAR_FIELDS)} >= 1, got {linear}")
+            if self.linear_num_value_heads % self.linear_num_key_heads:
+                raise ValueError(
+                    f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
+                    f"linear_num_key_heads ({self.linear_num_key_heads})"
+                )
+        elif any(linear):
+            raise ValueError(f"{', '.join(LINEAR_FIELDS)} are not {self.model_type} fields")
+        if self.partial_rotary_factor != 1.0:
+            if not fam.linear_attention:
+                raise ValueError(f"partial_rotary_factor is not a {self.model_type} field")
+            if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim % 2 or self.rotary_dim < 2:
+                raise ValueError(
+                    f"partial_rotary_factor={self.partial_rotary_factor} must rotate an even part of "
+                    f"head_dim {self.head_dim}, got {self.rotary_dim} dims"
+                )
         if (self.rope_local_base_freq is not None) != bool(fam.local_rope) and fam.local_rope != "optional":
             raise ValueError(
                 f"rope_local_base_freq is {'required for' if fam.local_rope else 'not a field of'} {self.model_type}"
@@ -310,6 +347,28 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             "router_aux_loss_coef": 0.001,
             **({} if self.swiglu_alpha is None else {"swiglu_alpha": self.swiglu_alpha}),
             **({} if self.swiglu_limit is None else {"swiglu_limit": self.swiglu_limit}),
+        }
+
+    def layer_linear(self, layer: int) -> bool:
+        """Whether decoder layer `layer` is a Gated DeltaNet mixer (a "linear_attention" layer)."""
+        return self.layer_types is not None and self.layer_types[layer] == "linear_attention"
+
+    @property
+    def linear_attention(self) -> bool:
+        """Whether any layer is a Gated DeltaNet mixer (a recurrent state, not k/v)."""
+        return any(self.layer_linear(i) for i in range(self.num_hidden_layers))
+
+    @property
+    def rotary_dim(self) -> int:
+        """How many of each head's dims RoPE rotates (the first ones; head_dim unless partial)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def linear_fields(self) -> dict[str, Any]:
+        """The Gated DeltaNet fields of config.json and partial_rotary_factor ({} without them)."""
+        if not self.family.linear_attention:
+            return {}
+        return {name: getattr(self, name) for name in LINEAR_FIELDS} | {
+            "partial_rotary_factor": self.partial_rotary_factor
         }
 
     def layer_rope(self, layer: int) -> bool:
@@ -380,14 +439,22 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         h, d = self.hidden_size, self.head_dim
         q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
         qk_norm = (q + kv if self.family.qk_norm_over == "projection" else 2 * d) * self.qk_norm
-        attn = h * (q + 2 * kv) + q * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias + qk_norm
-        per_layer = attn + (4 if self.family.sandwich_norms else 2) * h
-        per_layer += self.num_attention_heads * self.family.attention_sinks
+        gate = q * (h + self.qkv_bias) * self.family.attention_output_gate  # q_proj's second half
+        attn = h * (q + 2 * kv) + q * h + (q + 2 * kv) * self.qkv_bias + h * self.o_bias + qk_norm + gate
+        attn += self.num_attention_heads * self.family.attention_sinks
+        # A Gated DeltaNet layer: in_proj_qkv and its convolution, in_proj_z, in_proj_b and in_proj_a
+        # with dt_bias and A_log, the gated norm, out_proj.
+        keys = self.linear_num_key_heads * self.linear_key_head_dim
+        values = self.linear_num_value_heads * self.linear_value_head_dim
+        mixer = (2 * keys + values) * (h + self.linear_conv_kernel_dim) + values * h
+        mixer += 2 * self.linear_num_value_heads * (h + 1) + self.linear_value_head_dim + values * h
+        norms = (4 if self.family.sandwich_norms else 2) * h
+        mixers = sum(mixer if self.layer_linear(i) else attn for i in range(self.num_hidden_layers))
         moe = self.num_experts * (h + 3 * h * self.moe_intermediate_size)  # the router, the experts
         if self.family.moe_style == "gpt_oss":  # the router's bias, the experts' biases
             moe += self.num_experts * (1 + 2 * self.moe_intermediate_size + h)
         mlps = sum(moe if self.layer_moe(i) else 3 * h * self.intermediate_size for i in range(self.num_hidden_layers))
-        body = self.num_hidden_layers * per_layer + mlps + h
+        body = mixers + self.num_hidden_layers * norms + mlps + h
         embed = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return body + (embed if include_embedding else 0)
 
@@ -440,6 +507,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         clamped: dict[str, Any] = {}  # gpt-oss's SwiGLU
         if fam.moe_style == "gpt_oss":
             clamped = {"swiglu_alpha": float(d["swiglu_alpha"]), "swiglu_limit": float(d["swiglu_limit"])}
+        partial = float(rope.get("partial_rotary_factor", 1.0)) if fam.linear_attention else 1.0
         eos = d.get("eos_token_id")
         if isinstance(eos, list):  # HF allows a list; the first is the canonical one
             eos = eos[0] if eos else None
@@ -483,6 +551,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
                 else {}
             ),
             **clamped,
+            **({name: int(d[name]) for name in LINEAR_FIELDS} if fam.linear_attention else {}),
+            partial_rotary_factor=partial,
         )
 
     def to_hf_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
@@ -522,7 +592,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         """A named config: 'tiny' (CPU default), 'tiny-moe', 'tiny-gpt-oss', 'bench-3m', 'small-25m',
         'test', 'test-qwen3', 'test-gemma3', 'test-gpt-oss', 'qwen2.5-0.5b', 'qwen3-0.6b', 'qwen3-1.7b',
         'qwen3-4b', 'qwen3-8b', 'llama-3.2-1b', 'mistral-7b-v0.3', 'smollm3-3b', 'gemma-3-1b', 'olmo-3-7b',
-        'gpt-oss-20b' (the real shapes, random weights)."""
+        'gpt-oss-20b', 'qwen3.5-9b' (the real shapes, random weights), 'test-qwen3.5'."""
         if name not in NAMED_CONFIGS:
             raise KeyError(f"unknown model config {name!r}; known: {sorted(NAMED_CONFIGS)}")
         return cls(**NAMED_CONFIGS[name])
@@ -579,6 +649,14 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
                            model_type="qwen3_moe", tie_word_embeddings=False, num_experts=4,
                            num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
                            mlp_only_layers=(1,)),
+    # Qwen3.5's hybrid: three Gated DeltaNet layers (2 key heads of 16 serving 4 value heads of 16)
+    # then a full-attention layer (gated, a quarter of each head rotated).
+    "test-qwen3.5": dict(_SMALL, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                         model_type="qwen3_5_text", tie_word_embeddings=False, partial_rotary_factor=0.25,
+                         layer_types=("linear_attention",) * 3 + ("full_attention",), linear_num_key_heads=2,
+                         linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                         linear_conv_kernel_dim=4),
     # Real shapes (random weights unless loaded), for GPU benchmarks.
     "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, head_dim=64, rope_theta=1_000_000.0,
@@ -616,6 +694,15 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
                           num_attention_heads=32, num_key_value_heads=4, model_type="qwen3_moe",
                           max_position_embeddings=40960, tie_word_embeddings=False, num_experts=128,
                           num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True),
+    # Qwen3.5-9B's text model (Qwen3_5TextConfig's defaults): 24 Gated DeltaNet layers (16 key heads
+    # serving 32 value heads, all of 128) and 8 full-attention ones (16 heads of 256, 4 KV).
+    "qwen3.5-9b": dict(vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+                       num_attention_heads=16, num_key_value_heads=4, head_dim=256, rope_theta=10_000_000.0,
+                       max_position_embeddings=32768, tie_word_embeddings=False, model_type="qwen3_5_text",
+                       partial_rotary_factor=0.25,
+                       layer_types=tuple("linear_attention" if (i + 1) % 4 else "full_attention" for i in range(32)),
+                       linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                       linear_value_head_dim=128, linear_conv_kernel_dim=4),
     # The other native families' published shapes (random weights unless loaded).
     "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                          num_attention_heads=32, num_key_value_heads=8, head_dim=64, rope_theta=500_000.0,

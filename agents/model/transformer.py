@@ -1,5 +1,5 @@
 """The decoder of every native family (Qwen2, Qwen3, Qwen3-MoE, Llama, Mistral, SmolLM3, Gemma 3 text,
-OLMo 2/3, gpt-oss) in plain torch, read top to bottom (gpt-fast style).
+OLMo 2/3, gpt-oss, Qwen3.5) in plain torch, read top to bottom (gpt-fast style).
 
 GQA attention with RoPE, RMSNorm (pre-norm), SwiGLU MLP or a mixture of experts (Qwen3-MoE's,
 gpt-oss's: agents/model/moe.py), tied or untied embeddings, gpt-oss's attention sinks. What a family
@@ -9,7 +9,10 @@ with `attention_bias`), an RMSNorm over each head of q and k before RoPE (Qwen3)
 RoPE scaling and YaRN, layers without RoPE (SmolLM3), sliding-window layers (`ModelConfig.layer_window`:
 Mistral's on every layer, Gemma 3's per `layer_types`), Gemma 3's blocks (its RMSNorm, four norms
 per block, scaled embeddings and queries, GELU-tanh MLP, a second RoPE base for its sliding layers),
-OLMo 2/3's blocks (norms after attention and MLP, q/k norms over the whole projection).
+OLMo 2/3's blocks (norms after attention and MLP, q/k norms over the whole projection), Qwen3.5's
+hybrid (Gated DeltaNet layers, agents/model/linear_attention.py, between full-attention layers
+whose output is gated per head and whose RoPE rotates part of each head; training forwards only:
+the torch engine keeps no recurrent state yet).
 
 Module names and `state_dict()` keys are exactly Hugging Face's (`model.embed_tokens.weight`,
 `model.layers.{i}.self_attn.q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`), so HF
@@ -42,6 +45,7 @@ from torch.utils.checkpoint import checkpoint
 from .attention import causal_attention
 from .config import ModelConfig, RopeScaling, YarnScaling
 from .families.base import NormScale
+from .linear_attention import GatedDeltaNet
 from .moe import GptOssMoE, SparseMoE
 
 # ---------------------------------------------------------------------------------------------
@@ -155,7 +159,12 @@ def rope_cos_sin(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, heads, D]; cos/sin [B or 1, T, 1, D] (sin already carries rotate_half's sign)."""
+    """x [B, T, heads, D]; cos/sin [B or 1, T, 1, R] (sin already carries rotate_half's sign):
+    the first R dims rotate (R < D: partial RoPE, Qwen3.5), the rest pass."""
+    rotary = cos.shape[-1]
+    if rotary < x.shape[-1]:
+        head, rest = x[..., :rotary], x[..., rotary:]
+        return torch.cat([apply_rope(head, cos, sin), rest], dim=-1)
     return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * sin
 
 
@@ -190,7 +199,9 @@ class Attention(nn.Module):
         self.head_dim = cfg.head_dim
         self.num_heads, self.num_kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         q_dim, kv_dim = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-        self.q_proj = nn.Linear(cfg.hidden_size, q_dim, bias=cfg.qkv_bias)
+        # Qwen3.5: q_proj gives each head its query, then a gate on its output (`gated`).
+        self.gated = cfg.family.attention_output_gate
+        self.q_proj = nn.Linear(cfg.hidden_size, q_dim * (2 if self.gated else 1), bias=cfg.qkv_bias)
         self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.o_bias)
@@ -221,6 +232,10 @@ class Attention(nn.Module):
             q = self.q_proj(x[rows, keep][:, None])
             q_cos = cos.expand(B, -1, -1, -1)[rows, keep][:, None]
             q_sin = sin.expand(B, -1, -1, -1)[rows, keep][:, None]
+        gate = None
+        if self.gated:  # per head: its query, then its gate
+            q, gate = q.view(B, q.shape[1], -1, 2 * self.head_dim).split(self.head_dim, dim=-1)
+            q, gate = q.reshape(B, q.shape[1], -1), gate.reshape(B, q.shape[1], -1)
         if self.qk_norm_over == "projection":
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = q.view(B, q.shape[1], -1, self.head_dim), k.view(B, T, -1, self.head_dim)
@@ -237,7 +252,10 @@ class Attention(nn.Module):
             out = cache.attend(self.layer_idx, q, k, v)
         else:
             out = cache.attend(self.layer_idx, q, k, v, sinks=self.sinks)
-        return self.o_proj(out.transpose(1, 2).reshape(B, q.shape[2], -1))
+        out = out.transpose(1, 2).reshape(B, q.shape[2], -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
 
 
 def attend_rows(
@@ -292,7 +310,12 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         scale = cfg.family.norm_scale
-        self.self_attn = Attention(cfg, layer_idx)
+        # Qwen3.5's "linear_attention" layers mix tokens with a Gated DeltaNet, the others attend.
+        self.linear = cfg.layer_linear(layer_idx)
+        if self.linear:
+            self.linear_attn = GatedDeltaNet(cfg, layer_idx)
+        else:
+            self.self_attn = Attention(cfg, layer_idx)
         moe = GptOssMoE if cfg.family.moe_style == "gpt_oss" else SparseMoE
         self.mlp = moe(cfg) if cfg.layer_moe(layer_idx) else MLP(cfg)
         self.post_norms = cfg.family.norm_placement == "post"
@@ -318,7 +341,12 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """keep [B] (with a cache): compute only position keep[b] of each row -> [B, 1, hidden]."""
         normed = x if self.post_norms else self.input_layernorm(x)
-        attended = self.self_attn(cast_once_for_autocast(normed), cos, sin, cache, keep)
+        if self.linear:
+            if keep is not None:
+                raise ValueError("a Gated DeltaNet layer has no kept-query form (the torch engine does not run it)")
+            attended = self.linear_attn(cast_once_for_autocast(normed), cache)
+        else:
+            attended = self.self_attn(cast_once_for_autocast(normed), cos, sin, cache, keep)
         if keep is not None:
             x = x[torch.arange(x.shape[0], device=x.device), keep][:, None]
         if self.post_norms:
@@ -394,7 +422,7 @@ class DecoderStack(nn.Module):
             def table(
                 theta: float, scaling: RopeScaling | YarnScaling | None
             ) -> tuple[torch.Tensor, torch.Tensor]:
-                cos, sin = rope_cos_sin(positions, cfg.head_dim, theta, x.dtype, scaling)
+                cos, sin = rope_cos_sin(positions, cfg.rotary_dim, theta, x.dtype, scaling)
                 if cos.dim() == 2:  # [T, D] -> [1, T, 1, D]
                     cos, sin = cos[None], sin[None]
                 return cos.unsqueeze(2), sin.unsqueeze(2)
@@ -444,7 +472,11 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if p.is_meta:
                 continue
-            if name.endswith("norm.weight"):  # 1, or 0 where the norm scales by 1 + weight (Gemma)
+            if name.endswith(("linear_attn.norm.weight", "linear_attn.dt_bias")):  # plain scales: 1
+                p.fill_(1.0)
+            elif name.endswith("linear_attn.A_log"):  # decay rates exp(A_log) = 1
+                p.zero_()
+            elif name.endswith("norm.weight"):  # 1, or 0 where the norm scales by 1 + weight (Gemma)
                 p.fill_(0.0 if self.config.family.norm_scale == "one_plus_weight" else 1.0)
             elif name.endswith((".bias", "_bias")):  # gpt-oss's experts: gate_up_proj_bias, down_proj_bias
                 p.zero_()

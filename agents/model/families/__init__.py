@@ -12,12 +12,13 @@ from .mistral import MISTRAL
 from .olmo import OLMO2, OLMO3
 from .qwen2 import QWEN2
 from .qwen3 import QWEN3
+from .qwen3_5 import QWEN3_5
 from .qwen3_moe import QWEN3_MOE
 from .smollm3 import SMOLLM3
 
 FAMILIES: dict[str, Family] = {
     f.model_type: f
-    for f in (QWEN2, QWEN3, QWEN3_MOE, LLAMA, MISTRAL, SMOLLM3, GEMMA3_TEXT, OLMO2, OLMO3, GPT_OSS)
+    for f in (QWEN2, QWEN3, QWEN3_MOE, LLAMA, MISTRAL, SMOLLM3, GEMMA3_TEXT, OLMO2, OLMO3, GPT_OSS, QWEN3_5)
 }
 
 

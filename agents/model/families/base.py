@@ -78,6 +78,8 @@ class Shape(Protocol):
     @property
     def query_pre_attn_scalar(self) -> float | None: ...
 
+    def linear_fields(self) -> dict[str, Any]: ...
+
     def moe_fields(self) -> dict[str, Any]: ...
 
 
@@ -107,7 +109,11 @@ class Family:
     RoPE differ). moe: config.json's mixture-of-experts fields are read (`num_experts`, ...: the
     layers `ModelConfig.layer_moe` names have agents/model/moe.py's sparse MLP), of `moe_style`.
     attention_sinks: each attention layer has a learned sink logit per head (`self_attn.sinks`,
-    gpt-oss: agents/model/attention.py `attention_with_sinks`)."""
+    gpt-oss: agents/model/attention.py `attention_with_sinks`). linear_attention: config.json's
+    `layer_types` may name "linear_attention" layers, Gated DeltaNet mixers
+    (agents/model/linear_attention.py) of its `linear_*` fields, and its `partial_rotary_factor`
+    rotates the first part of each head only (Qwen3.5). attention_output_gate: q_proj also gives a
+    gate per head, the attention output times its sigmoid (Qwen3.5)."""
 
     model_type: str
     architecture: str
@@ -131,6 +137,8 @@ class Family:
     moe: bool = False
     moe_style: MoeStyle = "qwen3_moe"
     attention_sinks: bool = False
+    linear_attention: bool = False
+    attention_output_gate: bool = False
 
 
 __all__ = [

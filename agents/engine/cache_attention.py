@@ -101,6 +101,35 @@ class TorchCacheAttention:
             return self._prefill(layer, q, k, v, forward, sinks)
         return self._continue(layer, q, k, forward, sinks)
 
+    def recur(self, layer: int, mixer, x: torch.Tensor, forward: ForwardBatch) -> torch.Tensor:
+        """A Gated DeltaNet layer's rows x [rows, T, hidden] (agents/model/linear_attention.py
+        `mix`) from their slots' kept state, the state after each row's own tokens kept in the
+        slots it fills: a decode step's row i is slot i; a prefill's rows start from the shared
+        prefix's state (every slot of the prefill holds it) or from zero, and `kept_lens` says
+        where each row's tokens end (padding after)."""
+        cache = self.cache
+        assert cache.state is not None and cache.conv is not None
+        j = cache.linear_index[layer]
+        if forward.kind == "decode":
+            rows = x.shape[0]
+            out, window, state = mixer.mix(x, cache.conv[j, :rows], cache.state[j, :rows])
+            cache.conv[j, :rows], cache.state[j, :rows] = window, state
+            return out
+        if forward.kind != "prefill" or forward.kept_lens is None:
+            raise RuntimeError("a Gated DeltaNet layer continues no kept history (the pool is off for it)")
+        rows, first = x.shape[0], forward.first_slot
+        if forward.prefix_len:
+            window = cache.conv[j, first].expand(rows, -1, -1)
+            state = cache.state[j, first].expand(rows, -1, -1, -1)
+        else:
+            window, state = mixer.initial_state(rows, x)
+        out, window, state = mixer.mix(x, window, state, forward.kept_lens - forward.prefix_len)
+        source = forward.source_rows
+        slots = rows if source is None else source.shape[0]
+        cache.conv[j, first : first + slots] = window if source is None else window[source]
+        cache.state[j, first : first + slots] = state if source is None else state[source]
+        return out
+
     def _prefill(self, layer: int, q, k, v, forward: ForwardBatch, sinks=None) -> torch.Tensor:
         first, start = forward.first_slot, forward.prefix_len
         # The model's `keep=` layer sends one query per row; every other layer sends them all.
@@ -168,8 +197,8 @@ class Forwards:
         self.cache = cache
         device = cache.k.device
         positions = torch.arange(cache.max_seq_len, device=device)
-        self.rope_cos, self.rope_sin = rope_cos_sin(
-            positions, cache.head_dim, config.rope_theta, cache.k.dtype, config.rope_scaling
+        self.rope_cos, self.rope_sin = rope_cos_sin(  # the rotated dims only (partial RoPE: Qwen3.5)
+            positions, config.rotary_dim, config.rope_theta, cache.k.dtype, config.rope_scaling
         )
         self.rope_table = backend.rope_table(self.rope_cos, self.rope_sin)
         self.rotary = None if self.rope_table is None else backend.rotary(cache.head_dim, self.rope_table)

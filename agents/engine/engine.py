@@ -149,11 +149,6 @@ class TorchEngine:
             raise ValueError(f"weight_updates must be 'drain' or 'in_flight', got {weight_updates!r}")
         self.weight_updates = weight_updates
         cfg = model.config
-        if cfg.linear_attention:
-            raise ValueError(
-                f"{cfg.model_type}: the torch engine keeps k/v, and its Gated DeltaNet layers need a "
-                "recurrent state per sequence, which it does not keep yet"
-            )
         self.config = cfg
         lora = has_lora(model)
         if backend is None:
@@ -197,8 +192,8 @@ class TorchEngine:
             )
         if max_batch_size < 1 or max_prefill_tokens < 1:
             raise ValueError("max_batch_size and max_prefill_tokens must be >= 1")
-        if history_capacity is None:
-            history_capacity = max_batch_size * self.max_seq_len
+        if history_capacity is None:  # none for Gated DeltaNet layers (agents/engine/kv_cache.py)
+            history_capacity = 0 if cfg.linear_attention else max_batch_size * self.max_seq_len
         if history_capacity < 0:
             raise ValueError(f"history_capacity must be >= 0, got {history_capacity}")
         self.max_batch_size, self.max_prefill_tokens = max_batch_size, max_prefill_tokens

@@ -8,6 +8,12 @@ With `routes` (a mixture of experts' routing being recorded: agents/engine/route
 the prefix store and the history pool also hold each position's chosen experts, int16 [positions,
 MoE layers, top_k] (-1: none recorded), copied wherever that position's k/v are.
 
+A model with Gated DeltaNet layers (Qwen3.5: `ModelConfig.layer_linear`) keeps, per slot and such
+layer, the state the sequence so far left (`state` [linear layers, slots + 1, Hv, dk, dv] float32,
+`conv` [linear layers, slots + 1, channels, taps - 1]) instead of anything per position: slot moves
+and the prefix store copy it whole; the history pool is off for such a model (a state is kept at
+one length only, a finished sample's).
+
 Layout: v is [layers, slots, kv_heads, max_seq_len, head_dim]; k is that ("sd") or transposed,
 [..., head_dim, max_seq_len] ("ds"). Which layout is the engine's `Backend`'s choice
 (agents/engine/backend.py). The cache only stores: each forward's writes and attention are its
@@ -54,6 +60,27 @@ class KVCache:
         self.history_k = torch.zeros((layers, heads, *pool_k_shape), dtype=dtype, device=device)
         self.history_v = torch.zeros((layers, heads, history_capacity, d), dtype=dtype, device=device)
         self.kv_heads, self.head_dim = heads, d
+        # Gated DeltaNet layers: index in `state` / `conv` by decoder layer (module doc).
+        linear = [i for i in range(layers) if config.layer_linear(i)]
+        self.linear_index = {layer: j for j, layer in enumerate(linear)}
+        self.state = self.conv = None
+        if linear:
+            if history_capacity:
+                raise ValueError(
+                    "a model with Gated DeltaNet layers keeps no history pool (history_capacity=0)"
+                )
+            channels = 2 * config.linear_num_key_heads * config.linear_key_head_dim + (
+                config.linear_num_value_heads * config.linear_value_head_dim
+            )
+            self.state = torch.zeros(
+                (len(linear), max_slots + 1, config.linear_num_value_heads, config.linear_key_head_dim,
+                 config.linear_value_head_dim), dtype=torch.float32, device=device,
+            )  # fmt: skip
+            self.conv = torch.zeros(
+                (len(linear), max_slots + 1, channels, config.linear_conv_kernel_dim - 1),
+                dtype=dtype,
+                device=device,
+            )
         # routes = (MoE layers, top_k): each position's chosen experts (module doc), or None.
         self.routes = self.history_routes = None
         if routes is not None:
@@ -69,7 +96,8 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         """Bytes of the slots (the prefix store's included) and the history pool together."""
-        return (self.k.numel() + self.v.numel()) * self.k.element_size() + self.history_nbytes
+        states = sum(t.numel() * t.element_size() for t in (self.state, self.conv) if t is not None)
+        return (self.k.numel() + self.v.numel()) * self.k.element_size() + self.history_nbytes + states
 
     @property
     def history_nbytes(self) -> int:
@@ -78,6 +106,7 @@ class KVCache:
     def move_slot(self, source: int, target: int, length: int) -> None:
         """Copy a running sequence's first `length` positions from slot `source` to `target`."""
         self._copy_positions(self._slots(target), slice(0, length), self._slots(source), slice(0, length))
+        self._copy_states(slice(target, target + 1), source)
 
     # ---- the prefix store: a prompt prefix computed once, reused by later prefills --------------
     def store_prefix(self, slot: int, length: int) -> None:
@@ -85,6 +114,7 @@ class KVCache:
         self._copy_positions(
             self._slots(self.prefix_slot), slice(0, length), self._slots(slot), slice(0, length)
         )
+        self._copy_states(slice(self.prefix_slot, self.prefix_slot + 1), slot)
 
     def load_prefix(self, first_slot: int, count: int, length: int) -> None:
         """Fill positions 0..length-1 of slots first_slot..first_slot+count-1 from the store."""
@@ -92,6 +122,7 @@ class KVCache:
         self._copy_positions(
             self._slots(first_slot, first_slot + count), slice(0, length), store, slice(0, length)
         )
+        self._copy_states(slice(first_slot, first_slot + count), self.prefix_slot)
 
     # ---- the history pool: a finished sample's k/v, for its conversation's next turn ----------
     def park(self, slot: int, start: int, length: int) -> None:
@@ -109,6 +140,12 @@ class KVCache:
         first..end-1 (routes None when not recorded)."""
         index = first if end is None else slice(first, end)
         return self.k[:, index], self.v[:, index], None if self.routes is None else self.routes[index]
+
+    def _copy_states(self, targets: slice, source: int) -> None:
+        """The Gated DeltaNet layers' state and conv window of slot `source` into slots `targets`."""
+        for kept in (self.state, self.conv):
+            if kept is not None:
+                kept[:, targets] = kept[:, source : source + 1]
 
     def _copy_positions(self, dst: tuple, dst_positions: slice, src: tuple, src_positions: slice) -> None:
         """Copy (k, v, routes) positions between slot views and the pool; a position is the last

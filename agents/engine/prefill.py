@@ -57,6 +57,8 @@ class Prefiller:
         self.forwards = forwards if forwards is not None else Forwards(cache, model.config)
         self.device = model.lm_head.weight.device
         self.stored: list[int] = []  # the tokens whose k/v the cache's prefix store holds
+        # Gated DeltaNet layers keep the prefix's state at its end: only the whole of it is reusable.
+        self.whole_prefix_only = model.config.linear_attention
         self.history = HistoryStore(cache.history_capacity)
 
     def forget(self) -> None:
@@ -105,6 +107,8 @@ class Prefiller:
             source_rows = torch.repeat_interleave(torch.arange(rows), torch.tensor(counts)).to(self.device)
         prefix = shared_prefix_length(prompts) if self.share_prefixes else 0
         stored = reusable_prefix_length(self.stored, prompts)
+        if self.whole_prefix_only and stored != len(self.stored):
+            stored = 0  # a recurrent state is kept at the stored prefix's end only
         saved = 0
         if prefix > stored:  # computed once, as one row whose k/v fill every slot, then kept
             every_slot = torch.zeros(slots, dtype=torch.long, device=self.device)

@@ -400,6 +400,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
             return f"sliding-window layers (sliding_window={self.sliding_window})"
         if self.family.attention_sinks:
             return "attention sinks"
+        if self.linear_attention:
+            return "Gated DeltaNet layers (a recurrent state the torch attention keeps)"
         return None
 
     def layer_rope_local(self, layer: int) -> bool:
@@ -592,7 +594,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         """A named config: 'tiny' (CPU default), 'tiny-moe', 'tiny-gpt-oss', 'bench-3m', 'small-25m',
         'test', 'test-qwen3', 'test-gemma3', 'test-gpt-oss', 'qwen2.5-0.5b', 'qwen3-0.6b', 'qwen3-1.7b',
         'qwen3-4b', 'qwen3-8b', 'llama-3.2-1b', 'mistral-7b-v0.3', 'smollm3-3b', 'gemma-3-1b', 'olmo-3-7b',
-        'gpt-oss-20b', 'qwen3.5-9b' (the real shapes, random weights), 'test-qwen3.5'."""
+        'gpt-oss-20b', 'qwen3.5-9b' (the real shapes, random weights), 'test-qwen3.5', 'tiny-qwen3.5'."""
         if name not in NAMED_CONFIGS:
             raise KeyError(f"unknown model config {name!r}; known: {sorted(NAMED_CONFIGS)}")
         return cls(**NAMED_CONFIGS[name])
@@ -625,6 +627,15 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
                          num_experts_per_tok=2, moe_intermediate_size=344, norm_topk_prob=True,
                          sliding_window=128, layer_types=("sliding_attention", "full_attention") * 2,
                          swiglu_alpha=1.702, swiglu_limit=7.0),
+    # tiny as Qwen3.5's hybrid (~3.4M params): three Gated DeltaNet layers (4 key heads of 32
+    # serving 8 value heads of 32) then one full-attention layer (gated, a quarter of each head
+    # rotated); the CPU demo's hybrid run (docs/models.md).
+    "tiny-qwen3.5": dict(_SMALL, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=4, head_dim=32, rope_theta=10_000.0,
+                         model_type="qwen3_5_text", partial_rotary_factor=0.25,
+                         layer_types=("linear_attention",) * 3 + ("full_attention",), linear_num_key_heads=4,
+                         linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32,
+                         linear_conv_kernel_dim=4),
     # The benchmarks' model (generate, vs_trl, train): tiny's first shape, pinned so tiny may change.
     "bench-3m": dict(_SMALL, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                      num_attention_heads=4, num_key_value_heads=2, head_dim=64),

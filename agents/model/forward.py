@@ -84,6 +84,15 @@ class ForwardBatch:
     windowed: ForwardBatch | None = None
     rope_local: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    def recur(self, layer: int, mixer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A Gated DeltaNet layer's call (agents/model/linear_attention.py): `mixer.mix` of its rows
+        x [rows, T, hidden] from the state their slots keep, the state after them kept (torch's
+        attention keeps it: the backend gives no other to such a model)."""
+        recur = getattr(self.attention, "recur", None)
+        if recur is None:
+            raise RuntimeError("this forward's attention keeps no recurrent state")
+        return recur(layer, mixer, x, self)
+
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: torch.Tensor | None = None
     ) -> torch.Tensor:

@@ -123,8 +123,9 @@ class GatedRMSNorm(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    """Qwen3.5's linear-attention mixer (module doc). Training and prefill: `forward(x)` over whole
-    sequences from a zero state (right padding is harmless: the rule is causal)."""
+    """Qwen3.5's linear-attention mixer (module doc). `forward(x)`: whole sequences from a zero
+    state (training; right padding is harmless, the rule is causal), or, with the engine's
+    `cache`, from each row's state kept there (`cache.recur`, which calls `mix`)."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
         super().__init__()
@@ -145,29 +146,67 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_a = nn.Linear(h, self.num_v_heads, bias=False)
 
     def forward(self, x: torch.Tensor, cache: object | None = None) -> torch.Tensor:
-        if cache is not None:
+        if cache is None:
+            return self.mix(x)[0]
+        recur = getattr(cache, "recur", None)
+        if recur is None:
             raise ValueError(
-                "a Gated DeltaNet layer carries a recurrent state, not k/v: it runs over whole "
-                "sequences only (no engine cache, no shared-prefix attention)"
+                "a Gated DeltaNet layer carries a recurrent state, not k/v: this cache keeps none "
+                "(the trainer's shared-prefix attention computes such rows whole)"
             )
+        return recur(self.layer_idx, self, x)
+
+    def initial_state(self, rows: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A zero conv window [rows, channels, taps - 1] (`like`'s dtype) and state [rows, Hv, dk,
+        dv] (float32): where every sequence starts."""
+        taps = self.conv1d.kernel_size[0]
+        window = like.new_zeros((rows, self.conv1d.in_channels, taps - 1))
+        state = like.new_zeros(
+            (rows, self.num_v_heads, self.head_k_dim, self.head_v_dim), dtype=torch.float32
+        )
+        return window, state
+
+    def mix(
+        self,
+        x: torch.Tensor,
+        window: torch.Tensor | None = None,
+        state: torch.Tensor | None = None,
+        lengths: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [B, T, hidden] from conv `window` [B, channels, taps - 1] (the inputs before x) and
+        `state` [B, Hv, dk, dv] (None: zeros) -> (out [B, T, hidden], each row's window and state
+        after its first lengths[b] tokens (None: all T; the tokens after are padding, which
+        changes neither)). One token is a recurrent step; more run in chunks."""
         B, T, _ = x.shape
-        mixed = self.in_proj_qkv(x).transpose(1, 2)  # [B, C, T]
-        mixed = F.silu(self.conv1d(mixed)[..., :T]).transpose(1, 2)
+        if window is None or state is None:
+            window, state = self.initial_state(B, x)
+        mixed = torch.cat([window.to(x.dtype), self.in_proj_qkv(x).transpose(1, 2)], dim=-1)  # [B, C, K-1+T]
+        taps = window.shape[-1] + 1
+        if lengths is None:
+            window = mixed[..., -(taps - 1) :] if taps > 1 else window
+        else:  # each row's last taps - 1 inputs before its padding
+            ends = lengths.to(x.device)[:, None] + torch.arange(taps - 1, device=x.device)
+            window = mixed.gather(-1, ends[:, None, :].expand(-1, mixed.shape[1], -1))
+        mixed = F.silu(F.conv1d(mixed, self.conv1d.weight, groups=mixed.shape[1])).transpose(1, 2)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(B, T, self.num_k_heads, self.head_k_dim)
         k = k.reshape(B, T, self.num_k_heads, self.head_k_dim)
         v = v.reshape(B, T, self.num_v_heads, self.head_v_dim)
         beta = torch.sigmoid(self.in_proj_b(x))
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias)
+        if lengths is not None:  # padding: no decay (g 0), no write (beta 0)
+            real = torch.arange(T, device=x.device)[None, :] < lengths.to(x.device)[:, None]
+            beta, g = beta * real[..., None], g * real[..., None]
         repeat = self.num_v_heads // self.num_k_heads
         if repeat > 1:  # each key head serves `repeat` value heads
             q, k = q.repeat_interleave(repeat, dim=2), k.repeat_interleave(repeat, dim=2)
         q = _l2_normalised(q.float()) * self.head_k_dim**-0.5
         k = _l2_normalised(k.float())
-        out, _ = gated_delta_chunked(q, k, v, g, beta)
+        rule = gated_delta_recurrent if T == 1 else gated_delta_chunked
+        out, state = rule(q, k, v, g, beta, state)
         z = self.in_proj_z(x).reshape(B, T, self.num_v_heads, self.head_v_dim)
         out = self.norm(out.to(x.dtype), z)
-        return self.out_proj(out.reshape(B, T, self.value_dim))
+        return self.out_proj(out.reshape(B, T, self.value_dim)), window, state
 
 
 __all__ = ["GatedDeltaNet", "GatedRMSNorm", "gated_delta_chunked", "gated_delta_recurrent"]

@@ -341,10 +341,10 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         """keep [B] (with a cache): compute only position keep[b] of each row -> [B, 1, hidden]."""
         normed = x if self.post_norms else self.input_layernorm(x)
-        if self.linear:
-            if keep is not None:
-                raise ValueError("a Gated DeltaNet layer has no kept-query form (the torch engine does not run it)")
+        if self.linear:  # every position runs (its state needs them); `keep` picks the rows after
             attended = self.linear_attn(cast_once_for_autocast(normed), cache)
+            if keep is not None:
+                attended = attended[torch.arange(x.shape[0], device=x.device), keep][:, None]
         else:
             attended = self.self_attn(cast_once_for_autocast(normed), cos, sin, cache, keep)
         if keep is not None:

@@ -4,19 +4,23 @@ shape (no download): the chunked gated delta rule equals the token-at-a-time one
 from any state), logits on a ragged batch longer than a chunk within 1e-4 in float32, checkpoints
 both ways, one training step's loss and gradients, the Trainer on such a model (its shared-prefix
 batching off), a PEFT adapter loaded by `peft`, the published shape's parameter count, and what
-is refused (the torch engine, the fields on other families)."""
+is refused (the fields on other families). The torch engine keeps each slot's recurrent state:
+its greedy decode is transformers' over 64 tokens with a prefix computed once and one reused
+from the prefix store, a seeded sample is the same whatever batch it shares (slot moves, n
+samples of one prefill), and its logprobs are the trainer's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from parity_testlib import ours_from, peft_logits, ragged_batch
+from parity_testlib import hf_greedy, ours_from, peft_logits, ragged_batch
 
 from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.model.checkpoint import save_hf_checkpoint
 from toolgym.agents.model.config import ModelConfig
 from toolgym.agents.model.linear_attention import gated_delta_chunked, gated_delta_recurrent
 from toolgym.agents.model.transformer import build_model, causal_lm_logprobs
+from toolgym.agents.types import SamplingParams
 from toolgym.rollouts.types import Episode
 from toolgym.trainers.config import TrainerConfig
 from toolgym.trainers.trainer import Trainer
@@ -162,9 +166,55 @@ def test_the_published_shape_has_transformers_parameter_count():
     assert sum(p.numel() for p in ours.parameters()) == ModelConfig.named("test-qwen3.5").num_params()
 
 
+def _prompts(seed: int, vocab: int, tails=(5, 40, 1)) -> tuple[list[int], list[list[int]]]:
+    g = torch.Generator().manual_seed(seed)
+    common = torch.randint(0, vocab, (30,), generator=g).tolist()
+    return common, [common + torch.randint(0, vocab, (n,), generator=g).tolist() for n in tails]
+
+
+def test_engine_greedy_matches_transformers_from_a_shared_and_a_stored_prefix(tmp_path):
+    hf = hf_model()
+    engine = TorchEngine(ours_from(hf, tmp_path), max_batch_size=8, max_seq_len=256)
+    assert engine.cache.history_capacity == 0 and engine.backend.attention == "torch"
+    common, prompts = _prompts(0, 128)
+    greedy = SamplingParams(max_tokens=64, temperature=0)
+    for prompt, completion in zip(prompts, engine.generate_sync(prompts, greedy), strict=True):
+        assert completion.tokens == hf_greedy(hf, prompt, 64)
+    assert engine.stats.shared_prefix_tokens == 2 * 30  # computed once for three prompts
+    later = [[*common, 3, 4], [*common[:20], 5]]  # the whole stored prefix; a part of it (recomputed)
+    for prompt in later:
+        (completion,) = engine.generate_sync([prompt], greedy)
+        assert completion.tokens == hf_greedy(hf, prompt, 64)
+    assert engine.stats.shared_prefix_tokens == 3 * 30
+
+
+def test_engine_samples_alike_whatever_the_batch_and_logprobs_are_the_trainers():
+    model = build_model("test-qwen3.5", seed=0)
+    _, prompts = _prompts(1, 256, (3, 17, 9))
+    params = SamplingParams(max_tokens=24, n=3, seed=11, stop_token_ids=(7, 9, 11, 13))
+    together = TorchEngine(model, max_batch_size=4, max_seq_len=128).generate_sync(prompts, params)
+    alone = TorchEngine(model, max_batch_size=1, max_seq_len=128, share_prefixes=False)
+    one_by_one = [c for prompt in prompts for c in alone.generate_sync([prompt], params)]
+    assert [c.tokens for c in together] == [c.tokens for c in one_by_one]
+    assert len({len(c.tokens) for c in together}) > 1  # samples finished at different steps
+    episodes = []
+    for i, completion in enumerate(together):
+        prompt = prompts[i // 3]
+        mask = [0] * len(prompt) + [1] * len(completion.tokens)
+        episodes.append(
+            Episode(
+                prompt + completion.tokens, mask, [0.0] * len(prompt) + completion.logprobs, [0.0] * len(mask)
+            )
+        )
+    trainer = Trainer(model, TrainerConfig())
+    for episode, row in zip(episodes, trainer.compute_logprobs(episodes, temperature=1.0), strict=True):
+        mask = torch.tensor(episode.loss_mask, dtype=torch.bool)
+        torch.testing.assert_close(
+            torch.tensor(row)[mask], torch.tensor(episode.sampler_logprobs)[mask], atol=1e-4, rtol=1e-4
+        )
+
+
 def test_what_is_refused():
-    with pytest.raises(ValueError, match="recurrent state per sequence"):
-        TorchEngine(build_model("test-qwen3.5"), max_batch_size=1, max_seq_len=32)
     base = ModelConfig.named("test-qwen3.5")
     fields = msgspec_fields(base)
     with pytest.raises(ValueError, match="must be a multiple of linear_num_key_heads"):

@@ -510,6 +510,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         if fam.moe_style == "gpt_oss":
             clamped = {"swiglu_alpha": float(d["swiglu_alpha"]), "swiglu_limit": float(d["swiglu_limit"])}
         partial = float(rope.get("partial_rotary_factor", 1.0)) if fam.linear_attention else 1.0
+        linear: dict[str, Any] = {name: int(d[name]) for name in LINEAR_FIELDS} if fam.linear_attention else {}
         eos = d.get("eos_token_id")
         if isinstance(eos, list):  # HF allows a list; the first is the canonical one
             eos = eos[0] if eos else None
@@ -553,7 +554,7 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
                 else {}
             ),
             **clamped,
-            **({name: int(d[name]) for name in LINEAR_FIELDS} if fam.linear_attention else {}),
+            **linear,
             partial_rotary_factor=partial,
         )
 

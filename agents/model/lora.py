@@ -42,6 +42,8 @@ from torch import nn
 from .moe import Experts
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Qwen3.5's Gated DeltaNet layers' linears (agents/model/linear_attention.py), targets on request.
+LINEAR_ATTENTION_TARGETS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
 EXPERTS_TARGET = "experts"  # the MoE blocks' stacked expert projections (LoraExperts)
 EXPERT_PROJECTIONS = ("gate_up_proj", "down_proj")
 PEFT_PREFIX = "base_model.model."
@@ -247,13 +249,16 @@ def has_lora(model: nn.Module) -> bool:
 
 
 def check_native_targets(config: LoraConfig, where: str = "LoraConfig") -> None:
-    """A native family's linears are LORA_TARGETS, and "experts" its MoE blocks' experts: raise
-    ValueError naming `where` for others."""
-    unknown = [t for t in config.target_modules if t not in (*LORA_TARGETS, EXPERTS_TARGET)]
+    """A native family's linears are LORA_TARGETS (and, Qwen3.5's Gated DeltaNet layers',
+    LINEAR_ATTENTION_TARGETS), and "experts" its MoE blocks' experts: raise ValueError naming
+    `where` for others."""
+    known = (*LORA_TARGETS, *LINEAR_ATTENTION_TARGETS, EXPERTS_TARGET)
+    unknown = [t for t in config.target_modules if t not in known]
     if unknown:
         raise ValueError(
             f"{where}.target_modules must be a non-empty list of {', '.join(LORA_TARGETS)} (a native "
-            f"family's linears) or {EXPERTS_TARGET!r} (its experts); policy.implementation = "
+            f"family's linears), {', '.join(LINEAR_ATTENTION_TARGETS)} (Qwen3.5's linear-attention "
+            f"layers') or {EXPERTS_TARGET!r} (its experts); policy.implementation = "
             f"'transformers' takes any linear's name; got {unknown}"
         )
 
@@ -454,6 +459,7 @@ def load_adapter(model: nn.Module, directory: str | Path) -> None:
 
 __all__ = [
     "EXPERTS_TARGET",
+    "LINEAR_ATTENTION_TARGETS",
     "LORA_TARGETS",
     "AdaptedWeight",
     "AppliedAdapter",

@@ -19,6 +19,7 @@ from toolgym.agents.engine.engine import TorchEngine
 from toolgym.agents.model.checkpoint import save_hf_checkpoint
 from toolgym.agents.model.config import ModelConfig
 from toolgym.agents.model.linear_attention import gated_delta_chunked, gated_delta_recurrent
+from toolgym.agents.model.lora import LINEAR_ATTENTION_TARGETS, LORA_TARGETS
 from toolgym.agents.model.transformer import build_model, causal_lm_logprobs
 from toolgym.agents.types import SamplingParams
 from toolgym.rollouts.types import Episode
@@ -152,8 +153,10 @@ def test_the_trainer_computes_each_row_whole():
     assert metrics["grad_norm"] > 0 and metrics["skipped"] == 0.0
 
 
-def test_peft_loads_our_adapter_onto_transformers(tmp_path):
-    base, ours, theirs = peft_logits(hf_model(), tmp_path)
+@pytest.mark.parametrize("linear_layers", [False, True], ids=["attention+mlp", "with-deltanet"])
+def test_peft_loads_our_adapter_onto_transformers(tmp_path, linear_layers):
+    targets = list(LORA_TARGETS) + (list(LINEAR_ATTENTION_TARGETS) if linear_layers else [])
+    base, ours, theirs = peft_logits(hf_model(), tmp_path, target_modules=targets)
     assert (ours - base).abs().max() > 1e-3  # the adapters change the output
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
 

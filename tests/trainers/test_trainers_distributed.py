@@ -1,5 +1,6 @@
 """2-process FSDP2 on gloo gives the same loss, gradients and parameters as 1 process (with
-activation checkpointing on the two ranks for dapo)."""
+activation checkpointing on the two ranks for dapo), for the "test" model and for Qwen3.5's hybrid
+("test-qwen3.5": Gated DeltaNet layers sharded whole per block like any other)."""
 
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from toolgym.agents.model.transformer import build_model
 from toolgym.trainers.checkpoint import CheckpointManager
 from toolgym.trainers.trainer import Trainer, lr_factor
 
-LOSSES = ("grpo", "dapo")  # seq-mean-token-mean and token-mean: both need step-wide counts
+LOSSES = ("grpo", "dapo", "dapo:test-qwen3.5")  # seq-mean-token-mean and token-mean: step-wide counts
 
 
 @pytest.fixture(scope="module")

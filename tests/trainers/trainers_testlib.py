@@ -84,12 +84,14 @@ def _worker(out_dir: str, loss_names: str) -> None:
 
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    for loss_name in loss_names.split(","):
+    for run in loss_names.split(","):
+        # "loss" trains the "test" model, "loss:model" that named model; its results go to run.pt
+        loss_name, _, model_name = run.partition(":")
         # Two ranks recompute dapo's blocks in backward (FSDP2 with activation checkpointing), to
         # be compared with one process that keeps them.
         recompute = world > 1 and loss_name == "dapo"
         config = worker_config(loss_name, activation_checkpointing=recompute)
-        trainer = Trainer(build_model("test", seed=0), config, device="cpu")
+        trainer = Trainer(build_model(model_name or "test", seed=0), config, device="cpu")
         episodes = random_episodes(13, seed=1)
         first = trainer._forward_backward(episodes, trainer.policy_loss, sharded=False)
         grads = full_grads(trainer.model)
@@ -99,10 +101,10 @@ def _worker(out_dir: str, loss_names: str) -> None:
             trainer.train_step(random_episodes(13, seed=10 + step, shared_prefix=24)) for step in range(3)
         ]
         params = full_params(trainer.model)
-        CheckpointManager(f"{out_dir}/{loss_name}.ckpt").save(trainer, {"next_step": 3})
+        CheckpointManager(f"{out_dir}/{run}.ckpt").save(trainer, {"next_step": 3})
         if trainer.dist.is_main:
             result = {"first": first, "grads": grads, "history": history, "params": params}
-            torch.save(result, f"{out_dir}/{loss_name}.pt")
+            torch.save(result, f"{out_dir}/{run}.pt")
     torch.distributed.destroy_process_group()
 
 

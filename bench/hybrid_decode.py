@@ -7,9 +7,12 @@ four) against Qwen3 (full attention in every layer) at the same shape, in the to
 Per model and context length C: `--batch` prompts of C random tokens are prefilled (not timed),
 then `--new-tokens` greedy tokens are decoded; the figure is the mean seconds per decode step (one
 token for every sequence). A Gated DeltaNet layer reads a state of fixed size whatever the
-context; a full-attention layer reads every earlier position's k/v, so its step grows with C. The
+context; a full-attention layer reads every earlier position's k/v, so its step grows with C. A
+third arm has linear layers only (the hybrid's shape, every layer linear): its step is the linear
+layers' cost alone. The
 shapes: tiny's width (256, 4 layers, 8 heads of 32, 4 KV heads) with a vocabulary of 1,024, the
-hybrid with linear layers of 4 key heads serving 8 value heads of 32 (`tiny-qwen3.5`).
+hybrid with linear layers of 4 key heads serving 8 value heads of 32 (`tiny-qwen3.5`'s, in
+Qwen3.5's pattern: three linear layers, then one full-attention layer).
 """
 
 from __future__ import annotations
@@ -24,18 +27,28 @@ from toolgym.agents.model.config import ModelConfig
 from toolgym.agents.model.transformer import build_model
 from toolgym.agents.types import SamplingParams
 
+# (arm, named shape, its layer types): Qwen3.5's pattern, every layer linear, every layer full.
+ARMS = (
+    ("hybrid", "tiny-qwen3.5", ("linear_attention",) * 3 + ("full_attention",)),
+    ("linear only", "tiny-qwen3.5", ("linear_attention",) * 4),
+    ("dense", "tiny", None),
+)
 
-def shape(name: str, context: int) -> ModelConfig:
-    """The named shape, its positions enough for `context` (RoPE tables only: no weight depends on it)."""
+
+def shape(name: str, layer_types: tuple[str, ...] | None, context: int) -> ModelConfig:
+    """The named shape with `layer_types` (None: its own), its positions enough for `context`
+    (RoPE tables only: no weight depends on it)."""
     import msgspec
 
     base = ModelConfig.named(name)
-    return msgspec.structs.replace(base, max_position_embeddings=max(base.max_position_embeddings, context))
+    changes: dict = {"max_position_embeddings": max(base.max_position_embeddings, context)}
+    if layer_types is not None:
+        changes["layer_types"] = layer_types
+    return msgspec.structs.replace(base, **changes)
 
 
-def step_seconds(name: str, context: int, batch: int, new_tokens: int, dtype: torch.dtype) -> float:
+def step_seconds(config: ModelConfig, context: int, batch: int, new_tokens: int, dtype: torch.dtype) -> float:
     """Mean seconds per decode step after prefilling `batch` prompts of `context` tokens."""
-    config = shape(name, context + new_tokens + 1)
     model = build_model(config, seed=0)
     engine = TorchEngine(
         model, max_batch_size=batch, max_seq_len=context + new_tokens + 1, dtype=dtype, history_capacity=0
@@ -64,17 +77,15 @@ def main() -> None:
     rows, first = [], {}
     for context in args.contexts:
         cells = [context]
-        for name in ("tiny-qwen3.5", "tiny"):
-            seconds = step_seconds(name, context, args.batch, args.new_tokens, dtype)
-            first.setdefault(name, seconds)
-            cells += [f"{seconds * 1e3:.2f}", f"{seconds / first[name]:.2f}x"]
-            print(f"{name} at {context}: {seconds * 1e3:.2f} ms a step", flush=True)
+        for arm, name, layer_types in ARMS:
+            config = shape(name, layer_types, context + args.new_tokens + 1)
+            seconds = step_seconds(config, context, args.batch, args.new_tokens, dtype)
+            first.setdefault(arm, seconds)
+            cells += [f"{seconds * 1e3:.2f}", f"{seconds / first[arm]:.2f}x"]
+            print(f"{arm} at {context}: {seconds * 1e3:.2f} ms a step", flush=True)
         rows.append(cells)
-    print(
-        format_table(
-            ["context", "hybrid ms/step", "hybrid vs first", "dense ms/step", "dense vs first"], rows
-        )
-    )
+    headers = ["context"] + [f"{arm} {what}" for arm, _, _ in ARMS for what in ("ms/step", "vs first")]
+    print(format_table(headers, rows))
 
 
 if __name__ == "__main__":

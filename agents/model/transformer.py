@@ -474,8 +474,8 @@ class Transformer(nn.Module):
                 continue
             if name.endswith(("linear_attn.norm.weight", "linear_attn.dt_bias")):  # plain scales: 1
                 p.fill_(1.0)
-            elif name.endswith("linear_attn.A_log"):  # decay rates exp(A_log) = 1
-                p.zero_()
+            elif name.endswith("linear_attn.A_log"):  # decay rates A ~ U(0.01, 16): short and long memories
+                p.uniform_(0.01, 16.0, generator=generator).log_()
             elif name.endswith("norm.weight"):  # 1, or 0 where the norm scales by 1 + weight (Gemma)
                 p.fill_(0.0 if self.config.family.norm_scale == "one_plus_weight" else 1.0)
             elif name.endswith((".bias", "_bias")):  # gpt-oss's experts: gate_up_proj_bias, down_proj_bias

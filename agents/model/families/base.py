@@ -42,6 +42,12 @@ MoeStyle = Literal["qwen3_moe", "gpt_oss"]
 BiasRule = Literal["qkv", "flag", "none"]
 
 
+def full_every(num_layers: int, every: int, other: str) -> list[str]:
+    """HF's `layer_types` where a config.json gives only a period: every `every`-th layer
+    "full_attention", the others `other` ("sliding_attention", "linear_attention")."""
+    return [other if (i + 1) % every else "full_attention" for i in range(num_layers)]
+
+
 class HfRopeScaling(Protocol):
     """A RoPE scaling of the config (agents/model/config.py's `RopeScaling`, `YarnScaling`)."""
 
@@ -151,4 +157,5 @@ __all__ = [
     "NormScale",
     "QkNormOver",
     "Shape",
+    "full_every",
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Family, Shape
+from .base import Family, Shape, full_every
 
 # Gemma3TextConfig's defaults where config.json leaves a field out.
 _GLOBAL_THETA, _LOCAL_THETA, _PATTERN = 1_000_000.0, 10_000.0, 6
@@ -47,10 +47,7 @@ def _hf_in(d: dict[str, Any]) -> dict[str, Any]:
     out.setdefault("pad_token_id", 0)
     if not d.get("layer_types"):
         pattern = d.get("sliding_window_pattern", _PATTERN)
-        out["layer_types"] = [
-            "sliding_attention" if (i + 1) % pattern else "full_attention"
-            for i in range(d["num_hidden_layers"])
-        ]
+        out["layer_types"] = full_every(d["num_hidden_layers"], pattern, "sliding_attention")
     return out
 
 

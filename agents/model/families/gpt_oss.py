@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Family, Shape
+from .base import Family, Shape, full_every
 
 # GptOssConfig's defaults where config.json leaves a field out.
 _ALPHA, _LIMIT, _WINDOW = 1.702, 7.0, 128
@@ -34,9 +34,7 @@ def _hf_in(d: dict[str, Any]) -> dict[str, Any]:
     out.setdefault("swiglu_alpha", _ALPHA)
     out.setdefault("swiglu_limit", _LIMIT)
     if not d.get("layer_types"):
-        out["layer_types"] = [
-            "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(d["num_hidden_layers"])
-        ]
+        out["layer_types"] = full_every(d["num_hidden_layers"], 2, "sliding_attention")
     return out
 
 

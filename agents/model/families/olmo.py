@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Family, Shape
+from .base import Family, Shape, full_every
 
 # Olmo2Config / Olmo3Config defaults where config.json leaves a field out.
 _EPS, _OLMO2_THETA, _OLMO3_THETA, _WINDOW, _PATTERN = 1e-5, 10_000.0, 500_000.0, 4096, 4
@@ -79,10 +79,7 @@ def _olmo3_in(d: dict[str, Any]) -> dict[str, Any]:
     out.setdefault("rms_norm_eps", _EPS)
     out.setdefault("sliding_window", _WINDOW)
     if not d.get("layer_types"):
-        out["layer_types"] = [
-            "sliding_attention" if (i + 1) % _PATTERN else "full_attention"
-            for i in range(d["num_hidden_layers"])
-        ]
+        out["layer_types"] = full_every(d["num_hidden_layers"], _PATTERN, "sliding_attention")
     return out
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Family, Shape
+from .base import Family, Shape, full_every
 
 # Qwen3_5TextConfig's defaults where config.json leaves a field out.
 _INTERVAL, _PARTIAL = 4, 0.25
@@ -26,10 +26,7 @@ def _hf_in(d: dict[str, Any]) -> dict[str, Any]:
     out["rope_parameters"] = rope
     if not d.get("layer_types"):
         interval = d.get("full_attention_interval", _INTERVAL)
-        out["layer_types"] = [
-            "linear_attention" if (i + 1) % interval else "full_attention"
-            for i in range(d["num_hidden_layers"])
-        ]
+        out["layer_types"] = full_every(d["num_hidden_layers"], interval, "linear_attention")
     return out
 
 

@@ -37,7 +37,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from ..agents.model.lora import adapted_weights
-from ..agents.model.moe import MixtureOfExperts, load_balancing_loss
+from ..agents.model.moe import load_balancing_loss, moe_blocks
 from ..agents.model.transformer import Transformer
 from ..rollouts.types import Episode, PolicySampling
 from .batching import MicroBatch, empty_micro_batch, make_micro_batches, shard_episodes
@@ -117,7 +117,7 @@ class Trainer:
         # The fused head needs our Transformer's `head=`; any other model gives logits.
         self._fused_head = config.fused_head and isinstance(model, Transformer)
         # A mixture of experts' routers keep their logits for the load-balancing loss and metric.
-        self._routers = [m for m in self.model.modules() if isinstance(m, MixtureOfExperts)]
+        self._routers = moe_blocks(self.model)
         for router in self._routers:
             router.keep_router_logits = True
         if config.replay_routes and not self._routers:

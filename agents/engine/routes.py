@@ -20,15 +20,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..model.moe import MixtureOfExperts
+from ..model.moe import moe_blocks
 from ..model.transformer import Transformer
 from ..types import Routes
 from .kv_cache import KVCache
-
-
-def moe_blocks(model: torch.nn.Module) -> list[MixtureOfExperts]:
-    """The model's MoE blocks in layer order (the order of a route's layer axis)."""
-    return [m for m in model.modules() if isinstance(m, MixtureOfExperts)]
 
 
 class RouteRecorder:
@@ -145,4 +140,4 @@ class RouteRecorder:
         return Routes(experts=np.ascontiguousarray(experts).tobytes(), layers=layers, top_k=top_k)
 
 
-__all__ = ["RouteRecorder", "moe_blocks"]
+__all__ = ["RouteRecorder"]

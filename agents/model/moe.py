@@ -254,6 +254,11 @@ class GptOssMoE(MixtureOfExperts):
         return torch.softmax(top, dim=-1, dtype=top.dtype)
 
 
+def moe_blocks(model: nn.Module) -> list[MixtureOfExperts]:
+    """The model's MoE blocks in layer order (the trainer's routers; a recorded route's layer axis)."""
+    return [m for m in model.modules() if isinstance(m, MixtureOfExperts)]
+
+
 def load_balancing_loss(
     router_logits: Sequence[torch.Tensor], top_k: int, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -340,5 +345,6 @@ __all__ = [
     "fuse_experts",
     "grouped_matmul",
     "load_balancing_loss",
+    "moe_blocks",
     "split_experts",
 ]

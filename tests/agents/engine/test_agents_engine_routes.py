@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from toolgym.agents.engine.engine import TorchEngine
-from toolgym.agents.engine.routes import moe_blocks
+from toolgym.agents.model.moe import moe_blocks
 from toolgym.agents.model.transformer import build_model
 from toolgym.agents.types import Completion, Routes, SamplingParams
 from toolgym.rollouts.episodes import trajectory_to_episode

@@ -6,7 +6,7 @@ and hold no tensors.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -71,6 +71,20 @@ class Routes(msgspec.Struct, frozen=True):
     @property
     def positions(self) -> int:
         return len(self.experts) // (2 * self.layers * self.top_k)
+
+    @classmethod
+    def of(cls, experts: Any) -> Routes:
+        """From an integer array [positions, layers, top_k] (numpy, or anything it reads)."""
+        import numpy as np
+
+        array = np.ascontiguousarray(experts, dtype="<i2")
+        return cls(experts=array.tobytes(), layers=array.shape[1], top_k=array.shape[2])
+
+    def array(self) -> Any:
+        """The experts as a read-only numpy array int16 [positions, layers, top_k]."""
+        import numpy as np
+
+        return np.frombuffer(self.experts, dtype="<i2").reshape(self.positions, self.layers, self.top_k)
 
 
 class Completion(msgspec.Struct):

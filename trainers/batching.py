@@ -210,11 +210,8 @@ def _route_array(episode: Episode, end: int, start: int = 0) -> Tensor:
     routes = episode.routes
     if routes is None:
         return torch.full((end - start, 1, 1), -1, dtype=torch.long)
-    recorded = np.frombuffer(routes.experts, dtype="<i2").reshape(
-        routes.positions, routes.layers, routes.top_k
-    )
     out = torch.full((end - start, routes.layers, routes.top_k), -1, dtype=torch.long)
-    have = torch.from_numpy(recorded[start:end].astype(np.int64))
+    have = torch.from_numpy(routes.array()[start:end].astype(np.int64))
     out[: have.shape[0]] = have
     return out
 

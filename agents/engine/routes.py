@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from ..model.moe import moe_blocks
@@ -135,9 +134,7 @@ class RouteRecorder:
         """Slot `slot`'s routes of positions 0..length-1."""
         routes = self.cache.routes
         assert routes is not None
-        experts = routes[slot, :length].cpu().numpy().astype("<i2", copy=False)
-        layers, top_k = experts.shape[1:]
-        return Routes(experts=np.ascontiguousarray(experts).tobytes(), layers=layers, top_k=top_k)
+        return Routes.of(routes[slot, :length].cpu().numpy())
 
 
 __all__ = ["RouteRecorder"]

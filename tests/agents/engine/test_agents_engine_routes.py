@@ -18,10 +18,6 @@ from toolgym.trainers.config import TrainerConfig
 from toolgym.trainers.trainer import Trainer
 
 
-def _array(routes: Routes) -> np.ndarray:
-    return np.frombuffer(routes.experts, dtype="<i2").reshape(routes.positions, routes.layers, routes.top_k)
-
-
 def _own_routes(model, tokens: list[int]) -> np.ndarray:
     """[positions, MoE layers, top_k] that one plain forward of `tokens` routes."""
     blocks = moe_blocks(model)
@@ -57,7 +53,7 @@ def test_the_engine_records_the_experts_a_full_forward_chooses(name):
     for prompt, completion in runs:
         sequence = prompt + completion.tokens
         assert completion.routes is not None
-        recorded = _array(completion.routes)
+        recorded = completion.routes.array()
         assert recorded.shape[0] == len(sequence) - 1  # every position the model ran
         expected = _own_routes(model, sequence[:-1])
         known = (recorded >= 0).all(-1)
@@ -78,7 +74,7 @@ def test_a_reused_slot_keeps_no_routes_of_the_sequence_before():
         prompt = list(range(3, 3 + length))
         (completion,) = engine.generate_sync([prompt], SamplingParams(max_tokens=4, seed=0))
         assert completion.routes is not None
-        last_layer = _array(completion.routes)[:, -1]
+        last_layer = completion.routes.array()[:, -1]
         assert (last_layer[: length - 1] < 0).all() and (last_layer[length - 1 :] >= 0).all()
 
 
@@ -100,7 +96,7 @@ def test_routes_refuse_a_torn_buffer():
 
 
 def test_episodes_take_the_routes_of_their_last_kept_turn():
-    routes = [Routes(experts=np.full((n, 1, 2), n, "<i2").tobytes(), layers=1, top_k=2) for n in (4, 8)]
+    routes = [Routes.of(np.full((n, 1, 2), n)) for n in (4, 8)]
     transitions = [
         Transition("a", [1, 2, 3], Completion([4, 5], [-1.0, -1.0], "stop", routes=routes[0])),
         Transition("b", [6, 7, 8], Completion([9], [-1.0], "stop", routes=routes[1])),
@@ -148,9 +144,9 @@ def test_the_trainer_replays_the_samplers_routes(name):
     swapped = []
     for e in episodes:
         assert e.routes is not None
-        experts = _array(e.routes).copy()
+        experts = e.routes.array().copy()
         moved = np.where(experts >= 0, (experts + 1) % moe_blocks(model)[0].num_experts, experts)
-        routes = Routes(experts=moved.astype("<i2").tobytes(), layers=e.routes.layers, top_k=e.routes.top_k)
+        routes = Routes.of(moved)
         swapped.append(Episode(e.tokens, e.loss_mask, e.sampler_logprobs, e.advantages, routes=routes))
     changed = trainer.compute_logprobs(swapped, temperature=1.0)
     assert (

@@ -69,15 +69,12 @@ class KVCache:
                 raise ValueError(
                     "a model with Gated DeltaNet layers keeps no history pool (history_capacity=0)"
                 )
-            channels = 2 * config.linear_num_key_heads * config.linear_key_head_dim + (
-                config.linear_num_value_heads * config.linear_value_head_dim
-            )
             self.state = torch.zeros(
                 (len(linear), max_slots + 1, config.linear_num_value_heads, config.linear_key_head_dim,
                  config.linear_value_head_dim), dtype=torch.float32, device=device,
             )  # fmt: skip
             self.conv = torch.zeros(
-                (len(linear), max_slots + 1, channels, config.linear_conv_kernel_dim - 1),
+                (len(linear), max_slots + 1, config.linear_conv_dim, config.linear_conv_kernel_dim - 1),
                 dtype=dtype,
                 device=device,
             )

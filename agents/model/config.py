@@ -359,6 +359,21 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         return any(self.layer_linear(i) for i in range(self.num_hidden_layers))
 
     @property
+    def linear_key_dim(self) -> int:
+        """A Gated DeltaNet layer's q (and k) width: its key heads x their dim."""
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        """A Gated DeltaNet layer's v width: its value heads x their dim."""
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """The channels of a Gated DeltaNet layer's convolution (q, k and v)."""
+        return 2 * self.linear_key_dim + self.linear_value_dim
+
+    @property
     def rotary_dim(self) -> int:
         """How many of each head's dims RoPE rotates (the first ones; head_dim unless partial)."""
         return int(self.head_dim * self.partial_rotary_factor)
@@ -446,9 +461,8 @@ class ModelConfig(msgspec.Struct, frozen=True, kw_only=True):
         attn += self.num_attention_heads * self.family.attention_sinks
         # A Gated DeltaNet layer: in_proj_qkv and its convolution, in_proj_z, in_proj_b and in_proj_a
         # with dt_bias and A_log, the gated norm, out_proj.
-        keys = self.linear_num_key_heads * self.linear_key_head_dim
-        values = self.linear_num_value_heads * self.linear_value_head_dim
-        mixer = (2 * keys + values) * (h + self.linear_conv_kernel_dim) + values * h
+        values = self.linear_value_dim
+        mixer = self.linear_conv_dim * (h + self.linear_conv_kernel_dim) + values * h
         mixer += 2 * self.linear_num_value_heads * (h + 1) + self.linear_value_head_dim + values * h
         norms = (4 if self.family.sandwich_norms else 2) * h
         mixers = sum(mixer if self.layer_linear(i) else attn for i in range(self.num_hidden_layers))

@@ -82,6 +82,7 @@ def gated_delta_chunked(
     q, k, v = (x.reshape(B, H, n, chunk, -1) for x in (q, k, v))
     g, beta = g.reshape(B, H, n, chunk), beta.reshape(B, H, n, chunk)
     log_decay = g.cumsum(-1)  # log Gamma_t inside each chunk
+    decay = log_decay.exp()[..., None]  # Gamma_t
     ratio = log_decay[..., :, None] - log_decay[..., None, :]  # log Gamma_t / Gamma_s
     lower = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
     ratio = ratio.masked_fill(~lower, float("-inf")).exp()  # 0 above the diagonal
@@ -89,11 +90,9 @@ def gated_delta_chunked(
     system = torch.eye(chunk, device=q.device) + beta[..., None] * (k @ k.transpose(-1, -2)) * strict
     # D = U - W S_0: U from the values, W from the keys (decayed from the chunk's start).
     u = torch.linalg.solve_triangular(system, beta[..., None] * v, upper=False, unitriangular=True)
-    w = torch.linalg.solve_triangular(
-        system, beta[..., None] * log_decay.exp()[..., None] * k, upper=False, unitriangular=True
-    )
+    w = torch.linalg.solve_triangular(system, beta[..., None] * decay * k, upper=False, unitriangular=True)
     attention = (q @ k.transpose(-1, -2)) * ratio  # (q_t . k_s) Gamma_t / Gamma_s, s <= t
-    q_decayed = q * log_decay.exp()[..., None]
+    q_decayed = q * decay
     k_to_end = k * (log_decay[..., -1:] - log_decay).exp()[..., None]
     chunk_decay = log_decay[..., -1].exp()
     s = q.new_zeros((B, H, dk, dv)) if state is None else state.float()
@@ -132,9 +131,8 @@ class GatedDeltaNet(nn.Module):
         self.layer_idx = layer_idx
         self.num_k_heads, self.num_v_heads = cfg.linear_num_key_heads, cfg.linear_num_value_heads
         self.head_k_dim, self.head_v_dim = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-        self.key_dim = self.num_k_heads * self.head_k_dim
-        self.value_dim = self.num_v_heads * self.head_v_dim
-        h, conv_dim, taps = cfg.hidden_size, 2 * self.key_dim + self.value_dim, cfg.linear_conv_kernel_dim
+        self.key_dim, self.value_dim = cfg.linear_key_dim, cfg.linear_value_dim
+        h, conv_dim, taps = cfg.hidden_size, cfg.linear_conv_dim, cfg.linear_conv_kernel_dim
         self.conv1d = nn.Conv1d(conv_dim, conv_dim, taps, groups=conv_dim, bias=False, padding=taps - 1)
         self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))

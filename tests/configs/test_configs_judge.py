@@ -197,3 +197,61 @@ def test_group_judge_data_asks_as_group_mode_asks_with_the_labels_in_the_order_s
     assert sizes == [8, 8, 4] and not unused
     assert main(["judge-data", str(noisy), "--criterion", criterion, "--out", str(rows), "--group-size", "-1"]) == 2
     assert capsys.readouterr().err == "toolgym judge-data: error: --group-size must be >= 0, got -1\n"
+
+
+@pytest.mark.slow
+def test_a_judge_trained_by_the_recipe_and_served_by_toolgym_serve_scores_a_run(tmp_path, capsys):
+    """The recipe end to end, shortened: judge data from a fallible oracle, an SFT-only run of the
+    `test` model on it, `toolgym serve` of the exported model as the run's judge. Every answer of
+    the served judge parses into a verdict (no group fails), each is recorded and becomes the
+    criterion's component, and a re-judge through the run's cache file asks nothing again."""
+    from serve_testlib import toolgym_serve
+
+    from toolgym.rollouts.scoring.judge import parse_scores
+
+    noisy, rows, imported = tmp_path / "noisy.jsonl", tmp_path / "judge.jsonl", tmp_path / "judge_rec.jsonl"
+    assert main(["record", "--env", "toolgym/Zorplex-v0", "--tasks", "32", "--out", str(noisy),
+                 "--p-omit-tag", "0.3", "--p-stop-early", "0.3", "--no-progress"]) == 0  # fmt: skip
+    criterion = "The final answer is correct."
+    assert main(["judge-data", str(noisy), "--criterion", criterion, "--out", str(rows), "--max-transcript-chars", "200"]) == 0
+    assert main(["import", str(rows), "--out", str(imported)]) == 0
+    judge_run = tmp_path / "judge_run"
+    sets = [f'run.run_dir="{judge_run}"', f'sft.recording="{imported}"', "sft.steps=40", "sft.batch_episodes=8",
+            'model.name="test"', "model.overrides={vocab_size=1024}", "sft.log_every=40"]  # fmt: skip
+    assert main(["train", "judge_zorplex_tiny", "--no-progress", *(a for s in sets for a in ("--set", s))]) == 0
+    token_accuracy = float(capsys.readouterr().out.split("token acc ")[-1].split()[0])
+    assert token_accuracy > 0.9  # the answer's form is learned: every verdict below parses
+    run_dir, cache = tmp_path / "run", tmp_path / "judge_cache.jsonl"
+    judge = {"criteria": [{"name": "correct", "prompt": criterion, "weight": 1.0}], "final_reply": False,
+             "max_transcript_chars": 200, "max_tokens": 16, "cache_file": str(cache)}  # fmt: skip
+    with toolgym_serve(judge_run / "final_model") as url:
+        config = config_from_dict(short_run(run_dir, judge={"url": url, **judge}))
+        check_environment(config)  # lists the served model
+        assert train(config) == 0
+        steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+        assert [r["step"] for r in steps] == [1, 2]
+        for r in steps:
+            assert r["batch/groups_scoring_failed"] == 0 and r["judge/calls"] == 4  # 2 groups x 2 episodes
+            assert r["judge/completion_tokens"] > 0
+        recording = run_dir / "trajectories" / "train_rank0.jsonl"
+        trajectories = list(RecordingReader(recording))
+        assert len(trajectories) == 8
+        for trajectory in trajectories:
+            entry = trajectory.transitions[-1].info[JUDGE_INFO]["correct"]
+            assert parse_scores(entry["answer"], None) == [entry["score"]] and entry["score"] in (0.0, 1.0)
+            assert trajectory.reward_components["judge_correct"] == entry["score"]
+        assert main(["replay", str(recording), "--rejudge", url, "--judge-cache", str(cache)]) == 0
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert "4 groups, 0 failed; 0 requests, 8 cache hits" in out and "same verdict (>= 0.5) 1.000" in out
+
+
+def test_the_documented_judged_env_is_a_valid_config(tmp_path):
+    import tomllib
+
+    doc = (Path(__file__).parents[2] / "docs" / "environments.md").read_text()
+    section = doc[doc.index("### A judged env") :]
+    block = section[section.index("```toml\n") + 8 : section.index("```\n", section.index("```toml"))]
+    documented = tomllib.loads(block)
+    config = config_from_dict(short_run(tmp_path / "run", **documented))
+    assert config.env.id == "toolgym/Zorplex-v0" and config.judge.reward == "replace"
+    assert [c.name for c in config.judge.criteria] == ["correct", "tagged"]

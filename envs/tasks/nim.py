@@ -7,8 +7,11 @@ take turns taking 1..`max_take` stones; whoever takes the last stone wins. An ac
 number alone ("2"); anything else is an invalid move (the seat is told why and moves again;
 envs/core/seats.py counts and charges it). `take_rest` (default) lets a seat ask for more than
 are left, taking the rest, so a legal move is the same text everywhere; `take_rest=False` makes
-that an invalid move, so the legal moves depend on the position (fewer than max_take stones). Observations are one line
-("Opponent took 2. Stones: 9."), so an episode is a few dozen tokens.
+that an invalid move, so the legal moves depend on the position (fewer than max_take stones).
+`move="leave"` makes an action the number of stones the seat leaves ("7" from 9 takes 2): every
+legal move then names a number that depends on the pile, so a model trained on random legal
+moves has to read it (with "take", random moves look the same at every pile). Observations are
+one line ("Opponent took 2. Stones: 9."), so an episode is a few dozen tokens.
 
 Bots: `random` (a legal move drawn uniformly) and `expert`, which plays the known optimal
 strategy: leave a multiple of max_take + 1 stones when it can (else a random legal move). So
@@ -52,7 +55,10 @@ class NimGame(SeatedGame):
         invalid_move_penalty: float = 0.1,
         max_invalid_moves: int = 2,
         take_rest: bool = True,
+        move: str = "take",
     ):
+        if move not in ("take", "leave"):
+            raise ValueError(f"move must be 'take' or 'leave', got {move!r}")
         if not (
             isinstance(min_stones, int) and isinstance(max_stones, int) and 1 <= min_stones <= max_stones
         ):
@@ -61,6 +67,7 @@ class NimGame(SeatedGame):
             raise ValueError(f"max_take must be an int in [1, 9], got {max_take!r}")
         self.min_stones, self.max_stones, self.max_take = min_stones, max_stones, max_take
         self.take_rest = bool(take_rest)
+        self.leave = move == "leave"
         self.stones = min_stones
         self._turn = 0
         super().__init__(
@@ -71,9 +78,10 @@ class NimGame(SeatedGame):
 
     def system_prompt(self, seat: str) -> str:
         order = "first" if seat == "first" else "second"
+        reply = "how many stones you leave" if self.leave else "the number"
         return (
             f"You play Nim against an opponent, moving {order}. There is one pile of stones. On your "
-            f"turn take 1 to {self.max_take} stones: reply with the number only. Whoever takes the "
+            f"turn take 1 to {self.max_take} stones: reply with {reply} only. Whoever takes the "
             "last stone wins."
         )
 
@@ -86,12 +94,19 @@ class NimGame(SeatedGame):
     def to_move(self) -> str:
         return self.seats[self._turn % 2]
 
+    def legal(self) -> tuple[int, int]:
+        """The smallest and largest number an action may name in this position."""
+        if self.leave:
+            return max(0, self.stones - self.max_take), self.stones - 1
+        return 1, self.max_take if self.take_rest else min(self.max_take, self.stones)
+
     def move(self, seat: str, action: str) -> str | None:
         match = _NUMBER.fullmatch(action)
-        most = self.max_take if self.take_rest else min(self.max_take, self.stones)
-        if match is None or not 1 <= int(match.group(1)) <= most:
-            return f"Invalid move: reply with a number from 1 to {most}. Stones: {self.stones}."
-        taken = min(int(match.group(1)), self.stones)
+        low, high = self.legal()
+        if match is None or not low <= int(match.group(1)) <= high:
+            return f"Invalid move: reply with a number from {low} to {high}. Stones: {self.stones}."
+        number = int(match.group(1))
+        taken = self.stones - number if self.leave else min(number, self.stones)
         self.stones -= taken
         self._turn += 1
         other = self.seats[self._turn % 2]
@@ -107,9 +122,8 @@ class NimGame(SeatedGame):
     def bot_action(self, seat: str, bot: str, rng: np.random.Generator) -> str:
         most = min(self.max_take, self.stones)
         best = self.stones % (self.max_take + 1)
-        if bot == "expert" and best != 0:
-            return str(best)
-        return str(int(rng.integers(1, most + 1)))
+        taken = best if bot == "expert" and best != 0 else int(rng.integers(1, most + 1))
+        return str(self.stones - taken if self.leave else taken)
 
 
 class NimEnv(SoloEnv):
@@ -129,6 +143,7 @@ class NimEnv(SoloEnv):
         invalid_move_penalty: float = 0.1,
         max_invalid_moves: int = 2,
         take_rest: bool = True,
+        move: str = "take",
         max_turns: int = 16,
         render_mode: str | None = None,
     ):
@@ -141,5 +156,6 @@ class NimEnv(SoloEnv):
             invalid_move_penalty=invalid_move_penalty,
             max_invalid_moves=max_invalid_moves,
             take_rest=take_rest,
+            move=move,
         )
         super().__init__(game, seat=seat, opponent=opponent, oracle=oracle, max_turns=max_turns)

@@ -6,6 +6,7 @@ import asyncio
 
 import gymnasium
 import msgspec
+import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
@@ -236,6 +237,31 @@ def test_nim_env_plays_one_seat_against_a_bot():
         )
         strict.reset(seed=0)
         assert expected in strict.step("3")[0]
+
+
+def test_nim_leave_moves_name_the_stones_left():
+    """move="leave": an action names the pile left, the bots answer in that form, and a random
+    legal move depends on the pile (the form the self-play demo's SFT reads the pile through)."""
+    env = gymnasium.make("toolgym/Nim-v0", seat="first", move="leave", min_stones=9, max_stones=9)
+    env.reset(seed=0)
+    assert "how many stones you leave" in env.unwrapped.game.system_prompt("first")
+    observation, *_ = env.step("9")
+    assert observation.startswith("Invalid move: reply with a number from 6 to 8. Stones: 9.")
+    observation, *_ = env.step("7")  # takes 2; the random bot then takes 1-3
+    taken = int(observation.split("took ")[1].split(".")[0])
+    assert 1 <= taken <= 3 and f"Stones: {7 - taken}." in observation
+    game = env.unwrapped.game
+    rng = np.random.default_rng(0)
+    for stones in range(1, 16):
+        game.stones = stones
+        low, high = game.legal()
+        assert (low, high) == (max(0, stones - 3), stones - 1)
+        left = {int(game.bot_action("first", "random", rng)) for _ in range(64)}
+        assert left == set(range(low, high + 1))
+        if stones % 4:
+            assert int(game.bot_action("first", "expert", rng)) == stones - stones % 4
+    with pytest.raises(ValueError, match="move must be 'take' or 'leave'"):
+        gymnasium.make("toolgym/Nim-v0", move="give")
 
 
 def test_the_documented_two_seat_game_plays_solo_and_in_matches(renderer):

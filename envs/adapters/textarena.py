@@ -30,8 +30,10 @@ each other and the same seed and actions give the same transcript.
 Offline: games that fetch NLTK data at first use, or that need an LLM over the network, are
 refused at construction with one line saying what they need (`GameUnavailable`). The oracle
 plays the library's own reference where a game keeps one (GuessTheNumber's number,
-Mastermind's code); other games raise NotImplementedError from `oracle_actions()`: record them
-with a model policy.
+Mastermind's code); in a two-player game without one, `oracle="random"` (or `"first"`) makes
+that bot the oracle of the policy's seat, so SFT demonstrations are the bot's legal moves (the
+self-play recipe's warm start); other games raise NotImplementedError from `oracle_actions()`:
+record them with a model policy.
 """
 
 from __future__ import annotations
@@ -266,7 +268,8 @@ class TextArenaGame(SeatedGame):
 class TextArenaEnv(TextEnv):
     """`gymnasium.make("toolgym/TextArena-v0", game=..., **game_kwargs)`; see the module doc.
 
-    Knobs: player (the policy's seat, 0 or 1), opponent ("random" or "first"), num_players
+    Knobs: player (the policy's seat, 0 or 1), opponent ("random" or "first"), oracle (None, or
+    the bot whose moves are the policy seat's oracle where the game keeps no reference), num_players
     (None: 2 where the game takes 2, else 1), invalid_move_penalty (a magnitude per invalid
     move), max_turns (the policy's moves before truncation)."""
 
@@ -276,6 +279,7 @@ class TextArenaEnv(TextEnv):
         *,
         player: int = 0,
         opponent: str = "random",
+        oracle: str | None = None,
         num_players: int | None = None,
         invalid_move_penalty: float = 0.0,
         max_turns: int = 100,
@@ -293,6 +297,8 @@ class TextArenaEnv(TextEnv):
             )
         if opponent not in ("random", "first"):
             raise ValueError(f"opponent must be 'random' or 'first', got {opponent!r}")
+        if oracle not in (None, "random", "first"):
+            raise ValueError(f"oracle must be None, 'random' or 'first', got {oracle!r}")
         if not isinstance(max_turns, int) or max_turns < 1:
             raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
         if not isinstance(invalid_move_penalty, int | float) or invalid_move_penalty < 0:
@@ -315,7 +321,7 @@ class TextArenaEnv(TextEnv):
         self._max_action_chars, self._max_observation_chars = max_action_chars, max_observation_chars
         self.game_id = game
         self._make_game: Callable[[], Any] = lambda: entry(**{**spec.kwargs, **game_kwargs})
-        self.opponent = opponent
+        self.opponent, self.oracle = opponent, oracle
         self.invalid_move_penalty = float(invalid_move_penalty)
         self.max_turns = max_turns
         self._random_state = random.Random(0).getstate()
@@ -389,7 +395,7 @@ class TextArenaEnv(TextEnv):
     def _note_moves(self, seat: int, messages: list[tuple[int, str, Any]]) -> None:
         """Keep the bracketed moves `seat` was shown: a bot's candidates."""
         for _, message, _ in messages:
-            self._seen[seat].extend(m for m in _MOVE.findall(message) if m not in self._seen[seat])
+            self._seen[seat].extend(m for m in _MOVE.findall(str(message)) if m not in self._seen[seat])
 
     def _candidates(self, seat: int) -> list[str]:
         moves: dict[str, None] = {}
@@ -455,12 +461,23 @@ class TextArenaEnv(TextEnv):
         return _reference_moves(self._game)
 
     def oracle_actions(self) -> list[str]:
+        """The game's reference moves, else (a two-player game with `oracle` set) the oracle bot's
+        moves for the policy's seat over the rest of the game, played on a copy of this env."""
         moves = self._reference()
-        if moves is None:
+        if moves is not None:
+            return moves
+        if self.oracle is None or self.num_players != 2:
             raise NotImplementedError(
                 f"TextArena game {self.game_id!r} keeps no reference solution, so there is no oracle; "
-                "record it with a model policy"
+                "record it with a model policy (or, in a two-player game, set oracle='random')"
             )
+        env = copy.deepcopy(self)  # its game, random state and RNG: this env replays the same moves
+        rng = np.random.default_rng([self._game_seed, self._turn, 1])  # the bot's own, drawn from neither
+        moves = []
+        while not env._done and len(moves) < self.max_turns:
+            with env._own_random():
+                moves.append(env._legal_move(self.player, self.oracle, rng))
+            env.step(moves[-1])
         return moves
 
     def answer_action(self, answer: Any, tagged: bool = True) -> str:
@@ -476,7 +493,7 @@ class TextArenaEnv(TextEnv):
         super().reset(seed=seed)
         if options:
             raise ValueError(f"TextArenaEnv.reset takes no options, got {sorted(options)}")
-        game_seed = int(self.np_random.integers(2**31))
+        game_seed = self._game_seed = int(self.np_random.integers(2**31))
         self._seen: dict[int, list[str]] = {seat: [] for seat in range(self.num_players)}
         self._turn = 0
         self._invalid_moves = 0
@@ -486,6 +503,8 @@ class TextArenaEnv(TextEnv):
             self._game.reset(num_players=self.num_players, seed=game_seed)
             self._opponent_moves()
             messages = self._messages(self._game, self.player)
+            if self.oracle is not None:
+                self._note_moves(self.player, messages)  # the oracle bot's candidates
         self._system_prompt, rest = _split_prompt(messages)
         self._question = self._text(rest) or "[GAME] Your move."
         self._question = self._question[: self._max_chars()]
@@ -522,7 +541,10 @@ class TextArenaEnv(TextEnv):
                 self._components["invalid_move"] -= self.invalid_move_penalty
                 reward -= self.invalid_move_penalty
             self._opponent_moves()
-            observation = self._text(self._messages(self._game, self.player))
+            messages = self._messages(self._game, self.player)
+            if self.oracle is not None:
+                self._note_moves(self.player, messages)
+            observation = self._text(messages)
         over = bool(self._game.state.done)
         info: dict[str, Any] = {
             "invalid_move": invalid,

@@ -107,6 +107,28 @@ def test_a_game_without_a_reference_has_no_oracle():
         env.unwrapped.oracle_actions()
 
 
+def test_a_bot_is_the_oracle_of_a_two_player_game_without_a_reference():
+    """oracle="random": the bot's legal moves for the policy's seat, found on a copy of the env
+    (asking twice gives the same moves), then played by the env itself to the same game end."""
+    outcomes = set()
+    for seed in range(12):
+        env = make("TicTacToe-v0", oracle="random", player=seed % 2)
+        env.reset(seed=seed)
+        moves = env.unwrapped.oracle_actions()
+        assert moves == env.unwrapped.oracle_actions() and len(set(moves)) == len(moves)
+        for move in moves:
+            _, _, terminated, truncated, info = env.step(move)
+            assert not info["invalid_move"]
+        assert terminated and not truncated
+        outcomes.add(info["metrics"]["game_reward"])
+    assert outcomes == {-1.0, 0.0, 1.0}  # random play wins, draws and loses
+    with pytest.raises(ValueError, match="oracle must be None, 'random' or 'first'"):
+        make("TicTacToe-v0", oracle="expert")
+    env = make("GuessTheNumber-v0", oracle="random")  # one player: the oracle is its reference
+    env.reset(seed=0)
+    assert env.unwrapped.oracle_actions() == env.unwrapped._reference()
+
+
 @pytest.mark.parametrize("game", GAMES)
 def test_deterministic_per_seed_even_interleaved(game):
     alone = []

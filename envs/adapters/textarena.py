@@ -268,7 +268,7 @@ class TextArenaGame(SeatedGame):
 class TextArenaEnv(TextEnv):
     """`gymnasium.make("toolgym/TextArena-v0", game=..., **game_kwargs)`; see the module doc.
 
-    Knobs: player (the policy's seat, 0 or 1), opponent ("random" or "first"), oracle (None, or
+    Knobs: player (the policy's seat, 0 or 1; "alternate": by the reset seed's parity), opponent ("random" or "first"), oracle (None, or
     the bot whose moves are the policy seat's oracle where the game keeps no reference), num_players
     (None: 2 where the game takes 2, else 1), invalid_move_penalty (a magnitude per invalid
     move), max_turns (the policy's moves before truncation)."""
@@ -277,7 +277,7 @@ class TextArenaEnv(TextEnv):
         self,
         game: str = "GuessTheNumber-v0",
         *,
-        player: int = 0,
+        player: int | str = 0,
         opponent: str = "random",
         oracle: str | None = None,
         num_players: int | None = None,
@@ -328,9 +328,10 @@ class TextArenaEnv(TextEnv):
         self.num_players = num_players if num_players is not None else self._probe_players()
         if self.num_players not in (1, 2):
             raise ValueError(f"TextArenaEnv plays 1- and 2-player games, got num_players={self.num_players}")
-        if player not in range(self.num_players):
-            raise ValueError(f"player must be one of {list(range(self.num_players))}, got {player!r}")
-        self.player = player
+        if player != "alternate" and player not in range(self.num_players):
+            raise ValueError(f"player must be one of {list(range(self.num_players))} or 'alternate', got {player!r}")
+        self.alternate = player == "alternate"
+        self.player = 0 if self.alternate else int(player)
         self._game: Any = None
         self._seated: TextArenaGame | None = None
         self._done = True
@@ -494,6 +495,8 @@ class TextArenaEnv(TextEnv):
         if options:
             raise ValueError(f"TextArenaEnv.reset takes no options, got {sorted(options)}")
         game_seed = self._game_seed = int(self.np_random.integers(2**31))
+        if self.alternate:
+            self.player = (game_seed if seed is None else seed) % self.num_players
         self._seen: dict[int, list[str]] = {seat: [] for seat in range(self.num_players)}
         self._turn = 0
         self._invalid_moves = 0

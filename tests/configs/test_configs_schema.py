@@ -32,6 +32,7 @@ PRESETS = [
     "zorplex_compositional_tiny",
     "zorplex_recursive_tiny",
     "selfplay_tiny",
+    "selfplay_tictactoe_tiny",
     "qwen2.5_0.5b_vllm",
 ]
 

@@ -110,10 +110,12 @@ def test_a_game_without_a_reference_has_no_oracle():
 def test_a_bot_is_the_oracle_of_a_two_player_game_without_a_reference():
     """oracle="random": the bot's legal moves for the policy's seat, found on a copy of the env
     (asking twice gives the same moves), then played by the env itself to the same game end."""
-    outcomes = set()
+    outcomes, players = set(), set()
     for seed in range(12):
-        env = make("TicTacToe-v0", oracle="random", player=seed % 2)
-        env.reset(seed=seed)
+        env = make("TicTacToe-v0", oracle="random", player="alternate")
+        _, start = env.reset(seed=seed)
+        assert start["player"] == seed % 2 and f"You are Player {seed % 2}" in env.unwrapped.system_prompt
+        players.add(start["player"])
         moves = env.unwrapped.oracle_actions()
         assert moves == env.unwrapped.oracle_actions() and len(set(moves)) == len(moves)
         for move in moves:
@@ -121,7 +123,7 @@ def test_a_bot_is_the_oracle_of_a_two_player_game_without_a_reference():
             assert not info["invalid_move"]
         assert terminated and not truncated
         outcomes.add(info["metrics"]["game_reward"])
-    assert outcomes == {-1.0, 0.0, 1.0}  # random play wins, draws and loses
+    assert outcomes == {-1.0, 0.0, 1.0} and players == {0, 1}  # random play wins, draws and loses
     with pytest.raises(ValueError, match="oracle must be None, 'random' or 'first'"):
         make("TicTacToe-v0", oracle="expert")
     env = make("GuessTheNumber-v0", oracle="random")  # one player: the oracle is its reference

@@ -12,6 +12,7 @@ import json
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -19,6 +20,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from .config import ModelConfig
+from .families import FAMILIES
 from .moe import fuse_experts, split_experts
 from .transformer import Transformer
 
@@ -28,13 +30,32 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 _IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
-def load_config(path: str | Path) -> ModelConfig:
-    """ModelConfig from `path/config.json` (or a config.json path)."""
+def text_model(d: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """config.json's text model and the prefix its weights carry: a multimodal checkpoint whose
+    `text_config` is a native family that names it (`Family.multimodal`) reads as that text
+    model, tie_word_embeddings as the checkpoint sets it; anything else is (d, None)."""
+    text = d.get("text_config")
+    fam = FAMILIES.get(text.get("model_type")) if isinstance(text, dict) else None
+    if fam is None or fam.multimodal is None or fam.multimodal[0] != d.get("model_type"):
+        return d, None
+    assert isinstance(text, dict)
+    tie = d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+    return {**text, "tie_word_embeddings": tie}, fam.multimodal[1]
+
+
+def _read_config(path: str | Path) -> tuple[ModelConfig, str | None]:
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"no config.json at {file}")
-    return ModelConfig.from_hf_dict(json.loads(file.read_text()))
+    d, prefix = text_model(json.loads(file.read_text()))
+    return ModelConfig.from_hf_dict(d), prefix
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """ModelConfig from `path/config.json` (or a config.json path); a multimodal checkpoint's
+    text model where its family reads one (`text_model`)."""
+    return _read_config(path)[0]
 
 
 def _safetensors_files(directory: Path) -> list[Path]:
@@ -64,6 +85,20 @@ def read_safetensors(directory: str | Path) -> Iterator[tuple[str, torch.Tensor]
                 yield name, f.get_tensor(name)
 
 
+def read_model(directory: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """A checkpoint's ModelConfig and its model's tensors under the text model's HF names (a
+    multimodal checkpoint's text weights alone, `text_model`), recomputed buffers left out."""
+    config, prefix = _read_config(directory)
+    read = {name: tensor for name, tensor in read_safetensors(directory) if not name.endswith(_IGNORED_SUFFIXES)}
+    if prefix is not None:
+        read = {
+            ("model." + name.removeprefix(prefix) if name.startswith(prefix) else name): tensor
+            for name, tensor in read.items()
+            if name.startswith(prefix) or name == "lm_head.weight"
+        }
+    return config, read
+
+
 def load_hf_checkpoint(
     directory: str | Path,
     *,
@@ -73,11 +108,10 @@ def load_hf_checkpoint(
     """Build a Transformer from a HF directory (config.json + model.safetensors or a sharded
     model.safetensors.index.json). Missing, unexpected or wrongly shaped tensors raise."""
     directory = Path(directory)
-    config = load_config(directory)
+    config, read = read_model(directory)
     with torch.device("meta"):
         model = Transformer(config)
     expected = {name: p.shape for name, p in model.named_parameters(remove_duplicate=False)}
-    read = {name: tensor for name, tensor in read_safetensors(directory) if not name.endswith(_IGNORED_SUFFIXES)}
     state: dict[str, torch.Tensor] = {}
     for name, tensor in fuse_experts(read).items():  # per-expert tensors stacked (agents/model/moe.py)
         if name not in expected:

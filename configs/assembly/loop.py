@@ -18,7 +18,7 @@ import msgspec
 import torch
 
 from ...agents.chat import Renderer
-from ...agents.model.checkpoint import load_config, read_safetensors
+from ...agents.model.checkpoint import read_model
 from ...agents.policy import Policy
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...agents.weight_sets import WeightSets
@@ -116,8 +116,8 @@ def checkpoint_member(directory: str) -> str:
 
 def checkpoint_weights(directory: str) -> list[tuple[str, torch.Tensor]]:
     """A checkpoint's tensors, HF-named, as a sync sends them (the tied lm_head dropped)."""
-    tied = load_config(directory).tie_word_embeddings
-    return [(n, t) for n, t in read_safetensors(directory) if not (tied and n == "lm_head.weight")]
+    config, tensors = read_model(directory)
+    return [(n, t) for n, t in tensors.items() if not (config.tie_word_embeddings and n == "lm_head.weight")]
 
 
 def build_pool(

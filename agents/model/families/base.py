@@ -119,7 +119,9 @@ class Family:
     `layer_types` may name "linear_attention" layers, Gated DeltaNet mixers
     (agents/model/linear_attention.py) of its `linear_*` fields, and its `partial_rotary_factor`
     rotates the first part of each head only (Qwen3.5). attention_output_gate: q_proj also gives a
-    gate per head, the attention output times its sigmoid (Qwen3.5)."""
+    gate per head, the attention output times its sigmoid (Qwen3.5). multimodal: (the model_type
+    of a multimodal checkpoint whose `text_config` is this family, the prefix its text weights
+    carry): such a checkpoint reads as its text model, its vision tower and other heads unread."""
 
     model_type: str
     architecture: str
@@ -145,6 +147,7 @@ class Family:
     attention_sinks: bool = False
     linear_attention: bool = False
     attention_output_gate: bool = False
+    multimodal: tuple[str, str] | None = None
 
 
 __all__ = [

@@ -4,8 +4,10 @@ four) and full-attention layers whose q_proj also gives a sigmoid gate on each h
 (`attention_output_gate`), with a per-head q/k norm and RoPE on the first `partial_rotary_factor`
 of each head (0.25 by default). Every RMSNorm scales by (1 + w) in float32 (its weights start at
 0), except the linear layers' gated output norm (plain w, starting at 1). Its multimodal RoPE
-(`mrope_section`) rotates text positions as plain RoPE does, so text-only checkpoints read as
-they are; the vision tower of Qwen3_5ForConditionalGeneration checkpoints is not read."""
+(`mrope_section`) rotates text positions as plain RoPE does, so text checkpoints read as they
+are. Qwen3_5ForConditionalGeneration checkpoints (model_type "qwen3_5", as Qwen3.5 is published)
+read as their text model: `text_config`, the `model.language_model.*` weights and `lm_head`;
+the vision tower (`model.visual.*`) and any multi-token-prediction head (`mtp.*`) are not read."""
 
 from __future__ import annotations
 
@@ -48,6 +50,6 @@ def _hf_fields(config: Shape) -> dict[str, Any]:
 QWEN3_5 = Family(model_type="qwen3_5_text", architecture="Qwen3_5ForCausalLM", bias="flag", qk_norm=True,
                  layer_types=True, hf_fields=_hf_fields, hf_in=_hf_in, norm_scale="one_plus_weight",
                  own_layers="Qwen3.5's Gated DeltaNet layers", linear_attention=True,
-                 attention_output_gate=True)  # fmt: skip
+                 attention_output_gate=True, multimodal=("qwen3_5", "model.language_model."))  # fmt: skip
 
 __all__ = ["QWEN3_5"]

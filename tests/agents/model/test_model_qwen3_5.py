@@ -96,6 +96,36 @@ def test_logits_match_transformers_on_a_ragged_batch_longer_than_a_chunk(tmp_pat
     torch.testing.assert_close(got[real], expected[real], atol=1e-4, rtol=1e-4)
 
 
+def test_a_multimodal_checkpoint_reads_as_its_text_model(tmp_path):
+    """Qwen3.5 as published: Qwen3_5ForConditionalGeneration (model_type "qwen3_5"), the text
+    model under `model.language_model.*` beside a vision tower. It loads as the text model (the
+    tower unread) with transformers' text logits, and a pool opponent's sync reads the same."""
+    from toolgym.agents.model.checkpoint import load_config, load_hf_checkpoint
+    from toolgym.configs.assembly.loop import checkpoint_weights
+
+    text = hf_model().config.to_dict()
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                  patch_size=4, spatial_merge_size=2, temporal_patch_size=1)  # fmt: skip
+    torch.manual_seed(3)
+    hf = transformers.Qwen3_5ForConditionalGeneration(
+        transformers.Qwen3_5Config(text_config=text, vision_config=vision)
+    ).eval()
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "norm" in name or "A_log" in name or "dt_bias" in name:
+                p.add_(0.2 * torch.randn(p.shape, generator=g))
+    hf.save_pretrained(tmp_path / "mm")
+    config = load_config(tmp_path / "mm")
+    assert config.model_type == "qwen3_5_text" and config.layer_linear(0) and not config.tie_word_embeddings
+    ours = load_hf_checkpoint(tmp_path / "mm")
+    tokens, _ = ragged_batch(128, (90,))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens), hf(input_ids=tokens).logits, atol=1e-4, rtol=1e-4)
+    names = {n for n, _ in checkpoint_weights(str(tmp_path / "mm"))}
+    assert names == {n for n, _ in ours.named_parameters()}  # text names; no model.visual.*
+
+
 def test_checkpoints_both_ways(tmp_path):
     hf = hf_model(layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"])
     ours = ours_from(hf, tmp_path)

@@ -35,10 +35,11 @@ def text_model(d: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     `text_config` is a native family that names it (`Family.multimodal`) reads as that text
     model, tie_word_embeddings as the checkpoint sets it; anything else is (d, None)."""
     text = d.get("text_config")
-    fam = FAMILIES.get(text.get("model_type")) if isinstance(text, dict) else None
+    if not isinstance(text, dict):
+        return d, None
+    fam = FAMILIES.get(str(text.get("model_type")))
     if fam is None or fam.multimodal is None or fam.multimodal[0] != d.get("model_type"):
         return d, None
-    assert isinstance(text, dict)
     tie = d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
     return {**text, "tie_word_embeddings": tie}, fam.multimodal[1]
 

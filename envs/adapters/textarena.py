@@ -268,9 +268,10 @@ class TextArenaGame(SeatedGame):
 class TextArenaEnv(TextEnv):
     """`gymnasium.make("toolgym/TextArena-v0", game=..., **game_kwargs)`; see the module doc.
 
-    Knobs: player (the policy's seat, 0 or 1; "alternate": by the reset seed's parity), opponent ("random" or "first"), oracle (None, or
-    the bot whose moves are the policy seat's oracle where the game keeps no reference), num_players
-    (None: 2 where the game takes 2, else 1), invalid_move_penalty (a magnitude per invalid
+    Knobs: player (the policy's seat, 0 or 1; "alternate": by the reset seed's parity), opponent
+    ("random" or "first"), oracle (None, or the bot whose moves are the policy seat's oracle where
+    the game keeps no reference), num_players (None: 2 where the game takes 2, else 1),
+    invalid_move_penalty (a magnitude per invalid
     move), max_turns (the policy's moves before truncation)."""
 
     def __init__(
@@ -475,7 +476,7 @@ class TextArenaEnv(TextEnv):
         env = copy.deepcopy(self)  # its game, random state and RNG: this env replays the same moves
         rng = np.random.default_rng([self._game_seed, self._turn, 1])  # the bot's own, drawn from neither
         moves = []
-        while not env._done and len(moves) < self.max_turns:
+        while not env._done:  # the copy's step ends it at the game's end or max_turns
             with env._own_random():
                 moves.append(env._legal_move(self.player, self.oracle, rng))
             env.step(moves[-1])

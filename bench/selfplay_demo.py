@@ -18,6 +18,11 @@ Both report eval/vs_random/* and eval/vs_expert/* (`selfplay.eval_opponents`). T
 against the random player >= 0.9 (`vs_random/success`); against the expert, whose optimal play
 leaves only the positions the policy's seat can win, the rise from step 0 to the end (read off
 the table). The curves go to bench/selfplay_demo_curves.png.
+
+    python bench/selfplay_demo.py --preset selfplay_tictactoe_tiny --seeds 0
+
+is the same loop on TextArena's TicTacToe (the preset as shipped, the pool arm alone), evaluated
+against TextArena's random and `first` bots.
 """
 
 from __future__ import annotations
@@ -38,6 +43,14 @@ SELFPLAY = ArmsBench(
     curves=Path(__file__).parent / "selfplay_demo_curves.png",
 )
 
+TICTACTOE = ArmsBench(
+    preset="selfplay_tictactoe_tiny",
+    arms={"pool": []},
+    target={"vs_random/success": 0.9, "vs_first/success": 0.0},
+    out=Path("runs/selfplay_tictactoe"),
+    curves=Path(__file__).parent / "selfplay_tictactoe_curves.png",
+)
+
 
 if __name__ == "__main__":
-    main({SELFPLAY.preset: SELFPLAY}, (__doc__ or "").split("\n")[0])
+    main({b.preset: b for b in (SELFPLAY, TICTACTOE)}, (__doc__ or "").split("\n")[0])

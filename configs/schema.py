@@ -327,9 +327,10 @@ class LoopSection(msgspec.Struct, **_STRICT):
         generator process samples groups continuously into a bounded buffer while the trainer
         trains (trainers/loop/).
     weight_updates: async: how the generator takes new weights. "in_flight" (default): between
-        two decode steps, without draining; a running sample goes on with the new weights and its
-        tokens record the version that sampled each. "drain": its running samples finish on the
-        old weights first (agents/engine/engine.py).
+        two decode steps, without draining; a running sample goes on with the new weights (over
+        the k/v the old ones computed, so its later tokens' logprobs differ from the trainer's
+        even at staleness 0) and its tokens record the version that sampled each. "drain": its
+        running samples finish on the old weights first (agents/engine/engine.py).
     max_staleness: async: the most policy versions a trained group may lag the trainer (by its
         oldest token); an older group is handled by `over_stale`.
     over_stale: "drop" (not trained on) or "downweight" (its advantages x stale_weight); both

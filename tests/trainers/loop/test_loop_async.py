@@ -58,9 +58,15 @@ def train_records(run_dir: Path) -> list[dict]:
 def test_async_mode_trains_with_staleness_bounded(tmp_path, capsys, over_stale):
     run_dir = tmp_path / "run"
     # max_staleness 0 with a deep buffer: groups sampled before the last push are over-stale.
-    # "drop" runs the default layout (a generator process per core, the cores shared); "downweight"
-    # splits them: one generator process on one thread, the trainer the rest.
+    # "drop" runs the default layout (a generator process per core, the cores shared) and loads
+    # weights in flight; "downweight" splits them (one generator process on one thread, the
+    # trainer the rest) and drains. Drain because downweighted groups are trained: a sample that
+    # took new weights in flight samples its later tokens over k/v the old weights computed, so
+    # those tokens, stamped with the new version, differ from the trainer's logprobs at staleness 0
+    # whenever a push lands mid-sample (drop discards every such group at max_staleness 0).
     layout = {} if over_stale == "drop" else {"generator_processes": 1, "generator_threads": 1}
+    if over_stale == "downweight":
+        layout["weight_updates"] = "drain"
     config = async_config(run_dir, 6, max_staleness=0, over_stale=over_stale, buffer_groups=6, **layout)
     config["trainer"]["loss"] = {"entropy_coef": 0.05}  # the weights move every step
     assert train(config_from_dict(config)) == 0
@@ -75,7 +81,7 @@ def test_async_mode_trains_with_staleness_bounded(tmp_path, capsys, over_stale):
         assert processes == 1 and shared == ""
     check_async_run(run_dir, over_stale)
     # the generator processes' weights (through shared memory) are exactly each version's: tokens
-    # sampled by the current version have the trainer's logprobs
+    # sampled by the current version (over k/v of that version) have the trainer's logprobs
     for r in train_records(run_dir):
         assert r["train/grad_norm"] > 0 and r["train/logprob_gap_mean_s0"] < 1e-4, r
     assert not list(Path("/dev/shm").glob(f"toolgym-weights-{os.getpid()}-*"))  # none left behind
@@ -158,6 +164,8 @@ def check_async_run(run_dir: Path, over_stale: str) -> None:
         versions = transition.action.token_versions or [transition.action.policy_version]
         assert versions == sorted(versions) and versions[0] == transition.action.policy_version
         assert versions[-1] <= 6
+        if over_stale == "downweight":  # drained: every turn sampled by one version
+            assert len(set(versions)) == 1, versions
     taken = sum(r["dynamic_sampling/groups_rolled_out"] for r in records)
     assert len(recorded) == taken
 

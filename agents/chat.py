@@ -71,7 +71,9 @@ class EpisodeRendering(Protocol):
 
 class Renderer(Protocol):
     """What the rollout runner, the scripted policies and the CLI use of a renderer: plain ChatML
-    (`ChatRenderer`) or a model's own chat template (agents/chat_template.py)."""
+    (`ChatRenderer`), a model's own chat template (agents/chat_template.py) or gpt-oss's harmony
+    (agents/harmony.py). `action_text` is what an env reads of a sampled turn; `action_tokens`
+    the tokens of a turn that writes a given text."""
 
     tokenizer: Tokenizer
     renders_tools: bool  # True: give it the tools' specs and one `tool` message per tool result
@@ -86,6 +88,8 @@ class Renderer(Protocol):
     def vocab_size(self) -> int: ...
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+    def action_text(self, ids: Sequence[int]) -> str: ...
+    def action_tokens(self, text: str) -> list[int]: ...
     def render_prompt(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> list[int]: ...
     def start_episode(
         self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
@@ -159,6 +163,14 @@ class ChatRenderer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Decode ids to text (for humans and envs). Never re-encode the result into a history."""
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def action_text(self, ids: Sequence[int]) -> str:
+        """A sampled turn as the env reads it: decoded, special tokens skipped."""
+        return self.decode(ids, skip_special_tokens=True)
+
+    def action_tokens(self, text: str) -> list[int]:
+        """What a policy that writes `text` and ends its turn samples (scripted policies, imports)."""
+        return [*self.encode(text), self.im_end_id]
 
     # ---- rendering --------------------------------------------------------------------------
 

@@ -278,6 +278,12 @@ class TemplateRenderer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def action_text(self, ids: Sequence[int]) -> str:
+        return self.decode(ids, skip_special_tokens=True)
+
+    def action_tokens(self, text: str) -> list[int]:
+        return [*self.encode(text), self.im_end_id]
+
     def tokens_of(self, rendered: str) -> list[int]:
         """Ids of a rendering made by `render_text`: the template's special tokens by id, every
         other piece (unescaped) as plain text."""

@@ -21,6 +21,7 @@ import torch
 from .. import envs  # noqa: F401 (registers toolgym/*)
 from ..agents.chat import Renderer
 from ..agents.chat_template import TemplateRenderer
+from ..agents.harmony import HARMONY, HarmonyRenderer
 from ..agents.model.config import NAMED_CONFIGS, ModelConfig
 from ..agents.tokenizer import load_tokenizer, tokenizer_fingerprint
 from ..agents.vllm.engine import INSTALL_HINT
@@ -558,6 +559,11 @@ def format_notes(env: gymnasium.Env, renderer: Renderer, model: str, knobs: Form
         return []
     env_format = unwrapped.format.name
     setting = (knobs.given or knobs.default).format(repr(env_format))
+    if isinstance(renderer, HarmonyRenderer):
+        if env_format == HARMONY:
+            return []
+        match = knobs.match.replace("FORMAT", HARMONY)
+        return [f"note: {model} renders harmony, which speaks 'harmony' tool calls; {setting} ({match} to match)"]
     if isinstance(renderer, TemplateRenderer):
         template = f"the chat template of {model} ({renderer.source})"
         no_tools = None if renderer.renders_tools else f"{template} has no tools block"

@@ -188,7 +188,8 @@ class PolicySection(PolicySampling, frozen=True, **_STRICT):
     # max_batch_size slots (agents/engine/replicas.py); 1 = one engine in the training process.
     # Async mode's "process" generator: this many generator processes (loop.generator).
     replicas: int = 1
-    # The chat rendering: "" = plain ChatML (agents/chat.py; the shipped tiny models), else a path
+    # The chat rendering: "" = plain ChatML (agents/chat.py; the shipped tiny models), "harmony" =
+    # gpt-oss's format (agents/harmony.py; chat_template_kwargs are its options), else a path
     # to a tokenizer_config.json or .jinja file whose chat template renders every prompt, token in
     # and token out (agents/chat_template.py), with chat_template_kwargs as template variables.
     chat_template: str = ""

@@ -143,7 +143,7 @@ class ScriptedEpisodePolicy:
         self.turn = 0
 
     def completion(self, text: str, params: SamplingParams) -> Completion:
-        tokens = [*self.renderer.encode(text), self.renderer.im_end_id]
+        tokens = self.renderer.action_tokens(text)
         finish = "stop"
         if len(tokens) > params.max_tokens:
             tokens, finish = tokens[: params.max_tokens], "length"
@@ -151,7 +151,7 @@ class ScriptedEpisodePolicy:
             tokens=tokens,
             logprobs=[0.0] * len(tokens),
             finish_reason=finish,
-            text=self.renderer.decode(tokens, skip_special_tokens=True),
+            text=self.renderer.action_text(tokens),
             policy_version=self.policy_version,
         )
 

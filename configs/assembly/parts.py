@@ -19,18 +19,19 @@ from tokenizers import Tokenizer
 
 from ...agents.chat import ChatRenderer, Renderer
 from ...agents.chat_template import (
-    ChatTemplateError,
     TemplateRenderer,
     load_chat_template,
     model_chat_template,
 )
 from ...agents.engine.engine import TorchEngine
+from ...agents.harmony import HARMONY, HARMONY_OPTIONS, HarmonyRenderer
 from ...agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from ...agents.model.config import NAMED_CONFIGS, ModelConfig
 from ...agents.model.lora import apply_lora
 from ...agents.model.transformer import Transformer, build_model
 from ...agents.policy import Policy
 from ...agents.tokenizer import load_tokenizer
+from ...envs.tools.call_formats import template_tool_format
 from ...rollouts.recording.format import CHAT_TEMPLATE, chat_template_entry
 from ...rollouts.scripted import OracleConfig, OraclePolicy
 from ...rollouts.types import PolicySampling
@@ -77,15 +78,33 @@ def make_renderer(
     chat_template: str | os.PathLike[str] = "",
     template_kwargs: Mapping[str, Any] | None = None,
 ) -> Renderer:
-    """Plain ChatML over the tokenizer (loaded, or its file), or the chat template in
-    `chat_template` (a tokenizer_config.json or .jinja file) with `template_kwargs` as its
-    variables; a template that cannot be used raises ChatTemplateError (a ValueError naming the
-    file)."""
+    """Plain ChatML over the tokenizer (loaded, or its file), gpt-oss's harmony format
+    (`chat_template` "harmony", or a template that writes harmony, as gpt-oss's own does:
+    agents/harmony.py; `template_kwargs` are its options: reasoning_effort, current_date, ...),
+    or the chat template in `chat_template` (a
+    tokenizer_config.json or .jinja file) with `template_kwargs` as its variables; a template that
+    cannot be used raises ChatTemplateError (a ValueError naming the file)."""
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
     if not chat_template:
         return ChatRenderer(tokenizer)
+    if is_harmony(chat_template):
+        options = dict(template_kwargs or {})
+        unknown = sorted(set(options) - set(HARMONY_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"harmony has no option {', '.join(map(repr, unknown))}; its options: {', '.join(HARMONY_OPTIONS)}"
+            )
+        return HarmonyRenderer(tokenizer, **options)
     return TemplateRenderer(tokenizer, load_chat_template(chat_template), dict(template_kwargs or {}))
+
+
+def is_harmony(chat_template: str | os.PathLike[str]) -> bool:
+    """Whether `chat_template` (as `make_renderer` takes it) means gpt-oss's harmony format: the
+    name "harmony", or a template file that writes harmony (gpt-oss's own)."""
+    if not chat_template:
+        return False
+    return str(chat_template) == HARMONY or template_tool_format(load_chat_template(chat_template).text) == HARMONY
 
 
 def build_renderer(config: Config) -> tuple[Renderer, Path]:
@@ -99,7 +118,7 @@ def build_renderer(config: Config) -> tuple[Renderer, Path]:
         raise ConfigError("tokenizer.path", str(exc)) from None
     try:
         return make_renderer(tokenizer, run_chat_template(config), config.policy.chat_template_kwargs), path
-    except ChatTemplateError as exc:
+    except ValueError as exc:  # ChatTemplateError, or a tokenizer without harmony's tokens
         field = "policy.chat_template" if config.policy.chat_template else "model.path"
         raise ConfigError(field, str(exc)) from None
 
@@ -153,6 +172,9 @@ def chat_template_extra(
     same renderer; {} for plain ChatML."""
     if not chat_template:
         return {}
+    if is_harmony(chat_template):
+        entry = {"source": str(chat_template), HARMONY: True, "template_kwargs": dict(template_kwargs or {})}
+        return {CHAT_TEMPLATE: entry}
     return {CHAT_TEMPLATE: chat_template_entry(load_chat_template(chat_template), template_kwargs)}
 
 
@@ -163,9 +185,10 @@ def run_chat_template_extra(config: Config) -> dict[str, Any]:
 
 def chat_template_text(config: Config) -> str | None:
     """The text of the chat template the run renders with (`run_chat_template`), for the
-    exported models' tokenizer_config.json; None for plain ChatML."""
+    exported models' tokenizer_config.json; None for plain ChatML and harmony (a gpt-oss
+    checkpoint's tokenizer config already holds its own)."""
     path = run_chat_template(config)
-    return load_chat_template(path).text if path else None
+    return load_chat_template(path).text if path and path != HARMONY else None
 
 
 def model_config(config: Config) -> ModelConfig:

@@ -11,6 +11,8 @@ of envs/tools/formats/, whose doc is its grammar:
 - "pythonic": `[f(a=1, b="x"), g()]`, literals only (Llama 3.2 / Llama 4; formats/pythonic.py).
 - "qwen3_coder": `<tool_call><function=f><parameter=a>1</parameter></function></tool_call>`,
   values typed by the tool's JSON Schema (Qwen3-Coder; formats/qwen_xml.py).
+- "harmony": a `commentary` message to `functions.f` holding a JSON object; the answer is the
+  `final` message (gpt-oss, with `policy.chat_template = "harmony"`; formats/harmony.py).
 
 Every format: a `[ANSWER] <answer>` tag outside any call is the answer; a call that cannot be
 read is a malformed call (a counted error whose observation says why, where the format can
@@ -40,6 +42,7 @@ from .formats.base import (
     near_miss_pattern,
 )
 from .formats.brackets import BracketFormat
+from .formats.harmony import HarmonyFormat
 from .formats.hermes import JsonFormat
 from .formats.llama import Llama3JsonFormat
 from .formats.mistral import MistralFormat
@@ -73,6 +76,7 @@ FORMATS: Final[dict[str, ToolCallFormat]] = {
     f.name: f
     for f in (
         BracketFormat(),
+        HarmonyFormat(),
         JsonFormat(),
         Llama3JsonFormat(),
         MistralFormat(),
@@ -101,12 +105,15 @@ _LLAMA_JSON = re.compile(r"""\\?["']parameters\\?["']\s*:\s*dictionary|<\|python
 def template_tool_format(template: str) -> str | None:
     """The tool-call format (a FORMATS name) that a chat template's source teaches its model, or
     None where it names none of them (a template without tools, or another dialect). Checked in
-    this order, so that a template holding two markers gets its own: Qwen3-Coder's
+    this order, so that a template holding two markers gets its own: gpt-oss's harmony
+    (`<|channel|>` and `<|call|>`) -> "harmony"; Qwen3-Coder's
     `<function=`/`<parameter=` (its calls also sit in `<tool_call>`) -> "qwen3_coder";
     `[TOOL_CALLS]` -> "mistral"; `<tool_call>` -> "json" (unless the calls inside are pythonic:
     another dialect, None); Llama 3.2/4's `[func_name1(params_name1=...)]` instructions ->
     "pythonic"; Llama 3.1's `"parameters": dictionary ...` instructions or `<|python_tag|>` ->
     "llama3_json"."""
+    if "<|channel|>" in template and "<|call|>" in template:
+        return "harmony"
     if _QWEN_XML.search(template):
         return "qwen3_coder"
     if "[TOOL_CALLS]" in template:

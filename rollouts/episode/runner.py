@@ -130,8 +130,8 @@ class PolicyActor:
         completion = await self._generate(state, params)
         if completion is None:
             return None
-        if not completion.text and completion.tokens:  # a backend without a tokenizer
-            completion.text = renderer.decode(completion.tokens, skip_special_tokens=True)
+        if completion.tokens:  # what the env reads is the renderer's to say (harmony keeps its markup)
+            completion.text = renderer.action_text(completion.tokens)
         tokens, restarted = self.shown
         transition = Transition(observation, tokens, completion)
         if restarted:

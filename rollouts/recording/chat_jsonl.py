@@ -308,7 +308,7 @@ def chat_trajectory(record: Any, renderer: Renderer, index: int) -> Trajectory:
     k = first
     while k < len(messages):
         text = messages[k][1]
-        tokens = [*renderer.encode(text), renderer.im_end_id]
+        tokens = renderer.action_tokens(text)
         action = Completion(tokens=tokens, logprobs=[0.0] * len(tokens), finish_reason="stop", text=text)
         replies = []
         k += 1

@@ -328,13 +328,17 @@ def recorded_renderer(
 ) -> Renderer:
     """The renderer a recording was made with, rebuilt from its header (`path` names the file in
     errors): a `TemplateRenderer` of the chat template it records (`extra["chat_template"]`,
-    rollouts/recording/format.py: the recorded text runs in the sandbox, as every template does), or
-    plain ChatML when it records none. Raises RecordingError for an entry that is not a recorded
+    rollouts/recording/format.py: the recorded text runs in the sandbox, as every template does),
+    harmony's renderer with its recorded options, or plain ChatML when it records none. Raises RecordingError for an entry that is not a recorded
     template, ChatTemplateError (a ValueError, one line) for a template `tokenizer` cannot use."""
     entry = header.extra.get(CHAT_TEMPLATE)
     if entry is None:
         return ChatRenderer(tokenizer)
     where = f"{path}: " if path else ""
+    if isinstance(entry, dict) and entry.get("harmony") is True and isinstance(entry.get("template_kwargs"), dict):
+        from ...agents.harmony import HarmonyRenderer
+
+        return HarmonyRenderer(tokenizer, **entry["template_kwargs"])
     special = entry.get("special_tokens", {}) if isinstance(entry, dict) else None
     kwargs = entry.get("template_kwargs", {}) if isinstance(entry, dict) else None
     if (
@@ -358,7 +362,7 @@ def verify_tokens(trajectory: Trajectory, renderer: Renderer) -> list[str]:
     """Differences between the recorded token stream and the recorded text ([] if none): what
     training reads (tokens) against what the env graded (text), through `renderer` (the one the
     recording was made with: `recorded_renderer`). Each action's tokens must decode to its text
-    (skip_special_tokens, as every backend and the runner decode). The episode is rendered again
+    (the renderer's `action_text`, as the runner decodes). The episode is rendered again
     as the runner rendered it (rollouts/episode/rendering.py: first_messages, env_replies): the
     first prompt from the system prompt (or, with the tools the renderer was given, `reset_info`'s
     instructions) and the first observation; then after each action its recorded tokens, verbatim, and the
@@ -422,7 +426,7 @@ def verify_tokens(trajectory: Trajectory, renderer: Renderer) -> list[str]:
             roles = [roles[k] for k in keep]
             renderings = [renderings[k] for k in keep]
         for i, transition in enumerate(t.transitions):
-            text = renderer.decode(transition.action.tokens, skip_special_tokens=True)
+            text = renderer.action_text(transition.action.tokens)
             if text != transition.action.text:
                 problems.append(
                     f"turn {i}: action tokens decode to {text!r}, not the recorded {transition.action.text!r}"

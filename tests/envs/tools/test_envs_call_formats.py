@@ -1,4 +1,4 @@
-"""The model-family tool-call formats (llama3_json, mistral, pythonic, qwen3_coder): what each reads,
+"""The model-family tool-call formats (harmony, llama3_json, mistral, pythonic, qwen3_coder): what each reads,
 the error each gives for what it cannot read, calls rendered and parsed back exactly, and envs
 that play their oracle and answer every mistake with a counted error in each format."""
 
@@ -13,6 +13,7 @@ from toolgym.envs import Call, ZorplexEnv
 from toolgym.envs.tasks.zorplex import DIFFICULTIES
 from toolgym.envs.tools.call_formats import (
     FORMATS,
+    HarmonyFormat,
     Llama3JsonFormat,
     MistralFormat,
     PythonicFormat,
@@ -21,7 +22,7 @@ from toolgym.envs.tools.call_formats import (
     near_miss_pattern,
 )
 
-FAMILY = ("llama3_json", "mistral", "pythonic", "qwen3_coder")
+FAMILY = ("harmony", "llama3_json", "mistral", "pythonic", "qwen3_coder")
 NEAR_MISS = near_miss_pattern(["lookup", "convert"], r"[\[(]")
 
 
@@ -37,6 +38,7 @@ def parsed(fmt, text):
 def test_the_formats_are_registered_by_name():
     assert set(FAMILY) | {"brackets", "json"} == set(FORMATS)
     assert [type(get_format(f)) for f in FAMILY] == [
+        HarmonyFormat,
         Llama3JsonFormat,
         MistralFormat,
         PythonicFormat,
@@ -52,6 +54,21 @@ CAT = {"word": "cat"}
 @pytest.mark.parametrize(
     ("fmt", "text", "kind", "calls", "error"),
     [
+        # ---- harmony: commentary messages to functions.NAME, the answer in the final message
+        ("harmony", ' to=functions.lookup<|channel|>commentary <|constrain|>json<|message|>{"word": "cat"}', "calls", [("lookup", CAT)], ""),
+        ("harmony", '<|channel|>analysis<|message|>think [ANSWER] 1<|end|><|start|>assistant<|channel|>commentary to=functions.lookup json<|message|>{"word": "cat"}', "calls", [("lookup", CAT)], ""),
+        ("harmony", ' to=functions.a<|channel|>commentary<|message|>{}<|end|><|start|>assistant to=functions.b<|channel|>commentary<|message|>"{\\"x\\": 1}"', "calls", [("a", {}), ("b", {"x": 1})], ""),
+        ("harmony", ' to=functions.lookup<|channel|>commentary json<|message|>{"word": ', "calls", [], "not valid JSON"),
+        ("harmony", ' to=functions.lookup<|channel|>commentary json<|message|>["cat"]', "calls", [], "not a JSON object"),
+        ("harmony", " to=browser.search<|channel|>commentary<|message|>{}", "calls", [], "a message to 'browser.search'"),
+        ("harmony", ' to=functions.a<|channel|>commentary<|message|>{}<|end|><|start|>assistant<|channel|>final<|message|>[ANSWER] 3', "mixed", [], ""),
+        ("harmony", "<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final<|message|>[ANSWER] 42", "answer", [], ""),
+        ("harmony", "<|channel|>analysis<|message|>[ANSWER] 42", "empty", [], ""),
+        ("harmony", "<|channel|>final<|message|>The answer is 42.", "other", [], ""),
+        ("harmony", "[ANSWER] 42", "answer", [], ""),
+        ("harmony", '{"name": "lookup", "arguments": {}}', "bad_call", [], "commentary message to functions"),
+        ("harmony", "lookup(cat)", "bad_call", [], "commentary message to functions"),
+        ("harmony", "no idea", "other", [], ""),
         # ---- llama3_json: the whole message is the call
         ("llama3_json", '{"name": "lookup", "parameters": {"word": "cat"}}', "calls", [("lookup", CAT)], ""),
         ("llama3_json", '  <|python_tag|>{"name": "lookup", "arguments": {"word": "cat"}}', "calls", [("lookup", CAT)], ""),
@@ -242,6 +259,7 @@ ROUND_TRIP_ENVS = {fmt: TypedEnv(tool_format=fmt) for fmt in ("json", *FAMILY)}
 # What a dialect cannot carry in a value, as its own parsers read it: the end markers (no escape
 # exists), and `null` for a string that may be null in the XML (it reads as None).
 CANNOT_CARRY = {
+    "harmony": ("<|end|>", "<|start|>", "<|call|>", "<|return|>", "<|message|>"),
     "json": ("</tool_call>",),
     "mistral": ("[TOOL_CALLS]",),
     "qwen3_coder": ("</tool_call>", "</parameter>"),

@@ -2,7 +2,20 @@
 conversations, decoded to text: `render_conversation_for_completion(conversation, Role.ASSISTANT)`
 over the o200k_base vocabulary, with `SystemContent.new()` (SINGLE_TURN) or reasoning "high" and
 the date 2025-06-28 (the others). Written out once from its output, so no test needs the vocabulary
-(which it downloads) or the library."""
+(which it downloads) or the library. Also the tests' tokenizer with harmony's tokens."""
+
+from tokenizers import AddedToken, Tokenizer
+
+from toolgym.agents.harmony import MARKUP
+from toolgym.configs.load import SHIPPED_TOKENIZER
+
+
+def harmony_tokenizer() -> Tokenizer:
+    """The shipped tokenizer with harmony's tokens added as special tokens (ids 1000-1006)."""
+    tokenizer = Tokenizer.from_file(str(SHIPPED_TOKENIZER))
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in MARKUP])
+    return tokenizer
+
 
 SINGLE_TURN = (
     "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"

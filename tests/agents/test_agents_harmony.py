@@ -7,8 +7,8 @@ and tokens round-trip."""
 import re
 
 import pytest
-from harmony_reference import AFTER_USER, SINGLE_TURN, THREE_TURNS, TOOL_TYPES
-from tokenizers import AddedToken, Tokenizer
+from harmony_reference import AFTER_USER, SINGLE_TURN, THREE_TURNS, TOOL_TYPES, harmony_tokenizer
+from tokenizers import Tokenizer
 
 from toolgym.agents.harmony import CALL, MARKUP, RETURN, HarmonyRenderer, parse_turn
 from toolgym.agents.types import Message
@@ -74,10 +74,7 @@ FINAL = "<|channel|>final<|message|>The value of a is 42."
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    """The shipped tokenizer with harmony's tokens added as special tokens."""
-    tokenizer = Tokenizer.from_file(str(SHIPPED_TOKENIZER))
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in MARKUP])
-    return tokenizer
+    return harmony_tokenizer()
 
 
 @pytest.fixture(scope="module")

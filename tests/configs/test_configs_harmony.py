@@ -9,12 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tokenizers import AddedToken, Tokenizer
+from harmony_reference import harmony_tokenizer
 
-from toolgym.agents.harmony import MARKUP, HarmonyRenderer
+from toolgym.agents.harmony import HarmonyRenderer
 from toolgym.configs.assembly.parts import make_renderer
 from toolgym.configs.cli.main import main
-from toolgym.configs.load import SHIPPED_TOKENIZER
 from toolgym.rollouts.recording.format import CHAT_TEMPLATE, read_recording
 
 SMALL = [
@@ -29,11 +28,9 @@ SMALL = [
 ]  # fmt: skip
 
 
-def harmony_tokenizer(tmp_path: Path) -> Path:
-    tokenizer = Tokenizer.from_file(str(SHIPPED_TOKENIZER))
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in MARKUP])
+def tokenizer_file(tmp_path: Path) -> Path:
     path = tmp_path / "harmony-tokenizer.json"
-    tokenizer.save(str(path))
+    harmony_tokenizer().save(str(path))
     return path
 
 
@@ -47,7 +44,7 @@ def train(tmp_path: Path, capsys, *overrides: str) -> tuple[int, str]:
 
 
 def test_a_harmony_run_trains_on_harmony_calls_and_replays_token_for_token(tmp_path, capsys):
-    tokenizer = harmony_tokenizer(tmp_path)
+    tokenizer = tokenizer_file(tmp_path)
     code, out = train(tmp_path, capsys, f"tokenizer.path='{tokenizer}'", "env.kwargs.tool_format='harmony'")
     assert code == 0 and "done in" in out, out
     assert not [line for line in out.splitlines() if line.startswith(("warning:", "note:")) and "tool" in line]
@@ -65,7 +62,7 @@ def test_a_harmony_run_trains_on_harmony_calls_and_replays_token_for_token(tmp_p
 
 
 def test_an_env_in_another_format_gets_a_note(tmp_path, capsys):
-    tokenizer = harmony_tokenizer(tmp_path)
+    tokenizer = tokenizer_file(tmp_path)
     code, out = train(tmp_path, capsys, f"tokenizer.path='{tokenizer}'", "sft.enabled=false")
     assert code == 0, out
     (line,) = [line for line in out.splitlines() if line.startswith("note:") and "tool" in line]
@@ -80,12 +77,12 @@ def test_a_tokenizer_without_harmony_tokens_or_an_unknown_option_is_refused(tmp_
     assert code != 0
     assert "policy.chat_template" in out and "the tokenizer has no '<|start|>' token" in out
     with pytest.raises(ValueError, match="harmony has no option 'enable_thinking'"):
-        make_renderer(harmony_tokenizer(tmp_path), "harmony", {"enable_thinking": True})
-    assert isinstance(make_renderer(harmony_tokenizer(tmp_path), "harmony"), HarmonyRenderer)
+        make_renderer(tokenizer_file(tmp_path), "harmony", {"enable_thinking": True})
+    assert isinstance(make_renderer(tokenizer_file(tmp_path), "harmony"), HarmonyRenderer)
 
 
 def test_serve_refuses_harmony_in_one_line(tmp_path):
     from toolgym.configs.cli.serve import serve_command
 
     with pytest.raises(ValueError, match="toolgym serve does not speak harmony"):
-        serve_command(None, str(tmp_path / "model"), str(harmony_tokenizer(tmp_path)), "harmony")
+        serve_command(None, str(tmp_path / "model"), str(tokenizer_file(tmp_path)), "harmony")

@@ -7,16 +7,16 @@ import gymnasium
 import msgspec
 import pytest
 import torch
-from tokenizers import AddedToken, Tokenizer
+from harmony_reference import harmony_tokenizer
+from tokenizers import Tokenizer
 
 from toolgym.agents.engine.engine import TorchEngine
-from toolgym.agents.harmony import MARKUP, HarmonyRenderer
+from toolgym.agents.harmony import HarmonyRenderer
 from toolgym.agents.model.config import ModelConfig
 from toolgym.agents.model.transformer import build_model
 from toolgym.agents.tokenizer import tokenizer_fingerprint
 from toolgym.agents.types import Message
 from toolgym.configs.assembly.parts import chat_template_extra, make_renderer
-from toolgym.configs.load import SHIPPED_TOKENIZER
 from toolgym.rollouts.episode.config import EnvRolloutConfig
 from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.episodes import build_episodes
@@ -31,9 +31,7 @@ OPTIONS = {"reasoning_effort": "low", "current_date": "2026-12-06"}
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    tokenizer = Tokenizer.from_file(str(SHIPPED_TOKENIZER))
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in MARKUP])
-    return tokenizer
+    return harmony_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,8 @@ MARKUP = (START, END, MESSAGE, CHANNEL, CONSTRAIN, RETURN, CALL)
 ENDS = (END, CALL, RETURN)
 # Harmony's special tokens in a decoded turn, and a header's parts.
 _SPLIT = re.compile("(" + "|".join(map(re.escape, MARKUP)) + ")")
-_RECIPIENT = re.compile(r"\s*to=([^\s<]+)")
+_RECIPIENT = re.compile(r"\s*\bto=([^\s<]+)")
+_AUTHOR = re.compile(r"[^\s<]*")
 FUNCTIONS = "functions"
 
 
@@ -74,24 +75,26 @@ class HarmonyMessage(NamedTuple):
 
 
 def parse_turn(text: str) -> list[HarmonyMessage]:
-    """The assistant messages of a sampled turn's `action_text` (it starts after the generation
-    prompt `<|start|>assistant`). Text without harmony's markup is one final message; a header
-    the turn stopped in is a message without content. Never raises."""
-    if not _SPLIT.search(text):
+    """The messages of a sampled turn's `action_text` (it starts after the generation prompt
+    `<|start|>assistant`; a later `<|start|>` names its author). Text without `<|message|>` is one
+    final message (as the "harmony" tool-call format reads it); a header the turn stopped in is a
+    message without content. Never raises."""
+    if MESSAGE not in text:
         return [HarmonyMessage("assistant", text, "final", end="")] if text.strip() else []
     messages: list[HarmonyMessage] = []
     for i, chunk in enumerate(text.split(START)):
+        author = "assistant"
         if i > 0:  # "<|start|>assistant<|channel|>..."
-            chunk = chunk[len("assistant") :] if chunk.startswith("assistant") else chunk
+            author = _AUTHOR.match(chunk).group(0) or "assistant"  # type: ignore[union-attr]
+            chunk = chunk[len(author) :] if chunk.startswith(author) else chunk
         if not chunk.strip():
             continue
         header, sep, body = chunk.partition(MESSAGE)
         if not sep:  # a header that never got to its content
-            messages.append(HarmonyMessage("assistant", "", *_header(header), end=""))
+            messages.append(HarmonyMessage(author, "", *_header(header), end=""))
             continue
-        end = next((e for e in ENDS if e in body), "")
-        content = body[: body.index(end)] if end else body
-        messages.append(HarmonyMessage("assistant", content, *_header(header), end=end))
+        at, end = min(((body.find(e), e) for e in ENDS if e in body), default=(len(body), ""))
+        messages.append(HarmonyMessage(author, body[:at], *_header(header), end=end))
     return messages
 
 
@@ -367,16 +370,22 @@ class HarmonyRenderer:
         return HarmonyEpisode(self, messages, tools)
 
 
+def calls_of(turn: Sequence[HarmonyMessage]) -> list[str]:
+    """The recipients the assistant's messages of a turn address, in order: each is a call the
+    env answers (a malformed one with its error), as the "harmony" tool-call format reads them."""
+    return [m.recipient for m in turn if m.author == "assistant" and m.recipient]
+
+
 def conversation_messages(messages: Sequence[Message], called: list[str]) -> list[HarmonyMessage]:
     """Messages (after the system prompt) as harmony messages: an assistant message's content is
-    a turn's action text; a tool message answers the next of the `called` functions (consumed;
+    a turn's action text; a tool message answers the next of the `called` recipients (consumed;
     "functions" when none is left), a user message is the user's."""
     out: list[HarmonyMessage] = []
     for m in messages:
         if m.role == "assistant":
             turn = parse_turn(m.content)
             out += turn
-            called += [t.recipient for t in turn if t.recipient.startswith(f"{FUNCTIONS}.")]
+            called += calls_of(turn)
         elif m.role == "tool":
             author = called.pop(0) if called else FUNCTIONS
             out.append(HarmonyMessage(author, m.content, "commentary", recipient="assistant"))
@@ -405,11 +414,10 @@ class HarmonyEpisode:
         from the conversation rendered again."""
         r = self.renderer
         turn = parse_turn(r.action_text(sampled_tokens))
-        called = [t.recipient for t in turn if t.recipient.startswith(f"{FUNCTIONS}.")]
-        replied = conversation_messages(replies, list(called))
+        replied = conversation_messages(replies, calls_of(turn))
         self.messages = [*self.messages, *turn, *replied]
         ends_with_call = bool(sampled_tokens) and sampled_tokens[-1] == r.ids[CALL]
-        if ends_with_call and all(m.author.startswith(f"{FUNCTIONS}") for m in replied):
+        if ends_with_call and all(m.role == "tool" for m in replies):
             return RenderedTurn([tok for m in replied for tok in r._message(m)] + r.generation_prompt)
         self.restarts += 1
         self.last_restart = (
@@ -424,6 +432,7 @@ __all__ = [
     "HarmonyEpisode",
     "HarmonyMessage",
     "HarmonyRenderer",
+    "calls_of",
     "parse_turn",
     "render_tools",
 ]

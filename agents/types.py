@@ -96,7 +96,8 @@ class Completion(msgspec.Struct):
         distribution it actually sampled from (after temperature and top-k/top-p). For greedy
         requests (temperature 0) it is the log-probability under the unscaled distribution.
     finish_reason: "stop" (hit a stop token), "length" (hit max_tokens) or "abort".
-    text: the decoded tokens (for humans and for envs; never re-encoded).
+    text: the decoded tokens (for humans and for envs; never re-encoded); the rollout runner sets
+        it to its renderer's `action_text` (agents/chat.py).
     policy_version: the version of the weights that sampled the first token (the oldest).
     token_versions: per token, the version that sampled it, when new weights arrived while this
         sample ran (an engine with in-flight weight updates); [] means every token is

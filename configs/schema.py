@@ -14,8 +14,8 @@ Sections (all optional; every key has a default):
     [tokenizer]  path ("" = the model directory's tokenizer.json, else the shipped one)
     [policy]     the policy that samples: temperature, top_p, top_k (PolicySampling), backend
                  (torch | vllm), max_batch_size, max_seq_len, cuda_graphs, fused_layers,
-                 history_capacity, replicas, chat_template ("" = plain ChatML, else a
-                 tokenizer_config.json or .jinja file), chat_template_kwargs, [policy.vllm] (VLLMConfig: dtype, kv_cache_gib,
+                 history_capacity, replicas, chat_template ("" = plain ChatML, "harmony" =
+                 gpt-oss's format, else a tokenizer_config.json or .jinja file), chat_template_kwargs, [policy.vllm] (VLLMConfig: dtype, kv_cache_gib,
                  gpu_memory_utilization, ...). `[agent]`, its old name, is still read for one
                  release, with a warning (configs/load.py).
     [rollout]    RolloutSettings: group_size, max_turns, max_tokens_per_turn, max_tokens_per_episode,

@@ -1,8 +1,9 @@
 """A scripted policy that plays the env's oracle, with knobs for imperfection.
 
 It takes the same path as a model: the runner renders the prompt, the policy returns TOKEN ids
-(the action text encoded + `<|im_end|>`, logprob 0.0 each), the runner decodes nothing and gives
-`completion.text` to `env.step`, then renders the observation delta. So tests, demos and the SFT
+(the renderer's `action_tokens` of the action text: encoded + `<|im_end|>` in ChatML, logprob 0.0
+each), the runner gives the renderer's `action_text` of them to `env.step`, then renders the
+observation delta. So tests, demos and the SFT
 warm-start data (`toolgym record --policy oracle`) exercise the real rollout path.
 
 How it knows the task: tokens alone do not say which seed an episode has (two episodes can show

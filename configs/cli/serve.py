@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...agents.harmony import HarmonyRenderer
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...rollouts.endpoint.capture import ENDPOINT_ENV_ID
 from ...rollouts.endpoint.prompt_logprobs import PromptScorer
@@ -29,8 +28,6 @@ def serve_command(
     if policy_spec == ORACLE:
         raise ValueError("--policy must be a checkpoint directory (the oracle plays envs, not conversations)")
     renderer = policy_renderer(policy_spec, tokenizer_path, chat_template)
-    if isinstance(renderer, HarmonyRenderer):  # its calls are harmony messages, not tool-call text
-        raise ValueError("toolgym serve does not speak harmony: its endpoint parses no harmony turns into tool_calls")
     policy, policy_id = load_policy(policy_spec, renderer)
     writer = None
     if record:

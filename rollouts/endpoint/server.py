@@ -64,6 +64,7 @@ from starlette.exceptions import HTTPException
 
 from ...agents.chat import Renderer
 from ...agents.errors import ContextOverflowError
+from ...agents.harmony import HarmonyRenderer
 from ...agents.policy import Policy
 from ...agents.tokenizer import RELEASE_GIL_CHARS, tokenizer_fingerprint
 from ...agents.types import Completion, SamplingParams
@@ -200,6 +201,8 @@ class PolicyServer:
         scorer: PromptScorer | None = None,
     ) -> None:
         """`scorer`: what answers `prompt_logprobs` (None: such requests are refused)."""
+        if isinstance(renderer, HarmonyRenderer):  # its calls are harmony messages, not tool-call text
+            raise ValueError("the OpenAI endpoint does not speak harmony: it parses no harmony turns into tool_calls")
         self.policy, self.renderer, self.scorer = policy, renderer, scorer
         self.tokenizer_fingerprint = tokenizer_fingerprint(renderer.tokenizer)
         self.config = config or EndpointConfig()

@@ -37,6 +37,7 @@ from tokenizers import Tokenizer
 
 from ... import envs  # noqa: F401 (registers the toolgym/* envs with gymnasium)
 from ...agents.chat import ChatRenderer, Renderer
+from ...agents.harmony import HARMONY, HarmonyRenderer
 from ...agents.types import Role
 from ...envs.core.info import ABANDON_ERROR, ERROR, METRICS, REWARD_COMPONENTS, SUCCESS_METRIC
 from ...envs.registry import EnvModuleNotAllowed, check_env_id
@@ -335,10 +336,11 @@ def recorded_renderer(
     if entry is None:
         return ChatRenderer(tokenizer)
     where = f"{path}: " if path else ""
-    if isinstance(entry, dict) and entry.get("harmony") is True and isinstance(entry.get("template_kwargs"), dict):
-        from ...agents.harmony import HarmonyRenderer
-
-        return HarmonyRenderer(tokenizer, **entry["template_kwargs"])
+    if isinstance(entry, dict) and entry.get(HARMONY) is True and isinstance(entry.get("template_kwargs"), dict):
+        try:
+            return HarmonyRenderer(tokenizer, **entry["template_kwargs"])
+        except (TypeError, ValueError) as exc:
+            raise RecordingError(f"{where}the recorded harmony options do not build a renderer: {exc}") from None
     special = entry.get("special_tokens", {}) if isinstance(entry, dict) else None
     kwargs = entry.get("template_kwargs", {}) if isinstance(entry, dict) else None
     if (

@@ -223,10 +223,36 @@ def test_parse_turn_reads_both_recipient_places_and_unfinished_messages():
     )
     (call,) = parse_turn('<|channel|>commentary to=functions.lookup <|constrain|>json<|message|>{"key":"b"}')
     assert (call.recipient, call.content_type) == ("functions.lookup", "<|constrain|>json")
-    (header_only,) = parse_turn("<|channel|>analysis")  # a turn cut in its header
-    assert header_only == ("assistant", "", "analysis", "", "", "")
-    assert parse_turn("just text") == [("assistant", "just text", "final", "", "", "")]
+    (header_only,) = parse_turn("<|channel|>final<|message|>a<|end|><|start|>assistant<|channel|>analysis")[1:]
+    assert header_only == ("assistant", "", "analysis", "", "", "")  # a turn cut in its header
+    # without <|message|> it is plain final text, as the env's format reads it
+    assert parse_turn("[ANSWER] 4<|end|>") == [("assistant", "[ANSWER] 4<|end|>", "final", "", "", "")]
     assert parse_turn("") == []
+    # the end is the first end token; a later <|start|> names its author; "photo=" is no recipient
+    (answer,) = parse_turn("<|channel|>final<|message|>a<|return|>b<|end|>")
+    assert (answer.content, answer.end) == ("a", "<|return|>")
+    messages = parse_turn("<|channel|>final<|message|>a<|end|><|start|>user<|message|>obey")
+    assert [m.author for m in messages] == ["assistant", "user"]
+    (odd,) = parse_turn("<|channel|>commentary photo=functions.x<|message|>{}")
+    assert odd.recipient == ""
+
+
+def test_every_recipient_is_a_call_whose_result_comes_back_from_it(renderer):
+    """The env answers every message with a recipient (a malformed call with its error), so the
+    results go back to each recipient in order."""
+    episode = renderer.start_episode([Message("user", "Go.")], [LOOKUP])
+    turn = written(
+        renderer,
+        "<|channel|>commentary to=python<|message|>print(1)<|end|>"
+        "<|start|>assistant to=functions.lookup<|channel|>commentary json<|message|>{}",
+        CALL,
+    )
+    delta = episode.extend(turn, [Message("tool", "ERROR"), Message("tool", "VALUE 7")])
+    assert not delta.restarted
+    assert text(renderer, delta.tokens) == (
+        "<|start|>python to=assistant<|channel|>commentary<|message|>ERROR<|end|>"
+        "<|start|>functions.lookup to=assistant<|channel|>commentary<|message|>VALUE 7<|end|><|start|>assistant"
+    )
 
 
 def test_a_tokenizer_without_harmony_tokens_is_refused():

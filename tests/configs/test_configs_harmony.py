@@ -81,8 +81,17 @@ def test_a_tokenizer_without_harmony_tokens_or_an_unknown_option_is_refused(tmp_
     assert isinstance(make_renderer(tokenizer_file(tmp_path), "harmony"), HarmonyRenderer)
 
 
-def test_serve_refuses_harmony_in_one_line(tmp_path):
-    from toolgym.configs.cli.serve import serve_command
+def test_the_openai_endpoint_refuses_harmony_in_one_line():
+    """`toolgym serve` and an agent program's endpoint alike: the refusal is PolicyServer's."""
+    import msgspec
 
-    with pytest.raises(ValueError, match="toolgym serve does not speak harmony"):
-        serve_command(None, str(tmp_path / "model"), str(tokenizer_file(tmp_path)), "harmony")
+    from toolgym.agents.engine.engine import TorchEngine
+    from toolgym.agents.model.config import ModelConfig
+    from toolgym.agents.model.transformer import build_model
+    from toolgym.rollouts.endpoint.server import PolicyServer
+
+    renderer = HarmonyRenderer(harmony_tokenizer())
+    model = build_model(msgspec.structs.replace(ModelConfig.named("test"), vocab_size=1024), seed=0)
+    engine = TorchEngine(model, max_batch_size=2, max_seq_len=64, tokenizer=renderer.tokenizer)
+    with engine, pytest.raises(ValueError, match="the OpenAI endpoint does not speak harmony"):
+        PolicyServer(engine, renderer)

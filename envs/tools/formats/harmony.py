@@ -52,7 +52,7 @@ _MESSAGE_RE: Final = re.compile(
     r"(?P<content>.*?)(?:<\|end\|>|<\|call\|>|<\|return\|>|(?=<\|start\|>)|$)",
     re.DOTALL,
 )
-_TO_RE: Final = re.compile(r"\bto=([^\s<]+)")
+_TO_RE: Final = re.compile(r"\bto=([^\s<]+)")  # as agents/harmony.py reads a recipient
 _CHANNEL_RE: Final = re.compile(r"<\|channel\|>\s*([A-Za-z_]+)")
 
 
@@ -125,7 +125,8 @@ class HarmonyFormat(ToolCallFormat):
         return f" to={_PREFIX}{name}<|channel|>commentary <|constrain|>json<|message|>{body}"
 
     def render_calls(self, tools: Mapping[str, Tool], calls: Sequence[Call]) -> str:
-        # one message each; all but the last end with <|end|> (a turn stops at its <|call|>)
+        # one message each; all but the last end with <|end|> (a turn stops at its <|call|>). gpt-oss
+        # calls one function a turn: an oracle that writes several teaches what it does not sample.
         rendered = [self.render_call(tools.get(c.name.upper()), c) for c in calls]
         return "<|end|><|start|>assistant".join(rendered)
 
@@ -146,10 +147,15 @@ class HarmonyFormat(ToolCallFormat):
 
     def malformed(self, action: str) -> str | None:
         """The first call's JSON without its last closing brace."""
-        if f"to={_PREFIX}" not in action or MESSAGE not in action:
-            return None
-        cut = action.rfind("}")
-        return None if cut < 0 else action[:cut] + action[cut + 1 :]
+        for m in _MESSAGE_RE.finditer(action):
+            if _TO_RE.search(m.group("header")):
+                cut = m.group("content").rfind("}")
+                return (
+                    None
+                    if cut < 0
+                    else action[: m.start("content") + cut] + action[m.start("content") + cut + 1 :]
+                )
+        return None
 
     def mistakes(self, tools: Sequence[Tool]) -> tuple[str, ...]:
         if not tools:

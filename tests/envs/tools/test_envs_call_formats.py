@@ -69,6 +69,7 @@ CAT = {"word": "cat"}
         ("harmony", '{"name": "lookup", "arguments": {}}', "bad_call", [], "commentary message to functions"),
         ("harmony", "lookup(cat)", "bad_call", [], "commentary message to functions"),
         ("harmony", "no idea", "other", [], ""),
+        ("harmony", "<|channel|>commentary photo=functions.x<|message|>{}", "empty", [], ""),
         # ---- llama3_json: the whole message is the call
         ("llama3_json", '{"name": "lookup", "parameters": {"word": "cat"}}', "calls", [("lookup", CAT)], ""),
         ("llama3_json", '  <|python_tag|>{"name": "lookup", "arguments": {"word": "cat"}}', "calls", [("lookup", CAT)], ""),

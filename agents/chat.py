@@ -37,7 +37,7 @@ from typing import Any, NamedTuple, Protocol
 
 from tokenizers import Tokenizer
 
-from .tokenizer import encode_text
+from .tokenizer import encode_text, text_tokenizer
 from .types import Message
 
 IM_START = "<|im_start|>"
@@ -107,12 +107,7 @@ class ChatRenderer:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
-        # A private copy that encodes special-token strings as plain text and never truncates
-        # or pads: the flag lives on the tokenizer object, so the caller's one is left alone.
-        self._text_tokenizer = Tokenizer.from_str(tokenizer.to_str())
-        self._text_tokenizer.no_truncation()
-        self._text_tokenizer.no_padding()
-        self._text_tokenizer.encode_special_tokens = True
+        self._text_tokenizer = text_tokenizer(tokenizer)
 
         self.im_start_id = _require_token(tokenizer, IM_START)
         self.im_end_id = _require_token(tokenizer, IM_END)

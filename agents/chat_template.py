@@ -58,7 +58,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from .chat import RenderedTurn
-from .tokenizer import encode_text
+from .tokenizer import encode_text, text_tokenizer
 from .types import Message
 
 # Inserted after the first character of each special-token string in message text; doubled where
@@ -227,10 +227,7 @@ class TemplateRenderer:
         self.tokenizer = tokenizer
         self.source = template.source
         self.text = template.text  # what it renders with (the tool-call format it teaches is read from it)
-        self._text_tokenizer = Tokenizer.from_str(tokenizer.to_str())
-        self._text_tokenizer.no_truncation()
-        self._text_tokenizer.no_padding()
-        self._text_tokenizer.encode_special_tokens = True
+        self._text_tokenizer = text_tokenizer(tokenizer)
         added = tokenizer.get_added_tokens_decoder()
         self._special = {t.content: i for i, t in added.items() if t.special and len(t.content) > 1}
         names = sorted(self._special, key=len, reverse=True)

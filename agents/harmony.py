@@ -43,7 +43,7 @@ from typing import Any, NamedTuple
 from tokenizers import Tokenizer
 
 from .chat import RenderedTurn
-from .tokenizer import encode_text
+from .tokenizer import encode_text, text_tokenizer
 from .types import Message
 
 HARMONY = "harmony"  # policy.chat_template's name for this format
@@ -202,10 +202,7 @@ class HarmonyRenderer:
         if reasoning_effort not in ("low", "medium", "high"):
             raise ValueError(f"reasoning_effort must be low, medium or high, got {reasoning_effort!r}")
         self.tokenizer = tokenizer
-        self._text_tokenizer = Tokenizer.from_str(tokenizer.to_str())
-        self._text_tokenizer.no_truncation()
-        self._text_tokenizer.no_padding()
-        self._text_tokenizer.encode_special_tokens = True
+        self._text_tokenizer = text_tokenizer(tokenizer)
         self.ids: dict[str, int] = {}
         for token in MARKUP:
             token_id = tokenizer.token_to_id(token)

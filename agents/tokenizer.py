@@ -95,6 +95,17 @@ def _canonical_added_token(token: dict[str, Any]) -> dict[str, Any]:
 RELEASE_GIL_CHARS = 64 * 1024
 
 
+def text_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
+    """A private copy of `tokenizer` for message text, as every renderer encodes it: special-token
+    strings stay plain text (no prompt injection), never truncated or padded. A copy, because
+    the flag lives on the tokenizer object and the caller's one is left alone."""
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_truncation()
+    copy.no_padding()
+    copy.encode_special_tokens = True
+    return copy
+
+
 def encode_text(tokenizer: Tokenizer, text: str) -> list[int]:
     """`text`'s ids with nothing added around it (special-token strings are encoded as the
     tokenizer's settings say); the same ids `tokenizer.encode` gives."""

@@ -215,6 +215,17 @@ class HarmonyRenderer:
         self.knowledge_cutoff, self.current_date = knowledge_cutoff, current_date
         self.reasoning_effort = reasoning_effort
 
+    @classmethod
+    def with_options(cls, tokenizer: Tokenizer, options: Mapping[str, Any]) -> HarmonyRenderer:
+        """The renderer with `options` (a config's chat_template_kwargs, a recording's); a name
+        that is not one of HARMONY_OPTIONS is a ValueError listing them."""
+        unknown = sorted(set(options) - set(HARMONY_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"harmony has no option {', '.join(map(repr, unknown))}; its options: {', '.join(HARMONY_OPTIONS)}"
+            )
+        return cls(tokenizer, **options)
+
     # ---- properties (as ChatRenderer's) ------------------------------------------------------
 
     @property

@@ -19,12 +19,13 @@ from tokenizers import Tokenizer
 
 from ...agents.chat import ChatRenderer, Renderer
 from ...agents.chat_template import (
+    ChatTemplate,
     TemplateRenderer,
     load_chat_template,
     model_chat_template,
 )
 from ...agents.engine.engine import TorchEngine
-from ...agents.harmony import HARMONY, HARMONY_OPTIONS, HarmonyRenderer
+from ...agents.harmony import HARMONY, HarmonyRenderer
 from ...agents.model.checkpoint import load_hf_checkpoint, save_hf_checkpoint
 from ...agents.model.config import NAMED_CONFIGS, ModelConfig
 from ...agents.model.lora import apply_lora
@@ -88,23 +89,20 @@ def make_renderer(
         tokenizer = load_tokenizer(tokenizer)
     if not chat_template:
         return ChatRenderer(tokenizer)
-    if is_harmony(chat_template):
-        options = dict(template_kwargs or {})
-        unknown = sorted(set(options) - set(HARMONY_OPTIONS))
-        if unknown:
-            raise ValueError(
-                f"harmony has no option {', '.join(map(repr, unknown))}; its options: {', '.join(HARMONY_OPTIONS)}"
-            )
-        return HarmonyRenderer(tokenizer, **options)
-    return TemplateRenderer(tokenizer, load_chat_template(chat_template), dict(template_kwargs or {}))
+    template = template_unless_harmony(chat_template)
+    if template is None:
+        return HarmonyRenderer.with_options(tokenizer, dict(template_kwargs or {}))
+    return TemplateRenderer(tokenizer, template, dict(template_kwargs or {}))
 
 
-def is_harmony(chat_template: str | os.PathLike[str]) -> bool:
-    """Whether `chat_template` (as `make_renderer` takes it) means gpt-oss's harmony format: the
-    name "harmony", or a template file that writes harmony (gpt-oss's own)."""
-    if not chat_template:
-        return False
-    return str(chat_template) == HARMONY or template_tool_format(load_chat_template(chat_template).text) == HARMONY
+def template_unless_harmony(chat_template: str | os.PathLike[str]) -> ChatTemplate | None:
+    """The template `chat_template` (a file, as `make_renderer` takes it) names, read once; None
+    where it means gpt-oss's harmony format: the name "harmony", or a template that writes
+    harmony (gpt-oss's own)."""
+    if str(chat_template) == HARMONY:
+        return None
+    template = load_chat_template(chat_template)
+    return None if template_tool_format(template.text) == HARMONY else template
 
 
 def build_renderer(config: Config) -> tuple[Renderer, Path]:
@@ -172,10 +170,11 @@ def chat_template_extra(
     same renderer; {} for plain ChatML."""
     if not chat_template:
         return {}
-    if is_harmony(chat_template):
+    template = template_unless_harmony(chat_template)
+    if template is None:
         entry = {"source": str(chat_template), HARMONY: True, "template_kwargs": dict(template_kwargs or {})}
         return {CHAT_TEMPLATE: entry}
-    return {CHAT_TEMPLATE: chat_template_entry(load_chat_template(chat_template), template_kwargs)}
+    return {CHAT_TEMPLATE: chat_template_entry(template, template_kwargs)}
 
 
 def run_chat_template_extra(config: Config) -> dict[str, Any]:
@@ -185,8 +184,8 @@ def run_chat_template_extra(config: Config) -> dict[str, Any]:
 
 def chat_template_text(config: Config) -> str | None:
     """The text of the chat template the run renders with (`run_chat_template`), for the
-    exported models' tokenizer_config.json; None for plain ChatML and harmony (a gpt-oss
-    checkpoint's tokenizer config already holds its own)."""
+    exported models' tokenizer_config.json; None for plain ChatML and for the name "harmony" (a
+    renderer, no template text; a gpt-oss checkpoint's tokenizer config holds its own)."""
     path = run_chat_template(config)
     return load_chat_template(path).text if path and path != HARMONY else None
 

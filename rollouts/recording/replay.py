@@ -338,8 +338,8 @@ def recorded_renderer(
     where = f"{path}: " if path else ""
     if isinstance(entry, dict) and entry.get(HARMONY) is True and isinstance(entry.get("template_kwargs"), dict):
         try:
-            return HarmonyRenderer(tokenizer, **entry["template_kwargs"])
-        except (TypeError, ValueError) as exc:
+            return HarmonyRenderer.with_options(tokenizer, entry["template_kwargs"])
+        except ValueError as exc:
             raise RecordingError(f"{where}the recorded harmony options do not build a renderer: {exc}") from None
     special = entry.get("special_tokens", {}) if isinstance(entry, dict) else None
     kwargs = entry.get("template_kwargs", {}) if isinstance(entry, dict) else None

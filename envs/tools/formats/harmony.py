@@ -31,7 +31,6 @@ from .base import (
     EMPTY,
     MIXED,
     OTHER,
-    SHOWN_NAME_CHARS,
     ParsedAction,
     ParsedCall,
     ToolCallFormat,
@@ -39,7 +38,7 @@ from .base import (
     foreign_call,
     near_miss_pattern,
 )
-from .json_calls import BARE_CALL_RE
+from .json_calls import BARE_CALL_RE, call_from_object, malformed
 
 _SHAPE: Final = "a tool call is a commentary message to functions.<name> whose content is a JSON object"
 _PREFIX: Final = "functions."
@@ -64,10 +63,6 @@ def messages_of(text: str) -> list[tuple[str, str, str]]:
         to, channel = _TO_RE.search(header), _CHANNEL_RE.search(header)
         out.append((channel.group(1) if channel else "", to.group(1) if to else "", m.group("content")))
     return out
-
-
-def _malformed(name: str, message: str) -> ParsedCall:
-    return ParsedCall(name, {}, name[:SHOWN_NAME_CHARS], error="malformed_call", message=message)
 
 
 class HarmonyFormat(ToolCallFormat):
@@ -102,18 +97,17 @@ class HarmonyFormat(ToolCallFormat):
 
     @staticmethod
     def _call(recipient: str, content: str) -> ParsedCall:
+        """The call a message to `recipient` makes, its arguments read as the JSON dialects read
+        them (json_calls: no NaN or infinity, a JSON string holding the object read too)."""
         if not recipient.startswith(_PREFIX) or len(recipient) == len(_PREFIX):
-            return _malformed(recipient, f"ERROR: a message to {recipient[:40]!r}; {_SHAPE}.")
+            return malformed(f"ERROR: a message to {recipient[:40]!r}; {_SHAPE}.", recipient)
         name = recipient[len(_PREFIX) :]
-        try:
-            value = json.loads(content) if content.strip() else {}
-            if isinstance(value, str):  # a JSON string holding the object
-                value = json.loads(value)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            return _malformed(name, f"ERROR: the arguments are not valid JSON ({exc}).")
-        if not isinstance(value, dict):
-            return _malformed(name, f"ERROR: the arguments are not a JSON object; {_SHAPE}.")
-        return ParsedCall(name, value, name[:SHOWN_NAME_CHARS])
+        call = call_from_object({"name": name, "arguments": content}, ("arguments",), _SHAPE)
+        if call.error is None and isinstance(call.arguments, str) and call.arguments.strip():
+            call = call_from_object({"name": name, "arguments": call.arguments}, ("arguments",), _SHAPE)
+        if call.error is None and not isinstance(call.arguments, dict):
+            return malformed(f"ERROR: the arguments are not a JSON object; {_SHAPE}.", name)
+        return call
 
     def arguments(self, tool: Tool, call: ParsedCall) -> tuple[Any, bool]:
         return call.arguments, True

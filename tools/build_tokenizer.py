@@ -3,6 +3,7 @@
 
     python -m toolgym.tools.build_tokenizer                  # rewrite configs/assets/
     python -m toolgym.tools.build_tokenizer --split copy     # rewrite configs/assets/tokenizers/copy/
+    python -m toolgym.tools.build_tokenizer --split textworld  # ... tokenizers/textworld/ (needs [textworld])
     python -m toolgym.tools.build_tokenizer --check          # exit 1 if the committed files differ
     python -m toolgym.tools.build_tokenizer --out DIR        # write elsewhere
     python -m toolgym.tools.build_tokenizer --split words --out DIR  # words never take punctuation
@@ -29,11 +30,15 @@ needs `queen`. `--split copy` (shipped, `[tokenizer] path = "copy"`) also joins 
 space after it when a word follows, so each word a Zorplex chain passes along is one token
 wherever it appears, and a lone space is still the token before a value (`= 17`, and before the answer's),
 as with Qwen2's split: following the chain and copying its value are both copies (docs/context.md).
+`--split textworld` (shipped, the textworld_tiny preset's) is `copy` with a number of up to two
+digits one token, trained on this corpus plus TextWorld games (`textworld_texts`): a numbered name
+(key86) is a noun and one numeral wherever it appears, and a TextWorld episode half as many tokens.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -64,9 +69,23 @@ WORDS_SPLIT_REGEX = QWEN2_SPLIT_REGEX.replace(r"[^\r\n\p{L}\p{N}]?\p{L}+", r" ?\
 COPY_SPLIT_REGEX = WORDS_SPLIT_REGEX.replace(r" ?\p{L}+", r"(?<!: ) ?\p{L}+|(?<=: )\p{L}+").replace(
     r" ?[^\s\p{L}\p{N}]+[\r\n]*", r" ?[^\s\p{L}\p{N}]+(?:(?<=:) (?=\p{L}))?[\r\n]*"
 )
-SPLITS = {"qwen2": QWEN2_SPLIT_REGEX, "words": WORDS_SPLIT_REGEX, "copy": COPY_SPLIT_REGEX}
+# TextWorld's `basic` grammar: as `copy`, and a number of one or two digits is one piece, so a
+# numbered name (box49, key86, room05) is a noun and one numeral token, copied from the goal as
+# one token, as a lettered name (` X`-key) is: with single digits the tiny model copied letters
+# and not two-digit numbers (docs/demos.md).
+TEXTWORLD_SPLIT_REGEX = COPY_SPLIT_REGEX.replace(r"|\p{N}|", r"|\p{N}{1,2}|")
+SPLITS = {
+    "qwen2": QWEN2_SPLIT_REGEX,
+    "words": WORDS_SPLIT_REGEX,
+    "copy": COPY_SPLIT_REGEX,
+    "textworld": TEXTWORLD_SPLIT_REGEX,
+}
 # Where each shipped split lives (configs/load.py resolves `[tokenizer] path = "copy"` there).
-SHIPPED_DIRS = {"qwen2": ASSETS_DIR, "copy": SHIPPED_TOKENIZERS / "copy"}
+SHIPPED_DIRS = {
+    "qwen2": ASSETS_DIR,
+    "copy": SHIPPED_TOKENIZERS / "copy",
+    "textworld": SHIPPED_TOKENIZERS / "textworld",
+}
 
 # (env id, make kwargs, seeds). Seeds are fixed so the corpus, and so the file, never changes
 # unless the envs' texts do.
@@ -86,6 +105,16 @@ ENV_CONFIGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("toolgym/Zorplex-v0", {"tier": "multi_step", "tool_format": "json"}),
 )
 SEEDS_PER_CONFIG = 200
+# The textworld split's corpus adds TextWorld-v0 played by its oracle: the textworld_tiny preset's
+# games (its env kwargs), TEXTWORLD_EPISODES training episodes on TEXTWORLD_GAMES compiled games
+# (~0.7 s each, compiled into a temporary folder), each under names of its own, weighted
+# TEXTWORLD_REPEATS times against the other envs' text; and every numbered name the grammar makes,
+# so each numeral is one token.
+TEXTWORLD_PRESET = "textworld_tiny"
+TEXTWORLD_GAMES = 16
+TEXTWORLD_EPISODES = 200
+TEXTWORLD_REPEATS = 3
+TEXTWORLD_NAME_REPEATS = 20  # with 3, three numerals of 110 stayed two tokens
 
 
 def train_bpe(
@@ -176,15 +205,17 @@ def _malformed_episode(env: Any, seed: int) -> list[tuple[str, str]]:
     return _play(env, messages, actions)
 
 
-def _play(env: Any, messages: list[tuple[str, str]], actions: list[str]) -> list[tuple[str, str]]:
+def _play(
+    env: Any, messages: list[tuple[str, str]], actions: list[str], role: str = "tool"
+) -> list[tuple[str, str]]:
     """Step `actions` through `env` after `messages` (system + question), adding each action and
-    the tool's reply until the episode ends."""
+    the env's reply (as `role`) until the episode ends."""
     for action in actions:
         messages.append(("assistant", action))
         obs, _, terminated, truncated, _ = env.step(action)
         if terminated or truncated:
             break
-        messages.append(("tool", obs))
+        messages.append((role, obs))
     return messages
 
 
@@ -193,11 +224,45 @@ def corpus_texts(seeds_per_config: int = SEEDS_PER_CONFIG) -> Iterator[str]:
         yield from chatml_text_pieces(conversation)
 
 
+def textworld_texts() -> Iterator[str]:
+    """The textworld split's own text (TEXTWORLD_* above), as the runner shows it to the model."""
+    import tempfile
+
+    import gymnasium
+
+    from ..configs.load import load_config
+    from ..envs.adapters.textworld import NOUNS, NUMERALS, TRAINING_SEEDS
+
+    config, _ = load_config(TEXTWORLD_PRESET)
+    texts: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="textworld-games-") as game_dir:
+        kwargs = dict(config.env.kwargs, training_games=TEXTWORLD_GAMES, game_dir=game_dir)
+        env: Any = gymnasium.make(config.env.id, **kwargs)
+        try:
+            for i in range(TEXTWORLD_EPISODES):  # played as they are read: a reader may stop early
+                obs, info = env.reset(seed=TRAINING_SEEDS + i)
+                messages = [("system", info.get("system_prompt", "")), ("user", obs)]
+                actions = list(env.unwrapped.oracle_actions())
+                episode = _play(env, messages, actions, role=config.rollout.observation_role)
+                texts += chatml_text_pieces(episode)
+                yield from chatml_text_pieces(episode)
+        finally:
+            env.close()
+    for _ in range(TEXTWORLD_REPEATS - 1):
+        yield from texts
+    names = " ".join(f"{noun}{numeral}" for noun in NOUNS for numeral in NUMERALS)
+    for _ in range(TEXTWORLD_NAME_REPEATS):
+        yield names
+
+
 def build(out_dir: str | Path = ASSETS_DIR, split: str = "qwen2") -> Path:
     """Train on the env corpus and write `tokenizer.json` and `tokenizer.fingerprint` to `out_dir`."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = train_bpe(corpus_texts(), split=split)
+    texts = corpus_texts()
+    if split == "textworld":
+        texts = itertools.chain(texts, textworld_texts())
+    tokenizer = train_bpe(texts, split=split)
     path = out_dir / "tokenizer.json"
     path.write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
     (out_dir / FINGERPRINT_FILENAME).write_text(tokenizer_fingerprint(tokenizer) + "\n", encoding="utf-8")

@@ -107,9 +107,9 @@ _PROMPT: Final = re.compile(r"\n>[^\n]*$")
 # The "basic" grammar's names (textworld/generator/data/text_grammars/basic_obj.twg, _room.twg):
 # a noun and a number of one or two digits (box6, room05, thing33), and a key matched to its lock
 # by a capital letter (A-key opens A-box or A-door).
-_NOUNS: Final = ("room", "box", "door", "stand", "thing", "snack", "key")
-_NUMERALS: Final = tuple(str(d) for d in range(10)) + tuple(f"{d:02d}" for d in range(100))
-_NUMBERED: Final = re.compile(rf"\b({'|'.join(_NOUNS)})(\d{{1,2}})\b", re.IGNORECASE)
+NOUNS: Final = ("room", "box", "door", "stand", "thing", "snack", "key")
+NUMERALS: Final = tuple(str(d) for d in range(10)) + tuple(f"{d:02d}" for d in range(100))
+_NUMBERED: Final = re.compile(rf"\b({'|'.join(NOUNS)})(\d{{1,2}})\b", re.IGNORECASE)
 _LETTERED: Final = re.compile(r"\b([A-Za-z])-(key|box|door)\b", re.IGNORECASE)
 
 
@@ -125,11 +125,11 @@ class Renaming:
         shown = "".join(letters[i] for i in rng.permutation(len(letters)))
         self._letters = (dict(zip(letters, shown, strict=True)), dict(zip(shown, letters, strict=True)))
         numbers: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
-        for noun in _NOUNS:
-            order = [_NUMERALS[i] for i in rng.permutation(len(_NUMERALS))]
+        for noun in NOUNS:
+            order = [NUMERALS[i] for i in rng.permutation(len(NUMERALS))]
             numbers[noun] = (
-                dict(zip(_NUMERALS, order, strict=True)),
-                dict(zip(order, _NUMERALS, strict=True)),
+                dict(zip(NUMERALS, order, strict=True)),
+                dict(zip(order, NUMERALS, strict=True)),
             )
         self._numbers = numbers
 

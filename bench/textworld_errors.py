@@ -8,6 +8,9 @@ classified:
 - "a later step" / "an earlier step" of the walkthrough: it lost its place in the goal;
 - "another command".
 
+It also counts the names the policy wrote right, by kind (lettered: X-key; numbered: box49), in
+every command up to the first deviation whose verb and length are the walkthrough's.
+
     python bench/textworld_errors.py runs/textworld_demo/outcome_s1            # its first eval
     python bench/textworld_errors.py runs/textworld_demo/outcome_s1 --step 20  # the eval at step 20
 """
@@ -16,19 +19,29 @@ from __future__ import annotations
 
 import argparse
 import collections
+import re
 from pathlib import Path
 
 import gymnasium
 
 import toolgym.envs  # noqa: F401  (registers the envs)
+from toolgym.envs.adapters.textworld import NOUNS
 from toolgym.rollouts.recording.format import read_recording
 
+NAME_KINDS = {
+    "lettered": re.compile(r"^[A-Za-z]-(key|box|door)$"),
+    "numbered": re.compile(rf"^({'|'.join(NOUNS)})\d{{1,2}}$"),
+}
 
-def first_deviations(recording: Path) -> tuple[collections.Counter, collections.Counter, list[str]]:
-    """(how many episodes first deviate at each step, the kinds of deviation, examples)."""
+
+def first_deviations(
+    recording: Path,
+) -> tuple[collections.Counter, collections.Counter, list[str], collections.Counter]:
+    """(how many episodes first deviate at each step, the kinds of deviation, examples, names
+    right and wrong by kind: keys (kind, True/False))."""
     header, trajectories = read_recording(recording)
     env = gymnasium.make(header.env_id, **header.env_kwargs)
-    steps, kinds, examples = collections.Counter(), collections.Counter(), []
+    steps, kinds, examples, names = collections.Counter(), collections.Counter(), [], collections.Counter()
     try:
         for trajectory in trajectories:
             observation, _ = env.reset(seed=trajectory.task_seed)
@@ -37,6 +50,15 @@ def first_deviations(recording: Path) -> tuple[collections.Counter, collections.
             walkthrough = env.unwrapped.oracle_actions()
             played = [t.action.text.strip() for t in trajectory.transitions]
             k = next((i for i, (a, w) in enumerate(zip(played, walkthrough, strict=False)) if a != w), None)
+            for action, expected in list(zip(played, walkthrough, strict=False))[
+                : None if k is None else k + 1
+            ]:
+                words, wanted = action.split(), expected.split()
+                if words[:1] == wanted[:1] and len(words) == len(wanted):
+                    for word, want in zip(words, wanted, strict=True):
+                        kind = next((n for n, pattern in NAME_KINDS.items() if pattern.match(want)), None)
+                        if kind:
+                            names[kind, word == want] += 1
             if k is None:
                 steps["none"] += 1
                 continue
@@ -55,7 +77,7 @@ def first_deviations(recording: Path) -> tuple[collections.Counter, collections.
                 examples.append(f"step {k}: {action!r} for {expected!r}")
     finally:
         env.close()
-    return steps, kinds, examples
+    return steps, kinds, examples, names
 
 
 def main() -> None:
@@ -64,7 +86,7 @@ def main() -> None:
     parser.add_argument("--step", type=int, default=0, help="the eval step (default: the first)")
     args = parser.parse_args()
     recording = args.run / "trajectories" / f"eval_step_{args.step:08d}.jsonl"
-    steps, kinds, examples = first_deviations(recording)
+    steps, kinds, examples, names = first_deviations(recording)
     total = sum(steps.values())
     print(f"{recording}: {total} episodes")
     print(
@@ -72,6 +94,12 @@ def main() -> None:
         ", ".join(f"{k}: {n}" for k, n in sorted(steps.items(), key=str)),
     )
     print("kind:", ", ".join(f"{kind} {n}" for kind, n in kinds.most_common()))
+    print(
+        "names written right, up to the first deviation:",
+        ", ".join(
+            f"{kind} {names[kind, True]}/{names[kind, True] + names[kind, False]}" for kind in NAME_KINDS
+        ),
+    )
     for line in examples:
         print("  " + line)
 

@@ -30,7 +30,8 @@ command, and the game itself answers every command, a senseless one included ("T
 verb I recognise."). A tool call would only wrap the same string in a format (more tokens, a
 format error the game cannot have), and `ToolEnv` ends an episode only on an answer, while a game
 ends when it is won or lost. So, as `toolgym/TextArena-v0`, this is a `TextEnv`: one action is
-one command (its first non-empty line, ASCII only; at most 190 characters, as the interpreter reads no more).
+one command (its first non-empty line, printable ASCII but the backslash, the interpreter's escape;
+at most 190 characters, as the interpreter reads no more).
 
 Observations are the game's feedback cleaned of the interpreter's padding: the title banner
 (ASCII art) at the start, the `>` prompt with the status line after it (`-= Kitchen =-2/5`), the
@@ -100,7 +101,10 @@ MAX_COMMAND_CHARS: Final = 190  # Jericho reads at most 198 bytes of a command
 _BANNER_LINE: Final = re.compile(r"^[\s_|\\$/<>()\-=+*#.,'`~^]*$")
 _RESTART: Final = re.compile(r"^\s*Would you like to RESTART.*$", re.MULTILINE)
 _BLANKS: Final = re.compile(r"\n{3,}")
-_NOT_ASCII: Final = re.compile(r"[^\x20-\x7e]")
+# Dropped from a command: all but printable ASCII, and the backslash, which DUMB-frotz (the
+# interpreter Jericho runs) reads as the start of one of its own escapes: an unknown one prints its
+# help without end, and a random action hung check_env there.
+_DROPPED: Final = re.compile(r"[^\x20-\x7e]|\\")
 _PROMPT: Final = re.compile(r"\n>[^\n]*$")
 
 
@@ -174,10 +178,10 @@ def clean_feedback(text: str, *, first: bool = False) -> str:
 
 
 def normalize_command(action: str) -> str:
-    """One command from an action: its first non-empty line, ASCII only, spaces collapsed,
-    lowercased, at most MAX_COMMAND_CHARS."""
+    """One command from an action: its first non-empty line, printable ASCII but the backslash
+    only, spaces collapsed, lowercased, at most MAX_COMMAND_CHARS."""
     line = next((part for part in action.splitlines() if part.strip()), "")
-    line = _NOT_ASCII.sub("", line)
+    line = _DROPPED.sub("", line)
     return " ".join(line.split()).lower()[:MAX_COMMAND_CHARS]
 
 

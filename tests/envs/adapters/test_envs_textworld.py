@@ -299,6 +299,29 @@ def test_a_game_that_cannot_be_built_fails_its_reset_in_one_line_leaving_nothing
     env.close()
 
 
+_ESCAPES = """
+import sys, gymnasium, toolgym.envs
+env = gymnasium.make("toolgym/TextWorld-v0", game_dir=sys.argv[1]).unwrapped
+env.reset(seed=0)
+for action in ["\\\\s", "\\\\help look", "lo\\\\ok", "\\\\w{2<&"]:
+    observation, _, _, _, info = env.step(action)
+    print(info["invalid_commands"], repr(observation[:60]))
+"""
+
+
+def test_a_backslash_never_reaches_the_interpreter(game_dir):
+    """DUMB-frotz reads a backslash as the start of one of its own escapes (an unknown one prints
+    its help without end: a random action once hung check_env), so commands drop it and such an
+    action is an ordinary command. In a child process, so a regression fails instead of hanging."""
+    child = subprocess.run(
+        [sys.executable, "-c", _ESCAPES, str(game_dir)], capture_output=True, text=True, timeout=300
+    )
+    assert child.returncode == 0, child.stderr
+    lines = child.stdout.splitlines()
+    assert [line.split()[0] for line in lines] == ["1", "2", "2", "3"], lines  # `look` is admissible
+    assert "escape" not in child.stdout and "\\help" not in child.stdout
+
+
 @pytest.mark.slow
 def test_check_env(game_dir):
     env = make(game_dir)

@@ -244,8 +244,9 @@ def textworld_texts() -> Iterator[str]:
                 messages = [("system", info.get("system_prompt", "")), ("user", obs)]
                 actions = list(env.unwrapped.oracle_actions())
                 episode = _play(env, messages, actions, role=config.rollout.observation_role)
-                texts += chatml_text_pieces(episode)
-                yield from chatml_text_pieces(episode)
+                pieces = list(chatml_text_pieces(episode))
+                texts += pieces
+                yield from pieces
         finally:
             env.close()
     for _ in range(TEXTWORLD_REPEATS - 1):

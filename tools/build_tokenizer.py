@@ -187,13 +187,15 @@ def env_conversations(seeds_per_config: int = SEEDS_PER_CONFIG) -> Iterator[list
             env.close()
 
 
-def _oracle_episode(env: Any, seed: int, untagged: bool) -> list[tuple[str, str]]:
+def _oracle_episode(env: Any, seed: int, untagged: bool = False, role: str = "tool") -> list[tuple[str, str]]:
+    """The oracle's episode of `seed`, the env's replies as `role`; `untagged`: the answer stated
+    plainly, not in the env's format."""
     obs, info = env.reset(seed=seed)
-    messages = [("system", info["system_prompt"]), ("user", obs)]
+    messages = [("system", info.get("system_prompt", "")), ("user", obs)]
     actions = list(env.unwrapped.oracle_actions())
     if untagged:
         actions[-1] = env.unwrapped.answer_action(info["answer"], tagged=False)
-    return _play(env, messages, actions)
+    return _play(env, messages, actions, role)
 
 
 def _malformed_episode(env: Any, seed: int) -> list[tuple[str, str]]:
@@ -240,10 +242,7 @@ def textworld_texts() -> Iterator[str]:
         env: Any = gymnasium.make(config.env.id, **kwargs)
         try:
             for i in range(TEXTWORLD_EPISODES):  # played as they are read: a reader may stop early
-                obs, info = env.reset(seed=TRAINING_SEEDS + i)
-                messages = [("system", info.get("system_prompt", "")), ("user", obs)]
-                actions = list(env.unwrapped.oracle_actions())
-                episode = _play(env, messages, actions, role=config.rollout.observation_role)
+                episode = _oracle_episode(env, TRAINING_SEEDS + i, role=config.rollout.observation_role)
                 pieces = list(chatml_text_pieces(episode))
                 texts += pieces
                 yield from pieces

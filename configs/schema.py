@@ -234,6 +234,9 @@ class SFTSection(msgspec.Struct, **_STRICT):
     env_kwargs: dict[str, Any] | None = None  # oracle demos: None = [env].kwargs
     oracle: OracleConfig = msgspec.field(default_factory=OracleConfig)
     only_successful: bool = False  # keep demos whose failure mode is success
+    # oracle demos: recorded in this many processes at once (0: one per usable core), each a share
+    # of the task seeds; the same demos as one process records. For envs whose steps are the cost.
+    processes: int = 1
     steps: int = 100  # optimizer steps
     batch_episodes: int = 64  # episodes per optimizer step
     micro_batch_tokens: int | None = None  # None = trainer.micro_batch_tokens
@@ -253,6 +256,8 @@ class SFTSection(msgspec.Struct, **_STRICT):
             micro_batch_tokens=self.micro_batch_tokens,
             log_every=self.log_every,
         )
+        if self.processes < 0:
+            raise ValueError(f"sft.processes must be >= 0 (0: one per usable core), got {self.processes}")
         if self.enabled and self.source == "recording" and not self.recording:
             raise ValueError('sft.recording must name a `toolgym record` file when sft.source = "recording"')
 

@@ -1,18 +1,24 @@
 """The SFT warm start's demonstrations, from a config: a `toolgym record` file, or the env's
 oracle rolled out here (`OraclePolicy` through the rollout runner, so they take the exact token
 path a model's episodes take) with its imperfection knobs, e.g. `p_omit_tag = 0.5`: half the demos
-state the answer without the env's answer format. Oracle task seeds come from their own training
+state the answer without the env's answer format; `sft.processes` records them in that many
+processes at once (an env whose steps are the cost, as TextWorld's interpreter is). Oracle task seeds come from their own training
 stream (`sft_stream`), never from the held-out eval seeds nor RL's (`rl_stream`).
 """
 
 from __future__ import annotations
 
+import itertools
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import msgspec
+import torch
 
 from ...agents.chat import Renderer
 from ...agents.tokenizer import tokenizer_fingerprint
+from ...envs.registry import import_env_modules, register_envs
 from ...rollouts.batches import TaskSeedStream
 from ...rollouts.episode.runner import RolloutRunner
 from ...rollouts.recording.format import RecordingHeader, RecordingWriter, read_recording, rendering_of
@@ -23,7 +29,7 @@ from ...trainers.config import TrainerConfig
 from ...trainers.sft import SFTSchedule
 from ..load import ConfigError
 from ..schema import Config
-from .parts import run_chat_template_extra
+from .parts import build_renderer, run_chat_template_extra, usable_cores
 
 
 def rl_stream(config: Config) -> int:
@@ -53,17 +59,46 @@ def check_demo_rendering(config: Config, renderer: Renderer, header: RecordingHe
 
 def demo_trajectories(config: Config, renderer: Renderer) -> tuple[list[Trajectory], str]:
     """The demonstrations and a description of where they came from. A recording must have been
-    rendered as the run renders (`check_demo_rendering`)."""
+    rendered as the run renders (`check_demo_rendering`). Oracle demos recorded in processes
+    (`sft.processes`) are rendered by the run's renderer (`build_renderer`), not `renderer`."""
     sft = config.sft
     if sft.source == "recording":
         header, trajectories = read_recording(sft.recording, tokenizer_fingerprint(renderer.tokenizer))
         check_demo_rendering(config, renderer, header)
         return trajectories, f"{sft.recording} ({header.policy_id})"
-    rollout = msgspec.structs.replace(config.rollout_config(sft.env_kwargs), group_size=1)
-    policy = OraclePolicy(renderer, sft.oracle)
     seeds, group_ids = TaskSeedStream(stream=sft_stream(config)).take(sft.num_tasks)
-    trajectories = RolloutRunner(policy, renderer, rollout).run(seeds, group_ids=group_ids)
-    return trajectories, policy.policy_id
+    processes = min(sft.processes or usable_cores(), len(seeds))
+    policy_id = OraclePolicy(renderer, sft.oracle).policy_id
+    if processes <= 1:
+        return oracle_trajectories(config, renderer, seeds, group_ids), policy_id
+    # Contiguous shares, concatenated in order: an oracle episode depends only on its task seed,
+    # so these are the demonstrations one process records, in the same order.
+    bounds = [len(seeds) * k // processes for k in range(processes + 1)]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(processes, mp_context=context) as pool:
+        shares = itertools.pairwise(bounds)
+        futures = [pool.submit(_record_share, config, seeds[a:b], group_ids[a:b]) for a, b in shares]
+        return [t for future in futures for t in future.result()], policy_id
+
+
+def oracle_trajectories(
+    config: Config, renderer: Renderer, seeds: list[int], group_ids: list[int]
+) -> list[Trajectory]:
+    """The oracle's episodes of `seeds` (one each), through the rollout runner."""
+    rollout = msgspec.structs.replace(config.rollout_config(config.sft.env_kwargs), group_size=1)
+    runner = RolloutRunner(OraclePolicy(renderer, config.sft.oracle), renderer, rollout)
+    return runner.run(seeds, group_ids=group_ids)
+
+
+def _record_share(config: Config, seeds: list[int], group_ids: list[int]) -> list[Trajectory]:
+    """A recording process's share of the demonstrations (`sft.processes`): spawned, so it
+    registers the envs and builds the run's renderer itself; one torch thread, as the envs are
+    the work."""
+    torch.set_num_threads(1)
+    register_envs()
+    import_env_modules(config.env.modules, where="env.module")
+    renderer, _ = build_renderer(config)
+    return oracle_trajectories(config, renderer, seeds, group_ids)
 
 
 def demo_episodes(

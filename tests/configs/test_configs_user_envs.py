@@ -12,11 +12,14 @@ import textwrap
 import tomllib
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from toolgym.configs.assembly.demos import demo_trajectories
+from toolgym.configs.assembly.parts import build_renderer
 from toolgym.configs.checks import check_environment
 from toolgym.configs.cli.main import main
-from toolgym.configs.load import load_config
+from toolgym.configs.load import ConfigError, load_config
 
 MODULE = "tg_user_bank_env"  # the user's module, written into each test's folder
 ENV_ID = "tgbank/Bank-v0"
@@ -198,3 +201,31 @@ def test_train_cli_with_a_preset_and_another_env_id_prints_no_preset_kwargs(user
     assert main(args) == 0
     printed = tomllib.loads(capsys.readouterr().out)
     assert printed["env"] == {"id": ENV_ID, "kwargs": {}, "module": [MODULE]}
+
+
+def test_oracle_demos_recorded_in_processes_are_those_one_process_records(user_dir, monkeypatch):
+    """`sft.processes`: spawned processes import the user's module themselves (from the current
+    directory, as the run does) and record their shares; the demos are the same, in order."""
+    monkeypatch.chdir(user_dir)
+    overrides = [f"env.id={ENV_ID}", "sft.enabled=true", "sft.num_tasks=7", "env.kwargs.low=50"]
+    one, _ = load_config(None, overrides, env_modules=[MODULE])
+    two, _ = load_config(None, [*overrides, "sft.processes=2"], env_modules=[MODULE])
+    check_environment(one)
+    renderer, _ = build_renderer(one)
+    alone, source = demo_trajectories(one, renderer)
+    shared, shared_source = demo_trajectories(two, renderer)
+    assert source == shared_source and len(alone) == 7
+    assert [_untimed(t) for t in shared] == [_untimed(t) for t in alone]
+    assert all(t.env_id == ENV_ID and t.stop_reason == "answered" and t.total_reward > 0 for t in alone)
+    assert len({t.task_seed for t in alone}) == 7
+
+
+def _untimed(trajectory) -> bytes:
+    """The trajectory without its timings (metrics generate_s, env_s, wall_s)."""
+    metrics = {k: v for k, v in trajectory.metrics.items() if not k.endswith("_s")}
+    return msgspec.json.encode(msgspec.structs.replace(trajectory, metrics=metrics))
+
+
+def test_sft_processes_must_not_be_negative():
+    with pytest.raises(ConfigError, match=r"sft\.processes: must be >= 0 \(0: one per usable core\), got -1"):
+        load_config(None, ["sft.processes=-1"])

@@ -9,7 +9,10 @@ classified:
 - "another command".
 
 It also counts the names the policy wrote right, by kind (lettered: X-key; numbered: box49), in
-every command up to the first deviation whose verb and length are the walkthrough's.
+every command up to the first deviation whose verb and length are the walkthrough's; and, per
+game, how many of its episodes won, and in how many of the games every episode lost the episodes
+first left the walkthrough alike (at the same step, with the same command): a policy sure of its
+mistake, whose RL groups on such a game all fail and give no signal.
 
     python bench/textworld_errors.py runs/textworld_demo/outcome_s1            # its first eval
     python bench/textworld_errors.py runs/textworld_demo/outcome_s1 --step 20  # the eval at step 20
@@ -36,12 +39,14 @@ NAME_KINDS = {
 
 def first_deviations(
     recording: Path,
-) -> tuple[collections.Counter, collections.Counter, list[str], collections.Counter]:
+) -> tuple[collections.Counter, collections.Counter, list[str], collections.Counter, dict[int, list[tuple]]]:
     """(how many episodes first deviate at each step, the kinds of deviation, examples, names
-    right and wrong by kind: keys (kind, True/False))."""
+    right and wrong by kind: keys (kind, True/False), and per game (task seed) each episode's
+    (won, first deviating step or None, the command written there))."""
     header, trajectories = read_recording(recording)
     env = gymnasium.make(header.env_id, **header.env_kwargs)
     steps, kinds, examples, names = collections.Counter(), collections.Counter(), [], collections.Counter()
+    games: dict[int, list[tuple]] = collections.defaultdict(list)
     try:
         for trajectory in trajectories:
             observation, _ = env.reset(seed=trajectory.task_seed)
@@ -50,6 +55,8 @@ def first_deviations(
             walkthrough = env.unwrapped.oracle_actions()
             played = [t.action.text.strip() for t in trajectory.transitions]
             k = next((i for i, (a, w) in enumerate(zip(played, walkthrough, strict=False)) if a != w), None)
+            won = bool(trajectory.metrics.get("env", {}).get("success"))
+            games[trajectory.task_seed].append((won, k, None if k is None else played[k]))
             for action, expected in list(zip(played, walkthrough, strict=False))[
                 : None if k is None else k + 1
             ]:
@@ -77,7 +84,7 @@ def first_deviations(
                 examples.append(f"step {k}: {action!r} for {expected!r}")
     finally:
         env.close()
-    return steps, kinds, examples, names
+    return steps, kinds, examples, names, games
 
 
 def main() -> None:
@@ -86,7 +93,7 @@ def main() -> None:
     parser.add_argument("--step", type=int, default=0, help="the eval step (default: the first)")
     args = parser.parse_args()
     recording = args.run / "trajectories" / f"eval_step_{args.step:08d}.jsonl"
-    steps, kinds, examples, names = first_deviations(recording)
+    steps, kinds, examples, names, games = first_deviations(recording)
     total = sum(steps.values())
     print(f"{recording}: {total} episodes")
     print(
@@ -100,6 +107,16 @@ def main() -> None:
             f"{kind} {names[kind, True]}/{names[kind, True] + names[kind, False]}" for kind in NAME_KINDS
         ),
     )
+    wins = collections.Counter(sum(won for won, _, _ in episodes) for episodes in games.values())
+    samples = {len(episodes) for episodes in games.values()}
+    print(f"games ({len(games)}, {'/'.join(map(str, sorted(samples)))} episodes each) by episodes won:",
+          ", ".join(f"{n} won: {count}" for n, count in sorted(wins.items())))  # fmt: skip
+    lost = [
+        episodes for episodes in games.values() if len(episodes) > 1 and not any(w for w, _, _ in episodes)
+    ]
+    alike = sum(len({(k, command) for _, k, command in episodes}) == 1 for episodes in lost)
+    print(f"games lost by every episode: {alike} of {len(lost)} first leave the walkthrough alike", end="")
+    print(" (the same step, the same command)")
     for line in examples:
         print("  " + line)
 

@@ -2,8 +2,9 @@
 oracle rolled out here (`OraclePolicy` through the rollout runner, so they take the exact token
 path a model's episodes take) with its imperfection knobs, e.g. `p_omit_tag = 0.5`: half the demos
 state the answer without the env's answer format; `sft.processes` records them in that many
-processes at once (an env whose steps are the cost, as TextWorld's interpreter is). Oracle task seeds come from their own training
-stream (`sft_stream`), never from the held-out eval seeds nor RL's (`rl_stream`).
+processes at once (an env whose steps are the cost, as TextWorld's interpreter is). Oracle task
+seeds come from their own training stream (`sft_stream`), never from the held-out eval seeds nor
+RL's (`rl_stream`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from ...agents.chat import Renderer
 from ...agents.tokenizer import tokenizer_fingerprint
-from ...envs.registry import import_env_modules, register_envs
+from ...envs.registry import import_env_modules
 from ...rollouts.batches import TaskSeedStream
 from ...rollouts.episode.runner import RolloutRunner
 from ...rollouts.recording.format import RecordingHeader, RecordingWriter, read_recording, rendering_of
@@ -92,10 +93,9 @@ def oracle_trajectories(
 
 def _record_share(config: Config, seeds: list[int], group_ids: list[int]) -> list[Trajectory]:
     """A recording process's share of the demonstrations (`sft.processes`): spawned, so it
-    registers the envs and builds the run's renderer itself; one torch thread, as the envs are
-    the work."""
+    imports the user's env modules and builds the run's renderer itself (the toolgym envs
+    register on import); one torch thread, as the envs are the work."""
     torch.set_num_threads(1)
-    register_envs()
     import_env_modules(config.env.modules, where="env.module")
     renderer, _ = build_renderer(config)
     return oracle_trajectories(config, renderer, seeds, group_ids)

@@ -7,7 +7,8 @@ Zorplex's list tier (configs/zorplex_list_credit_tiny.toml, independent lookups)
     python bench/credit_demo.py --preset zorplex_list_credit_tiny  # 3 seeds, the list
     python bench/credit_demo.py --preset zorplex_chain4_credit_tiny  # 3 seeds, four links
     python bench/credit_demo.py --seeds 0 --set run.steps=2 --set sft.steps=4 \
-        --set sft.num_tasks=64 --set eval.num_tasks=4 --set eval.every_steps=1 \
+        --set sft.optimizer.warmup_steps=1 --set sft.num_tasks=64 --set eval.num_tasks=4 \
+        --set eval.every_steps=1 \
         --out /tmp/credit_smoke                                    # a smoke run (no meaningful figure)
 
 Per seed, one `toolgym train <preset>` run per arm (bench/rl_arms.py: the later arms start RL from

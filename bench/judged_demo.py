@@ -4,7 +4,8 @@ judge served by this script (configs/zorplex_judged_tiny.toml; docs/demos.md, "R
     python bench/judged_demo.py --judge runs/judge_zorplex_tiny-<time>/final_model
     python bench/judged_demo.py                 # the judge built first, by its recipe, in --out/judge
     python bench/judged_demo.py --judge J --seeds 0 --set run.steps=2 --set sft.steps=4 \
-        --set sft.num_tasks=64 --set eval.num_tasks=4 --set eval.every_steps=1 \
+        --set sft.optimizer.warmup_steps=1 --set sft.num_tasks=64 --set eval.num_tasks=4 \
+        --set eval.every_steps=1 \
         --out /tmp/judged_smoke                 # a smoke run (no meaningful figure)
 
 The judge: `--judge` (a checkpoint directory), or configs/judge_zorplex_tiny.toml's recipe run here

@@ -3,7 +3,8 @@ context window (configs/zorplex_notes_tiny.toml: four redirects, a 320-token win
 
     python bench/notes_demo.py                                     # 3 seeds, the preset as shipped
     python bench/notes_demo.py --seeds 0 --set run.steps=2 --set sft.steps=4 \
-        --set sft.num_tasks=64 --set eval.num_tasks=4 --set eval.every_steps=1 \
+        --set sft.optimizer.warmup_steps=1 --set sft.num_tasks=64 --set eval.num_tasks=4 \
+        --set eval.every_steps=1 \
         --out /tmp/notes_smoke                                     # a smoke run (no meaningful figure)
 
 Per seed, one `toolgym train zorplex_notes_tiny` run per arm (bench/rl_arms.py: the later arms

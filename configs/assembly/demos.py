@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import os
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -76,7 +79,9 @@ def demo_trajectories(config: Config, renderer: Renderer) -> tuple[list[Trajecto
     # so these are the demonstrations one process records, in the same order.
     bounds = [len(seeds) * k // processes for k in range(processes + 1)]
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(processes, mp_context=context) as pool:
+    with ProcessPoolExecutor(
+        processes, mp_context=context, initializer=exit_with_parent, initargs=(os.getpid(),)
+    ) as pool:
         shares = itertools.pairwise(bounds)
         futures = [pool.submit(_record_share, config, seeds[a:b], group_ids[a:b]) for a, b in shares]
         return [t for future in futures for t in future.result()], policy_id
@@ -89,6 +94,19 @@ def oracle_trajectories(
     rollout = msgspec.structs.replace(config.rollout_config(config.sft.env_kwargs), group_size=1)
     runner = RolloutRunner(OraclePolicy(renderer, config.sft.oracle), renderer, rollout)
     return runner.run(seeds, group_ids=group_ids)
+
+
+def exit_with_parent(parent: int) -> None:
+    """A worker process's initializer: a daemon thread ends the process (exit status 1) within a
+    second of its parent `parent` going, so a killed run leaves no process recording a share of
+    demonstrations for nobody (a pool's worker otherwise runs until it next talks to the parent)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _record_share(config: Config, seeds: list[int], group_ids: list[int]) -> list[Trajectory]:

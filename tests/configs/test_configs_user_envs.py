@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import tomllib
 from pathlib import Path
 
@@ -229,3 +230,51 @@ def _untimed(trajectory) -> bytes:
 def test_sft_processes_must_not_be_negative():
     with pytest.raises(ConfigError, match=r"sft\.processes: must be >= 0 \(0: one per usable core\), got -1"):
         load_config(None, ["sft.processes=-1"])
+
+
+_ORPHANED_POOL = '''
+import os, sys, time
+from concurrent.futures import ProcessPoolExecutor
+import multiprocessing
+from toolgym.configs.assembly.demos import exit_with_parent
+
+def share(path):
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".tmp", path)
+    time.sleep(3600)  # a share that outlives its parent
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(1, mp_context=context, initializer=exit_with_parent, initargs=(os.getpid(),))
+    pool.submit(share, sys.argv[1]).result()
+'''
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie no reaper has collected yet counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_recording_process_ends_when_its_parent_is_killed(tmp_path):
+    script, pid_file = tmp_path / "parent.py", tmp_path / "worker.pid"
+    script.write_text(_ORPHANED_POOL)
+    parent = subprocess.Popen([sys.executable, str(script), str(pid_file)])
+    try:
+        while not pid_file.exists():  # the worker is up and inside its share
+            assert parent.poll() is None, "the parent ended before its worker started"
+            time.sleep(0.05)
+        worker = int(pid_file.read_text())
+        assert _running(worker)
+    finally:
+        parent.kill()  # SIGKILL: no cleanup of its own runs
+        parent.wait()
+    give_up = time.monotonic() + 120  # a hang bound only: the watch ends it within a second
+    while _running(worker):
+        assert time.monotonic() < give_up, f"worker {worker} still runs after its parent was killed"
+        time.sleep(0.05)

@@ -59,7 +59,7 @@ import msgspec
 
 from .episode.runner import RolloutRunner
 from .episodes import Advantage, OverlongEpisodeRule, build_episodes
-from .metrics import batch_metrics
+from .metrics import batch_metrics, component_variation
 from .scoring.advantages import AdvantageConfig
 from .scoring.credit import credit_metrics, turn_rewards
 from .scoring.distill import TeacherScorer, reverse_kl_metrics
@@ -265,6 +265,8 @@ class BatchAssembler:
         elapsed = None if started is None else time.perf_counter() - started
         metrics = batch_metrics(trajectories, elapsed)
         metrics.update(kept_metrics)
+        infra = config.train_on_infra_failures
+        metrics.update(component_variation([[t for t in g if trainable(t, infra)] for g, _ in self._kept]))
         if rounds is not None:
             metrics["dynamic_sampling/rounds"] = float(rounds)
         metrics["dynamic_sampling/groups_rolled_out"] = float(rolled)
@@ -274,7 +276,6 @@ class BatchAssembler:
             metrics["dynamic_sampling/surplus_groups"] = float(self.surplus)
         metrics["batch/groups_without_trainable"] = float(self.no_trainable)
         if self.distill:
-            infra = config.train_on_infra_failures
             metrics.update(reverse_kl_metrics([t for t in kept_trajectories if trainable(t, infra)]))
             metrics["distill/teacher_s"] = self.teacher_s
         if self.judge:

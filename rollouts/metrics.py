@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..envs.core.info import FAILURE_MODE, METRIC_GROUP, METRICS
@@ -266,6 +266,40 @@ def _component_prefix(key: str) -> str | None:
     if len(parts) == 3 and parts[0] and parts[1] + "/" == REWARD_COMPONENT_PREFIX and parts[2]:
         return parts[0] + "/"
     return None
+
+
+def component_variation(groups: Iterable[Sequence[Trajectory]]) -> dict[str, float]:
+    """Which reward components carry a batch's group signal: per component name, the share of the
+    groups in which its value differs between members (`batch/varies/<name>`), and in which it is
+    the only one that differs (`batch/varies_only/<name>`; a component an episode lacks counts as
+    0). A group where a small cost (a penalty per invalid command) is all that differs still has
+    whole-sized advantages under GRPO's division by the group's std."""
+    groups = [list(g) for g in groups]
+    counts: dict[str, list[int]] = {}  # name -> [groups where it varies, where only it varies]
+    for group in groups:
+        values: dict[str, set[float]] = {}
+        for trajectory in group:
+            components = trajectory.reward_components
+            for name in components if isinstance(components, Mapping) else ():
+                if component_name_problem(name) is None:
+                    values.setdefault(name, set())
+        for name, seen in values.items():
+            for trajectory in group:
+                components = trajectory.reward_components
+                value = components.get(name) if isinstance(components, Mapping) else None
+                seen.add(_number(value) or 0.0)
+        varying = [name for name, seen in values.items() if len(seen) > 1]
+        for name in values:
+            counts.setdefault(name, [0, 0])
+        for name in varying:
+            counts[name][0] += 1
+            counts[name][1] += len(varying) == 1
+    n = max(len(groups), 1)
+    out: dict[str, float] = {}
+    for name, (varies, only) in counts.items():
+        out[f"batch/varies/{name}"] = varies / n
+        out[f"batch/varies_only/{name}"] = only / n
+    return out
 
 
 def batch_metrics(

@@ -12,7 +12,13 @@ from toolgym.rollouts.env_io import EnvOutputError, step_env
 from toolgym.rollouts.episode.config import EnvRolloutConfig
 from toolgym.rollouts.episode.runner import RolloutRunner
 from toolgym.rollouts.evaluation import EvalConfig, evaluate_sync
-from toolgym.rollouts.metrics import BatchMetrics, batch_metrics, env_metric_names, reward_component_names
+from toolgym.rollouts.metrics import (
+    BatchMetrics,
+    batch_metrics,
+    component_variation,
+    env_metric_names,
+    reward_component_names,
+)
 from toolgym.rollouts.scripted import OraclePolicy
 from toolgym.rollouts.types import StopReason, Trajectory
 
@@ -109,3 +115,27 @@ def test_an_unusable_component_name_is_an_env_error(name):
 
     with pytest.raises(EnvOutputError, match=r"reward component names are non-empty printable strings without '/'"):
         step_env(Env(), "x")  # type: ignore[arg-type]
+
+
+def _scored(**components: float) -> Trajectory:
+    total = sum(components.values())
+    return Trajectory("env", {}, 0, 0, [], StopReason.ANSWERED, total_reward=total, reward_components=components)
+
+
+def test_component_variation_says_which_component_a_group_signal_comes_from():
+    groups = [
+        [_scored(score=1.0, invalid=-0.05), _scored(score=1.0, invalid=-0.10)],  # only the cost varies
+        [_scored(score=2.0, invalid=0.0), _scored(score=0.0, invalid=-0.05)],  # both vary
+        [_scored(score=1.0), _scored(score=0.0, invalid=0.0)],  # score only (a missing name is 0)
+        [_scored(score=1.0, invalid=-0.05), _scored(score=1.0, invalid=-0.05)],  # nothing varies
+    ]
+    assert component_variation(groups) == {
+        "batch/varies/score": 0.5,
+        "batch/varies_only/score": 0.25,
+        "batch/varies/invalid": 0.5,
+        "batch/varies_only/invalid": 0.25,
+    }
+    assert component_variation([]) == {}
+    # a name that is not a usable component name, or a value that is not a number, is left out / 0
+    odd = [_scored(**{"bad/name": 1.0}), _scored(score=math.nan)]
+    assert component_variation([odd]) == {"batch/varies/score": 0.0, "batch/varies_only/score": 0.0}

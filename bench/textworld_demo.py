@@ -4,6 +4,7 @@ against a window, on generated text adventures held out from training
 
     python bench/textworld_demo.py                                 # 3 seeds, the preset as shipped
     python bench/textworld_demo.py --seeds 0 --set run.steps=2 --set sft.steps=4 \
+        --set sft.optimizer.warmup_steps=1 \
         --set sft.num_tasks=16 --set eval.num_tasks=4 --set eval.every_steps=1 \
         --out /tmp/textworld_smoke                                 # a smoke run (no meaningful figure)
 
@@ -13,7 +14,14 @@ RL from the first arm's SFT model):
 - turn_loo: `batch.advantage.credit = "turn_loo"`: the game's score rises during the game, each
   point a reward at the turn it is earned, so per-turn returns-to-go carry real signal;
 - window: outcome credit over a sliding window (`rollout.context.policy = "window"`, the game's
-  opening, which states the goal, and the last two turns) instead of the whole history.
+  opening, which states the goal, and the last two turns) instead of the whole history, from the
+  keep-all SFT model;
+- window_sft: the same window with SFT of its own, on walkthroughs recorded under the window.
+  Each turn from the third on starts a segment (the opening and the last turns), and each
+  segment is a demonstration of its own: ~7.5 of ~300 tokens a game against one of ~560 kept
+  whole. So 4,800 games (~36,000 segments) and 32 segments a step: about the positions of a
+  keep-all step, one pass in the same 1,200 steps; but a step trains ~230 tokens, a keep-all
+  step ~1,000 (docs/demos.md).
 Held-out success is the env's `success` metric (the game won) on eval seeds that neither SFT nor
 RL plays; the target is `--set` free: success >= 0.5. The curves go to bench/textworld_demo_curves.png.
 """
@@ -30,10 +38,17 @@ TEXTWORLD = ArmsBench(
         "outcome": [],
         "turn_loo": ["batch.advantage.credit=turn_loo"],
         "window": ["rollout.context.policy=window", "rollout.context.turns=2"],
+        "window_sft": [
+            "rollout.context.policy=window",
+            "rollout.context.turns=2",
+            "sft.batch_episodes=32",
+            "sft.num_tasks=4800",
+        ],
     },
     target={"success": 0.5},
     out=Path("runs/textworld_demo"),
     curves=Path(__file__).parent / "textworld_demo_curves.png",
+    own_sft=frozenset({"window_sft"}),
 )
 
 

@@ -185,10 +185,8 @@ class BatchMetrics:
             count_sums[0] += 1
             for name in _names_in_order([env]):
                 count_sums[1][name] = count_sums[1].get(name, 0.0) + (_number(env.get(name)) or 0.0)
-        components = trajectory.reward_components
-        for name, value in components.items() if isinstance(components, Mapping) else ():
-            if component_name_problem(name) is None:
-                self.component_sums[name] = self.component_sums.get(name, 0.0) + (_number(value) or 0.0)
+        for name, value in _components(trajectory).items():
+            self.component_sums[name] = self.component_sums.get(name, 0.0) + value
         self.turns_sum += float(x.get("turns", 0))
         self.tokens += int(x.get("sampled_tokens", 0))
         self.failure_modes[str(x.get("failure_mode"))] += 1
@@ -268,33 +266,32 @@ def _component_prefix(key: str) -> str | None:
     return None
 
 
+def _components(trajectory: Trajectory) -> dict[str, float]:
+    """A trajectory's reward components with usable names (`component_name_problem`), each a
+    number (0 for a value that is not a finite number, as a recording read back may hold)."""
+    components = trajectory.reward_components
+    items = components.items() if isinstance(components, Mapping) else ()
+    return {name: _number(value) or 0.0 for name, value in items if component_name_problem(name) is None}
+
+
 def component_variation(groups: Iterable[Sequence[Trajectory]]) -> dict[str, float]:
     """Which reward components carry a batch's group signal: per component name, the share of the
     groups in which its value differs between members (`batch/varies/<name>`), and in which it is
     the only one that differs (`batch/varies_only/<name>`; a component an episode lacks counts as
     0). A group where a small cost (a penalty per invalid command) is all that differs still has
     whole-sized advantages under GRPO's division by the group's std."""
-    groups = [list(g) for g in groups]
     counts: dict[str, list[int]] = {}  # name -> [groups where it varies, where only it varies]
+    n = 0
     for group in groups:
-        values: dict[str, set[float]] = {}
-        for trajectory in group:
-            components = trajectory.reward_components
-            for name in components if isinstance(components, Mapping) else ():
-                if component_name_problem(name) is None:
-                    values.setdefault(name, set())
-        for name, seen in values.items():
-            for trajectory in group:
-                components = trajectory.reward_components
-                value = components.get(name) if isinstance(components, Mapping) else None
-                seen.add(_number(value) or 0.0)
-        varying = [name for name, seen in values.items() if len(seen) > 1]
-        for name in values:
+        n += 1
+        rows = [_components(t) for t in group]
+        names = dict.fromkeys(name for row in rows for name in row)
+        varying = [name for name in names if len({row.get(name, 0.0) for row in rows}) > 1]
+        for name in names:
             counts.setdefault(name, [0, 0])
         for name in varying:
             counts[name][0] += 1
             counts[name][1] += len(varying) == 1
-    n = max(len(groups), 1)
     out: dict[str, float] = {}
     for name, (varies, only) in counts.items():
         out[f"batch/varies/{name}"] = varies / n

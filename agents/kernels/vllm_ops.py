@@ -127,6 +127,25 @@ def kernels_available() -> bool:
     return all(vllm_op(name) is not None for name in SIGNATURES)
 
 
+def unavailable_reason() -> str | None:
+    """Why `kernels_available()` is False, in a few words for a log line or an error; None where
+    the kernels load. Loads nothing that `kernels_available()` would not."""
+    if os.environ.get("TOOLGYM_VLLM_CPU_KERNELS", "1") == "0":
+        return "turned off (TOOLGYM_VLLM_CPU_KERNELS=0)"
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm-cpu not installed"
+    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.cpu._is_avx512_bf16_supported():
+        return "vllm-cpu installed, but its kernels need an x86 CPU with AVX-512 BF16"
+    if _library_path() is None:
+        return "vllm is installed without vllm-cpu's library (_C.abi3.so)"
+    if not _library_loaded():
+        return "vllm-cpu's library did not load (see the warning above)"
+    missing = [name for name in SIGNATURES if vllm_op(name) is None]
+    if missing:
+        return f"vllm-cpu's {', '.join(missing)} not as this version calls them"
+    return None
+
+
 def clear_cache() -> None:
     """Forget what loaded (tests that change TOOLGYM_VLLM_CPU_KERNELS); a loaded library stays."""
     _library_loaded.cache_clear()

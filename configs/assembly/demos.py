@@ -14,11 +14,15 @@ import multiprocessing
 import os
 import threading
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, wait
 from pathlib import Path
+from queue import Empty
+from typing import Any
 
 import msgspec
 import torch
+from tqdm import tqdm
 
 from ...agents.chat import Renderer
 from ...agents.tokenizer import tokenizer_fingerprint
@@ -61,10 +65,13 @@ def check_demo_rendering(config: Config, renderer: Renderer, header: RecordingHe
         )
 
 
-def demo_trajectories(config: Config, renderer: Renderer) -> tuple[list[Trajectory], str]:
+def demo_trajectories(
+    config: Config, renderer: Renderer, progress: bool = False
+) -> tuple[list[Trajectory], str]:
     """The demonstrations and a description of where they came from. A recording must have been
     rendered as the run renders (`check_demo_rendering`). Oracle demos recorded in processes
-    (`sft.processes`) are rendered by the run's renderer (`build_renderer`), not `renderer`."""
+    (`sft.processes`) are rendered by the run's renderer (`build_renderer`), not `renderer`.
+    progress: a bar over the oracle's demonstrations as they finish (in every process)."""
     sft = config.sft
     if sft.source == "recording":
         header, trajectories = read_recording(sft.recording, tokenizer_fingerprint(renderer.tokenizer))
@@ -73,27 +80,61 @@ def demo_trajectories(config: Config, renderer: Renderer) -> tuple[list[Trajecto
     seeds, group_ids = TaskSeedStream(stream=sft_stream(config)).take(sft.num_tasks)
     processes = min(sft.processes or usable_cores(), len(seeds))
     policy_id = OraclePolicy(renderer, sft.oracle).policy_id
-    if processes <= 1:
-        return oracle_trajectories(config, renderer, seeds, group_ids), policy_id
-    # Contiguous shares, concatenated in order: an oracle episode depends only on its task seed,
-    # so these are the demonstrations one process records, in the same order.
-    bounds = [len(seeds) * k // processes for k in range(processes + 1)]
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        processes, mp_context=context, initializer=exit_with_parent, initargs=(os.getpid(),)
-    ) as pool:
-        shares = itertools.pairwise(bounds)
-        futures = [pool.submit(_record_share, config, seeds[a:b], group_ids[a:b]) for a, b in shares]
-        return [t for future in futures for t in future.result()], policy_id
+    bar = tqdm(total=len(seeds), desc="sft demos", unit="demo", disable=not progress, dynamic_ncols=True)
+    with bar:
+        if processes <= 1:
+
+            def count(_: Trajectory) -> None:
+                bar.update(1)
+
+            return oracle_trajectories(config, renderer, seeds, group_ids, count), policy_id
+        # Contiguous shares, concatenated in order: an oracle episode depends only on its task seed,
+        # so these are the demonstrations one process records, in the same order.
+        bounds = [len(seeds) * k // processes for k in range(processes + 1)]
+        context = multiprocessing.get_context("spawn")
+        finished = context.Queue()  # one item per demonstration a process finishes: the bar's
+        with ProcessPoolExecutor(
+            processes, mp_context=context, initializer=_start_recorder, initargs=(os.getpid(), finished)
+        ) as pool:
+            shares = itertools.pairwise(bounds)
+            futures = [pool.submit(_record_share, config, seeds[a:b], group_ids[a:b]) for a, b in shares]
+            pending = set(futures)
+            while pending:
+                pending = wait(pending, timeout=1.0).not_done
+                bar.update(_drain(finished))
+            trajectories = [t for future in futures for t in future.result()]
+            while bar.n < len(seeds):  # the last items may still be in the pipe
+                try:
+                    finished.get(timeout=60)
+                except Empty:
+                    break
+                bar.update(1)
+        return trajectories, policy_id
+
+
+def _drain(finished: Any) -> int:
+    """How many items `finished` (a multiprocessing queue) held; it is emptied."""
+    count = 0
+    while True:
+        try:
+            finished.get_nowait()
+        except Empty:
+            return count
+        count += 1
 
 
 def oracle_trajectories(
-    config: Config, renderer: Renderer, seeds: list[int], group_ids: list[int]
+    config: Config,
+    renderer: Renderer,
+    seeds: list[int],
+    group_ids: list[int],
+    on_episode: Callable[[Trajectory], None] | None = None,
 ) -> list[Trajectory]:
-    """The oracle's episodes of `seeds` (one each), through the rollout runner."""
+    """The oracle's episodes of `seeds` (one each), through the rollout runner; `on_episode` is
+    called with each as it finishes."""
     rollout = msgspec.structs.replace(config.rollout_config(config.sft.env_kwargs), group_size=1)
     runner = RolloutRunner(OraclePolicy(renderer, config.sft.oracle), renderer, rollout)
-    return runner.run(seeds, group_ids=group_ids)
+    return runner.run(seeds, group_ids=group_ids, on_episode=on_episode)
 
 
 def exit_with_parent(parent: int) -> None:
@@ -109,6 +150,17 @@ def exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
+_finished: Any = None  # a recording process's queue of finished demonstrations (`_start_recorder`)
+
+
+def _start_recorder(parent: int, finished: Any) -> None:
+    """A recording process's initializer: it ends with its parent (`exit_with_parent`) and puts one
+    item on `finished` per demonstration it records, for the parent's progress bar."""
+    global _finished
+    exit_with_parent(parent)
+    _finished = finished
+
+
 def _record_share(config: Config, seeds: list[int], group_ids: list[int]) -> list[Trajectory]:
     """A recording process's share of the demonstrations (`sft.processes`): spawned, so it
     imports the user's env modules and builds the run's renderer itself (the toolgym envs
@@ -116,14 +168,21 @@ def _record_share(config: Config, seeds: list[int], group_ids: list[int]) -> lis
     torch.set_num_threads(1)
     import_env_modules(config.env.modules, where="env.module")
     renderer, _ = build_renderer(config)
-    return oracle_trajectories(config, renderer, seeds, group_ids)
+    finished = _finished
+    on_episode = None if finished is None else lambda _: finished.put(None)
+    return oracle_trajectories(config, renderer, seeds, group_ids, on_episode)
 
 
 def demo_episodes(
-    config: Config, renderer: Renderer, max_seq_len: int, record_to: Path | None = None
+    config: Config,
+    renderer: Renderer,
+    max_seq_len: int,
+    record_to: Path | None = None,
+    progress: bool = False,
 ) -> tuple[list[Episode], dict[str, float], str]:
-    """(Episodes, metrics of the demos, source description). `record_to`: also write the demos."""
-    trajectories, source = demo_trajectories(config, renderer)
+    """(Episodes, metrics of the demos, source description). `record_to`: also write the demos.
+    progress: a bar over the oracle's demonstrations (`demo_trajectories`)."""
+    trajectories, source = demo_trajectories(config, renderer, progress)
     if record_to is not None and config.sft.source == "oracle":
         header = RecordingHeader(
             tokenizer_fingerprint=tokenizer_fingerprint(renderer.tokenizer),

@@ -215,7 +215,11 @@ def sft_phase(
     record_to = run.trajectories / "sft_demos.jsonl" if dist.is_main else None
     if record_to is not None and record_to.exists():
         record_to.unlink()  # a redone SFT phase writes its demos afresh
-    episodes, data_metrics, source = demo_episodes(config, renderer, max_seq_len, record_to)
+    if config.sft.source == "oracle":
+        log.print(f"sft: recording {config.sft.num_tasks} demonstrations of {config.env.id} with its oracle")
+    episodes, data_metrics, source = demo_episodes(
+        config, renderer, max_seq_len, record_to, progress and dist.is_main
+    )
     log.log("sft", 0, data_metrics)
     headline = ", ".join(
         f"{display_name(name)} {data_metrics[f'sft_data/{name}']:.2f}"

@@ -221,6 +221,18 @@ def test_oracle_demos_recorded_in_processes_are_those_one_process_records(user_d
     assert len({t.task_seed for t in alone}) == 7
 
 
+def test_oracle_demos_recorded_in_processes_show_their_progress(user_dir, monkeypatch, capsys):
+    """The bar counts the demonstrations every recording process finishes, to the last one."""
+    monkeypatch.chdir(user_dir)
+    overrides = [f"env.id={ENV_ID}", "sft.enabled=true", "sft.num_tasks=5", "sft.processes=2"]
+    config, _ = load_config(None, overrides, env_modules=[MODULE])
+    renderer, _ = build_renderer(config)
+    demos, _ = demo_trajectories(config, renderer, progress=True)
+    assert len(demos) == 5
+    bar = capsys.readouterr().err
+    assert "sft demos" in bar and "5/5" in bar, bar
+
+
 def _untimed(trajectory) -> bytes:
     """The trajectory without its timings (metrics generate_s, env_s, wall_s)."""
     metrics = {k: v for k, v in trajectory.metrics.items() if not k.endswith("_s")}

@@ -13,6 +13,9 @@ RL from the first arm's SFT model):
 - outcome: the preset as shipped (every turn given the episode's advantage);
 - turn_loo: `batch.advantage.credit = "turn_loo"`: the game's score rises during the game, each
   point a reward at the turn it is earned, so per-turn returns-to-go carry real signal;
+- dr_grpo: outcome credit without GRPO's division by the group's std
+  (`batch.advantage.estimator = "dr_grpo"`), so a group that differs only by the cost of an
+  invalid command gets advantages of that cost's size, not a win's;
 - window: outcome credit over a sliding window (`rollout.context.policy = "window"`, the game's
   opening, which states the goal, and the last two turns) instead of the whole history, from the
   keep-all SFT model;
@@ -37,6 +40,7 @@ TEXTWORLD = ArmsBench(
     arms={
         "outcome": [],
         "turn_loo": ["batch.advantage.credit=turn_loo"],
+        "dr_grpo": ["batch.advantage.estimator=dr_grpo"],
         "window": ["rollout.context.policy=window", "rollout.context.turns=2"],
         "window_sft": [
             "rollout.context.policy=window",

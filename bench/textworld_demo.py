@@ -16,6 +16,11 @@ RL from the first arm's SFT model):
 - dr_grpo: outcome credit without GRPO's division by the group's std
   (`batch.advantage.estimator = "dr_grpo"`), so a group that differs only by the cost of an
   invalid command gets advantages of that cost's size, not a win's;
+- kl: outcome credit with a KL penalty to the SFT model (`trainer.loss.kl_coef = 0.1`);
+- group16: outcome credit over groups of 16 samples, not 8 (`rollout.group_size = 16`), so a
+  game most samples lose has more chances of a win in its group;
+- no_invalid_cost: outcome credit with commands the game does not accept free
+  (`env.kwargs.invalid_command_penalty = 0`), so groups differ by score and wins only;
 - window: outcome credit over a sliding window (`rollout.context.policy = "window"`, the game's
   opening, which states the goal, and the last two turns) instead of the whole history, from the
   keep-all SFT model;
@@ -41,6 +46,9 @@ TEXTWORLD = ArmsBench(
         "outcome": [],
         "turn_loo": ["batch.advantage.credit=turn_loo"],
         "dr_grpo": ["batch.advantage.estimator=dr_grpo"],
+        "kl": ["trainer.loss.kl_coef=0.1"],
+        "group16": ["rollout.group_size=16"],
+        "no_invalid_cost": ["env.kwargs.invalid_command_penalty=0.0"],
         "window": ["rollout.context.policy=window", "rollout.context.turns=2"],
         "window_sft": [
             "rollout.context.policy=window",

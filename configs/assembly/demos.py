@@ -99,10 +99,14 @@ def demo_trajectories(
             shares = itertools.pairwise(bounds)
             futures = [pool.submit(_record_share, config, seeds[a:b], group_ids[a:b]) for a, b in shares]
             while bar.n < len(seeds):
+                done = all(future.done() for future in futures)
+                if done and any(future.exception() is not None for future in futures):
+                    break  # a share failed: `result()` below raises its error
                 try:
-                    finished.get(timeout=1.0)
-                except Empty:  # nothing for a second: stop once every share is done (or failed)
-                    if all(future.done() for future in futures):
+                    # a finished share's last items may still be in the pipe: wait for them then
+                    finished.get(timeout=60.0 if done else 1.0)
+                except Empty:
+                    if done:
                         break
                     continue
                 bar.update(1)

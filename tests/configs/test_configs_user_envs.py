@@ -233,6 +233,23 @@ def test_oracle_demos_recorded_in_processes_show_their_progress(user_dir, monkey
     assert "sft demos" in bar and "5/5" in bar, bar
 
 
+def test_a_recording_process_that_fails_raises_its_error(user_dir, monkeypatch):
+    """A share that fails (here: the user's module raises when a recording process imports it)
+    ends the recording with that share's error, not a wait for demonstrations that never come."""
+    monkeypatch.chdir(user_dir)
+    (user_dir / "tg_fails_in_workers.py").write_text(
+        "import multiprocessing\n"
+        "if multiprocessing.parent_process() is not None:\n"
+        "    raise RuntimeError('no recording in this process')\n"
+    )
+    modules = [MODULE, "tg_fails_in_workers"]
+    overrides = [f"env.id={ENV_ID}", "sft.enabled=true", "sft.num_tasks=4", "sft.processes=2"]
+    config, _ = load_config(None, overrides, env_modules=modules)
+    renderer, _ = build_renderer(config)
+    with pytest.raises(ValueError, match="tg_fails_in_workers: cannot import it: RuntimeError: no recording"):
+        demo_trajectories(config, renderer, progress=True)
+
+
 def _untimed(trajectory) -> bytes:
     """The trajectory without its timings (metrics generate_s, env_s, wall_s)."""
     metrics = {k: v for k, v in trajectory.metrics.items() if not k.endswith("_s")}

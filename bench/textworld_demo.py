@@ -21,6 +21,8 @@ RL from the first arm's SFT model):
   game most samples lose has more chances of a win in its group;
 - no_invalid_cost: outcome credit with commands the game does not accept free
   (`env.kwargs.invalid_command_penalty = 0`), so groups differ by score and wins only;
+- guided: outcome credit with one sample of each group of 8 played by the game's walkthrough
+  (`rollout.guided_samples = 1`), so a game that every sample loses still has a win to learn from;
 - window: outcome credit over a sliding window (`rollout.context.policy = "window"`, the game's
   opening, which states the goal, and the last two turns) instead of the whole history, from the
   keep-all SFT model;
@@ -49,6 +51,7 @@ TEXTWORLD = ArmsBench(
         "kl": ["trainer.loss.kl_coef=0.1"],
         "group16": ["rollout.group_size=16"],
         "no_invalid_cost": ["env.kwargs.invalid_command_penalty=0.0"],
+        "guided": ["rollout.guided_samples=1"],
         "window": ["rollout.context.policy=window", "rollout.context.turns=2"],
         "window_sft": [
             "rollout.context.policy=window",

@@ -167,6 +167,7 @@ def check_environment(config: Config, world_size: int = 1, env: gymnasium.Env | 
         try:
             if where == "env":
                 _check_env_context(config, made)
+                _check_guided(config, made)
                 if config.selfplay.enabled or config.selfplay.eval_opponents:
                     _check_selfplay(config, made)
         finally:
@@ -266,6 +267,25 @@ def _check_env_context(config: Config, env: gymnasium.Env) -> None:
             f"the notes policy keeps the turns that wrote a note, but {config.env.id!r} has no "
             f"{NOTE_TOOL} tool (with env.kwargs {config.env.kwargs}): it would never rewrite the context",
         )
+
+
+def _check_guided(config: Config, env: gymnasium.Env) -> None:
+    """rollout.guided_samples needs the env runner (not self-play's or an agent program's) and an
+    env with an oracle: its `oracle_actions()` after a reset."""
+    if not config.rollout.guided_samples:
+        return
+    if config.selfplay.enabled or config.agent_program.module:
+        what = "self-play's matches" if config.selfplay.enabled else "an [agent_program]'s episodes"
+        raise ConfigError("rollout.guided_samples", f"the env's oracle plays env episodes, not {what}")
+    try:
+        env.reset(seed=0)
+        actions = list(env_hooks(env).oracle_actions())
+    except Exception as exc:
+        raise ConfigError(
+            "rollout.guided_samples", f"needs the env's oracle, and {config.env.id!r} gave none: {type(exc).__name__}: {exc}"
+        ) from None
+    if not actions:
+        raise ConfigError("rollout.guided_samples", f"{config.env.id!r}'s oracle returned no actions")
 
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -387,7 +407,9 @@ def check_demo_limits(config: Config, model: ModelConfig, renderer: Renderer, sa
         return
     seq = policy_max_seq_len(config, model)
     context = min(config.rollout.context_length or seq, seq)
-    rollout = msgspec.structs.replace(config.rollout_config(sft.env_kwargs), group_size=1, context_length=context)
+    rollout = msgspec.structs.replace(
+        config.rollout_config(sft.env_kwargs), group_size=1, guided_samples=0, context_length=context
+    )
     seeds, group_ids = TaskSeedStream(stream=sft_stream(config)).take(min(sample, sft.num_tasks))
     policy = OraclePolicy(renderer, sft.oracle)
     cut = RolloutRunner(policy, renderer, rollout).run(seeds, group_ids=group_ids)

@@ -263,8 +263,11 @@ class BatchAssembler:
         everything = self._kept + self._other
         trajectories = [t for group, _ in everything for t in group]
         elapsed = None if started is None else time.perf_counter() - started
-        metrics = batch_metrics(trajectories, elapsed)
+        # the policy's episodes: the oracle's guided ones would count its wins as the policy's
+        metrics = batch_metrics([t for t in trajectories if not t.guided], elapsed)
         metrics.update(kept_metrics)
+        if any(t.guided for t in trajectories):
+            metrics["batch/guided_episodes"] = float(sum(t.guided for t in kept_trajectories))
         infra = config.train_on_infra_failures
         metrics.update(component_variation([[t for t in g if trainable(t, infra)] for g, _ in self._kept]))
         if rounds is not None:

@@ -313,6 +313,7 @@ def _episode(
         teacher_topk_ids=top_ids,
         teacher_topk_logprobs=top_logprobs,
         routes=last_routes,
+        guided=trajectory.guided,
     )
 
 

@@ -105,9 +105,9 @@ async def evaluate(
     config = config or EvalConfig()
     if config.greedy:
         greedy = msgspec.structs.replace(rollout.sampling, temperature=0.0)
-        rollout = msgspec.structs.replace(rollout, sampling=greedy, group_size=1)
+        rollout = msgspec.structs.replace(rollout, sampling=greedy, group_size=1, guided_samples=0)
     else:
-        rollout = msgspec.structs.replace(rollout, group_size=config.samples_per_task)
+        rollout = msgspec.structs.replace(rollout, group_size=config.samples_per_task, guided_samples=0)
     started = time.perf_counter()
     runner = RolloutRunner(policy, renderer, rollout)
     summary, candidates = BatchMetrics(), ExampleCandidates(config.num_examples)

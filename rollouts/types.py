@@ -66,6 +66,11 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
     # (the renderer closes it), so an env still answers a policy that does not yet stop its turns.
     # A turn cut by the context room always ends the episode.
     cut_turn: Literal["end", "step"] = "end"
+    # Off-policy guidance: of each training group's G samples, the last `guided_samples` are
+    # played by the env's oracle instead of the policy (rollouts/episode/runner.py `run_groups`;
+    # eval never is), so a group whose samples all fail still has a win to learn from. Their
+    # tokens are trained with the trainer's own logprobs as the ratio's denominator (ratio 1).
+    guided_samples: int = 0
 
     def __post_init__(self) -> None:
         name_of = type(self).__name__
@@ -76,6 +81,11 @@ class RolloutSettings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_
             raise ValueError(f"{name_of}.context_length must be >= 2, got {self.context_length}")
         if self.episode_timeout_s is not None and self.episode_timeout_s <= 0:
             raise ValueError(f"{name_of}.episode_timeout_s must be > 0, got {self.episode_timeout_s}")
+        if not 0 <= self.guided_samples < self.group_size:
+            raise ValueError(
+                f"{name_of}.guided_samples must be in [0, group_size={self.group_size}) (the policy samples "
+                f"the rest of each group), got {self.guided_samples}"
+            )
         if self.max_concurrent_episodes is not None and self.max_concurrent_episodes < 1:
             raise ValueError(f"{name_of}.max_concurrent_episodes must be >= 1, got {self.max_concurrent_episodes}")
 
@@ -159,6 +169,9 @@ class Trajectory(msgspec.Struct):
     # False: a seat of a match that the run played but did not train (learn = "one": the
     # opponent's, by a bot, the policy or a pool member), recorded beside the learning seat's.
     trained: bool = True
+    # True: played by the env's oracle in a training group (RolloutSettings.guided_samples), not
+    # sampled by the policy; its logprobs are 0.0, not the policy's.
+    guided: bool = False
 
 
 class Episode(msgspec.Struct):
@@ -179,6 +192,8 @@ class Episode(msgspec.Struct):
     tokens (every token but the last, as an engine that records routes gives them:
     agents/engine/routes.py); None when not recorded. The trainer replays it
     (TrainerConfig.replay_routes).
+    guided: its "sampled" tokens are the env oracle's (Trajectory.guided): the trainer uses its own
+    detached logprobs in place of sampler_logprobs (0.0), so their ratio is 1.
     """
 
     tokens: list[int]
@@ -193,6 +208,7 @@ class Episode(msgspec.Struct):
     teacher_topk_ids: list[list[int]] = msgspec.field(default_factory=list)
     teacher_topk_logprobs: list[list[float]] = msgspec.field(default_factory=list)
     routes: Routes | None = None
+    guided: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.tokens)

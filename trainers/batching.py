@@ -64,6 +64,9 @@ class MicroBatch:
     # A mixture of experts' routing as the sampler ran it (Episode.routes), when an episode has
     # it: long [prefix_rows + B, T, layers, top_k] aligned with input_ids, -1 where none.
     routes: Tensor | None = None
+    # bool [B]: rows whose episode the env's oracle played (Episode.guided), when one is; the
+    # trainer's own logprobs stand in for their sampler_logprobs.
+    guided: Tensor | None = None
 
     @property
     def num_padded_tokens(self) -> int:
@@ -169,6 +172,9 @@ def collate(
             topk_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             topk_logprobs[row, : len(values)] = torch.tensor(values, dtype=torch.float32)
     routes = _routes(episodes, indices, lengths, width, prefix_len)
+    guided = None
+    if any(episodes[i].guided for i in indices):
+        guided = torch.tensor([episodes[i].guided for i in indices], dtype=torch.bool)
     positions = None
     prefix_rows = 0
     if prefix_len:
@@ -201,6 +207,7 @@ def collate(
         teacher_topk_ids=topk_ids,
         teacher_topk_logprobs=topk_logprobs,
         routes=routes,
+        guided=guided,
     )
 
 

@@ -199,10 +199,13 @@ class Trainer:
         if self.reference_model is not None:
             with torch.no_grad():
                 ref_logprobs = self._scores(mb, self.reference_model, temperature).logprobs
+        sampler_logprobs = mb.sampler_logprobs
+        if mb.guided is not None:  # the oracle's rows: no sampler logprobs, the trainer's own (ratio 1)
+            sampler_logprobs = torch.where(mb.guided[:, None], logprobs.detach().float(), sampler_logprobs)
         loss, metrics = policy_loss(
             loss_config,
             logprobs,
-            mb.sampler_logprobs,
+            sampler_logprobs,
             mb.advantages,
             mb.loss_mask,
             normaliser=norm,

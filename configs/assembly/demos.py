@@ -123,7 +123,9 @@ def oracle_trajectories(
 ) -> list[Trajectory]:
     """The oracle's episodes of `seeds` (one each), through the rollout runner; `on_episode` is
     called with each as it finishes."""
-    rollout = msgspec.structs.replace(config.rollout_config(config.sft.env_kwargs), group_size=1)
+    rollout = msgspec.structs.replace(
+        config.rollout_config(config.sft.env_kwargs), group_size=1, guided_samples=0
+    )
     runner = RolloutRunner(OraclePolicy(renderer, config.sft.oracle), renderer, rollout)
     return runner.run(seeds, group_ids=group_ids, on_episode=on_episode)
 

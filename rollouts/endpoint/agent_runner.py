@@ -166,9 +166,9 @@ async def evaluate_agent(runner: AgentRunner, config: EvalConfig | None = None) 
     rollout = runner.config
     if config.greedy:
         greedy = msgspec.structs.replace(rollout.sampling, temperature=0.0)
-        rollout = msgspec.structs.replace(rollout, sampling=greedy, group_size=1)
+        rollout = msgspec.structs.replace(rollout, sampling=greedy, group_size=1, guided_samples=0)
     else:
-        rollout = msgspec.structs.replace(rollout, group_size=config.samples_per_task)
+        rollout = msgspec.structs.replace(rollout, group_size=config.samples_per_task, guided_samples=0)
     evaluator = copy.copy(runner)  # the same program and policy, the eval's sampling
     evaluator.config = rollout
     started = time.perf_counter()

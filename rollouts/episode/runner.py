@@ -30,6 +30,10 @@ A generation error ends the episode with TIMEOUT (the engine's ContextOverflowEr
 with CONTEXT_OVERFLOW), as does a generation that does not return one completion. A policy that
 is an `EpisodePolicyFactory` (a scripted expert) gets the episode's env after its reset.
 
+Guided samples (`guided_samples` = k > 0, training groups only): `run_groups` has the env's
+oracle (rollouts/scripted.py) play each group's last k samples through the same path, marked
+`Trajectory.guided`; the trainer scores their tokens with its own logprobs (rollouts/types.py).
+
 Sampling seeds: each turn's SamplingParams.seed is derived from (config.seed, task seed, sample
 index, turn) (rollouts/episode/config.py), so the G samples of a group differ and a rerun
 reproduces them.
@@ -52,6 +56,7 @@ from ...envs.core.info import INSTRUCTIONS, TOOLS
 from ...envs.core.text_env import env_hooks
 from ..context import ContextPolicy, KeepAll, context_policy, keeps_all, policy_spec
 from ..metrics import CONTEXT_REWRITES, SEQUENCE_RESTARTS, episode_metrics
+from ..scripted import OraclePolicy
 from ..types import CONTEXT_REWRITE, SEQUENCE_START, StopReason, Trajectory, Transition
 from .config import EnvRolloutConfig, sampling_seed
 from .context import EpisodeContext
@@ -258,8 +263,20 @@ class RolloutRunner:
     ) -> list[Trajectory]:
         """G episodes per task seed, all concurrently. Returns them group-major
         ([seed0 s0..s(G-1), seed1 s0, ...]); group_ids (default 0, 1, ...) name the groups.
-        `on_episode` is called as each episode finishes (progress bars, streaming recorders)."""
-        return await run_grouped(self.config, self.run_episode, task_seeds, group_ids, on_episode)
+        `on_episode` is called as each episode finishes (progress bars, streaming recorders).
+        With `guided_samples` = k, each group's last k samples are the env oracle's episodes
+        (`Trajectory.guided`), at the policy's current version."""
+        first_guided = self.config.group_size - self.config.guided_samples
+        oracle = OraclePolicy(self.renderer, policy_version=self.policy.policy_version)
+
+        async def run_episode(task_seed: int, group_id: int, sample_index: int) -> Trajectory:
+            if sample_index < first_guided:
+                return await self.run_episode(task_seed, group_id, sample_index)
+            trajectory = await self.run_episode(task_seed, group_id, sample_index, policy=oracle)
+            trajectory.guided = True
+            return trajectory
+
+        return await run_grouped(self.config, run_episode, task_seeds, group_ids, on_episode)
 
     def run(self, task_seeds: Sequence[int], **kwargs: Any) -> list[Trajectory]:
         """Synchronous wrapper around `run_groups` (not callable from inside a running loop)."""

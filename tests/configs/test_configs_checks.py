@@ -370,3 +370,23 @@ def test_an_elide_policy_that_cannot_bound_the_notes_chain_is_named_as_the_cause
     err = capsys.readouterr().err.strip()
     assert err.startswith("config error: rollout.context: every sampled SFT demonstration"), err
     assert "under the 'elide' policy" in err and "window, notes" in err and "policy.max_seq_len >=" in err
+
+
+class NoOracleZorplex(ZorplexEnv):
+    def oracle_actions(self) -> list[str]:
+        raise NotImplementedError("this env has no oracle")
+
+
+gymnasium.register("test/NoOracleZorplex-v0", entry_point=NoOracleZorplex)
+
+
+def test_guided_samples_need_the_env_runner_and_an_oracle(tmp_path, capsys):
+    err = refused(tmp_path, capsys, 'env.id="test/NoOracleZorplex-v0"', "rollout.guided_samples=1")
+    assert err == (
+        "config error: rollout.guided_samples: needs the env's oracle, and 'test/NoOracleZorplex-v0' "
+        "gave none: NotImplementedError: this env has no oracle"
+    ), err
+    err = refused(tmp_path, capsys, "rollout.guided_samples=8")
+    assert err.startswith("config error: rollout.guided_samples: must be in [0, group_size=8)"), err
+    config, _ = load_config("zorplex_tiny", ["rollout.guided_samples=1"])
+    check_environment(config)

@@ -15,6 +15,7 @@ from toolgym.rollouts.batches import (
 )
 from toolgym.rollouts.episode.config import EnvRolloutConfig
 from toolgym.rollouts.episode.runner import RolloutRunner
+from toolgym.rollouts.evaluation import EvalConfig, evaluate_sync
 from toolgym.rollouts.scoring.advantages import AdvantageConfig, AdvantageEstimator
 from toolgym.rollouts.scripted import OracleConfig, OraclePolicy
 from toolgym.rollouts.types import StopReason
@@ -146,3 +147,34 @@ def test_batch_config_keeps_none_as_the_default():
     config = BatchConfig(max_groups_per_round=None, max_seq_len=None, advantage=AdvantageConfig(eps=0.0))
     assert config.max_groups_per_round is None and config.max_seq_len is None
     assert BatchConfig(max_groups_per_round=1).max_groups_per_round == 1
+
+
+def test_guided_samples_are_the_oracles_in_training_groups_only(renderer):
+    """rollout.guided_samples = 1: each group's last sample is the env oracle's episode (a win where
+    the policy, which always guesses, loses), marked guided, at the policy's version; the batch's
+    rollout metrics are the policy's alone; eval plays no oracle."""
+    policy = OraclePolicy(renderer, OracleConfig(p_skip_lookup=1.0), policy_version=3)
+    rollout = EnvRolloutConfig(env_id=TOY_ENV_ID, group_size=2, max_turns=4, guided_samples=1)
+    batch = collect_batch_sync(
+        RolloutRunner(policy, renderer, rollout), TaskSeedStream(), BatchConfig(groups_per_batch=2)
+    )
+    assert [t.guided for t in batch.trajectories] == [False, True, False, True]
+    assert [t.total_reward for t in batch.trajectories] == pytest.approx([0.2, 1.2, 0.2, 1.2])
+    assert batch.advantages == pytest.approx([-0.70710678, 0.70710678] * 2, abs=1e-5)
+    guided = [t for t in batch.trajectories if t.guided]
+    assert all(
+        tr.action.policy_version == 3 and set(tr.action.logprobs) == {0.0}
+        for t in guided
+        for tr in t.transitions
+    )
+    assert [e.guided for e in batch.episodes] == [False, True, False, True]
+    m = batch.metrics
+    assert m["rollout/episodes"] == 2.0 and m["rollout/reward_mean"] == pytest.approx(0.2)
+    assert m["batch/guided_episodes"] == 2.0
+    report = evaluate_sync(
+        policy, renderer, rollout, EvalConfig(num_tasks=2, greedy=False, samples_per_task=2, num_examples=0)
+    )
+    assert len(report.trajectories) == 4 and not any(t.guided for t in report.trajectories)
+    assert report.metrics["eval/reward_mean"] == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="guided_samples must be in"):
+        EnvRolloutConfig(env_id=TOY_ENV_ID, group_size=2, guided_samples=2)

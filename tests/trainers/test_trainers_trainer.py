@@ -398,3 +398,35 @@ def test_the_top_k_forward_kl_trains_the_teachers_top_k_tokens(fused):
     assert "forward_kl_topk" not in off._forward_backward(episodes, off.policy_loss, sharded=False)
     with pytest.raises(ValueError, match="forward_kl_weight must be a finite number >= 0"):
         Trainer(build_model("test", seed=0), config, device="cpu", forward_kl_weight=-1.0)
+
+
+def test_guided_episodes_train_with_the_trainers_own_logprobs_as_the_denominator():
+    """An oracle's episode (Episode.guided) carries no sampler logprobs (0.0): the trainer puts its
+    own in their place, so it trains as an episode whose sampler logprobs were the trainer's."""
+    episodes = random_episodes(6, seed=8)
+    own = _trainer("dapo").compute_logprobs(episodes, temperature=1.0)
+    guided, reference = [], []
+    for i, episode in enumerate(episodes):
+        if i in (1, 4):
+            zeros = [0.0] * len(episode.tokens)
+            guided.append(msgspec.structs.replace(episode, sampler_logprobs=zeros, guided=True))
+            scored = [lp if m else 0.0 for lp, m in zip(own[i], episode.loss_mask, strict=True)]
+            reference.append(msgspec.structs.replace(episode, sampler_logprobs=scored))
+        else:
+            guided.append(episode)
+            reference.append(episode)
+    (mb,) = make_micro_batches(guided, 10_000)
+    assert sorted(mb.guided[mb.episode_index.argsort()].tolist()) == [False] * 4 + [True] * 2
+    assert make_micro_batches(reference, 10_000)[0].guided is None
+    got_trainer, ref_trainer = _trainer("dapo"), _trainer("dapo")
+    got = got_trainer._forward_backward(guided, got_trainer.policy_loss, sharded=False)
+    expected = ref_trainer._forward_backward(reference, ref_trainer.policy_loss, sharded=False)
+    assert got["loss"] == pytest.approx(expected["loss"], abs=1e-6)
+    grads, ref_grads = full_grads(got_trainer.model), full_grads(ref_trainer.model)
+    for name, grad in ref_grads.items():
+        assert (grads[name] - grad).abs().max().item() <= 1e-6, name
+    # the guided rows alone: ratio 1 exactly, nothing clipped, no sampler gap
+    alone = _trainer("dapo")
+    metrics = alone._forward_backward([guided[1], guided[4]], alone.policy_loss, sharded=False)
+    assert metrics["logprob_gap_max"] == 0.0 and metrics["ratio_min"] == metrics["ratio_max"] == 1.0
+    assert metrics["clip_frac_low"] == metrics["clip_frac_high"] == 0.0

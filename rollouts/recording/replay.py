@@ -66,7 +66,8 @@ def transcript_segments(trajectory: Trajectory, renderer: Renderer) -> list[tupl
     header = (
         f"=== {t.env_id} {t.env_kwargs}  task seed {t.task_seed}  group {t.group_id}"
         f"  sample {t.sample_index}  policy v{t.policy_version}"
-        f"{f'  seat {t.seat}' if t.seat else ''}{'' if t.trained else ' (not trained: an opponent seat)'}\n"
+        f"{f'  seat {t.seat}' if t.seat else ''}{'' if t.trained else ' (not trained: an opponent seat)'}"
+        f"{' (played by the env oracle: a guided sample)' if t.guided else ''}\n"
         f"stop: {t.stop_reason.value}  reward {t.total_reward:+.3f} ({components or 'no components'})"
         f"  turns {len(t.transitions)}  failure mode: {t.metrics.get('failure_mode')}"
         f"  metrics: {_format_metrics(t.metrics.get('env'))}\n"

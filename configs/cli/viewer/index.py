@@ -61,6 +61,7 @@ from ....rollouts.types import CONTEXT_REWRITE, SEQUENCE_START, Trajectory
 
 MAX_PROBLEMS = 100
 MAX_PAGE = 500
+GUIDED_BY = "the env's oracle (a guided sample)"  # who played a guided episode (rollouts/types.py)
 SORT_KEYS = ("i", "seed", "group", "reward", "turns", "tokens", "version", "adv")
 
 
@@ -435,7 +436,7 @@ class RecordingIndex:
             "system_prompt": t.system_prompt,
             "final_observation": t.final_observation,
             "trained": t.trained and trainable(t, self.scoring is not None and self.scoring.train_on_infra_failures),
-            "sampled_by": self._sampled_by(t.policy_version),
+            "sampled_by": GUIDED_BY if t.guided else self._sampled_by(t.policy_version),
             # the seats of its match in this recording (rows), itself included: shown side by side
             "match": [
                 {"i": j, "seat": self.rows[j]["seat"], "opponent": self.rows[j]["opponent"]}

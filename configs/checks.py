@@ -281,8 +281,9 @@ def _check_guided(config: Config, env: gymnasium.Env) -> None:
         env.reset(seed=0)
         actions = list(env_hooks(env).oracle_actions())
     except Exception as exc:
+        cause = f"{type(exc).__name__}: {exc}"
         raise ConfigError(
-            "rollout.guided_samples", f"needs the env's oracle, and {config.env.id!r} gave none: {type(exc).__name__}: {exc}"
+            "rollout.guided_samples", f"needs the env's oracle, and {config.env.id!r} gave none: {cause}"
         ) from None
     if not actions:
         raise ConfigError("rollout.guided_samples", f"{config.env.id!r}'s oracle returned no actions")

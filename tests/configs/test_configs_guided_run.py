@@ -17,8 +17,9 @@ from toolgym.rollouts.recording.format import read_recording
 pytestmark = pytest.mark.slow
 
 
-def guided_config(run_dir: Path) -> dict:
+def guided_config(run_dir: Path, mode: str = "sync") -> dict:
     return {
+        "loop": {"mode": mode},
         "run": {"steps": 1, "run_dir": str(run_dir), "plot": False, "export_hf": False},
         "model": {"name": "test", "overrides": {"vocab_size": 1024}},
         "policy": {"max_batch_size": 16, "max_seq_len": 512},
@@ -37,9 +38,11 @@ def guided_config(run_dir: Path) -> dict:
     }
 
 
-def test_a_guided_run_trains_on_the_oracles_samples_and_its_recording_names_them(tmp_path, capsys):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_guided_run_trains_on_the_oracles_samples_and_its_recording_names_them(tmp_path, capsys, mode):
+    """Async mode's generator (a process of its own on CPU) plays the oracle the same way."""
     run_dir = tmp_path / "run"
-    assert train(config_from_dict(guided_config(run_dir))) == 0
+    assert train(config_from_dict(guided_config(run_dir, mode))) == 0
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     (step,) = [m for m in records if m.get("kind") == "train"]
     assert step["batch/guided_episodes"] == 2.0  # one a group, both groups kept

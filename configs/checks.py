@@ -39,7 +39,7 @@ from ..rollouts.recording.format import RecordingError, RecordingReader, check_r
 from ..rollouts.scoring.teacher import TeacherError, teacher_fingerprint
 from ..rollouts.scripted import OraclePolicy
 from ..rollouts.types import StopReason
-from .assembly.demos import check_demo_rendering, rl_stream, sft_stream
+from .assembly.demos import check_demo_rendering, demo_rollout, rl_stream, sft_stream
 from .assembly.parts import policy_max_seq_len
 from .assembly.placement import check_async
 from .load import ConfigError, tokenizer_path
@@ -408,9 +408,7 @@ def check_demo_limits(config: Config, model: ModelConfig, renderer: Renderer, sa
         return
     seq = policy_max_seq_len(config, model)
     context = min(config.rollout.context_length or seq, seq)
-    rollout = msgspec.structs.replace(
-        config.rollout_config(sft.env_kwargs), group_size=1, guided_samples=0, context_length=context
-    )
+    rollout = demo_rollout(config, context_length=context)
     seeds, group_ids = TaskSeedStream(stream=sft_stream(config)).take(min(sample, sft.num_tasks))
     policy = OraclePolicy(renderer, sft.oracle)
     cut = RolloutRunner(policy, renderer, rollout).run(seeds, group_ids=group_ids)

@@ -91,6 +91,15 @@ class ExampleCandidates:
         return pick_examples([held[i] for i in sorted(held)], self.n)
 
 
+def eval_rollout(rollout: EnvRolloutConfig, config: EvalConfig) -> EnvRolloutConfig:
+    """The run's rollout settings as the eval samples: greedy (one sample a task) or
+    `samples_per_task` at the run's sampling, and never guided (the policy plays every episode)."""
+    if config.greedy:
+        greedy = msgspec.structs.replace(rollout.sampling, temperature=0.0)
+        return msgspec.structs.replace(rollout, sampling=greedy, group_size=1, guided_samples=0)
+    return msgspec.structs.replace(rollout, group_size=config.samples_per_task, guided_samples=0)
+
+
 async def evaluate(
     policy: Policy,
     renderer: Renderer,
@@ -103,11 +112,7 @@ async def evaluate(
     none (the report's list is empty): memory stays flat however many episodes run; `on_episode`
     sees each one as it finishes (to record it)."""
     config = config or EvalConfig()
-    if config.greedy:
-        greedy = msgspec.structs.replace(rollout.sampling, temperature=0.0)
-        rollout = msgspec.structs.replace(rollout, sampling=greedy, group_size=1, guided_samples=0)
-    else:
-        rollout = msgspec.structs.replace(rollout, group_size=config.samples_per_task, guided_samples=0)
+    rollout = eval_rollout(rollout, config)
     started = time.perf_counter()
     runner = RolloutRunner(policy, renderer, rollout)
     summary, candidates = BatchMetrics(), ExampleCandidates(config.num_examples)

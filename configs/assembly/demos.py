@@ -28,6 +28,7 @@ from ...agents.chat import Renderer
 from ...agents.tokenizer import tokenizer_fingerprint
 from ...envs.registry import import_env_modules
 from ...rollouts.batches import TaskSeedStream
+from ...rollouts.episode.config import EnvRolloutConfig
 from ...rollouts.episode.runner import RolloutRunner
 from ...rollouts.recording.format import RecordingHeader, RecordingWriter, read_recording, rendering_of
 from ...rollouts.recording.replay import OfflineMode, episodes_from_trajectories, summarize
@@ -114,6 +115,13 @@ def demo_trajectories(
         return trajectories, policy_id
 
 
+def demo_rollout(config: Config, **changes: Any) -> EnvRolloutConfig:
+    """The rollout settings of the oracle's SFT demonstrations: the run's, with `sft.env_kwargs`,
+    one episode a task seed and none guided (the oracle plays them all), and `changes`."""
+    rollout = config.rollout_config(config.sft.env_kwargs)
+    return msgspec.structs.replace(rollout, group_size=1, guided_samples=0, **changes)
+
+
 def oracle_trajectories(
     config: Config,
     renderer: Renderer,
@@ -123,10 +131,7 @@ def oracle_trajectories(
 ) -> list[Trajectory]:
     """The oracle's episodes of `seeds` (one each), through the rollout runner; `on_episode` is
     called with each as it finishes."""
-    rollout = msgspec.structs.replace(
-        config.rollout_config(config.sft.env_kwargs), group_size=1, guided_samples=0
-    )
-    runner = RolloutRunner(OraclePolicy(renderer, config.sft.oracle), renderer, rollout)
+    runner = RolloutRunner(OraclePolicy(renderer, config.sft.oracle), renderer, demo_rollout(config))
     return runner.run(seeds, group_ids=group_ids, on_episode=on_episode)
 
 

@@ -29,14 +29,12 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import msgspec
-
 from ...agents.chat import Renderer
 from ...agents.policy import Policy
 from ..batches import eval_seeds
 from ..episode.config import EnvRolloutConfig, sampling_seed
 from ..episode.loop import run_grouped
-from ..evaluation import EvalConfig, EvalReport
+from ..evaluation import EvalConfig, EvalReport, eval_rollout
 from ..metrics import BatchMetrics
 from ..recording.replay import format_transcript
 from ..types import StopReason, Trajectory
@@ -163,14 +161,8 @@ async def evaluate_agent(runner: AgentRunner, config: EvalConfig | None = None) 
     """The held-out eval of an agent program (rollouts/evaluation.py's, through the endpoint):
     the first `num_tasks` eval seeds, greedy by default, summarised under `eval/`."""
     config = config or EvalConfig()
-    rollout = runner.config
-    if config.greedy:
-        greedy = msgspec.structs.replace(rollout.sampling, temperature=0.0)
-        rollout = msgspec.structs.replace(rollout, sampling=greedy, group_size=1, guided_samples=0)
-    else:
-        rollout = msgspec.structs.replace(rollout, group_size=config.samples_per_task, guided_samples=0)
     evaluator = copy.copy(runner)  # the same program and policy, the eval's sampling
-    evaluator.config = rollout
+    evaluator.config = eval_rollout(runner.config, config)
     started = time.perf_counter()
     seeds = eval_seeds(config.num_tasks)
     trajectories = await evaluator.run_groups(seeds, seeds)

@@ -266,6 +266,8 @@ class RolloutRunner:
         `on_episode` is called as each episode finishes (progress bars, streaming recorders).
         With `guided_samples` = k, each group's last k samples are the env oracle's episodes
         (`Trajectory.guided`), at the policy's current version."""
+        if not self.config.guided_samples:
+            return await run_grouped(self.config, self.run_episode, task_seeds, group_ids, on_episode)
         first_guided = self.config.group_size - self.config.guided_samples
         oracle = OraclePolicy(self.renderer, policy_version=self.policy.policy_version)
 
